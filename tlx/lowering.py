@@ -1,0 +1,62 @@
+"""TileLang lowering, stopped where tlx takes over: split host and device IR, before codegen."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+import tilelang  # noqa: F401  (sets up the bundled TVM)
+from tilelang import tvm
+from tilelang.backend.module import create_backend_context
+from tilelang.engine.lower import lower_to_host_device_ir
+
+__all__ = ["LoweredKernel", "lower", "normalize_target"]
+
+
+@dataclass(frozen=True)
+class LoweredKernel:
+    """One kernel between TileLang's lowering and code generation.
+
+    ``prim_func`` is the user's program as written (its ``buffer_map`` has the declared
+    shapes, strides and symbolic variables); ``host_mod`` holds the packed host function
+    (argument checks, TMA descriptor set-up, launches); ``device_mod`` the device kernels.
+    """
+
+    name: str
+    prim_func: Any
+    host_mod: Any
+    device_mod: Any
+    target: Any
+    pass_configs: dict
+
+    def with_device_mod(self, device_mod) -> LoweredKernel:
+        return replace(self, device_mod=device_mod)
+
+
+def normalize_target(target) -> dict:
+    """Accept ``{"kind": "cuda", "arch": "sm_90a"}``, ``"sm_90a"`` or ``None`` (the current GPU)."""
+    if target is None:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError("target: no GPU is visible; pass target={'kind': 'cuda', 'arch': 'sm_90a'} to compile without one")
+        major, minor = torch.cuda.get_device_capability()
+        suffix = "a" if major >= 9 else ""
+        return {"kind": "cuda", "arch": f"sm_{major}{minor}{suffix}"}
+    if isinstance(target, str):
+        if target.startswith("sm_"):
+            return {"kind": "cuda", "arch": target}
+        raise ValueError(f"target: expected a dict such as {{'kind': 'cuda', 'arch': 'sm_90a'}} or 'sm_90a', got {target!r}")
+    if isinstance(target, dict) and target.get("kind") == "cuda" and "arch" in target:
+        return dict(target)
+    raise ValueError(f"target: expected {{'kind': 'cuda', 'arch': 'sm_XX'}}, got {target!r}")
+
+
+def lower(prim_func, target: dict, pass_configs: dict | None = None) -> LoweredKernel:
+    """Run TileLang's CUDA pass pipeline up to the host/device split."""
+    pass_configs = dict(pass_configs or {})
+    context = create_backend_context(target, None, "auto")
+    with tvm.transform.PassContext(opt_level=3, config=pass_configs), context.target:
+        host_mod, device_mod, _params, tgt, _host = lower_to_host_device_ir(prim_func, context)
+    name = str(prim_func.attrs["global_symbol"]) if prim_func.attrs and "global_symbol" in prim_func.attrs else "main"
+    return LoweredKernel(name, prim_func, host_mod, device_mod, tgt, pass_configs)
