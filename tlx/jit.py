@@ -1,0 +1,159 @@
+"""``@tlx.jit``: the decorator kernel authors use in place of ``@tilelang.jit``.
+
+The decorated function is a kernel factory: called with its parameters it returns a
+``@T.prim_func``. ``@tlx.jit`` compiles each distinct parameter set once (in memory,
+then on disk) and returns a callable :class:`tlx.kernel.Kernel`.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["JITFunction", "Options", "jit"]
+
+VERIFY_MODES = ("error", "warn", "off")
+
+
+@dataclass(frozen=True)
+class Options:
+    """Everything besides the program that decides the compiled artifact."""
+
+    out_idx: tuple[int, ...] = ()
+    target: Any = None
+    pass_configs: tuple[tuple[str, Any], ...] = ()
+    verify: str = "warn"
+    assume: tuple[str, ...] = ()
+    numerics: str = "default"
+    eliminate_guards: bool = True
+    allow_approx: tuple[str, ...] = ()
+    pin: str | None = None
+    extra: tuple[tuple[str, Any], ...] = field(default=())
+
+    @staticmethod
+    def make(
+        out_idx: int | Sequence[int] | None = None,
+        target: Any = None,
+        pass_configs: dict | None = None,
+        verify: str = "warn",
+        assume: Sequence[str] = (),
+        numerics: str = "default",
+        eliminate_guards: bool = True,
+        allow_approx: Sequence[str] = (),
+        pin: str | None = None,
+        **extra: Any,
+    ) -> Options:
+        if verify not in VERIFY_MODES:
+            raise ValueError(f"verify: expected one of {VERIFY_MODES}, got {verify!r}")
+        from tlx.numerics.modes import NUMERICS_MODES
+
+        if numerics not in NUMERICS_MODES:
+            raise ValueError(f"numerics: expected one of {sorted(NUMERICS_MODES)}, got {numerics!r}")
+        if isinstance(assume, str):
+            assume = (assume,)
+        if out_idx is None:
+            out = ()
+        elif isinstance(out_idx, int):
+            out = (out_idx,)
+        else:
+            out = tuple(int(i) for i in out_idx)
+        return Options(
+            out_idx=out,
+            target=_freeze(target),
+            pass_configs=tuple(sorted((k, _freeze(v)) for k, v in (pass_configs or {}).items())),
+            verify=verify,
+            assume=tuple(assume),
+            numerics=numerics,
+            eliminate_guards=bool(eliminate_guards),
+            allow_approx=tuple(allow_approx),
+            pin=pin,
+            extra=tuple(sorted((k, _freeze(v)) for k, v in extra.items())),
+        )
+
+    def target_dict(self):
+        return dict(self.target) if isinstance(self.target, tuple) else self.target
+
+    def pass_config_dict(self) -> dict:
+        return {k: _thaw(v) for k, v in self.pass_configs}
+
+
+def _freeze(v):
+    if isinstance(v, dict):
+        return tuple(sorted((k, _freeze(x)) for k, x in v.items()))
+    if isinstance(v, list):
+        return tuple(_freeze(x) for x in v)
+    return v
+
+
+def _thaw(v):
+    return list(v) if isinstance(v, tuple) else v
+
+
+class JITFunction:
+    """A kernel factory plus tlx options; calling it returns a compiled kernel."""
+
+    def __init__(self, factory: Callable, options: Options):
+        self.factory = factory
+        self.options = options
+        self._signature = inspect.signature(factory)
+        self._kernels: dict[tuple, Any] = {}
+        functools.update_wrapper(self, factory)
+
+    def _key(self, args, kwargs) -> tuple:
+        bound = self._signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        return tuple((k, _param_key(v)) for k, v in bound.arguments.items())
+
+    def get_tir(self, *args, **kwargs):
+        """The ``@T.prim_func`` the factory builds for these parameters."""
+        return self.factory(*args, **kwargs)
+
+    def __call__(self, *args, **kwargs):
+        key = self._key(args, kwargs)
+        kernel = self._kernels.get(key)
+        if kernel is None:
+            from tlx.compiler import compile_kernel
+
+            kernel = compile_kernel(self.get_tir(*args, **kwargs), self.options, source_key=self._source_key(key))
+            self._kernels[key] = kernel
+        return kernel
+
+    def _source_key(self, key: tuple) -> str:
+        try:
+            src = inspect.getsource(self.factory)
+        except OSError:
+            src = self.factory.__qualname__
+        return src + "\n" + repr(key)
+
+
+def _param_key(v):
+    """A hashable, printable stand-in for one factory argument (symbolic dims by name)."""
+    try:
+        from tilelang import tvm
+
+        if isinstance(v, tvm.tirx.Var):
+            return ("var", v.name, str(v.dtype))
+    except Exception:
+        pass
+    if isinstance(v, (list, tuple)):
+        return tuple(_param_key(x) for x in v)
+    if isinstance(v, dict):
+        return tuple(sorted((k, _param_key(x)) for k, x in v.items()))
+    return v if isinstance(v, (int, float, str, bool, type(None))) else repr(v)
+
+
+def jit(fn: Callable | None = None, **options: Any):
+    """Decorate a TileLang kernel factory; accepts ``tilelang.jit``'s options plus tlx's.
+
+    tlx options: ``verify`` ("error" | "warn" | "off"), ``assume`` (conditions on shape
+    variables, e.g. ``"M % 128 == 0"``), ``numerics`` ("default" | "strict"),
+    ``eliminate_guards``, ``allow_approx`` (approximate intrinsics allowed in strict mode),
+    ``pin`` (a pin file re-applied at compile time).
+    """
+    opts = Options.make(**options)
+    if fn is None:
+        return lambda f: JITFunction(f, opts)
+    return JITFunction(fn, opts)
