@@ -28,6 +28,7 @@ class LoweredKernel:
     device_mod: Any
     target: Any
     pass_configs: dict
+    layout_mod: Any = None  # the module right after TileLang's LayoutInference (layout_map annotations)
 
     def with_device_mod(self, device_mod) -> LoweredKernel:
         return replace(self, device_mod=device_mod)
@@ -56,7 +57,21 @@ def lower(prim_func, target: dict, pass_configs: dict | None = None) -> LoweredK
     """Run TileLang's CUDA pass pipeline up to the host/device split."""
     pass_configs = dict(pass_configs or {})
     context = create_backend_context(target, None, "auto")
-    with tvm.transform.PassContext(opt_level=3, config=pass_configs), context.target:
+    capture = _CaptureAfter("tl.LayoutInference")
+    with tvm.transform.PassContext(opt_level=3, config=pass_configs, instruments=[capture]), context.target:
         host_mod, device_mod, _params, tgt, _host = lower_to_host_device_ir(prim_func, context)
     name = str(prim_func.attrs["global_symbol"]) if prim_func.attrs and "global_symbol" in prim_func.attrs else "main"
-    return LoweredKernel(name, prim_func, host_mod, device_mod, tgt, pass_configs)
+    return LoweredKernel(name, prim_func, host_mod, device_mod, tgt, pass_configs, capture.module)
+
+
+@tvm.instrument.pass_instrument
+class _CaptureAfter:
+    """Keep the module as it leaves one named pass (layouts are only annotated there)."""
+
+    def __init__(self, pass_name: str):
+        self.pass_name = pass_name
+        self.module = None
+
+    def run_after_pass(self, mod, info):
+        if info.name == self.pass_name:
+            self.module = mod
