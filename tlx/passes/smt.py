@@ -1,0 +1,542 @@
+"""Exact encoding of TIR integer arithmetic into Z3, shared by tlx's index analyses.
+
+One :class:`Encoder` per kernel owns one Z3 context and one solver. TIR integers
+become unbounded Z3 ``Int`` terms computed with TVM's exact semantics
+(``floordiv``/``floormod``/``truncdiv``/``truncmod``, ``min``/``max``, selects);
+the fixed width of each integer operation is not folded into the term but recorded
+as an :class:`Obligation` ("this result fits in int32"). A caller that proves every
+obligation of an expression knows that the exact term equals what the GPU computes;
+one that cannot has found a possible overflow. Bitwise operations go through
+bit-vectors of the operand's width. Anything the encoder does not model (floats,
+loads, opaque calls) becomes a fresh unconstrained variable bounded only by its
+dtype, so every verdict is a sound over-approximation: never a false "safe".
+
+Budgets are Z3 ``rlimit`` units, so a verdict does not depend on the machine or
+its load.
+
+Typical use::
+
+    enc = Encoder()
+    enc.assume_range(tx, 0, 128)                 # register a variable with its extent
+    idx = enc.encode(bx * 128 + tx)              # z3 term
+    obligations = enc.take_obligations()         # width checks produced by encode
+    verdict = enc.prove(z3.And(idx >= 0, idx < enc.encode(n)), context=[...])
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import z3
+
+import tilelang  # noqa: F401  (sets up the bundled TVM)
+from tilelang import tvm
+
+tir = tvm.tirx
+
+__all__ = ["DEFAULT_RLIMIT", "Encoder", "Obligation", "Verdict", "dtype_range", "scalar_dtype"]
+
+DEFAULT_RLIMIT = 2_000_000
+"""Z3 resource units per query: about 0.1-0.3 s of solver work, identical on every machine."""
+
+_DTYPE_RE = re.compile(r"^(bool|int|uint|float|bfloat|handle|float8_\w+|float4_\w+|float6_\w+)(\d*)(?:x(\d+))?$")
+
+
+def scalar_dtype(dtype) -> tuple[str, int, int]:
+    """``"int32x4"`` -> ``("int", 32, 4)``; ``"bool"`` -> ``("bool", 1, 1)``."""
+    s = str(dtype)
+    m = _DTYPE_RE.match(s)
+    if not m:
+        return ("other", 0, 1)
+    kind, bits, lanes = m.group(1), m.group(2), m.group(3)
+    if kind == "bool":
+        return ("bool", 1, int(lanes or 1))
+    if kind in ("int", "uint"):
+        return (kind, int(bits or 32), int(lanes or 1))
+    return ("other", int(bits) if bits else 0, int(lanes or 1))
+
+
+def dtype_range(dtype) -> tuple[int, int] | None:
+    """The closed value range of an integer dtype, or ``None`` for non-integers."""
+    kind, bits, _ = scalar_dtype(dtype)
+    if kind == "int":
+        return (-(1 << (bits - 1)), (1 << (bits - 1)) - 1)
+    if kind == "uint":
+        return (0, (1 << bits) - 1)
+    if kind == "bool":
+        return (0, 1)
+    return None
+
+
+@dataclass(frozen=True)
+class Obligation:
+    """``term`` (an exact Int) must lie in ``[lo, hi]`` for the fixed-width result to equal it."""
+
+    term: Any
+    lo: int
+    hi: int
+    dtype: str
+    node: Any
+
+    def text(self) -> str:
+        return f"{self.node} (as {self.dtype})"
+
+
+@dataclass
+class Verdict:
+    """Outcome of one query: ``"proven"``, ``"violation"`` (with ``model``) or ``"unknown"``."""
+
+    status: str
+    model: Any = None
+    reason: str = ""
+    rlimit_used: int = 0
+
+    @property
+    def proven(self) -> bool:
+        return self.status == "proven"
+
+
+@dataclass
+class _Enc:
+    """An encoded integer: exact term plus a cheap interval (``None`` = unbounded)."""
+
+    term: Any
+    lo: int | None
+    hi: int | None
+
+
+def _iadd(a, b):
+    return None if a is None or b is None else a + b
+
+
+def _imul_range(a: _Enc, b: _Enc):
+    if None in (a.lo, a.hi, b.lo, b.hi):
+        return None, None
+    prods = [a.lo * b.lo, a.lo * b.hi, a.hi * b.lo, a.hi * b.hi]
+    return min(prods), max(prods)
+
+
+@dataclass
+class Encoder:
+    """TIR -> Z3 for one kernel: variables, their ranges, and the solver that answers queries.
+
+    ``rlimit`` is the per-query budget in Z3 resource units (deterministic).
+    """
+
+    rlimit: int = DEFAULT_RLIMIT
+    ctx: Any = field(default_factory=z3.Context)
+
+    def __post_init__(self):
+        self.solver = z3.Solver(ctx=self.ctx)
+        self.solver.set("random_seed", 7)
+        self._vars: dict[Any, _Enc] = {}
+        self._names: dict[str, int] = {}
+        self._facts: list = []
+        self._obligations: list[Obligation] = []
+        self._fresh = 0
+        self.queries = 0
+        self.rlimit_used = 0
+
+    # ----- variables -------------------------------------------------------------
+    def _unique(self, name: str) -> str:
+        n = self._names.get(name, 0)
+        self._names[name] = n + 1
+        return name if n == 0 else f"{name}#{n}"
+
+    def var(self, v) -> Any:
+        """The Z3 term of TIR variable ``v`` (registered on first use with its dtype's range)."""
+        return self._var(v).term
+
+    def _var(self, v) -> _Enc:
+        e = self._vars.get(v)
+        if e is not None:
+            return e
+        kind, _, _ = scalar_dtype(v.dtype)
+        name = self._unique(v.name)
+        if kind == "bool":
+            e = _Enc(z3.Bool(name, self.ctx), None, None)
+        else:
+            e = self._ranged_int(name, v.dtype)
+        self._vars[v] = e
+        return e
+
+    def _ranged_int(self, name: str, dtype) -> _Enc:
+        term = z3.Int(name, self.ctx)
+        rng = dtype_range(dtype)
+        if rng is None:
+            return _Enc(term, None, None)
+        self._facts.append(term >= rng[0])
+        self._facts.append(term <= rng[1])
+        return _Enc(term, rng[0], rng[1])
+
+    def fresh(self, dtype="int64", hint: str = "opaque") -> Any:
+        """A new unconstrained value of ``dtype``: the sound stand-in for anything not modelled."""
+        self._fresh += 1
+        name = f"{hint}!{self._fresh}"
+        if scalar_dtype(dtype)[0] == "bool":
+            return z3.Bool(name, self.ctx)
+        return self._ranged_int(name, dtype).term
+
+    def assume_range(self, v, lo, extent) -> None:
+        """Register ``lo <= v < lo + extent`` as a global fact (thread indices, loop variables of the whole kernel)."""
+        e = self._var(v)
+        lo_e, ext_e = self._enc(lo), self._enc(extent)
+        self._facts.append(e.term >= lo_e.term)
+        self._facts.append(e.term < lo_e.term + ext_e.term)
+        if isinstance(lo, (int, tir.IntImm)) and isinstance(extent, (int, tir.IntImm)):
+            lo_i, ext_i = int(lo), int(extent)
+            e.lo, e.hi = max(e.lo, lo_i) if e.lo is not None else lo_i, lo_i + ext_i - 1
+
+    def range_facts(self, v, lo, extent) -> list:
+        """``lo <= v < lo + extent`` as Z3 facts without registering them globally (scoped ranges)."""
+        t = self.var(v)
+        return [t >= self.encode(lo), t < self.encode(lo) + self.encode(extent)]
+
+    def add_fact(self, fact) -> None:
+        """A fact true everywhere in the kernel (shape-variable assumptions, launch facts)."""
+        self._facts.append(fact)
+
+    @property
+    def facts(self) -> list:
+        return list(self._facts)
+
+    def names(self) -> dict[str, Any]:
+        """Registered variable name -> Z3 term (for counterexamples)."""
+        return {str(e.term): e.term for e in self._vars.values()}
+
+    # ----- constants and helpers -----------------------------------------------
+    def int_val(self, v: int):
+        return z3.IntVal(int(v), self.ctx)
+
+    def true(self):
+        return z3.BoolVal(True, self.ctx)
+
+    def take_obligations(self) -> list[Obligation]:
+        """The width obligations produced since the last call, emptied."""
+        obs, self._obligations = self._obligations, []
+        return obs
+
+    def _oblige(self, node, e: _Enc, dtype) -> _Enc:
+        rng = dtype_range(dtype)
+        if rng is None:
+            return e
+        lo, hi = rng
+        if e.lo is not None and e.hi is not None and lo <= e.lo and e.hi <= hi:
+            return e
+        self._obligations.append(Obligation(e.term, lo, hi, str(dtype), node))
+        # Past the check the value is known to lie in range, which tightens the interval.
+        return _Enc(e.term, max(lo, e.lo) if e.lo is not None else lo, min(hi, e.hi) if e.hi is not None else hi)
+
+    # ----- encoding -------------------------------------------------------------
+    def encode(self, expr, env: dict | None = None, lane=None):
+        """The Z3 term of TIR expression ``expr`` (Int for integers, Bool for booleans).
+
+        ``env`` maps TIR variables to Z3 terms that override their registered meaning;
+        ``lane`` is the Z3 term of the vector lane when ``expr`` is a vector expression
+        (``Ramp(b, s, n)`` encodes as ``b + lane * s``).
+        """
+        return self._enc(expr, env or {}, lane).term
+
+    def encode_bool(self, expr, env: dict | None = None, lane=None):
+        t = self.encode(expr, env, lane)
+        if z3.is_bool(t):
+            return t
+        return t != 0
+
+    def _enc(self, expr, env: dict | None = None, lane=None) -> _Enc:
+        env = env or {}
+        if isinstance(expr, bool):
+            return _Enc(z3.BoolVal(expr, self.ctx), None, None)
+        if isinstance(expr, int):
+            return _Enc(self.int_val(expr), expr, expr)
+        if isinstance(expr, tir.IntImm):
+            if scalar_dtype(expr.dtype)[0] == "bool":
+                return _Enc(z3.BoolVal(bool(expr.value), self.ctx), None, None)
+            return _Enc(self.int_val(expr.value), int(expr.value), int(expr.value))
+        if isinstance(expr, tir.Var):
+            if expr in env:
+                t = env[expr]
+                return t if isinstance(t, _Enc) else _Enc(t, None, None)
+            return self._var(expr)
+        method = getattr(self, "_enc_" + type(expr).__name__, None)
+        if method is None:
+            return self._opaque(expr)
+        return method(expr, env, lane)
+
+    def _opaque(self, expr) -> _Enc:
+        dtype = getattr(expr, "dtype", "int64")
+        kind, bits, _ = scalar_dtype(dtype)
+        if kind in ("int", "uint"):
+            return self._ranged_int(self._fresh_name(type(expr).__name__), f"{kind}{bits}")
+        if kind == "bool":
+            return _Enc(self.fresh("bool", type(expr).__name__), None, None)
+        return _Enc(self.fresh("int64", type(expr).__name__), None, None)
+
+    def _fresh_name(self, hint: str) -> str:
+        self._fresh += 1
+        return f"{hint}!{self._fresh}"
+
+    def _bin(self, expr, env, lane):
+        return self._enc(expr.a, env, lane), self._enc(expr.b, env, lane)
+
+    def _int_result(self, expr, term, lo, hi) -> _Enc:
+        return self._oblige(expr, _Enc(term, lo, hi), scalar_dtype(expr.dtype)[0] + str(scalar_dtype(expr.dtype)[1]))
+
+    def _enc_Add(self, expr, env, lane):
+        a, b = self._bin(expr, env, lane)
+        return self._int_result(expr, a.term + b.term, _iadd(a.lo, b.lo), _iadd(a.hi, b.hi))
+
+    def _enc_Sub(self, expr, env, lane):
+        a, b = self._bin(expr, env, lane)
+        lo = None if a.lo is None or b.hi is None else a.lo - b.hi
+        hi = None if a.hi is None or b.lo is None else a.hi - b.lo
+        return self._int_result(expr, a.term - b.term, lo, hi)
+
+    def _enc_Mul(self, expr, env, lane):
+        a, b = self._bin(expr, env, lane)
+        lo, hi = _imul_range(a, b)
+        return self._int_result(expr, a.term * b.term, lo, hi)
+
+    def _floordiv(self, a: _Enc, b: _Enc):
+        """floor(a / b) with TVM semantics; division by zero yields an unconstrained value."""
+        if b.lo is not None and b.lo == b.hi:
+            c = b.lo
+            if c > 0:
+                q = a.term / c  # SMT-LIB div is Euclidean = floor for a positive divisor
+                lo = None if a.lo is None else a.lo // c
+                hi = None if a.hi is None else a.hi // c
+                return q, lo, hi
+            if c < 0:
+                return (-a.term) / (-c), None, None
+        q = z3.If(b.term > 0, a.term / b.term, z3.If(b.term < 0, (-a.term) / (-b.term), self.fresh("int64", "div0")))
+        return q, None, None
+
+    def _enc_FloorDiv(self, expr, env, lane):
+        a, b = self._bin(expr, env, lane)
+        q, lo, hi = self._floordiv(a, b)
+        return self._int_result(expr, q, lo, hi)
+
+    def _enc_FloorMod(self, expr, env, lane):
+        a, b = self._bin(expr, env, lane)
+        if b.lo is not None and b.lo == b.hi and b.lo > 0:
+            lo, hi = 0, b.lo - 1
+            if a.lo is not None and a.hi is not None and 0 <= a.lo and a.hi < b.lo:
+                return _Enc(a.term, a.lo, a.hi)
+            return _Enc(a.term % b.lo, lo, hi)
+        q, _, _ = self._floordiv(a, b)
+        return self._int_result(expr, a.term - b.term * q, None, None)
+
+    def _truncdiv(self, a: _Enc, b: _Enc):
+        if a.lo is not None and a.lo >= 0 and b.lo is not None and b.lo > 0:
+            return self._floordiv(a, b)[0]
+        abs_a = z3.If(a.term >= 0, a.term, -a.term)
+        abs_b = z3.If(b.term >= 0, b.term, -b.term)
+        q = abs_a / abs_b
+        same_sign = (a.term >= 0) == (b.term > 0)
+        return z3.If(b.term == 0, self.fresh("int64", "div0"), z3.If(same_sign, q, -q))
+
+    def _enc_Div(self, expr, env, lane):
+        kind = scalar_dtype(expr.dtype)[0]
+        if kind not in ("int", "uint"):
+            return self._opaque(expr)
+        a, b = self._bin(expr, env, lane)
+        return self._int_result(expr, self._truncdiv(a, b), None, None)
+
+    def _enc_Mod(self, expr, env, lane):
+        kind = scalar_dtype(expr.dtype)[0]
+        if kind not in ("int", "uint"):
+            return self._opaque(expr)
+        a, b = self._bin(expr, env, lane)
+        return self._int_result(expr, a.term - b.term * self._truncdiv(a, b), None, None)
+
+    def _enc_Min(self, expr, env, lane):
+        a, b = self._bin(expr, env, lane)
+        lo = None if a.lo is None or b.lo is None else min(a.lo, b.lo)
+        hi = b.hi if a.hi is None else a.hi if b.hi is None else min(a.hi, b.hi)
+        return _Enc(z3.If(a.term <= b.term, a.term, b.term), lo, hi)
+
+    def _enc_Max(self, expr, env, lane):
+        a, b = self._bin(expr, env, lane)
+        hi = None if a.hi is None or b.hi is None else max(a.hi, b.hi)
+        lo = b.lo if a.lo is None else a.lo if b.lo is None else max(a.lo, b.lo)
+        return _Enc(z3.If(a.term >= b.term, a.term, b.term), lo, hi)
+
+    def _cmp(op):
+        def enc(self, expr, env, lane):
+            a, b = self._bin(expr, env, lane)
+            return _Enc(op(a.term, b.term), None, None)
+
+        return enc
+
+    _enc_EQ = _cmp(lambda a, b: a == b)
+    _enc_NE = _cmp(lambda a, b: a != b)
+    _enc_LT = _cmp(lambda a, b: a < b)
+    _enc_LE = _cmp(lambda a, b: a <= b)
+    _enc_GT = _cmp(lambda a, b: a > b)
+    _enc_GE = _cmp(lambda a, b: a >= b)
+    del _cmp
+
+    def _as_bool(self, e: _Enc):
+        return e.term if z3.is_bool(e.term) else e.term != 0
+
+    def _enc_And(self, expr, env, lane):
+        a, b = self._bin(expr, env, lane)
+        return _Enc(z3.And(self._as_bool(a), self._as_bool(b)), None, None)
+
+    def _enc_Or(self, expr, env, lane):
+        a, b = self._bin(expr, env, lane)
+        return _Enc(z3.Or(self._as_bool(a), self._as_bool(b)), None, None)
+
+    def _enc_Not(self, expr, env, lane):
+        return _Enc(z3.Not(self._as_bool(self._enc(expr.a, env, lane))), None, None)
+
+    def _select(self, cond, a: _Enc, b: _Enc) -> _Enc:
+        if z3.is_bool(a.term) != z3.is_bool(b.term):
+            return _Enc(self.fresh("int64", "select"), None, None)
+        lo = None if a.lo is None or b.lo is None else min(a.lo, b.lo)
+        hi = None if a.hi is None or b.hi is None else max(a.hi, b.hi)
+        return _Enc(z3.If(cond, a.term, b.term), lo, hi)
+
+    def _enc_Select(self, expr, env, lane):
+        c = self._as_bool(self._enc(expr.condition, env, lane))
+        return self._select(c, self._enc(expr.true_value, env, lane), self._enc(expr.false_value, env, lane))
+
+    def _enc_Let(self, expr, env, lane):
+        inner = dict(env)
+        inner[expr.var] = self._enc(expr.value, env, lane)
+        return self._enc(expr.body, inner, lane)
+
+    def _enc_Ramp(self, expr, env, lane):
+        base, stride = self._enc(expr.base, env), self._enc(expr.stride, env)
+        if lane is None:
+            return self._opaque(expr)
+        return _Enc(base.term + lane * stride.term, None, None)
+
+    def _enc_Broadcast(self, expr, env, lane):
+        return self._enc(expr.value, env, None)
+
+    def _enc_Cast(self, expr, env, lane):
+        src_kind = scalar_dtype(expr.value.dtype)[0]
+        dst_kind, dst_bits, _ = scalar_dtype(expr.dtype)
+        if src_kind not in ("int", "uint", "bool") or dst_kind not in ("int", "uint", "bool"):
+            return self._opaque(expr)
+        v = self._enc(expr.value, env, lane)
+        if dst_kind == "bool":
+            return _Enc(self._as_bool(v), None, None)
+        if z3.is_bool(v.term):
+            return _Enc(z3.If(v.term, self.int_val(1), self.int_val(0)), 0, 1)
+        return self._oblige(expr, v, f"{dst_kind}{dst_bits}")
+
+    def _enc_Call(self, expr, env, lane):
+        name = str(expr.op.name) if hasattr(expr.op, "name") else ""
+        args = expr.args
+        if name == "tirx.if_then_else":
+            c = self._as_bool(self._enc(args[0], env, lane))
+            return self._select(c, self._enc(args[1], env, lane), self._enc(args[2], env, lane))
+        if name == "tirx.likely":
+            return self._enc(args[0], env, lane)
+        kind, bits, _ = scalar_dtype(expr.dtype)
+        if kind in ("int", "uint") and name in _BITWISE:
+            return self._bitwise(name, expr, [self._enc(a, env, lane) for a in args], kind, bits)
+        return self._opaque(expr)
+
+    def _bitwise(self, name, expr, ops: list[_Enc], kind: str, bits: int) -> _Enc:
+        signed = kind == "int"
+        if name == "tirx.shift_left" and ops[1].lo is not None and ops[1].lo == ops[1].hi and 0 <= ops[1].lo < bits:
+            k = 1 << ops[1].lo
+            lo, hi = _imul_range(ops[0], _Enc(None, k, k))
+            return self._int_result(expr, ops[0].term * k, lo, hi)
+        if name == "tirx.shift_right" and ops[1].lo is not None and ops[1].lo == ops[1].hi and 0 <= ops[1].lo < bits:
+            q, lo, hi = self._floordiv(ops[0], _Enc(self.int_val(1 << ops[1].lo), 1 << ops[1].lo, 1 << ops[1].lo))
+            return _Enc(q, lo, hi)
+        bvs = [z3.Int2BV(o.term, bits) for o in ops]
+        if name == "tirx.bitwise_and":
+            r = bvs[0] & bvs[1]
+        elif name == "tirx.bitwise_or":
+            r = bvs[0] | bvs[1]
+        elif name == "tirx.bitwise_xor":
+            r = bvs[0] ^ bvs[1]
+        elif name == "tirx.bitwise_not":
+            r = ~bvs[0]
+        elif name == "tirx.shift_left":
+            r = bvs[0] << bvs[1]
+        else:
+            r = z3.LShR(bvs[0], bvs[1]) if not signed else bvs[0] >> bvs[1]
+        rng = dtype_range(f"{kind}{bits}")
+        # Operands wrap into the bit-vector width, so their own range must be checked too.
+        for o in ops:
+            self._oblige(expr, o, f"{kind}{bits}")
+        return _Enc(z3.BV2Int(r, is_signed=signed), rng[0], rng[1])
+
+    # ----- queries --------------------------------------------------------------
+    def check(self, formulas: list) -> Verdict:
+        """Is the conjunction of ``formulas`` (plus the kernel-wide facts) satisfiable?
+
+        ``"violation"`` here means satisfiable (with a model); ``"proven"`` means unsat.
+        """
+        s = self.solver
+        s.push()
+        try:
+            s.set("rlimit", self.rlimit)
+            s.add(*self._facts)
+            s.add(*formulas)
+            before = _rlimit_count(s)
+            r = s.check()
+            used = _rlimit_count(s) - before
+            self.queries += 1
+            self.rlimit_used += max(used, 0)
+            if r == z3.unsat:
+                return Verdict("proven", rlimit_used=used)
+            if r == z3.sat:
+                return Verdict("violation", s.model(), rlimit_used=used)
+            return Verdict("unknown", reason=s.reason_unknown(), rlimit_used=used)
+        finally:
+            s.pop()
+
+    def prove(self, goal, context: list | None = None) -> Verdict:
+        """Does ``goal`` hold for every assignment satisfying ``context`` and the kernel facts?"""
+        return self.check(list(context or []) + [z3.Not(goal)])
+
+    def prove_obligations(self, obligations: list[Obligation], context: list | None = None):
+        """Prove every obligation at once; on failure return the first one the model breaks."""
+        if not obligations:
+            return Verdict("proven"), None
+        bad = z3.Or([z3.Or(o.term < o.lo, o.term > o.hi) for o in obligations])
+        v = self.check(list(context or []) + [bad])
+        if v.status != "violation":
+            return v, None
+        for o in obligations:
+            val = v.model.eval(o.term, model_completion=True)
+            if z3.is_int_value(val) and not (o.lo <= val.as_long() <= o.hi):
+                return v, o
+        return v, obligations[0]
+
+    def model_value(self, model, term) -> int | bool | None:
+        val = model.eval(term, model_completion=True)
+        if z3.is_int_value(val):
+            return val.as_long()
+        if z3.is_true(val):
+            return True
+        if z3.is_false(val):
+            return False
+        return None
+
+
+_BITWISE = {
+    "tirx.shift_left",
+    "tirx.shift_right",
+    "tirx.bitwise_and",
+    "tirx.bitwise_or",
+    "tirx.bitwise_xor",
+    "tirx.bitwise_not",
+}
+
+
+def _rlimit_count(solver) -> int:
+    st = solver.statistics()
+    for k in st.keys():
+        if k == "rlimit count":
+            return int(st.get_key_value(k))
+    return 0
