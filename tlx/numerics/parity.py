@@ -52,7 +52,8 @@ def build_baseline(
     if build_directory is None:
         build_directory = str(Path(os.environ.get("TLX_CACHE_DIR", Path.home() / ".cache" / "tlx")) / "baselines" / name)
     saved = os.environ.get("TVM_FFI_CUDA_ARCH_LIST")
-    os.environ["TVM_FFI_CUDA_ARCH_LIST"] = arch.removeprefix("sm_").rstrip("a") + ("a" if arch.endswith("a") else "")
+    digits = arch.removeprefix("sm_")  # "90a" -> "9.0a", the form tvm_ffi expects
+    os.environ["TVM_FFI_CUDA_ARCH_LIST"] = f"{digits[:-2] if digits.endswith('a') else digits[:-1]}.{digits[-2:] if digits.endswith('a') else digits[-1]}"
     try:
         lib = tvm_ffi.cpp.build(
             name=name,
