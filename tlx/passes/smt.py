@@ -92,6 +92,7 @@ class Verdict:
     model: Any = None
     reason: str = ""
     rlimit_used: int = 0
+    formulas: list = field(default_factory=list)  # what was checked (reusable by ``minimize``)
 
     @property
     def proven(self) -> bool:
@@ -490,7 +491,7 @@ class Encoder:
             if r == z3.unsat:
                 return Verdict("proven", rlimit_used=used)
             if r == z3.sat:
-                return Verdict("violation", s.model(), rlimit_used=used)
+                return Verdict("violation", s.model(), rlimit_used=used, formulas=list(formulas))
             return Verdict("unknown", reason=s.reason_unknown(), rlimit_used=used)
         finally:
             s.pop()
@@ -512,6 +513,19 @@ class Encoder:
             if z3.is_int_value(val) and not (o.lo <= val.as_long() <= o.hi):
                 return v, o
         return v, obligations[0]
+
+    def minimize(self, term, formulas: list) -> int | None:
+        """The least value of ``term`` over the solutions of ``formulas`` (None if unbounded or over budget)."""
+        opt = z3.Optimize(ctx=self.ctx)
+        opt.set("rlimit", self.rlimit)
+        opt.add(*self._facts)
+        opt.add(*formulas)
+        h = opt.minimize(term)
+        self.queries += 1
+        if opt.check() != z3.sat:
+            return None
+        val = opt.lower(h)
+        return val.as_long() if z3.is_int_value(val) else None
 
     def model_value(self, model, term) -> int | bool | None:
         val = model.eval(term, model_completion=True)

@@ -1,0 +1,729 @@
+"""Bounds verifier: every buffer access of the device kernels, proven in bounds for all shapes or refuted.
+
+The device kernels in ``kernel.device_mod`` are what runs on the GPU (flattened
+buffers, vector ``Ramp`` indices, TileLang's inserted guards), so they are what is
+verified. For each access the verifier asks Z3, under the access's context (block and
+thread indices with their launch extents, loop variables with their ranges,
+enclosing conditions, bindings, shape variables >= 0 and the user's assumptions),
+whether the index can leave ``[0, extent)``; and whether any integer operation of
+the index can overflow its dtype. Verdicts: ``proven``, ``violation`` with a concrete
+counterexample, or ``unknown`` when the rlimit budget runs out.
+
+TMA copies address global memory through descriptors and the hardware clips
+out-of-bounds boxes, so only their shared-memory side (a ``tvm_access_ptr``) is an
+access here.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+import z3
+
+import tilelang  # noqa: F401
+from tilelang import tvm
+
+from tlx.lowering import LoweredKernel
+from tlx.passes import PassContext, Precondition, register_pass
+from tlx.passes.assume import parse_assumption, shape_vars
+from tlx.passes.smt import DEFAULT_RLIMIT, Encoder, Obligation, scalar_dtype
+
+tir = tvm.tirx
+
+__all__ = ["Access", "BoundsReport", "VerificationError", "verify_kernel", "derive_preconditions"]
+
+
+class VerificationError(RuntimeError):
+    """Raised by ``verify="error"`` when an access is out of bounds for some allowed shape."""
+
+
+@dataclass
+class Access:
+    """One checked access (or index overflow) and its verdict."""
+
+    func: str
+    buffer: str
+    scope: str
+    kind: str  # "load" | "store" | "pointer" | "overflow"
+    index: str
+    extent: str
+    status: str = "unknown"  # "proven" | "violation" | "unknown"
+    counterexample: dict[str, int] = field(default_factory=dict)
+    detail: str = ""
+    source: str = "unknown line"
+    least: dict[str, int] = field(default_factory=dict)  # smallest violating shape values (focus mode)
+
+    def key(self) -> tuple:
+        return (self.func, self.buffer, self.kind, self.index)
+
+    def to_json(self) -> dict:
+        return {
+            "func": self.func,
+            "buffer": self.buffer,
+            "scope": self.scope,
+            "kind": self.kind,
+            "index": self.index,
+            "extent": self.extent,
+            "status": self.status,
+            "counterexample": dict(self.counterexample),
+            "detail": self.detail,
+            "source": self.source,
+        }
+
+
+@dataclass
+class BoundsReport:
+    kernel: str
+    accesses: list[Access]
+    seconds: float
+    queries: int
+    rlimit_used: int
+    guards: dict = field(default_factory=dict)
+
+    @property
+    def proven(self) -> int:
+        return sum(a.status == "proven" for a in self.accesses if a.kind != "overflow")
+
+    @property
+    def checked(self) -> int:
+        return sum(a.kind != "overflow" for a in self.accesses)
+
+    def violations(self) -> list[Access]:
+        return [a for a in self.accesses if a.status == "violation"]
+
+    def unknowns(self) -> list[Access]:
+        return [a for a in self.accesses if a.status == "unknown"]
+
+    def to_json(self) -> dict:
+        return {
+            "kernel": self.kernel,
+            "accesses": self.checked,
+            "proven": self.proven,
+            "violations": [a.to_json() for a in self.violations()],
+            "unknown": [a.to_json() for a in self.unknowns()],
+            "seconds": round(self.seconds, 4),
+            "queries": self.queries,
+            "rlimit_used": self.rlimit_used,
+        }
+
+
+# --------------------------------------------------------------------------------------
+# The walk
+# --------------------------------------------------------------------------------------
+
+_BINARY = (tir.Add, tir.Sub, tir.Mul, tir.Div, tir.Mod, tir.FloorDiv, tir.FloorMod, tir.Min, tir.Max,
+           tir.EQ, tir.NE, tir.LT, tir.LE, tir.GT, tir.GE, tir.And, tir.Or)
+
+
+@dataclass
+class _Frame:
+    facts: list
+    names: list  # (name, z3 term) shown in counterexamples
+
+
+class _Walker:
+    """Visits one device function, checks every access, and (optionally) drops proven guards."""
+
+    def __init__(self, enc: Encoder, func_name: str, shape_terms: dict[str, Any], rewrite: bool, source_map, focus=None):
+        self.enc = enc
+        self.focus = focus
+        self.func = func_name
+        self.shape_terms = shape_terms
+        self.rewrite = rewrite
+        self.source_map = source_map
+        self.frames: list[_Frame] = [_Frame([], list(shape_terms.items()))]
+        self.accesses: list[Access] = []
+        self.aliases: dict[Any, tuple[Any, Any]] = {}  # handle var -> (base data var, byte offset expr)
+        self.buffers: dict[Any, Any] = {}  # data var -> Buffer
+        self.guards_seen = 0
+        self.guards_removed = 0
+        self._overflow_seen: set[str] = set()
+
+    # ----- context ----------------------------------------------------------------
+    def context(self) -> list:
+        return [f for fr in self.frames for f in fr.facts]
+
+    def push(self, facts=(), names=()):
+        self.frames.append(_Frame(list(facts), list(names)))
+
+    def pop(self):
+        self.frames.pop()
+
+    def add_fact(self, fact):
+        self.frames[-1].facts.append(fact)
+
+    def add_name(self, name, term):
+        self.frames[-1].names.append((name, term))
+
+    def counterexample(self, model, extra: dict) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for fr in self.frames:
+            for name, term in fr.names:
+                v = self.enc.model_value(model, term)
+                if isinstance(v, bool):
+                    v = int(v)
+                if v is not None:
+                    out[name] = v
+        for name, term in extra.items():
+            v = self.enc.model_value(model, term)
+            if v is not None:
+                out[name] = int(v)
+        return out
+
+    def record_least(self, access: Access, verdict):
+        """In focus mode: the least value of each shape variable that still violates (for upper-bound preconditions)."""
+        if self.focus is None or access.key() != self.focus:
+            return
+        for name, term in self.shape_terms.items():
+            low = self.enc.minimize(term, verdict.formulas)
+            if low is not None:
+                access.least[name] = low
+
+    def reliable(self, expr, what: str, as_bool=False):
+        """Encode ``expr``; if its fixed-width arithmetic may overflow, report that and return None."""
+        term = self.enc.encode_bool(expr) if as_bool else self.enc.encode(expr)
+        obs = self.enc.take_obligations()
+        if not obs:
+            return term
+        verdict, bad = self.enc.prove_obligations(obs, self.context())
+        if verdict.proven:
+            return term
+        self.report_overflow(verdict, bad, what)
+        return None
+
+    def report_overflow(self, verdict, bad: Obligation | None, what: str):
+        text = bad.text() if bad is not None else what
+        if text in self._overflow_seen:
+            return
+        self._overflow_seen.add(text)
+        a = Access(self.func, what, "", "overflow", str(bad.node) if bad else what, bad.dtype if bad else "", verdict.status)
+        if self.focus is not None and a.key() != self.focus:
+            a.status = "skipped"
+        if a.status == "skipped":
+            pass
+        elif verdict.status == "violation" and bad is not None:
+            a.counterexample = self.counterexample(verdict.model, {"value": bad.term})
+            self.record_least(a, verdict)
+            a.detail = f"{bad.node} leaves {bad.dtype} [{bad.lo}, {bad.hi}]"
+        else:
+            a.detail = f"overflow check: {verdict.reason or 'budget exhausted'}"
+        self.accesses.append(a)
+
+    # ----- accesses -----------------------------------------------------------------
+    def check_access(self, buffer, indices, kind: str, predicate=None):
+        lanes = max(scalar_dtype(i.dtype)[2] for i in indices) if indices else 1
+        name = _user_name(buffer.name)
+        scope = str(buffer.scope())
+        shape = list(buffer.shape)
+        access = Access(self.func, name, scope, kind, ", ".join(str(i) for i in indices), " x ".join(str(s) for s in shape))
+        access.source = self.source_map(name, kind)
+        self.accesses.append(access)
+        lane = None
+        ctx_extra = []
+        extra_names = {}
+        if lanes > 1:
+            lane = z3.Int(f"lane!{len(self.accesses)}", self.enc.ctx)
+            ctx_extra += [lane >= 0, lane < lanes]
+            extra_names["lane"] = lane
+        if len(indices) != len(shape):
+            access.status, access.detail = "unknown", f"{len(indices)} indices for a {len(shape)}-d buffer"
+            return
+        # Extents are allocation sizes computed on the host in 64 bits, not device arithmetic.
+        self.enc.take_obligations()
+        extents = [self.enc.encode(ext) for ext in shape]
+        self.enc.take_obligations()
+        if self.focus is not None and access.key() != self.focus:
+            access.status = "skipped"
+            return
+        goals = []
+        for i, (idx, e) in enumerate(zip(indices, extents)):
+            t = self.enc.encode(idx, lane=lane)
+            goals.append(z3.And(t >= 0, t < e))
+            extra_names[f"index{i}" if len(indices) > 1 else "index"] = t
+            extra_names[f"extent{i}" if len(indices) > 1 else "extent"] = e
+        if predicate is not None and lane is not None:
+            ctx_extra.append(self.enc.encode_bool(predicate, lane=lane))
+        obs = self.enc.take_obligations()
+        context = self.context() + ctx_extra
+        if obs:
+            v, bad = self.enc.prove_obligations(obs, context)
+            if not v.proven:
+                access.status = v.status if v.status == "unknown" else "violation"
+                if v.status == "violation" and bad is not None:
+                    extra_names["overflowing value"] = bad.term
+                    access.counterexample = self.counterexample(v.model, extra_names)
+                    self.record_least(access, v)
+                    access.detail = f"index arithmetic overflows {bad.dtype}: {bad.node}"
+                else:
+                    access.detail = f"overflow check: {v.reason or 'budget exhausted'}"
+                return
+        v = self.enc.prove(z3.And(goals) if len(goals) > 1 else goals[0], context)
+        access.status = v.status
+        if v.status == "violation":
+            access.counterexample = self.counterexample(v.model, extra_names)
+            access.detail = "index outside [0, extent)"
+        elif v.status == "unknown":
+            access.detail = v.reason or "budget exhausted"
+
+    def check_pointer(self, call):
+        """``tvm_access_ptr(type, data, offset, extent, rw)``: elements [offset, offset+extent) of ``data``."""
+        _, data, offset, extent, _ = call.args
+        elem_bytes = max(scalar_dtype(call.args[0].dtype)[1] // 8, 1)
+        base, byte_off = data, 0
+        if data in self.aliases:
+            base, byte_off = self.aliases[data]
+        buf = self.buffers.get(base)
+        if buf is None:
+            return
+        name = _user_name(data.name)
+        buf_bytes = max(scalar_dtype(buf.dtype)[1] // 8, 1)
+        size = 1
+        for s in buf.shape:
+            size = size * s
+        access = Access(self.func, name, str(buf.scope()), "pointer", f"[{offset}, {offset} + {extent})", f"{size} x {buf.dtype}")
+        access.source = self.source_map(name, "pointer")
+        self.accesses.append(access)
+        if self.focus is not None and access.key() != self.focus:
+            access.status = "skipped"
+            return
+        lo = self.enc.encode(byte_off) + self.enc.encode(offset) * elem_bytes
+        hi = lo + self.enc.encode(extent) * elem_bytes
+        cap = self.enc.encode(size) * buf_bytes
+        obs = self.enc.take_obligations()
+        if obs:
+            v, _ = self.enc.prove_obligations(obs, self.context())
+            if not v.proven:
+                access.status, access.detail = "unknown", "pointer arithmetic may overflow"
+                return
+        v = self.enc.prove(z3.And(lo >= 0, hi <= cap), self.context())
+        access.status = v.status
+        if v.status == "violation":
+            access.counterexample = self.counterexample(v.model, {"first byte": lo, "end byte": hi, "bytes": cap})
+            access.detail = "pointer range outside the allocation"
+
+    # ----- expressions ----------------------------------------------------------------
+    def visit_expr(self, e):
+        """Check the accesses inside ``e``; returns ``e`` with proven ``if_then_else`` guards dropped."""
+        if isinstance(e, tir.BufferLoad):
+            for i in e.indices:
+                self.visit_expr(i)
+            self.check_access(e.buffer, list(e.indices), "load", getattr(e, "predicate", None))
+            return e
+        if isinstance(e, tir.Call):
+            op = str(e.op.name) if hasattr(e.op, "name") else ""
+            if op == "tirx.if_then_else":
+                return self.visit_conditional_expr(e)
+            if op == "tirx.tvm_access_ptr":
+                for a in e.args[2:4]:
+                    self.visit_expr(a)
+                self.check_pointer(e)
+                return e
+            args = [self.visit_expr(a) for a in e.args]
+            if self.rewrite and any(not a.same_as(b) for a, b in zip(args, e.args)):
+                return tir.Call(e.dtype, e.op, args)
+            return e
+        if isinstance(e, tir.Let):
+            self.visit_expr(e.value)
+            t = self.reliable(e.value, f"let {e.var.name}")
+            self.push()
+            if t is not None:
+                self.add_fact(self.enc.var(e.var) == t)
+            self.visit_expr(e.body)
+            self.pop()
+            return e
+        if isinstance(e, _BINARY):
+            self.visit_expr(e.a)
+            self.visit_expr(e.b)
+            return e
+        for attr in ("a", "value", "condition", "true_value", "false_value", "base", "stride"):
+            sub = getattr(e, attr, None) if not isinstance(e, (tir.IntImm, tir.FloatImm, tir.StringImm, tir.Var)) else None
+            if sub is not None and isinstance(sub, tvm.ir.PrimExpr):
+                self.visit_expr(sub)
+        return e
+
+    def visit_conditional_expr(self, e):
+        cond, a, b = e.args
+        self.visit_expr(cond)
+        c = self.reliable(cond, f"condition {cond}", as_bool=True)
+        self.push([c] if c is not None else [])
+        new_a = self.visit_expr(a)
+        self.pop()
+        self.push([z3.Not(c)] if c is not None else [])
+        new_b = self.visit_expr(b)
+        self.pop()
+        self.guards_seen += 1
+        if self.rewrite and c is not None and self.enc.prove(c, self.context()).proven:
+            self.guards_removed += 1
+            return new_a
+        if self.rewrite and (not new_a.same_as(a) or not new_b.same_as(b)):
+            return tir.Call(e.dtype, e.op, [cond, new_a, new_b])
+        return e
+
+    # ----- statements ----------------------------------------------------------------
+    def visit(self, s):
+        method = getattr(self, "visit_" + type(s).__name__, None)
+        if method is None:
+            raise NotImplementedError(f"bounds verifier: statement {type(s).__name__} is not handled")
+        return method(s)
+
+    def visit_SeqStmt(self, s):
+        self.push()
+        out = [self.visit(x) for x in s.seq]
+        self.pop()
+        if self.rewrite and any(not a.same_as(b) for a, b in zip(out, s.seq)):
+            return tir.SeqStmt(out)
+        return s
+
+    def visit_AttrStmt(self, s):
+        self.push()
+        if s.attr_key == "thread_extent" and isinstance(s.node, tir.IterVar):
+            v = s.node.var
+            ext = self.reliable(s.value, f"extent of {v.name}")
+            t = self.enc.var(v)
+            self.add_fact(t >= 0)
+            if ext is not None:
+                self.add_fact(t < ext)
+            self.add_name(v.name, t)
+        else:
+            self.visit_expr(s.value) if isinstance(s.value, tvm.ir.PrimExpr) else None
+        body = self.visit(s.body)
+        self.pop()
+        if self.rewrite and not body.same_as(s.body):
+            return tir.AttrStmt(s.node, s.attr_key, s.value, body)
+        return s
+
+    def visit_For(self, s):
+        self.visit_expr(s.min)
+        self.visit_expr(s.extent)
+        self.push()
+        v = self.enc.var(s.loop_var)
+        lo = self.reliable(s.min, f"loop start of {s.loop_var.name}")
+        ext = self.reliable(s.extent, f"loop extent of {s.loop_var.name}")
+        if lo is not None:
+            self.add_fact(v >= lo)
+            if ext is not None:
+                self.add_fact(v < lo + ext)
+        step = getattr(s, "step", None)
+        if step is not None and not (isinstance(step, tir.IntImm) and step.value == 1) and lo is not None:
+            k = z3.Int(f"{s.loop_var.name}!iter", self.enc.ctx)
+            st = self.reliable(step, f"loop step of {s.loop_var.name}")
+            if st is not None:
+                self.add_fact(k >= 0)
+                self.add_fact(v == lo + k * st)
+        self.add_name(s.loop_var.name, v)
+        body = self.visit(s.body)
+        self.pop()
+        if self.rewrite and not body.same_as(s.body):
+            return tir.For(s.loop_var, s.min, s.extent, s.kind, body, s.thread_binding, s.annotations, step)
+        return s
+
+    def visit_IfThenElse(self, s):
+        self.visit_expr(s.condition)
+        c = self.reliable(s.condition, f"condition {s.condition}", as_bool=True)
+        self.push([c] if c is not None else [])
+        then = self.visit(s.then_case)
+        self.pop()
+        other = None
+        if s.else_case is not None:
+            self.push([z3.Not(c)] if c is not None else [])
+            other = self.visit(s.else_case)
+            self.pop()
+        self.guards_seen += 1
+        if self.rewrite and c is not None and _arith_only(s.condition):
+            if self.enc.prove(c, self.context()).proven:
+                self.guards_removed += 1
+                return then
+        if self.rewrite and (not then.same_as(s.then_case) or (other is not None and not other.same_as(s.else_case))):
+            return tir.IfThenElse(s.condition, then, other)
+        return s
+
+    def visit_While(self, s):
+        self.visit_expr(s.condition)
+        c = self.reliable(s.condition, "while condition", as_bool=True)
+        self.push([c] if c is not None else [])
+        body = self.visit(s.body)
+        self.pop()
+        if self.rewrite and not body.same_as(s.body):
+            return tir.While(s.condition, body)
+        return s
+
+    def visit_Bind(self, s):
+        if str(s.var.dtype) == "handle":
+            v = s.value
+            if isinstance(v, tir.Call) and str(v.op.name) == "tirx.handle_add_byte_offset":
+                base, off = v.args[0], v.args[1]
+                if base in self.aliases:
+                    root, off0 = self.aliases[base]
+                    self.aliases[s.var] = (root, off0 + off)
+                else:
+                    self.aliases[s.var] = (base, off)
+            return s
+        self.visit_expr(s.value)
+        t = self.reliable(s.value, f"binding of {s.var.name}")
+        if t is not None and not z3.is_bool(t) == (str(s.var.dtype) == "bool"):
+            self.add_fact(self.enc.var(s.var) == t)
+        return s
+
+    def visit_AssertStmt(self, s):
+        self.visit_expr(s.condition)
+        c = self.reliable(s.condition, "assert condition", as_bool=True)
+        if c is not None:
+            self.add_fact(c)
+        return s
+
+    def visit_DeclBuffer(self, s):
+        self.buffers.setdefault(s.buffer.data, s.buffer)
+        return s
+
+    def visit_AllocBuffer(self, s):
+        self.buffers[s.buffer.data] = s.buffer
+        return s
+
+    def visit_Evaluate(self, s):
+        v = self.visit_expr(s.value)
+        if self.rewrite and not v.same_as(s.value):
+            return tir.Evaluate(v)
+        return s
+
+    def visit_BufferStore(self, s):
+        for i in s.indices:
+            self.visit_expr(i)
+        value = self.visit_expr(s.value)
+        self.check_access(s.buffer, list(s.indices), "store", s.predicate)
+        if self.rewrite and not value.same_as(s.value):
+            return tir.BufferStore(s.buffer, value, list(s.indices), s.predicate)
+        return s
+
+
+def _arith_only(cond) -> bool:
+    """True when ``cond`` reads no memory and calls nothing opaque (a guard, not a role test)."""
+    ok = [True]
+
+    def visit(n):
+        if isinstance(n, (tir.BufferLoad, tir.Call)):
+            ok[0] = False
+
+    tir.stmt_functor.post_order_visit(tir.Evaluate(cond), visit)
+    return ok[0]
+
+
+def _user_name(name: str) -> str:
+    """``C_1`` (a re-declaration made by lowering) -> ``C``."""
+    base, _, suffix = name.rpartition("_")
+    return base if base and suffix.isdigit() else name
+
+
+# --------------------------------------------------------------------------------------
+# Entry points
+# --------------------------------------------------------------------------------------
+
+
+def _device_funcs(kernel: LoweredKernel):
+    for gv, f in kernel.device_mod.functions.items():
+        if isinstance(f, tir.PrimFunc):
+            yield gv.name_hint, f
+
+
+def _shape_setup(enc: Encoder, kernel: LoweredKernel, assume: tuple[str, ...] | list[str], extra: list):
+    """Register shape variables (>= 0), the user's assumptions and extra TIR conditions."""
+    variables = shape_vars(kernel.prim_func)
+    terms = {}
+    for name, v in variables.items():
+        t = enc.var(v)
+        enc.add_fact(t >= 0)
+        terms[name] = t
+    for text in assume:
+        cond = parse_assumption(text, variables)
+        enc.add_fact(enc.encode_bool(cond))
+        enc.take_obligations()
+    for cond in extra:
+        enc.add_fact(enc.encode_bool(cond))
+        enc.take_obligations()
+    return variables, terms
+
+
+def _bind_params(enc: Encoder, f, variables):
+    for p in f.params:
+        if p.name in variables and str(p.dtype).startswith(("int", "uint")):
+            enc._vars[p] = enc._var(variables[p.name])
+
+
+def verify_kernel(
+    kernel: LoweredKernel,
+    assume=(),
+    extra_conditions=(),
+    rlimit: int = DEFAULT_RLIMIT,
+    rewrite: bool = False,
+    source_map=None,
+    focus: tuple | None = None,
+):
+    """Verify every access of ``kernel``'s device functions.
+
+    ``assume`` are the user's condition strings; ``extra_conditions`` are TIR conditions
+    (derived preconditions). With ``rewrite`` the device module is returned with proven
+    guards dropped as the second element; otherwise it is ``None``.
+    """
+    t0 = time.perf_counter()
+    enc = Encoder(rlimit=rlimit)
+    variables, terms = _shape_setup(enc, kernel, tuple(assume), list(extra_conditions))
+    source_map = source_map or (lambda name, kind: "unknown line")
+    accesses: list[Access] = []
+    new_funcs = {}
+    seen = removed = 0
+    for name, f in _device_funcs(kernel):
+        _bind_params(enc, f, variables)
+        w = _Walker(enc, name, terms, rewrite, source_map, focus)
+        body = w.visit(f.body)
+        accesses += w.accesses
+        seen += w.guards_seen
+        removed += w.guards_removed
+        if rewrite and not body.same_as(f.body):
+            new_funcs[name] = f.with_body(body)
+    report = BoundsReport(kernel.name, accesses, time.perf_counter() - t0, enc.queries, enc.rlimit_used, {"seen": seen, "removed": removed})
+    new_mod = None
+    if rewrite:
+        new_mod = kernel.device_mod
+        for gv in list(new_mod.functions.keys()):
+            if gv.name_hint in new_funcs:
+                new_mod = _replace_func(new_mod, gv, new_funcs[gv.name_hint])
+    return report, new_mod
+
+
+def _replace_func(mod, gv, func):
+    funcs = {g: (func if g.same_as(gv) else f) for g, f in mod.functions.items()}
+    return tvm.IRModule(funcs, attrs=mod.attrs)
+
+
+# ----- preconditions --------------------------------------------------------------------
+
+
+def _tile_constants(kernel: LoweredKernel) -> list[int]:
+    """Positive constants >= 2 that appear in the device code (tile sizes, extents), smallest first."""
+    found: set[int] = set()
+
+    def visit(n):
+        if isinstance(n, tir.IntImm) and 2 <= n.value <= 4096 and not str(n.dtype).startswith("bool"):
+            found.add(int(n.value))
+
+    for _, f in _device_funcs(kernel):
+        tir.stmt_functor.post_order_visit(f.body, visit)
+    return sorted(found)
+
+
+def _divisibility_candidates(variables: dict, names, consts):
+    """``v >= 1`` then ``v % c == 0`` for the kernel's constants, weakest (smallest c) first."""
+    for name in names:
+        v = variables[name]
+        yield tir.GE(v, tir.IntImm(v.dtype, 1)), f"{name} >= 1"
+        for c in consts:
+            yield tir.EQ(tir.floormod(v, tir.IntImm(v.dtype, c)), tir.IntImm(v.dtype, 0)), f"{name} % {c} == 0"
+
+
+def _upper_bound(kernel, assume, variables, name, chosen, target, rlimit):
+    """``name <= B`` with B one below the least value of ``name`` that still breaks ``target``, if that proves it."""
+    v = variables[name]
+    rep, _ = verify_kernel(kernel, assume, [c for c, _ in chosen], rlimit, focus=target.key())
+    least = [a.least[name] for a in rep.accesses if a.key() == target.key() and name in a.least]
+    if not least or least[0] < 1:
+        return None
+    cond = tir.LE(v, tir.IntImm(v.dtype, least[0] - 1))
+    rep, _ = verify_kernel(kernel, assume, [c for c, _ in chosen] + [cond], rlimit, focus=target.key())
+    return (cond, f"{name} <= {least[0] - 1}") if _fixes(rep, target) else None
+
+
+def _vars_in(access: Access, variables: dict) -> list[str]:
+    return sorted(k for k in access.counterexample if k in variables)
+
+
+def derive_preconditions(kernel: LoweredKernel, report: BoundsReport, assume=(), rlimit: int = DEFAULT_RLIMIT, max_conditions: int = 8):
+    """Weak conditions on shape variables, from a fixed candidate family, that make every access proven.
+
+    One failing access at a time (greedy): for an index overflow, the largest upper bound
+    ``v <= B`` on a shape variable of its counterexample; otherwise ``v >= 1``, then
+    ``v % c == 0`` for the kernel's constants, smallest ``c`` first. A candidate is kept
+    when it proves that access and leaves some shape with every variable >= 1; the final
+    set is re-verified as a whole. Returns ``(preconditions, report_under_them)``, or
+    ``([], report)`` when the family has no answer.
+    """
+    variables = shape_vars(kernel.prim_func)
+    consts = _tile_constants(kernel)
+    chosen: list[tuple[Any, str]] = []
+    current = report
+    for _ in range(max_conditions):
+        bad = current.violations() + current.unknowns()
+        if not bad:
+            break
+        target = bad[0]
+        names = _vars_in(target, variables) or sorted(variables)
+        fixed = None
+        overflow = target.kind == "overflow" or "overflow" in target.detail
+        if overflow:
+            for name in names:
+                cand = _upper_bound(kernel, assume, variables, name, chosen, target, rlimit)
+                if cand is not None and _satisfiable(kernel, assume, chosen + [cand]):
+                    fixed = cand
+                    break
+        else:
+            for cand in _divisibility_candidates(variables, names, consts):
+                if any(cand[1] == c[1] for c in chosen):
+                    continue
+                rep, _ = verify_kernel(kernel, assume, [c for c, _ in chosen] + [cand[0]], rlimit, focus=target.key())
+                if _fixes(rep, target) and _satisfiable(kernel, assume, chosen + [cand]):
+                    fixed = cand
+                    break
+        if fixed is None:
+            return [], report
+        chosen.append(fixed)
+        current, _ = verify_kernel(kernel, assume, [c for c, _ in chosen], rlimit)
+    if current.violations() or current.unknowns():
+        return [], report
+    return [Precondition(c, text, "bounds") for c, text in chosen], current
+
+
+def _fixes(rep: BoundsReport, target: Access) -> bool:
+    """``target`` is proven in ``rep`` (an overflow entry that disappeared counts as proven)."""
+    return all(a.status in ("proven", "skipped") for a in rep.accesses if a.key() == target.key())
+
+
+def _satisfiable(kernel, assume, chosen) -> bool:
+    """The assumptions plus ``chosen`` still allow some shape with every shape variable >= 1."""
+    enc = Encoder()
+    variables, terms = _shape_setup(enc, kernel, tuple(assume), [c for c, _ in chosen])
+    return enc.check([t >= 1 for t in terms.values()]).status == "violation"
+
+
+# ----- the registered pass ----------------------------------------------------------------
+
+
+def format_violation(a: Access) -> str:
+    cex = ", ".join(f"{k}={v}" for k, v in a.counterexample.items())
+    return f"{a.func}: {a.kind} {a.buffer}[{a.index}] ({a.scope}, extent {a.extent}) at {a.source}: {a.detail}; counterexample: {cex}"
+
+
+def _enabled(ctx: PassContext) -> bool:
+    return ctx.options.get("verify", "warn") != "off"
+
+
+@register_pass("bounds", order=100, enabled=_enabled)
+def bounds_pass(kernel: LoweredKernel, ctx: PassContext) -> LoweredKernel:
+    """Verify all accesses; add derived preconditions; raise or warn on the rest."""
+    assume = tuple(ctx.options.get("assume", ()))
+    report, _ = verify_kernel(kernel, assume)
+    pre, final = derive_preconditions(kernel, report, assume) if (report.violations() or report.unknowns()) else ([], report)
+    ctx.preconditions.extend(pre)
+    out = report.to_json()
+    out["preconditions"] = [p.text for p in pre]
+    out["guards"] = report.guards
+    ctx.reports["bounds"] = out
+    problems = final.violations()
+    if problems:
+        msg = f"kernel {kernel.name}: {len(problems)} access(es) may be out of bounds:\n" + "\n".join(format_violation(a) for a in problems)
+        if ctx.options.get("verify", "warn") == "error":
+            raise VerificationError(msg)
+        warnings.warn(msg, stacklevel=2)
+    elif pre:
+        warnings.warn(f"kernel {kernel.name}: safe only when {' and '.join(p.text for p in pre)}; the launcher checks this on every call", stacklevel=2)
+    return kernel
