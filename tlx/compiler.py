@@ -1,16 +1,274 @@
-"""Compile a TileLang program into a tlx kernel (interim: TileLang's own path)."""
+"""Compile a TileLang program into a tlx kernel.
+
+The pipeline is an ordered dict of stages, each ``(module, metadata) -> module``:
+
+    tir  --lower-->  LoweredKernel  --passes-->  LoweredKernel  --cuda-->  CUDA source
+         --cubin-->  device image  --launcher-->  C++ launcher source  --library-->  .so path
+
+``metadata`` is threaded through every stage and saved beside the artifacts. The whole
+result is cached on disk under one hash of everything that decides it (the program text,
+options, target, flags and tool versions); a hit loads the library without lowering.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+import warnings
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
 from tlx.jit import Options
-from tlx.lowering import normalize_target
+
+__all__ = ["STAGES", "cache_dir", "compile_kernel", "compile_artifacts", "cache_key"]
+
+_ARTIFACTS = ("kernel.cu", "kernel.cubin", "launcher.cc", "metadata.json")
 
 
-def compile_kernel(prim_func, options: Options, source_key: str = ""):
-    import tilelang
+def cache_dir() -> Path:
+    return Path(os.environ.get("TLX_CACHE_DIR", Path.home() / ".cache" / "tlx"))
 
-    from tlx.kernel import Kernel
+
+# ---- stages ---------------------------------------------------------------------------
+def _stage_lower(prim_func, md: dict):
+    from tlx.lowering import lower
+
+    return lower(prim_func, md["target"], md["pass_configs"], name=md["name"])
+
+
+def _stage_passes(kernel, md: dict):
+    from tlx.passes import PassContext, run_passes
+
+    ctx = PassContext(options=md["options"])
+    kernel = run_passes(kernel, ctx)
+    md["reports"] = ctx.reports
+    md["extra_nvcc_flags"] = list(ctx.nvcc_flags)
+    md["_preconditions"] = [(p.expr, p.text) for p in ctx.preconditions]
+    md["preconditions"] = [{"text": p.text, "origin": p.origin} for p in ctx.preconditions]
+    md["_lowered"] = kernel
+    return kernel
+
+
+def _stage_cuda(kernel, md: dict) -> str:
+    from tlx.lowering import codegen_cuda
+
+    return codegen_cuda(kernel)
+
+
+def nvcc_command(md: dict, src: str, out: str) -> list[str]:
+    """The device compile: TileLang's usual flags, the numerics mode's, and the passes'."""
+    from tlx.lowering import device_include_dirs
+    from tlx.numerics.modes import nvcc_flags
+
+    digits = md["target"]["arch"].removeprefix("sm_")
+    cmd = ["nvcc", "--cubin", "-O3", "-lineinfo", "-std=c++20", f"-gencode=arch=compute_{digits},code=sm_{digits}"]
+    cmd += [f"-I{d}" for d in device_include_dirs()]
+    cmd += nvcc_flags(md["options"]["numerics"]) + md.get("extra_nvcc_flags", [])
+    cmd += _pass_config_flags(md["pass_configs"], md["options"]["numerics"])
+    return [*cmd, "-o", out, src]
+
+
+def _pass_config_flags(pass_configs: dict, numerics: str) -> list[str]:
+    flags: list[str] = []
+    if pass_configs.get("tl.enable_fast_math"):
+        if numerics == "strict":
+            raise ValueError("pass_configs: tl.enable_fast_math=True contradicts numerics='strict'")
+        flags.append("--use_fast_math")
+    extra = pass_configs.get("tl.device_compile_flags")
+    if extra:
+        import shlex
+
+        flags += shlex.split(extra) if isinstance(extra, str) else [str(f) for f in extra]
+    return flags
+
+
+def _stage_cubin(cuda_source: str, md: dict) -> bytes:
+    work = Path(md["_workdir"])
+    (work / "kernel.cu").write_text(cuda_source)
+    cmd = nvcc_command(md, str(work / "kernel.cu"), str(work / "kernel.cubin"))
+    md["nvcc_command"] = cmd
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{md['name']}: nvcc failed ({' '.join(cmd)}):\n{proc.stderr[-4000:]}")
+    return (work / "kernel.cubin").read_bytes()
+
+
+def _stage_launcher(cubin: bytes, md: dict) -> str:
+    from tlx.hostgen import generate_launcher
+
+    source, info = generate_launcher(md["_lowered"], md["options"]["out_idx"], md["_preconditions"], cubin_file="kernel.cubin")
+    md.update(info)
+    (Path(md["_workdir"]) / "launcher.cc").write_text(source)
+    return source
+
+
+def _stage_library(launcher_source: str, md: dict) -> str:
+    from tlx.hostgen import build_launcher
+
+    return build_launcher(Path(md["_workdir"]))
+
+
+STAGES: OrderedDict[str, Any] = OrderedDict(
+    lower=_stage_lower,
+    passes=_stage_passes,
+    cuda=_stage_cuda,
+    cubin=_stage_cubin,
+    launcher=_stage_launcher,
+    library=_stage_library,
+)
+
+
+# ---- cache key ------------------------------------------------------------------------
+def _tool_versions() -> dict:
+    import importlib.metadata as im
+
+    versions = {p: im.version(p) for p in ("tilelang", "apache-tvm-ffi")}
+    versions["tlx"] = _tlx_source_hash()
+    versions["nvcc"] = _nvcc_version()
+    return versions
+
+
+_VERSION_CACHE: dict[str, str] = {}
+
+
+def _tlx_source_hash() -> str:
+    """Hash of tlx's own sources: a change to any pass or generator invalidates the cache."""
+    if "tlx" not in _VERSION_CACHE:
+        root = Path(__file__).parent
+        h = hashlib.sha256()
+        for p in sorted(root.rglob("*")):
+            if p.suffix in (".py", ".h", ".cc", ".cu", ".cuh") and "__pycache__" not in p.parts:
+                h.update(str(p.relative_to(root)).encode())
+                h.update(p.read_bytes())
+        _VERSION_CACHE["tlx"] = h.hexdigest()[:16]
+    return _VERSION_CACHE["tlx"]
+
+
+def _nvcc_version() -> str:
+    if "nvcc" not in _VERSION_CACHE:
+        try:
+            out = subprocess.run(["nvcc", "--version"], capture_output=True, text=True).stdout
+            _VERSION_CACHE["nvcc"] = out.strip().splitlines()[-1] if out else "missing"
+        except FileNotFoundError:
+            _VERSION_CACHE["nvcc"] = "missing"
+    return _VERSION_CACHE["nvcc"]
+
+
+def cache_key(program_text: str, options: dict, target: dict) -> str:
+    material = json.dumps(
+        {"program": program_text, "options": options, "target": target, "versions": _tool_versions()},
+        sort_keys=True,
+        default=str,
+    )
+    return hashlib.sha256(material.encode()).hexdigest()[:32]
+
+
+# ---- driver ---------------------------------------------------------------------------
+def _options_dict(options: Options, target: dict) -> dict:
+    return {
+        "out_idx": list(options.out_idx),
+        "verify": options.verify,
+        "assume": list(options.assume),
+        "numerics": options.numerics,
+        "eliminate_guards": options.eliminate_guards,
+        "allow_approx": list(options.allow_approx),
+        "pin": options.pin,
+        "target": target,
+        **{k: v for k, v in options.extra},
+    }
+
+
+def compile_artifacts(prim_func, options: Options, *, name: str | None = None, stop_after: str | None = None) -> tuple[Any, dict]:
+    """Run the stages without the cache; returns the last stage's output and the metadata.
+
+    ``stop_after`` names a stage to stop at (the CLI uses ``"launcher"`` and ``"cuda"`` to
+    show sources without building). The work directory is ``metadata["_workdir"]``.
+    """
+    from tlx.lowering import normalize_target
 
     target = normalize_target(options.target_dict())
-    jk = tilelang.compile(prim_func, out_idx=list(options.out_idx) or None, target=target, pass_configs=options.pass_config_dict())
-    return Kernel(jk, options)
+    if name is None:
+        name = str(prim_func.attrs["global_symbol"]) if prim_func.attrs and "global_symbol" in prim_func.attrs else "main"
+    md: dict[str, Any] = {
+        "name": name,
+        "target": target,
+        "pass_configs": options.pass_config_dict(),
+        "options": _options_dict(options, target),
+        "stage_seconds": {},
+        "_workdir": tempfile.mkdtemp(prefix="tlx-build-", dir=_tmp_root()),
+    }
+    module: Any = prim_func
+    for stage, fn in STAGES.items():
+        t0 = time.perf_counter()
+        module = fn(module, md)
+        md["stage_seconds"][stage] = round(time.perf_counter() - t0, 4)
+        if stage == stop_after:
+            break
+    return module, md
+
+
+def _tmp_root() -> str:
+    root = cache_dir() / "tmp"
+    root.mkdir(parents=True, exist_ok=True)
+    return str(root)
+
+
+def _manifest(entry: Path) -> dict:
+    files = sorted(p.name for p in entry.iterdir() if p.is_file() and p.name != "MANIFEST")
+    return {f: hashlib.sha256((entry / f).read_bytes()).hexdigest() for f in files}
+
+
+def _valid_entry(entry: Path) -> bool:
+    try:
+        recorded = json.loads((entry / "MANIFEST").read_text())
+        return bool(recorded) and recorded == {f: hashlib.sha256((entry / f).read_bytes()).hexdigest() for f in recorded}
+    except (OSError, ValueError):
+        return False
+
+
+def _publish(work: Path, md: dict, entry: Path) -> None:
+    """Move a finished build into the cache atomically; the first process to finish wins."""
+    public = {k: v for k, v in md.items() if not k.startswith("_")}
+    (work / "metadata.json").write_text(json.dumps(public, indent=1, sort_keys=True, default=str))
+    for junk in ("build.ninja", ".ninja_log", ".ninja_deps", "lock"):
+        (work / junk).unlink(missing_ok=True)
+    for p in list(work.iterdir()):
+        if p.is_dir():
+            shutil.rmtree(p, ignore_errors=True)
+        elif p.suffix == ".o":
+            p.unlink()
+    (work / "MANIFEST").write_text(json.dumps(_manifest(work), sort_keys=True))
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    if entry.exists() and not _valid_entry(entry):
+        shutil.rmtree(entry, ignore_errors=True)
+    try:
+        os.rename(work, entry)
+    except OSError:
+        shutil.rmtree(work, ignore_errors=True)  # another process published the same key first
+
+
+def compile_kernel(prim_func, options: Options, name: str | None = None):
+    """Compile (or load from the disk cache) ``prim_func`` and return a :class:`tlx.kernel.Kernel`."""
+    from tlx.kernel import Kernel
+    from tlx.lowering import normalize_target
+
+    target = normalize_target(options.target_dict())
+    key = cache_key(prim_func.script(), {**_options_dict(options, target), "name": name}, target)
+    entry = cache_dir() / "kernels" / key
+    if _valid_entry(entry):
+        return Kernel.load(entry)
+    if entry.exists():
+        warnings.warn(f"tlx: cache entry {entry} is corrupted; rebuilding it", RuntimeWarning, stacklevel=3)
+        shutil.rmtree(entry, ignore_errors=True)
+    _, md = compile_artifacts(prim_func, options, name=name)
+    md["cache_key"] = key
+    _publish(Path(md["_workdir"]), md, entry)
+    if not _valid_entry(entry):
+        raise RuntimeError(f"tlx: could not publish the build of {md['name']} to {entry}")
+    return Kernel.load(entry)

@@ -117,16 +117,9 @@ class JITFunction:
         if kernel is None:
             from tlx.compiler import compile_kernel
 
-            kernel = compile_kernel(self.get_tir(*args, **kwargs), self.options, source_key=self._source_key(key))
+            kernel = compile_kernel(self.get_tir(*args, **kwargs), self.options, name=self.factory.__name__)
             self._kernels[key] = kernel
         return kernel
-
-    def _source_key(self, key: tuple) -> str:
-        try:
-            src = inspect.getsource(self.factory)
-        except OSError:
-            src = self.factory.__qualname__
-        return src + "\n" + repr(key)
 
 
 def _param_key(v):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import tilelang  # noqa: F401  (sets up the bundled TVM)
@@ -53,14 +54,15 @@ def normalize_target(target) -> dict:
     raise ValueError(f"target: expected {{'kind': 'cuda', 'arch': 'sm_XX'}}, got {target!r}")
 
 
-def lower(prim_func, target: dict, pass_configs: dict | None = None) -> LoweredKernel:
-    """Run TileLang's CUDA pass pipeline up to the host/device split."""
+def lower(prim_func, target: dict, pass_configs: dict | None = None, name: str | None = None) -> LoweredKernel:
+    """Run TileLang's CUDA pass pipeline up to the host/device split; ``name`` is the kernel's display name."""
     pass_configs = dict(pass_configs or {})
     context = create_backend_context(target, None, "auto")
     capture = _CaptureAfter("tl.LayoutInference")
     with tvm.transform.PassContext(opt_level=3, config=pass_configs, instruments=[capture]), context.target:
         host_mod, device_mod, _params, tgt, _host = lower_to_host_device_ir(prim_func, context)
-    name = str(prim_func.attrs["global_symbol"]) if prim_func.attrs and "global_symbol" in prim_func.attrs else "main"
+    if name is None:
+        name = str(prim_func.attrs["global_symbol"]) if prim_func.attrs and "global_symbol" in prim_func.attrs else "main"
     return LoweredKernel(name, prim_func, host_mod, device_mod, tgt, pass_configs, capture.module)
 
 
@@ -75,3 +77,37 @@ class _CaptureAfter:
     def run_after_pass(self, mod, info):
         if info.name == self.pass_name:
             self.module = mod
+
+
+def codegen_cuda(kernel: LoweredKernel) -> str:
+    """CUDA C++ source of ``kernel.device_mod`` from TileLang's own CUDA code generator."""
+    from tilelang.engine.lower import device_codegen_without_compile
+
+    target = {"kind": "cuda", "arch": str(kernel.target.attrs["arch"])}
+    context = create_backend_context(target, None, "auto")
+    with tvm.transform.PassContext(opt_level=3, config=kernel.pass_configs), context.target:
+        mod = device_codegen_without_compile(kernel.device_mod, context)
+    return mod.inspect_source()
+
+
+def device_include_dirs() -> list[str]:
+    """Header directories the generated CUDA needs: TileLang's templates and CUTLASS/CuTe."""
+    from tilelang.env import CUTLASS_INCLUDE_DIR, TILELANG_TEMPLATE_PATH
+
+    return [str(TILELANG_TEMPLATE_PATH), str(CUTLASS_INCLUDE_DIR)]
+
+
+def cuda_include_dir() -> str:
+    """The CUDA toolkit's include directory (for ``cuda.h`` types in host launchers)."""
+    import os
+    import shutil
+
+    candidates = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH")]
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        candidates.append(str(Path(nvcc).resolve().parent.parent))
+    candidates += ["/usr/local/cuda", *sorted(map(str, Path("/usr/local").glob("cuda-*")), reverse=True)]
+    for home in candidates:
+        if home and (Path(home) / "include" / "cuda.h").is_file():
+            return str(Path(home) / "include")
+    raise RuntimeError(f"cuda.h not found under any of {[c for c in candidates if c]}: set CUDA_HOME to the CUDA toolkit")

@@ -1,0 +1,59 @@
+"""Small kernels that exercise the launcher generator: plain, scalar args, symbolic dims, TMA."""
+
+import tilelang.language as T
+
+import tlx
+
+SM90 = {"kind": "cuda", "arch": "sm_90a"}
+
+
+@tlx.jit(out_idx=[-1], target=SM90)
+def add(M, N, block_M=32, block_N=128, dtype="float32"):
+    @T.prim_func
+    def main(A: T.Tensor((M, N), dtype), B: T.Tensor((M, N), dtype), C: T.Tensor((M, N), dtype)):
+        with T.Kernel(T.ceildiv(N, block_N), T.ceildiv(M, block_M), threads=128) as (bx, by):
+            for i, j in T.Parallel(block_M, block_N):
+                C[by * block_M + i, bx * block_N + j] = A[by * block_M + i, bx * block_N + j] + B[by * block_M + i, bx * block_N + j]
+
+    return main
+
+
+@tlx.jit(target=SM90)
+def axpy(N, block=256, dtype="float32"):
+    @T.prim_func
+    def main(X: T.Tensor((N,), dtype), Y: T.Tensor((N,), dtype), alpha: T.float32):
+        with T.Kernel(T.ceildiv(N, block), threads=block) as bx:
+            for i in T.Parallel(block):
+                Y[bx * block + i] = alpha * X[bx * block + i] + Y[bx * block + i]
+
+    return main
+
+
+@tlx.jit(out_idx=[-1], target=SM90)
+def gemm(M, N, K, block_M=128, block_N=128, block_K=64, dtype="float16"):
+    @T.prim_func
+    def main(A: T.Tensor((M, K), dtype), B: T.Tensor((K, N), dtype), C: T.Tensor((M, N), dtype)):
+        with T.Kernel(T.ceildiv(N, block_N), T.ceildiv(M, block_M), threads=128) as (bx, by):
+            A_s = T.alloc_shared((block_M, block_K), dtype)
+            B_s = T.alloc_shared((block_K, block_N), dtype)
+            C_l = T.alloc_fragment((block_M, block_N), "float32")
+            T.clear(C_l)
+            for k in T.Pipelined(T.ceildiv(K, block_K), num_stages=3):
+                T.copy(A[by * block_M, k * block_K], A_s)
+                T.copy(B[k * block_K, bx * block_N], B_s)
+                T.gemm(A_s, B_s, C_l)
+            T.copy(C_l, C[by * block_M, bx * block_N])
+
+    return main
+
+
+@tlx.jit(target=SM90)
+def empty(N):
+    """The launch floor: a kernel that does nothing with one pointer argument."""
+
+    @T.prim_func
+    def main(X: T.Tensor((N,), "float32")):
+        with T.Kernel(1, threads=32) as bx:
+            T.evaluate(0)
+
+    return main

@@ -1,0 +1,53 @@
+"""Generated TVM-FFI host launchers: plan from lowered IR, emit C++, build, load."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tlx.hostgen.emit import emit_launcher, export_symbol
+from tlx.hostgen.plan import HostgenError, LaunchPlan, plan_launcher, walk_steps
+
+__all__ = ["HostgenError", "LaunchPlan", "build_launcher", "export_symbol", "generate_launcher", "plan_launcher", "RUNTIME_DIR"]
+
+RUNTIME_DIR = Path(__file__).parent / "runtime"
+
+
+def generate_launcher(kernel, out_idx=(), preconditions=(), cubin_file: str = "kernel.cubin") -> tuple[str, dict]:
+    """C++ launcher source for a lowered kernel, and the launch facts the kernel object needs."""
+    plan = plan_launcher(kernel, out_idx, preconditions)
+    source = emit_launcher(plan, cubin_file, cubin_symbol="tlx_cubin")
+    return source, describe(plan)
+
+
+def describe(plan: LaunchPlan) -> dict:
+    """JSON-able launch metadata: parameters, symbolic dims, launches."""
+    return {
+        "params": [
+            {"index": t.index, "name": t.name, "kind": "tensor", "dtype": t.dtype, "shape": [str(d) for d in t.shape],
+             "strides": [str(s) for s in t.strides], "align": t.align, "output": t.is_output}
+            for t in plan.tensors
+        ]
+        + [{"index": s.index, "name": s.name, "kind": "scalar", "dtype": s.dtype} for s in plan.scalars],
+        "symbolic_dims": {n: {"tensor": t, "dim": d} for n, (_, t, d) in plan.shape_vars.items()},
+        "launches": [
+            {"kernel": lc.kernel, "grid": [str(g) for g in lc.grid], "block": [str(b) for b in lc.block],
+             "dynamic_shared_memory": str(lc.dyn_smem), "cluster": lc.cluster}
+            for lc in (s.launch for s in walk_steps(plan.steps) if s.kind == "launch")
+        ],
+    }
+
+
+def build_launcher(workdir: Path) -> str:
+    """Build ``workdir/launcher.cc`` (which embeds ``workdir/kernel.cubin``) into a shared library."""
+    import tvm_ffi.cpp
+
+    from tlx.lowering import cuda_include_dir
+
+    return tvm_ffi.cpp.build(
+        name="launcher",
+        cpp_files=[str(workdir / "launcher.cc")],
+        extra_cflags=["-O2", f"-Wa,-I{workdir}", "-fvisibility=hidden"],
+        extra_ldflags=["-ldl"],
+        extra_include_paths=[str(RUNTIME_DIR), cuda_include_dir()],
+        build_directory=str(workdir),
+    )

@@ -1,0 +1,341 @@
+"""What a generated launcher must do, read off TileLang's lowered host and device IR.
+
+The plan is plain data: the arguments with their checks, where each symbolic shape
+variable is bound, the TMA descriptors to encode, and the launches in order. The C++
+emitter turns it into source; nothing here knows C++.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from tilelang import tvm
+from tvm import tirx
+
+from tlx.lowering import LoweredKernel
+
+__all__ = ["walk_steps", "HostgenError", "LaunchPlan", "TensorArg", "ScalarArg", "Descriptor", "Launch", "Step", "plan_launcher"]
+
+
+class HostgenError(Exception):
+    """The lowered host IR uses a construct the launcher generator does not handle."""
+
+
+@dataclass
+class TensorArg:
+    index: int
+    name: str
+    data_var: Any  # tirx.Var of the data pointer in host/device IR
+    dtype: str
+    dl_code: int
+    dl_bits: int
+    dl_lanes: int
+    shape: list  # int or PrimExpr per dim
+    strides: list  # int or PrimExpr per dim (row-major if the program declared none)
+    align: int  # bytes the kernel's accesses need the data pointer aligned to
+    is_output: bool = False
+
+
+@dataclass
+class ScalarArg:
+    index: int
+    name: str
+    var: Any
+    dtype: str
+
+
+@dataclass
+class Descriptor:
+    """A TMA descriptor: ``cuTensorMapEncodeTiled`` arguments as expressions."""
+
+    var: Any
+    tensor: str  # name of the tensor argument whose data it maps
+    data_type: int
+    rank: int
+    address: Any
+    global_dim: list
+    global_stride: list  # bytes, rank entries, the first the element size
+    box_dim: list
+    element_strides: list
+    interleave: int
+    swizzle: int
+    l2_promotion: int
+    oob_fill: int
+
+
+@dataclass
+class Launch:
+    kernel: str
+    args: list  # PrimExpr per kernel parameter (data vars, descriptor vars, scalars)
+    arg_types: list  # "ptr" | "desc" | C type of a scalar
+    grid: list  # 3 PrimExprs
+    block: list  # 3 PrimExprs
+    dyn_smem: Any  # PrimExpr
+    cluster: list | None = None
+
+
+@dataclass
+class Step:
+    """One statement of the launch sequence: a let binding, a descriptor, a launch, or a guarded block."""
+
+    kind: str  # "let" | "desc" | "launch" | "if"
+    var: Any = None
+    value: Any = None
+    desc: Descriptor | None = None
+    launch: Launch | None = None
+    cond: Any = None
+    then: list = field(default_factory=list)
+    otherwise: list = field(default_factory=list)
+
+
+@dataclass
+class LaunchPlan:
+    name: str
+    tensors: list[TensorArg]
+    scalars: list[ScalarArg]
+    num_args: int
+    shape_vars: dict  # name -> (tirx.Var, tensor name, dim)
+    steps: list[Step]
+    kernels: dict  # kernel name -> max dynamic shared memory (int or None when symbolic)
+    preconditions: list = field(default_factory=list)  # (PrimExpr, text)
+
+
+_LAUNCH_TAGS = {
+    "blockIdx.x": ("grid", 0),
+    "blockIdx.y": ("grid", 1),
+    "blockIdx.z": ("grid", 2),
+    "threadIdx.x": ("block", 0),
+    "threadIdx.y": ("block", 1),
+    "threadIdx.z": ("block", 2),
+}
+
+
+def _dl_type(dtype: str) -> tuple[int, int, int]:
+    dt = tvm.DataType(dtype)
+    bits = dt.bits
+    if dtype == "bool":
+        return 6, 8, 1
+    return int(dt.type_code), int(bits), int(dt.lanes)
+
+
+def _as_value(e):
+    return int(e.value) if isinstance(e, tirx.IntImm) else e
+
+
+def _vector_alignment(device_mod) -> dict:
+    """Bytes of the widest vector access to each global buffer, keyed by data var name."""
+    widest: dict[str, int] = {}
+
+    def note(buffer, index):
+        lanes = getattr(index.dtype, "lanes", 1) if hasattr(index, "dtype") else 1
+        try:
+            lanes = int(tvm.DataType(str(index.dtype)).lanes)
+        except Exception:
+            lanes = 1
+        elem = tvm.DataType(str(buffer.dtype))
+        nbytes = lanes * max(1, elem.bits * elem.lanes // 8)
+        name = buffer.data.name
+        widest[name] = max(widest.get(name, 1), nbytes)
+
+    def visit(node):
+        if isinstance(node, (tirx.BufferLoad, tirx.BufferStore)) and node.indices:
+            note(node.buffer, node.indices[-1])
+
+    for _, func in device_mod.functions.items():
+        if isinstance(func, tirx.PrimFunc):
+            tirx.stmt_functor.post_order_visit(func.body, visit)
+    return widest
+
+
+def plan_launcher(kernel: LoweredKernel, out_idx=(), preconditions=()) -> LaunchPlan:
+    """Build the launch plan of ``kernel``; raises :class:`HostgenError` for unsupported IR."""
+    pf = kernel.prim_func
+    vec_align = _vector_alignment(kernel.device_mod)
+    n = len(pf.params)
+    outs = {i % n for i in out_idx}
+    tensors, scalars = [], []
+    shape_vars: dict[str, tuple] = {}
+    for i, p in enumerate(pf.params):
+        buf = pf.buffer_map.get(p)
+        if buf is None:
+            scalars.append(ScalarArg(i, p.name, p, str(p.dtype)))
+            continue
+        dtype = str(buf.dtype)
+        code, bits, lanes = _dl_type(dtype)
+        shape = [_as_value(s) for s in buf.shape]
+        if buf.strides:
+            strides = [_as_value(s) for s in buf.strides]
+        else:
+            strides, acc = [], 1
+            for s in reversed(shape):
+                strides.insert(0, acc)
+                acc = acc * s if isinstance(acc, int) and isinstance(s, int) else tirx.Mul(_expr(acc), _expr(s))
+        if not (isinstance(buf.elem_offset, tirx.IntImm) and int(buf.elem_offset) == 0):
+            raise HostgenError(f"{kernel.name}: argument {buf.name} declares an element offset; only offset 0 is supported")
+        for d, s in enumerate(shape):
+            if isinstance(s, tirx.Var) and s.name not in shape_vars:
+                shape_vars[s.name] = (s, buf.name, d)
+        tensors.append(
+            TensorArg(i, buf.name, buf.data, dtype, code, bits, lanes, shape, strides, vec_align.get(buf.data.name, 1), i in outs)
+        )
+    for t in tensors:
+        for s in t.shape + t.strides:
+            if isinstance(s, tirx.PrimExpr) and not isinstance(s, tirx.IntImm):
+                for v in _free_vars(s):
+                    if v.name not in shape_vars and v.name not in {sc.name for sc in scalars}:
+                        raise HostgenError(f"{kernel.name}: shape variable {v.name} of {t.name} is not bound by any dimension")
+    host = _host_main(kernel)
+    body = _compute_scope(host.body)
+    if body is None:
+        raise HostgenError(f"{kernel.name}: no compute_scope in the lowered host function")
+    devices = {str(gv.name_hint): f for gv, f in kernel.device_mod.functions.items() if isinstance(f, tirx.PrimFunc)}
+    tma_args = host.attrs.get("tma_descriptor_args", {}) if host.attrs else {}
+    by_data = {t.data_var.name: t for t in tensors}
+    kernels: dict[str, Any] = {}
+    steps = _steps(body, devices, tma_args, by_data, kernels, kernel.name)
+    for t in tensors:
+        for step in walk_steps(steps):
+            if step.kind == "desc" and step.desc.tensor == t.name:
+                t.align = max(t.align, 16)
+    return LaunchPlan(kernel.name, tensors, scalars, n, shape_vars, steps, kernels, list(preconditions))
+
+
+def walk_steps(steps):
+    """Every step, nested ones included, in program order."""
+    for s in steps:
+        yield s
+        yield from walk_steps(s.then)
+        yield from walk_steps(s.otherwise)
+
+
+def _expr(v):
+    return tirx.IntImm("int64", v) if isinstance(v, int) else v
+
+
+def _free_vars(e) -> list:
+    found = []
+
+    def visit(node):
+        if isinstance(node, tirx.Var):
+            found.append(node)
+
+    tirx.stmt_functor.post_order_visit(tirx.Evaluate(e), visit)
+    return found
+
+
+def _host_main(kernel: LoweredKernel):
+    for _, f in kernel.host_mod.functions.items():
+        if isinstance(f, tirx.PrimFunc) and f.attrs and f.attrs.get("tirx.is_entry_func", False):
+            return f
+    raise HostgenError(f"{kernel.name}: no entry function in the lowered host module")
+
+
+def _compute_scope(stmt):
+    found = []
+
+    def visit(node):
+        if isinstance(node, tirx.AttrStmt) and node.attr_key == "compute_scope":
+            found.append(node.body)
+
+    tirx.stmt_functor.post_order_visit(stmt, visit)
+    return found[0] if found else None
+
+
+def _flatten(stmt) -> list:
+    if isinstance(stmt, tirx.SeqStmt):
+        out = []
+        for s in stmt.seq:
+            out.extend(_flatten(s))
+        return out
+    return [stmt]
+
+
+def _steps(stmt, devices, tma_args, by_data, kernels, name) -> list[Step]:
+    steps: list[Step] = []
+    for s in _flatten(stmt):
+        steps.extend(_one_step(s, devices, tma_args, by_data, kernels, name))
+    return steps
+
+
+def _is_stack_alloca(e) -> bool:
+    return isinstance(e, tirx.Call) and getattr(e.op, "name", "") == "tirx.tvm_stack_alloca"
+
+
+def _one_step(s, devices, tma_args, by_data, kernels, name) -> list[Step]:
+    if isinstance(s, tirx.Bind):
+        if _is_stack_alloca(s.value):
+            return []  # descriptor storage: the launcher owns it
+        return [Step("let", var=s.var, value=s.value)]
+    if isinstance(s, tirx.SeqStmt):
+        return _steps(s, devices, tma_args, by_data, kernels, name)
+    if isinstance(s, tirx.AttrStmt):
+        if s.attr_key in ("tl.assume", "pragma_import_c"):
+            return _steps(s.body, devices, tma_args, by_data, kernels, name)
+        raise HostgenError(f"{name}: unsupported host attribute {s.attr_key!r}")
+    if isinstance(s, tirx.IfThenElse):
+        then = _steps(s.then_case, devices, tma_args, by_data, kernels, name)
+        other = _steps(s.else_case, devices, tma_args, by_data, kernels, name) if s.else_case is not None else []
+        return [Step("if", cond=s.condition, then=then, otherwise=other)]
+    if isinstance(s, tirx.Evaluate):
+        v = s.value
+        if isinstance(v, tirx.IntImm):
+            return []
+        if isinstance(v, tirx.Call) and getattr(v.op, "name", "") in ("tirx.tvm_call_packed", "tirx.tvm_call_packed_lowered"):
+            callee = str(v.args[0].value)
+            args = list(v.args[1:])
+            if callee == "__tvm_tensormap_create_tiled":
+                return [Step("desc", desc=_descriptor(args, by_data, name))]
+            if callee in devices:
+                return [Step("launch", launch=_launch(callee, args, devices[callee], kernels, name))]
+            raise HostgenError(f"{name}: unsupported host call {callee!r}")
+    raise HostgenError(f"{name}: unsupported host statement {type(s).__name__}: {s}")
+
+
+def _descriptor(args, by_data, name) -> Descriptor:
+    var, dtype, rank, address = args[0], int(args[1]), int(args[2]), args[3]
+    if len(args) != 4 + 4 * rank + 4:
+        raise HostgenError(f"{name}: tiled TMA descriptor with {len(args)} arguments for rank {rank}")
+    rest = [_as_value(a) for a in args[4:]]
+    gdim, gstride, box, estride = (rest[i * rank : (i + 1) * rank] for i in range(4))
+    tail = rest[4 * rank :]
+    if not isinstance(address, tirx.Var) or address.name not in by_data:
+        raise HostgenError(f"{name}: TMA descriptor over {address}, which is not a tensor argument's data pointer")
+    return Descriptor(var, by_data[address.name].name, dtype, rank, address, gdim, gstride, box, estride, *[int(x) for x in tail])
+
+
+def _launch(callee, args, device_func, kernels, name) -> Launch:
+    params = list(device_func.params)
+    tags = [str(t) for t in device_func.attrs.get("tirx.kernel_launch_params", [])]
+    if len(args) != len(params) + len(tags):
+        raise HostgenError(f"{name}: launch of {callee} passes {len(args)} values for {len(params)} parameters and {len(tags)} launch dims")
+    kargs, dims = args[: len(params)], args[len(params) :]
+    grid = [tirx.IntImm("int64", 1)] * 3
+    block = [tirx.IntImm("int64", 1)] * 3
+    dyn = tirx.IntImm("int64", 0)
+    for tag, value in zip(tags, dims):
+        if tag in _LAUNCH_TAGS:
+            which, i = _LAUNCH_TAGS[tag]
+            (grid if which == "grid" else block)[i] = value
+        elif tag == "tirx.use_dyn_shared_memory":
+            dyn = value
+        else:
+            raise HostgenError(f"{name}: unsupported launch parameter {tag!r} of {callee}")
+    arg_types = []
+    for p in params:
+        ann = getattr(p, "type_annotation", None)
+        text = str(ann) if ann is not None else ""
+        if "grid_constant" in text:
+            arg_types.append("desc")
+        elif str(p.dtype) == "handle":
+            arg_types.append("ptr")
+        else:
+            arg_types.append(str(p.dtype))
+    cluster = None
+    cdims = device_func.attrs.get("cluster_dims", None) if device_func.attrs else None
+    if cdims is not None:
+        cluster = [int(c) for c in cdims]
+    static_smem = int(dyn.value) if isinstance(dyn, tirx.IntImm) else None
+    prev = kernels.get(callee, 0)
+    kernels[callee] = None if (static_smem is None or prev is None) else max(prev, static_smem)
+    return Launch(callee, kargs, arg_types, grid, block, dyn, cluster)
