@@ -1,0 +1,123 @@
+"""Host overhead per kernel call on one GPU: tlx vs TileLang's backends vs torch vs the C++ floor.
+
+Protocol (as in the issue): bursts of 200 calls, host time per call, median over bursts,
+synchronising between bursts. Two kernels: a plain one (an empty kernel with one pointer)
+and a GEMM with two TMA descriptors. Validation cost is measured as the time of a tlx call
+that runs every check but launches nothing (zero rows) minus a TVM-FFI no-op call with the
+same arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def per_call_us(fn, args, bursts=100, calls=200) -> float:
+    for _ in range(3):
+        for _ in range(calls):
+            fn(*args)
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(bursts):
+        t0 = time.perf_counter_ns()
+        for _ in range(calls):
+            fn(*args)
+        t1 = time.perf_counter_ns()
+        torch.cuda.synchronize()
+        samples.append((t1 - t0) / calls / 1000)
+    return statistics.median(samples)
+
+
+def cpp_floor_us() -> float:
+    with tempfile.TemporaryDirectory() as d:
+        exe = Path(d) / "floor"
+        subprocess.run(["nvcc", "-O2", "-gencode=arch=compute_90a,code=sm_90a", "-o", str(exe), str(ROOT / "bench" / "launch_floor.cu")], check=True)
+        return float(subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout.strip())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+
+    import tilelang
+    import tilelang.language as T
+    import tvm_ffi
+
+    from tests.hostgen import sample_kernels as sk
+
+    dev = "cuda"
+    x = torch.randn(1024, device=dev)
+    a = torch.randn(128, 1024, device=dev, dtype=torch.half)
+    b = torch.randn(1024, 1024, device=dev, dtype=torch.half)
+    c = torch.empty(128, 1024, device=dev, dtype=torch.half)
+
+    empty = sk.empty(1024)
+    gemm = sk.gemm(T.dynamic("M"), 1024, 1024)
+    gemm.launch(a, b, c)
+    torch.testing.assert_close(c.float(), a.float() @ b.float(), rtol=2e-2, atol=2e-1)
+
+    rows = {}
+    rows["C++ <<<>>> floor (empty kernel)"] = (cpp_floor_us(), None)
+    rows["tlx kernel.launch"] = (per_call_us(empty.launch, (x,)), per_call_us(gemm.launch, (a, b, c)))
+    rows["tlx kernel() (GEMM column allocates its output)"] = (per_call_us(empty, (x,)), per_call_us(gemm, (a, b)))
+    for backend in ("tvm_ffi", "cython", "nvrtc"):
+        try:
+            tl_empty = tilelang.compile(sk.empty.get_tir(1024), target="cuda", execution_backend=backend)
+            tl_gemm = tilelang.compile(sk.gemm.get_tir(T.dynamic("M"), 1024, 1024), target="cuda", execution_backend=backend)
+            c.zero_()
+            tl_gemm(a, b, c)
+            torch.testing.assert_close(c.float(), a.float() @ b.float(), rtol=2e-2, atol=2e-1)
+            rows[f"TileLang {backend}"] = (per_call_us(tl_empty, (x,)), per_call_us(tl_gemm, (a, b, c)))
+        except Exception as e:  # a backend that does not build here is reported, not fatal
+            rows[f"TileLang {backend}"] = (None, None)
+            print(f"TileLang {backend}: {type(e).__name__}: {e}", file=sys.stderr)
+    xa, xb, xc = torch.randn(1024, device=dev), torch.randn(1024, device=dev), torch.empty(1024, device=dev)
+    rows["torch.add(out=)"] = (per_call_us(lambda p, q, r: torch.add(p, q, out=r), (xa, xb, xc)), None)
+
+    add = sk.add(T.dynamic("M"), 1024)
+    z = torch.empty(0, 1024, device=dev)
+    nop = tvm_ffi.get_global_func("testing.nop")
+    checks_only = per_call_us(add.launch, (z, z, z))
+    ffi_only = per_call_us(nop, (z, z, z))
+    validation = checks_only - ffi_only
+    floor = rows["C++ <<<>>> floor (empty kernel)"][0]
+
+    def fmt(v):
+        return "—" if v is None else f"{v:.2f}"
+
+    print(f"GPU: {torch.cuda.get_device_name()}  date: {time.strftime('%Y-%m-%d')}")
+    print("| path | plain kernel µs/call | GEMM with 2 TMA descriptors µs/call |")
+    print("| --- | --- | --- |")
+    for k, (p, t) in rows.items():
+        print(f"| {k} | {fmt(p)} | {fmt(t)} |")
+    print(f"| tlx validation only (3 tensors, all checks, no launch) minus TVM-FFI no-op | {validation:.3f} | |")
+    tl = rows.get("TileLang tvm_ffi", (None, None))
+    tlx_p, tlx_t = rows["tlx kernel.launch"]
+    summary = {
+        "tlx_minus_floor_plain_us": tlx_p - floor,
+        "tlx_minus_floor_tma_us": tlx_t - floor,
+        "validation_us": validation,
+        "speedup_vs_tilelang_tvm_ffi_plain": (tl[0] / tlx_p) if tl[0] else None,
+        "speedup_vs_tilelang_tvm_ffi_tma": (tl[1] / tlx_t) if tl[1] else None,
+    }
+    for k, v in summary.items():
+        print(f"| {k} | {fmt(v) if v is not None else '—'} | |")
+    if args.out:
+        Path(args.out).write_text(json.dumps({"rows": rows, "summary": summary}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

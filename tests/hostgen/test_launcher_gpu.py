@@ -1,0 +1,140 @@
+"""Generated launchers on the GPU: results, argument fuzzing (nothing reaches the GPU), CUDA graphs."""
+
+import random
+
+import pytest
+
+torch = pytest.importorskip("torch")
+T = pytest.importorskip("tilelang.language")
+
+from tests.hostgen import sample_kernels as sk  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    return {
+        "add": sk.add(T.dynamic("M"), 1024),
+        "axpy": sk.axpy(T.dynamic("N")),
+        "gemm": sk.gemm(T.dynamic("M"), 1024, 1024),
+    }
+
+
+def test_add_matches_torch(kernels):
+    for m in (1, 31, 32, 1000, 4097):
+        a, b = torch.randn(m, 1024, device="cuda"), torch.randn(m, 1024, device="cuda")
+        torch.testing.assert_close(kernels["add"](a, b), a + b, rtol=0, atol=0)
+
+
+def test_axpy_scalar_and_in_place(kernels):
+    for n in (1, 255, 256, 100_003):
+        x, y = torch.randn(n, device="cuda"), torch.randn(n, device="cuda")
+        expected = 1.5 * x + y
+        kernels["axpy"](x, y, 1.5)
+        torch.testing.assert_close(y, expected)
+
+
+def test_gemm_tma_descriptors_follow_new_pointers(kernels):
+    b = torch.randn(1024, 1024, device="cuda", dtype=torch.half)
+    for m in (128, 256, 1000, 128):
+        a = torch.randn(m, 1024, device="cuda", dtype=torch.half)
+        c = kernels["gemm"](a, b)
+        ref = (a.float() @ b.float()).half()
+        torch.testing.assert_close(c, ref, rtol=2e-2, atol=2e-1)
+
+
+def test_zero_rows_launch_nothing(kernels):
+    a = torch.empty(0, 1024, device="cuda")
+    assert kernels["add"](a, a).shape == (0, 1024)
+
+
+def _bad_calls(kernel, kernel_name, rng):
+    """Yield (description, args, good args) triples whose args must all be rejected."""
+    dev = "cuda"
+    aligns = {p["index"]: p.get("align", 1) for p in kernel.metadata["params"]}
+    if kernel_name == "add":
+        good = [torch.randn(64, 1024, device=dev), torch.randn(64, 1024, device=dev), torch.empty(64, 1024, device=dev)]
+    elif kernel_name == "axpy":
+        good = [torch.randn(4096, device=dev), torch.randn(4096, device=dev), 2.0]
+    else:
+        good = [torch.randn(256, 1024, device=dev).half(), torch.randn(1024, 1024, device=dev).half(), torch.empty(256, 1024, device=dev).half()]
+    mutations = []
+    for i, g in enumerate(good):
+        if isinstance(g, torch.Tensor):
+            mutations += [
+                ("dtype", i, lambda g=g: g.to(torch.float64 if g.dtype != torch.float64 else torch.float32)),
+                ("int dtype", i, lambda g=g: g.to(torch.int32)),
+                ("cpu tensor", i, lambda g=g: g.cpu()),
+                ("extra dim", i, lambda g=g: g.unsqueeze(0)),
+                ("missing dim", i, lambda g=g: g.reshape(-1)[:1] if g.dim() > 1 else g.reshape(1, -1)),
+                ("wrong width", i, lambda g=g: g.narrow(-1, 0, g.shape[-1] - 1) if g.shape[-1] > 1 else g.expand(2, *g.shape[1:])),
+                ("non-contiguous", i, lambda g=g: torch.empty(*g.shape[:-1], g.shape[-1] * 2, dtype=g.dtype, device=g.device)[..., ::2]),
+                ("None", i, lambda g=g: None),
+                ("python int", i, lambda g=g: 3),
+                ("string", i, lambda g=g: "x"),
+            ]
+            if aligns[i] > g.element_size():
+                mutations.append(
+                    ("misaligned view", i, lambda g=g: torch.empty(g.numel() + 1, dtype=g.dtype, device=g.device)[1:].view(g.shape))
+                )
+        else:
+            mutations += [("tensor for scalar", i, lambda: torch.ones(1, device=dev)), ("None scalar", i, lambda: None), ("string scalar", i, lambda: "2.0")]
+    mutations += [("too few", None, None), ("too many", None, None)]
+    for _ in range(200):
+        what, i, make = rng.choice(mutations)
+        args = list(good)
+        if what == "too few":
+            args = args[:-1]
+        elif what == "too many":
+            args = args + [args[-1]]
+        else:
+            args[i] = make()
+        yield what, args, good
+
+
+@pytest.mark.parametrize("kernel_name", ["add", "axpy", "gemm"])
+def test_fuzz_bad_calls_all_raise_and_never_launch(kernels, kernel_name):
+    k = kernels[kernel_name]
+    rng = random.Random(1234)
+    n = 0
+    for what, args, good in _bad_calls(k, kernel_name, rng):
+        out = good[2] if kernel_name != "axpy" else good[1]
+        out.fill_(7.0)
+        torch.cuda.synchronize()
+        with pytest.raises((TypeError, ValueError)) as info:
+            k.launch(*args)
+        assert k.name in str(info.value), (what, str(info.value))
+        torch.cuda.synchronize()
+        assert bool((out == 7.0).all()), f"{what}: a rejected call wrote the output"
+        n += 1
+    assert n == 200
+
+
+def test_cuda_graph_capture(kernels):
+    a, b = torch.randn(512, 1024, device="cuda"), torch.randn(512, 1024, device="cuda")
+    c = torch.empty_like(a)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        kernels["add"].launch(a, b, c)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        kernels["add"].launch(a, b, c)
+    a.copy_(torch.randn_like(a))
+    c.fill_(float("nan"))
+    g.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(c, a + b, rtol=0, atol=0)
+
+
+def test_launches_on_current_torch_stream(kernels):
+    a, b = torch.randn(4096, 1024, device="cuda"), torch.randn(4096, 1024, device="cuda")
+    c = torch.full_like(a, float("nan"))
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        torch.cuda._sleep(10_000_000)
+        kernels["add"].launch(a, b, c)
+    s.synchronize()
+    torch.testing.assert_close(c, a + b, rtol=0, atol=0)
