@@ -1,83 +1,87 @@
-"""TileLang kernels applying each tlx.ieee operation elementwise (shared by CPU and GPU tests).
+"""TileLang kernels applying tlx.ieee operations elementwise (shared by CPU and GPU tests).
 
-Each factory takes the operation name (and rounding mode) and returns a ``@T.prim_func`` over
-flat tensors of a symbolic length, so one compiled kernel serves every chunk of a sweep.
+Every kernel works on flat tensors of a symbolic length ``n``, so one compiled kernel serves
+every chunk of a sweep; an arithmetic kernel writes all four rounding modes at once
+(``out[r, i]`` for r = rn, rz, ru, rd) to keep the number of compiles small.
 """
 
 import tilelang.language as T
 
-import tlx
 from tlx import ieee
 
 BLOCK = 256
 
-UNARY_ARITH = ("sqrt", "rcp")
-BINARY_ARITH = ("add", "sub", "mul", "div")
-# name -> (output dtype, builder)
-CONVERSIONS = {
-    "cast_bf16": ("bfloat16", ieee.cast_bf16),
-    "cast_fp8_e4m3": ("float8_e4m3fn", ieee.cast_fp8_e4m3),
-    "cast_fp8_e5m2": ("float8_e5m2", ieee.cast_fp8_e5m2),
-    "cast_fp4_e2m1": ("uint8", ieee.cast_fp4_e2m1),
-    "ue8m0_code": ("uint8", ieee.ue8m0_code),
-    "ue8m0_scale": ("float32", ieee.ue8m0_scale),
-}
+# Operation codes shared with intrinsics_ref.cu's ``arith``.
+ARITH_OPS = ("add", "sub", "mul", "div", "fma", "sqrt", "rcp")
+UNARY_OPS = ("sqrt", "rcp")
+BINARY_OPS = ("add", "sub", "mul", "div")
+
+# Outputs of the conversion kernel, in the order intrinsics_ref.cu's ``convert_*`` takes them.
+CONVERSIONS = (
+    ("cast_bf16", "bfloat16"),
+    ("cast_fp8_e4m3", "float8_e4m3fn"),
+    ("cast_fp8_e5m2", "float8_e5m2"),
+    ("cast_fp4_e2m1", "uint8"),
+    ("ue8m0_code", "uint8"),
+    ("ue8m0_scale", "float32"),
+)
 
 
-def unary(op: str, rounding: str = "rn", dtype: str = "float32"):
-    """out[i] = op(x[i]) for a tlx.ieee arithmetic op or conversion."""
-    n = T.dynamic("n")
-    if op in CONVERSIONS:
-        out_dtype, build = CONVERSIONS[op]
-
-        def fn(v):
-            return build(v)
-    else:
-        out_dtype = dtype
-        build = getattr(ieee, op)
-
-        def fn(v):
-            return build(v, rounding)
-
-    @T.prim_func
-    def ieee_unary(x: T.Tensor((n,), dtype), out: T.Tensor((n,), out_dtype)):
-        with T.Kernel(T.ceildiv(n, BLOCK), threads=BLOCK) as bx:
-            for i in T.Parallel(BLOCK):
-                if bx * BLOCK + i < n:
-                    out[bx * BLOCK + i] = fn(x[bx * BLOCK + i])
-
-    return ieee_unary
+def _apply(op, x, y, z, rounding):
+    if op in UNARY_OPS:
+        return getattr(ieee, op)(x, rounding)
+    if op == "fma":
+        return ieee.fma(x, y, z, rounding)
+    return getattr(ieee, op)(x, y, rounding)
 
 
-def binary(op: str, rounding: str = "rn", dtype: str = "float32"):
-    """out[i] = op(x[i], y[i]) rounded in ``rounding``."""
-    n = T.dynamic("n")
-    build = getattr(ieee, op)
-
-    @T.prim_func
-    def ieee_binary(x: T.Tensor((n,), dtype), y: T.Tensor((n,), dtype), out: T.Tensor((n,), dtype)):
-        with T.Kernel(T.ceildiv(n, BLOCK), threads=BLOCK) as bx:
-            for i in T.Parallel(BLOCK):
-                if bx * BLOCK + i < n:
-                    out[bx * BLOCK + i] = build(x[bx * BLOCK + i], y[bx * BLOCK + i], rounding)
-
-    return ieee_binary
-
-
-def fma(rounding: str = "rn", dtype: str = "float32"):
-    """out[i] = x[i] * y[i] + z[i] with one rounding."""
+def arith(op: str, dtype: str = "float32"):
+    """out[r, i] = op(x[i], y[i], z[i]) rounded in mode r (unary ops read x only)."""
+    if op not in ARITH_OPS:
+        raise ValueError(f"op: expected one of {ARITH_OPS}, got {op!r}")
     n = T.dynamic("n")
 
     @T.prim_func
-    def ieee_fma(x: T.Tensor((n,), dtype), y: T.Tensor((n,), dtype), z: T.Tensor((n,), dtype), out: T.Tensor((n,), dtype)):
+    def ieee_arith(
+        x: T.Tensor((n,), dtype), y: T.Tensor((n,), dtype), z: T.Tensor((n,), dtype), out: T.Tensor((4, n), dtype)
+    ):
         with T.Kernel(T.ceildiv(n, BLOCK), threads=BLOCK) as bx:
             for i in T.Parallel(BLOCK):
-                if bx * BLOCK + i < n:
-                    out[bx * BLOCK + i] = ieee.fma(x[bx * BLOCK + i], y[bx * BLOCK + i], z[bx * BLOCK + i], rounding)
+                j = bx * BLOCK + i
+                if j < n:
+                    out[0, j] = _apply(op, x[j], y[j], z[j], "rn")
+                    out[1, j] = _apply(op, x[j], y[j], z[j], "rz")
+                    out[2, j] = _apply(op, x[j], y[j], z[j], "ru")
+                    out[3, j] = _apply(op, x[j], y[j], z[j], "rd")
 
-    return ieee_fma
+    return ieee_arith
 
 
-def jit_unary(op: str, rounding: str = "rn", dtype: str = "float32", target=None):
-    """The compiled ``unary`` kernel through ``@tlx.jit`` (output allocated and returned)."""
-    return tlx.jit(out_idx=[1], target=target)(unary)(op, rounding, dtype)
+def convert(with_prelude: bool = False):
+    """All tlx.ieee conversions of x at once; ``with_prelude`` passes tlx.ieee.PRELUDE to
+    ``T.Kernel`` itself (needed when the compile does not run tlx's prelude pass)."""
+    n = T.dynamic("n")
+    prelude = ieee.PRELUDE if with_prelude else None
+
+    @T.prim_func
+    def ieee_convert(
+        x: T.Tensor((n,), "float32"),
+        bf16: T.Tensor((n,), "bfloat16"),
+        e4m3: T.Tensor((n,), "float8_e4m3fn"),
+        e5m2: T.Tensor((n,), "float8_e5m2"),
+        e2m1: T.Tensor((n,), "uint8"),
+        ue8m0: T.Tensor((n,), "uint8"),
+        scale: T.Tensor((n,), "float32"),
+    ):
+        with T.Kernel(T.ceildiv(n, BLOCK), threads=BLOCK, prelude=prelude) as bx:
+            for i in T.Parallel(BLOCK):
+                j = bx * BLOCK + i
+                if j < n:
+                    bf16[j] = ieee.cast_bf16(x[j])
+                    e4m3[j] = ieee.cast_fp8_e4m3(x[j])
+                    e5m2[j] = ieee.cast_fp8_e5m2(x[j])
+                    e2m1[j] = ieee.cast_fp4_e2m1(x[j])
+                    ue8m0[j] = ieee.ue8m0_code(x[j])
+                    scale[j] = ieee.ue8m0_scale(x[j])
+
+    return ieee_convert

@@ -37,10 +37,14 @@ def build_baseline(
     extra_cuda_cflags: tuple[str, ...] = (),
     with_cutlass: bool = False,
     build_directory: str | None = None,
+    compile_only: bool = False,
 ):
     """Compile ``source`` with nvcc and load it as a ``tvm_ffi.Module``.
 
-    The module name hashes the source and flags, so an edited baseline is rebuilt.
+    The module name hashes the source and flags, so an edited baseline is rebuilt. With
+    ``compile_only=True`` the source is only compiled (``nvcc -c``, same flags) and the object
+    path is returned: linking and loading need the CUDA driver library, compiling does not, so
+    CPU-only CI checks every baseline this way.
     """
     import tvm_ffi.cpp
 
@@ -51,6 +55,8 @@ def build_baseline(
     name = f"{path.stem}_{digest}"
     if build_directory is None:
         build_directory = str(Path(os.environ.get("TLX_CACHE_DIR", Path.home() / ".cache" / "tlx")) / "baselines" / name)
+    if compile_only:
+        return _compile_object(path, [*flags, *(f"-I{i}" for i in includes)], Path(build_directory) / f"{name}.o")
     saved = os.environ.get("TVM_FFI_CUDA_ARCH_LIST")
     digits = arch.removeprefix("sm_")  # "90a" -> "9.0a", the form tvm_ffi expects
     os.environ["TVM_FFI_CUDA_ARCH_LIST"] = f"{digits[:-2] if digits.endswith('a') else digits[:-1]}.{digits[-2:] if digits.endswith('a') else digits[-1]}"
@@ -69,6 +75,21 @@ def build_baseline(
         else:
             os.environ["TVM_FFI_CUDA_ARCH_LIST"] = saved
     return tvm_ffi.load_module(lib)
+
+
+def _compile_object(source: Path, flags: list[str], output: Path) -> str:
+    import subprocess
+
+    import tvm_ffi.libinfo
+
+    if output.exists():  # the name hashes source and flags
+        return str(output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    cmd = ["nvcc", "-c", "-Xcompiler", "-fPIC", *flags, f"-I{tvm_ffi.libinfo.find_include_path()}", str(source), "-o", str(output)]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"nvcc failed on {source} (exit {done.returncode}):\n{' '.join(cmd)}\n{done.stderr[-4000:]}")
+    return str(output)
 
 
 def assert_bitwise(actual, expected, *, name: str = "output") -> None:

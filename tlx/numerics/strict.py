@@ -58,7 +58,7 @@ def _normalize(name: str) -> str:
 def _allow_set(allow_approx) -> set[str]:
     if isinstance(allow_approx, str):
         allow_approx = (allow_approx,)
-    known = set(APPROX_TL_OPS) | set(APPROX_EXTERNS) | {"fast_math"}
+    known = set(APPROX_TL_OPS) | set(APPROX_EXTERNS)
     allowed = set()
     for entry in allow_approx:
         name = _normalize(str(entry))
@@ -97,10 +97,10 @@ def check_numerics(kernel, options: dict) -> dict:
     hits = find_approximate(kernel.device_mod)
     fast_math = bool((kernel.pass_configs or {}).get(FAST_MATH_CONFIG, False))
     if mode == "strict":
-        if fast_math and "fast_math" not in allowed:
+        if fast_math:
             raise ApproximateIntrinsicError(
                 f"numerics='strict': kernel {kernel.name!r} sets pass config {FAST_MATH_CONFIG}=True "
-                f"(nvcc --use_fast_math); drop it, or allow it with @tlx.jit(allow_approx=['fast_math'])"
+                f"(nvcc --use_fast_math, which no allow-list can make exact); drop it or use numerics='default'"
             )
         for hit in hits:
             if not _is_allowed(hit, allowed):
