@@ -122,6 +122,7 @@ _BINARY = (tir.Add, tir.Sub, tir.Mul, tir.Div, tir.Mod, tir.FloorDiv, tir.FloorM
 class _Frame:
     facts: list
     names: list  # (name, z3 term) shown in counterexamples
+    tainted: list = field(default_factory=list)  # facts dropped because their arithmetic may overflow
 
 
 class _Walker:
@@ -192,7 +193,19 @@ class _Walker:
         if verdict.proven:
             return term
         self.report_overflow(verdict, bad, what)
+        self.frames[-1].tainted.append(what)
         return None
+
+    def taint(self) -> list[str]:
+        return [t for fr in self.frames for t in fr.tainted]
+
+    def demote(self, access: Access) -> None:
+        """A violation found in a context weakened by a possible overflow may be spurious: say unknown."""
+        taint = self.taint()
+        if access.status == "violation" and taint:
+            access.status = "unknown"
+            access.counterexample = {}
+            access.detail = f"not proven; depends on {taint[0]}, which may overflow (reported separately)"
 
     def report_overflow(self, verdict, bad: Obligation | None, what: str):
         text = bad.text() if bad is not None else what
@@ -208,6 +221,7 @@ class _Walker:
             a.counterexample = self.counterexample(verdict.model, {"value": bad.term})
             self.record_least(a, verdict)
             a.detail = f"{bad.node} leaves {bad.dtype} [{bad.lo}, {bad.hi}]"
+            self.demote(a)
         else:
             a.detail = f"overflow check: {verdict.reason or 'budget exhausted'}"
         self.accesses.append(a)
@@ -219,7 +233,7 @@ class _Walker:
         scope = str(buffer.scope())
         shape = list(buffer.shape)
         access = Access(self.func, name, scope, kind, ", ".join(str(i) for i in indices), " x ".join(str(s) for s in shape))
-        access.source = self.source_map(name, kind)
+        access.source = self.source_map(name, kind, access.index)
         self.accesses.append(access)
         lane = None
         ctx_extra = []
@@ -265,6 +279,7 @@ class _Walker:
         if v.status == "violation":
             access.counterexample = self.counterexample(v.model, extra_names)
             access.detail = "index outside [0, extent)"
+            self.demote(access)
         elif v.status == "unknown":
             access.detail = v.reason or "budget exhausted"
 
@@ -284,7 +299,7 @@ class _Walker:
         for s in buf.shape:
             size = size * s
         access = Access(self.func, name, str(buf.scope()), "pointer", f"[{offset}, {offset} + {extent})", f"{size} x {buf.dtype}")
-        access.source = self.source_map(name, "pointer")
+        access.source = self.source_map(name, "pointer", access.index)
         self.accesses.append(access)
         if self.focus is not None and access.key() != self.focus:
             access.status = "skipped"
@@ -303,6 +318,7 @@ class _Walker:
         if v.status == "violation":
             access.counterexample = self.counterexample(v.model, {"first byte": lo, "end byte": hi, "bytes": cap})
             access.detail = "pointer range outside the allocation"
+            self.demote(access)
 
     # ----- expressions ----------------------------------------------------------------
     def visit_expr(self, e):
@@ -369,6 +385,29 @@ class _Walker:
             raise NotImplementedError(f"bounds verifier: statement {type(s).__name__} is not handled")
         return method(s)
 
+    # ----- thread-private scalars (T.alloc_local((1,)) / T.alloc_var) --------------------
+    def track_local(self, s):
+        """Remember ``buf[c] = v`` for thread-private integer buffers so later loads of ``buf[c]`` mean ``v``."""
+        data = s.buffer.data
+        known = self.enc.known_loads
+        private = str(s.buffer.scope()) in _PRIVATE_SCOPES and scalar_dtype(s.buffer.dtype)[0] in ("int", "uint", "bool")
+        if private and len(s.indices) == 1 and isinstance(s.indices[0], tir.IntImm) and scalar_dtype(s.value.dtype)[2] == 1:
+            t = self.reliable(s.value, f"{_user_name(s.buffer.name)}[{s.indices[0]}] = {s.value}", as_bool=str(s.buffer.dtype) == "bool")
+            key = (data, int(s.indices[0].value))
+            if t is None:
+                known.pop(key, None)
+            else:
+                known[key] = t
+            return
+        self.forget(data)
+
+    def forget(self, data_vars):
+        if not isinstance(data_vars, (set, list, tuple)):
+            data_vars = {data_vars}
+        known = self.enc.known_loads
+        for key in [k for k in known if any(k[0].same_as(d) for d in data_vars)]:
+            del known[key]
+
     def visit_SeqStmt(self, s):
         self.push()
         out = [self.visit(x) for x in s.seq]
@@ -398,6 +437,8 @@ class _Walker:
     def visit_For(self, s):
         self.visit_expr(s.min)
         self.visit_expr(s.extent)
+        stored = _stored_data_vars(s.body)
+        self.forget(stored)
         self.push()
         v = self.enc.var(s.loop_var)
         lo = self.reliable(s.min, f"loop start of {s.loop_var.name}")
@@ -416,6 +457,7 @@ class _Walker:
         self.add_name(s.loop_var.name, v)
         body = self.visit(s.body)
         self.pop()
+        self.forget(stored)
         if self.rewrite and not body.same_as(s.body):
             return tir.For(s.loop_var, s.min, s.extent, s.kind, body, s.thread_binding, s.annotations, step)
         return s
@@ -423,14 +465,18 @@ class _Walker:
     def visit_IfThenElse(self, s):
         self.visit_expr(s.condition)
         c = self.reliable(s.condition, f"condition {s.condition}", as_bool=True)
+        before = dict(self.enc.known_loads)
         self.push([c] if c is not None else [])
         then = self.visit(s.then_case)
         self.pop()
+        self.enc.known_loads = dict(before)
         other = None
         if s.else_case is not None:
             self.push([z3.Not(c)] if c is not None else [])
             other = self.visit(s.else_case)
             self.pop()
+        self.enc.known_loads = before
+        self.forget(_stored_data_vars(s.then_case) | (_stored_data_vars(s.else_case) if s.else_case is not None else set()))
         self.guards_seen += 1
         if self.rewrite and c is not None and _arith_only(s.condition):
             if self.enc.prove(c, self.context()).proven:
@@ -441,11 +487,14 @@ class _Walker:
         return s
 
     def visit_While(self, s):
+        stored = _stored_data_vars(s.body)
+        self.forget(stored)
         self.visit_expr(s.condition)
         c = self.reliable(s.condition, "while condition", as_bool=True)
         self.push([c] if c is not None else [])
         body = self.visit(s.body)
         self.pop()
+        self.forget(stored)
         if self.rewrite and not body.same_as(s.body):
             return tir.While(s.condition, body)
         return s
@@ -484,6 +533,7 @@ class _Walker:
 
     def visit_Evaluate(self, s):
         v = self.visit_expr(s.value)
+        self.forget(_stored_data_vars(s))
         if self.rewrite and not v.same_as(s.value):
             return tir.Evaluate(v)
         return s
@@ -493,9 +543,27 @@ class _Walker:
             self.visit_expr(i)
         value = self.visit_expr(s.value)
         self.check_access(s.buffer, list(s.indices), "store", s.predicate)
+        self.track_local(s)
         if self.rewrite and not value.same_as(s.value):
             return tir.BufferStore(s.buffer, value, list(s.indices), s.predicate)
         return s
+
+
+_PRIVATE_SCOPES = ("local", "local.var")
+
+
+def _stored_data_vars(stmt) -> set:
+    """Data variables of buffers stored to, or passed by pointer, anywhere in ``stmt``."""
+    out = set()
+
+    def visit(n):
+        if isinstance(n, tir.BufferStore):
+            out.add(n.buffer.data)
+        elif isinstance(n, tir.Var) and str(n.dtype) == "handle":
+            out.add(n)
+
+    tir.stmt_functor.post_order_visit(stmt, visit)
+    return out
 
 
 def _arith_only(cond) -> bool:
@@ -569,7 +637,7 @@ def verify_kernel(
     t0 = time.perf_counter()
     enc = Encoder(rlimit=rlimit)
     variables, terms = _shape_setup(enc, kernel, tuple(assume), list(extra_conditions))
-    source_map = source_map or (lambda name, kind: "unknown line")
+    source_map = source_map or (lambda name, kind, index="": "unknown line")
     accesses: list[Access] = []
     new_funcs = {}
     seen = removed = 0
@@ -638,7 +706,7 @@ def _vars_in(access: Access, variables: dict) -> list[str]:
     return sorted(k for k in access.counterexample if k in variables)
 
 
-def derive_preconditions(kernel: LoweredKernel, report: BoundsReport, assume=(), rlimit: int = DEFAULT_RLIMIT, max_conditions: int = 8):
+def derive_preconditions(kernel: LoweredKernel, report: BoundsReport, assume=(), rlimit: int = DEFAULT_RLIMIT, max_conditions: int = 8, source_map=None):
     """Weak conditions on shape variables, from a fixed candidate family, that make every access proven.
 
     One failing access at a time (greedy): for an index overflow, the largest upper bound
@@ -677,7 +745,7 @@ def derive_preconditions(kernel: LoweredKernel, report: BoundsReport, assume=(),
         if fixed is None:
             return [], report
         chosen.append(fixed)
-        current, _ = verify_kernel(kernel, assume, [c for c, _ in chosen], rlimit)
+        current, _ = verify_kernel(kernel, assume, [c for c, _ in chosen], rlimit, source_map=source_map)
     if current.violations() or current.unknowns():
         return [], report
     return [Precondition(c, text, "bounds") for c, text in chosen], current

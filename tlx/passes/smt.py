@@ -137,6 +137,7 @@ class Encoder:
         self._facts: list = []
         self._obligations: list[Obligation] = []
         self._fresh = 0
+        self.known_loads: dict = {}  # (buffer data var, constant index) -> Z3 term of the value it holds
         self.queries = 0
         self.rlimit_used = 0
 
@@ -408,6 +409,15 @@ class Encoder:
         inner = dict(env)
         inner[expr.var] = self._enc(expr.value, env, lane)
         return self._enc(expr.body, inner, lane)
+
+    def _enc_BufferLoad(self, expr, env, lane):
+        """A load is opaque unless the caller recorded the value (a thread-private scalar)."""
+        idx = expr.indices
+        if len(idx) == 1 and isinstance(idx[0], tir.IntImm):
+            t = self.known_loads.get((expr.buffer.data, int(idx[0].value)))
+            if t is not None:
+                return t if isinstance(t, _Enc) else _Enc(t, None, None)
+        return self._opaque(expr)
 
     def _enc_Ramp(self, expr, env, lane):
         base, stride = self._enc(expr.base, env), self._enc(expr.stride, env)

@@ -1,0 +1,523 @@
+"""Bijectivity of every Layout and Fragment a kernel uses, proven with Z3 (no enumeration cap).
+
+A ``Layout`` maps a buffer's logical index to its physical index: it must be injective
+(two elements never share a physical slot), stay inside its output shape, and, when it
+is meant to be a permutation, reach every slot. A ``Fragment`` maps a tile element (and
+its replica number) to a (thread, register) pair; the same three properties apply to
+that map. Each property is one Z3 query over the whole domain, so there is no size limit:
+
+* range: is some input mapped outside the output shape? (witness: the input)
+* injective: ``f(x) = f(y)`` with ``x != y``? (witness: the colliding pair)
+* onto: once injective and in range, onto holds exactly when the domain and the
+  codomain have the same size (pigeonhole); otherwise a Z3 search for an unreached
+  slot gives a witness when it can.
+
+XOR swizzles are cross-checked by an independent method: :func:`gf2_map` evaluates the
+index expressions symbolically bit by bit (each output bit a GF(2) polynomial in the
+input bits, additions with exact carries) and, when every output bit is affine, the
+rank of the resulting matrix decides injectivity and onto-ness. The two methods must
+agree; a disagreement is reported as an error, never resolved silently.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import z3
+
+from tilelang import tvm
+from tlx.lowering import LoweredKernel
+from tlx.passes import PassContext, register_pass
+from tlx.passes.smt import Encoder
+
+tir = tvm.tirx
+
+__all__ = ["LayoutError", "check_layout", "collect_layouts", "gf2_map", "gf2_rank", "layouts_report"]
+
+
+class LayoutError(Exception):
+    """A layout was proven wrong (collision or out of range) under ``verify="error"``."""
+
+
+@dataclass(frozen=True)
+class UsedLayout:
+    """One buffer's layout as annotated by TileLang's LayoutInference."""
+
+    buffer: str
+    scope: str
+    dtype: str
+    layout: Any
+
+    @property
+    def kind(self) -> str:
+        return "fragment" if hasattr(self.layout, "forward_thread") else "layout"
+
+
+def collect_layouts(kernel: LoweredKernel) -> list[UsedLayout]:
+    """Every distinct (buffer, layout) pair in the ``layout_map`` annotations of the kernel."""
+    if kernel.layout_mod is None:
+        raise ValueError("kernel: expected a LoweredKernel from tlx.lowering.lower (layout_mod set), got layout_mod=None")
+    found: dict[tuple[str, str], UsedLayout] = {}
+
+    def visit(node):
+        if isinstance(node, tir.SBlock) and node.annotations and "layout_map" in node.annotations:
+            for buf, lay in node.annotations["layout_map"].items():
+                key = (buf.name, str(lay))
+                if key not in found:
+                    found[key] = UsedLayout(buf.name, buf.scope(), str(buf.dtype), lay)
+
+    for _, fn in kernel.layout_mod.functions.items():
+        if isinstance(fn, tir.PrimFunc):
+            tir.stmt_functor.post_order_visit(fn.body, visit)
+    return list(found.values())
+
+
+# ----- the map as plain data ----------------------------------------------------------------
+
+
+@dataclass
+class _Map:
+    """``inputs`` (var, extent) -> ``outputs`` (expr, extent); extents are TIR exprs or ints."""
+
+    inputs: list[tuple[Any, Any]]
+    outputs: list[tuple[Any, Any]]
+    names: list[str]  # output component names, for witnesses
+
+
+def _as_map(used: UsedLayout) -> _Map:
+    lay = used.layout
+    in_shape = list(lay.get_input_shape())
+    fvars = list(lay.get_forward_vars())
+    data_vars = fvars[len(fvars) - len(in_shape) :]
+    inputs = list(zip(data_vars, in_shape, strict=True))
+    index = list(lay.get_forward_index())
+    out_shape = list(lay.get_output_shape())
+    outputs = list(zip(index, out_shape, strict=True))
+    names = [f"index[{k}]" for k in range(len(outputs))]
+    if used.kind == "fragment":
+        extra = fvars[: len(fvars) - len(in_shape)]
+        rep = int(lay.replicate_size)
+        if extra:
+            inputs.insert(0, (extra[0], rep))
+        elif rep != 1:
+            raise ValueError(f"layout of {used.buffer}: replicate_size={rep} but no replica variable")
+        outputs.insert(0, (lay.forward_thread, lay.get_thread_size()))
+        names.insert(0, "thread")
+    return _Map(inputs, outputs, names)
+
+
+def _int(x) -> int | None:
+    if isinstance(x, int):
+        return x
+    if isinstance(x, tir.IntImm):
+        return int(x.value)
+    return None
+
+
+# ----- Z3 proof -------------------------------------------------------------------------------
+
+
+def check_layout(used: UsedLayout, enc: Encoder | None = None) -> dict:
+    """Prove range, injectivity and onto-ness of one layout; JSON-able verdict with witnesses."""
+    enc = enc or Encoder()
+    m = _as_map(used)
+    split = _bit_split(m)
+    ctx = enc.ctx
+    xs = [z3.Int(f"{v.name}", ctx) for v, _ in split.inputs]
+    ys = [z3.Int(f"{v.name}'", ctx) for v, _ in split.inputs]
+    env_x = {v: x for (v, _), x in zip(split.inputs, xs, strict=True)}
+    env_y = {v: y for (v, _), y in zip(split.inputs, ys, strict=True)}
+    dom_x, dom_y = [], []
+    for (_, ext), x, y in zip(split.inputs, xs, ys, strict=True):
+        e = enc.encode(ext)
+        dom_x += [x >= 0, x < e]
+        dom_y += [y >= 0, y < e]
+    dom = dom_x + dom_y
+    fx = [enc.encode(o, env_x) for o, _ in split.outputs]
+    fy = [enc.encode(o, env_y) for o, _ in split.outputs]
+    ext_out = [enc.encode(e) for _, e in m.outputs]
+    orig_x = [enc.encode(split.recon[v], env_x) for v, _ in m.inputs]
+    orig_y = [enc.encode(split.recon[v], env_y) for v, _ in m.inputs]
+    enc.take_obligations()  # layout arithmetic is exact integer math, not machine words
+    result: dict[str, Any] = {
+        "buffer": used.buffer,
+        "scope": used.scope,
+        "kind": used.kind,
+        "input_shape": [str(e) for _, e in m.inputs],
+        "output_shape": [str(e) for _, e in m.outputs],
+    }
+    if used.kind == "fragment":
+        result["replicate"] = int(used.layout.replicate_size)
+
+    def inputs_of(model, terms):
+        return {str(v.name): enc.model_value(model, t) for (v, _), t in zip(m.inputs, terms, strict=True)}
+
+    def outputs_of(model, terms):
+        return {n: enc.model_value(model, t) for n, t in zip(m.names, terms, strict=True)}
+
+    out_of_range = z3.Or([z3.Or(f < 0, f >= e) for f, e in zip(fx, ext_out, strict=True)])
+    v = enc.check(dom_x + [out_of_range])
+    result["in_range"] = v.status
+    if v.status == "violation":
+        result["range_witness"] = {"input": inputs_of(v.model, orig_x), "output": outputs_of(v.model, fx)}
+
+    differ = z3.Or([x != y for x, y in zip(xs, ys, strict=True)])
+    same = z3.And([a == b for a, b in zip(fx, fy, strict=True)])
+    v = enc.check(dom + [differ, same])
+    result["injective"] = v.status
+    if v.status == "violation":
+        result["collision"] = {"x": inputs_of(v.model, orig_x), "y": inputs_of(v.model, orig_y), "output": outputs_of(v.model, fx)}
+
+    result["onto"] = _onto(enc, split, result, xs, dom_x, fx, ext_out, m.names)
+    result["verdict"] = _verdict(result)
+    result["gf2"] = _gf2_cross_check(m, result)
+    return result
+
+
+@dataclass
+class _Split:
+    """A map over the bits of its power-of-two inputs; ``recon`` rebuilds each original input."""
+
+    inputs: list[tuple[Any, Any]]
+    outputs: list[tuple[Any, Any]]
+    recon: dict
+
+
+def _bit_split(m: _Map) -> _Split:
+    """Substitute each power-of-two input by its bits and let TVM simplify the map.
+
+    ``x // 8 % 2`` becomes the single bit ``x_b3``, so the division and modulo terms
+    that make the integer problem hard for Z3 mostly vanish; the map is unchanged.
+    Inputs whose extent is not a constant power of two stay whole.
+    """
+    ana = tvm.arith.Analyzer()
+    inputs, sub = [], {}
+    for v, ext in m.inputs:
+        k = _pow2(ext)
+        if k is None:
+            inputs.append((v, ext))
+            sub[v] = v
+            if _int(ext) is not None:
+                ana.bind(v, tvm.ir.Range(0, _int(ext)))
+            continue
+        whole = tir.IntImm(v.dtype, 0)
+        for i in range(k):
+            b = tir.Var(f"{v.name}.b{i}", v.dtype)
+            ana.bind(b, tvm.ir.Range(0, 2))
+            inputs.append((b, 2))
+            whole = whole + b * (1 << i)
+        sub[v] = whole
+    extents = dict(m.inputs)
+    outputs = [(ana.simplify(tir.stmt_functor.substitute(_bits_to_arith(o, extents), sub)), ext) for o, ext in m.outputs]
+    return _Split(inputs, outputs, sub)
+
+
+def _bits_to_arith(expr, extents: dict):
+    """Rewrite bitwise and/or/xor of bounded non-negative operands into div/mod arithmetic.
+
+    ``a ^ b`` on k-bit values equals ``sum_i 2^i * ((a_i + b_i) % 2)`` with
+    ``a_i = a // 2^i % 2``; and/or use ``(a_i + b_i) // 2`` and ``(a_i + b_i + 1) // 2``.
+    The result is the same integer function in linear arithmetic with constant divisors,
+    which Z3 decides far faster than the bit-vector round trip of ``int2bv``.
+    Operands whose bounds cannot be shown non-negative and finite are left as they are.
+    """
+    ana = tvm.arith.Analyzer()
+    for v, ext in extents.items():
+        if _int(ext) is not None:
+            ana.bind(v, tvm.ir.Range(0, _int(ext)))
+
+    def rewrite(e):
+        if not (isinstance(e, tir.Call) and hasattr(e.op, "name")):
+            return None
+        name = str(e.op.name)
+        if name not in ("tirx.bitwise_xor", "tirx.bitwise_and", "tirx.bitwise_or"):
+            return None
+        a, b = e.args
+        ba, bb = ana.const_int_bound(a), ana.const_int_bound(b)
+        if ba.min_value < 0 or bb.min_value < 0 or max(ba.max_value, bb.max_value) >= 1 << 30:
+            return None
+        k = max(ba.max_value, bb.max_value).bit_length()
+        total = tir.IntImm(e.dtype, 0)
+        for i in range(k):
+            ai = tir.floormod(tir.floordiv(a, 1 << i), 2)
+            bi = tir.floormod(tir.floordiv(b, 1 << i), 2)
+            if name == "tirx.bitwise_xor":
+                bit = tir.floormod(ai + bi, 2)
+            elif name == "tirx.bitwise_and":
+                bit = tir.floordiv(ai + bi, 2)
+            else:
+                bit = tir.floordiv(ai + bi + 1, 2)
+            total = total + bit * (1 << i)
+        return total
+
+    return tir.stmt_functor.ir_transform(tir.Evaluate(expr), None, rewrite, ["tirx.Call"]).value
+
+
+def _onto(enc, m: _Split, result, xs, dom_x, fx, ext_out, names) -> str:
+    """Onto by counting once injective and in range; a witness search otherwise."""
+    if result["injective"] != "proven" or result["in_range"] != "proven":
+        return "unknown"
+    size_in = 1
+    for _, e in m.inputs:
+        size_in = size_in * enc.encode(e)
+    size_out = 1
+    for e in ext_out:
+        size_out = size_out * e
+    v = enc.prove(size_in == size_out)
+    if v.status == "proven":
+        return "proven"
+    if v.status == "unknown":
+        return "unknown"
+    # Sizes can differ: look for a slot no input reaches (a quantified query, so it may stay unknown).
+    zs = [z3.Int(f"slot{k}", enc.ctx) for k in range(len(fx))]
+    bound = [c for z, e in zip(zs, ext_out, strict=True) for c in (z >= 0, z < e)]
+    reach = z3.And([f == z for f, z in zip(fx, zs, strict=True)])
+    unreached = z3.ForAll(xs, z3.Implies(z3.And(dom_x), z3.Not(reach))) if xs else z3.Not(reach)
+    w = enc.check(bound + [unreached])
+    if w.status == "violation":
+        result["unreached"] = {n: enc.model_value(w.model, z) for n, z in zip(names, zs, strict=True)}
+        return "violation"
+    return "unknown"
+
+
+def _verdict(r: dict) -> str:
+    """``bijective`` | ``injective`` (padding left unreached) | ``invalid`` | ``unknown``."""
+    if r["injective"] == "violation" or r["in_range"] == "violation":
+        return "invalid"
+    if r["injective"] == "proven" and r["in_range"] == "proven":
+        return "bijective" if r["onto"] == "proven" else "injective" if r["onto"] == "violation" else "unknown"
+    return "unknown"
+
+
+# ----- GF(2) cross-check ----------------------------------------------------------------------
+
+_MAX_MONOMIALS = 512
+_MAX_BITS = 48
+
+# A bit is a GF(2) polynomial: a frozenset of monomials, each a frozenset of input-bit ids
+# (the empty monomial is the constant 1). A value is a list of bits, least significant first.
+_ONE = frozenset([frozenset()])
+_ZERO = frozenset()
+
+
+class _NotLinear(Exception):
+    """The expression leaves the power-of-two bit algebra this evaluator models."""
+
+
+def _pmul(a, b):
+    out: set = set()
+    for ma in a:
+        for mb in b:
+            out ^= {ma | mb}
+    if len(out) > _MAX_MONOMIALS:
+        raise _NotLinear("polynomial too large")
+    return frozenset(out)
+
+
+def _padd(*ps):
+    out: set = set()
+    for p in ps:
+        out ^= set(p)
+    return frozenset(out)
+
+
+def _trim(bits):
+    bits = list(bits)
+    while bits and not bits[-1]:
+        bits.pop()
+    if len(bits) > _MAX_BITS:
+        raise _NotLinear("value too wide")
+    return bits
+
+
+def _bit(bits, i):
+    return bits[i] if i < len(bits) else _ZERO
+
+
+def _add(a, b):
+    out, carry = [], _ZERO
+    for i in range(max(len(a), len(b)) + 1):
+        x, y = _bit(a, i), _bit(b, i)
+        out.append(_padd(x, y, carry))
+        carry = _padd(_pmul(x, y), _pmul(x, carry), _pmul(y, carry))
+    return _trim(out)
+
+
+def _const(c: int):
+    if c < 0:
+        raise _NotLinear("negative constant")
+    return _trim([_ONE if (c >> i) & 1 else _ZERO for i in range(c.bit_length())])
+
+
+def _pow2(c) -> int | None:
+    c = _int(c)
+    return c.bit_length() - 1 if c is not None and c > 0 and c & (c - 1) == 0 else None
+
+
+def _bits_of(expr, env) -> list:
+    if isinstance(expr, int | tir.IntImm):
+        return _const(int(expr))
+    if isinstance(expr, tir.Var):
+        if expr not in env:
+            raise _NotLinear(f"free variable {expr}")
+        return env[expr]
+    if isinstance(expr, tir.Add):
+        return _add(_bits_of(expr.a, env), _bits_of(expr.b, env))
+    if isinstance(expr, tir.Mul):
+        a, b = expr.a, expr.b
+        if _int(a) is not None:
+            a, b = b, a
+        c = _int(b)
+        if c is None or c < 0:
+            raise _NotLinear("product of two variables")
+        val, acc = _bits_of(a, env), []
+        for i in range(c.bit_length()):
+            if (c >> i) & 1:
+                acc = _add(acc, [_ZERO] * i + val)
+        return acc
+    if isinstance(expr, tir.FloorDiv | tir.Div):
+        k = _pow2(expr.b)
+        if k is None:
+            raise _NotLinear("division by a non-power of two")
+        return _bits_of(expr.a, env)[k:]
+    if isinstance(expr, tir.FloorMod | tir.Mod):
+        k = _pow2(expr.b)
+        if k is None:
+            raise _NotLinear("modulo by a non-power of two")
+        return _trim(_bits_of(expr.a, env)[:k])
+    if isinstance(expr, tir.Call) and hasattr(expr.op, "name"):
+        name = str(expr.op.name)
+        if name in ("tirx.bitwise_xor", "tirx.bitwise_and", "tirx.bitwise_or"):
+            a, b = (_bits_of(x, env) for x in expr.args)
+            n = max(len(a), len(b))
+            if name == "tirx.bitwise_xor":
+                return _trim([_padd(_bit(a, i), _bit(b, i)) for i in range(n)])
+            if name == "tirx.bitwise_and":
+                return _trim([_pmul(_bit(a, i), _bit(b, i)) for i in range(n)])
+            return _trim([_padd(_bit(a, i), _bit(b, i), _pmul(_bit(a, i), _bit(b, i))) for i in range(n)])
+        if name in ("tirx.shift_left", "tirx.shift_right") and _int(expr.args[1]) is not None:
+            a, k = _bits_of(expr.args[0], env), _int(expr.args[1])
+            return _trim([_ZERO] * k + a) if name == "tirx.shift_left" else a[k:]
+    raise _NotLinear(f"unsupported node {type(expr).__name__}")
+
+
+def gf2_map(inputs: list[tuple[Any, int]], outputs: list[tuple[Any, int]]):
+    """The affine GF(2) map (rows, constant, in_bits, out_bits) of a power-of-two layout.
+
+    ``rows[r]`` is an int whose bit ``c`` is the coefficient of input bit ``c`` in output
+    bit ``r`` (output bits concatenated, first component most significant). Raises
+    ``_NotLinear`` when a dimension is not a power of two, a bit is not affine, or an
+    output bit beyond its component's extent can be set.
+    """
+    env, nbits = {}, 0
+    for v, ext in inputs:
+        k = _pow2(ext)
+        if k is None:
+            raise _NotLinear(f"input extent {ext} is not a power of two")
+        env[v] = [frozenset([frozenset([nbits + i])]) for i in range(k)]
+        nbits += k
+    rows, const = [], 0
+    for expr, ext in reversed(outputs):
+        k = _pow2(ext)
+        if k is None:
+            raise _NotLinear(f"output extent {ext} is not a power of two")
+        bits = _bits_of(expr, env)
+        if any(bits[k:]):
+            raise _NotLinear("an output bit beyond the extent can be set")
+        for i in range(k):
+            row = 0
+            for mono in _bit(bits, i):
+                if len(mono) > 1:
+                    raise _NotLinear("output bit is not affine")
+                if not mono:
+                    const |= 1 << len(rows)
+                else:
+                    row |= 1 << next(iter(mono))
+            rows.append(row)
+    return rows, const, nbits, len(rows)
+
+
+def gf2_rank(rows: list[int]) -> int:
+    """Rank over GF(2) of a matrix given as row bit-masks (Gaussian elimination)."""
+    pivots: dict[int, int] = {}
+    for r in rows:
+        while r:
+            top = r.bit_length() - 1
+            if top not in pivots:
+                pivots[top] = r
+                break
+            r ^= pivots[top]
+    return len(pivots)
+
+
+def _gf2_cross_check(m: _Map, result: dict) -> dict:
+    ins = [(v, _int(e)) for v, e in m.inputs]
+    outs = [(o, _int(e)) for o, e in m.outputs]
+    if any(e is None for _, e in ins + outs):
+        return {"applicable": False, "reason": "symbolic extents"}
+    try:
+        rows, _const_vec, n_in, n_out = gf2_map(ins, outs)
+    except _NotLinear as exc:
+        return {"applicable": False, "reason": str(exc)}
+    rank = gf2_rank(rows)
+    injective, onto = rank == n_in, rank == n_out
+    agrees = True
+    if result["injective"] != "unknown":
+        agrees &= injective == (result["injective"] == "proven")
+    if result["onto"] != "unknown" and result["injective"] == "proven":
+        agrees &= onto == (result["onto"] == "proven")
+    out = {"applicable": True, "rank": rank, "input_bits": n_in, "output_bits": n_out, "injective": injective, "onto": onto, "agrees": agrees}
+    if not agrees:
+        result["verdict"] = "error"
+    return out
+
+
+# ----- the pass -------------------------------------------------------------------------------
+
+
+def layouts_report(kernel: LoweredKernel) -> dict:
+    """Check every layout of ``kernel``; ``{"layouts": [...], "invalid": n, "unknown": n, "seconds": s}``."""
+    t0 = time.perf_counter()
+    enc = Encoder()
+    entries = [check_layout(u, enc) for u in collect_layouts(kernel)]
+    return {
+        "layouts": entries,
+        "checked": len(entries),
+        "invalid": sum(e["verdict"] in ("invalid", "error") for e in entries),
+        "unknown": sum(e["verdict"] == "unknown" for e in entries),
+        "seconds": round(time.perf_counter() - t0, 4),
+    }
+
+
+def _describe(e: dict) -> str:
+    if "collision" in e:
+        c = e["collision"]
+        return f"layout of {e['buffer']}: {c['x']} and {c['y']} both map to {c['output']}"
+    if "range_witness" in e:
+        w = e["range_witness"]
+        return f"layout of {e['buffer']}: {w['input']} maps outside {e['output_shape']} to {w['output']}"
+    return f"layout of {e['buffer']}: Z3 and GF(2) rank disagree ({e['gf2']})"
+
+
+@register_pass("layouts", order=60, enabled=lambda ctx: ctx.options.get("verify", "warn") != "off")
+def layouts_pass(kernel: LoweredKernel, ctx: PassContext) -> LoweredKernel:
+    """Report into ``ctx.reports["layouts"]``; a wrong layout raises or warns per ``verify``."""
+    if kernel.layout_mod is None:
+        ctx.reports["layouts"] = {"layouts": [], "checked": 0, "invalid": 0, "unknown": 0, "note": "no layout IR captured"}
+        return kernel
+    report = layouts_report(kernel)
+    ctx.reports["layouts"] = report
+    bad = [_describe(e) for e in report["layouts"] if e["verdict"] in ("invalid", "error")]
+    if bad:
+        _raise_or_warn(ctx, "\n".join(bad))
+    return kernel
+
+
+def _raise_or_warn(ctx: PassContext, message: str) -> None:
+    if ctx.options.get("verify", "warn") == "error":
+        raise LayoutError(message)
+    import warnings
+
+    warnings.warn(message, stacklevel=3)
