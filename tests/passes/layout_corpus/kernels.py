@@ -1,0 +1,113 @@
+"""Kernels the layout analyses are tested on: correct ones, and planted bugs.
+
+Each factory returns ``(prim_func, pass_configs)`` so a test lowers exactly what a user
+would compile. TileLang reads ``@T.prim_func`` bodies from source, hence this module.
+"""
+
+import tilelang.language as T
+from tilelang.layout import Layout
+
+GEMM_TMA = {}  # Hopper defaults: TMA copies, wgmma, warp specialization
+GEMM_SIMT_COPY = {"tl.disable_tma_lower": True, "tl.disable_warp_specialized": True, "tl.disable_wgmma": True}
+
+
+def gemm(M=256, N=256, K=256, bm=128, bn=128, bk=32, dtype="float16", configs=GEMM_TMA):
+    """A pipelined GEMM; shared tiles get TileLang's swizzled layouts."""
+
+    @T.prim_func
+    def main(A: T.Tensor((M, K), dtype), B: T.Tensor((K, N), dtype), C: T.Tensor((M, N), dtype)):
+        with T.Kernel(T.ceildiv(N, bn), T.ceildiv(M, bm), threads=128) as (bx, by):
+            As = T.alloc_shared((bm, bk), dtype)
+            Bs = T.alloc_shared((bk, bn), dtype)
+            Cl = T.alloc_fragment((bm, bn), "float32")
+            T.clear(Cl)
+            for k in T.Pipelined(T.ceildiv(K, bk), num_stages=2):
+                T.copy(A[by * bm, k * bk], As)
+                T.copy(B[k * bk, bx * bn], Bs)
+                T.gemm(As, Bs, Cl)
+            T.copy(Cl, C[by * bm, bx * bn])
+
+    return main, dict(configs)
+
+
+def row_sum(M=1024, N=512, bm=32, dtype="float32"):
+    """A row reduction through a fragment (replicated reduction output)."""
+
+    @T.prim_func
+    def main(A: T.Tensor((M, N), dtype), S: T.Tensor((M,), dtype)):
+        with T.Kernel(T.ceildiv(M, bm), threads=128) as bx:
+            Af = T.alloc_fragment((bm, N), dtype)
+            Sf = T.alloc_fragment((bm,), dtype)
+            T.copy(A[bx * bm, 0], Af)
+            T.reduce_sum(Af, Sf, dim=1)
+            T.copy(Sf, S[bx * bm])
+
+    return main, {}
+
+
+def scale_add(M=1024, N=1024, bm=64, bn=64, dtype="float16"):
+    """Elementwise ``C = 2 A + B`` through fragments."""
+
+    @T.prim_func
+    def main(A: T.Tensor((M, N), dtype), B: T.Tensor((M, N), dtype), C: T.Tensor((M, N), dtype)):
+        with T.Kernel(T.ceildiv(N, bn), T.ceildiv(M, bm), threads=128) as (bx, by):
+            for i, j in T.Parallel(bm, bn):
+                C[by * bm + i, bx * bn + j] = A[by * bm + i, bx * bn + j] * T.cast(2, dtype) + B[by * bm + i, bx * bn + j]
+
+    return main, {}
+
+
+def transpose(N=1024, pad=1, sync=True):
+    """Transpose through a 32x(32+pad) float32 shared tile: rows written, columns read.
+
+    ``pad=0`` is the planted "padding column removed" bug (32-way bank conflicts on the
+    column reads); ``sync=False`` drops TileLang's barrier insertion (a planted race).
+    """
+
+    @T.prim_func
+    def main(A: T.Tensor((N, N), "float32"), B: T.Tensor((N, N), "float32")):
+        with T.Kernel(N // 32, N // 32, threads=(32, 8)) as (bx, by):
+            S = T.alloc_shared((32, 32 + pad), "float32")
+            tx = T.get_thread_binding(0)
+            ty = T.get_thread_binding(1)
+            for r in T.serial(4):
+                S[ty + r * 8, tx] = A[by * 32 + ty + r * 8, bx * 32 + tx]
+            for r in T.serial(4):
+                B[bx * 32 + ty + r * 8, by * 32 + tx] = S[tx, ty + r * 8]
+
+    return main, ({} if sync else {"tl.disable_thread_storage_sync": True})
+
+
+def swizzled_copy(M=1024, N=64, wrong_mask=False):
+    """Stage rows through a shared tile with a hand-written XOR swizzle.
+
+    The correct swizzle XORs the 8-element chunk index with ``row % 8``; the planted bug
+    masks the result with 3 instead of 7, so chunks 0 and 4 of a row collide.
+    """
+    mask = 3 if wrong_mask else 7
+
+    def swz(i, j):
+        return [i, ((j // 8) ^ (i % 8)) % 8 * 8 + j % 8] if not wrong_mask else [i, T.bitwise_and((j // 8) ^ (i % 8), mask) * 8 + j % 8]
+
+    @T.prim_func
+    def main(A: T.Tensor((M, N), "float16"), B: T.Tensor((M, N), "float16")):
+        with T.Kernel(M // 64, threads=128) as bx:
+            S = T.alloc_shared((64, N), "float16")
+            T.annotate_layout({S: Layout((64, N), swz)})
+            T.copy(A[bx * 64, 0], S)
+            T.copy(S, B[bx * 64, 0])
+
+    return main, {}
+
+
+def shifted_vector_copy(N=1024, shift=1):
+    """Copies ``A[i*4 + shift : +4]`` as one 4-wide vector: misaligned unless shift % 4 == 0."""
+
+    @T.prim_func
+    def main(A: T.Tensor((N + 4,), "float32"), B: T.Tensor((N,), "float32")):
+        with T.Kernel(N // 512, threads=128) as bx:
+            for t in T.Parallel(128):
+                for v in T.vectorized(4):
+                    B[bx * 512 + t * 4 + v] = A[bx * 512 + t * 4 + v + shift]
+
+    return main, {}
