@@ -24,11 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-def per_call_us(fn, args, bursts=100, calls=200) -> float:
-    for _ in range(3):
-        for _ in range(calls):
-            fn(*args)
-    torch.cuda.synchronize()
+def _burst_samples(fn, args, bursts, calls) -> list[float]:
     samples = []
     for _ in range(bursts):
         t0 = time.perf_counter_ns()
@@ -37,7 +33,18 @@ def per_call_us(fn, args, bursts=100, calls=200) -> float:
         t1 = time.perf_counter_ns()
         torch.cuda.synchronize()
         samples.append((t1 - t0) / calls / 1000)
-    return statistics.median(samples)
+    return samples
+
+
+def measure(paths: dict, rounds=7, bursts=30, calls=200) -> dict:
+    """Median µs/call per path; paths are measured round-robin so drift hits all alike."""
+    for fn, args in paths.values():
+        _burst_samples(fn, args, 3, calls)
+    samples = {k: [] for k in paths}
+    for _ in range(rounds):
+        for k, (fn, args) in paths.items():
+            samples[k] += _burst_samples(fn, args, bursts, calls)
+    return {k: statistics.median(v) for k, v in samples.items()}
 
 
 def cpp_floor_us() -> float:
@@ -69,10 +76,12 @@ def main() -> None:
     gemm.launch(a, b, c)
     torch.testing.assert_close(c.float(), a.float() @ b.float(), rtol=2e-2, atol=2e-1)
 
-    rows = {}
-    rows["C++ <<<>>> floor (empty kernel)"] = (cpp_floor_us(), None)
-    rows["tlx kernel.launch"] = (per_call_us(empty.launch, (x,)), per_call_us(gemm.launch, (a, b, c)))
-    rows["tlx kernel() (GEMM column allocates its output)"] = (per_call_us(empty, (x,)), per_call_us(gemm, (a, b)))
+    paths = {
+        "tlx kernel.launch / plain": (empty.launch, (x,)),
+        "tlx kernel.launch / tma": (gemm.launch, (a, b, c)),
+        "tlx kernel() / plain": (empty, (x,)),
+        "tlx kernel() / tma": (gemm, (a, b)),
+    }
     for backend in ("tvm_ffi", "cython", "nvrtc"):
         try:
             tl_empty = tilelang.compile(sk.empty.get_tir(1024), target="cuda", execution_backend=backend)
@@ -80,20 +89,25 @@ def main() -> None:
             c.zero_()
             tl_gemm(a, b, c)
             torch.testing.assert_close(c.float(), a.float() @ b.float(), rtol=2e-2, atol=2e-1)
-            rows[f"TileLang {backend}"] = (per_call_us(tl_empty, (x,)), per_call_us(tl_gemm, (a, b, c)))
+            paths[f"TileLang {backend} / plain"] = (tl_empty, (x,))
+            paths[f"TileLang {backend} / tma"] = (tl_gemm, (a, b, c))
         except Exception as e:  # a backend that does not build here is reported, not fatal
-            rows[f"TileLang {backend}"] = (None, None)
-            print(f"TileLang {backend}: {type(e).__name__}: {e}", file=sys.stderr)
+            print(f"TileLang {backend}: {type(e).__name__}: {str(e)[:300]}", file=sys.stderr)
     xa, xb, xc = torch.randn(1024, device=dev), torch.randn(1024, device=dev), torch.empty(1024, device=dev)
-    rows["torch.add(out=)"] = (per_call_us(lambda p, q, r: torch.add(p, q, out=r), (xa, xb, xc)), None)
-
+    paths["torch.add(out=) / plain"] = (lambda p, q, r: torch.add(p, q, out=r), (xa, xb, xc))
     add = sk.add(T.dynamic("M"), 1024)
     z = torch.empty(0, 1024, device=dev)
     nop = tvm_ffi.get_global_func("testing.nop")
-    checks_only = per_call_us(add.launch, (z, z, z))
-    ffi_only = per_call_us(nop, (z, z, z))
-    validation = checks_only - ffi_only
-    floor = rows["C++ <<<>>> floor (empty kernel)"][0]
+    paths["checks only: tlx add with 0 rows, 3 tensors / plain"] = (add.launch, (z, z, z))
+    paths["TVM-FFI no-op, 3 tensors / plain"] = (nop, (z, z, z))
+    paths["TVM-FFI no-op, 1 tensor / plain"] = (nop, (x,))
+    med = measure(paths)
+    floor = cpp_floor_us()
+    rows: dict = {"C++ <<<>>> floor (empty kernel, 1 pointer)": [floor, None]}
+    for k, v in med.items():
+        name, col = k.rsplit(" / ", 1)
+        rows.setdefault(name, [None, None])[0 if col == "plain" else 1] = v
+    validation = med["checks only: tlx add with 0 rows, 3 tensors / plain"] - med["TVM-FFI no-op, 3 tensors / plain"]
 
     def fmt(v):
         return "—" if v is None else f"{v:.2f}"
@@ -103,7 +117,7 @@ def main() -> None:
     print("| --- | --- | --- |")
     for k, (p, t) in rows.items():
         print(f"| {k} | {fmt(p)} | {fmt(t)} |")
-    print(f"| tlx validation only (3 tensors, all checks, no launch) minus TVM-FFI no-op | {validation:.3f} | |")
+    print(f"| tlx argument validation (checks-only call minus TVM-FFI no-op, 3 tensors) | {validation:.3f} | |")
     tl = rows.get("TileLang tvm_ffi", (None, None))
     tlx_p, tlx_t = rows["tlx kernel.launch"]
     summary = {

@@ -71,10 +71,11 @@ def registered_passes() -> list[str]:
     return [e.name for e in sorted(_REGISTRY.values(), key=lambda e: e.order)]
 
 
-def run_passes(kernel: LoweredKernel, ctx: PassContext) -> LoweredKernel:
+def run_passes(kernel: LoweredKernel, ctx: PassContext, skip: tuple[str, ...] = ()) -> LoweredKernel:
+    """Run every enabled registered pass in order, except those named in ``skip``."""
     _load_builtin_passes()
     for entry in sorted(_REGISTRY.values(), key=lambda e: e.order):
-        if entry.enabled(ctx):
+        if entry.name not in skip and entry.enabled(ctx):
             kernel = entry.fn(kernel, ctx)
     return kernel
 

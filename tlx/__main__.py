@@ -1,0 +1,5 @@
+import sys
+
+from tlx.cli import main
+
+sys.exit(main())

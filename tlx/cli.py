@@ -1,0 +1,247 @@
+"""The ``tlx`` command line: show generated code, check, pin and time kernels.
+
+A kernel is named ``FILE.py::NAME`` where NAME is a ``@T.prim_func``, or a ``@tlx.jit`` /
+``@tilelang.jit`` kernel factory whose arguments come from ``--param k=v`` (``v`` an
+integer, a float, a string, or ``dynamic`` for a symbolic dimension named ``k``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+__all__ = ["main"]
+
+
+def _parse_value(text: str, key: str):
+    if text == "dynamic":
+        import tilelang.language as T
+
+        return T.dynamic(key)
+    for conv in (int, float):
+        try:
+            return conv(text)
+        except ValueError:
+            pass
+    if text in ("True", "False"):
+        return text == "True"
+    return text
+
+
+def _parse_params(items: list[str]) -> dict[str, Any]:
+    params = {}
+    for item in items or []:
+        if "=" not in item:
+            raise SystemExit(f"tlx: --param expects k=v, got {item!r}")
+        k, v = item.split("=", 1)
+        params[k] = _parse_value(v, k)
+    return params
+
+
+def load_kernel(spec: str, params: dict[str, Any]):
+    """Return (prim_func, tlx Options, source object, display name) for ``FILE.py::NAME``."""
+    from tlx.jit import JITFunction, Options
+
+    if "::" not in spec:
+        raise SystemExit(f"tlx: expected FILE.py::NAME, got {spec!r}")
+    path, name = spec.rsplit("::", 1)
+    file = Path(path)
+    if not file.is_file():
+        raise SystemExit(f"tlx: no such file: {path}")
+    sys.path.insert(0, str(file.resolve().parent))
+    mod_spec = importlib.util.spec_from_file_location(file.stem, file)
+    module = importlib.util.module_from_spec(mod_spec)
+    sys.modules[file.stem] = module
+    mod_spec.loader.exec_module(module)
+    if not hasattr(module, name):
+        raise SystemExit(f"tlx: {path} has no attribute {name!r}")
+    obj = getattr(module, name)
+    from tilelang import tvm
+
+    if isinstance(obj, JITFunction):
+        return obj.get_tir(**params), obj.options, obj, name
+    if isinstance(obj, tvm.tirx.PrimFunc):
+        if params:
+            raise SystemExit(f"tlx: {name} is a prim_func; --param applies to kernel factories only")
+        return obj, Options.make(), None, name
+    factory = getattr(obj, "func", None) or getattr(obj, "orig_func", None)
+    if hasattr(obj, "get_tir") and callable(obj.get_tir):
+        out_idx = getattr(obj, "out_idx", None)
+        return obj.get_tir(**params), Options.make(out_idx=out_idx), factory or obj, name
+    if callable(obj):
+        return obj(**params), Options.make(), obj, name
+    raise SystemExit(f"tlx: {name} is neither a prim_func nor a kernel factory")
+
+
+def _with_cli_options(options, args):
+    from dataclasses import replace
+
+    changes = {}
+    if getattr(args, "target", None):
+        changes["target"] = (("arch", args.target), ("kind", "cuda"))
+    elif options.target is None:
+        changes["target"] = (("arch", "sm_90a"), ("kind", "cuda"))
+    if getattr(args, "assume", None):
+        changes["assume"] = tuple(options.assume) + tuple(args.assume)
+    if getattr(args, "numerics_mode", None):
+        changes["numerics"] = args.numerics_mode
+    return replace(options, **changes)
+
+
+def _cmd_source(args, stage: str, artifact: str) -> int:
+    from tlx.compiler import compile_artifacts
+
+    prim, options, _, name = load_kernel(args.kernel, _parse_params(args.param))
+    options = _with_cli_options(options, args)
+    _, md = compile_artifacts(prim, options, name=name, stop_after=stage)
+    print((Path(md["_workdir"]) / artifact).read_text() if stage == "launcher" else _, end="")
+    return 0
+
+
+def _cmd_check(args) -> int:
+    from tlx.lowering import lower, normalize_target
+    from tlx.passes import PassContext, run_passes
+    from tlx.passes.check import check_kernel
+
+    prim, options, source, name = load_kernel(args.kernel, _parse_params(args.param))
+    options = _with_cli_options(options, args)
+    target = normalize_target(options.target_dict())
+    kernel = lower(prim, target, options.pass_config_dict(), name=name)
+    result = check_kernel(kernel, {"assume": options.assume, "source": source})
+    if not args.bounds_only:
+        ctx = PassContext(options={"verify": "warn", "assume": list(options.assume), "numerics": options.numerics,
+                                   "allow_approx": list(options.allow_approx), "target": target, "eliminate_guards": False,
+                                   "report_only": True})
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            run_passes(kernel, ctx, skip=("bounds", "guards"))
+        for section, report in ctx.reports.items():
+            code = report.get("exit_code", 0) if isinstance(report, dict) else 0
+            result.add_section(section, report, exit_code=code)
+    print(json.dumps(result.to_json(), indent=1, default=str) if args.json else result.human())
+    return result.exit_code
+
+
+def _cmd_pin(args) -> int:
+    from tlx.numerics import pin
+
+    prim, options, source, name = load_kernel(args.kernel, _parse_params(args.param))
+    options = _with_cli_options(options, args)
+    out = pin.pin_kernel_file(prim, options, name=name, kernel_file=Path(args.kernel.rsplit("::", 1)[0]), output=args.output)
+    print(f"wrote {out}")
+    return 0
+
+
+def _cmd_bench(args) -> int:
+    import torch
+
+    from tlx.compiler import compile_kernel
+
+    if not torch.cuda.is_available():
+        print("tlx bench: no GPU is visible", file=sys.stderr)
+        return 2
+    prim, options, _, name = load_kernel(args.kernel, _parse_params(args.param))
+    options = _with_cli_options(options, args)
+    kernel = compile_kernel(prim, options, name=name)
+    dims = _parse_params(args.dim)
+    inputs = random_arguments(kernel, dims)
+    ms = time_kernel(kernel.launch, inputs, args.iters)
+    nbytes = sum(t.numel() * t.element_size() for t in inputs if isinstance(t, torch.Tensor))
+    print(f"| kernel | median ms | GB/s (all arguments once) |\n| --- | --- | --- |\n| {name} | {ms:.4f} | {nbytes / ms / 1e6:.1f} |")
+    return 0
+
+
+def random_arguments(kernel, dims: dict[str, int]) -> list:
+    """Fresh random arguments for every parameter, sized by ``dims`` for symbolic extents."""
+    import torch
+
+    from tlx.kernel import _eval_dim, _torch_dtype
+
+    args = []
+    for p in sorted(kernel.metadata["params"], key=lambda p: p["index"]):
+        if p["kind"] == "scalar":
+            args.append(1.0 if p["dtype"].startswith("float") else 1)
+            continue
+        shape = [_eval_dim(d, dims, kernel.name, p["name"]) for d in p["shape"]]
+        dtype = _torch_dtype(p["dtype"])
+        if dtype.is_floating_point:
+            t = torch.randn(shape, device="cuda").to(dtype)
+        else:
+            t = torch.randint(0, 8, shape, device="cuda", dtype=dtype)
+        args.append(t)
+    return args
+
+
+def time_kernel(fn, args, iters: int = 100) -> float:
+    """Median milliseconds of ``fn(*args)`` with CUDA events, after warm-up."""
+    import statistics
+
+    import torch
+
+    for _ in range(5):
+        fn(*args)
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn(*args)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def _add_kernel_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("kernel", help="FILE.py::NAME (a prim_func or a @tlx.jit / @tilelang.jit factory)")
+    p.add_argument("--param", action="append", default=[], metavar="K=V", help="factory argument; V=dynamic makes a symbolic dim")
+    p.add_argument("--target", default=None, help="CUDA arch, e.g. sm_90a (default: the factory's target, else sm_90a)")
+    p.add_argument("--assume", action="append", default=[], metavar="EXPR", help="assumption on shape variables, e.g. 'M %% 128 == 0'")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="tlx", description="tlx: TileLang with proofs, generated launchers and exact numerics.")
+    sub = ap.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("host", help="print the generated C++ host launcher (no GPU needed)")
+    _add_kernel_args(p)
+    p = sub.add_parser("device", help="print the CUDA source of the kernel (no GPU needed)")
+    _add_kernel_args(p)
+    p = sub.add_parser("check", help="prove every access in bounds (and the other analyses) or report counterexamples")
+    _add_kernel_args(p)
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--bounds-only", action="store_true", help="skip layout, numerics and other analyses")
+    p.add_argument("--layouts", action="store_true", help="(default) include the layout analyses")
+    p.add_argument("--numerics", action="store_true", help="(default) include the determinism and numerics analyses")
+    p = sub.add_parser("pin", help="record the order-affecting compile decisions into a pin file beside the kernel")
+    _add_kernel_args(p)
+    p.add_argument("--output", default=None, help="pin file path (default: NAME.pin.json beside FILE)")
+    p = sub.add_parser("bench", help="time the kernel on the GPU with fresh random inputs (CUDA events, median)")
+    _add_kernel_args(p)
+    p.add_argument("--dim", action="append", default=[], metavar="M=4096", help="value of a symbolic dimension")
+    p.add_argument("--iters", type=int, default=100)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "host":
+        return _cmd_source(args, "launcher", "launcher.cc")
+    if args.command == "device":
+        return _cmd_source(args, "cuda", "kernel.cu")
+    if args.command == "check":
+        return _cmd_check(args)
+    if args.command == "pin":
+        return _cmd_pin(args)
+    if args.command == "bench":
+        return _cmd_bench(args)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
