@@ -370,8 +370,9 @@ class _Walker:
         self.push([z3.Not(c)] if c is not None else [])
         new_b = self.visit_expr(b)
         self.pop()
-        self.guards_seen += 1
-        if self.rewrite and c is not None and self.enc.prove(c, self.context()).proven:
+        guard = _is_bound_guard(cond, a)
+        self.guards_seen += guard
+        if self.rewrite and guard and c is not None and self.enc.prove(c, self.context()).proven:
             self.guards_removed += 1
             return new_a
         if self.rewrite and (not new_a.same_as(a) or not new_b.same_as(b)):
@@ -477,11 +478,11 @@ class _Walker:
             self.pop()
         self.enc.known_loads = before
         self.forget(_stored_data_vars(s.then_case) | (_stored_data_vars(s.else_case) if s.else_case is not None else set()))
-        self.guards_seen += 1
-        if self.rewrite and c is not None and _arith_only(s.condition):
-            if self.enc.prove(c, self.context()).proven:
-                self.guards_removed += 1
-                return then
+        guard = _is_bound_guard(s.condition, s.then_case)
+        self.guards_seen += guard
+        if self.rewrite and guard and c is not None and self.enc.prove(c, self.context()).proven:
+            self.guards_removed += 1
+            return then
         if self.rewrite and (not then.same_as(s.then_case) or (other is not None and not other.same_as(s.else_case))):
             return tir.IfThenElse(s.condition, then, other)
         return s
@@ -576,6 +577,32 @@ def _arith_only(cond) -> bool:
 
     tir.stmt_functor.post_order_visit(tir.Evaluate(cond), visit)
     return ok[0]
+
+
+def _is_bound_guard(cond, guarded) -> bool:
+    """A bound-check guard: pure arithmetic ordering tests (``<``, ``<=``, ``>``, ``>=``, ``and``)
+    around code that touches global memory (what ``LegalizeSafeMemoryAccess`` inserts).
+    Equality tests and warp-role tests without global accesses are not guards."""
+    if not _arith_only(cond):
+        return False
+    ordered = [True]
+
+    def visit_cond(n):
+        if isinstance(n, (tir.EQ, tir.NE, tir.Or, tir.Not)):
+            ordered[0] = False
+
+    tir.stmt_functor.post_order_visit(tir.Evaluate(cond), visit_cond)
+    if not ordered[0]:
+        return False
+    touches = [False]
+
+    def visit_body(n):
+        if isinstance(n, (tir.BufferLoad, tir.BufferStore)) and str(n.buffer.scope()) == "global":
+            touches[0] = True
+
+    body = guarded if isinstance(guarded, tir.Stmt) else tir.Evaluate(guarded)
+    tir.stmt_functor.post_order_visit(body, visit_body)
+    return touches[0]
 
 
 def _user_name(name: str) -> str:
