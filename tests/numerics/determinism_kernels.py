@@ -1,0 +1,140 @@
+"""Kernels for the determinism / batch-invariance checks: planted non-deterministic or
+batch-variant constructs, and clean kernels that must not be flagged. ``M`` is symbolic
+(the batch-like dimension) unless a factory says otherwise."""
+
+import tilelang.language as T
+
+BM, BN, BK = 64, 64, 32
+
+
+def gemm(K: int = 256, N: int = 256, dtype: str = "float16"):
+    """Plain GEMM: one block per output tile, K loop in a fixed order."""
+    M = T.dynamic("M")
+
+    @T.prim_func
+    def plain_gemm(A: T.Tensor((M, K), dtype), B: T.Tensor((K, N), dtype), C: T.Tensor((M, N), "float32")):
+        with T.Kernel(T.ceildiv(N, BN), T.ceildiv(M, BM), threads=128) as (bx, by):
+            A_s = T.alloc_shared((BM, BK), dtype)
+            B_s = T.alloc_shared((BK, BN), dtype)
+            C_l = T.alloc_fragment((BM, BN), "float32")
+            T.clear(C_l)
+            for k in T.Pipelined(T.ceildiv(K, BK), num_stages=2):
+                T.copy(A[by * BM, k * BK], A_s)
+                T.copy(B[k * BK, bx * BN], B_s)
+                T.gemm(A_s, B_s, C_l)
+            T.copy(C_l, C[by * BM, bx * BN])
+
+    return plain_gemm
+
+
+def elementwise(N: int = 1024):
+    M = T.dynamic("M")
+
+    @T.prim_func
+    def add(A: T.Tensor((M, N), "float32"), B: T.Tensor((M, N), "float32"), C: T.Tensor((M, N), "float32")):
+        with T.Kernel(T.ceildiv(N, 256), M, threads=256) as (bx, by):
+            for i in T.Parallel(256):
+                C[by, bx * 256 + i] = A[by, bx * 256 + i] + B[by, bx * 256 + i]
+
+    return add
+
+
+def row_sum():
+    """Row reduction over a symbolic K: the K loop's trip count depends on K only."""
+    M, K = T.dynamic("M"), T.dynamic("K")
+
+    @T.prim_func
+    def row_sum(A: T.Tensor((M, K), "float32"), out: T.Tensor((M,), "float32")):
+        with T.Kernel(T.ceildiv(M, BM), threads=128) as bx:
+            tile = T.alloc_fragment((BM, BK), "float32")
+            part = T.alloc_fragment((BM,), "float32")
+            acc = T.alloc_fragment((BM,), "float32")
+            T.clear(acc)
+            for k in T.serial(T.ceildiv(K, BK)):
+                T.copy(A[bx * BM, k * BK], tile)
+                T.reduce_sum(tile, part, dim=1)
+                for i in T.Parallel(BM):
+                    acc[i] += part[i]
+            T.copy(acc, out[bx * BM])
+
+    return row_sum
+
+
+def atomic_total(N: int = 1024):
+    """Planted: every block adds its partial sum into one float with an atomic."""
+    M = T.dynamic("M")
+
+    @T.prim_func
+    def atomic_total(A: T.Tensor((M, N), "float32"), total: T.Tensor((1,), "float32")):
+        with T.Kernel(M, threads=128) as bx:
+            row = T.alloc_fragment((N,), "float32")
+            s = T.alloc_fragment((1,), "float32")
+            T.copy(A[bx, 0], row)
+            T.reduce_sum(row, s, dim=0)
+            T.atomic_add(total[0], s[0])
+
+    return atomic_total
+
+
+def split_k_gemm(K: int = 1024, N: int = 256, splits: int = 4, dtype: str = "float16"):
+    """Planted: split-K GEMM, blockIdx.z takes a K range and atomically adds its tile into C."""
+    M = T.dynamic("M")
+    k_per = K // splits
+
+    @T.prim_func
+    def split_k_gemm(A: T.Tensor((M, K), dtype), B: T.Tensor((K, N), dtype), C: T.Tensor((M, N), "float32")):
+        with T.Kernel(T.ceildiv(N, BN), T.ceildiv(M, BM), splits, threads=128) as (bx, by, bz):
+            A_s = T.alloc_shared((BM, BK), dtype)
+            B_s = T.alloc_shared((BK, BN), dtype)
+            C_l = T.alloc_fragment((BM, BN), "float32")
+            T.clear(C_l)
+            for k in T.Pipelined(k_per // BK, num_stages=2):
+                T.copy(A[by * BM, bz * k_per + k * BK], A_s)
+                T.copy(B[bz * k_per + k * BK, bx * BN], B_s)
+                T.gemm(A_s, B_s, C_l)
+            for i, j in T.Parallel(BM, BN):
+                T.atomic_add(C[by * BM + i, bx * BN + j], C_l[i, j])
+
+    return split_k_gemm
+
+
+def split_k_racy(K: int = 1024, N: int = 256, splits: int = 4):
+    """Planted: split-K without atomics (read-modify-write of C from several blocks)."""
+    M = T.dynamic("M")
+    k_per = K // splits
+
+    @T.prim_func
+    def split_k_racy(A: T.Tensor((M, K), "float32"), x: T.Tensor((K,), "float32"), y: T.Tensor((M,), "float32")):
+        with T.Kernel(T.ceildiv(M, 128), splits, threads=128) as (bx, bz):
+            for i in T.Parallel(128):
+                acc = T.alloc_var("float32")
+                acc = 0.0
+                for k in T.serial(k_per):
+                    acc += A[bx * 128 + i, bz * k_per + k] * x[bz * k_per + k]
+                y[bx * 128 + i] = y[bx * 128 + i] + acc
+
+    return split_k_racy
+
+
+def batch_split_row_sum():
+    """Planted: the K chunking is chosen from M (two chunks per step when M >= 64), so a
+    row's summation order depends on how many rows are in the batch."""
+    M, K = T.dynamic("M"), T.dynamic("K")
+
+    @T.prim_func
+    def batch_split_row_sum(A: T.Tensor((M, K), "float32"), out: T.Tensor((M,), "float32")):
+        with T.Kernel(T.ceildiv(M, 128), threads=128) as bx:
+            for i in T.Parallel(128):
+                acc = T.alloc_var("float32")
+                acc = 0.0
+                step = T.if_then_else(M >= 64, 2, 1)
+                for k in T.serial(T.ceildiv(K, step)):
+                    pair = T.alloc_var("float32")
+                    pair = 0.0
+                    for kk in T.serial(step):
+                        if k * step + kk < K:
+                            pair += A[bx * 128 + i, k * step + kk]
+                    acc += pair
+                out[bx * 128 + i] = acc
+
+    return batch_split_row_sum

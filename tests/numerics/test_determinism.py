@@ -1,0 +1,98 @@
+"""Static determinism / batch-invariance analysis on planted and clean kernels, and the
+invariance harness's own logic on CPU functions."""
+
+import pytest
+import torch
+
+from tests.numerics import determinism_kernels as D
+from tlx.compiler import compile_artifacts
+from tlx.jit import Options
+from tlx.numerics.invariance import check_batch_invariance, check_determinism
+
+
+@pytest.fixture(scope="module")
+def reports():
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            _, md = compile_artifacts(getattr(D, name)(), Options.make(target={"kind": "cuda", "arch": "sm_90a"}), stop_after="passes")
+            cache[name] = md["reports"]["determinism"]
+        return cache[name]
+
+    return get
+
+
+@pytest.mark.parametrize("name", ["gemm", "elementwise", "row_sum"])
+def test_clean_kernels_are_not_flagged(reports, name):
+    r = reports(name)
+    assert r["findings"] == [] and r["unresolved"] == []
+    assert r["deterministic"] is True and r["batch_invariant"] is True
+
+
+def test_planted_fp_atomic_is_flagged(reports):
+    r = reports("atomic_total")
+    kinds = {(f["kind"], f["buffer"]) for f in r["findings"]}
+    assert ("fp_atomic", "total") in kinds and ("split_k", "total") in kinds
+    assert r["deterministic"] is False and r["batch_invariant"] is False
+
+
+def test_planted_split_k_gemm_is_flagged(reports):
+    r = reports("split_k_gemm")
+    split = [f for f in r["findings"] if f["kind"] == "split_k"]
+    assert split and split[0]["buffer"] == "C" and split[0]["blocks"] == ["blockIdx.z"]
+    assert any(f["kind"] == "fp_atomic" for f in r["findings"])
+    assert r["deterministic"] is False
+
+
+def test_planted_racy_split_k_is_flagged(reports):
+    r = reports("split_k_racy")
+    assert [(f["kind"], f["buffer"], f["blocks"]) for f in r["findings"]] == [("split_k", "y", ["blockIdx.y"])]
+    assert "without atomics" in r["findings"][0]["detail"]
+    assert r["deterministic"] is False
+
+
+def test_planted_batch_dependent_split_is_flagged(reports):
+    r = reports("batch_split_row_sum")
+    flagged = {f["loop"]: f["vars"] for f in r["findings"] if f["kind"] == "batch_dependent_order"}
+    assert flagged == {"k": ["M"], "kk": ["M"]}
+    assert r["batch_invariant"] is False
+    assert r["deterministic"] is True  # same bits run to run, only batch-dependent
+
+
+def test_harness_finds_a_batch_dependent_function():
+    def fn(x):  # rows of a batch of 4 or more are summed in the other order
+        return x.flip(1).sum(1) if x.shape[0] >= 4 else x.sum(1)
+
+    gen = torch.Generator().manual_seed(0)
+    make = lambda n: (torch.randn(n, 1000, generator=gen, dtype=torch.float32),)  # noqa: E731
+    r = check_batch_invariance(fn, make, range(1, 7))
+    assert not r["ok"]
+    assert {m["batch"] for m in r["mismatches"]} <= {4, 5, 6} and r["rows_differing"] > 0
+    assert "differ" in r["mismatches"][0]["difference"]
+    assert check_batch_invariance(lambda x: x.sum(1), make, range(1, 7))["ok"]
+
+
+def test_harness_keeps_unbatched_inputs_whole():
+    w = torch.randn(8, 3)
+    r = check_batch_invariance(lambda x, w: x @ w, lambda n: (torch.randn(n, 8), w), [1, 2, 5])
+    assert r["ok"] and r["rows_checked"] == 1 + 2 + 5
+
+
+def test_harness_finds_a_nondeterministic_function():
+    calls = {"n": 0}
+
+    def fn(x):
+        calls["n"] += 1
+        return x * 2 if calls["n"] % 7 else x * 2 + 1
+
+    r = check_determinism(fn, (torch.ones(16),), runs=20)
+    assert not r["ok"] and r["runs_differing"] == 2 and r["mismatches"][0]["run"] == 6
+    assert check_determinism(lambda x: x * 2, (torch.ones(16),), runs=5)["ok"]
+
+
+def test_harness_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="batch_sizes: expected positive integers"):
+        check_batch_invariance(lambda x: x, lambda n: (torch.ones(n),), [0, 2])
+    with pytest.raises(ValueError, match="runs: expected at least 2, got 1"):
+        check_determinism(lambda x: x, (torch.ones(1),), runs=1)

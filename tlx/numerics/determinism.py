@@ -1,0 +1,289 @@
+"""Static determinism and batch-invariance analysis (``ctx.reports["determinism"]``).
+
+Findings, each ``{"kind", "function", "detail", ...}``:
+
+- ``fp_atomic``: a floating-point atomic add (``T.atomic_add`` and its vectorized forms, or a
+  ``call_extern`` of ``atomicAdd``): the summation order follows the hardware's scheduling.
+- ``split_k``: an element of a global buffer accumulated by several blocks — an atomic add or
+  a read-modify-write whose address does not depend on some block index with extent > 1
+  (split-K / stream-K partial sums; without atomics it is also a race).
+- ``batch_dependent_order``: a serial loop or grid dimension that walks an axis of the
+  inputs (its variable indexes that axis) but whose extent depends on another symbolic shape
+  variable — e.g. a K loop whose chunking is derived from M, so a row's reduction order
+  changes with the number of rows.
+
+``unresolved`` lists what the analysis could not classify (a symbolic-extent loop that
+indexes no global buffer, a branch on a shape variable that is not a bounds guard, a call to
+an unknown external function). The verdicts ``deterministic`` and ``batch_invariant`` are
+``False`` when a finding says so, ``True`` only when nothing was found and nothing was left
+unresolved, and ``"unknown"`` otherwise. A kernel whose shapes are all static gets
+``batch_invariant: "unknown"``: each batch size is then a separate compile, whose tile choices
+only the GPU harness (:mod:`tlx.numerics.invariance`) can compare.
+"""
+
+from __future__ import annotations
+
+from tilelang import tvm
+
+from tlx.numerics._tir import device_functions, extern_name, op_name
+from tlx.passes import register_pass
+
+__all__ = ["analyze", "analyze_device", "analyze_program"]
+
+DETERMINISM_ORDER = 910
+
+ATOMIC_ADD_OPS = frozenset(
+    f"tl.atomic_add{w}{r}_elem_op" for w in ("", "x2", "x4") for r in ("", "_ret")
+)
+KNOWN_EXTERN_PREFIXES = ("tl::", "tlx_ieee_", "__", "cute::", "cutlass::")
+_COMPARISONS = (tvm.tirx.LT, tvm.tirx.LE, tvm.tirx.GT, tvm.tirx.GE, tvm.tirx.EQ, tvm.tirx.NE)
+_SERIAL_KINDS = (tvm.tirx.ForKind.SERIAL, tvm.tirx.ForKind.UNROLLED)
+
+
+def _visit(node, fn):
+    tvm.tirx.stmt_functor.post_order_visit(node, fn)
+
+
+def _let_bindings(body) -> dict:
+    lets = {}
+
+    def visit(node):
+        if isinstance(node, (tvm.tirx.Bind, tvm.tirx.Let)):
+            lets[node.var] = node.value
+
+    _visit(body, visit)
+    return lets
+
+
+def _free_vars(expr, lets: dict) -> set:
+    """Variables of ``expr``, looking through let-bound variables."""
+    seen: set = set()
+    out: set = set()
+    todo = [expr]
+    while todo:
+        found: list = []
+        _visit(todo.pop(), lambda n: found.append(n) if isinstance(n, tvm.tirx.Var) else None)
+        for v in found:
+            if v in seen:
+                continue
+            seen.add(v)
+            if v in lets:
+                todo.append(lets[v])
+            else:
+                out.add(v)
+    return out
+
+
+def _is_float(dtype) -> bool:
+    return str(dtype).startswith(("float", "bfloat"))
+
+
+def _names(vs) -> list[str]:
+    return sorted(v.name for v in vs)
+
+
+# ---- device level: atomics and cross-block accumulation --------------------------------
+def _block_vars(func) -> list[tuple]:
+    """(var, tag) of every blockIdx launch whose extent is not the constant 1."""
+    out = []
+
+    def visit(node):
+        if isinstance(node, tvm.tirx.AttrStmt) and node.attr_key == "thread_extent":
+            iv = node.node
+            tag = str(iv.thread_tag)
+            if tag.startswith("blockIdx") and not (isinstance(node.value, tvm.tirx.IntImm) and int(node.value) == 1):
+                out.append((iv.var, tag))
+
+    _visit(func.body, visit)
+    return out
+
+
+def _atomic_target(call):
+    """(buffer data var, offset expression, element dtype) of an atomic's destination."""
+    dst = call.args[0]
+    if isinstance(dst, tvm.tirx.Call) and op_name(dst) == "tirx.tvm_access_ptr":
+        return dst.args[1], dst.args[2], dst.args[0].dtype
+    if isinstance(dst, tvm.tirx.Call) and op_name(dst) == "tirx.address_of" and isinstance(dst.args[0], tvm.tirx.BufferLoad):
+        load = dst.args[0]
+        return load.buffer.data, load.indices, load.dtype
+    if isinstance(dst, tvm.tirx.BufferLoad):
+        return dst.buffer.data, dst.indices, dst.dtype
+    return None
+
+
+def analyze_device(device_mod) -> tuple[list[dict], list[str]]:
+    """Findings and unresolved items of the lowered device kernels."""
+    findings: list[dict] = []
+    unresolved: list[str] = []
+    for fname, func in device_functions(device_mod):
+        lets = _let_bindings(func.body)
+        blocks = _block_vars(func)
+
+        def missing_blocks(index):
+            used = set()
+            for e in [index] if isinstance(index, tvm.tirx.PrimExpr) else index:
+                used |= _free_vars(e, lets)
+            return [tag for var, tag in blocks if var not in used]
+
+        def visit(node, fname=fname, missing_blocks=missing_blocks):
+            if isinstance(node, tvm.tirx.Call):
+                op = op_name(node)
+                ext = extern_name(node)
+                if op in ATOMIC_ADD_OPS:
+                    target = _atomic_target(node)
+                    if target is None:
+                        unresolved.append(f"{fname}: atomic add with an unrecognized destination {node.args[0]}")
+                        return
+                    data, offset, dtype = target
+                    if _is_float(dtype):
+                        findings.append({"kind": "fp_atomic", "function": fname, "buffer": data.name, "dtype": str(dtype),
+                                         "detail": f"floating-point atomic add into {data.name} ({dtype}): order follows block scheduling"})
+                    lost = missing_blocks(offset)
+                    if lost:
+                        findings.append({"kind": "split_k", "function": fname, "buffer": data.name, "blocks": lost,
+                                         "detail": f"blocks along {', '.join(lost)} atomically accumulate into the same elements of {data.name}"})
+                elif ext is not None and "atomicadd" in ext.lower():
+                    dtypes = [str(a.dtype) for a in node.args[1:]]
+                    if any(_is_float(d) for d in dtypes[1:]) or _is_float(node.dtype):
+                        findings.append({"kind": "fp_atomic", "function": fname, "buffer": "", "dtype": str(node.dtype),
+                                         "detail": f"call to {ext} on floating-point data"})
+                elif ext is not None and op == "tirx.call_extern" and not ext.startswith(KNOWN_EXTERN_PREFIXES):
+                    unresolved.append(f"{fname}: call to external function {ext} (effects unknown)")
+            elif isinstance(node, tvm.tirx.BufferStore) and node.buffer.scope() == "global":
+                reads_same = []
+                _visit(node.value, lambda n: reads_same.append(n) if isinstance(n, tvm.tirx.BufferLoad)
+                       and n.buffer.data.same_as(node.buffer.data)
+                       and tvm.ir.structural_equal(list(n.indices), list(node.indices)) else None)  # fmt: skip
+                if reads_same:
+                    lost = missing_blocks(node.indices)
+                    if lost:
+                        name = node.buffer.data.name
+                        findings.append({"kind": "split_k", "function": fname, "buffer": name, "blocks": lost,
+                                         "detail": f"blocks along {', '.join(lost)} read-modify-write the same elements of {name} without atomics (racy split-K)"})
+
+        _visit(func.body, visit)
+    return findings, unresolved
+
+
+# ---- program level: loop and grid extents, branches on shape variables -----------------
+def _shape_axes(prim_func) -> tuple[dict, set]:
+    """{buffer data var: [shape vars of each dim]} of the parameters, and all shape vars."""
+    axes, shape_vars = {}, set()
+    for _, buf in prim_func.buffer_map.items():
+        dims = []
+        for extent in buf.shape:
+            vs = _free_vars(extent, {})
+            dims.append(vs)
+            shape_vars |= vs
+        axes[buf.data] = dims
+    return axes, shape_vars
+
+
+def _axes_walked(body, var, axes: dict, lets: dict) -> tuple[bool, set]:
+    """Whether ``var`` indexes any parameter inside ``body``, and the shape variables of the
+    dimensions it indexes."""
+    hit = False
+    walked: set = set()
+
+    def visit(node):
+        nonlocal hit
+        if isinstance(node, (tvm.tirx.BufferLoad, tvm.tirx.BufferStore)) and node.buffer.data in axes:
+            dims = axes[node.buffer.data]
+            for d, index in enumerate(node.indices):
+                if d < len(dims) and var in _free_vars(index, lets):
+                    hit = True
+                    walked.update(dims[d])
+
+    _visit(body, visit)
+    return hit, walked
+
+
+def _comparisons(cond) -> list:
+    out = []
+    _visit(cond, lambda n: out.append(n) if isinstance(n, _COMPARISONS) else None)
+    return out
+
+
+def analyze_program(prim_func) -> tuple[list[dict], list[str], set]:
+    """Findings, unresolved items and the symbolic shape variables of the tile program."""
+    findings: list[dict] = []
+    unresolved: list[str] = []
+    axes, shape_vars = _shape_axes(prim_func)
+    lets = _let_bindings(prim_func.body)
+    name = str(prim_func.attrs["global_symbol"]) if prim_func.attrs and "global_symbol" in prim_func.attrs else "main"
+
+    def check_extent(kind: str, var, extent, body):
+        ext_vars = _free_vars(extent, lets) & shape_vars
+        if not ext_vars:
+            return
+        hit, walked = _axes_walked(body, var, axes, lets)
+        if not hit:
+            unresolved.append(f"{name}: {kind} {var.name} has extent {extent} over {_names(ext_vars)} but indexes no input axis")
+            return
+        foreign = ext_vars - walked
+        if foreign:
+            findings.append({"kind": "batch_dependent_order", "function": name, "loop": var.name, "extent": str(extent),
+                             "vars": _names(foreign),
+                             "detail": f"{kind} {var.name} walks axes over {_names(walked) or 'static extents'} but its extent "
+                                       f"{extent} depends on {', '.join(_names(foreign))}: the order of that reduction changes with "
+                                       f"{', '.join(_names(foreign))}"})  # fmt: skip
+
+    def check_condition(cond):
+        for cmp in _comparisons(cond):
+            a, b = _free_vars(cmp.a, lets), _free_vars(cmp.b, lets)
+            on_shapes = (a | b) & shape_vars
+            if not on_shapes:
+                continue
+            a_index, b_index = bool(a - shape_vars), bool(b - shape_vars)
+            if a_index != b_index:  # index expression vs shape: a bounds guard
+                continue
+            unresolved.append(f"{name}: branch on {_names(on_shapes)} that is not a bounds guard: {cmp}")
+
+    def visit(node):
+        if isinstance(node, tvm.tirx.For):
+            if node.kind in _SERIAL_KINDS:
+                check_extent("loop", node.loop_var, node.extent, node.body)
+            elif node.kind == tvm.tirx.ForKind.THREAD_BINDING and str(node.thread_binding.thread_tag).startswith("blockIdx"):
+                check_extent(f"grid dimension {node.thread_binding.thread_tag}", node.loop_var, node.extent, node.body)
+        elif isinstance(node, tvm.tirx.IfThenElse):
+            check_condition(node.condition)
+        elif isinstance(node, tvm.tirx.Select):
+            check_condition(node.condition)
+        elif isinstance(node, tvm.tirx.Call) and op_name(node) == "tirx.if_then_else":
+            check_condition(node.args[0])
+
+    _visit(prim_func.body, visit)
+    return findings, unresolved, shape_vars
+
+
+def _verdict(bad: bool, unresolved: list) -> bool | str:
+    if bad:
+        return False
+    return "unknown" if unresolved else True
+
+
+def analyze(kernel) -> dict:
+    """The determinism report of one lowered kernel (see the module docstring)."""
+    dev_findings, dev_unresolved = analyze_device(kernel.device_mod)
+    prog_findings, prog_unresolved, shape_vars = analyze_program(kernel.prim_func)
+    findings = dev_findings + prog_findings
+    kinds = {f["kind"] for f in findings}
+    deterministic = _verdict(bool(kinds & {"fp_atomic", "split_k"}), dev_unresolved)
+    batch_unresolved = list(prog_unresolved)
+    if not shape_vars:
+        batch_unresolved.append("all shapes are static: each batch size is a separate compile (use tlx.numerics.invariance)")
+    batch_invariant = _verdict(bool(kinds), batch_unresolved + dev_unresolved)
+    return {
+        "deterministic": deterministic,
+        "batch_invariant": batch_invariant,
+        "findings": findings,
+        "unresolved": dev_unresolved + batch_unresolved,
+        "shape_vars": _names(shape_vars),
+    }
+
+
+@register_pass("numerics_determinism", DETERMINISM_ORDER)
+def determinism_pass(kernel, ctx):
+    """Report floating-point atomics, split-K accumulation and batch-dependent reduction order."""
+    ctx.reports["determinism"] = analyze(kernel)
+    return kernel
