@@ -203,12 +203,12 @@ def swiglu_cast(x: torch.Tensor, clamp: float = 10.0, weights: torch.Tensor | No
     return per_token_group_cast(swiglu(x, clamp, weights), group, scale_fmt, col_major)
 
 
-def per_channel_cast_transpose(x: torch.Tensor, group: int = 128):
+def per_channel_cast_transpose(x: torch.Tensor, group: int = 128, pow2: bool = False):
     """``[T, H]`` -> (e4m3 ``[H, T]``, fp32 scales ``[H, ceil(T / group)]``): one scale per
     ``group`` tokens of a channel; the last group may be partial."""
     t, h = x.shape
     tp = (t + group - 1) // group * group
     xt = torch.zeros((h, tp), dtype=torch.float32, device=x.device)
     xt[:, :t] = x.float().t()
-    q, s = per_token_group_cast(xt, group)
+    q, s = per_token_group_cast(xt, group, "ue8m0" if pow2 else "fp32")
     return q[:, :t].contiguous(), s

@@ -1,0 +1,86 @@
+"""Per-block FP8 cast of weights: ``[N, K]`` -> e4m3 ``[N, K]`` plus one fp32 scale per
+``block x block`` tile (128 or 32), rules in ``reference.py``.
+
+A CTA owns a ``block x 128`` strip: 16 lanes cover a 128-wide row (8 elements each, 16-byte
+loads), a thread keeps ``block / 16`` rows in registers, amax is reduced with ``shfl_xor`` over
+the lanes of one tile and across the 8 warps through shared memory, then the strip is scaled
+and stored. One pass over the data; N is dynamic.
+"""
+
+import torch
+import tilelang.language as T
+
+import tlx
+from kernels.quant.common import TARGET, TORCH_DTYPES, cast_e4m3, check_2d, group_scale
+
+BLOCKS = (32, 128)
+WIDTH = 128  # columns per CTA
+LANE_ELEMS = 8
+CTA_THREADS = 256
+
+
+@tlx.jit(target=TARGET)
+def block_cast_kernel(K: int, block: int, in_dtype: str, pow2: bool = False):
+    N = T.dynamic("N")
+    rows = block // 16  # rows per thread
+    nb = WIDTH // block  # tiles per CTA
+    col_bits = (block // LANE_ELEMS).bit_length() - 1  # lane bits 0..col_bits-1 and bit 4 share a tile (max 4)
+
+    @T.prim_func
+    def kernel(X: T.Tensor((N, K), in_dtype), Q: T.Tensor((N, K), T.float8_e4m3fn), S: T.Tensor((N // block, K // block), T.float32)):
+        with T.Kernel(K // WIDTH, N // block, threads=CTA_THREADS) as (bx, by):
+            tx = T.get_thread_binding()
+            red = T.alloc_shared((CTA_THREADS // 32, nb), T.float32)
+            xv = T.alloc_local((rows * LANE_ELEMS,), in_dtype)
+            xf = T.alloc_local((rows * LANE_ELEMS,), T.float32)
+            qv = T.alloc_local((rows * LANE_ELEMS,), T.float8_e4m3fn)
+            amax = T.alloc_var(T.float32)
+            total = T.alloc_var(T.float32)
+            inv = T.alloc_var(T.float32)
+            r0 = by * block + tx // 16
+            c0 = bx * WIDTH + tx % 16 * LANE_ELEMS
+            cb = tx % 16 * LANE_ELEMS // block
+            for i in T.unroll(rows):
+                for v in T.vectorized(LANE_ELEMS):
+                    xv[i * LANE_ELEMS + v] = X[r0 + 16 * i, c0 + v]
+            amax = T.float32(0)
+            for v in T.unroll(rows * LANE_ELEMS):
+                xf[v] = T.Cast(T.float32, xv[v])
+                amax = T.max(amax, T.abs(xf[v]))
+            for k in T.unroll(min(col_bits, 4) + 1):
+                amax = T.max(amax, T.shfl_xor(amax, T.if_then_else(k < col_bits, 1 << k, 16)))
+            if tx % 32 < 16 and tx % (block // LANE_ELEMS) == 0:
+                red[tx // 32, cb] = amax
+            T.sync_threads()
+            total = T.float32(0)
+            for w in T.unroll(CTA_THREADS // 32):
+                total = T.max(total, red[w, cb])
+            scale, _ = group_scale(total, "e4m3", pow2)
+            inv = T.float32(1.0) / scale
+            for v in T.unroll(rows * LANE_ELEMS):
+                qv[v] = cast_e4m3(xf[v] * inv)
+            for i in T.unroll(rows):
+                for v in T.vectorized(LANE_ELEMS):
+                    Q[r0 + 16 * i, c0 + v] = qv[i * LANE_ELEMS + v]
+            if tx < 16 and tx % (block // LANE_ELEMS) == 0:
+                S[by, bx * nb + cb] = scale
+
+    return kernel
+
+
+def per_block_cast(w: torch.Tensor, block: int = 128, pow2: bool = False):
+    """bf16/fp32 ``[N, K]`` -> (e4m3 ``[N, K]``, fp32 scales ``[N / block, K / block]``).
+
+    N must be a multiple of ``block`` and K a multiple of 128 (weights are padded upstream).
+    """
+    if block not in BLOCKS:
+        raise ValueError(f"block: expected one of {BLOCKS}, got {block!r}")
+    check_2d("w", w, TORCH_DTYPES, WIDTH)
+    n, k = w.shape
+    if n % block:
+        raise ValueError(f"w: {n} rows is not a multiple of block {block}")
+    q = torch.empty((n, k), dtype=torch.float8_e4m3fn, device=w.device)
+    s = torch.empty((n // block, k // block), dtype=torch.float32, device=w.device)
+    if n:
+        block_cast_kernel(k, block, TORCH_DTYPES[w.dtype], bool(pow2))(w, q, s)
+    return q, s
