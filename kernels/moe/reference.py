@@ -164,17 +164,17 @@ def swiglu_ref(h: torch.Tensor, clamp: float | None = None) -> torch.Tensor:
     return torch.nn.functional.silu(g) * u
 
 
-def moe_ref(x, logits, bias, w1, w2, *, topk, score_func, n_groups=1, topk_groups=1, renormalize=True,
+def moe_ref(x, logits, bias, w1, s1, w2, s2, *, topk, score_func, n_groups=1, topk_groups=1, renormalize=True,
             routed_scaling=1.0, clamp=None):
-    """The whole routed-expert layer in float64 from float weights w1 [E, 2I, H], w2 [E, H, I]."""
+    """The routed-expert layer in float64 from e4m3 block-scaled weights w1 [E, 2I, H], w2 [E, H, I]
+    (dequantized one expert at a time); activations are not quantized."""
     ids, w = gating_ref(logits, bias, topk, score_func, n_groups, topk_groups, renormalize, routed_scaling)
     out = torch.zeros(x.shape, dtype=torch.float64, device=x.device)
     xd = x.double()
-    for j in range(topk):
-        for e in ids[:, j].unique().tolist():
-            t = torch.nonzero(ids[:, j] == e).reshape(-1)
-            h = swiglu_ref(xd[t] @ w1[e].double().T, clamp)
-            out[t] += w[t, j].unsqueeze(1) * (h @ w2[e].double().T)
+    for e in ids.unique().tolist():
+        tok, j = torch.nonzero(ids == e, as_tuple=True)
+        h = swiglu_ref(xd[tok] @ dequant_blocks_ref(w1[e], s1[e]).T, clamp)
+        out.index_add_(0, tok, w[tok, j].unsqueeze(1) * (h @ dequant_blocks_ref(w2[e], s2[e]).T))
     return out
 
 

@@ -1,0 +1,165 @@
+"""FP8 grouped GEMM: e4m3 activations (1 x 128 fp32 scales) x e4m3 expert weights
+(128 x 128 fp32 scales) -> bf16, the DeepGEMM recipe on sm_90a wgmma.
+
+Per 128-wide K block the tensor cores accumulate the block's raw e4m3 products in fp32
+(wgmma, K in steps of 32, starting from zero); the block result is then scaled by
+``sa[row, kb] * sb[n // 128, kb]`` and added to the fp32 total with one fma
+(``total = fma(block, scale, total)``), K blocks in ascending order; the total is rounded
+to bf16 once. ``grouped_gemm.cu`` repeats this with hand-written wgmma of the same shape.
+
+Layouts:
+
+* contiguous: A [R, K] holds the experts' rows stacked, each expert padded to 128 rows
+  (``metadata.routing_metadata``); ``block_expert[R // 128]`` names each row block's
+  expert, -1 for blocks past the end (not computed, C rows left untouched).
+* masked: A [E, M, K] with ``counts[E]``; row blocks wholly past ``counts[e]`` are not
+  computed; rows past the count inside a computed block hold A's (unspecified) rows' products.
+"""
+
+
+import tilelang.language as T
+
+import tlx
+
+BLOCK_M = 128
+BLOCK_K = 128  # = the scale group: one fp32 promotion per K block
+
+# Symbolic sizes (module level so the kernel sources see them): rows, row blocks, masked rows.
+nrows = T.dynamic("R")
+nblocks = T.dynamic("NB")
+mrows = T.dynamic("M")
+
+
+def check_gemm_args(n: int, k: int, block_n: int):
+    if k % BLOCK_K:
+        raise ValueError(f"k: expected a multiple of {BLOCK_K}, got {k}")
+    if n % 128 or block_n not in (64, 128):
+        raise ValueError(f"n/block_n: expected n a multiple of 128 and block_n in (64, 128), got {n}/{block_n}")
+
+
+@T.macro
+def _k_loop(A, SA, B, SB, e, a_row, b_row, sb_row, k, A_s, B_s, scale_s, part, total, num_stages):
+    """The DeepGEMM promotion loop over K blocks for one (row block, column block) tile."""
+    T.clear(total)
+    for kb in T.Pipelined(k // BLOCK_K, num_stages=num_stages):
+        T.copy(A[a_row, kb * BLOCK_K], A_s)
+        T.copy(B[e, b_row, kb * BLOCK_K], B_s)
+        for i in T.Parallel(BLOCK_M):
+            scale_s[i] = SA[a_row + i, kb] * SB[e, sb_row, kb]
+        T.clear(part)
+        T.gemm(A_s, B_s, part, transpose_B=True)
+        for i, j in T.Parallel(BLOCK_M, part.shape[1]):
+            total[i, j] = T.ieee_fmaf(part[i, j], scale_s[i], total[i, j])
+
+
+@tlx.jit(target={"kind": "cuda", "arch": "sm_90a"})
+def grouped_gemm_contiguous_kernel(n_experts: int, n: int, k: int, block_n: int = 128, num_stages: int = 4,
+                                   threads: int = 256):
+    """``(A [R, K], SA [R, K/128], B [E, N, K], SB [E, N/128, K/128], block_expert [R/128], C [R, N])``."""
+    check_gemm_args(n, k, block_n)
+
+    @T.prim_func
+    def main(
+        A: T.Tensor((nrows, k), "float8_e4m3"),
+        SA: T.Tensor((nrows, k // BLOCK_K), "float32"),
+        B: T.Tensor((n_experts, n, k), "float8_e4m3"),
+        SB: T.Tensor((n_experts, n // 128, k // BLOCK_K), "float32"),
+        block_expert: T.Tensor((nblocks,), "int32"),
+        C: T.Tensor((nrows, n), "bfloat16"),
+    ):
+        with T.Kernel(n // block_n, nblocks, threads=threads) as (bx, by):
+            A_s = T.alloc_shared((BLOCK_M, BLOCK_K), "float8_e4m3")
+            B_s = T.alloc_shared((block_n, BLOCK_K), "float8_e4m3")
+            C_s = T.alloc_shared((BLOCK_M, block_n), "bfloat16")
+            scale_s = T.alloc_shared((BLOCK_M,), "float32")
+            part = T.alloc_fragment((BLOCK_M, block_n), "float32")
+            total = T.alloc_fragment((BLOCK_M, block_n), "float32")
+            # block_expert[by] is re-read rather than bound to a name: a bound scalar breaks
+            # TileLang 0.1.15's warp specialization (used before its definition).
+            if block_expert[by] >= 0:
+                _k_loop(A, SA, B, SB, block_expert[by], by * BLOCK_M, bx * block_n, bx * block_n // 128, k, A_s, B_s, scale_s, part,
+                        total, num_stages)
+                T.copy(total, C_s)
+                T.copy(C_s, C[by * BLOCK_M, bx * block_n])
+
+    return main
+
+
+@tlx.jit(target={"kind": "cuda", "arch": "sm_90a"})
+def grouped_gemm_masked_kernel(n_experts: int, n: int, k: int, block_n: int = 128, num_stages: int = 4,
+                               threads: int = 256):
+    """``(A [E, M, K], SA [E, M, K/128], B [E, N, K], SB [E, N/128, K/128], counts [E], C [E, M, N])``."""
+    check_gemm_args(n, k, block_n)
+
+    @T.prim_func
+    def main(
+        A: T.Tensor((n_experts, mrows, k), "float8_e4m3"),
+        SA: T.Tensor((n_experts, mrows, k // BLOCK_K), "float32"),
+        B: T.Tensor((n_experts, n, k), "float8_e4m3"),
+        SB: T.Tensor((n_experts, n // 128, k // BLOCK_K), "float32"),
+        counts: T.Tensor((n_experts,), "int32"),
+        C: T.Tensor((n_experts, mrows, n), "bfloat16"),
+    ):
+        with T.Kernel(n // block_n, T.ceildiv(mrows, BLOCK_M), n_experts, threads=threads) as (bx, by, bz):
+            A_s = T.alloc_shared((BLOCK_M, BLOCK_K), "float8_e4m3")
+            B_s = T.alloc_shared((block_n, BLOCK_K), "float8_e4m3")
+            C_s = T.alloc_shared((BLOCK_M, block_n), "bfloat16")
+            scale_s = T.alloc_shared((BLOCK_M,), "float32")
+            part = T.alloc_fragment((BLOCK_M, block_n), "float32")
+            total = T.alloc_fragment((BLOCK_M, block_n), "float32")
+            if by * BLOCK_M < counts[bz]:
+                T.clear(total)
+                for kb in T.Pipelined(k // BLOCK_K, num_stages=num_stages):
+                    T.copy(A[bz, by * BLOCK_M, kb * BLOCK_K], A_s)
+                    T.copy(B[bz, bx * block_n, kb * BLOCK_K], B_s)
+                    for i in T.Parallel(BLOCK_M):
+                        scale_s[i] = SA[bz, by * BLOCK_M + i, kb] * SB[bz, bx * block_n // 128, kb]
+                    T.clear(part)
+                    T.gemm(A_s, B_s, part, transpose_B=True)
+                    for i, j in T.Parallel(BLOCK_M, block_n):
+                        total[i, j] = T.ieee_fmaf(part[i, j], scale_s[i], total[i, j])
+                T.copy(total, C_s)
+                T.copy(C_s, C[bz, by * BLOCK_M, bx * block_n])
+
+    return main
+
+
+def _check(name, t, dtype, shape):
+    if t.dtype != dtype or tuple(t.shape) != tuple(shape):
+        raise ValueError(f"{name}: expected {dtype} of shape {tuple(shape)}, got {t.dtype} of shape {tuple(t.shape)}")
+
+
+def grouped_gemm_contiguous(a, sa, b, sb, block_expert, out=None):
+    """C [R, N] bf16 for the contiguous layout (see the module docstring)."""
+    import torch
+
+    r, k = a.shape
+    e, n, _ = b.shape
+    _check("a", a, torch.float8_e4m3fn, (r, k))
+    _check("sa", sa, torch.float32, (r, k // BLOCK_K))
+    _check("b", b, torch.float8_e4m3fn, (e, n, k))
+    _check("sb", sb, torch.float32, (e, n // 128, k // BLOCK_K))
+    _check("block_expert", block_expert, torch.int32, (r // BLOCK_M,))
+    if r % BLOCK_M:
+        raise ValueError(f"a: expected rows a multiple of {BLOCK_M}, got {r}")
+    if out is None:
+        out = torch.empty(r, n, dtype=torch.bfloat16, device=a.device)
+    grouped_gemm_contiguous_kernel(e, n, k)(a, sa, b, sb, block_expert, out)
+    return out
+
+
+def grouped_gemm_masked(a, sa, b, sb, counts, out=None):
+    """C [E, M, N] bf16 for the masked layout (see the module docstring)."""
+    import torch
+
+    e, m, k = a.shape
+    n = b.shape[1]
+    _check("a", a, torch.float8_e4m3fn, (e, m, k))
+    _check("sa", sa, torch.float32, (e, m, k // BLOCK_K))
+    _check("b", b, torch.float8_e4m3fn, (e, n, k))
+    _check("sb", sb, torch.float32, (e, n // 128, k // BLOCK_K))
+    _check("counts", counts, torch.int32, (e,))
+    if out is None:
+        out = torch.empty(e, m, n, dtype=torch.bfloat16, device=a.device)
+    grouped_gemm_masked_kernel(e, n, k)(a, sa, b, sb, counts, out)
+    return out

@@ -1,0 +1,98 @@
+"""The unfused expert-parallel MoE layer on one GPU, built from the kernels of this package.
+
+gating -> per-token FP8 cast of x -> routing metadata -> permute (e4m3 + scales) ->
+L1 grouped GEMM (N = 2I, K = H) -> SwiGLU + FP8 cast -> L2 grouped GEMM (N = H, K = I)
+-> combine. Every step computes each token's (or row's) result from that token's data
+alone, in a fixed order, so the output bits of a token do not depend on the batch or the
+run. This is the baseline a fused MoE kernel is validated (bitwise) and timed against.
+
+``n_ranks > 1`` simulates expert parallelism on one device: rank r owns experts
+``[r * E / R, (r + 1) * E / R)``, builds its own metadata, permutes, runs both GEMMs on
+its experts only, and the combine pulls every token's k results from the ranks' outputs
+(one buffer, rank-major) in k order, so the result equals the single-rank one bit for bit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from kernels.moe.gating import gating
+from kernels.moe.grouped_gemm import grouped_gemm_contiguous
+from kernels.moe.metadata import routing_metadata
+from kernels.moe.permute import combine, permute
+
+
+@dataclass(frozen=True)
+class MoEConfig:
+    """Routing and activation settings of one MoE layer."""
+
+    n_experts: int
+    topk: int
+    score_func: str = "sqrtsoftplus"
+    n_groups: int = 1
+    topk_groups: int = 1
+    renormalize: bool = True
+    routed_scaling: float = 1.0
+    clamp: float = 10.0
+
+
+V4_FLASH = dict(n_experts=256, hidden=4096, inter=2048, cfg=MoEConfig(256, 6, "sqrtsoftplus", routed_scaling=1.5))
+V4_PRO = dict(n_experts=384, hidden=7168, inter=3072, cfg=MoEConfig(384, 6, "sqrtsoftplus", routed_scaling=2.5))
+
+
+def _default_act_quant(x):
+    from kernels.quant.group_cast import per_token_group_cast
+
+    return per_token_group_cast(x, 128)
+
+
+def _default_swiglu_quant(h, clamp):
+    from kernels.quant.group_cast import swiglu_cast
+
+    return swiglu_cast(h, None, clamp, 128)
+
+
+def moe_layer(x, logits, w1, s1, w2, s2, cfg: MoEConfig, bias=None, *, n_ranks: int = 1, act_quant=None,
+              swiglu_quant=None, return_routing: bool = False):
+    """Routed experts of one layer: x [T, H] bf16, logits [T, E] fp32, w1 [E, 2I, H] / w2 [E, H, I]
+    e4m3 with 128 x 128 fp32 scales s1 [E, 2I/128, H/128] / s2 [E, H/128, I/128] -> [T, H] bf16.
+
+    ``act_quant(x) -> (e4m3, scales)`` and ``swiglu_quant(h, clamp) -> (e4m3, scales)`` default to
+    ``kernels.quant.group_cast``'s per-token 1 x 128 cast and fused SwiGLU cast.
+    """
+    act_quant = act_quant or _default_act_quant
+    swiglu_quant = swiglu_quant or _default_swiglu_quant
+    e, two_i, h = w1.shape
+    if x.dtype != torch.bfloat16 or x.dim() != 2 or x.shape[1] != h:
+        raise ValueError(f"x: expected bf16 [T, {h}], got {x.dtype} of shape {tuple(x.shape)}")
+    if tuple(logits.shape) != (x.shape[0], e) or e != cfg.n_experts:
+        raise ValueError(f"logits: expected [{x.shape[0]}, {cfg.n_experts}] for w1 of {e} experts, got {tuple(logits.shape)}")
+    if tuple(w2.shape) != (e, h, two_i // 2):
+        raise ValueError(f"w2: expected shape {(e, h, two_i // 2)}, got {tuple(w2.shape)}")
+    if n_ranks < 1 or e % n_ranks:
+        raise ValueError(f"n_ranks: expected a divisor of {e} experts, got {n_ranks}")
+    ids, weights = gating(logits, bias, cfg.topk, cfg.score_func, cfg.n_groups, cfg.topk_groups, cfg.renormalize,
+                          cfg.routed_scaling)
+    xq, xs = act_quant(x)
+    el = e // n_ranks
+    outputs, row_maps = [], []
+    base = 0
+    for r in range(n_ranks):
+        mine = slice(r * el, (r + 1) * el)
+        meta = routing_metadata(ids, e, r, n_ranks)
+        xp, sp = permute(xq, meta, cfg.topk, xs)
+        hid = grouped_gemm_contiguous(xp, sp, w1[mine], s1[mine], meta["block_expert"])
+        hq, hs = swiglu_quant(hid, cfg.clamp)
+        outputs.append(grouped_gemm_contiguous(hq, hs, w2[mine], s2[mine], meta["block_expert"]))
+        row_maps.append(torch.where(meta["row_of"] >= 0, meta["row_of"] + base, -1) if base else meta["row_of"])
+        base += xp.shape[0]
+    if n_ranks == 1:
+        y, row_of = outputs[0], row_maps[0]
+    else:
+        # Each entry is owned by exactly one rank: the others hold -1 there.
+        y = torch.cat(outputs)
+        row_of = torch.stack(row_maps).amax(dim=0)
+    out = combine(y, row_of, weights)
+    return (out, ids, weights) if return_routing else out
