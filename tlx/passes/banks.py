@@ -425,15 +425,6 @@ def context_facts(enc: Encoder, prog: Program, acc) -> list:
     return facts
 
 
-def _byte_addr(enc, acc, env, lane_vec=None):
-    idx = enc.encode(acc.index, env, lane_vec if isinstance(acc.index, tir.Ramp) else None)
-    return acc.base_bytes + idx * _elem_bytes(acc.dtype)
-
-
-def _active(enc, acc, env) -> Any:
-    return z3.And([enc.encode_bool(c, env) for c in acc.conds]) if acc.conds else z3.BoolVal(True, enc.ctx)
-
-
 def _phase(acc) -> tuple[int, int]:
     """(lanes per phase, lanes that take part) for this access under the model above."""
     if acc.phase_lanes is not None:
@@ -445,20 +436,51 @@ def _phase(acc) -> tuple[int, int]:
     return 8, 32
 
 
+def _lane_split(prog: Program, acc: Access, ana):
+    """(warp var, lane-bit vars, address expr, active expr) with thread ids rewritten per warp and lane bit.
+
+    Writing the lane as five 0/1 variables lets TVM's simplifier turn ``tx % 64 // 32``
+    and friends into single bits, which keeps the many-lane Z3 queries small.
+    """
+    warp = tir.Var("warp", "int32")
+    bits = [tir.Var(f"lane.b{i}", "int32") for i in range(5)]
+    ana.bind(warp, tvm.ir.Range(0, max((prog.block_threads + 31) // 32, 1)))
+    for b in bits:
+        ana.bind(b, tvm.ir.Range(0, 2))
+    lane = bits[0] + bits[1] * 2 + bits[2] * 4 + bits[3] * 8 + bits[4] * 16
+    tid = warp * 32 + lane
+    sub, stride = {}, 1
+    for v, ext in prog.threads:
+        sub[v] = tir.floormod(tir.floordiv(tid, stride), ext)
+        stride *= ext
+    index = acc.index.base if isinstance(acc.index, tir.Ramp) else acc.index
+    addr = ana.simplify(tir.stmt_functor.substitute(index, sub) * _elem_bytes(acc.dtype) + acc.base_bytes)
+    active = ana.simplify(tir.stmt_functor.substitute(tir.all(*acc.conds), sub)) if acc.conds else tir.const(True)
+    return warp, bits, addr, active
+
+
 def bank_conflicts(enc: Encoder, prog: Program, acc: Access) -> dict:
     """Exact worst-case conflict degree of one shared access for one warp, with a witness."""
     per_phase, participating = _phase(acc)
     nthreads = prog.block_threads
     ctx = enc.ctx
-    warp = z3.Int(f"warp@{acc.order}", ctx)
-    nwarps = (nthreads + 31) // 32
-    base = [warp >= 0, warp < nwarps] + context_facts(enc, prog, acc)
+    ana = tvm.arith.Analyzer()
+    for v, lo, ext in acc.loops:
+        if _int(lo) is not None and _int(ext) is not None:
+            ana.bind(v, tvm.ir.Range.from_min_extent(_int(lo), _int(ext)))
+    for v, ext in prog.blocks:
+        if _int(ext) is not None:
+            ana.bind(v, tvm.ir.Range(0, _int(ext)))
+    warp_v, bits, addr, active = _lane_split(prog, acc, ana)
+    warp = enc.var(warp_v)
+    base = [warp >= 0, warp * 32 < nthreads] + context_facts(enc, prog, acc)
     words_per_lane = max(acc.width // 4, 1)
+    zero, one = z3.IntVal(0, ctx), z3.IntVal(1, ctx)
     lane_terms = []
     for lane in range(32):
-        env = warp_lane_env(prog, warp, z3.IntVal(lane, ctx))
-        live = z3.And(_active(enc, acc, env), warp * 32 + lane < nthreads) if lane < participating else z3.BoolVal(False, ctx)
-        lane_terms.append((_byte_addr(enc, acc, env, z3.IntVal(0, ctx)), live))
+        env = {b: (one if (lane >> i) & 1 else zero) for i, b in enumerate(bits)}
+        live = z3.And(enc.encode_bool(active, env), warp * 32 + lane < nthreads) if lane < participating else z3.BoolVal(False, ctx)
+        lane_terms.append((enc.encode(addr, env), live))
     enc.take_obligations()
     result = {"buffer": acc.buffer, "op": acc.op, "width_bytes": acc.width, "statement": acc.text, "lanes_per_phase": per_phase, "exact": acc.exact}
 
@@ -469,17 +491,21 @@ def bank_conflicts(enc: Encoder, prog: Program, acc: Access) -> dict:
     ctx_terms = [("warp", warp)] + [(str(b.name), enc.var(b)) for b, _ in prog.blocks] + [(str(lv.name), enc.var(lv)) for lv, _, _ in acc.loops]
     best, witness = _degree_in(enc, v.model, lane_terms, per_phase, words_per_lane, ctx_terms)
     status = "proven"
+    phase_bits = per_phase.bit_length() - 1
     while best < per_phase:
         k = best + 1
-        ls = [z3.Int(f"l{i}@{acc.order}", ctx) for i in range(k)]
+        copies = [[z3.Int(f"l{i}.b{j}@{acc.order}", ctx) for j in range(5)] for i in range(k)]
         os_ = [z3.Int(f"o{i}@{acc.order}", ctx) for i in range(k)]
-        words = []
+        words, lanes = [], []
         cons = list(base)
-        for i, (li, oi) in enumerate(zip(ls, os_, strict=True)):
-            env = warp_lane_env(prog, warp, li)
-            cons += [li >= 0, li < participating, oi >= 0, oi < words_per_lane, warp * 32 + li < nthreads, _active(enc, acc, env)]
-            cons.append(li / per_phase == ls[0] / per_phase)
-            w = _byte_addr(enc, acc, env, z3.IntVal(0, ctx)) / 4 + oi
+        for i, (lb, oi) in enumerate(zip(copies, os_, strict=True)):
+            env = dict(zip(bits, lb, strict=True))
+            li = z3.Sum([b * (1 << j) for j, b in enumerate(lb)])
+            lanes.append(li)
+            cons += [c for b in lb for c in (b >= 0, b <= 1)]
+            cons += [oi >= 0, oi < words_per_lane, li < participating, warp * 32 + li < nthreads, enc.encode_bool(active, env)]
+            cons += [lb[j] == copies[0][j] for j in range(phase_bits, 5)]  # same phase
+            w = enc.encode(addr, env) / 4 + oi
             words.append(w)
             if i:
                 cons += [words[i - 1] < w, w % 32 == words[0] % 32]
@@ -491,8 +517,8 @@ def bank_conflicts(enc: Encoder, prog: Program, acc: Access) -> dict:
             status = "unknown"
             break
         got, wit = _degree_in(enc, v.model, lane_terms, per_phase, words_per_lane, ctx_terms)
-        if got <= best:  # the symbolic lanes found more than the concrete evaluation: keep theirs
-            got, wit = k, {"lanes": [enc.model_value(v.model, x) for x in ls], "words": [enc.model_value(v.model, x) for x in words], "context": wit["context"]}
+        if got < k:  # cannot happen when both evaluations agree; keep the symbolic witness then
+            got, wit = k, {"lanes": [enc.model_value(v.model, x) for x in lanes], "words": [enc.model_value(v.model, x) for x in words], "context": wit["context"]}
         best, witness = got, wit
     result.update(degree=best, status=status)
     if best > 1:

@@ -183,8 +183,11 @@ class _Walker:
             if low is not None:
                 access.least[name] = low
 
-    def reliable(self, expr, what: str, as_bool=False):
-        """Encode ``expr``; if its fixed-width arithmetic may overflow, report that and return None."""
+    def reliable(self, expr, what: str, as_bool=False, subject: str = ""):
+        """Encode ``expr``; if its fixed-width arithmetic may overflow, report that and return None.
+
+        ``what`` describes where the expression sits; ``subject`` names the variable or
+        buffer its value lands in (the ``buffer`` of the overflow entry)."""
         term = self.enc.encode_bool(expr) if as_bool else self.enc.encode(expr)
         obs = self.enc.take_obligations()
         if not obs:
@@ -192,7 +195,7 @@ class _Walker:
         verdict, bad = self.enc.prove_obligations(obs, self.context())
         if verdict.proven:
             return term
-        self.report_overflow(verdict, bad, what)
+        self.report_overflow(verdict, bad, what, subject)
         self.frames[-1].tainted.append(what)
         return None
 
@@ -207,12 +210,13 @@ class _Walker:
             access.counterexample = {}
             access.detail = f"not proven; depends on {taint[0]}, which may overflow (reported separately)"
 
-    def report_overflow(self, verdict, bad: Obligation | None, what: str):
+    def report_overflow(self, verdict, bad: Obligation | None, what: str, subject: str = ""):
         text = bad.text() if bad is not None else what
         if text in self._overflow_seen:
             return
         self._overflow_seen.add(text)
-        a = Access(self.func, what, "", "overflow", str(bad.node) if bad else what, bad.dtype if bad else "", verdict.status)
+        a = Access(self.func, subject, "", "overflow", str(bad.node) if bad else what, bad.dtype if bad else "", verdict.status)
+        a.source = self.source_map(subject, "overflow", a.index) if subject else "unknown line"
         if self.focus is not None and a.key() != self.focus:
             a.status = "skipped"
         if a.status == "skipped":
@@ -220,10 +224,10 @@ class _Walker:
         elif verdict.status == "violation" and bad is not None:
             a.counterexample = self.counterexample(verdict.model, {"value": bad.term})
             self.record_least(a, verdict)
-            a.detail = f"{bad.node} leaves {bad.dtype} [{bad.lo}, {bad.hi}]"
+            a.detail = f"in {what}: {bad.node} leaves {bad.dtype} [{bad.lo}, {bad.hi}]"
             self.demote(a)
         else:
-            a.detail = f"overflow check: {verdict.reason or 'budget exhausted'}"
+            a.detail = f"in {what}: overflow check {verdict.reason or 'ran out of budget'}"
         self.accesses.append(a)
 
     # ----- accesses -----------------------------------------------------------------
@@ -343,7 +347,7 @@ class _Walker:
             return e
         if isinstance(e, tir.Let):
             self.visit_expr(e.value)
-            t = self.reliable(e.value, f"let {e.var.name}")
+            t = self.reliable(e.value, f"let {e.var.name}", subject=e.var.name)
             self.push()
             if t is not None:
                 self.add_fact(self.enc.var(e.var) == t)
@@ -393,7 +397,8 @@ class _Walker:
         known = self.enc.known_loads
         private = str(s.buffer.scope()) in _PRIVATE_SCOPES and scalar_dtype(s.buffer.dtype)[0] in ("int", "uint", "bool")
         if private and len(s.indices) == 1 and isinstance(s.indices[0], tir.IntImm) and scalar_dtype(s.value.dtype)[2] == 1:
-            t = self.reliable(s.value, f"{_user_name(s.buffer.name)}[{s.indices[0]}] = {s.value}", as_bool=str(s.buffer.dtype) == "bool")
+            name = _user_name(s.buffer.name)
+            t = self.reliable(s.value, f"{name}[{s.indices[0]}] = {s.value}", as_bool=str(s.buffer.dtype) == "bool", subject=name)
             key = (data, int(s.indices[0].value))
             if t is None:
                 known.pop(key, None)
@@ -421,7 +426,7 @@ class _Walker:
         self.push()
         if s.attr_key == "thread_extent" and isinstance(s.node, tir.IterVar):
             v = s.node.var
-            ext = self.reliable(s.value, f"extent of {v.name}")
+            ext = self.reliable(s.value, f"launch extent of {v.name}", subject=v.name)
             t = self.enc.var(v)
             self.add_fact(t >= 0)
             if ext is not None:
@@ -442,8 +447,8 @@ class _Walker:
         self.forget(stored)
         self.push()
         v = self.enc.var(s.loop_var)
-        lo = self.reliable(s.min, f"loop start of {s.loop_var.name}")
-        ext = self.reliable(s.extent, f"loop extent of {s.loop_var.name}")
+        lo = self.reliable(s.min, f"loop start of {s.loop_var.name}", subject=s.loop_var.name)
+        ext = self.reliable(s.extent, f"loop extent of {s.loop_var.name}", subject=s.loop_var.name)
         if lo is not None:
             self.add_fact(v >= lo)
             if ext is not None:
@@ -451,7 +456,7 @@ class _Walker:
         step = getattr(s, "step", None)
         if step is not None and not (isinstance(step, tir.IntImm) and step.value == 1) and lo is not None:
             k = z3.Int(f"{s.loop_var.name}!iter", self.enc.ctx)
-            st = self.reliable(step, f"loop step of {s.loop_var.name}")
+            st = self.reliable(step, f"loop step of {s.loop_var.name}", subject=s.loop_var.name)
             if st is not None:
                 self.add_fact(k >= 0)
                 self.add_fact(v == lo + k * st)
@@ -512,7 +517,7 @@ class _Walker:
                     self.aliases[s.var] = (base, off)
             return s
         self.visit_expr(s.value)
-        t = self.reliable(s.value, f"binding of {s.var.name}")
+        t = self.reliable(s.value, f"binding of {s.var.name}", subject=s.var.name)
         if t is not None and not z3.is_bool(t) == (str(s.var.dtype) == "bool"):
             self.add_fact(self.enc.var(s.var) == t)
         return s

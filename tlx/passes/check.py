@@ -103,8 +103,10 @@ class CheckResult:
         return "\n".join(lines)
 
     def _describe(self, a: Access) -> list[str]:
-        what = "int overflow in" if a.kind == "overflow" else f"{a.kind} of {a.scope} buffer"
-        out = [f"{a.source}: {what} {a.buffer}[{a.index}] (extent {a.extent})"]
+        if a.kind == "overflow":
+            out = [f"{a.source}: {a.extent} overflow computing {a.index}" + (f" (for {a.buffer})" if a.buffer else "")]
+        else:
+            out = [f"{a.source}: {a.kind} of {a.scope} buffer {a.buffer}[{a.index}] (extent {a.extent})"]
         text = self.source_lines.get(a.source)
         if text:
             out.append(f"    {text.strip()}")
