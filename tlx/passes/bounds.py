@@ -813,6 +813,9 @@ def bounds_pass(kernel: LoweredKernel, ctx: PassContext) -> LoweredKernel:
     assume = tuple(ctx.options.get("assume", ()))
     report, _ = verify_kernel(kernel, assume)
     pre, final = derive_preconditions(kernel, report, assume) if (report.violations() or report.unknowns()) else ([], report)
+    # The proofs rely on the user's assumptions, so the launcher enforces them as well.
+    variables = shape_vars(kernel.prim_func)
+    ctx.preconditions.extend(Precondition(parse_assumption(text, variables), text, "assume") for text in assume)
     ctx.preconditions.extend(pre)
     out = report.to_json()
     out["preconditions"] = [p.text for p in pre]

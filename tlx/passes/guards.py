@@ -18,7 +18,7 @@ from tlx.lowering import LoweredKernel
 from tlx.passes import PassContext, register_pass
 from tlx.passes.bounds import verify_kernel
 
-__all__ = ["count_predicates", "cuda_source", "eliminate_guards"]
+__all__ = ["count_predicates", "eliminate_guards"]
 
 
 def eliminate_guards(kernel: LoweredKernel, assume=(), conditions=()) -> tuple[LoweredKernel, dict]:
@@ -34,22 +34,6 @@ def eliminate_guards(kernel: LoweredKernel, assume=(), conditions=()) -> tuple[L
     return kernel.with_device_mod(new_mod), stats
 
 
-def cuda_source(kernel: LoweredKernel) -> str:
-    """The CUDA C++ that TileLang generates for ``kernel.device_mod`` (no nvcc run)."""
-    from tilelang import tvm
-    from tilelang.backend.module import create_backend_context
-    from tilelang.engine.lower import device_codegen_without_compile
-
-    context = create_backend_context(_target_dict(kernel), None, "auto")
-    with tvm.transform.PassContext(opt_level=3, config=dict(kernel.pass_configs)), context.target:
-        return device_codegen_without_compile(kernel.device_mod, context).inspect_source()
-
-
-def _target_dict(kernel: LoweredKernel) -> dict:
-    t = kernel.target
-    return {"kind": str(t.kind.name), "arch": str(t.attrs["arch"])}
-
-
 _PREDICATE = re.compile(r"\bif\s*\(|\?")
 
 
@@ -61,8 +45,12 @@ def count_predicates(source: str) -> int:
 
 @register_pass("eliminate_guards", order=110, enabled=lambda ctx: bool(ctx.options.get("eliminate_guards", True)))
 def eliminate_guards_pass(kernel: LoweredKernel, ctx: PassContext) -> LoweredKernel:
-    """Remove proven guards using the assumptions and the preconditions of earlier passes."""
-    assume = tuple(ctx.options.get("assume", ()))
-    new, stats = eliminate_guards(kernel, assume, [p.expr for p in ctx.preconditions])
+    """Remove proven guards, using as facts only the preconditions the launcher enforces.
+
+    The user's ``assume`` strings reach this pass as preconditions of the ``bounds`` pass
+    (so they are checked on every call); with ``verify="off"`` there are none and only
+    the kernel's own facts are used.
+    """
+    new, stats = eliminate_guards(kernel, (), [p.expr for p in ctx.preconditions])
     ctx.reports["eliminate_guards"] = stats
     return new
