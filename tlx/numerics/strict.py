@@ -90,31 +90,38 @@ def _is_allowed(hit: dict, allowed: set[str]) -> bool:
 
 
 def check_numerics(kernel, options: dict) -> dict:
-    """The numerics report of one kernel; raises ApproximateIntrinsicError in strict mode."""
+    """The numerics report of one kernel. In strict mode a violation raises
+    ApproximateIntrinsicError, or with ``options["report_only"]`` (``tlx check``) is listed
+    under ``violations`` with ``exit_code`` 1."""
     mode = options.get("numerics", "default")
     flags = nvcc_flags(mode)
     allowed = _allow_set(options.get("allow_approx", ()))
     hits = find_approximate(kernel.device_mod)
     fast_math = bool((kernel.pass_configs or {}).get(FAST_MATH_CONFIG, False))
+    violations = []
     if mode == "strict":
         if fast_math:
-            raise ApproximateIntrinsicError(
+            violations.append(
                 f"numerics='strict': kernel {kernel.name!r} sets pass config {FAST_MATH_CONFIG}=True "
                 f"(nvcc --use_fast_math, which no allow-list can make exact); drop it or use numerics='default'"
             )
-        for hit in hits:
-            if not _is_allowed(hit, allowed):
-                raise ApproximateIntrinsicError(
-                    f"numerics='strict': kernel {kernel.name!r} calls approximate intrinsic {hit['intrinsic']} "
-                    f"(CUDA {hit['cuda']}, {hit['dtype']}) in device function {hit['function']!r}; use the exact "
-                    f"form (e.g. T.exp, T.log, tlx.ieee.rcp) or allow it with @tlx.jit(allow_approx=[{hit['name']!r}])"
-                )
+        violations += [
+            f"numerics='strict': kernel {kernel.name!r} calls approximate intrinsic {hit['intrinsic']} "
+            f"(CUDA {hit['cuda']}, {hit['dtype']}) in device function {hit['function']!r}; use the exact "
+            f"form (e.g. T.exp, T.log, tlx.ieee.rcp) or allow it with @tlx.jit(allow_approx=[{hit['name']!r}])"
+            for hit in hits
+            if not _is_allowed(hit, allowed)
+        ]
+    if violations and not options.get("report_only"):
+        raise ApproximateIntrinsicError(violations[0])
     return {
         "mode": mode,
         "flags": flags,
         "fast_math": fast_math,
         "approximate": [{k: h[k] for k in ("intrinsic", "cuda", "function", "dtype")} for h in hits],
         "allowed": sorted(allowed),
+        "violations": violations,
+        "exit_code": 1 if violations else 0,
     }
 
 

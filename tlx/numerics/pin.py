@@ -1,0 +1,222 @@
+"""Layout pinning: record every compile decision that fixes accumulation or reduction order,
+and hold later compiles to it.
+
+A pin file (``NAME.pin.json``, written by ``tlx pin FILE.py::NAME``) holds:
+
+- ``pass_configs``: the explicit pass configs of the pinned compile (re-applied);
+- ``decisions``: what TileLang decided, each compared on every pinned compile —
+  ``layouts`` (every shared/fragment layout after LayoutInference, swizzles included, as
+  TileLang prints them; a fragment's thread mapping is its warp partition), ``gemm`` (each
+  MMA/WGMMA instruction with its shape and operand types), ``reduce`` (the cross-thread
+  reduction and scan templates, which name their strategy), ``pipeline`` (num_stages of each
+  pipelined loop, warp specialization), ``launch`` (grid, block and shared memory of each
+  device kernel), ``tma`` (TMA descriptor parameters: box, swizzle, interleave, L2 promotion)
+  and ``numerics`` (the nvcc floating-point flags).
+
+A compile with ``pin=PATH`` re-applies the pinned pass configs (re-lowering if they differ
+from the requested ones; an explicit request that contradicts the pin is an error), then
+compares every decision and raises :class:`PinMismatchError` naming each one that differs.
+Layouts are checked, not forced: TileLang stage-expands shared layouts during lowering, so
+a recorded layout cannot always be handed back to ``T.annotate_layout``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tilelang import tvm
+
+from tlx.numerics._tir import calls, device_functions, extern_name, op_name
+from tlx.numerics.modes import nvcc_flags
+from tlx.passes import register_pass
+
+__all__ = ["PIN_VERSION", "PinMismatchError", "load_pin", "pin_kernel_file", "pinned_pass_configs", "record"]
+
+PIN_VERSION = 1
+PIN_ORDER = 5  # before any pass that rewrites the device module: the pin pass may re-lower
+DECISIONS = ("layouts", "gemm", "reduce", "pipeline", "launch", "tma", "numerics")
+
+
+class PinMismatchError(RuntimeError):
+    """The compiler no longer makes a pinned decision."""
+
+
+def _layouts(layout_mod) -> dict:
+    out: dict = {}
+    if layout_mod is None:
+        return out
+    for _, func in device_functions(layout_mod):
+
+        def visit(node):
+            if isinstance(node, tvm.tirx.SBlock) and "layout_map" in node.annotations:
+                for var, layout in node.annotations["layout_map"].items():
+                    name = var.name if hasattr(var, "name") else str(var)
+                    out[name] = f"{type(layout).__name__}: {layout}"
+
+        tvm.tirx.stmt_functor.post_order_visit(func.body, visit)
+    return dict(sorted(out.items()))
+
+
+def _gemm_and_reduce(device_mod) -> tuple[list, list]:
+    gemm, reduce = [], set()
+    for fname, func in device_functions(device_mod):
+        for call in calls(func):
+            op = op_name(call)
+            if "mma" in op.rsplit(".", 1)[-1]:
+                consts = [str(a.value) if isinstance(a, tvm.tirx.StringImm) else int(a)
+                          for a in call.args if isinstance(a, (tvm.tirx.StringImm, tvm.tirx.IntImm))]  # fmt: skip
+                entry = f"{fname}: {op}({', '.join(map(str, consts))})"
+                if entry not in gemm:
+                    gemm.append(entry)
+            ext = extern_name(call)
+            if ext and ext.startswith("tl::") and any(k in ext for k in ("Reduce", "Scan", "gemm", "Gemm")):
+                reduce.add(f"{fname}: {ext}")
+    return gemm, sorted(reduce)
+
+
+def _pipeline_and_launch(kernel) -> tuple[dict, dict]:
+    stages: dict = {}
+
+    def visit(node):
+        if isinstance(node, tvm.tirx.For) and "num_stages" in node.annotations:
+            stages[node.loop_var.name] = int(node.annotations["num_stages"])
+
+    tvm.tirx.stmt_functor.post_order_visit(kernel.prim_func.body, visit)
+    launch: dict = {}
+    for fname, func in device_functions(kernel.device_mod):
+        attrs = func.attrs or {}
+        warp_specialized = []
+        tvm.tirx.stmt_functor.post_order_visit(
+            func.body,
+            lambda n: warp_specialized.append(1) if isinstance(n, tvm.tirx.AttrStmt) and n.attr_key == "kWarpSpecializationScope" else None,
+        )
+        launch[fname] = {
+            "thread_extent": {str(k): str(v) for k, v in (attrs["thread_extent"].items() if "thread_extent" in attrs else [])},
+            "dyn_shared_memory": str(attrs["dyn_shared_memory_buf"]) if "dyn_shared_memory_buf" in attrs else "0",
+            "warp_specialized": bool(warp_specialized),
+        }
+    return {"num_stages": dict(sorted(stages.items()))}, launch
+
+
+def _tma(host_mod) -> dict:
+    out = {}
+    for _, func in device_functions(host_mod):
+        attrs = func.attrs or {}
+        if "tma_descriptor_args" in attrs:
+            for desc, args in attrs["tma_descriptor_args"].items():
+                out[desc.name] = [str(a) for a in args]
+    return dict(sorted(out.items()))
+
+
+def record(kernel, numerics: str = "default") -> dict:
+    """The order-affecting decisions of one lowered kernel, as JSON-able data."""
+    gemm, reduce = _gemm_and_reduce(kernel.device_mod)
+    pipeline, launch = _pipeline_and_launch(kernel)
+    fast_math = bool((kernel.pass_configs or {}).get("tl.enable_fast_math", False))
+    return {
+        "layouts": _layouts(kernel.layout_mod),
+        "gemm": gemm,
+        "reduce": reduce,
+        "pipeline": pipeline,
+        "launch": launch,
+        "tma": _tma(kernel.host_mod),
+        "numerics": [*nvcc_flags(numerics), *(["--use_fast_math"] if fast_math else [])],
+    }
+
+
+def _jsonable(v):
+    if isinstance(v, (str, int, float, bool)) or v is None:
+        return v
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(x) for x in v]
+    return str(v)
+
+
+def pin_kernel_file(prim_func, options, *, name: str, kernel_file: Path, output: str | Path | None = None) -> Path:
+    """Lower ``prim_func`` with ``options``, record its decisions and write the pin file
+    (``NAME.pin.json`` beside ``kernel_file`` unless ``output`` is given); returns its path."""
+    from tlx.lowering import lower, normalize_target
+
+    target = normalize_target(options.target_dict())
+    pass_configs = options.pass_config_dict()
+    kernel = lower(prim_func, target, pass_configs, name=name)
+    import tilelang
+
+    data = {
+        "version": PIN_VERSION,
+        "kernel": name,
+        "target": target,
+        "tilelang": tilelang.__version__,
+        "pass_configs": {k: _jsonable(v) for k, v in sorted(pass_configs.items())},
+        "decisions": record(kernel, options.numerics),
+    }
+    path = Path(output) if output is not None else Path(kernel_file).parent / f"{name}.pin.json"
+    path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    return path
+
+
+def load_pin(path: str | Path) -> dict:
+    """Read and validate a pin file; raises ValueError naming the file and what is wrong."""
+    p = Path(path)
+    try:
+        data = json.loads(p.read_text())
+    except FileNotFoundError:
+        raise ValueError(f"pin: file {str(p)!r} does not exist") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"pin: {str(p)!r} is not JSON ({e})") from None
+    if not isinstance(data, dict) or data.get("version") != PIN_VERSION:
+        got = data.get("version") if isinstance(data, dict) else type(data).__name__
+        raise ValueError(f"pin: {str(p)!r}: expected version {PIN_VERSION}, got {got!r}")
+    missing = [k for k in ("pass_configs", "decisions") if not isinstance(data.get(k), dict)]
+    missing += [f"decisions.{k}" for k in DECISIONS if k not in data.get("decisions", {})]
+    if missing:
+        raise ValueError(f"pin: {str(p)!r} lacks {', '.join(missing)}")
+    return data
+
+
+def pinned_pass_configs(requested: dict, pin: dict, path: str = "") -> dict:
+    """The requested pass configs plus the pinned ones; a contradiction is a PinMismatchError."""
+    merged = dict(requested)
+    for key, value in pin["pass_configs"].items():
+        if key in requested and _jsonable(requested[key]) != value:
+            raise PinMismatchError(
+                f"pin {path}: pass config {key} is pinned to {value!r} but this compile requests {requested[key]!r}"
+            )
+        merged[key] = value
+    return merged
+
+
+def _differences(pinned, actual, where: str) -> list[str]:
+    if isinstance(pinned, dict) and isinstance(actual, dict):
+        out = []
+        for k in sorted(set(pinned) | set(actual)):
+            if k not in actual:
+                out.append(f"{where}.{k}: pinned {pinned[k]!r}, now absent")
+            elif k not in pinned:
+                out.append(f"{where}.{k}: not in the pin, now {actual[k]!r}")
+            else:
+                out += _differences(pinned[k], actual[k], f"{where}.{k}")
+        return out
+    return [] if pinned == actual else [f"{where}: pinned {pinned!r}, now {actual!r}"]
+
+
+@register_pass("numerics_pin", PIN_ORDER, enabled=lambda ctx: bool(ctx.options.get("pin")))
+def pin_pass(kernel, ctx):
+    """Re-apply the pin's pass configs (re-lowering when needed) and verify every decision."""
+    from tlx.lowering import lower
+
+    path = str(ctx.options["pin"])
+    pin = load_pin(path)
+    merged = pinned_pass_configs(kernel.pass_configs or {}, pin, path)
+    if merged != (kernel.pass_configs or {}):
+        kernel = lower(kernel.prim_func, ctx.options["target"], merged, name=kernel.name)
+    actual = json.loads(json.dumps(record(kernel, ctx.options.get("numerics", "default"))))
+    diffs = _differences(pin["decisions"], actual, "decisions")
+    if diffs:
+        raise PinMismatchError(
+            f"pin {path}: kernel {kernel.name!r} no longer compiles to the pinned decisions "
+            f"({len(diffs)} differ):\n  " + "\n  ".join(diffs[:20])
+        )
+    ctx.reports["pin"] = {"file": path, "reapplied_pass_configs": sorted(pin["pass_configs"]), "decisions_checked": len(DECISIONS)}
+    return kernel
