@@ -11,7 +11,7 @@ import torch
 import tilelang.language as T
 
 import tlx
-from kernels.quant.common import TARGET, TORCH_DTYPES, cast_e4m3, check_2d, group_scale
+from kernels.quant.common import TARGET, TORCH_DTYPES, cast_e4m3, check_2d, check_cuda, group_scale
 
 BLOCKS = (32, 128)
 WIDTH = 128  # columns per CTA
@@ -79,6 +79,7 @@ def per_block_cast(w: torch.Tensor, block: int = 128, pow2: bool = False):
     n, k = w.shape
     if n % block:
         raise ValueError(f"w: {n} rows is not a multiple of block {block}")
+    check_cuda(w=w)
     q = torch.empty((n, k), dtype=torch.float8_e4m3fn, device=w.device)
     s = torch.empty((n // block, k // block), dtype=torch.float32, device=w.device)
     if n:

@@ -12,7 +12,7 @@ import torch
 import tilelang.language as T
 
 import tlx
-from kernels.quant.common import TARGET, TORCH_DTYPES, cast_e4m3, check_2d, group_scale
+from kernels.quant.common import TARGET, TORCH_DTYPES, cast_e4m3, check_2d, check_cuda, group_scale
 
 TOKENS = 128
 CHANNELS = 64
@@ -87,6 +87,7 @@ def per_channel_cast_transpose(x: torch.Tensor, pow2: bool = False):
     t, h = x.shape
     if t % 16:
         raise ValueError(f"x: {t} tokens is not a multiple of 16 (rows of the [H, T] output must stay 16-byte aligned)")
+    check_cuda(x=x)
     q = torch.empty((h, t), dtype=torch.float8_e4m3fn, device=x.device)
     s = torch.empty((h, (t + TOKENS - 1) // TOKENS), dtype=torch.float32, device=x.device)
     if t:

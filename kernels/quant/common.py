@@ -68,7 +68,7 @@ def ue8m0_value(code):
 
 
 def check_2d(name: str, t: torch.Tensor, dtypes, cols_multiple: int = 1) -> None:
-    """Clear errors for the kernel wrappers' inputs (CUDA, 2-D, contiguous, dtype, width)."""
+    """Clear errors for a kernel wrapper's input: dtype, 2-D, contiguous, width, alignment, size."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
     if t.dtype not in dtypes:
@@ -79,7 +79,17 @@ def check_2d(name: str, t: torch.Tensor, dtypes, cols_multiple: int = 1) -> None
         raise ValueError(f"{name}: expected a contiguous tensor, got strides {t.stride()}")
     if t.shape[1] % cols_multiple:
         raise ValueError(f"{name}: width {t.shape[1]} is not a multiple of {cols_multiple}")
+    if t.data_ptr() % 16:
+        raise ValueError(f"{name}: data pointer 0x{t.data_ptr():x} is not 16-byte aligned (the kernels use 16-byte vector accesses)")
     if t.numel() > INT32_LIMIT:
         raise ValueError(f"{name}: {t.numel()} elements exceed the int32 index range of these kernels")
-    if t.device.type != "cuda":
-        raise ValueError(f"{name}: expected a CUDA tensor, got device {t.device}")
+
+
+def check_cuda(**tensors: torch.Tensor) -> None:
+    """All inputs on one CUDA device (checked last, so argument errors show first)."""
+    devices = {t.device for t in tensors.values()}
+    for name, t in tensors.items():
+        if t.device.type != "cuda":
+            raise ValueError(f"{name}: expected a CUDA tensor, got device {t.device}")
+    if len(devices) > 1:
+        raise ValueError(f"expected all inputs on one device, got {sorted(map(str, devices))}")

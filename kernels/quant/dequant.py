@@ -13,7 +13,7 @@ import torch
 import tilelang.language as T
 
 import tlx
-from kernels.quant.common import EPT, TARGET, THREADS, TORCH_DTYPES, check_2d, e2m1_value, ue8m0_value
+from kernels.quant.common import EPT, TARGET, THREADS, TORCH_DTYPES, check_2d, check_cuda, e2m1_value, ue8m0_value
 
 OUT_DTYPES = {torch.bfloat16: "bfloat16", torch.float32: "float32"}
 
@@ -68,6 +68,7 @@ def _out_dtype(out_dtype) -> str:
 
 def dequant_e4m3(q: torch.Tensor, s: torch.Tensor, block: tuple[int, int] = (1, 128), out_dtype=torch.bfloat16):
     """e4m3 ``[M, N]`` and fp32 scales ``[ceil(M / block[0]), N / block[1]]`` -> ``out_dtype`` ``[M, N]``."""
+    out = _out_dtype(out_dtype)
     br, bc = block
     if br not in (1, 32, 128) or bc not in (32, 64, 128) or (br > 1 and br != bc):
         raise ValueError(f"block: expected (1, 32|64|128) or (32, 32) or (128, 128), got {block!r}")
@@ -76,20 +77,23 @@ def dequant_e4m3(q: torch.Tensor, s: torch.Tensor, block: tuple[int, int] = (1, 
     check_2d("s", s, (torch.float32,))
     if tuple(s.shape) != ((m + br - 1) // br, n // bc):
         raise ValueError(f"s: expected shape {((m + br - 1) // br, n // bc)} for block {block}, got {tuple(s.shape)}")
+    check_cuda(q=q, s=s)
     y = torch.empty((m, n), dtype=out_dtype, device=q.device)
     if m:
-        dequant_kernel(n, "e4m3", br, bc, _out_dtype(out_dtype))(q, s, y)
+        dequant_kernel(n, "e4m3", br, bc, out)(q, s, y)
     return y
 
 
 def dequant_e2m1(packed: torch.Tensor, codes: torch.Tensor, out_dtype=torch.bfloat16):
     """MXFP4 ``[M, N/2]`` uint8 and UE8M0 codes ``[M, N/32]`` uint8 -> ``out_dtype`` ``[M, N]``."""
+    out = _out_dtype(out_dtype)
     check_2d("packed", packed, (torch.uint8,), 16)
     m, n = packed.shape[0], packed.shape[1] * 2
     check_2d("codes", codes, (torch.uint8,))
     if tuple(codes.shape) != (m, n // 32):
         raise ValueError(f"codes: expected shape {(m, n // 32)}, got {tuple(codes.shape)}")
+    check_cuda(packed=packed, codes=codes)
     y = torch.empty((m, n), dtype=out_dtype, device=packed.device)
     if m:
-        dequant_kernel(n, "e2m1", 1, 32, _out_dtype(out_dtype))(packed, codes, y)
+        dequant_kernel(n, "e2m1", 1, 32, out)(packed, codes, y)
     return y

@@ -20,7 +20,7 @@ import tilelang.language as T
 
 import tlx
 from kernels.quant.common import (
-    EPT, TARGET, THREADS, TORCH_DTYPES, cast_e4m3, check_2d, e2m1_code, e2m1_value, group_scale, ue8m0_value,
+    EPT, TARGET, THREADS, TORCH_DTYPES, cast_e4m3, check_2d, check_cuda, e2m1_code, e2m1_value, group_scale, ue8m0_value,
 )
 from kernels.quant.reference import SCALE_FORMATS, tma_aligned
 
@@ -182,15 +182,15 @@ def group_cast_kernel(H: int, group: int, in_mode: str, in_dtype: str, out_fmt: 
     return kernel
 
 
-def _check_group(group: int) -> None:
+def _check_group(group: int, scale_fmt: str = "fp32") -> None:
     if group not in GROUPS:
         raise ValueError(f"group: expected one of {GROUPS}, got {group!r}")
+    if scale_fmt not in SCALE_FORMATS:
+        raise ValueError(f"scale_fmt: expected one of {SCALE_FORMATS}, got {scale_fmt!r}")
 
 
 def _alloc_scales(t: int, ng: int, scale_fmt: str, col_major: bool, device):
     """(tensor passed to the kernel, tensor returned to the caller) for the scale output."""
-    if scale_fmt not in SCALE_FORMATS:
-        raise ValueError(f"scale_fmt: expected one of {SCALE_FORMATS}, got {scale_fmt!r}")
     if scale_fmt == "ue8m0_packed":
         ng4 = (ng + 3) // 4
         alloc = torch.zeros if ng % 4 else torch.empty
@@ -203,8 +203,9 @@ def _alloc_scales(t: int, ng: int, scale_fmt: str, col_major: bool, device):
 
 def per_token_group_cast(x: torch.Tensor, group: int = 128, scale_fmt: str = "fp32", col_major: bool = False):
     """bf16/fp32 ``[T, H]`` -> (e4m3 ``[T, H]``, scales ``[T, H / group]``; int32 ``[T, ceil(H/group/4)]`` when packed)."""
-    _check_group(group)
+    _check_group(group, scale_fmt)
     check_2d("x", x, TORCH_DTYPES, group)
+    check_cuda(x=x)
     t, h = x.shape
     s_arg, s_out = _alloc_scales(t, h // group, scale_fmt, col_major, x.device)
     q = torch.empty((t, h), dtype=torch.float8_e4m3fn, device=x.device)
@@ -216,15 +217,18 @@ def per_token_group_cast(x: torch.Tensor, group: int = 128, scale_fmt: str = "fp
 def swiglu_cast(x: torch.Tensor, weights: torch.Tensor | None = None, clamp: float = 10.0, group: int = 128,
                 scale_fmt: str = "fp32", col_major: bool = False):
     """bf16 ``[T, 2I]`` -> e4m3 ``[T, I]`` of ``silu(fmin(gate, c)) * clamp(up, -c, c) * w`` plus scales."""
-    _check_group(group)
+    _check_group(group, scale_fmt)
     check_2d("x", x, (torch.bfloat16,), 2 * group)
     t, i = x.shape[0], x.shape[1] // 2
     if weights is not None:
-        if weights.dtype != torch.float32 or tuple(weights.shape) != (t,) or weights.device != x.device:
-            raise ValueError(f"weights: expected fp32 [{t}] on {x.device}, got {weights.dtype} {tuple(weights.shape)} on {weights.device}")
+        if not isinstance(weights, torch.Tensor) or weights.dtype != torch.float32 or tuple(weights.shape) != (t,):
+            raise ValueError(f"weights: expected an fp32 tensor of shape ({t},), got {getattr(weights, 'dtype', type(weights))} "
+                             f"{tuple(getattr(weights, 'shape', ()))}")
         w = weights.contiguous()
+        check_cuda(x=x, weights=w)
     else:
-        w = torch.empty((t,), dtype=torch.float32, device=x.device)
+        check_cuda(x=x)
+        w = torch.empty((t,), dtype=torch.float32, device=x.device)  # not read: the kernel is built unweighted
     s_arg, s_out = _alloc_scales(t, i // group, scale_fmt, col_major, x.device)
     q = torch.empty((t, i), dtype=torch.float8_e4m3fn, device=x.device)
     if t:
@@ -236,6 +240,7 @@ def swiglu_cast(x: torch.Tensor, weights: torch.Tensor | None = None, clamp: flo
 def mxfp4_cast(x: torch.Tensor):
     """bf16/fp32 ``[T, K]`` -> (e2m1 packed uint8 ``[T, K/2]``, UE8M0 codes uint8 ``[T, K/32]``)."""
     check_2d("x", x, TORCH_DTYPES, 32)
+    check_cuda(x=x)
     t, k = x.shape
     q = torch.empty((t, k // 2), dtype=torch.uint8, device=x.device)
     s = torch.empty((t, k // 32), dtype=torch.uint8, device=x.device)
@@ -247,7 +252,7 @@ def mxfp4_cast(x: torch.Tensor):
 def fp4_to_fp8(packed: torch.Tensor, codes: torch.Tensor, group: int = 128, scale_fmt: str = "ue8m0",
                col_major: bool = False):
     """MXFP4 (``[T, K/2]`` uint8, ``[T, K/32]`` UE8M0) -> e4m3 ``[T, K]`` with power-of-two 1 x ``group`` scales."""
-    _check_group(group)
+    _check_group(group, scale_fmt)
     if scale_fmt == "fp32":
         raise ValueError("scale_fmt: re-blocking is lossless only with power-of-two scales; expected 'ue8m0' or 'ue8m0_packed'")
     check_2d("packed", packed, (torch.uint8,), group // 2)
@@ -255,6 +260,7 @@ def fp4_to_fp8(packed: torch.Tensor, codes: torch.Tensor, group: int = 128, scal
     check_2d("codes", codes, (torch.uint8,))
     if tuple(codes.shape) != (t, k // 32):
         raise ValueError(f"codes: expected shape {(t, k // 32)}, got {tuple(codes.shape)}")
+    check_cuda(packed=packed, codes=codes)
     s_arg, s_out = _alloc_scales(t, k // group, scale_fmt, col_major, packed.device)
     q = torch.empty((t, k), dtype=torch.float8_e4m3fn, device=packed.device)
     if t:
