@@ -24,7 +24,7 @@ CUDA_NAMES = {
 
 
 def cuda_source(prim_func, cpu_target, stop_after="cuda", **options):
-    out, md = compile_artifacts(prim_func, Options.make(target=cpu_target, **options), stop_after=stop_after)
+    out, md = compile_artifacts(prim_func, Options.make(target=cpu_target, verify="off", **options), stop_after=stop_after)
     return out, md
 
 

@@ -1,0 +1,106 @@
+"""Layout pinning on the CPU: pin files, re-applied pass configs, clear errors on drift."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.numerics import determinism_kernels as D
+from tlx.compiler import compile_artifacts
+from tlx.jit import Options
+from tlx.numerics import pin
+from tlx.numerics.pin import PinMismatchError
+
+TARGET = {"kind": "cuda", "arch": "sm_90a"}
+UNRELATED = {"tl.disable_out_of_bound_warning": True}
+
+
+@pytest.fixture(scope="module")
+def pins(tmp_path_factory):
+    """A default GEMM pin and a pin made with wgmma disabled."""
+    d = tmp_path_factory.mktemp("pins")
+    default = pin.pin_kernel_file(D.gemm(), Options.make(target=TARGET), name="plain_gemm", kernel_file=d / "k.py")
+    mma = pin.pin_kernel_file(D.gemm(), Options.make(target=TARGET, pass_configs={"tl.disable_wgmma": True}),
+                              name="plain_gemm", kernel_file=d / "k.py", output=d / "mma.pin.json")  # fmt: skip
+    return default, mma
+
+
+def source(**options):
+    src, md = compile_artifacts(D.gemm(), Options.make(target=TARGET, verify="off", **options), stop_after="cuda")
+    return src, md
+
+
+def test_pin_file_records_every_decision(pins):
+    default, _ = pins
+    assert default.name == "plain_gemm.pin.json" and default.parent == pins[1].parent
+    data = json.loads(default.read_text())
+    d = data["decisions"]
+    assert set(d) == set(pin.DECISIONS)
+    assert set(d["layouts"]) == {"A_s", "B_s", "C_l"} and d["layouts"]["C_l"].startswith("Fragment:")
+    assert any("ptx_wgmma_ss(m64n64k16" in g for g in d["gemm"])
+    assert d["pipeline"]["num_stages"] == {"k": 2}
+    assert set(d["tma"]) == {"A_desc", "B_desc"}
+    assert d["numerics"][0] == "--fmad=true"
+
+
+def test_pinned_compile_keeps_decisions_and_source_across_unrelated_change(pins):
+    default, _ = pins
+    free_src, _ = source()
+    pinned_src, md = source(pin=str(default), pass_configs=UNRELATED)
+    assert md["reports"]["pin"]["file"] == str(default)
+    assert pinned_src == free_src
+
+
+def test_pin_reapplies_its_pass_configs(pins):
+    _, mma = pins
+    explicit_src, _ = source(pass_configs={"tl.disable_wgmma": True})
+    pinned_src, md = source(pin=str(mma))
+    assert md["reports"]["pin"]["reapplied_pass_configs"] == ["tl.disable_wgmma"]
+    assert pinned_src == explicit_src and "wgmma" not in pinned_src.split("extern \"C\" __global__")[-1]
+
+
+def test_drifted_decision_is_named(pins):
+    default, _ = pins
+    with pytest.raises(PinMismatchError) as e:
+        source(pin=str(default), pass_configs={"tl.disable_wgmma": True})
+    msg = str(e.value)
+    assert "decisions.gemm: pinned" in msg and "ptx_mma(m16n8k16" in msg and "decisions.layouts.C_l" in msg
+
+
+def test_numerics_mode_is_pinned(pins):
+    default, _ = pins
+    with pytest.raises(PinMismatchError, match=r"decisions.numerics: pinned \['--fmad=true'"):
+        source(pin=str(default), numerics="strict")
+
+
+def test_contradicting_pass_config_is_an_error(pins):
+    _, mma = pins
+    with pytest.raises(PinMismatchError, match="pass config tl.disable_wgmma is pinned to True but this compile requests False"):
+        source(pin=str(mma), pass_configs={"tl.disable_wgmma": False})
+
+
+def test_bad_pin_files(tmp_path):
+    with pytest.raises(ValueError, match="does not exist"):
+        pin.load_pin(tmp_path / "missing.pin.json")
+    (tmp_path / "v0.pin.json").write_text(json.dumps({"version": 0}))
+    with pytest.raises(ValueError, match="expected version 1, got 0"):
+        pin.load_pin(tmp_path / "v0.pin.json")
+    (tmp_path / "partial.pin.json").write_text(json.dumps({"version": 1, "pass_configs": {}, "decisions": {"gemm": []}}))
+    with pytest.raises(ValueError, match="lacks decisions.layouts"):
+        pin.load_pin(tmp_path / "partial.pin.json")
+
+
+def test_cli_pin_writes_beside_the_kernel(tmp_path):
+    kernel_file = tmp_path / "my_kernels.py"
+    kernel_file.write_text(
+        "import tlx\nfrom tests.numerics import determinism_kernels as D\n\n"
+        "@tlx.jit(target={'kind': 'cuda', 'arch': 'sm_90a'})\ndef gemm():\n    return D.gemm()\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-m", "tlx.cli", "pin", f"{kernel_file}::gemm"], capture_output=True, text=True,
+                          cwd=root, env={**__import__("os").environ, "PYTHONPATH": str(root)})  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    data = pin.load_pin(tmp_path / "gemm.pin.json")
+    assert data["kernel"] == "gemm" and data["decisions"]["pipeline"]["num_stages"] == {"k": 2}
