@@ -436,27 +436,43 @@ def _phase(acc) -> tuple[int, int]:
     return 8, 32
 
 
+def _free_vars(expr) -> list:
+    out = []
+
+    def visit(n):
+        if isinstance(n, tir.Var) and n not in out:
+            out.append(n)
+
+    tir.stmt_functor.post_order_visit(tir.Evaluate(expr), visit)
+    return out
+
+
 def _lane_split(prog: Program, acc: Access, ana):
     """(warp var, lane-bit vars, address expr, active expr) with thread ids rewritten per warp and lane bit.
 
     Writing the lane as five 0/1 variables lets TVM's simplifier turn ``tx % 64 // 32``
     and friends into single bits, which keeps the many-lane Z3 queries small.
     """
-    warp = tir.Var("warp", "int32")
+    nwarps = max((prog.block_threads + 31) // 32, 1)
+    warp_bits = [tir.Var(f"warp.b{i}", "int32") for i in range((nwarps - 1).bit_length())]
     bits = [tir.Var(f"lane.b{i}", "int32") for i in range(5)]
-    ana.bind(warp, tvm.ir.Range(0, max((prog.block_threads + 31) // 32, 1)))
-    for b in bits:
+    for b in bits + warp_bits:
         ana.bind(b, tvm.ir.Range(0, 2))
     lane = bits[0] + bits[1] * 2 + bits[2] * 4 + bits[3] * 8 + bits[4] * 16
+    warp = tir.IntImm("int32", 0)
+    for i, b in enumerate(warp_bits):
+        warp = warp + b * (1 << i)
     tid = warp * 32 + lane
     sub, stride = {}, 1
     for v, ext in prog.threads:
         sub[v] = tir.floormod(tir.floordiv(tid, stride), ext)
         stride *= ext
     index = acc.index.base if isinstance(acc.index, tir.Ramp) else acc.index
-    addr = ana.simplify(tir.stmt_functor.substitute(index, sub) * _elem_bytes(acc.dtype) + acc.base_bytes)
+    addr = ana.simplify(ana.simplify(tir.stmt_functor.substitute(index, sub) * _elem_bytes(acc.dtype) + acc.base_bytes))
+    # word = hi * 32 + lo // 4: the bank depends on ``lo`` only, and both halves simplify further.
+    hi, lo = (ana.simplify(ana.simplify(op(addr, 128))) for op in (tir.floordiv, tir.floormod))
     active = ana.simplify(tir.stmt_functor.substitute(tir.all(*acc.conds), sub)) if acc.conds else tir.const(True)
-    return warp, bits, addr, active
+    return warp, bits, hi, lo, active
 
 
 def bank_conflicts(enc: Encoder, prog: Program, acc: Access) -> dict:
@@ -471,16 +487,17 @@ def bank_conflicts(enc: Encoder, prog: Program, acc: Access) -> dict:
     for v, ext in prog.blocks:
         if _int(ext) is not None:
             ana.bind(v, tvm.ir.Range(0, _int(ext)))
-    warp_v, bits, addr, active = _lane_split(prog, acc, ana)
-    warp = enc.var(warp_v)
-    base = [warp >= 0, warp * 32 < nthreads] + context_facts(enc, prog, acc)
+    warp_v, bits, hi, lo, active = _lane_split(prog, acc, ana)
+    warp = enc.encode(warp_v)
+    warp_bits = [enc.var(v) for v in _free_vars(warp_v)]
+    base = [c for b in warp_bits for c in (b >= 0, b <= 1)] + [warp * 32 < nthreads] + context_facts(enc, prog, acc)
     words_per_lane = max(acc.width // 4, 1)
     zero, one = z3.IntVal(0, ctx), z3.IntVal(1, ctx)
     lane_terms = []
     for lane in range(32):
         env = {b: (one if (lane >> i) & 1 else zero) for i, b in enumerate(bits)}
         live = z3.And(enc.encode_bool(active, env), warp * 32 + lane < nthreads) if lane < participating else z3.BoolVal(False, ctx)
-        lane_terms.append((enc.encode(addr, env), live))
+        lane_terms.append((enc.encode(hi, env) * 128 + enc.encode(lo, env), live))
     enc.take_obligations()
     result = {"buffer": acc.buffer, "op": acc.op, "width_bytes": acc.width, "statement": acc.text, "lanes_per_phase": per_phase, "exact": acc.exact}
 
@@ -496,7 +513,7 @@ def bank_conflicts(enc: Encoder, prog: Program, acc: Access) -> dict:
         k = best + 1
         copies = [[z3.Int(f"l{i}.b{j}@{acc.order}", ctx) for j in range(5)] for i in range(k)]
         os_ = [z3.Int(f"o{i}@{acc.order}", ctx) for i in range(k)]
-        words, lanes = [], []
+        words, lanes, banks = [], [], []
         cons = list(base)
         for i, (lb, oi) in enumerate(zip(copies, os_, strict=True)):
             env = dict(zip(bits, lb, strict=True))
@@ -505,10 +522,12 @@ def bank_conflicts(enc: Encoder, prog: Program, acc: Access) -> dict:
             cons += [c for b in lb for c in (b >= 0, b <= 1)]
             cons += [oi >= 0, oi < words_per_lane, li < participating, warp * 32 + li < nthreads, enc.encode_bool(active, env)]
             cons += [lb[j] == copies[0][j] for j in range(phase_bits, 5)]  # same phase
-            w = enc.encode(addr, env) / 4 + oi
+            bank = enc.encode(lo, env) / 4 + oi
+            w = enc.encode(hi, env) * 32 + bank
             words.append(w)
+            banks.append(bank)
             if i:
-                cons += [words[i - 1] < w, w % 32 == words[0] % 32]
+                cons += [words[i - 1] < w, bank % 32 == banks[0] % 32]
         enc.take_obligations()
         v = enc.check(cons)
         if v.status == "proven":
