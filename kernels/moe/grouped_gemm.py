@@ -24,10 +24,12 @@ import tlx
 BLOCK_M = 128
 BLOCK_K = 128  # = the scale group: one fp32 promotion per K block
 
-# Symbolic sizes (module level so the kernel sources see them): rows, row blocks, masked rows.
+# Symbolic sizes (module level so the kernel sources see them): rows, row blocks, masked rows,
+# experts (dynamic so that one compiled kernel serves every expert count of a shape).
 nrows = T.dynamic("R")
 nblocks = T.dynamic("NB")
 mrows = T.dynamic("M")
+nexp = T.dynamic("E")
 
 
 def check_gemm_args(n: int, k: int, block_n: int):
@@ -38,22 +40,32 @@ def check_gemm_args(n: int, k: int, block_n: int):
 
 
 @T.macro
-def _k_loop(A, SA, B, SB, e, a_row, b_row, sb_row, k, A_s, B_s, scale_s, part, total, num_stages):
-    """The DeepGEMM promotion loop over K blocks for one (row block, column block) tile."""
+def _tile(A, SA, B, SB, C, lead, e, row0, col0, k, block_n, num_stages):
+    """One (128-row block, block_n columns) output tile: the DeepGEMM promotion loop over K
+    blocks, then one rounding to bf16. ``lead`` indexes the expert dimension of A/SA/C in the
+    masked layout and is empty in the contiguous one."""
+    A_s = T.alloc_shared((BLOCK_M, BLOCK_K), "float8_e4m3")
+    B_s = T.alloc_shared((block_n, BLOCK_K), "float8_e4m3")
+    C_s = T.alloc_shared((BLOCK_M, block_n), "bfloat16")
+    scale_s = T.alloc_shared((BLOCK_M,), "float32")
+    part = T.alloc_fragment((BLOCK_M, block_n), "float32")
+    total = T.alloc_fragment((BLOCK_M, block_n), "float32")
     T.clear(total)
     for kb in T.Pipelined(k // BLOCK_K, num_stages=num_stages):
-        T.copy(A[a_row, kb * BLOCK_K], A_s)
-        T.copy(B[e, b_row, kb * BLOCK_K], B_s)
+        T.copy(A[(*lead, row0, kb * BLOCK_K)], A_s)
+        T.copy(B[e, col0, kb * BLOCK_K], B_s)
         for i in T.Parallel(BLOCK_M):
-            scale_s[i] = SA[a_row + i, kb] * SB[e, sb_row, kb]
+            scale_s[i] = SA[(*lead, row0 + i, kb)] * SB[e, col0 // 128, kb]
         T.clear(part)
         T.gemm(A_s, B_s, part, transpose_B=True)
-        for i, j in T.Parallel(BLOCK_M, part.shape[1]):
+        for i, j in T.Parallel(BLOCK_M, block_n):
             total[i, j] = T.ieee_fmaf(part[i, j], scale_s[i], total[i, j])
+    T.copy(total, C_s)
+    T.copy(C_s, C[(*lead, row0, col0)])
 
 
 @tlx.jit(target={"kind": "cuda", "arch": "sm_90a"})
-def grouped_gemm_contiguous_kernel(n_experts: int, n: int, k: int, block_n: int = 128, num_stages: int = 4,
+def grouped_gemm_contiguous_kernel(n: int, k: int, block_n: int = 128, num_stages: int = 4,
                                    threads: int = 256):
     """``(A [R, K], SA [R, K/128], B [E, N, K], SB [E, N/128, K/128], block_expert [R/128], C [R, N])``."""
     check_gemm_args(n, k, block_n)
@@ -62,64 +74,38 @@ def grouped_gemm_contiguous_kernel(n_experts: int, n: int, k: int, block_n: int 
     def main(
         A: T.Tensor((nrows, k), "float8_e4m3"),
         SA: T.Tensor((nrows, k // BLOCK_K), "float32"),
-        B: T.Tensor((n_experts, n, k), "float8_e4m3"),
-        SB: T.Tensor((n_experts, n // 128, k // BLOCK_K), "float32"),
+        B: T.Tensor((nexp, n, k), "float8_e4m3"),
+        SB: T.Tensor((nexp, n // 128, k // BLOCK_K), "float32"),
         block_expert: T.Tensor((nblocks,), "int32"),
         C: T.Tensor((nrows, n), "bfloat16"),
     ):
         with T.Kernel(n // block_n, nblocks, threads=threads) as (bx, by):
-            A_s = T.alloc_shared((BLOCK_M, BLOCK_K), "float8_e4m3")
-            B_s = T.alloc_shared((block_n, BLOCK_K), "float8_e4m3")
-            C_s = T.alloc_shared((BLOCK_M, block_n), "bfloat16")
-            scale_s = T.alloc_shared((BLOCK_M,), "float32")
-            part = T.alloc_fragment((BLOCK_M, block_n), "float32")
-            total = T.alloc_fragment((BLOCK_M, block_n), "float32")
             # block_expert[by] is re-read rather than bound to a name: a bound scalar breaks
             # TileLang 0.1.15's warp specialization (used before its definition).
             if block_expert[by] >= 0:
-                _k_loop(A, SA, B, SB, block_expert[by], by * BLOCK_M, bx * block_n, bx * block_n // 128, k, A_s, B_s, scale_s, part,
-                        total, num_stages)
-                T.copy(total, C_s)
-                T.copy(C_s, C[by * BLOCK_M, bx * block_n])
+                _tile(A, SA, B, SB, C, (), block_expert[by], by * BLOCK_M, bx * block_n, k, block_n, num_stages)
 
     return main
 
 
 @tlx.jit(target={"kind": "cuda", "arch": "sm_90a"})
-def grouped_gemm_masked_kernel(n_experts: int, n: int, k: int, block_n: int = 128, num_stages: int = 4,
+def grouped_gemm_masked_kernel(n: int, k: int, block_n: int = 128, num_stages: int = 4,
                                threads: int = 256):
     """``(A [E, M, K], SA [E, M, K/128], B [E, N, K], SB [E, N/128, K/128], counts [E], C [E, M, N])``."""
     check_gemm_args(n, k, block_n)
 
     @T.prim_func
     def main(
-        A: T.Tensor((n_experts, mrows, k), "float8_e4m3"),
-        SA: T.Tensor((n_experts, mrows, k // BLOCK_K), "float32"),
-        B: T.Tensor((n_experts, n, k), "float8_e4m3"),
-        SB: T.Tensor((n_experts, n // 128, k // BLOCK_K), "float32"),
-        counts: T.Tensor((n_experts,), "int32"),
-        C: T.Tensor((n_experts, mrows, n), "bfloat16"),
+        A: T.Tensor((nexp, mrows, k), "float8_e4m3"),
+        SA: T.Tensor((nexp, mrows, k // BLOCK_K), "float32"),
+        B: T.Tensor((nexp, n, k), "float8_e4m3"),
+        SB: T.Tensor((nexp, n // 128, k // BLOCK_K), "float32"),
+        counts: T.Tensor((nexp,), "int32"),
+        C: T.Tensor((nexp, mrows, n), "bfloat16"),
     ):
-        with T.Kernel(n // block_n, T.ceildiv(mrows, BLOCK_M), n_experts, threads=threads) as (bx, by, bz):
-            A_s = T.alloc_shared((BLOCK_M, BLOCK_K), "float8_e4m3")
-            B_s = T.alloc_shared((block_n, BLOCK_K), "float8_e4m3")
-            C_s = T.alloc_shared((BLOCK_M, block_n), "bfloat16")
-            scale_s = T.alloc_shared((BLOCK_M,), "float32")
-            part = T.alloc_fragment((BLOCK_M, block_n), "float32")
-            total = T.alloc_fragment((BLOCK_M, block_n), "float32")
+        with T.Kernel(n // block_n, T.ceildiv(mrows, BLOCK_M), nexp, threads=threads) as (bx, by, bz):
             if by * BLOCK_M < counts[bz]:
-                T.clear(total)
-                for kb in T.Pipelined(k // BLOCK_K, num_stages=num_stages):
-                    T.copy(A[bz, by * BLOCK_M, kb * BLOCK_K], A_s)
-                    T.copy(B[bz, bx * block_n, kb * BLOCK_K], B_s)
-                    for i in T.Parallel(BLOCK_M):
-                        scale_s[i] = SA[bz, by * BLOCK_M + i, kb] * SB[bz, bx * block_n // 128, kb]
-                    T.clear(part)
-                    T.gemm(A_s, B_s, part, transpose_B=True)
-                    for i, j in T.Parallel(BLOCK_M, block_n):
-                        total[i, j] = T.ieee_fmaf(part[i, j], scale_s[i], total[i, j])
-                T.copy(total, C_s)
-                T.copy(C_s, C[bz, by * BLOCK_M, bx * block_n])
+                _tile(A, SA, B, SB, C, (bz,), bz, by * BLOCK_M, bx * block_n, k, block_n, num_stages)
 
     return main
 
@@ -144,7 +130,7 @@ def grouped_gemm_contiguous(a, sa, b, sb, block_expert, out=None):
         raise ValueError(f"a: expected rows a multiple of {BLOCK_M}, got {r}")
     if out is None:
         out = torch.empty(r, n, dtype=torch.bfloat16, device=a.device)
-    grouped_gemm_contiguous_kernel(e, n, k)(a, sa, b, sb, block_expert, out)
+    grouped_gemm_contiguous_kernel(n, k)(a, sa, b, sb, block_expert, out)
     return out
 
 
@@ -161,5 +147,5 @@ def grouped_gemm_masked(a, sa, b, sb, counts, out=None):
     _check("counts", counts, torch.int32, (e,))
     if out is None:
         out = torch.empty(e, m, n, dtype=torch.bfloat16, device=a.device)
-    grouped_gemm_masked_kernel(e, n, k)(a, sa, b, sb, counts, out)
+    grouped_gemm_masked_kernel(n, k)(a, sa, b, sb, counts, out)
     return out

@@ -25,15 +25,14 @@ BASELINES = ("gating", "metadata", "permute", "grouped_gemm")
 
 COMPILES = {
     "gating_grouped": lambda: gating_kernel(256, 6, "sqrtsoftplus", 8, 4, True, 1.5),
-    "gating_softmax": lambda: gating_kernel(384, 6, "softmax", 1, 1, False, 2.5),
     "count": lambda: count_kernel(256, 6),
     "scan": lambda: scan_kernel(256),
     "rows": lambda: rows_kernel(256, 6),
     "permute": lambda: permute_kernel(4096, 6),
     "permute_fp8": lambda: permute_fp8_kernel(4096, 6),
     "combine": lambda: combine_kernel(4096, 6),
-    "gemm_contiguous": lambda: grouped_gemm_contiguous_kernel(8, 4096, 2048),
-    "gemm_masked": lambda: grouped_gemm_masked_kernel(8, 4096, 2048),
+    "gemm_contiguous": lambda: grouped_gemm_contiguous_kernel(4096, 2048),
+    "gemm_masked": lambda: grouped_gemm_masked_kernel(4096, 2048),
 }
 
 
@@ -69,7 +68,7 @@ def test_bad_arguments_are_named():
     with pytest.raises(ValueError, match="score_func"):
         gating_kernel(256, 6, "relu")
     with pytest.raises(ValueError, match="k: expected a multiple of 128"):
-        grouped_gemm_contiguous_kernel(8, 256, 100)
+        grouped_gemm_contiguous_kernel(256, 100)
     with pytest.raises(ValueError, match="ids"):
         routing_metadata(torch.zeros(4, 2, dtype=torch.int64), 8)
 
