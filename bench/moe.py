@@ -1,0 +1,198 @@
+"""MoE building blocks and the unfused layer on one GPU, side by side in one run.
+
+Rows (printed as they are measured, so a timeout still leaves the earlier ones):
+* copy: device-to-device copy bandwidth (read + write), the yardstick of the memory-bound steps;
+* gating / metadata / permute / combine at T = 8192 (V4-Flash and V4-Pro): time and bandwidth
+  as a share of the copy's;
+* grouped FP8 GEMM (L1 and L2 of both models, T = 8192 routing) in TFLOP/s over the routed
+  rows, next to torch._scaled_mm on the dense shape of the same rows (row-wise and per-tensor
+  scales; it has no 128 x 128 block scales);
+* the whole layer (gating -> combine) at T in {8, 512, 8192}.
+
+Timing: CUDA events, warm-up, median of repeats; inputs random and fresh per row; outputs are
+checked (finite, non-zero; GEMM rows against a float64 reference) before they are timed.
+Usage: python bench/moe.py [--out FILE.json] [--reps N]
+"""
+
+import argparse
+import json
+import signal
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from kernels.moe import reference as R  # noqa: E402
+from kernels.moe.gating import gating  # noqa: E402
+from kernels.moe.grouped_gemm import grouped_gemm_contiguous  # noqa: E402
+from kernels.moe.metadata import routing_metadata  # noqa: E402
+from kernels.moe.permute import combine, permute  # noqa: E402
+from kernels.moe.pipeline import V4_FLASH, V4_PRO, moe_layer  # noqa: E402
+
+CUDA = "cuda"
+ROWS = []
+
+
+def timeit(fn, reps, warmup=3):
+    """Median milliseconds of ``fn()`` over ``reps`` runs, each bracketed by CUDA events."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def emit(**row):
+    ROWS.append(row)
+    cells = [str(row.get(k, "")) for k in ("model", "what", "T", "ms", "rate", "vs")]
+    print("| " + " | ".join(cells) + " |", flush=True)
+
+
+def check(name, t):
+    if not torch.isfinite(t.float()).all() or not t.float().abs().sum() > 0:
+        raise AssertionError(f"{name}: output not finite or all zero")
+
+
+def make_layer(model, seed):
+    g = torch.Generator(device=CUDA).manual_seed(seed)
+    e, h, i = model["n_experts"], model["hidden"], model["inter"]
+
+    def weight(n, k):
+        w = torch.empty(e, n, k, device=CUDA, dtype=torch.float8_e4m3fn)
+        for j in range(e):
+            w[j] = (torch.randn(n, k, device=CUDA, generator=g, dtype=torch.bfloat16) * 2).clamp(-8, 8).to(w.dtype)
+        s = (torch.rand(e, n // 128, k // 128, device=CUDA, generator=g) + 0.5) / (2 * k**0.5)
+        return w, s
+
+    return (*weight(2 * i, h), *weight(h, i))
+
+
+def copy_bandwidth(reps):
+    src = torch.randn(2**28, device=CUDA)  # 1 GiB
+    dst = torch.empty_like(src)
+    ms = timeit(lambda: dst.copy_(src), reps)
+    assert torch.equal(dst[:1024], src[:1024])
+    gbs = 2 * src.numel() * 4 / ms / 1e6
+    emit(what="copy d2d", T="", ms=f"{ms:.3f}", rate=f"{gbs:.0f} GB/s", vs="")
+    return gbs
+
+
+def memory_steps(name, model, copy_gbs, reps):
+    cfg = model["cfg"]
+    t, h, e, k = 8192, model["hidden"], model["n_experts"], cfg.topk
+    logits = torch.randn(t, e, device=CUDA)
+    ms = timeit(lambda: gating(logits, None, k, cfg.score_func, routed_scaling=cfg.routed_scaling), reps)
+    ids, w = gating(logits, None, k, cfg.score_func, routed_scaling=cfg.routed_scaling)
+    gb = (t * e * 4 + t * k * 8) / 1e9
+    emit(model=name, what="gating", T=t, ms=f"{ms:.3f}", rate=f"{gb / ms * 1e3:.0f} GB/s", vs=f"{gb / ms * 1e3 / copy_gbs:.0%} of copy")
+    ms = timeit(lambda: routing_metadata(ids, e), reps)
+    meta = routing_metadata(ids, e)
+    assert int(meta["counts"].sum()) == t * k
+    gb = (3 * t * k * 4 + t * k * 4 + int(meta["offsets"][-1]) * 4) / 1e9
+    emit(model=name, what="metadata", T=t, ms=f"{ms:.3f}", rate=f"{gb / ms * 1e3:.0f} GB/s", vs=f"{gb / ms * 1e3 / copy_gbs:.0%} of copy")
+    xq = (torch.randn(t, h, device=CUDA) * 2).clamp(-8, 8).to(torch.float8_e4m3fn)
+    xs = torch.rand(t, h // 128, device=CUDA)
+    ms = timeit(lambda: permute(xq, meta, k, xs), reps)
+    xp, _ = permute(xq, meta, k, xs)
+    used = int(meta["offsets"][-1])
+    check("permute", xp[:used].float())
+    gb = 2 * used * (h + h // 128 * 4) / 1e9
+    emit(model=name, what="permute e4m3", T=t, ms=f"{ms:.3f}", rate=f"{gb / ms * 1e3:.0f} GB/s", vs=f"{gb / ms * 1e3 / copy_gbs:.0%} of copy")
+    y = torch.randn(xp.shape[0], h, device=CUDA).to(torch.bfloat16)
+    ms = timeit(lambda: combine(y, meta["row_of"], w), reps)
+    check("combine", combine(y, meta["row_of"], w))
+    gb = (t * k * h * 2 + t * h * 2) / 1e9
+    emit(model=name, what="combine", T=t, ms=f"{ms:.3f}", rate=f"{gb / ms * 1e3:.0f} GB/s", vs=f"{gb / ms * 1e3 / copy_gbs:.0%} of copy")
+    return meta
+
+
+def gemm_rows(name, model, layer, meta, reps):
+    w1, s1, w2, s2 = layer
+    used = int(meta["offsets"][-1])
+    routed = int(meta["counts"].sum())
+    for what, w, s in (("L1 GEMM", w1, s1), ("L2 GEMM", w2, s2)):
+        n, k = w.shape[1], w.shape[2]
+        rows = meta["entry_of_row"].shape[0]
+        a = (torch.randn(rows, k, device=CUDA) * 2).clamp(-8, 8).to(torch.float8_e4m3fn)
+        sa = torch.rand(rows, k // 128, device=CUDA) + 0.5
+        out = grouped_gemm_contiguous(a, sa, w, s, meta["block_expert"])
+        sample = torch.arange(0, used, max(1, used // 64), device=CUDA)
+        blocks = meta["block_expert"][(sample // 128)].long()
+        ref = torch.stack([R.dequant_rows_ref(a[r], sa[r]) @ R.dequant_blocks_ref(w[b], s[b]).T
+                           for r, b in zip(sample.tolist(), blocks.tolist())])
+        err = R.rel_error(out[sample], ref)
+        assert err < 5e-3, f"{what}: rel err {err}"
+        ms = timeit(lambda: grouped_gemm_contiguous(a, sa, w, s, meta["block_expert"], out=out), reps)
+        tf = 2 * routed * n * k / ms / 1e9
+        tf_pad = 2 * used * n * k / ms / 1e9
+        emit(model=name, what=f"{what} (N={n}, K={k}) tlx", T=8192, ms=f"{ms:.3f}",
+             rate=f"{tf:.0f} TFLOP/s routed ({tf_pad:.0f} padded)", vs=f"rel err {err:.1e}")
+        dense_a = a[:used]
+        bt = w[0].t()  # [K, N] column-major, as _scaled_mm wants
+        for label, sc_a, sc_b in (("row-wise", torch.rand(used, 1, device=CUDA) + 0.5, torch.rand(1, n, device=CUDA) + 0.5),
+                                  ("per-tensor", torch.tensor(1.0, device=CUDA), torch.tensor(1.0, device=CUDA))):
+            try:
+                ms_d = timeit(lambda: torch._scaled_mm(dense_a, bt, scale_a=sc_a, scale_b=sc_b, out_dtype=torch.bfloat16), reps)
+            except Exception as exc:  # shapes or scale modes torch does not support
+                emit(model=name, what=f"{what} torch._scaled_mm {label}", T=8192, ms="n/a", rate=repr(exc)[:60], vs="")
+                continue
+            tf_d = 2 * used * n * k / ms_d / 1e9
+            emit(model=name, what=f"{what} dense torch._scaled_mm {label} (M={used})", T=8192, ms=f"{ms_d:.3f}",
+                 rate=f"{tf_d:.0f} TFLOP/s", vs=f"tlx at {tf_pad / tf_d:.0%}")
+
+
+def layer_rows(name, model, layer, reps):
+    cfg = model["cfg"]
+    for t in (8, 512, 8192):
+        x = torch.randn(t, model["hidden"], device=CUDA).to(torch.bfloat16)
+        logits = torch.randn(t, model["n_experts"], device=CUDA)
+        out = moe_layer(x, logits, *layer, cfg)
+        check("layer", out)
+        note = ""
+        if t == 8:
+            ref = R.moe_ref(x, logits, None, *layer, topk=cfg.topk, score_func=cfg.score_func,
+                            routed_scaling=cfg.routed_scaling, clamp=cfg.clamp)
+            note = f"rel err vs float64 {R.rel_error(out, ref):.1e}"
+        ms = timeit(lambda: moe_layer(x, logits, *layer, cfg), reps)
+        emit(model=name, what="whole layer (unfused)", T=t, ms=f"{ms:.3f}", rate=f"{ms * 1e3:.0f} us/layer", vs=note)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", help="write the rows as JSON here")
+    ap.add_argument("--reps", type=int, default=10)
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(124))  # a timeout still writes --out
+    print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}")
+    print("| model | what | T | ms | rate | vs |")
+    print("| --- | --- | --- | --- | --- | --- |", flush=True)
+    t0 = time.time()
+    try:
+        copy_gbs = copy_bandwidth(args.reps)
+        for name, model in (("V4-Flash", V4_FLASH), ("V4-Pro", V4_PRO)):
+            meta = memory_steps(name, model, copy_gbs, args.reps)
+            layer = make_layer(model, seed=1)
+            gemm_rows(name, model, layer, meta, args.reps)
+            layer_rows(name, model, layer, args.reps)
+            del layer
+            torch.cuda.empty_cache()
+    finally:
+        if args.out:
+            Path(args.out).write_text(json.dumps({"rows": ROWS, "seconds": round(time.time() - t0, 1)}, indent=1))
+    print(f"# done in {time.time() - t0:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
