@@ -96,3 +96,27 @@ def test_harness_rejects_bad_arguments():
         check_batch_invariance(lambda x: x, lambda n: (torch.ones(n),), [0, 2])
     with pytest.raises(ValueError, match="runs: expected at least 2, got 1"):
         check_determinism(lambda x: x, (torch.ones(1),), runs=1)
+
+
+# (module, factory, parameters) of kernels in kernels/: none may be flagged.
+REPO_KERNELS = {
+    "moe.gating": ("kernels.moe.gating", "gating_kernel", (256, 6, "sqrtsoftplus")),
+    "moe.grouped_gemm": ("kernels.moe.grouped_gemm", "grouped_gemm_contiguous_kernel", (2048, 4096)),
+    "moe.count (integer atomics)": ("kernels.moe.metadata", "count_kernel", (32, 6)),
+    "moe.combine": ("kernels.moe.permute", "combine_kernel", (4096, 6)),
+    "quant.group_cast": ("kernels.quant.group_cast", "group_cast_kernel", (4096, 128, "plain", "bfloat16")),
+    "quant.dequant": ("kernels.quant.dequant", "dequant_kernel", (4096, "e4m3", 128, 128, "bfloat16")),
+}
+
+
+@pytest.mark.parametrize("name", sorted(REPO_KERNELS))
+def test_no_false_flags_on_repo_kernels(name):
+    import importlib
+
+    from tlx.lowering import lower
+    from tlx.numerics.determinism import analyze
+
+    module, factory, params = REPO_KERNELS[name]
+    prim = getattr(importlib.import_module(module), factory).get_tir(*params)
+    r = analyze(lower(prim, {"kind": "cuda", "arch": "sm_90a"}))
+    assert r["findings"] == [] and r["deterministic"] is True, r

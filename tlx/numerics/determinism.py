@@ -4,9 +4,10 @@ Findings, each ``{"kind", "function", "detail", ...}``:
 
 - ``fp_atomic``: a floating-point atomic add (``T.atomic_add`` and its vectorized forms, or a
   ``call_extern`` of ``atomicAdd``): the summation order follows the hardware's scheduling.
-- ``split_k``: an element of a global buffer accumulated by several blocks — an atomic add or
-  a read-modify-write whose address does not depend on some block index with extent > 1
-  (split-K / stream-K partial sums; without atomics it is also a race).
+- ``split_k``: an element of a global buffer accumulated by several blocks — a floating-point
+  atomic add or a read-modify-write whose address does not depend on some block index with
+  extent > 1 (split-K / stream-K partial sums; without atomics it is also a race). Integer
+  atomics are exact in any order and are not flagged.
 - ``batch_dependent_order``: a serial loop or grid dimension that walks an axis of the
   inputs (its variable indexes that axis) but whose extent depends on another symbolic shape
   variable — e.g. a K loop whose chunking is derived from M, so a row's reduction order
@@ -138,7 +139,7 @@ def analyze_device(device_mod) -> tuple[list[dict], list[str]]:
                     if _is_float(dtype):
                         findings.append({"kind": "fp_atomic", "function": fname, "buffer": data.name, "dtype": str(dtype),
                                          "detail": f"floating-point atomic add into {data.name} ({dtype}): order follows block scheduling"})
-                    lost = missing_blocks(offset)
+                    lost = missing_blocks(offset) if _is_float(dtype) else []  # integer sums are exact in any order
                     if lost:
                         findings.append({"kind": "split_k", "function": fname, "buffer": data.name, "blocks": lost,
                                          "detail": f"blocks along {', '.join(lost)} atomically accumulate into the same elements of {data.name}"})
