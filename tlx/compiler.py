@@ -253,19 +253,30 @@ def _publish(work: Path, md: dict, entry: Path) -> None:
         shutil.rmtree(work, ignore_errors=True)  # another process published the same key first
 
 
-def compile_kernel(prim_func, options: Options, name: str | None = None):
-    """Compile (or load from the disk cache) ``prim_func`` and return a :class:`tlx.kernel.Kernel`."""
+def compile_kernel(program, options: Options, name: str | None = None, program_key: str | None = None):
+    """Compile (or load from the disk cache) a program and return a :class:`tlx.kernel.Kernel`.
+
+    ``program`` is a ``PrimFunc``, or a zero-argument callable building one; with a
+    ``program_key`` (a fingerprint of the factory's source and arguments) a cache hit never
+    builds the TIR, so a cached kernel loads in milliseconds.
+    """
     from tlx.kernel import Kernel
     from tlx.lowering import normalize_target
 
     target = normalize_target(options.target_dict())
-    key = cache_key(prim_func.script(), {**_options_dict(options, target), "name": name}, target)
+    prim_func = None
+    if program_key is None:
+        prim_func = program() if callable(program) else program
+        program_key = prim_func.script()
+    key = cache_key(program_key, {**_options_dict(options, target), "name": name}, target)
     entry = cache_dir() / "kernels" / key
     if _valid_entry(entry):
         return Kernel.load(entry)
     if entry.exists():
         warnings.warn(f"tlx: cache entry {entry} is corrupted; rebuilding it", RuntimeWarning, stacklevel=3)
         shutil.rmtree(entry, ignore_errors=True)
+    if prim_func is None:
+        prim_func = program() if callable(program) else program
     _, md = compile_artifacts(prim_func, options, name=name)
     md["cache_key"] = key
     _publish(Path(md["_workdir"]), md, entry)

@@ -100,12 +100,41 @@ class JITFunction:
         self.options = options
         self._signature = inspect.signature(factory)
         self._kernels: dict[tuple, Any] = {}
+        self._source_hash: str | None = None
         functools.update_wrapper(self, factory)
 
     def _key(self, args, kwargs) -> tuple:
         bound = self._signature.bind(*args, **kwargs)
         bound.apply_defaults()
         return tuple((k, _param_key(v)) for k, v in bound.arguments.items())
+
+    def _fingerprint(self) -> str:
+        """The factory's source files, and those of user code it refers to, hashed (cached per process).
+
+        Installed packages (TileLang, torch, tlx itself) are covered by the versions in the
+        cache key, so only files outside site-packages are read.
+        """
+        if self._source_hash is None:
+            import hashlib
+            import sys
+            import types
+
+            files = {inspect.getsourcefile(self.factory)}
+            for name in self.factory.__code__.co_names:
+                obj = self.factory.__globals__.get(name)
+                if isinstance(obj, (types.FunctionType, type, types.ModuleType, JITFunction)):
+                    try:
+                        files.add(inspect.getsourcefile(getattr(obj, "factory", obj)))
+                    except TypeError:
+                        pass
+            prefixes = tuple(p for p in sys.path if "site-packages" in p or "dist-packages" in p)
+            h = hashlib.sha256()
+            for f in sorted(f for f in files if f and not f.startswith(prefixes)):
+                h.update(f.encode())
+                with open(f, "rb") as fh:
+                    h.update(fh.read())
+            self._source_hash = f"{self.factory.__module__}.{self.factory.__qualname__}:{h.hexdigest()}"
+        return self._source_hash
 
     def get_tir(self, *args, **kwargs):
         """The ``@T.prim_func`` the factory builds for these parameters."""
@@ -117,7 +146,12 @@ class JITFunction:
         if kernel is None:
             from tlx.compiler import compile_kernel
 
-            kernel = compile_kernel(self.get_tir(*args, **kwargs), self.options, name=self.factory.__name__)
+            kernel = compile_kernel(
+                lambda: self.get_tir(*args, **kwargs),
+                self.options,
+                name=self.factory.__name__,
+                program_key=self._fingerprint() + repr(key),
+            )
             self._kernels[key] = kernel
         return kernel
 

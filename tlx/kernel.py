@@ -59,8 +59,9 @@ class Kernel:
             if src is not None and hasattr(src, "shape"):
                 env[var] = int(src.shape[where["dim"]])
         device = next((a.device for a in inputs if isinstance(a, torch.Tensor)), None)
-        if device is None:
-            raise TypeError(f"{self.name}: no tensor among the inputs to take the output device from")
+        if device is None or len(env) < len(self._dims):
+            self.launch(*full)  # an input is not a tensor: the launcher names it (outputs are still None)
+            raise TypeError(f"{self.name}: the inputs do not determine the output shapes")
         outs = []
         for p in self._outputs:
             shape = [_eval_dim(d, env, self.name, p["name"]) for d in p["shape"]]

@@ -1,0 +1,171 @@
+"""Launcher generation without a GPU: plan, source structure, build, and argument rejection."""
+
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+T = pytest.importorskip("tilelang.language")
+
+from tests.conftest import CPU_TARGET  # noqa: E402
+from tests.hostgen import sample_kernels as sk  # noqa: E402
+from tlx.hostgen import plan_launcher  # noqa: E402
+from tlx.lowering import lower  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    import os
+
+    path = tmp_path_factory.mktemp("tlx-cache")
+    old = os.environ.get("TLX_CACHE_DIR")
+    os.environ["TLX_CACHE_DIR"] = str(path)
+    yield path
+    if old is None:
+        os.environ.pop("TLX_CACHE_DIR")
+    else:
+        os.environ["TLX_CACHE_DIR"] = old
+
+
+@pytest.fixture(scope="module")
+def add(cache):
+    return sk.add(T.dynamic("M"), 1024)
+
+
+@pytest.fixture(scope="module")
+def gemm(cache):
+    return sk.gemm(T.dynamic("M"), 1024, 1024)
+
+
+def test_plan_binds_symbolic_dims_and_reads_tma_descriptors():
+    plan = plan_launcher(lower(sk.gemm.get_tir(T.dynamic("M"), 1024, 1024), CPU_TARGET))
+    assert list(plan.shape_vars) == ["M"]
+    var, tensor, dim = plan.shape_vars["M"]
+    assert (tensor, dim) == ("A", 0)
+    descs = [s.desc for s in plan.steps if s.kind == "desc"]
+    assert sorted(d.tensor for d in descs) == ["A", "B"]
+    assert all(d.rank == 2 and d.global_stride[0] == 2 for d in descs)
+    launches = [s.launch for s in plan.steps if s.kind == "launch"]
+    assert len(launches) == 1 and launches[0].arg_types[:2] == ["desc", "desc"]
+    assert {t.name: t.align for t in plan.tensors}["A"] == 16
+
+
+def test_vectorized_kernel_requires_vector_alignment():
+    plan = plan_launcher(lower(sk.add.get_tir(T.dynamic("M"), 1024), CPU_TARGET))
+    assert {t.name: t.align for t in plan.tensors} == {"A": 16, "B": 16, "C": 16}
+
+
+def test_launcher_source_checks_every_argument(gemm):
+    src = gemm.host_source
+    for needle in (
+        "tlx::check_num_args(kKernel, num_args, 3",
+        'tlx::check_dtype(kKernel, "A", t_A, 2, 16, 1)',
+        'tlx::bind_dim(kKernel, "A", t_A, 0, "M")',
+        'tlx::check_dim(kKernel, "C", t_C, 0, v_M, "M (from A.shape[0])")',
+        'tlx::check_stride(kKernel, "B", t_B, 0, int64_t(1024))',
+        'tlx::check_align(kKernel, "A", v_A, 16, "the kernel\'s TMA copies")',
+        "TensorMapCache<2>",
+        "TVMFFIEnvGetStream(kDLCUDA, device_id)",
+        "tlx::launch(",
+    ):
+        assert needle in src, needle
+    assert src.index("check_dtype") < src.index("check_cuda_device") < src.index("tlx::launch(")
+    assert "kernel.cubin" in src and gemm.metadata["launches"][0]["dynamic_shared_memory"] == "98304"
+
+
+def test_metadata_describes_params_and_launches(add):
+    md = add.metadata
+    assert [p["name"] for p in md["params"]] == ["A", "B", "C"]
+    assert md["symbolic_dims"] == {"M": {"tensor": "A", "dim": 0}}
+    assert md["params"][2]["output"] and not md["params"][0]["output"]
+    assert md["launches"][0]["block"][0] == "128"
+    assert "--fmad=true" in md["nvcc_command"]
+
+
+@pytest.mark.parametrize(
+    "make, exc, words",
+    [
+        (lambda: (torch.zeros(4, 1024, dtype=torch.float16), torch.zeros(4, 1024)), TypeError, ["add", "A", "float32", "float16"]),
+        (lambda: (torch.zeros(4, 1024),), TypeError, ["add", "expected 2 inputs"]),
+        (lambda: (torch.zeros(4, 1000), torch.zeros(4, 1000)), ValueError, ["add", "A.shape[1]", "1024", "1000"]),
+        (lambda: (torch.zeros(4, 1024), torch.zeros(5, 1024)), ValueError, ["add", "B.shape[0]", "M", "4", "5"]),
+        (lambda: (torch.zeros(1024, 4).t(), torch.zeros(4, 1024)), ValueError, ["add", "A.stride(0)", "1024"]),
+        (lambda: (torch.zeros(4, 1024), torch.zeros(4, 1024)), ValueError, ["add", "CUDA tensor", "cpu"]),
+        (lambda: (torch.zeros(4, 1024, 1), torch.zeros(4, 1024)), ValueError, ["add", "A", "2 dimensions", "3"]),
+        (lambda: ("x", torch.zeros(4, 1024)), TypeError, ["add", "A", "tensor", "str"]),
+    ],
+)
+def test_bad_arguments_raise_named_errors_without_a_gpu(add, make, exc, words):
+    with pytest.raises(exc) as info:
+        add(*make())
+    for w in words:
+        assert w in str(info.value), (w, str(info.value))
+
+
+def test_scalar_arguments_are_type_checked(cache):
+    axpy = sk.axpy(T.dynamic("N"))
+    x = torch.zeros(16)
+    with pytest.raises(TypeError, match="alpha"):
+        axpy.launch(x, x, "2.0")
+    with pytest.raises(TypeError, match="expected 3 arguments"):
+        axpy.launch(x, x)
+    with pytest.raises(ValueError, match="CUDA tensor"):
+        axpy.launch(x, x, 2.0)
+
+
+def test_cache_hit_reuses_the_build_and_corruption_is_rebuilt(add, cache):
+    again = sk.add.__wrapped__  # the factory itself: a fresh JIT object has no in-memory cache
+    import tlx
+
+    fresh = tlx.jit(out_idx=[-1], target=sk.SM90)(again)
+    k2 = fresh(T.dynamic("M"), 1024)
+    assert k2.directory == add.directory
+    lib = add.directory / "launcher.so"
+    lib.unlink()  # a new file, not an in-place write: this process still maps the old one
+    lib.write_bytes(b"corrupted")
+    fresh2 = tlx.jit(out_idx=[-1], target=sk.SM90)(again)
+    with pytest.warns(RuntimeWarning, match="corrupted"):
+        k3 = fresh2(T.dynamic("M"), 1024)
+    assert k3.directory == add.directory
+    with pytest.raises(ValueError, match="CUDA tensor"):
+        k3(torch.zeros(2, 1024), torch.zeros(2, 1024))
+
+
+_CHILD = """
+import os, sys, time
+sys.path.insert(0, {root!r})
+import tilelang.language as T
+from tests.hostgen import sample_kernels as sk
+k = sk.axpy(T.dynamic("N"), block=128)
+t0 = time.perf_counter()
+print(k.directory, file=sys.stderr)
+"""
+
+_LOAD = """
+import os, sys, time
+sys.path.insert(0, {root!r})
+import tilelang.language as T
+from tests.hostgen import sample_kernels as sk
+t0 = time.perf_counter()
+k = sk.axpy(T.dynamic("N"), block=128)
+print(time.perf_counter() - t0)
+"""
+
+
+def test_two_processes_compiling_the_same_kernel_both_succeed_and_reload_is_fast(tmp_path):
+    import os
+    from pathlib import Path
+
+    root = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, "TLX_CACHE_DIR": str(tmp_path)}
+    procs = [subprocess.Popen([sys.executable, "-c", _CHILD.format(root=root)], env=env, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    dirs = []
+    for p in procs:
+        _, err = p.communicate(timeout=600)
+        assert p.returncode == 0, err
+        dirs.append(err.strip().splitlines()[-1])
+    assert dirs[0] == dirs[1]
+    out = subprocess.run([sys.executable, "-c", _LOAD.format(root=root)], env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    assert float(out.stdout.strip().splitlines()[-1]) < 0.05  # a cached kernel loads in a fresh process in under 50 ms
