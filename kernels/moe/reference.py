@@ -139,10 +139,12 @@ def grouped_gemm_contiguous_ref(a, sa, b, sb, block_expert, block_m: int = 128) 
     """C[rows of block i] = A x B[block_expert[i]]^T, float64; rows of blocks with expert -1 are 0."""
     ad = dequant_rows_ref(a, sa)
     out = torch.zeros(a.shape[0], b.shape[1], dtype=torch.float64, device=a.device)
-    for i, e in enumerate(block_expert.tolist()):
-        if e >= 0:
+    experts = block_expert.tolist()
+    for e in sorted(set(experts) - {-1}):
+        bd = dequant_blocks_ref(b[e], sb[e]).T
+        for i in (i for i, x in enumerate(experts) if x == e):
             rows = slice(i * block_m, (i + 1) * block_m)
-            out[rows] = ad[rows] @ dequant_blocks_ref(b[e], sb[e]).T
+            out[rows] = ad[rows] @ bd
     return out
 
 

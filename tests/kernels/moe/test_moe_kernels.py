@@ -257,9 +257,9 @@ def test_grouped_gemm_contiguous_bitwise_and_reference(baseline, e4m3, e, n, k, 
     bout = poison.clone()
     baseline("grouped_gemm").moe_grouped_gemm_contiguous(a, sa, b, sb, meta["block_expert"], bout)
     assert_bitwise(out, bout, name="grouped GEMM contiguous")
-    ref = R.grouped_gemm_contiguous_ref(a.cpu(), sa.cpu(), b.cpu(), sb.cpu(), meta["block_expert"].cpu())
+    ref = R.grouped_gemm_contiguous_ref(a, sa, b, sb, meta["block_expert"].cpu())
     used = int(meta["offsets"][-1])
-    err = R.rel_error(out[:used].cpu(), ref[:used])
+    err = R.rel_error(out[:used], ref[:used])
     print(f"gemm contiguous E={e} N={n} K={k} {kind}: rows {used}, rel err {err:.2e}")
     assert err < 5e-3
     assert torch.isnan(out[used:].float()).all()  # blocks past the end are not written
@@ -280,9 +280,9 @@ def test_grouped_gemm_masked_bitwise_and_reference(baseline, e4m3, e, n, k):
     bout = poison.clone()
     baseline("grouped_gemm").moe_grouped_gemm_masked(a, sa, b, sb, counts, bout)
     assert_bitwise(out, bout, name="grouped GEMM masked")
-    ref = R.grouped_gemm_masked_ref(a.cpu(), sa.cpu(), b.cpu(), sb.cpu(), counts.cpu())
+    ref = R.grouped_gemm_masked_ref(a, sa, b, sb, counts.cpu())
     for i, c in enumerate(counts.tolist()):
-        err = R.rel_error(out[i, :c].cpu(), ref[i, :c])
+        err = R.rel_error(out[i, :c], ref[i, :c])
         assert err < 5e-3, (i, c, err)
         assert torch.isnan(out[i, (c + 127) // 128 * 128:].float()).all()
 
