@@ -71,6 +71,39 @@ class Kernel:
         self.launch(*full)
         return outs[0] if len(outs) == 1 else tuple(outs)
 
+    def as_torch_op(self, qualname: str | None = None):
+        """Register this kernel as a ``torch.library`` custom op (so it works under ``torch.compile``).
+
+        Only kernels with ``out_idx`` qualify: the op is functional (inputs in, new outputs
+        out) and its fake implementation sizes the outputs the way ``__call__`` does.
+        """
+        import torch
+
+        if not self._outputs:
+            raise ValueError(f"{self.name}: as_torch_op needs a kernel compiled with out_idx (a functional kernel)")
+        if any(p["kind"] == "scalar" for p in self.metadata["params"]):
+            raise ValueError(f"{self.name}: as_torch_op supports tensor-only kernels")
+        qualname = qualname or f"tlx::{self.name}_{self.directory.name[:8]}"
+        n_in = len(self._inputs)
+        schema_args = ", ".join(f"Tensor x{i}" for i in range(n_in))
+        ret = "Tensor" if len(self._outputs) == 1 else "(" + ", ".join("Tensor" for _ in self._outputs) + ")"
+        lib_name, op_name = qualname.split("::")
+        lib = torch.library.Library(lib_name, "FRAGMENT")
+        lib.define(f"{op_name}({schema_args}) -> {ret}")
+        lib.impl(op_name, lambda *xs: self._call_allocating(*xs), "CUDA")
+
+        def fake(*xs):
+            env = {}
+            for var, where in self._dims.items():
+                env[var] = xs[self._inputs.index(self._index_of[where["tensor"]])].shape[where["dim"]]
+            outs = [xs[0].new_empty([_eval_dim(d, env, self.name, p["name"]) for d in p["shape"]], dtype=_torch_dtype(p["dtype"]))
+                    for p in self._outputs]
+            return outs[0] if len(outs) == 1 else tuple(outs)
+
+        torch.library.register_fake(qualname, fake, lib=lib)
+        self._torch_library = lib  # keep the registration alive with the kernel
+        return getattr(getattr(torch.ops, lib_name), op_name).default
+
     @property
     def device_source(self) -> str:
         return (self.directory / "kernel.cu").read_text()

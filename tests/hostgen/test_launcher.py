@@ -169,3 +169,13 @@ def test_two_processes_compiling_the_same_kernel_both_succeed_and_reload_is_fast
     out = subprocess.run([sys.executable, "-c", _LOAD.format(root=root)], env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr
     assert float(out.stdout.strip().splitlines()[-1]) < 0.05  # a cached kernel loads in a fresh process in under 50 ms
+
+
+def test_torch_op_fake_implementation_sizes_outputs(add):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    op = add.as_torch_op()
+    with FakeTensorMode():
+        a = torch.empty(37, 1024)
+        out = op(a, a)
+    assert tuple(out.shape) == (37, 1024) and out.dtype == torch.float32

@@ -138,3 +138,14 @@ def test_launches_on_current_torch_stream(kernels):
         kernels["add"].launch(a, b, c)
     s.synchronize()
     torch.testing.assert_close(c, a + b, rtol=0, atol=0)
+
+
+def test_torch_compile_through_custom_op(kernels):
+    op = kernels["add"].as_torch_op("tlx_test::add_compiled")
+
+    @torch.compile(fullgraph=True)
+    def f(a, b):
+        return op(a, b) * 2
+
+    a, b = torch.randn(300, 1024, device="cuda"), torch.randn(300, 1024, device="cuda")
+    torch.testing.assert_close(f(a, b), (a + b) * 2)
