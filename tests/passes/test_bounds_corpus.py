@@ -81,3 +81,12 @@ def test_int32_overflow_precondition_is_the_tight_bound():
 def test_user_assumption_replaces_precondition():
     report = _verified("add_dynamic", ("N <= 1 << 30",))
     assert report.proven == report.checked and not report.violations()
+
+
+def test_data_dependent_counterexample_names_the_input():
+    """The missing guard needs a bad bin id in ``ids``: the counterexample gives that element and value."""
+    hit = next(a for a in _verified("missing_guard", ()).violations() if a.buffer == "S")
+    assert hit.data_dependent
+    loaded = [k for k in hit.counterexample if k.startswith("ids[")]
+    assert loaded and hit.counterexample[loaded[0]] == hit.counterexample["index"]
+    assert "when the input holds ids[" in hit.detail

@@ -103,6 +103,7 @@ class Program:
     waits: list[Wait] = field(default_factory=list)
     opaque: list[str] = field(default_factory=list)  # shared accesses no analysis can see
     divergent_barriers: list[str] = field(default_factory=list)
+    calls: set = field(default_factory=set)  # every intrinsic called, for sync primitives no model covers
 
     @property
     def block_threads(self) -> int:
@@ -296,23 +297,40 @@ class _Walker:
         )
 
     def exprs(self, es):
-        """Loads inside expressions (values, indices, conditions) are read accesses."""
-        loads = []
+        """Loads inside expressions are reads; calls inside them handed shared pointers are accesses too."""
+        loads, calls = [], []
 
         def visit(n):
             if isinstance(n, tir.BufferLoad):
                 loads.append(n)
+            elif isinstance(n, tir.Call) and hasattr(n.op, "name") and str(n.op.name) != "tirx.tvm_access_ptr":
+                calls.append(n)
 
         for e in es:
             tir.stmt_functor.post_order_visit(tir.Evaluate(e), visit)
         for ld in loads:
             self.buffer_access(ld.buffer, ld.indices, ld.dtype, read=True, write=False, op="load", text=str(ld))
+        for c in calls:
+            self.call_pointers(c)
+
+    def call_pointers(self, call):
+        name = str(call.op.name)
+        self.prog.calls.add(name)
+        if name == "tirx.call_extern" and call.args and isinstance(call.args[0], tir.StringImm):
+            name = str(call.args[0].value)
+        ptrs = [a for a in call.args if isinstance(a, tir.Call) and hasattr(a.op, "name") and str(a.op.name) == "tirx.tvm_access_ptr"]
+        shared_ptrs = [p for p in ptrs if _scope_of(p.args[1]) in SHARED_SCOPES]
+        for p in shared_ptrs:
+            self.pointer_access(name, call, p)
+        if not shared_ptrs and any(_scope_of(a) in SHARED_SCOPES for a in _handle_args(call)):
+            self.prog.opaque.append(f"{name} touches shared memory through a descriptor or raw handle")
 
     def evaluate(self, call):
         if not isinstance(call, tir.Call) or not hasattr(call.op, "name"):
             self.exprs([call])
             return
         name = str(call.op.name)
+        self.prog.calls.add(name)
         if name in _BARRIER_CALLS:
             if _is_block_barrier(call):
                 self.epoch = self.epoch + 1
@@ -326,13 +344,7 @@ class _Walker:
             conds, loops, epoch, commits = self.context()
             self.prog.waits.append(Wait(int(_int(call.args[0])), conds, loops, epoch, commits, self._next()))
             return
-        ptrs = [a for a in call.args if isinstance(a, tir.Call) and hasattr(a.op, "name") and str(a.op.name) == "tirx.tvm_access_ptr"]
-        shared_ptrs = [p for p in ptrs if _scope_of(p.args[1]) in SHARED_SCOPES]
-        self.exprs([a for a in call.args if not (isinstance(a, tir.Call) and a in ptrs)])
-        for p in shared_ptrs:
-            self.pointer_access(name, call, p)
-        if not shared_ptrs and any(_scope_of(a) in SHARED_SCOPES for a in _handle_args(call)):
-            self.prog.opaque.append(f"{name} touches shared memory through a descriptor or raw handle")
+        self.exprs([call])
 
     def pointer_access(self, name, call, ptr):
         _, data, offset, extent, mask = ptr.args

@@ -55,6 +55,7 @@ class Access:
     detail: str = ""
     source: str = "unknown line"
     least: dict[str, int] = field(default_factory=dict)  # smallest violating shape values (focus mode)
+    data_dependent: bool = False  # the counterexample needs particular values in input memory
 
     def key(self) -> tuple:
         return (self.func, self.buffer, self.kind, self.index)
@@ -71,6 +72,7 @@ class Access:
             "counterexample": dict(self.counterexample),
             "detail": self.detail,
             "source": self.source,
+            "data_dependent": self.data_dependent,
         }
 
 
@@ -172,6 +174,16 @@ class _Walker:
             v = self.enc.model_value(model, term)
             if v is not None:
                 out[name] = int(v)
+        # Data-dependent indices: the loaded values that make the access fail.
+        loaded = self.enc.loaded_values(model, list(extra.values()))
+        out.update({k: v for k, (v, _) in loaded.items()})
+        private = sorted(k for k, (_, scope) in loaded.items() if scope != "global")
+        if loaded:
+            out["__data__"] = sorted(loaded)
+        if private:
+            # Values the kernel itself computed into shared/local memory are not tracked, so
+            # this assignment may be impossible: the caller reports "unknown", not a violation.
+            out["__untracked__"] = private
         return out
 
     def record_least(self, access: Access, verdict):
@@ -203,7 +215,17 @@ class _Walker:
         return [t for fr in self.frames for t in fr.tainted]
 
     def demote(self, access: Access) -> None:
-        """A violation found in a context weakened by a possible overflow may be spurious: say unknown."""
+        """A violation that may be spurious becomes unknown: found in a context weakened by a
+        possible overflow, or relying on values the kernel computed into its own memory."""
+        untracked = access.counterexample.pop("__untracked__", None)
+        data = access.counterexample.pop("__data__", None)
+        if access.status == "violation" and data:
+            access.data_dependent = True
+            access.detail += f" when the input holds {', '.join(f'{k} = {access.counterexample[k]}' for k in data)}"
+        if access.status == "violation" and untracked:
+            access.status = "unknown"
+            access.detail = f"not proven; depends on {', '.join(untracked)}, whose contents the verifier does not track"
+            return
         taint = self.taint()
         if access.status == "violation" and taint:
             access.status = "unknown"
@@ -275,6 +297,7 @@ class _Walker:
                     access.counterexample = self.counterexample(v.model, extra_names)
                     self.record_least(access, v)
                     access.detail = f"index arithmetic overflows {bad.dtype}: {bad.node}"
+                    self.demote(access)
                 else:
                     access.detail = f"overflow check: {v.reason or 'budget exhausted'}"
                 return
@@ -646,9 +669,13 @@ def _shape_setup(enc: Encoder, kernel: LoweredKernel, assume: tuple[str, ...] | 
 
 
 def _bind_params(enc: Encoder, f, variables):
+    """Device parameters are the user's shape variables (lowering may rename ``T`` to ``T_1``)."""
     for p in f.params:
-        if p.name in variables and str(p.dtype).startswith(("int", "uint")):
-            enc._vars[p] = enc._var(variables[p.name])
+        if not str(p.dtype).startswith(("int", "uint")):
+            continue
+        name = p.name if p.name in variables else _user_name(p.name)
+        if name in variables:
+            enc._vars[p] = enc._var(variables[name])
 
 
 def verify_kernel(
@@ -739,34 +766,34 @@ def _vars_in(access: Access, variables: dict) -> list[str]:
 
 
 def derive_preconditions(kernel: LoweredKernel, report: BoundsReport, assume=(), rlimit: int = DEFAULT_RLIMIT, max_conditions: int = 8, source_map=None):
-    """Weak conditions on shape variables, from a fixed candidate family, that make every access proven.
+    """Weak conditions on shape variables, from a fixed candidate family, that prove failing accesses.
 
-    One failing access at a time (greedy): for an index overflow, the largest upper bound
-    ``v <= B`` on a shape variable of its counterexample; otherwise ``v >= 1``, then
-    ``v % c == 0`` for the kernel's constants, smallest ``c`` first. A candidate is kept
-    when it proves that access and leaves some shape with every variable >= 1; the final
-    set is re-verified as a whole. Returns ``(preconditions, report_under_them)``, or
-    ``([], report)`` when the family has no answer.
+    One failing access at a time (greedy; overflows first): for an index overflow, the
+    largest upper bound ``v <= B`` on a shape variable of its counterexample; otherwise
+    ``v >= 1``, then ``v % c == 0`` for the kernel's constants, smallest ``c`` first. A
+    candidate is kept when it proves that access and leaves some shape with every
+    variable >= 1. Accesses no candidate proves (e.g. data-dependent ones) are skipped.
+    Returns ``(preconditions, report under them)``; the report may still hold failures.
     """
     variables = shape_vars(kernel.prim_func)
     consts = _tile_constants(kernel)
     chosen: list[tuple[Any, str]] = []
     current = report
-    for _ in range(max_conditions):
-        bad = current.violations() + current.unknowns()
+    unfixable: set = set()
+    while len(chosen) < max_conditions:
+        bad = [a for a in current.violations() + current.unknowns() if a.key() not in unfixable]
         if not bad:
             break
-        target = bad[0]
+        target = min(bad, key=lambda a: (a.kind != "overflow", a.status != "violation"))
         names = _vars_in(target, variables) or sorted(variables)
         fixed = None
-        overflow = target.kind == "overflow" or "overflow" in target.detail
-        if overflow:
+        if target.kind == "overflow" or "overflow" in target.detail:
             for name in names:
                 cand = _upper_bound(kernel, assume, variables, name, chosen, target, rlimit)
                 if cand is not None and _satisfiable(kernel, assume, chosen + [cand]):
                     fixed = cand
                     break
-        else:
+        elif target.status == "violation":
             for cand in _divisibility_candidates(variables, names, consts):
                 if any(cand[1] == c[1] for c in chosen):
                     continue
@@ -775,12 +802,27 @@ def derive_preconditions(kernel: LoweredKernel, report: BoundsReport, assume=(),
                     fixed = cand
                     break
         if fixed is None:
-            return [], report
+            unfixable.add(target.key())
+            continue
         chosen.append(fixed)
         current, _ = verify_kernel(kernel, assume, [c for c, _ in chosen], rlimit, source_map=source_map)
-    if current.violations() or current.unknowns():
-        return [], report
-    return [Precondition(c, text, "bounds") for c, text in chosen], current
+    return [Precondition(c, text, "bounds") for c, text in _tightest_bounds(chosen)], current
+
+
+def _tightest_bounds(chosen):
+    """Of several ``v <= B`` on one variable keep the smallest B (the others are implied)."""
+    best: dict[str, int] = {}
+    for _, text in chosen:
+        name, op, value = text.partition(" <= ")
+        if op:
+            best[name] = min(best.get(name, int(value)), int(value))
+    out = []
+    for cond, text in chosen:
+        name, op, value = text.partition(" <= ")
+        if op and int(value) != best[name]:
+            continue
+        out.append((cond, text))
+    return out
 
 
 def _fixes(rep: BoundsReport, target: Access) -> bool:

@@ -84,7 +84,10 @@ class CheckResult:
 
     def _needed_by(self) -> list[Access]:
         """The accesses that failed before the preconditions (with their counterexamples)."""
-        return self.report.violations() + self.report.unknowns() if self.preconditions else []
+        if not self.preconditions:
+            return []
+        still = {a.key() for a in self.final.violations() + self.final.unknowns()}
+        return [a for a in self.report.violations() + self.report.unknowns() if a.key() not in still]
 
     def human(self) -> str:
         lines = [f"kernel {self.kernel}: {self.final.proven}/{self.final.checked} accesses proven in bounds ({self.seconds:.2f} s)"]
@@ -129,6 +132,7 @@ def _access_json(a: Access) -> dict:
         "counterexample": dict(a.counterexample),
         "source": a.source,
         "detail": a.detail,
+        "data_dependent": a.data_dependent,
     }
 
 

@@ -138,6 +138,7 @@ class Encoder:
         self._obligations: list[Obligation] = []
         self._fresh = 0
         self.known_loads: dict = {}  # (buffer data var, constant index) -> Z3 term of the value it holds
+        self.opaque_loads: dict[str, tuple[str, str]] = {}  # fresh variable name -> (load text "ids[i]", buffer scope)
         self.queries = 0
         self.rlimit_used = 0
 
@@ -417,7 +418,9 @@ class Encoder:
             t = self.known_loads.get((expr.buffer.data, int(idx[0].value)))
             if t is not None:
                 return t if isinstance(t, _Enc) else _Enc(t, None, None)
-        return self._opaque(expr)
+        e = self._opaque(expr)
+        self.opaque_loads[str(e.term)] = (f"{expr.buffer.name}[{', '.join(str(i) for i in idx)}]", str(expr.buffer.scope()))
+        return e
 
     def _enc_Ramp(self, expr, env, lane):
         base, stride = self._enc(expr.base, env), self._enc(expr.stride, env)
@@ -536,6 +539,24 @@ class Encoder:
             return None
         val = opt.lower(h)
         return val.as_long() if z3.is_int_value(val) else None
+
+    def loaded_values(self, model, terms) -> dict[str, tuple[int, str]]:
+        """Values the model gives to the memory loads that ``terms`` depend on ("ids[i]" -> (70, "global"))."""
+        out: dict[str, tuple[int, str]] = {}
+        seen: set = set()
+        stack = list(terms)
+        while stack:
+            t = stack.pop()
+            if t.get_id() in seen:
+                continue
+            seen.add(t.get_id())
+            if z3.is_const(t) and t.decl().kind() == z3.Z3_OP_UNINTERPRETED:
+                desc = self.opaque_loads.get(t.decl().name())
+                v = self.model_value(model, t) if desc else None
+                if desc and v is not None:
+                    out[desc[0]] = (int(v), desc[1])
+            stack.extend(t.children())
+        return out
 
     def model_value(self, model, term) -> int | bool | None:
         val = model.eval(term, model_completion=True)

@@ -1,0 +1,21 @@
+"""The project's own kernels (``kernels/``) with representative parameters, for the verifier's corpus."""
+
+from kernels.moe import gating, grouped_gemm, metadata, permute
+from kernels.quant import block_cast, channel_cast, dequant, group_cast
+
+# (name, jit function, parameters, assumptions)
+TEAM = [
+    ("moe.gating", gating.gating_kernel, {"n_experts": 256, "topk": 6}, ()),
+    ("moe.grouped_gemm_contiguous", grouped_gemm.grouped_gemm_contiguous_kernel, {"n_experts": 8, "n": 4096, "k": 2048}, ()),
+    ("moe.grouped_gemm_masked", grouped_gemm.grouped_gemm_masked_kernel, {"n_experts": 8, "n": 4096, "k": 2048}, ()),
+    ("moe.count", metadata.count_kernel, {"n_local": 32, "topk": 6}, ()),
+    ("moe.scan", metadata.scan_kernel, {"n_local": 32}, ()),
+    ("moe.rows", metadata.rows_kernel, {"n_local": 32, "topk": 6}, ()),
+    ("moe.permute", permute.permute_kernel, {"hidden": 4096, "topk": 6}, ()),
+    ("moe.permute_fp8", permute.permute_fp8_kernel, {"hidden": 4096, "topk": 6}, ()),
+    ("moe.combine", permute.combine_kernel, {"hidden": 4096, "topk": 6}, ()),
+    ("quant.block_cast", block_cast.block_cast_kernel, {"K": 4096, "block": 128, "in_dtype": "bfloat16"}, ()),
+    ("quant.channel_cast", channel_cast.channel_cast_kernel, {"H": 4096, "in_dtype": "bfloat16"}, ()),
+    ("quant.dequant", dequant.dequant_kernel, {"N": 4096, "in_fmt": "e4m3", "block_rows": 128, "block_cols": 128, "out_dtype": "bfloat16"}, ()),
+    ("quant.group_cast", group_cast.group_cast_kernel, {"H": 4096, "group": 128, "in_mode": "plain", "in_dtype": "bfloat16"}, ()),
+]

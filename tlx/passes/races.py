@@ -1,0 +1,216 @@
+"""Shared-memory races: two threads, one address, at least one write, nothing ordering them.
+
+Model. ``__syncthreads()`` (``tvm_storage_sync`` without a barrier id) splits each
+thread's execution into *epochs*; the epoch of an access instance is the number of
+block barriers executed before it, a symbolic expression of the enclosing loop
+variables (a loop whose body passes ``s`` barriers adds ``s`` per iteration; a branch
+adds ``Select(cond, then, else)``). Two plain accesses of different threads are
+unordered exactly when their epochs are equal. A ``cp.async`` write stays in flight
+from its issue until a ``cp.async.wait_group(n)`` of the issuing thread retires its
+commit group (``commits(wait) - n > group``) *and* a barrier follows that wait: it
+races with another thread's access in any epoch from its issue until then.
+
+Both instances get their own loop iterations and threads; the block and shape
+variables are shared. Each pair of shared accesses to one allocation (at least one
+writing) is one Z3 query: unsat is a proof of absence; a model is a witness.
+
+Not modelled, and therefore reported as ``unknown`` rather than safe: TMA and other
+bulk-async copies, accesses through wgmma descriptors, named/partial barriers,
+barriers under thread-dependent conditions, and kernels synchronised by mbarriers
+(a race found there may be ordered by an mbarrier, so it is reported as possible).
+Calls into TileLang's collective templates (``tl::AllReduce`` and the like) are
+treated as one access of their whole workspace by every thread, synchronised inside
+the call but not with anything outside it.
+"""
+
+from __future__ import annotations
+
+import time
+
+import z3
+
+from tilelang import tvm
+from tlx.lowering import LoweredKernel
+from tlx.passes import PassContext, register_pass
+from tlx.passes.banks import SHARED_SCOPES, Access, Program, _elem_bytes, collect_program
+from tlx.passes.smt import Encoder
+
+tir = tvm.tirx
+
+__all__ = ["RaceError", "find_races", "races_report"]
+
+_THREAD_OPS = ("load", "store", "ptx_ldmatrix", "ptx_stmatrix", "ptx_cp_async")
+_MBARRIER_HINTS = ("mbarrier", "arrive_barrier", "ptx_arrive", "barrier_wait")
+
+
+class RaceError(Exception):
+    """A shared-memory race was found under ``verify="error"``."""
+
+
+def _collective(acc: Access) -> bool:
+    return acc.op == "call_extern" or acc.op.startswith("tl::")
+
+
+def _modelled(acc: Access) -> bool:
+    return acc.op in _THREAD_OPS or _collective(acc)
+
+
+class _Copy:
+    """One dynamic instance of an access: its own threads and loop iterations as Z3 terms."""
+
+    def __init__(self, enc: Encoder, prog: Program, acc: Access, tag: str):
+        ctx = enc.ctx
+        self.threads = []
+        self.env = {}
+        facts = []
+        for v, ext in prog.threads:
+            t = z3.Int(f"{v.name}@{tag}", ctx)
+            self.env[v] = t
+            self.threads.append((v.name, t))
+            facts += [t >= 0, t < ext]
+        self.loops = []
+        for v, lo, ext in acc.loops:
+            t = z3.Int(f"{v.name}@{tag}", ctx)
+            self.env[v] = t
+            self.loops.append((v.name, t))
+            facts += [t >= enc.encode(lo, self.env), t < enc.encode(lo, self.env) + enc.encode(ext, self.env)]
+        self.facts = facts + [enc.encode_bool(c, self.env) for c in acc.conds]
+        index = acc.index.base if isinstance(acc.index, tir.Ramp) else acc.index
+        self.lo = acc.base_bytes + enc.encode(index, self.env) * _elem_bytes(acc.dtype)
+        self.hi = self.lo + acc.width  # exclusive
+        self.epoch = enc.encode(acc.epoch, self.env)
+        self.group = enc.encode(acc.commits, self.env)
+        enc.take_obligations()
+
+
+def _not_landed(enc: Encoder, prog: Program, a: Access, ca: _Copy, epoch_other) -> object:
+    """``a``'s async write is still unretired (or not yet published) at ``epoch_other``."""
+    clauses = []
+    for i, w in enumerate(prog.waits):
+        ctx = enc.ctx
+        env = {v: t for v, t in zip([v for v, _ in prog.threads], [t for _, t in ca.threads], strict=True)}
+        bound, dom = [], []
+        for v, lo, ext in w.loops:
+            t = z3.Int(f"{v.name}@w{i}", ctx)
+            env[v] = t
+            bound.append(t)
+            dom += [t >= enc.encode(lo, env), t < enc.encode(lo, env) + enc.encode(ext, env)]
+        dom += [enc.encode_bool(c, env) for c in w.conds]
+        retired = enc.encode(w.commits, env) - w.n > ca.group
+        published = enc.encode(w.epoch, env) < epoch_other
+        body = z3.Not(z3.And(dom + [retired, published]))
+        clauses.append(z3.ForAll(bound, body) if bound else body)
+    enc.take_obligations()
+    return z3.And(clauses) if clauses else z3.BoolVal(True, enc.ctx)
+
+
+def _pair_query(enc, prog, a: Access, b: Access):
+    ca, cb = _Copy(enc, prog, a, "1"), _Copy(enc, prog, b, "2")
+    cons = ca.facts + cb.facts
+    cons.append(z3.Or([x != y for (_, x), (_, y) in zip(ca.threads, cb.threads, strict=True)]))
+    cons += [ca.lo < cb.hi, cb.lo < ca.hi]
+    if a is b and _collective(a):
+        cons.append(z3.Or([x != y for (_, x), (_, y) in zip(ca.loops, cb.loops, strict=True)]) if ca.loops else z3.BoolVal(False, enc.ctx))
+    if a.is_async and b.is_async:
+        window = z3.Or(
+            z3.And(cb.epoch >= ca.epoch, z3.Or(cb.epoch == ca.epoch, _not_landed(enc, prog, a, ca, cb.epoch))),
+            z3.And(ca.epoch >= cb.epoch, z3.Or(ca.epoch == cb.epoch, _not_landed(enc, prog, b, cb, ca.epoch))),
+        )
+    elif a.is_async:
+        window = z3.And(cb.epoch >= ca.epoch, z3.Or(cb.epoch == ca.epoch, _not_landed(enc, prog, a, ca, cb.epoch)))
+    elif b.is_async:
+        window = z3.And(ca.epoch >= cb.epoch, z3.Or(ca.epoch == cb.epoch, _not_landed(enc, prog, b, cb, ca.epoch)))
+    else:
+        window = ca.epoch == cb.epoch
+    cons.append(window)
+    return enc.check(cons), ca, cb
+
+
+def _disjoint(enc, prog, a: Access, b: Access) -> bool:
+    """Proven: no instance of ``a`` and no instance of ``b`` ever touch a common byte."""
+    ca, cb = _Copy(enc, prog, a, "1"), _Copy(enc, prog, b, "2")
+    return enc.check(ca.facts + cb.facts + [ca.lo < cb.hi, cb.lo < ca.hi]).status == "proven"
+
+
+def find_races(enc: Encoder, prog: Program) -> dict:
+    """Check every pair of shared accesses of one device function."""
+    shared = [a for a in prog.accesses if a.scope in SHARED_SCOPES]
+    unmodelled = sorted({a.op for a in shared if not _modelled(a)})
+    mbarriers = any(any(h in c for h in _MBARRIER_HINTS) for c in prog.calls)
+    pairs, races, unknown = 0, [], []
+    for i, a in enumerate(shared):
+        for b in shared[i:]:
+            if not a.root.same_as(b.root):
+                continue
+            if not (a.write or b.write):
+                continue
+            if not (_modelled(a) and _modelled(b)):
+                if _disjoint(enc, prog, a, b):
+                    continue
+                unknown.append({"first": a.text, "second": b.text, "reason": f"{a.op if not _modelled(a) else b.op} not modelled"})
+                continue
+            pairs += 1
+            v, ca, cb = _pair_query(enc, prog, a, b)
+            if v.status == "unknown":
+                unknown.append({"first": a.text, "second": b.text, "reason": "solver budget"})
+            elif v.status == "violation":
+                races.append(_witness(enc, v.model, a, b, ca, cb))
+    reasons = []
+    if prog.divergent_barriers:
+        reasons.append("barrier under a thread-dependent condition")
+    if mbarriers:
+        reasons.append("mbarrier synchronisation not modelled")
+    if any("partial barrier" in o for o in prog.opaque):
+        reasons.append("named/partial barriers not modelled")
+    if reasons:
+        # The epoch model may miss an ordering here: what it found is possible, not certain.
+        unknown += [dict(r, reason="; ".join(reasons)) for r in races]
+        races = []
+    return {"kernel": prog.name, "pairs": pairs, "races": races, "unknown": unknown, "unmodelled_ops": unmodelled, "notes": reasons}
+
+
+def _witness(enc, model, a, b, ca, cb) -> dict:
+    def val(t):
+        return enc.model_value(model, t)
+
+    lo = max(val(ca.lo), val(cb.lo))
+    return {
+        "buffer": a.buffer if a.buffer == b.buffer else f"{a.buffer}/{b.buffer}",
+        "first": {"statement": a.text, "write": a.write, "async": a.is_async, "thread": {n: val(t) for n, t in ca.threads}, "loops": {n: val(t) for n, t in ca.loops}},
+        "second": {"statement": b.text, "write": b.write, "async": b.is_async, "thread": {n: val(t) for n, t in cb.threads}, "loops": {n: val(t) for n, t in cb.loops}},
+        "byte_address": lo,
+        "epochs": [val(ca.epoch), val(cb.epoch)],
+    }
+
+
+def races_report(kernel: LoweredKernel, programs: list[Program] | None = None) -> dict:
+    """``{"kernels": [...], "races": n, "unknown": n, "verdict": "race-free"|"race"|"unknown"}``."""
+    t0 = time.perf_counter()
+    enc = Encoder()
+    per = [find_races(enc, p) for p in (programs or collect_program(kernel))]
+    n_races = sum(len(p["races"]) for p in per)
+    n_unknown = sum(len(p["unknown"]) for p in per)
+    verdict = "race" if n_races else "unknown" if n_unknown else "race-free"
+    return {"kernels": per, "races": n_races, "unknown": n_unknown, "verdict": verdict, "seconds": round(time.perf_counter() - t0, 4)}
+
+
+@register_pass("races", order=63, enabled=lambda ctx: ctx.options.get("verify", "warn") != "off")
+def races_pass(kernel: LoweredKernel, ctx: PassContext) -> LoweredKernel:
+    """Report into ``ctx.reports["races"]``; a proven race raises or warns per ``verify``."""
+    report = races_report(kernel)
+    ctx.reports["races"] = report
+    if report["races"]:
+        lines = []
+        for p in report["kernels"]:
+            for r in p["races"]:
+                lines.append(
+                    f"shared-memory race on {r['buffer']} byte {r['byte_address']}: thread {r['first']['thread']} "
+                    f"{'writes' if r['first']['write'] else 'reads'} in `{r['first']['statement']}` and thread {r['second']['thread']} "
+                    f"{'writes' if r['second']['write'] else 'reads'} in `{r['second']['statement']}` with no barrier between"
+                )
+        if ctx.options.get("verify", "warn") == "error":
+            raise RaceError("\n".join(lines))
+        import warnings
+
+        warnings.warn("\n".join(lines), stacklevel=2)
+    return kernel
