@@ -244,8 +244,9 @@ class _Emitter:
         if lc.cluster and any(c != 1 for c in lc.cluster):
             self.out(f"static const unsigned cluster[3] = {{{', '.join(str(c) for c in lc.cluster)}}};", i + 1)
             cluster = "&cluster"
+        coop = "true" if lc.cooperative else "false"
         self.out(
-            f"tlx::launch(kKernel, fn[{k}], g[0], g[1], g[2], {', '.join(dims[3:])}, {smem}, stream, params, {cluster});",
+            f"tlx::launch(kKernel, fn[{k}], g[0], g[1], g[2], {', '.join(dims[3:])}, {smem}, stream, params, {cluster}, {coop});",
             i + 1,
         )
         self.out("}", i)

@@ -73,6 +73,7 @@ class Launch:
     block: list  # 3 PrimExprs
     dyn_smem: Any  # PrimExpr
     cluster: list | None = None
+    cooperative: bool = False
 
 
 @dataclass
@@ -338,4 +339,5 @@ def _launch(callee, args, device_func, kernels, name) -> Launch:
     static_smem = int(dyn.value) if isinstance(dyn, tirx.IntImm) else None
     prev = kernels.get(callee, 0)
     kernels[callee] = None if (static_smem is None or prev is None) else max(prev, static_smem)
-    return Launch(callee, kargs, arg_types, grid, block, dyn, cluster)
+    cooperative = bool(device_func.attrs.get("use_cooperative_groups", False)) if device_func.attrs else False
+    return Launch(callee, kargs, arg_types, grid, block, dyn, cluster, cooperative)

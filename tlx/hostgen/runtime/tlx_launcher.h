@@ -357,7 +357,7 @@ struct TensorMapCache {
 };
 
 inline void launch(const char* kernel, CUfunction fn, int64_t gx, int64_t gy, int64_t gz, int64_t bx, int64_t by, int64_t bz,
-                   int64_t smem, CUstream stream, void** params, const unsigned (*cluster)[3]) {
+                   int64_t smem, CUstream stream, void** params, const unsigned (*cluster)[3], bool cooperative) {
   CUlaunchConfig cfg{};
   cfg.gridDimX = static_cast<unsigned>(gx);
   cfg.gridDimY = static_cast<unsigned>(gy);
@@ -367,15 +367,22 @@ inline void launch(const char* kernel, CUfunction fn, int64_t gx, int64_t gy, in
   cfg.blockDimZ = static_cast<unsigned>(bz);
   cfg.sharedMemBytes = static_cast<unsigned>(smem);
   cfg.hStream = stream;
-  CUlaunchAttribute attr;
+  CUlaunchAttribute attrs[2];
+  unsigned n = 0;
   if (cluster) {
-    attr.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-    attr.value.clusterDim.x = (*cluster)[0];
-    attr.value.clusterDim.y = (*cluster)[1];
-    attr.value.clusterDim.z = (*cluster)[2];
-    cfg.attrs = &attr;
-    cfg.numAttrs = 1;
+    attrs[n].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    attrs[n].value.clusterDim.x = (*cluster)[0];
+    attrs[n].value.clusterDim.y = (*cluster)[1];
+    attrs[n].value.clusterDim.z = (*cluster)[2];
+    ++n;
   }
+  if (cooperative) {
+    attrs[n].id = CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
+    attrs[n].value.cooperative = 1;
+    ++n;
+  }
+  cfg.attrs = n ? attrs : nullptr;
+  cfg.numAttrs = n;
   CUresult r = Driver::get().cuLaunchKernelEx(&cfg, fn, params, nullptr);
   if (__builtin_expect(r != CUDA_SUCCESS, 0)) check_cu(r, kernel, "cuLaunchKernelEx");
 }
