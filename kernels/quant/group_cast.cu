@@ -88,7 +88,8 @@ void launch(const TensorView& x, const Params& p) {
 
 // x: input ([T, H] bf16/fp32, [T, 2H] bf16 for swiglu, [T, H/2] uint8 for e2m1 input);
 // aux: row weights (swiglu, fp32 [T]) or UE8M0 input codes (e2m1, uint8 [T, H/32]), empty otherwise;
-// q: [T, H] e4m3 or [T, H/2] uint8; s: the scale storage exactly as the TileLang kernel gets it.
+// q: [T, H] e4m3 or [T, H/2] uint8; s: the scale storage exactly as the TileLang kernel gets it
+// (group_cast.py: _alloc_scales).
 void group_cast(TensorView x, TensorView aux, TensorView q, TensorView s, int64_t in_mode, int64_t group,
                 int64_t e2m1_out, int64_t scale_fmt, int64_t col_major, double clamp) {
   Params p{};
@@ -102,7 +103,7 @@ void group_cast(TensorView x, TensorView aux, TensorView q, TensorView s, int64_
   p.col_major = static_cast<int>(col_major);
   p.e2m1_out = static_cast<int>(e2m1_out);
   p.clamp = static_cast<float>(clamp);
-  p.tp = col_major ? static_cast<int>(scale_fmt == kUe8m0Packed ? s.size(1) / 4 : s.size(1)) : 0;
+  p.tp = col_major ? static_cast<int>(s.size(1)) : 0;  // [NG, TP] fp32 or [words, TP, 4] bytes
   if (p.group <= 0 || p.cols % p.group) TVM_FFI_THROW(ValueError) << "group " << group << " does not divide " << p.cols;
   if (in_mode == kSwiglu) {
     p.w = aux.numel() ? static_cast<const float*>(aux.data_ptr()) : nullptr;

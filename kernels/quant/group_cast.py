@@ -28,12 +28,13 @@ GROUPS = (32, 64, 128)
 
 
 def _scale_buffer(Tn, TP, ng: int, out_fmt: str, scale_fmt: str, col_major: bool):
-    """(shape, dtype) of the scale output as the kernel sees it (packed codes as bytes)."""
+    """(shape, dtype) of the scale output as the kernel sees it (packed codes as bytes; the
+    column-major packed layout as ``[words, TP, 4]`` so every shape variable appears bare)."""
     if out_fmt == "e2m1":
         return (Tn, ng), T.uint8
     if scale_fmt == "ue8m0_packed":
         ng4 = (ng + 3) // 4
-        return ((ng4, TP * 4) if col_major else (Tn, ng4 * 4)), T.uint8
+        return ((ng4, TP, 4) if col_major else (Tn, ng4 * 4)), T.uint8
     return ((ng, TP) if col_major else (Tn, ng)), T.float32
 
 
@@ -55,6 +56,7 @@ def group_cast_kernel(H: int, group: int, in_mode: str, in_dtype: str, out_fmt: 
     x_cols = 2 * H if in_mode == "swiglu" else (H // 2 if in_mode == "e2m1" else H)
     x_dtype = T.uint8 if in_mode == "e2m1" else in_dtype
     shuffles = tpg.bit_length() - 1
+    pad_bytes = -ng % 4
 
     @T.macro
     def finish(xf, Q, S, c, row, col):
@@ -85,9 +87,15 @@ def group_cast_kernel(H: int, group: int, in_mode: str, in_dtype: str, out_fmt: 
                 if out_fmt == "e2m1":
                     S[row, g] = T.Cast(T.uint8, code)
                 elif packed and col_major:
-                    S[g // 4, row * 4 + g % 4] = T.Cast(T.uint8, code)
+                    S[g // 4, row, g % 4] = T.Cast(T.uint8, code)
+                    if g == ng - 1:
+                        for b in T.unroll(pad_bytes):  # unused bytes of the last word are zero
+                            S[g // 4, row, ng % 4 + b] = T.uint8(0)
                 elif packed:
                     S[row, g] = T.Cast(T.uint8, code)
+                    if g == ng - 1:
+                        for b in T.unroll(pad_bytes):
+                            S[row, ng + b] = T.uint8(0)
                 elif col_major:
                     S[g, row] = scale
                 else:
@@ -193,10 +201,10 @@ def _alloc_scales(t: int, ng: int, scale_fmt: str, col_major: bool, device):
     """(tensor passed to the kernel, tensor returned to the caller) for the scale output."""
     if scale_fmt == "ue8m0_packed":
         ng4 = (ng + 3) // 4
-        alloc = torch.zeros if ng % 4 else torch.empty
-        storage = alloc((ng4, tma_aligned(t)) if col_major else (t, ng4), dtype=torch.int32, device=device)
+        storage = torch.empty((ng4, tma_aligned(t)) if col_major else (t, ng4), dtype=torch.int32, device=device)
         out = storage.t()[:t] if col_major else storage
-        return storage.view(torch.uint8), out
+        codes = storage.view(torch.uint8)  # one byte per group, as the kernel writes them
+        return (codes.view(ng4, tma_aligned(t), 4) if col_major else codes), out
     storage = torch.empty((ng, tma_aligned(t)) if col_major else (t, ng), dtype=torch.float32, device=device)
     return storage, (storage.t()[:t] if col_major else storage)
 
