@@ -67,6 +67,8 @@ __global__ void group_cast_kernel(Params p) {
     int ng4 = (ng + 3) / 4;
     int64_t word = p.col_major ? static_cast<int64_t>(g / 4) * p.tp + row : static_cast<int64_t>(row) * ng4 + g / 4;
     static_cast<uint8_t*>(p.s)[word * 4 + g % 4] = static_cast<uint8_t>(code);
+    if (g == ng - 1)  // unused bytes of the last word are zero
+      for (int b = g % 4 + 1; b < 4; ++b) static_cast<uint8_t*>(p.s)[word * 4 + b] = 0;
   } else {
     int64_t at = p.col_major ? static_cast<int64_t>(g) * p.tp + row : static_cast<int64_t>(row) * ng + g;
     static_cast<float*>(p.s)[at] = scale;

@@ -124,7 +124,7 @@ def test_group_cast_formats(base, dtype, h, group, scale_fmt, col_major, t):
     check_group(base, x, group, scale_fmt, col_major, R.per_token_group_cast(x, group, scale_fmt, col_major))
 
 
-def test_group_cast_wrapper_matches_kernel(base):
+def test_group_cast_wrapper_matches_kernel():
     x = make_input(4001, 7168, torch.bfloat16, seed=3)
     q, s = per_token_group_cast(x, 128, "ue8m0_packed", col_major=True)
     eq, es = R.per_token_group_cast(x, 128, "ue8m0_packed", col_major=True)
@@ -143,9 +143,8 @@ def test_group_cast_batch_invariance():
         assert_bitwise(si, s[off : off + t], name=f"scales rows {off}+{t}")
 
 
-@pytest.mark.parametrize("two_i", [4096, 6144])
+@pytest.mark.parametrize("two_i, weighted, scale_fmt", [(4096, False, "fp32"), (6144, True, "ue8m0")])
 @pytest.mark.parametrize("t", [1, 4001, 16384])
-@pytest.mark.parametrize("weighted, scale_fmt", [(False, "fp32"), (True, "ue8m0")])
 def test_swiglu_cast(base, two_i, t, weighted, scale_fmt):
     x = make_input(t, two_i, torch.bfloat16, seed=two_i + t) * 4
     w = torch.rand(t, device="cuda") if weighted else None
@@ -166,8 +165,7 @@ def test_swiglu_cast(base, two_i, t, weighted, scale_fmt):
     assert_bitwise(view(s0), es, name="scales vs torch reference")
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("k, t", [(2048, 4001), (7168, 1), (7168, 16384)])
+@pytest.mark.parametrize("dtype, k, t", [(torch.bfloat16, 2048, 4001), (torch.float32, 7168, 1), (torch.bfloat16, 7168, 16384)])
 def test_mxfp4_cast(base, dtype, k, t):
     x = make_input(t, k, dtype, seed=k + t)
     kernel = group_cast_kernel(k, 32, "plain", DT[dtype], "e2m1")
@@ -204,9 +202,16 @@ def test_fp4_to_fp8(base, scale_fmt, col_major, t):
         assert_bitwise(view(s0), es, name="scales vs torch reference")
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("block, pow2", [(128, False), (128, True), (32, False)])
-@pytest.mark.parametrize("n, k", [(4096, 7168), (7168, 2048), (6144, 4096)])
+@pytest.mark.parametrize(
+    "dtype, block, pow2, n, k",
+    [
+        (torch.bfloat16, 128, False, 4096, 7168),
+        (torch.float32, 128, True, 7168, 2048),
+        (torch.bfloat16, 32, False, 6144, 4096),
+        (torch.float32, 32, True, 4096, 7168),
+        (torch.bfloat16, 128, True, 7168, 2048),
+    ],
+)
 def test_block_cast(base, dtype, block, pow2, n, k):
     w = make_input(n, k, dtype, seed=n + k + block)
     kernel = block_cast_kernel(k, block, DT[dtype], pow2)
@@ -224,8 +229,10 @@ def test_block_cast(base, dtype, block, pow2, n, k):
     assert_bitwise(wq, q0, name="wrapper q")
 
 
-@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("block", [(1, 128), (1, 32), (128, 128), (32, 32)])
+@pytest.mark.parametrize(
+    "out_dtype, block",
+    [(torch.bfloat16, (1, 128)), (torch.float32, (128, 128)), (torch.bfloat16, (32, 32)), (torch.float32, (1, 32))],
+)
 @pytest.mark.parametrize("m", [1, 4001])
 def test_dequant_e4m3(base, out_dtype, block, m):
     n = 7168
@@ -258,8 +265,7 @@ def test_dequant_e2m1(base, out_dtype, m):
     assert_bitwise(dequant_e2m1(packed, codes, out_dtype), y0, name="wrapper y")
 
 
-@pytest.mark.parametrize("dtype, pow2", [(torch.bfloat16, False), (torch.float32, True)])
-@pytest.mark.parametrize("h", [2048, 7168])
+@pytest.mark.parametrize("dtype, pow2, h", [(torch.bfloat16, False, 2048), (torch.float32, True, 7168), (torch.bfloat16, True, 7168)])
 @pytest.mark.parametrize("t", [16, 4000, 16384])
 def test_channel_cast_transpose(base, dtype, pow2, h, t):
     x = make_input(t, h, dtype, seed=h + t)
