@@ -50,6 +50,11 @@ def _tile(A, SA, B, SB, C, lead, e, row0, col0, k, block_n, num_stages):
     scale_s = T.alloc_shared((BLOCK_M,), "float32")
     part = T.alloc_fragment((BLOCK_M, block_n), "float32")
     total = T.alloc_fragment((BLOCK_M, block_n), "float32")
+    # The producer side also stages the scales (plain loads), so TileLang does not rebalance
+    # registers by itself; without these hints ptxas spills the consumers' accumulators
+    # (96 bytes per thread at block_n = 128). 256 * 40 + 256 * 208 fits the register file.
+    T.annotate_producer_reg_dealloc(40)
+    T.annotate_consumer_reg_alloc(208)
     T.clear(total)
     for kb in T.Pipelined(k // BLOCK_K, num_stages=num_stages):
         T.copy(A[(*lead, row0, kb * BLOCK_K)], A_s)
