@@ -151,5 +151,8 @@ def gating(logits, bias, topk, score_func="softmax", n_groups=1, topk_groups=1, 
     e = logits.shape[1]
     if bias is None:
         bias = torch.zeros(e, dtype=torch.float32, device=logits.device)
+    if logits.shape[0] == 0:  # a launch of zero blocks is an error
+        t = logits.new_empty(0, topk)
+        return t.int(), t
     kernel = gating_kernel(e, topk, score_func, n_groups, topk_groups, bool(renormalize), float(routed_scaling))
     return kernel(logits.contiguous(), bias.float().contiguous())

@@ -152,5 +152,6 @@ def grouped_gemm_masked(a, sa, b, sb, counts, out=None):
     _check("counts", counts, torch.int32, (e,))
     if out is None:
         out = torch.empty(e, m, n, dtype=torch.bfloat16, device=a.device)
-    grouped_gemm_masked_kernel(n, k)(a, sa, b, sb, counts, out)
+    if e and m:
+        grouped_gemm_masked_kernel(n, k)(a, sa, b, sb, counts, out)
     return out
