@@ -45,13 +45,13 @@ V4_PRO = dict(n_experts=384, hidden=7168, inter=3072, cfg=MoEConfig(384, 6, "sqr
 def _default_act_quant(x):
     from kernels.quant.group_cast import per_token_group_cast
 
-    return per_token_group_cast(x, 128)
+    return per_token_group_cast(x, group=128)
 
 
 def _default_swiglu_quant(h, clamp):
     from kernels.quant.group_cast import swiglu_cast
 
-    return swiglu_cast(h, None, clamp, 128)
+    return swiglu_cast(h, clamp=clamp, group=128)
 
 
 def moe_layer(x, logits, w1, s1, w2, s2, cfg: MoEConfig, bias=None, *, n_ranks: int = 1, act_quant=None,
