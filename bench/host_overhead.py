@@ -86,6 +86,7 @@ def main() -> None:
         try:
             tl_empty = tilelang.compile(sk.empty.get_tir(1024), target="cuda", execution_backend=backend)
             tl_gemm = tilelang.compile(sk.gemm.get_tir(T.dynamic("M"), 1024, 1024), target="cuda", execution_backend=backend)
+            tl_empty(x)
             c.zero_()
             tl_gemm(a, b, c)
             torch.testing.assert_close(c.float(), a.float() @ b.float(), rtol=2e-2, atol=2e-1)

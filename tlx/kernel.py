@@ -143,6 +143,9 @@ def _eval_ast(node, env):
         ops = {ast.Add: lambda: a + b, ast.Sub: lambda: a - b, ast.Mult: lambda: a * b, ast.FloorDiv: lambda: a // b, ast.Mod: lambda: a % b}
         if type(node.op) in ops:
             return ops[type(node.op)]()
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("min", "max") and len(node.args) == 2:
+        a, b = (_eval_ast(x, env) for x in node.args)
+        return min(a, b) if node.func.id == "min" else max(a, b)
     raise ValueError(f"unsupported extent expression {ast.dump(node)}")
 
 

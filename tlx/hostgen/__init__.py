@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tlx.hostgen.cexpr import pyexpr
 from tlx.hostgen.emit import emit_launcher, export_symbol
 from tlx.hostgen.plan import HostgenError, LaunchPlan, plan_launcher, walk_steps
 
@@ -23,15 +24,15 @@ def describe(plan: LaunchPlan) -> dict:
     """JSON-able launch metadata: parameters, symbolic dims, launches."""
     return {
         "params": [
-            {"index": t.index, "name": t.name, "kind": "tensor", "dtype": t.dtype, "shape": [str(d) for d in t.shape],
-             "strides": [str(s) for s in t.strides], "align": t.align, "output": t.is_output}
+            {"index": t.index, "name": t.name, "kind": "tensor", "dtype": t.dtype, "shape": [pyexpr(d) for d in t.shape],
+             "strides": [pyexpr(s) for s in t.strides], "align": t.align, "output": t.is_output}
             for t in plan.tensors
         ]
         + [{"index": s.index, "name": s.name, "kind": "scalar", "dtype": s.dtype} for s in plan.scalars],
         "symbolic_dims": {n: {"tensor": t, "dim": d} for n, (_, t, d) in plan.shape_vars.items()},
         "launches": [
-            {"kernel": lc.kernel, "grid": [str(g) for g in lc.grid], "block": [str(b) for b in lc.block],
-             "dynamic_shared_memory": str(lc.dyn_smem), "cluster": lc.cluster}
+            {"kernel": lc.kernel, "grid": [pyexpr(g) for g in lc.grid], "block": [pyexpr(b) for b in lc.block],
+             "dynamic_shared_memory": pyexpr(lc.dyn_smem), "cluster": lc.cluster, "cooperative": lc.cooperative}
             for lc in (s.launch for s in walk_steps(plan.steps) if s.kind == "launch")
         ],
     }

@@ -8,7 +8,7 @@ from tvm import tirx
 
 from tlx.hostgen.plan import HostgenError
 
-__all__ = ["c_name", "cexpr"]
+__all__ = ["c_name", "cexpr", "pyexpr"]
 
 _BINARY = {
     tirx.Add: "+",
@@ -73,3 +73,24 @@ def cexpr(e, names: dict | None = None) -> str:
         c, a, b = e.args
         return f"({cexpr(c, names)} ? {cexpr(a, names)} : {cexpr(b, names)})"
     raise HostgenError(f"unsupported expression in host code: {type(e).__name__} {e}")
+
+
+_PY_BINARY = {tirx.Add: "+", tirx.Sub: "-", tirx.Mul: "*", tirx.FloorDiv: "//", tirx.FloorMod: "%"}
+
+
+def pyexpr(e) -> str:
+    """``e`` as Python integer arithmetic over variable names (for metadata and output sizing)."""
+    if isinstance(e, int):
+        return str(e)
+    if isinstance(e, tirx.IntImm):
+        return str(int(e.value))
+    if isinstance(e, tirx.Var):
+        return e.name
+    if isinstance(e, tirx.Cast):
+        return pyexpr(e.value)
+    for cls, op in _PY_BINARY.items():
+        if isinstance(e, cls):
+            return f"({pyexpr(e.a)} {op} {pyexpr(e.b)})"
+    if isinstance(e, (tirx.Min, tirx.Max)):
+        return f"{'min' if isinstance(e, tirx.Min) else 'max'}({pyexpr(e.a)}, {pyexpr(e.b)})"
+    return str(e)

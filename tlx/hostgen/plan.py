@@ -112,12 +112,17 @@ _LAUNCH_TAGS = {
 }
 
 
+# TVM's plain "float8_e4m3" is generated as CUDA's __nv_fp8_e4m3, whose encoding is
+# e4m3fn (no infinities): the tensors that match it are torch.float8_e4m3fn (DLPack code 10).
+_DL_CODE_OF_TVM_CODE = {8: 10}
+
+
 def _dl_type(dtype: str) -> tuple[int, int, int]:
     dt = tvm.DataType(dtype)
-    bits = dt.bits
     if dtype == "bool":
         return 6, 8, 1
-    return int(dt.type_code), int(bits), int(dt.lanes)
+    code = int(dt.type_code)
+    return _DL_CODE_OF_TVM_CODE.get(code, code), int(dt.bits), int(dt.lanes)
 
 
 def _as_value(e):

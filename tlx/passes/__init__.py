@@ -9,6 +9,7 @@ TileLang's lowering and device code generation.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -76,8 +77,29 @@ def run_passes(kernel: LoweredKernel, ctx: PassContext, skip: tuple[str, ...] = 
     _load_builtin_passes()
     for entry in sorted(_REGISTRY.values(), key=lambda e: e.order):
         if entry.name not in skip and entry.enabled(ctx):
-            kernel = entry.fn(kernel, ctx)
+            try:
+                kernel = entry.fn(kernel, ctx)
+            except Exception as e:
+                # A pass that fails proves nothing and changes nothing: its report says so and the
+                # compile goes on with the kernel as it was, unless the user asked for verify="error".
+                if ctx.options.get("verify") == "error" or _is_user_error(e):
+                    raise
+                ctx.reports[entry.name] = {"status": "failed", "error": f"{type(e).__name__}: {e}"}
+                warnings.warn(f"tlx pass {entry.name} failed on {kernel.name} ({type(e).__name__}: {e}); its result is unknown",
+                              RuntimeWarning, stacklevel=2)
     return kernel
+
+
+def _is_user_error(e: Exception) -> bool:
+    """Errors that are verdicts about the user's kernel or options (not crashes of a pass) always propagate."""
+    from tlx.numerics.pin import PinMismatchError
+    from tlx.numerics.strict import ApproximateIntrinsicError
+    from tlx.passes.assume import AssumptionError
+    from tlx.passes.bounds import VerificationError
+    from tlx.passes.layouts import LayoutError
+    from tlx.passes.races import RaceError
+
+    return isinstance(e, (VerificationError, ApproximateIntrinsicError, PinMismatchError, AssumptionError, LayoutError, RaceError))
 
 
 def _load_builtin_passes() -> None:
