@@ -75,3 +75,14 @@ def test_strict_exact_kernel_compiles_with_strict_flags():
     assert len(cubin) > 0
     assert md["reports"]["numerics"]["approximate"] == [] and md["reports"]["numerics"]["flags"][0] == "--fmad=false"
     assert "--fmad=false" in md["nvcc_command"] and "--fmad=true" not in md["nvcc_command"]
+
+
+def test_mode_baseline_builds():
+    """The parity baseline of the modes test compiles (with the strict flags; the GPU test
+    builds both modes, under names that hash each mode's flags)."""
+    from pathlib import Path
+
+    from tlx.numerics.parity import build_baseline
+
+    obj = build_baseline(Path(__file__).parent / "modes_ref.cu", numerics="strict", compile_only=True)
+    assert Path(obj).stat().st_size > 0
