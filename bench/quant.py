@@ -168,6 +168,16 @@ def main():
 
     measure("per-block 128x128 bf16 -> e4m3", shape, block_case, reps, copy_gbps)
 
+    reblock2 = block_cast_kernel(H, 128, "e2m1", True)
+
+    def reblock2_case(seed):
+        p, c = mxfp4_cast(randn((T, H), torch.bfloat16, seed))
+        q, s = torch.empty((T, H), dtype=E4M3, device="cuda"), torch.empty((T // 128, H // 128), device="cuda")
+        exp = R.fp4_to_fp8(p, c, (128, 128)) if seed == 0 else (q, s)
+        return (lambda: reblock2(p, c, q, s)), (q, s), exp, nbytes(p, c, q, s)
+
+    measure("FP4 -> FP8 re-blocking (1x32 UE8M0 -> 128x128 power-of-two)", shape, reblock2_case, reps, copy_gbps)
+
     deq = dequant_kernel(H, "e4m3", 1, 128, "bfloat16")
 
     def deq_case(seed):

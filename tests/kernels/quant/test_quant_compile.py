@@ -10,13 +10,13 @@ import pytest
 import torch
 
 from kernels.quant import reference as R
-from kernels.quant.block_cast import block_cast_kernel, per_block_cast
+from kernels.quant.block_cast import block_cast_kernel, fp4_to_fp8_blocks, per_block_cast
 from kernels.quant.channel_cast import channel_cast_kernel, per_channel_cast_transpose
 from kernels.quant.dequant import dequant_e2m1, dequant_e4m3, dequant_kernel
 from kernels.quant.group_cast import fp4_to_fp8, group_cast_kernel, mxfp4_cast, per_token_group_cast, swiglu_cast
 
 QUANT = Path(R.__file__).parent
-VEC = r"\*\((?:uint4|float4|fp8_e4_16_t|fp8_e4_8_t|uint2)\*\)\({} \+"
+VEC = r"\*\((?:uint4|float4|fp8_e4_16_t|fp8_e4_8_t|uint2|uint1|uint)\*\)\({} \+"
 
 # (name, factory, args, buffer read with vector loads, buffer written with vector stores)
 KERNELS = [
@@ -27,6 +27,7 @@ KERNELS = [
     ("fp4->fp8", group_cast_kernel, (7168, 128, "e2m1", "uint8", "e4m3", "ue8m0"), "X", "Q"),
     ("block 128 bf16", block_cast_kernel, (7168, 128, "bfloat16"), "X", "Q"),
     ("block 32 fp32 pow2", block_cast_kernel, (2048, 32, "float32", True), "X", "Q"),
+    ("fp4->fp8 128x128", block_cast_kernel, (7168, 128, "e2m1", True), "X", "Q"),
     ("dequant e4m3 128x128", dequant_kernel, (7168, "e4m3", 128, 128, "bfloat16"), "Q", "Y"),
     ("dequant e2m1 fp32", dequant_kernel, (4096, "e2m1", 1, 32, "float32"), "Q", "Y"),
     ("channel transpose bf16", channel_cast_kernel, (4096, "bfloat16"), "X", "Q"),
@@ -36,7 +37,7 @@ KERNELS = [
 @pytest.mark.parametrize("name, factory, args, load, store", KERNELS, ids=[k[0] for k in KERNELS])
 def test_kernel_compiles_with_vector_accesses(name, factory, args, load, store):
     src = factory(*args).device_source
-    assert re.search(VEC.format(load), src), f"{name}: no 16-byte vector load from {load}"
+    assert re.search(VEC.format(load), src), f"{name}: no vector load from {load}"
     assert re.search(VEC.format(store), src), f"{name}: no vector store to {store}"
     assert "atomic" not in src  # one writer per element: results cannot depend on scheduling
 
@@ -116,6 +117,8 @@ BF16 = torch.bfloat16
          ValueError, "power-of-two"),
         (lambda: per_block_cast(torch.zeros(100, 128), 128), ValueError, "100 rows is not a multiple of block 128"),
         (lambda: per_block_cast(torch.zeros(128, 128), 64), ValueError, "block: expected one of"),
+        (lambda: fp4_to_fp8_blocks(torch.zeros(100, 64, dtype=torch.uint8), torch.zeros(100, 4, dtype=torch.uint8)),
+         ValueError, "100 rows is not a multiple of block 128"),
         (lambda: per_channel_cast_transpose(torch.zeros(40, 64, dtype=BF16)), ValueError, "40 tokens is not a multiple of 16"),
         (lambda: dequant_e4m3(torch.zeros(4, 128, dtype=torch.float8_e4m3fn), torch.zeros(4, 2)), ValueError, "s: expected shape"),
         (lambda: dequant_e4m3(torch.zeros(4, 128, dtype=torch.float8_e4m3fn), torch.zeros(4, 1), (64, 64)), ValueError, "block"),

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from kernels.quant import reference as R
-from kernels.quant.block_cast import block_cast_kernel, per_block_cast
+from kernels.quant.block_cast import block_cast_kernel, fp4_to_fp8_blocks, per_block_cast
 from kernels.quant.channel_cast import channel_cast_kernel, per_channel_cast_transpose
 from kernels.quant.dequant import dequant_e2m1, dequant_e4m3, dequant_kernel
 from kernels.quant.group_cast import _alloc_scales, group_cast_kernel, mxfp4_cast, per_token_group_cast
@@ -226,6 +226,25 @@ def test_block_cast(base, dtype, block, pow2, n, k):
     assert_bitwise(q0, eq, name="q vs torch reference")
     assert_bitwise(s0, es, name="scales vs torch reference")
     wq, ws = per_block_cast(w, block, pow2)
+    assert_bitwise(wq, q0, name="wrapper q")
+
+
+@pytest.mark.parametrize("block", [128, 32])
+def test_fp4_to_fp8_blocks(base, block):
+    n, k = 4096, 7168
+    packed, codes = mxfp4_cast(make_input(n, k, torch.bfloat16, seed=block))
+    kernel = block_cast_kernel(k, block, "e2m1", True)
+    shapes = (((n, k), torch.float8_e4m3fn), ((n // block, k // block), torch.float32))
+    (q0, s0), (q1, s1) = twice(lambda q, s: kernel(packed, codes, q, s), *shapes)
+    assert_bitwise(q0, q1, name="q (poison)")
+    assert_bitwise(s0, s1, name="scales (poison)")
+    (bq, bs), _ = twice(lambda q, s: base["block_cast"].block_cast_e2m1(packed, codes, q, s, block, 1), *shapes)
+    assert_bitwise(q0, bq, name="q vs baseline")
+    assert_bitwise(s0, bs, name="scales vs baseline")
+    eq, es = R.fp4_to_fp8(packed, codes, (block, block))
+    assert_bitwise(q0, eq, name="q vs torch reference")
+    assert_bitwise(s0, es, name="scales vs torch reference")
+    wq, ws = fp4_to_fp8_blocks(packed, codes, block)
     assert_bitwise(wq, q0, name="wrapper q")
 
 
