@@ -130,9 +130,10 @@ class _Frame:
 class _Walker:
     """Visits one device function, checks every access, and (optionally) drops proven guards."""
 
-    def __init__(self, enc: Encoder, func_name: str, shape_terms: dict[str, Any], rewrite: bool, source_map, focus=None):
+    def __init__(self, enc: Encoder, func_name: str, shape_terms: dict[str, Any], rewrite: bool, source_map, focus=None, least_of=None):
         self.enc = enc
         self.focus = focus
+        self.least_of = least_of
         self.func = func_name
         self.shape_terms = shape_terms
         self.rewrite = rewrite
@@ -191,7 +192,9 @@ class _Walker:
         if self.focus is None or access.key() != self.focus:
             return
         for name, term in self.shape_terms.items():
-            low = self.enc.minimize(term, verdict.formulas)
+            if name != self.least_of:
+                continue
+            low = self.enc.minimize(term, verdict.formulas, lo=0)
             if low is not None:
                 access.least[name] = low
 
@@ -686,6 +689,7 @@ def verify_kernel(
     rewrite: bool = False,
     source_map=None,
     focus: tuple | None = None,
+    least_of: str | None = None,
 ):
     """Verify every access of ``kernel``'s device functions.
 
@@ -702,7 +706,7 @@ def verify_kernel(
     seen = removed = 0
     for name, f in _device_funcs(kernel):
         _bind_params(enc, f, variables)
-        w = _Walker(enc, name, terms, rewrite, source_map, focus)
+        w = _Walker(enc, name, terms, rewrite, source_map, focus, least_of)
         body = w.visit(f.body)
         accesses += w.accesses
         seen += w.guards_seen
@@ -750,15 +754,14 @@ def _divisibility_candidates(variables: dict, names, consts):
 
 
 def _upper_bound(kernel, assume, variables, name, chosen, target, rlimit):
-    """``name <= B`` with B one below the least value of ``name`` that still breaks ``target``, if that proves it."""
+    """``name <= B`` with B one below the least value of ``name`` that still breaks ``target``."""
     v = variables[name]
-    rep, _ = verify_kernel(kernel, assume, [c for c, _ in chosen], rlimit, focus=target.key())
+    rep, _ = verify_kernel(kernel, assume, [c for c, _ in chosen], rlimit, focus=target.key(), least_of=name)
     least = [a.least[name] for a in rep.accesses if a.key() == target.key() and name in a.least]
     if not least or least[0] < 1:
         return None
-    cond = tir.LE(v, tir.IntImm(v.dtype, least[0] - 1))
-    rep, _ = verify_kernel(kernel, assume, [c for c, _ in chosen] + [cond], rlimit, focus=target.key())
-    return (cond, f"{name} <= {least[0] - 1}") if _fixes(rep, target) else None
+    # Below the least violating value the target holds; the caller re-verifies everything.
+    return tir.LE(v, tir.IntImm(v.dtype, least[0] - 1)), f"{name} <= {least[0] - 1}"
 
 
 def _vars_in(access: Access, variables: dict) -> list[str]:
@@ -781,10 +784,12 @@ def derive_preconditions(kernel: LoweredKernel, report: BoundsReport, assume=(),
     current = report
     unfixable: set = set()
     while len(chosen) < max_conditions:
-        bad = [a for a in current.violations() + current.unknowns() if a.key() not in unfixable]
+        # Only shape-dependent refutations can be fixed by shape conditions; unknowns that hang
+        # on an overflow go away with it, and data-dependent ones never do.
+        bad = [a for a in current.violations() if a.key() not in unfixable and not a.data_dependent]
         if not bad:
             break
-        target = min(bad, key=lambda a: (a.kind != "overflow", a.status != "violation"))
+        target = min(bad, key=lambda a: a.kind != "overflow")
         names = _vars_in(target, variables) or sorted(variables)
         fixed = None
         if target.kind == "overflow" or "overflow" in target.detail:
@@ -793,7 +798,7 @@ def derive_preconditions(kernel: LoweredKernel, report: BoundsReport, assume=(),
                 if cand is not None and _satisfiable(kernel, assume, chosen + [cand]):
                     fixed = cand
                     break
-        elif target.status == "violation":
+        else:
             for cand in _divisibility_candidates(variables, names, consts):
                 if any(cand[1] == c[1] for c in chosen):
                     continue
@@ -804,8 +809,12 @@ def derive_preconditions(kernel: LoweredKernel, report: BoundsReport, assume=(),
         if fixed is None:
             unfixable.add(target.key())
             continue
+        trial, _ = verify_kernel(kernel, assume, [c for c, _ in chosen + [fixed]], rlimit, source_map=source_map)
+        if not _fixes(trial, target):
+            unfixable.add(target.key())
+            continue
         chosen.append(fixed)
-        current, _ = verify_kernel(kernel, assume, [c for c, _ in chosen], rlimit, source_map=source_map)
+        current = trial
     return [Precondition(c, text, "bounds") for c, text in _tightest_bounds(chosen)], current
 
 

@@ -6,8 +6,8 @@ from kernels.quant import block_cast, channel_cast, dequant, group_cast
 # (name, jit function, parameters, assumptions)
 TEAM = [
     ("moe.gating", gating.gating_kernel, {"n_experts": 256, "topk": 6}, ()),
-    ("moe.grouped_gemm_contiguous", grouped_gemm.grouped_gemm_contiguous_kernel, {"n_experts": 8, "n": 4096, "k": 2048}, ()),
-    ("moe.grouped_gemm_masked", grouped_gemm.grouped_gemm_masked_kernel, {"n_experts": 8, "n": 4096, "k": 2048}, ()),
+    ("moe.grouped_gemm_contiguous", grouped_gemm.grouped_gemm_contiguous_kernel, {"n": 4096, "k": 2048}, ()),
+    ("moe.grouped_gemm_masked", grouped_gemm.grouped_gemm_masked_kernel, {"n": 4096, "k": 2048}, ()),
     ("moe.count", metadata.count_kernel, {"n_local": 32, "topk": 6}, ()),
     ("moe.scan", metadata.scan_kernel, {"n_local": 32}, ()),
     ("moe.rows", metadata.rows_kernel, {"n_local": 32, "topk": 6}, ()),
