@@ -10,7 +10,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = ROOT / "tests" / "hostgen" / "sample_kernels.py"
-OOB = ROOT / "tests" / "cli" / "oob_kernel.py"
+OOB = ROOT / "tests" / "passes" / "corpus" / "bugs.py"  # planted bugs of the verifier corpus
 
 
 def tlx(*args, cache):
@@ -53,7 +53,7 @@ def test_check_proves_a_safe_kernel(cache):
 
 
 def test_check_reports_a_counterexample_with_exit_1(cache):
-    out = tlx("check", f"{OOB}::shifted_copy", "--param", "M=dynamic", "--json", "--bounds-only", cache=cache)
+    out = tlx("check", f"{OOB}::off_by_one_tail", "--param", "N=dynamic", "--json", "--bounds-only", cache=cache)
     assert out.returncode == 1, out.stdout + out.stderr
     v = json.loads(out.stdout)["violations"]
     assert v and v[0]["buffer"] == "S" and v[0]["scope"].startswith("shared")

@@ -13,7 +13,7 @@ from __future__ import annotations
 from tvm import tirx
 
 from tlx.hostgen.cexpr import c_name, cexpr
-from tlx.hostgen.plan import HostgenError, LaunchPlan, Step, TensorArg, walk_steps
+from tlx.hostgen.plan import HostgenError, LaunchPlan, Step, TensorArg, free_vars, walk_steps
 
 __all__ = ["emit_launcher", "export_symbol"]
 
@@ -77,7 +77,7 @@ class _Emitter:
         self.lines.append(("  " * indent + line) if line else "")
 
     def expr(self, e) -> str:
-        for v in _free_vars(e):
+        for v in free_vars(e):
             if c_name(v) not in self.known:
                 raise HostgenError(f"{self.plan.name}: host expression {e} uses {v.name}, which the launcher cannot compute")
         return cexpr(e)
@@ -154,7 +154,7 @@ class _Emitter:
     def preconditions(self) -> None:
         for expr, text in self.plan.preconditions:
             cond = self.expr(expr)
-            values = " + \", \" + ".join(f'"{v.name} = " + std::to_string({c_name(v)})' for v in _unique(_free_vars(expr)))
+            values = " + \", \" + ".join(f'"{v.name} = " + std::to_string({c_name(v)})' for v in _unique(free_vars(expr)))
             values = values or '""'
             self.out(f"if (__builtin_expect(!({cond}), 0)) {{")
             self.out(
@@ -272,19 +272,6 @@ class _Emitter:
             "}",
             "",
         ]
-
-
-def _free_vars(e) -> list:
-    if isinstance(e, int):
-        return []
-    found = []
-
-    def visit(node):
-        if isinstance(node, tirx.Var):
-            found.append(node)
-
-    tirx.stmt_functor.post_order_visit(tirx.Evaluate(e), visit)
-    return found
 
 
 def _unique(vs):

@@ -15,7 +15,7 @@ from tvm import tirx
 
 from tlx.lowering import LoweredKernel
 
-__all__ = ["walk_steps", "HostgenError", "LaunchPlan", "TensorArg", "ScalarArg", "Descriptor", "Launch", "Step", "plan_launcher"]
+__all__ = ["free_vars", "walk_steps", "HostgenError", "LaunchPlan", "TensorArg", "ScalarArg", "Descriptor", "Launch", "Step", "plan_launcher"]
 
 
 class HostgenError(Exception):
@@ -188,7 +188,7 @@ def plan_launcher(kernel: LoweredKernel, out_idx=(), preconditions=()) -> Launch
     for t in tensors:
         for s in t.shape + t.strides:
             if isinstance(s, tirx.PrimExpr) and not isinstance(s, tirx.IntImm):
-                for v in _free_vars(s):
+                for v in free_vars(s):
                     if v.name not in shape_vars and v.name not in {sc.name for sc in scalars}:
                         raise HostgenError(f"{kernel.name}: shape variable {v.name} of {t.name} is not bound by any dimension")
     host = _host_main(kernel)
@@ -219,7 +219,10 @@ def _expr(v):
     return tirx.IntImm("int64", v) if isinstance(v, int) else v
 
 
-def _free_vars(e) -> list:
+def free_vars(e) -> list:
+    """The variables ``e`` refers to, in visiting order (repeats included)."""
+    if isinstance(e, int):
+        return []
     found = []
 
     def visit(node):
