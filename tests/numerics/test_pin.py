@@ -104,3 +104,8 @@ def test_cli_pin_writes_beside_the_kernel(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     data = pin.load_pin(tmp_path / "gemm.pin.json")
     assert data["kernel"] == "gemm" and data["decisions"]["pipeline"]["num_stages"] == {"k": 2}
+
+
+def test_missing_pin_file_stops_the_compile(tmp_path):
+    with pytest.raises(pin.PinFileError, match="does not exist"):
+        source(pin=str(tmp_path / "nope.pin.json"))

@@ -31,7 +31,7 @@ from tlx.numerics._tir import calls, device_functions, extern_name, op_name
 from tlx.numerics.modes import nvcc_flags
 from tlx.passes import register_pass
 
-__all__ = ["PIN_VERSION", "PinMismatchError", "load_pin", "pin_kernel_file", "pinned_pass_configs", "record"]
+__all__ = ["PIN_VERSION", "PinFileError", "PinMismatchError", "load_pin", "pin_kernel_file", "pinned_pass_configs", "record"]
 
 PIN_VERSION = 1
 PIN_ORDER = 5  # before any pass that rewrites the device module: the pin pass may re-lower
@@ -40,6 +40,11 @@ DECISIONS = ("layouts", "gemm", "reduce", "pipeline", "launch", "tma", "numerics
 
 class PinMismatchError(RuntimeError):
     """The compiler no longer makes a pinned decision."""
+
+
+class PinFileError(PinMismatchError, ValueError):
+    """The pin file is missing or malformed (a ValueError; also a PinMismatchError, so a
+    compile with that pin stops instead of going on unpinned)."""
 
 
 def _layouts(layout_mod) -> dict:
@@ -157,21 +162,21 @@ def pin_kernel_file(prim_func, options, *, name: str, kernel_file: Path, output:
 
 
 def load_pin(path: str | Path) -> dict:
-    """Read and validate a pin file; raises ValueError naming the file and what is wrong."""
+    """Read and validate a pin file; raises PinFileError naming the file and what is wrong."""
     p = Path(path)
     try:
         data = json.loads(p.read_text())
     except FileNotFoundError:
-        raise ValueError(f"pin: file {str(p)!r} does not exist") from None
+        raise PinFileError(f"pin: file {str(p)!r} does not exist") from None
     except json.JSONDecodeError as e:
-        raise ValueError(f"pin: {str(p)!r} is not JSON ({e})") from None
+        raise PinFileError(f"pin: {str(p)!r} is not JSON ({e})") from None
     if not isinstance(data, dict) or data.get("version") != PIN_VERSION:
         got = data.get("version") if isinstance(data, dict) else type(data).__name__
-        raise ValueError(f"pin: {str(p)!r}: expected version {PIN_VERSION}, got {got!r}")
+        raise PinFileError(f"pin: {str(p)!r}: expected version {PIN_VERSION}, got {got!r}")
     missing = [k for k in ("pass_configs", "decisions") if not isinstance(data.get(k), dict)]
     missing += [f"decisions.{k}" for k in DECISIONS if k not in data.get("decisions", {})]
     if missing:
-        raise ValueError(f"pin: {str(p)!r} lacks {', '.join(missing)}")
+        raise PinFileError(f"pin: {str(p)!r} lacks {', '.join(missing)}")
     return data
 
 

@@ -45,7 +45,8 @@ FAST_MATH_CONFIG = "tl.enable_fast_math"
 
 
 class ApproximateIntrinsicError(ValueError):
-    """A strict-mode kernel uses an approximate intrinsic that is not in ``allow_approx``."""
+    """A strict-mode kernel uses an approximate intrinsic that is not in ``allow_approx``, or
+    ``allow_approx`` names something that is not an approximate intrinsic."""
 
 
 def _normalize(name: str) -> str:
@@ -62,8 +63,8 @@ def _allow_set(allow_approx) -> set[str]:
     allowed = set()
     for entry in allow_approx:
         name = _normalize(str(entry))
-        if name not in known:
-            raise ValueError(f"allow_approx: expected names from {sorted(known)}, got {entry!r}")
+        if name not in known:  # an ApproximateIntrinsicError (a ValueError) so the compile stops
+            raise ApproximateIntrinsicError(f"allow_approx: expected names from {sorted(known)}, got {entry!r}")
         allowed.add(name)
     return allowed
 
