@@ -26,10 +26,8 @@ KERNELS = [
     ("mxfp4", group_cast_kernel, (4096, 32, "plain", "bfloat16", "e2m1"), "X", "Q"),
     ("fp4->fp8", group_cast_kernel, (7168, 128, "e2m1", "uint8", "e4m3", "ue8m0"), "X", "Q"),
     ("block 128 bf16", block_cast_kernel, (7168, 128, "bfloat16"), "X", "Q"),
-    ("block 32 fp32 pow2", block_cast_kernel, (2048, 32, "float32", True), "X", "Q"),
-    ("fp4->fp8 128x128", block_cast_kernel, (7168, 128, "e2m1", True), "X", "Q"),
+    ("fp4->fp8 32x32", block_cast_kernel, (7168, 32, "e2m1", True), "X", "Q"),
     ("dequant e4m3 128x128", dequant_kernel, (7168, "e4m3", 128, 128, "bfloat16"), "Q", "Y"),
-    ("dequant e2m1 fp32", dequant_kernel, (4096, "e2m1", 1, 32, "float32"), "Q", "Y"),
     ("channel transpose bf16", channel_cast_kernel, (4096, "bfloat16"), "X", "Q"),
 ]
 
