@@ -1,6 +1,7 @@
 """Layout pinning on the CPU: pin files, re-applied pass configs, clear errors on drift."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -100,7 +101,7 @@ def test_cli_pin_writes_beside_the_kernel(tmp_path):
     )
     root = Path(__file__).resolve().parents[2]
     done = subprocess.run([sys.executable, "-m", "tlx.cli", "pin", f"{kernel_file}::gemm"], capture_output=True, text=True,
-                          cwd=root, env={**__import__("os").environ, "PYTHONPATH": str(root)})  # fmt: skip
+                          cwd=root, env={**os.environ, "PYTHONPATH": str(root)})  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     data = pin.load_pin(tmp_path / "gemm.pin.json")
     assert data["kernel"] == "gemm" and data["decisions"]["pipeline"]["num_stages"] == {"k": 2}
