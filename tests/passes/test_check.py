@@ -66,3 +66,10 @@ def test_sections_for_other_analyses():
     with pytest.raises(ValueError, match="exit_code"):
         r.add_section("races", [], exit_code=2)
     assert isinstance(r, CheckResult)
+
+
+def test_loads_and_stores_point_at_their_own_lines():
+    r = _check("wrong_stride")
+    lines = {a.kind: r.source_lines[a.source] for a in r.violations}
+    assert lines["store"].strip() == "S[i * (tile + 1) + tx] = A[i, tx]"
+    assert lines["load"].strip() == "B[i, tx] = S[tx * (tile + 1) + i]"

@@ -159,8 +159,9 @@ def source_locator(fn: Callable | None) -> tuple[Callable[..., str], dict[str, s
         word = re.escape(name)
         store = re.compile(rf"(^|[^\w.]){word}\s*\[[^=]*\]\s*(\+|-|\*)?=(?!=)|T\.copy\(.*,\s*{word}\b")
         use = re.compile(rf"(^|[^\w.]){word}\s*[\[,)]")
+        read = re.compile(rf"(?<![=!<>])=(?!=).*?(?<![\w.]){word}\s*\[|T\.copy\(\s*{word}\b")
         wanted = set(_IDENT.findall(index)) - {"T", "Cast", "int64", "int32", name}
-        patterns = [store, use] if kind in ("store", "overflow") else [use, store]
+        patterns = [store, use] if kind in ("store", "overflow") else [read, use, store]
         for pat in patterns:
             hits = []
             for i, line in enumerate(src):
