@@ -19,7 +19,7 @@ from kernels.quant import reference as R
 from kernels.quant.block_cast import block_cast_kernel, fp4_to_fp8_blocks, per_block_cast
 from kernels.quant.channel_cast import channel_cast_kernel, per_channel_cast_transpose
 from kernels.quant.dequant import dequant_e2m1, dequant_e4m3, dequant_kernel
-from kernels.quant.group_cast import _alloc_scales, group_cast_kernel, mxfp4_cast, per_token_group_cast
+from kernels.quant.group_cast import _alloc_scales, group_cast_kernel, mxfp4_cast, per_token_group_cast, swiglu_cast
 from tlx.numerics.parity import assert_bitwise, build_baseline
 
 pytestmark = pytest.mark.gpu
@@ -131,6 +131,22 @@ def test_group_cast_wrapper_matches_kernel():
     assert s.stride() == (1, R.tma_aligned(4001)) and s.data_ptr() % 16 == 0
     assert_bitwise(q, eq, name="q")
     assert_bitwise(s, es, name="scales")
+
+
+def test_wrappers_match_reference_and_handle_empty_batches():
+    x = make_input(4001, 4096, torch.bfloat16, seed=5)
+    w = torch.rand(4001, device="cuda")
+    q, s = swiglu_cast(x, w, 10.0, 128, "ue8m0_packed", col_major=True)
+    eq, es = R.swiglu_cast(x, 10.0, w, 128, "ue8m0_packed", col_major=True)
+    assert_bitwise(q, eq, name="swiglu q")
+    assert_bitwise(s, es, name="swiglu scales")
+    p, c = mxfp4_cast(x.float())
+    ep, ec = R.mxfp4_cast(x.float())
+    assert_bitwise(p, ep, name="mxfp4 values")
+    assert_bitwise(c, ec, name="mxfp4 codes")
+    q0, s0 = per_token_group_cast(x[:0], 128, "ue8m0_packed", col_major=True)
+    assert q0.shape == (0, 4096) and s0.shape == (0, 8)
+    assert per_channel_cast_transpose(x[:0])[0].shape == (4096, 0)
 
 
 def test_group_cast_batch_invariance():
