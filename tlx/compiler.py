@@ -179,6 +179,7 @@ def _options_dict(options: Options, target: dict) -> dict:
         "eliminate_guards": options.eliminate_guards,
         "allow_approx": list(options.allow_approx),
         "pin": options.pin,
+        "pin_sha256": hashlib.sha256(Path(options.pin).read_bytes()).hexdigest() if options.pin and Path(options.pin).is_file() else None,
         "target": target,
         **{k: v for k, v in options.extra},
     }
