@@ -21,14 +21,18 @@ import tilelang.language as T
 
 import tlx
 
-# Symbolic sizes (module level so the kernel sources see them): tokens, chunks, rows, row blocks.
+# Symbolic sizes (module level so the kernel sources see them): tokens, chunks, rows, row
+# blocks, local experts (symbolic so one compiled kernel serves every expert count and rank
+# split).
 ntok = T.dynamic("T")
 nchunk = T.dynamic("C")
 nrows = T.dynamic("R")
 nblocks = T.dynamic("B")
+nlocal = T.dynamic("El")
 
 CHUNK = 128  # tokens per chunk
 THREADS = 128
+MAX_LOCAL = 1024  # local experts per rank (the scan keeps counts and offsets in shared memory)
 
 
 def max_rows(n_tokens: int, topk: int, n_local: int, align: int = 128) -> int:
@@ -38,13 +42,13 @@ def max_rows(n_tokens: int, topk: int, n_local: int, align: int = 128) -> int:
 
 
 @tlx.jit(target={"kind": "cuda", "arch": "sm_90a"})
-def count_kernel(n_local: int, topk: int):
+def count_kernel(topk: int):
 
     @T.prim_func
     def main(
         ids: T.Tensor((ntok, topk), "int32"),
         first_expert: T.Tensor((1,), "int32"),
-        chunk_counts: T.Tensor((nchunk, n_local), "int32"),
+        chunk_counts: T.Tensor((nchunk, nlocal), "int32"),
     ):
         with T.Kernel(nchunk, threads=THREADS) as c:
             tx = T.get_thread_binding()
@@ -56,8 +60,8 @@ def count_kernel(n_local: int, topk: int):
                 if i * THREADS + tx < n:
                     s_ids[i * THREADS + tx] = ids[c * CHUNK + (i * THREADS + tx) // topk, (i * THREADS + tx) % topk] - first_expert[0]
             T.sync_threads()
-            for b in T.serial(T.ceildiv(n_local, THREADS)):
-                if b * THREADS + tx < n_local:
+            for b in T.serial(T.ceildiv(nlocal, THREADS)):
+                if b * THREADS + tx < nlocal:
                     cnt = 0
                     for i in T.serial(n):
                         if s_ids[i] == b * THREADS + tx:
@@ -68,26 +72,26 @@ def count_kernel(n_local: int, topk: int):
 
 
 @tlx.jit(target={"kind": "cuda", "arch": "sm_90a"})
-def scan_kernel(n_local: int, align: int = 128):
+def scan_kernel(align: int = 128):
 
     @T.prim_func
     def main(
-        chunk_counts: T.Tensor((nchunk, n_local), "int32"),
-        chunk_base: T.Tensor((nchunk, n_local), "int32"),
-        counts: T.Tensor((n_local,), "int32"),
-        offsets: T.Tensor((n_local + 1,), "int32"),
+        chunk_counts: T.Tensor((nchunk, nlocal), "int32"),
+        chunk_base: T.Tensor((nchunk, nlocal), "int32"),
+        counts: T.Tensor((nlocal,), "int32"),
+        offsets: T.Tensor((nlocal + 1,), "int32"),
         entry_of_row: T.Tensor((nrows,), "int32"),
         block_expert: T.Tensor((nblocks,), "int32"),
     ):
         with T.Kernel(1, threads=THREADS):
             tx = T.get_thread_binding()
-            s_counts = T.alloc_shared((n_local,), "int32")
-            s_off = T.alloc_shared((n_local + 1,), "int32")
+            s_counts = T.alloc_shared((MAX_LOCAL,), "int32")
+            s_off = T.alloc_shared((MAX_LOCAL + 1,), "int32")
             run = T.alloc_var("int32")
             lo = T.alloc_var("int32")
             hi = T.alloc_var("int32")
-            for b in T.serial(T.ceildiv(n_local, THREADS)):
-                if b * THREADS + tx < n_local:
+            for b in T.serial(T.ceildiv(nlocal, THREADS)):
+                if b * THREADS + tx < nlocal:
                     run = 0
                     for c in T.serial(nchunk):
                         chunk_base[c, b * THREADS + tx] = run
@@ -97,14 +101,14 @@ def scan_kernel(n_local: int, align: int = 128):
             T.sync_threads()
             if tx == 0:
                 s_off[0] = 0
-                for e in T.serial(n_local):
+                for e in T.serial(nlocal):
                     s_off[e + 1] = s_off[e] + T.ceildiv(s_counts[e], align) * align
             T.sync_threads()
-            for b in T.serial(T.ceildiv(n_local + 1, THREADS)):
-                if b * THREADS + tx <= n_local:
+            for b in T.serial(T.ceildiv(nlocal + 1, THREADS)):
+                if b * THREADS + tx <= nlocal:
                     offsets[b * THREADS + tx] = s_off[b * THREADS + tx]
-            for b in T.serial(T.ceildiv(n_local, THREADS)):
-                if b * THREADS + tx < n_local:
+            for b in T.serial(T.ceildiv(nlocal, THREADS)):
+                if b * THREADS + tx < nlocal:
                     lo = s_off[b * THREADS + tx]
                     hi = s_off[b * THREADS + tx + 1]
                     run = s_counts[b * THREADS + tx]
@@ -112,7 +116,7 @@ def scan_kernel(n_local: int, align: int = 128):
                         entry_of_row[lo + run + r] = -1
                     for q in T.serial((hi - lo) // align):
                         block_expert[lo // align + q] = b * THREADS + tx
-            lo = s_off[n_local]
+            lo = s_off[nlocal]
             for q in T.serial(T.ceildiv(nblocks, THREADS)):
                 if q * THREADS + tx < nblocks and (q * THREADS + tx) * align >= lo:
                     block_expert[q * THREADS + tx] = -1
@@ -121,14 +125,14 @@ def scan_kernel(n_local: int, align: int = 128):
 
 
 @tlx.jit(target={"kind": "cuda", "arch": "sm_90a"})
-def rows_kernel(n_local: int, topk: int):
+def rows_kernel(topk: int):
 
     @T.prim_func
     def main(
         ids: T.Tensor((ntok, topk), "int32"),
         first_expert: T.Tensor((1,), "int32"),
-        chunk_base: T.Tensor((nchunk, n_local), "int32"),
-        offsets: T.Tensor((n_local + 1,), "int32"),
+        chunk_base: T.Tensor((nchunk, nlocal), "int32"),
+        offsets: T.Tensor((nlocal + 1,), "int32"),
         row_of: T.Tensor((ntok, topk), "int32"),
         entry_of_row: T.Tensor((nrows,), "int32"),
     ):
@@ -144,10 +148,10 @@ def rows_kernel(n_local: int, topk: int):
             T.sync_threads()
             for i in T.serial(T.ceildiv(CHUNK * topk, THREADS)):
                 if i * THREADS + tx < n:
-                    if s_ids[i * THREADS + tx] < 0 or s_ids[i * THREADS + tx] >= n_local:
+                    if s_ids[i * THREADS + tx] < 0 or s_ids[i * THREADS + tx] >= nlocal:
                         row_of[c * CHUNK + (i * THREADS + tx) // topk, (i * THREADS + tx) % topk] = -1
-            for b in T.serial(T.ceildiv(n_local, THREADS)):
-                if b * THREADS + tx < n_local:
+            for b in T.serial(T.ceildiv(nlocal, THREADS)):
+                if b * THREADS + tx < nlocal:
                     row = offsets[b * THREADS + tx] + chunk_base[c, b * THREADS + tx]
                     for i in T.serial(n):
                         if s_ids[i] == b * THREADS + tx:
@@ -168,6 +172,8 @@ def routing_metadata(ids, n_experts: int, rank: int = 0, n_ranks: int = 1, align
     if n_experts % n_ranks or not 0 <= rank < n_ranks:
         raise ValueError(f"rank/n_ranks: expected 0 <= rank < n_ranks dividing {n_experts}, got {rank}/{n_ranks}")
     el = n_experts // n_ranks
+    if el > MAX_LOCAL:
+        raise ValueError(f"n_experts // n_ranks: expected at most {MAX_LOCAL} local experts, got {el}")
     t, k = ids.shape
     dev = ids.device
     nchunk = max(1, (t + CHUNK - 1) // CHUNK)
@@ -184,10 +190,10 @@ def routing_metadata(ids, n_experts: int, rank: int = 0, n_ranks: int = 1, align
     }
     ids = ids.contiguous()
     if t:
-        count_kernel(el, k)(ids, first, chunk_counts)
+        count_kernel(k)(ids, first, chunk_counts)
     else:
         chunk_counts.zero_()
-    scan_kernel(el, align)(chunk_counts, chunk_base, out["counts"], out["offsets"], out["entry_of_row"], out["block_expert"])
+    scan_kernel(align)(chunk_counts, chunk_base, out["counts"], out["offsets"], out["entry_of_row"], out["block_expert"])
     if t:
-        rows_kernel(el, k)(ids, first, chunk_base, out["offsets"], out["row_of"], out["entry_of_row"])
+        rows_kernel(k)(ids, first, chunk_base, out["offsets"], out["row_of"], out["entry_of_row"])
     return out

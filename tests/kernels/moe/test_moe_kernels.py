@@ -25,9 +25,9 @@ BASELINES = ("gating", "metadata", "permute", "grouped_gemm")
 
 COMPILES = {
     "gating_grouped": lambda: gating_kernel(256, 6, "sqrtsoftplus", 8, 4, True, 1.5),
-    "count": lambda: count_kernel(256, 6),
-    "scan": lambda: scan_kernel(256),
-    "rows": lambda: rows_kernel(256, 6),
+    "count": lambda: count_kernel(6),
+    "scan": lambda: scan_kernel(),
+    "rows": lambda: rows_kernel(6),
     "permute": lambda: permute_kernel(4096, 6),
     "permute_fp8": lambda: permute_fp8_kernel(4096, 6),
     "combine": lambda: combine_kernel(4096, 6),
@@ -161,7 +161,7 @@ def _baseline_metadata(baseline, ids, e, rank, n_ranks):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("kind", ["uniform", "hot", "sparse"])
-@pytest.mark.parametrize("t", [1, 300, 8192])
+@pytest.mark.parametrize("t", [1, 300, 16384])
 @pytest.mark.parametrize("e,rank,n_ranks", [(256, 0, 1), (384, 2, 4)])
 def test_metadata_bitwise_and_reference(baseline, kind, t, e, rank, n_ranks):
     from tlx.numerics.parity import assert_bitwise
@@ -229,9 +229,9 @@ def _weights(e, n, k, e4m3):
     return b, sb
 
 
+# Only the four shapes of the models: each (N, K) is one compile, shared with the pipeline.
 GEMM_SHAPES = [
     # (local experts, N, K)
-    (4, 256, 512),
     (8, 4096, 4096),  # V4-Flash L1: N = 2I, K = H
     (8, 4096, 2048),  # V4-Flash L2: N = H, K = I
     (4, 6144, 7168),  # V4-Pro L1
@@ -266,7 +266,7 @@ def test_grouped_gemm_contiguous_bitwise_and_reference(baseline, e4m3, e, n, k, 
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("e,n,k", GEMM_SHAPES[:3])
+@pytest.mark.parametrize("e,n,k", [(4, 4096, 2048), (8, 4096, 2048)])
 def test_grouped_gemm_masked_bitwise_and_reference(baseline, e4m3, e, n, k):
     from tlx.numerics.parity import assert_bitwise
 
@@ -290,7 +290,7 @@ def test_grouped_gemm_masked_bitwise_and_reference(baseline, e4m3, e, n, k):
 @pytest.mark.gpu
 def test_grouped_gemm_is_deterministic_and_row_independent(e4m3):
     """The same row gives the same bits whatever else is in the batch and on every run."""
-    e, n, k = 4, 256, 1024
+    e, n, k = 4, 4096, 2048
     ids = _ids("uniform", 200, 32, seed=1)
     meta = routing_metadata(ids, 32, 0, 8)
     rows = meta["entry_of_row"].shape[0]
