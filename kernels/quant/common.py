@@ -1,6 +1,7 @@
 """TIR building blocks shared by the quantization kernels (rules in ``reference.py``).
 
-Each function returns a TIR expression for a ``@T.prim_func`` body. The CUDA baselines
+Each function returns a TIR expression for a ``@T.prim_func`` body. Conversions come from
+``tlx.ieee`` (CUDA's own fp8/fp4/e8m0 conversions, injected by ``@tlx.jit``); the CUDA baselines
 spell the same operations in the same order (``quant_common.cuh``), so results match bit for bit.
 """
 
@@ -8,6 +9,8 @@ from __future__ import annotations
 
 import torch
 import tilelang.language as T
+
+from tlx.numerics import ieee
 
 from kernels.quant.reference import E2M1_CLAMP, E2M1_MAX, E4M3_CLAMP, E4M3_MAX
 
@@ -24,31 +27,23 @@ def fp32(v: float):
 
 
 def group_scale(amax, fmt: str, pow2: bool):
-    """(fp32 scale, uint32 UE8M0 code or None) for a group with ``amax`` (rules 2 and 3)."""
+    """(fp32 scale, uint8 UE8M0 code or None) for a group with ``amax`` (rules 2 and 3)."""
     clamp, fmax = (E4M3_CLAMP, E4M3_MAX) if fmt == "e4m3" else (E2M1_CLAMP, E2M1_MAX)
     s = T.max(amax, fp32(clamp)) / fp32(fmax)
     if not pow2:
         return s, None
-    bits = T.reinterpret(s, T.uint32)
-    code = T.min((bits >> T.uint32(23)) + T.Cast(T.uint32, (bits & T.uint32(0x7FFFFF)) != T.uint32(0)), T.uint32(254))
-    return T.reinterpret(code << T.uint32(23), T.float32), code
+    code = ieee.ue8m0_code(s)  # rounded up; s is a positive normal number, so codes 1..254
+    return ieee.ue8m0_decode(code), code
 
 
 def cast_e4m3(v):
-    """fp32 -> e4m3 with ``cvt.rn.satfinite`` (RNE, saturating, NaN -> 0x7F)."""
-    return T.Cast(T.float8_e4m3fn, v)
+    """fp32 -> e4m3: RNE, saturating to ±448, NaN -> 0x7F (``tlx.ieee``)."""
+    return ieee.cast_fp8_e4m3(v)
 
 
 def e2m1_code(v):
-    """fp32 -> e2m1 code in a uint8 (rule 4: ties to the even code, saturating, NaN -> 0x7)."""
-    a = T.abs(v)
-    mag = (
-        T.Cast(T.uint8, a > fp32(0.25)) + T.Cast(T.uint8, a >= fp32(0.75)) + T.Cast(T.uint8, a > fp32(1.25))
-        + T.Cast(T.uint8, a >= fp32(1.75)) + T.Cast(T.uint8, a > fp32(2.5)) + T.Cast(T.uint8, a >= fp32(3.5))
-        + T.Cast(T.uint8, a > fp32(5.0))
-    )
-    sign = T.Cast(T.uint8, T.reinterpret(v, T.uint32) >> T.uint32(28)) & T.uint8(8)
-    return T.if_then_else(T.isnan(v), T.uint8(7), mag | sign)
+    """fp32 -> e2m1 code in a uint8: RNE (ties to the even code), saturating, NaN -> 0x7 (``tlx.ieee``)."""
+    return ieee.cast_fp4_e2m1(v)
 
 
 def e2m1_value(code):
