@@ -330,6 +330,7 @@ def test_compute_sanitizer_memcheck():
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(QUANT.parents[1]), os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.run([tool, "--tool", "memcheck", "--error-exitcode", "3", sys.executable, str(script)],
                           capture_output=True, text=True, env=env, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    assert "ERROR SUMMARY: 0 errors" in proc.stdout
-    assert "ran 8 operations" in proc.stdout
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-8000:]
+    assert "ERROR SUMMARY: 0 errors" in out
+    assert "ran 8 operations" in out
