@@ -176,8 +176,7 @@ def fp4_to_fp8(packed: torch.Tensor, codes: torch.Tensor, block: tuple[int, int]
     block, no 1x32 scale is more than 14 binades below the largest one)."""
     x = dequant_e2m1(packed, codes, torch.float32)
     if block[0] == 1:
-        q, s = per_token_group_cast(x, block[1], "ue8m0")
-        return q, s
+        return per_token_group_cast(x, block[1], "ue8m0")
     return per_block_cast(x, block[0], pow2=True)
 
 
