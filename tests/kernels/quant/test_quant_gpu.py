@@ -159,6 +159,20 @@ def test_group_cast_batch_invariance():
         assert_bitwise(si, s[off : off + t], name=f"scales rows {off}+{t}")
 
 
+def test_block_and_channel_batch_invariance():
+    """Weight blocks do not depend on N, channel blocks of 128 tokens do not depend on T."""
+    w = make_input(7168, 4096, torch.bfloat16, seed=13)
+    q, s = per_block_cast(w, 128)
+    q1, s1 = per_block_cast(w[1024:2048].contiguous(), 128)
+    assert_bitwise(q1, q[1024:2048], name="block q rows 1024..2047")
+    assert_bitwise(s1, s[8:16], name="block scales")
+    x = make_input(16384, 2048, torch.bfloat16, seed=17)
+    q, s = per_channel_cast_transpose(x)
+    q1, s1 = per_channel_cast_transpose(x[4096:4096 + 4000].contiguous())
+    assert_bitwise(q1, q[:, 4096:4096 + 4000], name="channel q tokens 4096..8095")
+    assert_bitwise(s1[:, :31], s[:, 32:63], name="channel scales (whole 128-token blocks)")
+
+
 @pytest.mark.parametrize("two_i, weighted, scale_fmt", [(4096, False, "fp32"), (6144, True, "ue8m0")])
 @pytest.mark.parametrize("t", [1, 4001, 16384])
 def test_swiglu_cast(base, two_i, t, weighted, scale_fmt):
