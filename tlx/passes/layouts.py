@@ -134,6 +134,8 @@ def check_layout(used: UsedLayout, enc: Encoder | None = None) -> dict:
         e = enc.encode(ext)
         dom_x += [x >= 0, x < e]
         dom_y += [y >= 0, y < e]
+    dom_x += [enc.encode_bool(c, env_x) for c in split.constraints]
+    dom_y += [enc.encode_bool(c, env_y) for c in split.constraints]
     dom = dom_x + dom_y
     fx = [enc.encode(o, env_x) for o, _ in split.outputs]
     fy = [enc.encode(o, env_y) for o, _ in split.outputs]
@@ -183,35 +185,55 @@ class _Split:
     inputs: list[tuple[Any, Any]]
     outputs: list[tuple[Any, Any]]
     recon: dict
+    constraints: list
 
 
 def _bit_split(m: _Map) -> _Split:
     """Substitute each power-of-two input by its bits and let TVM simplify the map.
 
-    ``x // 8 % 2`` becomes the single bit ``x_b3``, so the division and modulo terms
+    ``x // 8 % 2`` becomes the single bit ``x.b3``, so the division and modulo terms
     that make the integer problem hard for Z3 mostly vanish; the map is unchanged.
     Inputs whose extent is not a constant power of two stay whole.
     """
+    extents = dict(m.inputs)
+    outs, inputs, recon, constraints = bit_split([_bits_to_arith(o, extents) for o, _ in m.outputs], m.inputs)
+    return _Split(inputs, list(zip(outs, [e for _, e in m.outputs], strict=True)), recon, constraints)
+
+
+def bit_split(exprs: list, ranges: list, tag: str = "", fresh: bool = False):
+    """Rewrite ``exprs`` over ``ranges`` ((var, extent), each var in ``[0, extent)``) in bits.
+
+    Every variable with a constant extent becomes ``sum(2^i * v.b_i)`` over new 0/1
+    variables (plus the constraint ``< extent`` when the extent is not a power of two);
+    the others stay (renamed when ``fresh``, so several independent copies can coexist
+    in one solver). Returns ``(exprs, inputs, recon, constraints)``: the simplified
+    expressions, the new variables with their extents, each old variable's expression
+    in the new ones, and the boolean constraints the new variables must satisfy.
+    """
     ana = tvm.arith.Analyzer()
-    inputs, sub = [], {}
-    for v, ext in m.inputs:
-        k = _pow2(ext)
+    inputs, recon, constraints = [], {}, []
+    for v, ext in ranges:
+        n = _int(ext)
+        k = None if n is None or n < 1 else (n - 1).bit_length()
         if k is None:
-            inputs.append((v, ext))
-            sub[v] = v
+            nv = tir.Var(f"{v.name}{tag}", v.dtype) if fresh else v
+            inputs.append((nv, ext))
+            recon[v] = nv
             if _int(ext) is not None:
-                ana.bind(v, tvm.ir.Range(0, _int(ext)))
+                ana.bind(nv, tvm.ir.Range(0, _int(ext)))
             continue
         whole = tir.IntImm(v.dtype, 0)
         for i in range(k):
-            b = tir.Var(f"{v.name}.b{i}", v.dtype)
+            b = tir.Var(f"{v.name}{tag}.b{i}", v.dtype)
             ana.bind(b, tvm.ir.Range(0, 2))
             inputs.append((b, 2))
             whole = whole + b * (1 << i)
-        sub[v] = whole
-    extents = dict(m.inputs)
-    outputs = [(ana.simplify(tir.stmt_functor.substitute(_bits_to_arith(o, extents), sub)), ext) for o, ext in m.outputs]
-    return _Split(inputs, outputs, sub)
+        recon[v] = whole
+        if n != 1 << k:
+            constraints.append(whole < n)
+    outs = [ana.simplify(ana.simplify(tir.stmt_functor.substitute(e, recon))) for e in exprs]
+    return outs, inputs, recon, constraints
+
 
 
 def _bits_to_arith(expr, extents: dict):

@@ -32,8 +32,9 @@ import z3
 from tilelang import tvm
 from tlx.lowering import LoweredKernel
 from tlx.passes import PassContext, register_pass
-from tlx.passes.banks import SHARED_SCOPES, Access, Program, _elem_bytes, collect_program
-from tlx.passes.smt import Encoder
+from tlx.passes.banks import SHARED_SCOPES, Access, Program, _elem_bytes, _int, collect_program
+from tlx.passes.layouts import bit_split
+from tlx.passes.smt import Encoder, Verdict
 
 tir = tvm.tirx
 
@@ -56,52 +57,78 @@ def _modelled(acc: Access) -> bool:
 
 
 class _Copy:
-    """One dynamic instance of an access: its own threads and loop iterations as Z3 terms."""
+    """One dynamic instance of an access: its own threads and loop iterations.
+
+    Thread indices and power-of-two loops are split into bits (see ``bit_split``) so the
+    swizzled addresses of TileLang kernels stay easy for Z3; every copy gets fresh
+    variables, so two copies are two independent instances.
+    """
 
     def __init__(self, enc: Encoder, prog: Program, acc: Access, tag: str):
-        ctx = enc.ctx
-        self.threads = []
-        self.env = {}
-        facts = []
-        for v, ext in prog.threads:
-            t = z3.Int(f"{v.name}@{tag}", ctx)
-            self.env[v] = t
-            self.threads.append((v.name, t))
-            facts += [t >= 0, t < ext]
-        self.loops = []
-        for v, lo, ext in acc.loops:
-            t = z3.Int(f"{v.name}@{tag}", ctx)
-            self.env[v] = t
-            self.loops.append((v.name, t))
-            facts += [t >= enc.encode(lo, self.env), t < enc.encode(lo, self.env) + enc.encode(ext, self.env)]
-        self.facts = facts + [enc.encode_bool(c, self.env) for c in acc.conds]
+        ctx_vars = [(v, ext) for v, ext in prog.threads]
+        split_loops = [(v, ext) for v, lo, ext in acc.loops if _int(lo) == 0 and _int(ext) is not None]
+        other_loops = [(v, lo, ext) for v, lo, ext in acc.loops if not (_int(lo) == 0 and _int(ext) is not None)]
         index = acc.index.base if isinstance(acc.index, tir.Ramp) else acc.index
-        self.lo = acc.base_bytes + enc.encode(index, self.env) * _elem_bytes(acc.dtype)
+        exprs = [index, acc.epoch, acc.commits] + list(acc.conds)
+        outs, inputs, recon, constraints = bit_split(exprs, ctx_vars + split_loops + [(v, None) for v, _, _ in other_loops], tag=f"@{tag}", fresh=True)
+        facts = []
+        for nv, ext in inputs:
+            if _int(ext) is not None:
+                t = enc.var(nv)
+                facts += [t >= 0, t < _int(ext)]
+        for v, lo, ext in other_loops:
+            t = enc.encode(recon[v])
+            lo_t = enc.encode(tir.stmt_functor.substitute(lo, recon))
+            facts += [t >= lo_t, t < lo_t + enc.encode(tir.stmt_functor.substitute(ext, recon))]
+        self.threads = [(str(v.name), enc.encode(recon[v])) for v, _ in prog.threads]
+        self.loops = [(str(v.name), enc.encode(recon[v])) for v, _, _ in acc.loops]
+        self.loop_env = {v: t for (v, _, _), (_, t) in zip(acc.loops, self.loops, strict=True)}
+        self.thread_env = {v: t for (v, _), (_, t) in zip(prog.threads, self.threads, strict=True)}
+        index, epoch, commits, *conds = outs
+        self.facts = facts + [enc.encode_bool(c) for c in list(conds) + constraints]
+        self.lo = acc.base_bytes + enc.encode(index) * _elem_bytes(acc.dtype)
         self.hi = self.lo + acc.width  # exclusive
-        self.epoch = enc.encode(acc.epoch, self.env)
-        self.group = enc.encode(acc.commits, self.env)
+        self.epoch = enc.encode(epoch)
+        self.group = enc.encode(commits)
         enc.take_obligations()
 
 
-def _not_landed(enc: Encoder, prog: Program, a: Access, ca: _Copy, epoch_other) -> object:
-    """``a``'s async write is still unretired (or not yet published) at ``epoch_other``."""
-    clauses = []
-    for i, w in enumerate(prog.waits):
-        ctx = enc.ctx
-        env = {v: t for v, t in zip([v for v, _ in prog.threads], [t for _, t in ca.threads], strict=True)}
-        bound, dom = [], []
+def _not_landed(enc: Encoder, prog: Program, ca: _Copy, other: _Copy) -> object:
+    """``ca``'s async write may still be in flight (or unpublished) when ``other`` runs.
+
+    It has landed for ``other`` once some ``wait_group(n)`` instance of the issuing thread
+    retired its group (``commits - n > group``) before a barrier that precedes ``other``
+    (``epoch(wait) < epoch(other)``). Instead of quantifying over every wait instance,
+    a few candidate instances are tried: for each loop around the wait, the iteration
+    of ``other`` or the one before it, that of ``ca`` or the one after, and the first and
+    last. Trying fewer waits can only report more races, never fewer: no false "safe".
+    """
+    import itertools
+
+    landed = []
+    for w in prog.waits:
+        choices = []
         for v, lo, ext in w.loops:
-            t = z3.Int(f"{v.name}@w{i}", ctx)
-            env[v] = t
-            bound.append(t)
-            dom += [t >= enc.encode(lo, env), t < enc.encode(lo, env) + enc.encode(ext, env)]
-        dom += [enc.encode_bool(c, env) for c in w.conds]
-        retired = enc.encode(w.commits, env) - w.n > ca.group
-        published = enc.encode(w.epoch, env) < epoch_other
-        body = z3.Not(z3.And(dom + [retired, published]))
-        clauses.append(z3.ForAll(bound, body) if bound else body)
+            opts = []
+            if v in other.loop_env:
+                opts += [other.loop_env[v], other.loop_env[v] - 1]
+            if v in ca.loop_env:
+                opts += [ca.loop_env[v], ca.loop_env[v] + 1]
+            opts += [None, "last"]
+            choices.append([(v, lo, ext, o) for o in opts])
+        for combo in itertools.product(*choices):
+            env = dict(ca.thread_env)
+            dom = []
+            for v, lo, ext, o in combo:
+                lo_t, ext_t = enc.encode(lo, env), enc.encode(ext, env)
+                t = lo_t if o is None else lo_t + ext_t - 1 if isinstance(o, str) else o
+                env[v] = t
+                dom += [t >= lo_t, t < lo_t + ext_t]
+            dom += [enc.encode_bool(c, env) for c in w.conds]
+            dom += [enc.encode(w.commits, env) - w.n > ca.group, enc.encode(w.epoch, env) < other.epoch]
+            landed.append(z3.And(dom))
     enc.take_obligations()
-    return z3.And(clauses) if clauses else z3.BoolVal(True, enc.ctx)
+    return z3.Not(z3.Or(landed)) if landed else z3.BoolVal(True, enc.ctx)
 
 
 def _pair_query(enc, prog, a: Access, b: Access):
@@ -113,23 +140,46 @@ def _pair_query(enc, prog, a: Access, b: Access):
         cons.append(z3.Or([x != y for (_, x), (_, y) in zip(ca.loops, cb.loops, strict=True)]) if ca.loops else z3.BoolVal(False, enc.ctx))
     if a.is_async and b.is_async:
         window = z3.Or(
-            z3.And(cb.epoch >= ca.epoch, z3.Or(cb.epoch == ca.epoch, _not_landed(enc, prog, a, ca, cb.epoch))),
-            z3.And(ca.epoch >= cb.epoch, z3.Or(ca.epoch == cb.epoch, _not_landed(enc, prog, b, cb, ca.epoch))),
+            z3.And(cb.epoch >= ca.epoch, z3.Or(cb.epoch == ca.epoch, _not_landed(enc, prog, ca, cb))),
+            z3.And(ca.epoch >= cb.epoch, z3.Or(ca.epoch == cb.epoch, _not_landed(enc, prog, cb, ca))),
         )
     elif a.is_async:
-        window = z3.And(cb.epoch >= ca.epoch, z3.Or(cb.epoch == ca.epoch, _not_landed(enc, prog, a, ca, cb.epoch)))
+        window = z3.And(cb.epoch >= ca.epoch, z3.Or(cb.epoch == ca.epoch, _not_landed(enc, prog, ca, cb)))
     elif b.is_async:
-        window = z3.And(ca.epoch >= cb.epoch, z3.Or(ca.epoch == cb.epoch, _not_landed(enc, prog, b, cb, ca.epoch)))
+        window = z3.And(ca.epoch >= cb.epoch, z3.Or(ca.epoch == cb.epoch, _not_landed(enc, prog, cb, ca)))
     else:
         window = ca.epoch == cb.epoch
     cons.append(window)
-    return enc.check(cons), ca, cb
+    return _solve(enc, cons), ca, cb
 
 
-def _disjoint(enc, prog, a: Access, b: Access) -> bool:
-    """Proven: no instance of ``a`` and no instance of ``b`` ever touch a common byte."""
+def _solve(enc: Encoder, formulas: list) -> Verdict:
+    """One-shot QF_LIA solve on the encoder's context and facts, same rlimit budget.
+
+    Race queries compare two full instances; Z3's non-incremental solver preprocesses
+    them (bounded 0/1 bit variables, equalities) several times faster than the
+    encoder's incremental solver, with the same deterministic budget.
+    """
+    s = z3.SolverFor("QF_LIA", ctx=enc.ctx)
+    s.set("rlimit", enc.rlimit)
+    s.add(*enc.facts)
+    s.add(*formulas)
+    r = s.check()
+    enc.queries += 1
+    if r == z3.unsat:
+        return Verdict("proven")
+    if r == z3.sat:
+        return Verdict("violation", s.model())
+    return Verdict("unknown", reason=s.reason_unknown())
+
+
+def _disjoint(enc, prog, a: Access, b: Access, distinct_threads: bool = False) -> bool:
+    """Proven: no instance of ``a`` and no instance of ``b`` (by another thread) touch a common byte."""
     ca, cb = _Copy(enc, prog, a, "1"), _Copy(enc, prog, b, "2")
-    return enc.check(ca.facts + cb.facts + [ca.lo < cb.hi, cb.lo < ca.hi]).status == "proven"
+    cons = ca.facts + cb.facts + [ca.lo < cb.hi, cb.lo < ca.hi]
+    if distinct_threads:
+        cons.append(z3.Or([x != y for (_, x), (_, y) in zip(ca.threads, cb.threads, strict=True)]))
+    return _solve(enc, cons).status == "proven"
 
 
 def find_races(enc: Encoder, prog: Program) -> dict:
@@ -150,6 +200,8 @@ def find_races(enc: Encoder, prog: Program) -> dict:
                 unknown.append({"first": a.text, "second": b.text, "reason": f"{a.op if not _modelled(a) else b.op} not modelled"})
                 continue
             pairs += 1
+            if _disjoint(enc, prog, a, b, distinct_threads=True):
+                continue
             v, ca, cb = _pair_query(enc, prog, a, b)
             if v.status == "unknown":
                 unknown.append({"first": a.text, "second": b.text, "reason": "solver budget"})
