@@ -1,0 +1,155 @@
+"""Vector legality: every vector access contiguous and aligned to its width, for all shapes.
+
+A vector access in the device IR is a ``Ramp(base, stride, lanes)`` index. It is one
+``ld/st.v`` instruction only when ``stride == 1`` (contiguous) and its byte address is
+a multiple of its width (``lanes * element size``); a misaligned vector access faults
+at run time ("misaligned address"). For each one, Z3 looks for a block, thread, loop
+iteration and shape (under the kernel's facts) where ``address % width != 0``: none
+is a proof, a model is the counterexample. Global buffers are assumed to start at an
+address aligned to at least 16 bytes (what PyTorch allocations give); that assumption
+is reported with the verdict, since a sliced tensor can break it.
+
+Missed vectorization: a scalar access in a loop whose index advances by exactly one
+element per iteration, from a start that is provably aligned to ``w`` elements,
+could be one ``w``-wide access; the widest such ``w`` (up to 16 bytes) is reported.
+"""
+
+from __future__ import annotations
+
+import time
+
+import z3
+
+from tilelang import tvm
+from tlx.lowering import LoweredKernel
+from tlx.passes import PassContext, register_pass
+from tlx.passes.banks import Access, Program, _elem_bytes, _int, collect_program, context_facts
+from tlx.passes.smt import Encoder
+
+tir = tvm.tirx
+
+__all__ = ["VectorError", "vectors_report"]
+
+_MAX_VECTOR_BYTES = 16
+
+
+class VectorError(Exception):
+    """A misaligned or non-contiguous vector access was proven under ``verify="error"``."""
+
+
+def _thread_facts(enc: Encoder, prog: Program) -> list:
+    facts = []
+    for v, ext in prog.threads:
+        facts += enc.range_facts(v, 0, ext)
+    return facts
+
+
+def _address(enc: Encoder, acc: Access, index) -> object:
+    return acc.base_bytes + enc.encode(index) * _elem_bytes(acc.dtype)
+
+
+def check_vector(enc: Encoder, prog: Program, acc: Access) -> dict:
+    """Contiguity and alignment of one vector access."""
+    ramp = acc.index
+    eb = _elem_bytes(acc.dtype)
+    entry = {"buffer": acc.buffer, "scope": acc.scope, "op": acc.op, "statement": acc.text, "lanes": int(ramp.lanes), "width_bytes": eb * int(ramp.lanes)}
+    if _int(ramp.stride) != 1:
+        entry.update(contiguous=False, aligned="n/a", verdict="not contiguous", stride=str(ramp.stride))
+        return entry
+    width = eb * int(ramp.lanes)
+    entry["contiguous"] = True
+    facts = _thread_facts(enc, prog) + context_facts(enc, prog, acc) + [enc.encode_bool(c) for c in acc.conds]
+    addr = _address(enc, acc, ramp.base)
+    enc.take_obligations()
+    v = enc.check(facts + [addr % width != 0])
+    entry["aligned"] = v.status
+    if v.status == "violation":
+        entry["counterexample"] = _model_of(enc, v.model, prog, acc)
+        entry["counterexample"]["byte_offset"] = enc.model_value(v.model, addr)
+    if acc.scope == "global":
+        entry["assumes"] = f"{acc.buffer} data pointer aligned to {max(width, 16)} bytes"
+    entry["verdict"] = {"proven": "legal", "violation": "misaligned", "unknown": "unknown"}[v.status]
+    return entry
+
+
+def _model_of(enc, model, prog, acc) -> dict:
+    out = {}
+    for v, _ in prog.threads + prog.blocks:
+        out[str(v.name)] = enc.model_value(model, enc.var(v))
+    for v, _, _ in acc.loops:
+        out[str(v.name)] = enc.model_value(model, enc.var(v))
+    return out
+
+
+def missed_vectorization(enc: Encoder, prog: Program, acc: Access) -> dict | None:
+    """The widest vector a scalar access in its innermost loop could be, if wider than 1."""
+    if acc.lanes != 1 or not acc.loops or isinstance(acc.index, tir.Ramp) or acc.op not in ("load", "store"):
+        return None
+    v, lo, ext = acc.loops[-1]
+    n = _int(ext)
+    if n is None or n < 2 or _int(lo) != 0:
+        return None
+    eb = _elem_bytes(acc.dtype)
+    step = tir.stmt_functor.substitute(acc.index, {v: v + 1}) - acc.index
+    facts = _thread_facts(enc, prog) + context_facts(enc, prog, acc) + [enc.encode_bool(c) for c in acc.conds]
+    if enc.prove(enc.encode(step) == 1, facts).status != "proven":
+        enc.take_obligations()
+        return None
+    best = 1
+    w = 2
+    while w <= min(n, _MAX_VECTOR_BYTES // eb):
+        if n % w == 0:
+            start = _address(enc, acc, tir.stmt_functor.substitute(acc.index, {v: v - tir.floormod(v, w)}))
+            if enc.prove(start % (w * eb) == 0, facts).status == "proven":
+                best = w
+            else:
+                break
+        w *= 2
+    enc.take_obligations()
+    if best == 1:
+        return None
+    return {"buffer": acc.buffer, "scope": acc.scope, "op": acc.op, "statement": acc.text, "loop": str(v.name), "could_be_lanes": best, "width_bytes": best * eb}
+
+
+def vectors_report(kernel: LoweredKernel, programs: list[Program] | None = None) -> dict:
+    """``{"vectors": [...], "missed": [...], "misaligned": n, "unknown": n}`` for ``kernel``."""
+    t0 = time.perf_counter()
+    enc = Encoder()
+    vectors, missed = [], []
+    for prog in programs or collect_program(kernel):
+        for acc in prog.accesses:
+            if acc.scope not in ("global", "shared", "shared.dyn") or acc.op not in ("load", "store"):
+                continue
+            if isinstance(acc.index, tir.Ramp):
+                e = check_vector(enc, prog, acc)
+                e["kernel"] = prog.name
+                vectors.append(e)
+            else:
+                m = missed_vectorization(enc, prog, acc)
+                if m is not None:
+                    m["kernel"] = prog.name
+                    missed.append(m)
+    return {
+        "vectors": vectors,
+        "missed": missed,
+        "checked": len(vectors),
+        "misaligned": sum(e["verdict"] in ("misaligned", "not contiguous") for e in vectors),
+        "unknown": sum(e["verdict"] == "unknown" for e in vectors),
+        "seconds": round(time.perf_counter() - t0, 4),
+    }
+
+
+@register_pass("vectors", order=62, enabled=lambda ctx: ctx.options.get("verify", "warn") != "off")
+def vectors_pass(kernel: LoweredKernel, ctx: PassContext) -> LoweredKernel:
+    """Report into ``ctx.reports["vectors"]``; a proven misaligned vector raises or warns per ``verify``."""
+    report = vectors_report(kernel)
+    ctx.reports["vectors"] = report
+    bad = [e for e in report["vectors"] if e["verdict"] == "misaligned"]
+    if bad:
+        msg = "\n".join(f"misaligned {e['width_bytes']}-byte vector access `{e['statement']}` at {e['counterexample']}" for e in bad)
+        if ctx.options.get("verify", "warn") == "error":
+            raise VectorError(msg)
+        import warnings
+
+        warnings.warn(msg, stacklevel=2)
+    return kernel
