@@ -7,7 +7,6 @@ rows of -1, then rounds to bf16 once: a token's result does not depend on the ba
 ``permute.cu`` repeats both.
 """
 
-from __future__ import annotations
 
 import tilelang.language as T
 
@@ -79,8 +78,12 @@ def permute_fp8_kernel(hidden: int, topk: int, threads: int = 256):
 
 
 @tlx.jit(target={"kind": "cuda", "arch": "sm_90a"})
-def combine_kernel(hidden: int, topk: int, threads: int = 256):
-    """``(y [R, H] bf16, row_of [T, k], weights [T, k] f32) -> out [T, H] bf16``."""
+def combine_kernel(hidden: int, topk: int, threads: int = 128):
+    """``(y [R, H] bf16, row_of [T, k], weights [T, k] f32) -> out [T, H] bf16``; each thread owns
+    runs of 8 adjacent columns so rows move in 16-byte loads and stores."""
+    if hidden % (threads * 8):
+        raise ValueError(f"hidden: expected a multiple of {threads * 8}, got {hidden}")
+    runs = hidden // (threads * 8)
 
     @T.prim_func
     def main(
@@ -90,18 +93,22 @@ def combine_kernel(hidden: int, topk: int, threads: int = 256):
         out: T.Tensor((ntok, hidden), "bfloat16"),
     ):
         with T.Kernel(ntok, threads=threads) as t:
-            acc = T.alloc_fragment((hidden,), "float32")
+            tx = T.get_thread_binding()
+            acc = T.alloc_local((runs * 8,), "float32")
             row = T.alloc_var("int32")
             w = T.alloc_var("float32")
-            T.clear(acc)
+            for c in T.unroll(runs * 8):  # unrolled: acc stays in registers
+                acc[c] = T.float32(0)
             for j in T.serial(topk):
                 row = row_of[t, j]
                 w = weights[t, j]
                 if row >= 0:
-                    for h in T.Parallel(hidden):
-                        acc[h] = T.ieee_fmaf(w, T.cast(y[row, h], "float32"), acc[h])
-            for h in T.Parallel(hidden):
-                out[t, h] = T.cast(acc[h], "bfloat16")
+                    for c in T.unroll(runs):
+                        for v in T.vectorized(8):
+                            acc[c * 8 + v] = T.ieee_fmaf(w, T.cast(y[row, (c * threads + tx) * 8 + v], "float32"), acc[c * 8 + v])
+            for c in T.unroll(runs):
+                for v in T.vectorized(8):
+                    out[t, (c * threads + tx) * 8 + v] = T.cast(acc[c * 8 + v], "bfloat16")
 
     return main
 
