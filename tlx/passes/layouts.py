@@ -504,11 +504,14 @@ def layouts_report(kernel: LoweredKernel) -> dict:
     t0 = time.perf_counter()
     enc = Encoder()
     entries = [check_layout(u, enc) for u in collect_layouts(kernel)]
+    invalid = sum(e["verdict"] in ("invalid", "error") for e in entries)
+    unknown = sum(e["verdict"] == "unknown" for e in entries)
     return {
         "layouts": entries,
         "checked": len(entries),
-        "invalid": sum(e["verdict"] in ("invalid", "error") for e in entries),
-        "unknown": sum(e["verdict"] == "unknown" for e in entries),
+        "invalid": invalid,
+        "unknown": unknown,
+        "exit_code": 1 if invalid else 3 if unknown else 0,  # tlx check's convention
         "seconds": round(time.perf_counter() - t0, 4),
     }
 

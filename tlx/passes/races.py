@@ -243,7 +243,8 @@ def races_report(kernel: LoweredKernel, programs: list[Program] | None = None) -
     n_races = sum(len(p["races"]) for p in per)
     n_unknown = sum(len(p["unknown"]) for p in per)
     verdict = "race" if n_races else "unknown" if n_unknown else "race-free"
-    return {"kernels": per, "races": n_races, "unknown": n_unknown, "verdict": verdict, "seconds": round(time.perf_counter() - t0, 4)}
+    code = {"race": 1, "unknown": 3, "race-free": 0}[verdict]  # tlx check's convention
+    return {"kernels": per, "races": n_races, "unknown": n_unknown, "verdict": verdict, "exit_code": code, "seconds": round(time.perf_counter() - t0, 4)}
 
 
 @register_pass("races", order=63, enabled=lambda ctx: ctx.options.get("verify", "warn") != "off")

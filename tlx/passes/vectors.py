@@ -129,12 +129,15 @@ def vectors_report(kernel: LoweredKernel, programs: list[Program] | None = None)
                 if m is not None:
                     m["kernel"] = prog.name
                     missed.append(m)
+    bad = sum(e["verdict"] in ("misaligned", "not contiguous") for e in vectors)
+    unknown = sum(e["verdict"] == "unknown" for e in vectors)
     return {
         "vectors": vectors,
         "missed": missed,
         "checked": len(vectors),
-        "misaligned": sum(e["verdict"] in ("misaligned", "not contiguous") for e in vectors),
-        "unknown": sum(e["verdict"] == "unknown" for e in vectors),
+        "misaligned": bad,
+        "unknown": unknown,
+        "exit_code": 1 if bad else 3 if unknown else 0,  # tlx check's convention
         "seconds": round(time.perf_counter() - t0, 4),
     }
 

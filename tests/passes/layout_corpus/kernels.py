@@ -111,3 +111,37 @@ def shifted_vector_copy(N=1024, shift=1):
                     B[bx * 512 + t * 4 + v] = A[bx * 512 + t * 4 + v + shift]
 
     return main, {}
+
+
+def strided_shared(stride=2, vec=1, n_blocks=4):
+    """One warp per block writes then reads ``S[(tx * stride) * vec + v]`` (``vec`` float32 per lane).
+
+    The bank-conflict degree follows from ``stride`` and the access width (4/8/16 bytes):
+    a small family whose Nsight Compute counters the static model must predict.
+    """
+    span = 32 * stride * vec
+
+    @T.prim_func
+    def main(A: T.Tensor((n_blocks * span,), "float32"), B: T.Tensor((n_blocks * span,), "float32")):
+        with T.Kernel(n_blocks, threads=32) as bx:
+            S = T.alloc_shared((span,), "float32")
+            tx = T.get_thread_binding(0)
+            for v in T.vectorized(vec):
+                S[tx * stride * vec + v] = A[bx * span + tx * stride * vec + v]
+            for v in T.vectorized(vec):
+                B[bx * span + tx * stride * vec + v] = S[tx * stride * vec + v] + 1.0
+
+    return main, {}
+
+
+# Kernels whose every shared-memory LSU access the bank analysis sees (no library collectives),
+# used to compare the static prediction with Nsight Compute on the GPU.
+NCU_CASES = {
+    "transpose_padded": lambda: transpose(N=256, pad=1),
+    "transpose_unpadded": lambda: transpose(N=256, pad=0),
+    "strided_4B_s2": lambda: strided_shared(stride=2, vec=1),
+    "strided_8B_s2": lambda: strided_shared(stride=2, vec=2),
+    "strided_16B_s4": lambda: strided_shared(stride=4, vec=4),
+    "strided_4B_s3": lambda: strided_shared(stride=3, vec=1),
+    "gemm_ldmatrix": lambda: gemm(configs=GEMM_SIMT_COPY),
+}
