@@ -55,3 +55,14 @@ def test_pass_writes_bank_conflicts_report():
     ctx = PassContext(options={"verify": "warn"})
     banks_pass(lower(func, TARGET, configs), ctx)
     assert ctx.reports["bank_conflicts"]["max_degree"] == 32
+
+
+def test_exact_totals_match_the_degree_times_executions():
+    from tlx.passes.banks import predict_ncu
+
+    func, configs = K.NCU_CASES["transpose_unpadded"]()
+    # 64 blocks x 8 warps x 4 iterations, each load 32-way (31 extra phases); stores conflict-free
+    assert predict_ncu(lower(func, TARGET, configs)) == {"ld": 64 * 8 * 4 * 31, "st": 0}
+    func, configs = K.NCU_CASES["strided_8B_s2"]()
+    # 8-byte lanes at stride 16 B: 2-way in each of the two half-warp phases, for 4 blocks
+    assert predict_ncu(lower(func, TARGET, configs)) == {"ld": 4 * 2, "st": 4 * 2}

@@ -60,3 +60,12 @@ def test_cp_async_pipeline(sync):
 def test_pass_raises_under_verify_error():
     with pytest.raises(RaceError, match="shared-memory race on S"):
         races_pass(_lower(K.transpose(sync=False)), PassContext(options={"verify": "error"}))
+
+
+def test_compile_time_budget_turns_leftover_pairs_unknown():
+    func, configs = K.gemm(configs=K.GEMM_SIMT_COPY)
+    ctx = PassContext(options={"verify": "warn", "race_budget": 1})
+    races_pass(lower(func, TARGET, configs), ctx)
+    r = ctx.reports["races"]
+    assert r["verdict"] == "unknown" and r["races"] == 0
+    assert any(u["reason"] == "kernel race-analysis budget spent" for u in r["kernels"][0]["unknown"])
