@@ -588,14 +588,21 @@ def _degree_in(enc, model, lane_terms, per_phase, words_per_lane, ctx_terms):
 BANK_OPS = ("load", "store", "ptx_ldmatrix", "ptx_stmatrix")
 
 
-def banks_report(kernel: LoweredKernel, programs: list[Program] | None = None) -> dict:
-    """Conflict degree of every thread-level shared load/store/ldmatrix/stmatrix of ``kernel``."""
+def banks_report(kernel: LoweredKernel, programs: list[Program] | None = None, budget: int | None = None) -> dict:
+    """Conflict degree of every thread-level shared load/store/ldmatrix/stmatrix of ``kernel``.
+
+    ``budget`` caps the Z3 resource units for the whole kernel; accesses left when it is
+    spent get ``status: "unknown"`` and no degree.
+    """
     t0 = time.perf_counter()
     enc = Encoder()
     entries = []
     for prog in programs or collect_program(kernel):
         for acc in prog.accesses:
             if acc.scope in SHARED_SCOPES and acc.op in BANK_OPS:
+                if budget is not None and enc.rlimit_used > budget:
+                    entries.append({"buffer": acc.buffer, "op": acc.op, "statement": acc.text, "degree": None, "status": "unknown", "kernel": prog.name, "reason": "kernel budget spent"})
+                    continue
                 e = bank_conflicts(enc, prog, acc)
                 e["kernel"] = prog.name
                 entries.append(e)
@@ -611,10 +618,14 @@ def banks_report(kernel: LoweredKernel, programs: list[Program] | None = None) -
     }
 
 
+PASS_BUDGET = 20_000_000
+"""Z3 resource units the compile-time pass spends per kernel; ``banks_report`` alone has no cap."""
+
+
 @register_pass("banks", order=61, enabled=lambda ctx: ctx.options.get("verify", "warn") != "off")
 def banks_pass(kernel: LoweredKernel, ctx: PassContext) -> LoweredKernel:
     """Bank conflicts cost time, not correctness: reported in ``ctx.reports["bank_conflicts"]`` only."""
-    ctx.reports["bank_conflicts"] = banks_report(kernel)
+    ctx.reports["bank_conflicts"] = banks_report(kernel, budget=ctx.options.get("bank_budget", PASS_BUDGET))
     return kernel
 
 
