@@ -90,3 +90,26 @@ def test_data_dependent_counterexample_names_the_input():
     loaded = [k for k in hit.counterexample if k.startswith("ids[")]
     assert loaded and hit.counterexample[loaded[0]] == hit.counterexample["index"]
     assert "when the input holds ids[" in hit.detail
+
+
+def test_cp_async_sources_are_checked_under_their_predicate():
+    """gemm_no_tma's cp.async reads of A and B (8 elements each) are proven only thanks to the
+    zero-fill predicates; with the predicates dropped the verifier must refute a read of A."""
+    from tilelang import tvm
+
+    tir = tvm.tirx
+    kernel = _lowered("gemm_no_tma")
+    report = _verified("gemm_no_tma", ())
+    reads = [a for a in report.accesses if a.kind == "pointer" and a.scope == "global"]
+    assert {a.buffer for a in reads} == {"A", "B"} and all(a.status == "proven" for a in reads)
+
+    def drop_predicate(node):
+        if isinstance(node, tir.Call) and str(node.op.name).endswith("ptx_cp_async") and len(node.args) == 4:
+            return tir.Call(node.dtype, node.op, list(node.args[:3]))
+        return None
+
+    funcs = {gv: f.with_body(tir.stmt_functor.ir_transform(f.body, None, drop_predicate, ["tirx.Call"]))
+             for gv, f in kernel.device_mod.functions.items()}
+    unguarded = kernel.with_device_mod(tvm.IRModule(funcs))
+    bad = [a for a in verify_kernel(unguarded)[0].violations() if a.kind == "pointer"]
+    assert bad and bad[0].buffer == "A" and bad[0].counterexample["end byte"] > bad[0].counterexample["bytes"]

@@ -309,13 +309,17 @@ class _Walker:
         if v.status == "violation":
             access.counterexample = self.counterexample(v.model, extra_names)
             access.detail = "index outside [0, extent)"
+            self.record_least(access, v)
             self.demote(access)
         elif v.status == "unknown":
             access.detail = v.reason or "budget exhausted"
 
-    def check_pointer(self, call):
-        """``tvm_access_ptr(type, data, offset, extent, rw)``: elements [offset, offset+extent) of ``data``."""
+    def check_pointer(self, call, extent_override=None):
+        """``tvm_access_ptr(type, data, offset, extent, rw)``: elements [offset, offset+extent) of ``data``
+        (``extent_override`` elements when the consumer says how many it really touches)."""
         _, data, offset, extent, _ = call.args
+        if extent_override is not None:
+            extent = extent_override
         elem_bytes = max(scalar_dtype(call.args[0].dtype)[1] // 8, 1)
         base, byte_off = data, 0
         if data in self.aliases:
@@ -348,7 +352,24 @@ class _Walker:
         if v.status == "violation":
             access.counterexample = self.counterexample(v.model, {"first byte": lo, "end byte": hi, "bytes": cap})
             access.detail = "pointer range outside the allocation"
+            self.record_least(access, v)
             self.demote(access)
+
+    def check_cp_async(self, call, op):
+        """``ptx_cp_async(dst_ptr, src_ptr, n[, predicate])``: n elements (TileLang) or bytes (TVM)
+        land in ``dst``; ``src`` is read only where the predicate holds (else the copy zero-fills)."""
+        dst, src, count = call.args[0], call.args[1], call.args[2]
+        for a in list(dst.args[2:4]) + list(src.args[2:4]) + list(call.args[2:]):
+            self.visit_expr(a)
+        n = count
+        if op == "tirx.ptx_cp_async":
+            elem_bytes = max(scalar_dtype(dst.args[0].dtype)[1] // 8, 1)
+            n = tir.floordiv(count, elem_bytes)
+        self.check_pointer(dst, n)
+        pred = self.reliable(call.args[3], "cp.async predicate", as_bool=True) if len(call.args) > 3 else None
+        self.push([pred] if pred is not None else [])
+        self.check_pointer(src, n)
+        self.pop()
 
     # ----- expressions ----------------------------------------------------------------
     def visit_expr(self, e):
@@ -366,6 +387,9 @@ class _Walker:
                 for a in e.args[2:4]:
                     self.visit_expr(a)
                 self.check_pointer(e)
+                return e
+            if op in _CP_ASYNC and all(_is_access_ptr(a) for a in e.args[:2]):
+                self.check_cp_async(e, op)
                 return e
             args = [self.visit_expr(a) for a in e.args]
             if self.rewrite and any(not a.same_as(b) for a, b in zip(args, e.args)):
@@ -582,6 +606,11 @@ class _Walker:
 
 
 _PRIVATE_SCOPES = ("local", "local.var")
+_CP_ASYNC = ("tl.ptx_cp_async", "tirx.ptx_cp_async")
+
+
+def _is_access_ptr(e) -> bool:
+    return isinstance(e, tir.Call) and hasattr(e.op, "name") and str(e.op.name) == "tirx.tvm_access_ptr"
 
 
 def _stored_data_vars(stmt) -> set:
@@ -671,6 +700,16 @@ def _shape_setup(enc: Encoder, kernel: LoweredKernel, assume: tuple[str, ...] | 
     return variables, terms
 
 
+def _param_buffers(kernel: LoweredKernel, f) -> dict:
+    """Device pointer parameter -> the user's declared buffer of that name (for pointer accesses
+    such as ``cp.async`` sources, which have no ``decl_buffer`` in the device code)."""
+    declared = {}
+    for buf in kernel.prim_func.buffer_map.values():
+        declared[buf.data.name] = buf
+        declared.setdefault(buf.name, buf)
+    return {p: declared[p.name] for p in f.params if str(p.dtype) == "handle" and p.name in declared}
+
+
 def _bind_params(enc: Encoder, f, variables):
     """Device parameters are the user's shape variables (lowering may rename ``T`` to ``T_1``)."""
     for p in f.params:
@@ -707,6 +746,7 @@ def verify_kernel(
     for name, f in _device_funcs(kernel):
         _bind_params(enc, f, variables)
         w = _Walker(enc, name, terms, rewrite, source_map, focus, least_of)
+        w.buffers.update(_param_buffers(kernel, f))
         body = w.visit(f.body)
         accesses += w.accesses
         seen += w.guards_seen
@@ -771,9 +811,10 @@ def _vars_in(access: Access, variables: dict) -> list[str]:
 def derive_preconditions(kernel: LoweredKernel, report: BoundsReport, assume=(), rlimit: int = DEFAULT_RLIMIT, max_conditions: int = 8, source_map=None):
     """Weak conditions on shape variables, from a fixed candidate family, that prove failing accesses.
 
-    One failing access at a time (greedy; overflows first): for an index overflow, the
-    largest upper bound ``v <= B`` on a shape variable of its counterexample; otherwise
-    ``v >= 1``, then ``v % c == 0`` for the kernel's constants, smallest ``c`` first. A
+    One failing access at a time (greedy; overflows first): the largest upper bound
+    ``v <= B`` on a shape variable of its counterexample (int32 limits, static
+    allocations indexed by a shape); for other refutations then ``v >= 1`` and
+    ``v % c == 0`` for the kernel's constants, smallest ``c`` first. A
     candidate is kept when it proves that access and leaves some shape with every
     variable >= 1. Accesses no candidate proves (e.g. data-dependent ones) are skipped.
     Returns ``(preconditions, report under them)``; the report may still hold failures.
@@ -792,13 +833,14 @@ def derive_preconditions(kernel: LoweredKernel, report: BoundsReport, assume=(),
         target = min(bad, key=lambda a: a.kind != "overflow")
         names = _vars_in(target, variables) or sorted(variables)
         fixed = None
-        if target.kind == "overflow" or "overflow" in target.detail:
-            for name in names:
-                cand = _upper_bound(kernel, assume, variables, name, chosen, target, rlimit)
-                if cand is not None and _satisfiable(kernel, assume, chosen + [cand]):
-                    fixed = cand
-                    break
-        else:
+        # Upper bounds first (int32 limits; static allocations indexed by a shape variable);
+        # a bound that leaves no shape >= 1 (e.g. a tail bug, broken from N = 1) is rejected.
+        for name in names:
+            cand = _upper_bound(kernel, assume, variables, name, chosen, target, rlimit)
+            if cand is not None and _satisfiable(kernel, assume, chosen + [cand]):
+                fixed = cand
+                break
+        if fixed is None and not (target.kind == "overflow" or "overflow" in target.detail):
             for cand in _divisibility_candidates(variables, names, consts):
                 if any(cand[1] == c[1] for c in chosen):
                     continue
