@@ -138,24 +138,29 @@ _VERSION_CACHE: dict[str, str] = {}
 
 
 def _tlx_source_hash() -> str:
-    """Hash of tlx's own sources: a change to any pass or generator invalidates the cache."""
+    """Identity of tlx's own sources (path, size, mtime of each): any edit to a pass or generator
+    invalidates the cache, and computing it costs stats, not reads (a cache hit must stay fast)."""
     if "tlx" not in _VERSION_CACHE:
         root = Path(__file__).parent
         h = hashlib.sha256()
         for p in sorted(root.rglob("*")):
             if p.suffix in (".py", ".h", ".cc", ".cu", ".cuh") and "__pycache__" not in p.parts:
-                h.update(str(p.relative_to(root)).encode())
-                h.update(p.read_bytes())
+                st = p.stat()
+                h.update(f"{p.relative_to(root)}:{st.st_size}:{st.st_mtime_ns};".encode())
         _VERSION_CACHE["tlx"] = h.hexdigest()[:16]
     return _VERSION_CACHE["tlx"]
 
 
 def _nvcc_version() -> str:
+    """The nvcc in use, identified by its resolved path, size and mtime (no subprocess on the hit path)."""
     if "nvcc" not in _VERSION_CACHE:
+        from tlx.lowering import cuda_include_dir
+
         try:
-            out = subprocess.run(["nvcc", "--version"], capture_output=True, text=True).stdout
-            _VERSION_CACHE["nvcc"] = out.strip().splitlines()[-1] if out else "missing"
-        except FileNotFoundError:
+            nvcc = Path(cuda_include_dir()).parent / "bin" / "nvcc"
+            st = nvcc.stat()
+            _VERSION_CACHE["nvcc"] = f"{nvcc}:{st.st_size}:{st.st_mtime_ns}"
+        except (RuntimeError, OSError):
             _VERSION_CACHE["nvcc"] = "missing"
     return _VERSION_CACHE["nvcc"]
 
