@@ -51,7 +51,9 @@ def build_baseline(
     path = Path(source)
     flags = [*baseline_flags(arch, numerics), *extra_cuda_cflags]
     includes = [_cutlass_include()] if with_cutlass else []
-    digest = hashlib.sha256((path.read_text() + "\0".join(flags) + "\0".join(includes)).encode()).hexdigest()[:12]
+    # The headers beside the source (shared .cuh/.h of a kernel family) are part of what is built.
+    headers = "".join(h.read_text() for h in sorted(path.parent.glob("*.cuh")) + sorted(path.parent.glob("*.h")))
+    digest = hashlib.sha256((path.read_text() + headers + "\0".join(flags) + "\0".join(includes)).encode()).hexdigest()[:12]
     name = f"{path.stem}_{digest}"
     if build_directory is None:
         build_directory = str(Path(os.environ.get("TLX_CACHE_DIR", Path.home() / ".cache" / "tlx")) / "baselines" / name)
