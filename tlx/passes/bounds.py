@@ -274,6 +274,11 @@ class _Walker:
         if len(indices) != len(shape):
             access.status, access.detail = "unknown", f"{len(indices)} indices for a {len(shape)}-d buffer"
             return
+        offset = buffer.elem_offset
+        if offset is not None and not (isinstance(offset, tir.IntImm) and offset.value == 0):
+            # A view into a larger allocation: its own shape does not bound the real one.
+            access.status, access.detail = "unknown", f"buffer view at element offset {offset}; its allocation is not known here"
+            return
         # Extents are allocation sizes computed on the host in 64 bits, not device arithmetic.
         self.enc.take_obligations()
         extents = [self.enc.encode(ext) for ext in shape]
