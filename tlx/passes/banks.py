@@ -414,6 +414,19 @@ def collect_program(kernel: LoweredKernel) -> list[Program]:
     return progs
 
 
+def kernel_encoder(kernel: LoweredKernel, assume=()) -> Encoder:
+    """One encoder for ``kernel`` with its shape variables (>= 0, the user's ``assume`` strings)
+    registered the way the bounds verifier does, device parameters bound to them."""
+    from tlx.passes.bounds import _bind_params, _shape_setup
+
+    enc = Encoder()
+    variables, _ = _shape_setup(enc, kernel, tuple(assume), [])
+    for _, fn in kernel.device_mod.functions.items():
+        if isinstance(fn, tir.PrimFunc):
+            _bind_params(enc, fn, variables)
+    return enc
+
+
 # ----- per-warp encoding ------------------------------------------------------------------------
 
 
@@ -588,14 +601,14 @@ def _degree_in(enc, model, lane_terms, per_phase, words_per_lane, ctx_terms):
 BANK_OPS = ("load", "store", "ptx_ldmatrix", "ptx_stmatrix")
 
 
-def banks_report(kernel: LoweredKernel, programs: list[Program] | None = None, budget: int | None = None) -> dict:
+def banks_report(kernel: LoweredKernel, programs: list[Program] | None = None, budget: int | None = None, assume=()) -> dict:
     """Conflict degree of every thread-level shared load/store/ldmatrix/stmatrix of ``kernel``.
 
     ``budget`` caps the Z3 resource units for the whole kernel; accesses left when it is
     spent get ``status: "unknown"`` and no degree.
     """
     t0 = time.perf_counter()
-    enc = Encoder()
+    enc = kernel_encoder(kernel, assume)
     entries = []
     for prog in programs or collect_program(kernel):
         for acc in prog.accesses:
@@ -625,7 +638,7 @@ PASS_BUDGET = 20_000_000
 @register_pass("banks", order=61, enabled=lambda ctx: ctx.options.get("verify", "warn") != "off")
 def banks_pass(kernel: LoweredKernel, ctx: PassContext) -> LoweredKernel:
     """Bank conflicts cost time, not correctness: reported in ``ctx.reports["bank_conflicts"]`` only."""
-    ctx.reports["bank_conflicts"] = banks_report(kernel, budget=ctx.options.get("bank_budget", PASS_BUDGET))
+    ctx.reports["bank_conflicts"] = banks_report(kernel, budget=ctx.options.get("bank_budget", PASS_BUDGET), assume=ctx.options.get("assume", ()))
     return kernel
 
 

@@ -32,7 +32,7 @@ import z3
 from tilelang import tvm
 from tlx.lowering import LoweredKernel
 from tlx.passes import PassContext, register_pass
-from tlx.passes.banks import SHARED_SCOPES, Access, Program, _elem_bytes, _int, collect_program
+from tlx.passes.banks import SHARED_SCOPES, Access, Program, _elem_bytes, _int, collect_program, kernel_encoder
 from tlx.passes.layouts import bit_split
 from tlx.passes.smt import Encoder, Verdict
 
@@ -248,10 +248,10 @@ def _witness(enc, model, a, b, ca, cb) -> dict:
     }
 
 
-def races_report(kernel: LoweredKernel, programs: list[Program] | None = None, budget: int | None = None) -> dict:
+def races_report(kernel: LoweredKernel, programs: list[Program] | None = None, budget: int | None = None, assume=()) -> dict:
     """``{"kernels": [...], "races": n, "unknown": n, "verdict": "race-free"|"race"|"unknown"}``."""
     t0 = time.perf_counter()
-    enc = Encoder()
+    enc = kernel_encoder(kernel, assume)
     per = [find_races(enc, p, budget) for p in (programs or collect_program(kernel))]
     n_races = sum(len(p["races"]) for p in per)
     n_unknown = sum(len(p["unknown"]) for p in per)
@@ -269,7 +269,7 @@ beyond it are unknown. ``races_report(kernel)`` without a budget checks every pa
 @register_pass("races", order=63, enabled=lambda ctx: ctx.options.get("verify", "warn") != "off")
 def races_pass(kernel: LoweredKernel, ctx: PassContext) -> LoweredKernel:
     """Report into ``ctx.reports["races"]``; a proven race raises or warns per ``verify``."""
-    report = races_report(kernel, budget=ctx.options.get("race_budget", PASS_BUDGET))
+    report = races_report(kernel, budget=ctx.options.get("race_budget", PASS_BUDGET), assume=ctx.options.get("assume", ()))
     ctx.reports["races"] = report
     if report["races"]:
         lines = []

@@ -23,7 +23,7 @@ import z3
 from tilelang import tvm
 from tlx.lowering import LoweredKernel
 from tlx.passes import PassContext, register_pass
-from tlx.passes.banks import Access, Program, _elem_bytes, _int, collect_program, context_facts
+from tlx.passes.banks import Access, Program, _elem_bytes, _int, collect_program, context_facts, kernel_encoder
 from tlx.passes.smt import Encoder
 
 tir = tvm.tirx
@@ -82,7 +82,12 @@ def _model_of(enc, model, prog, acc) -> dict:
 
 
 def missed_vectorization(enc: Encoder, prog: Program, acc: Access) -> dict | None:
-    """The widest vector a scalar access in its innermost loop could be, if wider than 1."""
+    """The widest vector a scalar access in its innermost loop could be, if wider than 1.
+
+    Width ``w`` works when, for every iteration ``i`` that does not end a group of ``w``,
+    the next iteration's element is the next element, and every group starts at an
+    address aligned to ``w`` elements (the guard of the access, if any, is not examined).
+    """
     if acc.lanes != 1 or not acc.loops or isinstance(acc.index, tir.Ramp) or acc.op not in ("load", "store"):
         return None
     v, lo, ext = acc.loops[-1]
@@ -92,29 +97,27 @@ def missed_vectorization(enc: Encoder, prog: Program, acc: Access) -> dict | Non
     eb = _elem_bytes(acc.dtype)
     step = tir.stmt_functor.substitute(acc.index, {v: v + 1}) - acc.index
     facts = _thread_facts(enc, prog) + context_facts(enc, prog, acc) + [enc.encode_bool(c) for c in acc.conds]
-    if enc.prove(enc.encode(step) == 1, facts).status != "proven":
-        enc.take_obligations()
-        return None
-    best = 1
-    w = 2
-    while w <= min(n, _MAX_VECTOR_BYTES // eb):
-        if n % w == 0:
-            start = _address(enc, acc, tir.stmt_functor.substitute(acc.index, {v: v - tir.floormod(v, w)}))
-            if enc.prove(start % (w * eb) == 0, facts).status == "proven":
-                best = w
-            else:
-                break
-        w *= 2
+    iv = enc.var(v)
+    best, w = 1, 2
+    while w <= min(n, _MAX_VECTOR_BYTES // eb) and n % w == 0:
+        inner = enc.prove(enc.encode(step) == 1, facts + [iv % w != w - 1]).status == "proven"
+        start = _address(enc, acc, tir.stmt_functor.substitute(acc.index, {v: v - tir.floormod(v, w)}))
+        if not (inner and enc.prove(start % (w * eb) == 0, facts).status == "proven"):
+            break
+        best, w = w, w * 2
     enc.take_obligations()
     if best == 1:
         return None
     return {"buffer": acc.buffer, "scope": acc.scope, "op": acc.op, "statement": acc.text, "loop": str(v.name), "could_be_lanes": best, "width_bytes": best * eb}
 
 
-def vectors_report(kernel: LoweredKernel, programs: list[Program] | None = None) -> dict:
-    """``{"vectors": [...], "missed": [...], "misaligned": n, "unknown": n}`` for ``kernel``."""
+def vectors_report(kernel: LoweredKernel, programs: list[Program] | None = None, assume=()) -> dict:
+    """``{"vectors": [...], "missed": [...], "misaligned": n, "unknown": n}`` for ``kernel``.
+
+    ``assume``: the user's conditions on shape variables (``"N % 4 == 0"``), as for the bounds verifier.
+    """
     t0 = time.perf_counter()
-    enc = Encoder()
+    enc = kernel_encoder(kernel, assume)
     vectors, missed = [], []
     for prog in programs or collect_program(kernel):
         for acc in prog.accesses:
@@ -145,7 +148,7 @@ def vectors_report(kernel: LoweredKernel, programs: list[Program] | None = None)
 @register_pass("vectors", order=62, enabled=lambda ctx: ctx.options.get("verify", "warn") != "off")
 def vectors_pass(kernel: LoweredKernel, ctx: PassContext) -> LoweredKernel:
     """Report into ``ctx.reports["vectors"]``; a proven misaligned vector raises or warns per ``verify``."""
-    report = vectors_report(kernel)
+    report = vectors_report(kernel, assume=ctx.options.get("assume", ()))
     ctx.reports["vectors"] = report
     bad = [e for e in report["vectors"] if e["verdict"] == "misaligned"]
     if bad:

@@ -145,3 +145,4 @@ NCU_CASES = {
     "strided_4B_s3": lambda: strided_shared(stride=3, vec=1),
     "gemm_ldmatrix": lambda: gemm(configs=GEMM_SIMT_COPY),
 }
+
