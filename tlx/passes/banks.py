@@ -41,7 +41,7 @@ from tlx.passes.smt import Encoder, scalar_dtype
 
 tir = tvm.tirx
 
-__all__ = ["Access", "Program", "bank_conflicts", "banks_report", "collect_program", "warp_lane_env"]
+__all__ = ["Access", "Program", "bank_conflicts", "banks_report", "collect_program", "count_conflicts", "kernel_encoder", "predict_ncu"]
 
 SHARED_SCOPES = ("shared", "shared.dyn")
 _BARRIER_CALLS = ("tirx.tvm_storage_sync",)
@@ -428,16 +428,6 @@ def kernel_encoder(kernel: LoweredKernel, assume=()) -> Encoder:
 
 
 # ----- per-warp encoding ------------------------------------------------------------------------
-
-
-def warp_lane_env(prog: Program, warp, lane) -> dict:
-    """Thread variables as Z3 terms of (warp, lane): linear id = 32 * warp + lane, x fastest."""
-    tid = warp * 32 + lane
-    env, stride = {}, 1
-    for v, ext in prog.threads:
-        env[v] = (tid / stride) % ext if ext is not None else tid / stride
-        stride *= ext or 1
-    return env
 
 
 def context_facts(enc: Encoder, prog: Program, acc) -> list:

@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import time
 
-import z3
-
 from tilelang import tvm
 from tlx.lowering import LoweredKernel
 from tlx.passes import PassContext, register_pass
