@@ -609,7 +609,11 @@ def banks_report(kernel: LoweredKernel, programs: list[Program] | None = None, b
                 e = bank_conflicts(enc, prog, acc)
                 e["kernel"] = prog.name
                 entries.append(e)
+    worst = sorted((e for e in entries if (e["degree"] or 0) > 1), key=lambda e: -e["degree"])
+    summary = [f"{len(entries)} shared accesses, worst conflict degree {max([e['degree'] or 0 for e in entries], default=0)}"]
+    summary += [f"{e['degree']}-way {e['op']} `{e['statement'][:80]}`: lanes {e['witness']['lanes'][:8]} in bank {e['witness'].get('bank')}" for e in worst[:5]]
     return {
+        "summary": summary,
         "accesses": entries,
         "checked": len(entries),
         "conflicted": sum((e["degree"] or 0) > 1 for e in entries),

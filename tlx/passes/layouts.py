@@ -506,7 +506,11 @@ def layouts_report(kernel: LoweredKernel) -> dict:
     entries = [check_layout(u, enc) for u in collect_layouts(kernel)]
     invalid = sum(e["verdict"] in ("invalid", "error") for e in entries)
     unknown = sum(e["verdict"] == "unknown" for e in entries)
+    counts = {k: sum(e["verdict"] == k for e in entries) for k in ("bijective", "injective")}
+    summary = [f"{len(entries)} layouts: {counts['bijective']} bijective, {counts['injective']} injective with unused slots, {invalid} wrong, {unknown} unknown"]
+    summary += [_describe(e) for e in entries if e["verdict"] in ("invalid", "error")]
     return {
+        "summary": summary,
         "layouts": entries,
         "checked": len(entries),
         "invalid": invalid,

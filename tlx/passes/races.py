@@ -248,6 +248,14 @@ def _witness(enc, model, a, b, ca, cb) -> dict:
     }
 
 
+def describe_race(r: dict) -> str:
+    return (
+        f"shared-memory race on {r['buffer']} byte {r['byte_address']}: thread {r['first']['thread']} "
+        f"{'writes' if r['first']['write'] else 'reads'} in `{r['first']['statement']}` and thread {r['second']['thread']} "
+        f"{'writes' if r['second']['write'] else 'reads'} in `{r['second']['statement']}` with no barrier between"
+    )
+
+
 def races_report(kernel: LoweredKernel, programs: list[Program] | None = None, budget: int | None = None, assume=()) -> dict:
     """``{"kernels": [...], "races": n, "unknown": n, "verdict": "race-free"|"race"|"unknown"}``."""
     t0 = time.perf_counter()
@@ -257,7 +265,10 @@ def races_report(kernel: LoweredKernel, programs: list[Program] | None = None, b
     n_unknown = sum(len(p["unknown"]) for p in per)
     verdict = "race" if n_races else "unknown" if n_unknown else "race-free"
     code = {"race": 1, "unknown": 3, "race-free": 0}[verdict]  # tlx check's convention
-    return {"kernels": per, "races": n_races, "unknown": n_unknown, "verdict": verdict, "exit_code": code,
+    summary = [f"shared memory: {verdict} ({sum(p['pairs'] for p in per)} access pairs checked, {n_unknown} unknown)"]
+    summary += [describe_race(r) for p in per for r in p["races"]][:5]
+    summary += sorted({f"unknown: {u['reason']}" for p in per for u in p["unknown"]})[:5]
+    return {"summary": summary, "kernels": per, "races": n_races, "unknown": n_unknown, "verdict": verdict, "exit_code": code,
             "rlimit_used": enc.rlimit_used, "seconds": round(time.perf_counter() - t0, 4)}
 
 
@@ -272,14 +283,7 @@ def races_pass(kernel: LoweredKernel, ctx: PassContext) -> LoweredKernel:
     report = races_report(kernel, budget=ctx.options.get("race_budget", PASS_BUDGET), assume=ctx.options.get("assume", ()))
     ctx.reports["races"] = report
     if report["races"]:
-        lines = []
-        for p in report["kernels"]:
-            for r in p["races"]:
-                lines.append(
-                    f"shared-memory race on {r['buffer']} byte {r['byte_address']}: thread {r['first']['thread']} "
-                    f"{'writes' if r['first']['write'] else 'reads'} in `{r['first']['statement']}` and thread {r['second']['thread']} "
-                    f"{'writes' if r['second']['write'] else 'reads'} in `{r['second']['statement']}` with no barrier between"
-                )
+        lines = [describe_race(r) for p in report["kernels"] for r in p["races"]]
         if ctx.options.get("verify", "warn") == "error":
             raise RaceError("\n".join(lines))
         import warnings

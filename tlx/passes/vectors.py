@@ -132,7 +132,11 @@ def vectors_report(kernel: LoweredKernel, programs: list[Program] | None = None,
                     missed.append(m)
     bad = sum(e["verdict"] in ("misaligned", "not contiguous") for e in vectors)
     unknown = sum(e["verdict"] == "unknown" for e in vectors)
+    summary = [f"{len(vectors)} vector accesses: {len(vectors) - bad - unknown} proven aligned and contiguous, {bad} wrong, {unknown} unknown; {len(missed)} missed vectorizations"]
+    summary += [f"misaligned {e['width_bytes']}-byte `{e['statement'][:80]}` at {e['counterexample']}" for e in vectors if e["verdict"] == "misaligned"]
+    summary += [f"`{m['statement'][:80]}` could be {m['could_be_lanes']}-wide" for m in missed[:5]]
     return {
+        "summary": summary,
         "vectors": vectors,
         "missed": missed,
         "checked": len(vectors),
