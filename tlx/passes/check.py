@@ -99,8 +99,13 @@ class CheckResult:
             for a in items:
                 lines.append(f"{title}:")
                 lines += ["  " + line for line in self._describe(a)]
-        for name in self.sections:
-            lines.append(f"{name}: see --json")
+        for name, payload in self.sections.items():
+            summary = payload.get("summary") if isinstance(payload, dict) else None
+            if summary:
+                lines.append(f"{name}: " + summary[0])
+                lines += ["  " + line for line in summary[1:]]
+            else:
+                lines.append(f"{name}: see --json")
         verdict = {EXIT_OK: "OK", EXIT_VIOLATION: "VIOLATION", EXIT_UNKNOWN: "UNKNOWN"}[self.exit_code]
         lines.append(verdict)
         return "\n".join(lines)
