@@ -1,7 +1,7 @@
 """Cost and findings of the layout analyses (layouts, bank conflicts, vectors, races) per kernel.
 
 CPU part: for each kernel of the layout corpus and of the project's own kernels, the
-seconds each analysis takes (median of ``--repeat`` runs) and its verdict. GPU part (when
+seconds each analysis takes (median of ``--repeat`` runs, default 1) and its verdict. GPU part (when
 a GPU and ``ncu`` are present): for every ``NCU_CASES`` kernel, the statically predicted
 shared-memory bank-conflict counters against Nsight Compute's measurement.
 
@@ -124,7 +124,7 @@ def run_gpu() -> list[dict]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--out", default=None, help="write the results as JSON here")
-    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--repeat", type=int, default=1, help="runs per analysis (median); the analyses are deterministic")
     args = ap.parse_args()
     cpu = run_cpu(args.repeat)
     print("| kernel | layouts | max bank degree | vectors | races | layouts s | banks s | vectors s | races s | total s |")
