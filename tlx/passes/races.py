@@ -33,7 +33,7 @@ from tilelang import tvm
 from tlx.lowering import LoweredKernel
 from tlx.passes import PassContext, register_pass
 from tlx.passes.banks import SHARED_SCOPES, Access, Program, _elem_bytes, _int, collect_program, kernel_encoder
-from tlx.passes.layouts import bit_split
+from tlx.passes.layouts import _bits_to_arith, bit_split
 from tlx.passes.smt import Encoder, Verdict
 
 tir = tvm.tirx
@@ -69,7 +69,8 @@ class _Copy:
         split_loops = [(v, ext) for v, lo, ext in acc.loops if _int(lo) == 0 and _int(ext) is not None]
         other_loops = [(v, lo, ext) for v, lo, ext in acc.loops if not (_int(lo) == 0 and _int(ext) is not None)]
         index = acc.index.base if isinstance(acc.index, tir.Ramp) else acc.index
-        exprs = [index, acc.epoch, acc.commits] + list(acc.conds)
+        extents = dict(ctx_vars + split_loops)
+        exprs = [_bits_to_arith(e, extents) for e in [index, acc.epoch, acc.commits] + list(acc.conds)]
         outs, inputs, recon, constraints = bit_split(exprs, ctx_vars + split_loops + [(v, None) for v, _, _ in other_loops], tag=f"@{tag}", fresh=True)
         facts = []
         for nv, ext in inputs:
