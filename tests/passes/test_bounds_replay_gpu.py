@@ -51,8 +51,17 @@ def test_every_planted_bug_has_a_prediction():
     assert {b[0] for b in BUGS} == set(PREDICTED)
 
 
+# Seen on the H200 (2026-11-30): the verifier's counterexample for missing_guard is bin id -1, a
+# write 4 bytes below the kernel's shared window; memcheck reported 0 errors for it (that address
+# lies in shared memory the block may touch), so this replay cannot show the fault.
+_MEMCHECK_BLIND = {"missing_guard": "memcheck does not flag the write just below the shared window (bin id -1)"}
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("name", [b[0] for b in BUGS])
+@pytest.mark.parametrize(
+    "name",
+    [pytest.param(b[0], marks=pytest.mark.xfail(reason=_MEMCHECK_BLIND[b[0]], strict=False)) if b[0] in _MEMCHECK_BLIND else b[0] for b in BUGS],
+)
 def test_planted_bug_faults_as_predicted(name):
     _, out = _sanitize([name])
     assert "replaying" in out, out[-3000:]

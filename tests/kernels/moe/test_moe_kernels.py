@@ -292,10 +292,10 @@ def test_grouped_gemm_is_deterministic_and_row_independent(e4m3):
     a = e4m3.small((rows, k), CUDA)
     sa = torch.rand(rows, k // 128, device=CUDA) + 0.5
     b, sb = _weights(e, n, k, e4m3)
+    used = int(meta["offsets"][-1])  # rows of blocks owned by another rank (expert -1) are never written
     first = grouped_gemm_contiguous(a, sa, b, sb, meta["block_expert"])
-    assert torch.equal(first, grouped_gemm_contiguous(a, sa, b, sb, meta["block_expert"]))
+    assert torch.equal(first[:used], grouped_gemm_contiguous(a, sa, b, sb, meta["block_expert"])[:used])
     a2 = a.clone()
     a2[1::2] = e4m3.small(a2[1::2].shape, CUDA)  # change every other row
     second = grouped_gemm_contiguous(a2, sa, b, sb, meta["block_expert"])
-    used = int(meta["offsets"][-1])
     assert torch.equal(first[:used:2], second[:used:2])
