@@ -47,11 +47,14 @@ def measure(paths: dict, rounds=7, bursts=30, calls=200) -> dict:
     return {k: statistics.median(v) for k, v in samples.items()}
 
 
-def cpp_floor_us() -> float:
+def cpp_floors_us() -> tuple[float, float]:
+    """(runtime <<<>>>, driver cuLaunchKernelEx) µs per launch of an empty kernel from C++."""
     with tempfile.TemporaryDirectory() as d:
         exe = Path(d) / "floor"
-        subprocess.run(["nvcc", "-O2", "-gencode=arch=compute_90a,code=sm_90a", "-o", str(exe), str(ROOT / "bench" / "launch_floor.cu")], check=True)
-        return float(subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout.strip())
+        cmd = ["nvcc", "-O2", "-gencode=arch=compute_90a,code=sm_90a", "-o", str(exe), str(ROOT / "bench" / "launch_floor.cu"), "-lcuda"]
+        subprocess.run(cmd, check=True)
+        runtime, driver = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout.split()
+        return float(runtime), float(driver)
 
 
 def main() -> None:
@@ -103,8 +106,9 @@ def main() -> None:
     paths["TVM-FFI no-op, 3 tensors / plain"] = (nop, (z, z, z))
     paths["TVM-FFI no-op, 1 tensor / plain"] = (nop, (x,))
     med = measure(paths)
-    floor = cpp_floor_us()
-    rows: dict = {"C++ <<<>>> floor (empty kernel, 1 pointer)": [floor, None]}
+    floor, driver_floor = cpp_floors_us()
+    rows: dict = {"C++ <<<>>> floor (empty kernel, 1 pointer)": [floor, None],
+                  "C++ cuLaunchKernelEx floor (same kernel)": [driver_floor, None]}
     for k, v in med.items():
         name, col = k.rsplit(" / ", 1)
         rows.setdefault(name, [None, None])[0 if col == "plain" else 1] = v
@@ -124,6 +128,8 @@ def main() -> None:
     summary = {
         "tlx_minus_floor_plain_us": tlx_p - floor,
         "tlx_minus_floor_tma_us": tlx_t - floor,
+        "tlx_minus_driver_floor_plain_us": tlx_p - driver_floor,
+        "tlx_minus_driver_floor_tma_us": tlx_t - driver_floor,
         "validation_us": validation,
         "speedup_vs_tilelang_tvm_ffi_plain": (tl[0] / tlx_p) if tl[0] else None,
         "speedup_vs_tilelang_tvm_ffi_tma": (tl[1] / tlx_t) if tl[1] else None,
