@@ -51,7 +51,10 @@ def cpp_floors_us() -> tuple[float, float]:
     """(runtime <<<>>>, driver cuLaunchKernelEx) µs per launch of an empty kernel from C++."""
     with tempfile.TemporaryDirectory() as d:
         exe = Path(d) / "floor"
-        cmd = ["nvcc", "-O2", "-gencode=arch=compute_90a,code=sm_90a", "-o", str(exe), str(ROOT / "bench" / "launch_floor.cu"), "-lcuda"]
+        from tlx.lowering import cuda_include_dir
+
+        stubs = Path(cuda_include_dir()).parent / "lib64" / "stubs"
+        cmd = ["nvcc", "-O2", "-gencode=arch=compute_90a,code=sm_90a", "-o", str(exe), str(ROOT / "bench" / "launch_floor.cu"), f"-L{stubs}", "-lcuda"]
         subprocess.run(cmd, check=True)
         runtime, driver = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout.split()
         return float(runtime), float(driver)
