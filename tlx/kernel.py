@@ -29,6 +29,12 @@ class Kernel:
             self._inputs = [p["index"] for p in params if not p.get("output")]
             self._dims = metadata["symbolic_dims"]
             self._index_of = {p["name"]: p["index"] for p in params}
+            # Where each symbolic dim is read from: (position among the inputs, dim).
+            self._dim_sources = [(var, self._inputs.index(self._index_of[w["tensor"]]), w["dim"]) for var, w in self._dims.items()
+                                 if self._index_of[w["tensor"]] in self._inputs]
+            kinds = {p["index"]: p["kind"] for p in params}
+            self._device_pos = next((pos for pos, i in enumerate(self._inputs) if kinds[i] == "tensor"), 0)
+            self._out_specs = [(p["index"], p["name"], p["shape"], _torch_dtype(p["dtype"])) for p in self._outputs]
             self._call = self._call_allocating
         else:
             self._call = launch
@@ -53,20 +59,16 @@ class Kernel:
         full: list = [None] * self._num_params
         for i, value in zip(self._inputs, inputs):
             full[i] = value
-        env = {}
-        for var, where in self._dims.items():
-            src = full[self._index_of[where["tensor"]]]
-            if src is not None and hasattr(src, "shape"):
-                env[var] = int(src.shape[where["dim"]])
-        device = next((a.device for a in inputs if isinstance(a, torch.Tensor)), None)
-        if device is None or len(env) < len(self._dims):
+        try:
+            env = {var: inputs[pos].shape[dim] for var, pos, dim in self._dim_sources}
+            device = inputs[self._device_pos].device
+        except (AttributeError, IndexError):
             self.launch(*full)  # an input is not a tensor: the launcher names it (outputs are still None)
-            raise TypeError(f"{self.name}: the inputs do not determine the output shapes")
+            raise TypeError(f"{self.name}: the inputs do not determine the output shapes") from None
         outs = []
-        for p in self._outputs:
-            shape = [_eval_dim(d, env, self.name, p["name"]) for d in p["shape"]]
-            t = torch.empty(shape, dtype=_torch_dtype(p["dtype"]), device=device)
-            full[p["index"]] = t
+        for index, name, dims, dtype in self._out_specs:
+            t = torch.empty([_eval_dim(d, env, self.name, name) for d in dims], dtype=dtype, device=device)
+            full[index] = t
             outs.append(t)
         self.launch(*full)
         return outs[0] if len(outs) == 1 else tuple(outs)
@@ -118,10 +120,10 @@ class Kernel:
 
 def _eval_dim(text: str, env: dict, kernel: str, output: str) -> int:
     """An output extent: an integer, a symbolic dimension bound by an input, or an expression of them."""
-    if text.lstrip("-").isdigit():
-        return int(text)
     if text in env:
         return env[text]
+    if text.lstrip("-").isdigit():
+        return int(text)
     import ast
 
     try:
