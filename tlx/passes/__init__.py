@@ -16,7 +16,7 @@ from typing import Any
 
 from tlx.lowering import LoweredKernel
 
-__all__ = ["PassContext", "Precondition", "TlxPass", "register_pass", "registered_passes", "run_passes"]
+__all__ = ["verifying", "verifying_exhaustively", "PassContext", "Precondition", "TlxPass", "register_pass", "registered_passes", "run_passes"]
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,17 @@ class PassContext:
 
 
 TlxPass = Callable[[LoweredKernel, PassContext], LoweredKernel]
+
+
+def verifying(ctx: PassContext) -> bool:
+    """Cheap analyses run whenever ``verify`` is not "off"."""
+    return ctx.options.get("verify", "warn") != "off"
+
+
+def verifying_exhaustively(ctx: PassContext) -> bool:
+    """Costly analyses (bank conflicts, races: seconds of Z3 per kernel) run under ``verify="error"``
+    and in ``tlx check``, not in every default compile."""
+    return ctx.options.get("verify") == "error" or bool(ctx.options.get("report_only"))
 
 
 @dataclass(frozen=True)

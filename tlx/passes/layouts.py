@@ -29,7 +29,7 @@ import z3
 
 from tilelang import tvm
 from tlx.lowering import LoweredKernel
-from tlx.passes import PassContext, register_pass
+from tlx.passes import PassContext, register_pass, verifying
 from tlx.passes.smt import Encoder
 
 tir = tvm.tirx
@@ -530,7 +530,7 @@ def _describe(e: dict) -> str:
     return f"layout of {e['buffer']}: Z3 and GF(2) rank disagree ({e['gf2']})"
 
 
-@register_pass("layouts", order=60, enabled=lambda ctx: ctx.options.get("verify", "warn") != "off")
+@register_pass("layouts", order=60, enabled=verifying)
 def layouts_pass(kernel: LoweredKernel, ctx: PassContext) -> LoweredKernel:
     """Report into ``ctx.reports["layouts"]``; a wrong layout raises or warns per ``verify``."""
     if kernel.layout_mod is None:

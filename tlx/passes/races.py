@@ -31,7 +31,7 @@ import z3
 
 from tilelang import tvm
 from tlx.lowering import LoweredKernel
-from tlx.passes import PassContext, register_pass
+from tlx.passes import PassContext, register_pass, verifying_exhaustively
 from tlx.passes.banks import SHARED_SCOPES, Access, Program, _elem_bytes, _int, collect_program, kernel_encoder
 from tlx.passes.layouts import _bits_to_arith, bit_split
 from tlx.passes.smt import Encoder, Verdict
@@ -278,7 +278,7 @@ PASS_BUDGET = 20_000_000
 beyond it are unknown. ``races_report(kernel)`` without a budget checks every pair."""
 
 
-@register_pass("races", order=63, enabled=lambda ctx: ctx.options.get("verify", "warn") != "off")
+@register_pass("races", order=63, enabled=verifying_exhaustively)
 def races_pass(kernel: LoweredKernel, ctx: PassContext) -> LoweredKernel:
     """Report into ``ctx.reports["races"]``; a proven race raises or warns per ``verify``."""
     report = races_report(kernel, budget=ctx.options.get("race_budget", PASS_BUDGET), assume=ctx.options.get("assume", ()))

@@ -20,7 +20,7 @@ import time
 
 from tilelang import tvm
 from tlx.lowering import LoweredKernel
-from tlx.passes import PassContext, register_pass
+from tlx.passes import PassContext, register_pass, verifying
 from tlx.passes.banks import Access, Program, _elem_bytes, _int, collect_program, context_facts, kernel_encoder
 from tlx.passes.smt import Encoder
 
@@ -147,7 +147,7 @@ def vectors_report(kernel: LoweredKernel, programs: list[Program] | None = None,
     }
 
 
-@register_pass("vectors", order=62, enabled=lambda ctx: ctx.options.get("verify", "warn") != "off")
+@register_pass("vectors", order=62, enabled=verifying)
 def vectors_pass(kernel: LoweredKernel, ctx: PassContext) -> LoweredKernel:
     """Report into ``ctx.reports["vectors"]``; a proven misaligned vector raises or warns per ``verify``."""
     report = vectors_report(kernel, assume=ctx.options.get("assume", ()))
