@@ -43,9 +43,11 @@ class Kernel:
     def load(cls, directory: Path) -> Kernel:
         import tvm_ffi
 
+        from tlx.hostgen.emit import EXPORT_NAME
+
         metadata = json.loads((directory / "metadata.json").read_text())
         module = tvm_ffi.load_module(str(directory / "launcher.so"))
-        return cls(directory, metadata, module["launch"])
+        return cls(directory, metadata, module[EXPORT_NAME])
 
     def __call__(self, *args):
         return self._call(*args)

@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from tlx.hostgen.cexpr import pyexpr
-from tlx.hostgen.emit import emit_launcher, export_symbol
+from tlx.hostgen.emit import EXPORT_NAME, emit_launcher
 from tlx.hostgen.plan import HostgenError, LaunchPlan, plan_launcher, walk_steps
 
-__all__ = ["HostgenError", "LaunchPlan", "build_launcher", "export_symbol", "generate_launcher", "plan_launcher", "RUNTIME_DIR"]
+__all__ = ["HostgenError", "LaunchPlan", "build_launcher", "EXPORT_NAME", "generate_launcher", "plan_launcher", "RUNTIME_DIR"]
 
 RUNTIME_DIR = Path(__file__).parent / "runtime"
 

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from tvm import tirx
 
-from tlx.hostgen.cexpr import c_name, cexpr
+from tlx.hostgen.cexpr import c_name, cexpr, pyexpr
 from tlx.hostgen.plan import HostgenError, LaunchPlan, Step, TensorArg, free_vars, walk_steps
 
-__all__ = ["emit_launcher", "export_symbol"]
+__all__ = ["EXPORT_NAME", "emit_launcher"]
 
 _SCALAR_RANGES = {
     "int8": (-(2**7), 2**7 - 1),
@@ -42,19 +42,18 @@ _C_TYPES = {
 }
 
 
-def export_symbol(name: str) -> str:
-    """The TVM-FFI function name the launcher exports for kernel ``name``."""
-    return "launch"
+# The TVM-FFI function every launcher library exports (one kernel per library).
+EXPORT_NAME = "launch"
 
 
-def _dim_text(d) -> str:
-    return str(d) if isinstance(d, int) else str(d)
+def _dims(shape) -> str:
+    return ", ".join(pyexpr(d) for d in shape)
 
 
 def _signature(plan: LaunchPlan) -> str:
     parts: list[str] = [""] * plan.num_args
     for t in plan.tensors:
-        parts[t.index] = f"{t.name}: {t.dtype}[{', '.join(_dim_text(d) for d in t.shape)}]"
+        parts[t.index] = f"{t.name}: {t.dtype}[{_dims(t.shape)}]"
     for s in plan.scalars:
         parts[s.index] = f"{s.name}: {s.dtype}"
     return ", ".join(parts)
@@ -115,7 +114,7 @@ class _Emitter:
         p = self.plan
         for t in p.tensors:
             n = _cstr(t.name)
-            self.out(f"// {t.name}: {t.dtype}[{', '.join(_dim_text(d) for d in t.shape)}]")
+            self.out(f"// {t.name}: {t.dtype}[{_dims(t.shape)}]")
             self.out(f"const DLTensor* t_{t.name} = tlx::tensor_arg(kKernel, args, {t.index}, {n});")
             self.out(f"tlx::check_dtype(kKernel, {n}, t_{t.name}, {t.dl_code}, {t.dl_bits}, {t.dl_lanes});")
             self.out(f"tlx::check_ndim(kKernel, {n}, t_{t.name}, {len(t.shape)});")
@@ -143,7 +142,7 @@ class _Emitter:
             n = _cstr(s.name)
             if s.dtype in _SCALAR_RANGES:
                 lo, hi = _SCALAR_RANGES[s.dtype]
-                lo_c = f"INT64_MIN" if lo == -(2**63) else f"int64_t({lo})"
+                lo_c = "INT64_MIN" if lo == -(2**63) else f"int64_t({lo})"
                 self.out(f"const int64_t {c_name(s.var)} = tlx::int_arg(kKernel, args, {s.index}, {n}, {lo_c}, int64_t({hi}), {_cstr(s.dtype)});")
             elif s.dtype in ("float32", "float64"):
                 self.out(f"const double {c_name(s.var)} = tlx::float_arg(kKernel, args, {s.index}, {n}, {_cstr(s.dtype)});")
@@ -258,8 +257,8 @@ class _Emitter:
             "}",
             "}  // namespace",
             "",
-            "// TVM-FFI C ABI entry: tvm_ffi.load_module(lib)." + export_symbol(self.plan.name) + "(...)",
-            f'extern "C" __attribute__((visibility("default"))) int __tvm_ffi_{export_symbol(self.plan.name)}(',
+            f"// TVM-FFI C ABI entry: tvm_ffi.load_module(lib).{EXPORT_NAME}(...)",
+            f'extern "C" __attribute__((visibility("default"))) int __tvm_ffi_{EXPORT_NAME}(',
             "    void*, const TVMFFIAny* args, int32_t num_args, TVMFFIAny* result) {",
             "  try {",
             "    result->type_index = kTVMFFINone;",
