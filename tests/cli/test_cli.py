@@ -64,3 +64,13 @@ def test_check_reports_a_counterexample_with_exit_1(cache):
 def test_bad_kernel_spec_is_a_clear_error(cache):
     out = tlx("host", f"{SAMPLES}::nope", cache=cache)
     assert out.returncode != 0 and "has no attribute 'nope'" in out.stderr
+
+
+@pytest.mark.parametrize("spec, params, signature", [
+    ("scale", ["--param", "N=dynamic"], "scale(X: float32[N], Y: float32[N])"),
+    ("copy256", [], "copy256(X: float32[256], Y: float32[256])"),
+])
+def test_host_accepts_tilelang_factories_and_prim_funcs(cache, spec, params, signature):
+    out = tlx("host", f"{ROOT / 'tests' / 'cli' / 'tilelang_kernels.py'}::{spec}", *params, cache=cache)
+    assert out.returncode == 0, out.stderr
+    assert f"// Signature: {signature}" in out.stdout
