@@ -92,17 +92,19 @@ def _with_cli_options(options, args):
     return replace(options, **changes)
 
 
-def _cmd_source(args, stage: str, artifact: str) -> int:
+def _cmd_source(args, stage: str) -> int:
+    """Print the source a stage produces ("cuda" or "launcher"), stopping the pipeline there."""
     from tlx.compiler import compile_artifacts
 
     prim, options, _, name = load_kernel(args.kernel, _parse_params(args.param))
     options = _with_cli_options(options, args)
-    _, md = compile_artifacts(prim, options, name=name, stop_after=stage)
-    print((Path(md["_workdir"]) / artifact).read_text() if stage == "launcher" else _, end="")
+    source, _ = compile_artifacts(prim, options, name=name, stop_after=stage)
+    print(source, end="")
     return 0
 
 
 def _cmd_check(args) -> int:
+    from tlx.compiler import pass_options
     from tlx.lowering import lower, normalize_target
     from tlx.passes import PassContext, run_passes
     from tlx.passes.check import check_kernel
@@ -113,8 +115,7 @@ def _cmd_check(args) -> int:
     kernel = lower(prim, target, options.pass_config_dict(), name=name)
     result = check_kernel(kernel, {"assume": options.assume, "source": source})
     if not args.bounds_only:
-        ctx = PassContext(options={"verify": "warn", "assume": list(options.assume), "numerics": options.numerics,
-                                   "allow_approx": list(options.allow_approx), "target": target, "eliminate_guards": False,
+        ctx = PassContext(options={**pass_options(options, target), "verify": "warn", "eliminate_guards": False, "pin": None,
                                    "report_only": True})
         import warnings
 
@@ -231,9 +232,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "host":
-        return _cmd_source(args, "launcher", "launcher.cc")
+        return _cmd_source(args, "launcher")
     if args.command == "device":
-        return _cmd_source(args, "cuda", "kernel.cu")
+        return _cmd_source(args, "cuda")
     if args.command == "check":
         return _cmd_check(args)
     if args.command == "pin":

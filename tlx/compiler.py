@@ -26,7 +26,7 @@ from typing import Any
 
 from tlx.jit import Options
 
-__all__ = ["STAGES", "cache_dir", "compile_kernel", "compile_artifacts", "cache_key"]
+__all__ = ["STAGES", "cache_dir", "cache_key", "compile_artifacts", "compile_kernel", "pass_options"]
 
 _ARTIFACTS = ("kernel.cu", "kernel.cubin", "launcher.cc", "metadata.json")
 
@@ -175,7 +175,8 @@ def cache_key(program_text: str, options: dict, target: dict) -> str:
 
 
 # ---- driver ---------------------------------------------------------------------------
-def _options_dict(options: Options, target: dict) -> dict:
+def pass_options(options: Options, target: dict) -> dict:
+    """The options every pass sees (``PassContext.options``), also part of the cache key."""
     return {
         "out_idx": list(options.out_idx),
         "verify": options.verify,
@@ -205,7 +206,7 @@ def compile_artifacts(prim_func, options: Options, *, name: str | None = None, s
         "name": name,
         "target": target,
         "pass_configs": options.pass_config_dict(),
-        "options": _options_dict(options, target),
+        "options": pass_options(options, target),
         "stage_seconds": {},
         "_workdir": tempfile.mkdtemp(prefix="tlx-build-", dir=_tmp_root()),
     }
@@ -274,7 +275,7 @@ def compile_kernel(program, options: Options, name: str | None = None, program_k
     if program_key is None:
         prim_func = program() if callable(program) else program
         program_key = prim_func.script()
-    key = cache_key(program_key, {**_options_dict(options, target), "name": name}, target)
+    key = cache_key(program_key, {**pass_options(options, target), "name": name}, target)
     entry = cache_dir() / "kernels" / key
     if _valid_entry(entry):
         return Kernel.load(entry)

@@ -134,11 +134,7 @@ def _vector_alignment(device_mod) -> dict:
     widest: dict[str, int] = {}
 
     def note(buffer, index):
-        lanes = getattr(index.dtype, "lanes", 1) if hasattr(index, "dtype") else 1
-        try:
-            lanes = int(tvm.DataType(str(index.dtype)).lanes)
-        except Exception:
-            lanes = 1
+        lanes = int(tvm.DataType(str(index.dtype)).lanes)
         elem = tvm.DataType(str(buffer.dtype))
         nbytes = lanes * max(1, elem.bits * elem.lanes // 8)
         name = buffer.data.name
