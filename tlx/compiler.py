@@ -138,28 +138,35 @@ _VERSION_CACHE: dict[str, str] = {}
 
 
 def _tlx_source_hash() -> str:
-    """Identity of tlx's own sources (path, size, mtime of each): any edit to a pass or generator
-    invalidates the cache, and computing it costs stats, not reads (a cache hit must stay fast)."""
+    """Identity of tlx's own sources (relative path and content of each): any edit to a pass or
+    generator invalidates the cache, while a fresh checkout of the same commit (new mtimes,
+    another directory, another machine) still hits it. Reading the ~60 files costs about a
+    millisecond, once per process."""
     if "tlx" not in _VERSION_CACHE:
         root = Path(__file__).parent
         h = hashlib.sha256()
         for p in sorted(root.rglob("*")):
             if p.suffix in (".py", ".h", ".cc", ".cu", ".cuh") and "__pycache__" not in p.parts:
-                st = p.stat()
-                h.update(f"{p.relative_to(root)}:{st.st_size}:{st.st_mtime_ns};".encode())
+                h.update(f"{p.relative_to(root).as_posix()}:".encode())
+                h.update(hashlib.sha256(p.read_bytes()).digest())
         _VERSION_CACHE["tlx"] = h.hexdigest()[:16]
     return _VERSION_CACHE["tlx"]
 
 
 def _nvcc_version() -> str:
-    """The nvcc in use, identified by its resolved path, size and mtime (no subprocess on the hit path)."""
+    """The CUDA toolkit in use: its ``version.json`` (the exact component versions; no subprocess
+    on the hit path), else nvcc's resolved path, size and mtime."""
     if "nvcc" not in _VERSION_CACHE:
         from tlx.lowering import cuda_include_dir
 
         try:
-            nvcc = Path(cuda_include_dir()).parent / "bin" / "nvcc"
-            st = nvcc.stat()
-            _VERSION_CACHE["nvcc"] = f"{nvcc}:{st.st_size}:{st.st_mtime_ns}"
+            home = Path(cuda_include_dir()).parent
+            manifest = home / "version.json"
+            if manifest.is_file():
+                _VERSION_CACHE["nvcc"] = "cuda:" + hashlib.sha256(manifest.read_bytes()).hexdigest()[:16]
+            else:
+                st = (home / "bin" / "nvcc").stat()
+                _VERSION_CACHE["nvcc"] = f"{home}:{st.st_size}:{st.st_mtime_ns}"
         except (RuntimeError, OSError):
             _VERSION_CACHE["nvcc"] = "missing"
     return _VERSION_CACHE["nvcc"]

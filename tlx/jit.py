@@ -8,6 +8,7 @@ then on disk) and returns a callable :class:`tlx.kernel.Kernel`.
 from __future__ import annotations
 
 import functools
+import os
 import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -130,7 +131,7 @@ class JITFunction:
             prefixes = tuple(p for p in sys.path if "site-packages" in p or "dist-packages" in p)
             h = hashlib.sha256()
             for f in sorted(f for f in files if f and not f.startswith(prefixes)):
-                h.update(f.encode())
+                h.update(os.path.basename(f).encode())  # not the directory: a checkout elsewhere hits the same entry
                 with open(f, "rb") as fh:
                     h.update(fh.read())
             self._source_hash = f"{self.factory.__module__}.{self.factory.__qualname__}:{h.hexdigest()}"
