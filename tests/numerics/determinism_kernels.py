@@ -39,8 +39,11 @@ def elementwise(N: int = 1024):
     return add
 
 
-def row_sum():
-    """Row reduction over a symbolic K: the K loop's trip count depends on K only."""
+def row_sum(tile_layout: str = "inferred"):
+    """Row reduction over a symbolic K: the K loop's trip count depends on K only.
+
+    ``tile_layout="by_row_block"`` annotates the tile with another legal fragment layout (warp
+    w holds rows 16w..16w+15, lane j column j) than the one TileLang infers (rows strided by 4)."""
     M, K = T.dynamic("M"), T.dynamic("K")
 
     @T.prim_func
@@ -49,6 +52,9 @@ def row_sum():
             tile = T.alloc_fragment((BM, BK), "float32")
             part = T.alloc_fragment((BM,), "float32")
             acc = T.alloc_fragment((BM,), "float32")
+            if tile_layout == "by_row_block":
+                T.annotate_layout({tile: T.Fragment((BM, BK), forward_thread_fn=lambda i, j: i // 16 * 32 + j,
+                                                    forward_index_fn=lambda i, j: i % 16)})  # fmt: skip
             T.clear(acc)
             for k in T.serial(T.ceildiv(K, BK)):
                 T.copy(A[bx * BM, k * BK], tile)

@@ -67,7 +67,35 @@ def test_drifted_decision_is_named(pins):
     with pytest.raises(PinMismatchError) as e:
         source(pin=str(default), pass_configs={"tl.disable_wgmma": True})
     msg = str(e.value)
-    assert "decisions.gemm: pinned" in msg and "ptx_mma(m16n8k16" in msg and "decisions.layouts.C_l" in msg
+    assert "can no longer honour the pin: fragment C_l: the pinned layout conflicts" in msg and "current layout: Fragment" in msg
+
+
+def test_pin_reapplies_fragment_layouts(tmp_path):
+    """A pin made from a kernel whose reduction tile has a hand-chosen fragment layout holds the
+    same kernel written without the annotation to that layout: same generated code."""
+    annotated = pin.pin_kernel_file(D.row_sum(tile_layout="by_row_block"), Options.make(target=TARGET), name="row_sum",
+                                    kernel_file=tmp_path / "k.py")  # fmt: skip
+    data = json.loads(annotated.read_text())
+    assert data["fragments"]["tile"]["thread"] == "_i // 16 * 32 + _j" and data["fragments"]["tile"]["index"] == ["_i % 16"]
+
+    def row_sum_source(**options):
+        return compile_artifacts(D.row_sum(), Options.make(target=TARGET, verify="off", **options), stop_after="cuda")
+
+    free_src, _ = row_sum_source()
+    pinned_src, md = row_sum_source(pin=str(annotated))
+    annotated_src, _ = compile_artifacts(D.row_sum(tile_layout="by_row_block"), Options.make(target=TARGET, verify="off"),
+                                         stop_after="cuda")  # fmt: skip
+    assert md["reports"]["pin"]["reapplied_fragments"] == ["acc", "part", "tile"]
+    assert pinned_src == annotated_src != free_src
+
+
+def test_pinned_fragment_missing_from_the_kernel_is_named(tmp_path):
+    path = pin.pin_kernel_file(D.row_sum(), Options.make(target=TARGET), name="row_sum", kernel_file=tmp_path / "k.py")
+    data = json.loads(path.read_text())
+    data["fragments"]["renamed"] = data["fragments"].pop("tile")
+    path.write_text(json.dumps(data))
+    with pytest.raises(PinMismatchError, match="fragment.s. renamed no longer exist"):
+        compile_artifacts(D.row_sum(), Options.make(target=TARGET, verify="off", pin=str(path)), stop_after="cuda")
 
 
 def test_numerics_mode_is_pinned(pins):
@@ -86,9 +114,9 @@ def test_bad_pin_files(tmp_path):
     with pytest.raises(ValueError, match="does not exist"):
         pin.load_pin(tmp_path / "missing.pin.json")
     (tmp_path / "v0.pin.json").write_text(json.dumps({"version": 0}))
-    with pytest.raises(ValueError, match="expected version 1, got 0"):
+    with pytest.raises(ValueError, match="expected version 2, got 0"):
         pin.load_pin(tmp_path / "v0.pin.json")
-    (tmp_path / "partial.pin.json").write_text(json.dumps({"version": 1, "pass_configs": {}, "decisions": {"gemm": []}}))
+    (tmp_path / "partial.pin.json").write_text(json.dumps({"version": 2, "pass_configs": {}, "fragments": {}, "decisions": {"gemm": []}}))
     with pytest.raises(ValueError, match="lacks decisions.layouts"):
         pin.load_pin(tmp_path / "partial.pin.json")
 

@@ -4,6 +4,9 @@ and hold later compiles to it.
 A pin file (``NAME.pin.json``, written by ``tlx pin FILE.py::NAME``) holds:
 
 - ``pass_configs``: the explicit pass configs of the pinned compile (re-applied);
+- ``fragments``: every register-fragment layout as inferred (input shape, thread and index
+  expressions, replication), re-applied with ``T.annotate_layout``: a fragment's layout
+  decides which thread holds which element, hence the order of every reduction over it;
 - ``decisions``: what TileLang decided, each compared on every pinned compile —
   ``layouts`` (every shared/fragment layout after LayoutInference, swizzles included, as
   TileLang prints them; a fragment's thread mapping is its warp partition), ``gemm`` (each
@@ -13,15 +16,18 @@ A pin file (``NAME.pin.json``, written by ``tlx pin FILE.py::NAME``) holds:
   device kernel), ``tma`` (TMA descriptor parameters: box, swizzle, interleave, L2 promotion)
   and ``numerics`` (the nvcc floating-point flags).
 
-A compile with ``pin=PATH`` re-applies the pinned pass configs (re-lowering if they differ
-from the requested ones; an explicit request that contradicts the pin is an error), then
-compares every decision and raises :class:`PinMismatchError` naming each one that differs.
-Layouts are checked, not forced: TileLang stage-expands shared layouts during lowering, so
-a recorded layout cannot always be handed back to ``T.annotate_layout``.
+A compile with ``pin=PATH`` re-lowers the kernel with the pinned fragment layouts annotated
+and the pinned pass configs (an explicit request that contradicts the pin is an error), then
+compares every decision and raises :class:`PinMismatchError` naming each one that differs,
+or naming the fragment whose layout TileLang can no longer honour. Shared-memory layouts are
+checked, not forced: they only move addresses (the arithmetic is the same whatever the
+swizzle), and TileLang stage-expands them during lowering, so a recorded one cannot always be
+handed back to ``T.annotate_layout``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -31,9 +37,9 @@ from tlx.numerics._tir import calls, device_functions, extern_name, op_name
 from tlx.numerics.modes import nvcc_flags
 from tlx.passes import register_pass
 
-__all__ = ["PIN_VERSION", "PinFileError", "PinMismatchError", "load_pin", "pin_kernel_file", "pinned_pass_configs", "record"]
+__all__ = ["PIN_VERSION", "PinFileError", "PinMismatchError", "annotate_fragments", "load_pin", "pin_kernel_file", "pinned_pass_configs", "record"]
 
-PIN_VERSION = 1
+PIN_VERSION = 2
 PIN_ORDER = 5  # before any pass that rewrites the device module: the pin pass may re-lower
 DECISIONS = ("layouts", "gemm", "reduce", "pipeline", "launch", "tma", "numerics")
 
@@ -61,6 +67,87 @@ def _layouts(layout_mod) -> dict:
 
         tvm.tirx.stmt_functor.post_order_visit(func.body, visit)
     return dict(sorted(out.items()))
+
+
+def _fragments(layout_mod) -> dict:
+    """Each fragment layout as data that :func:`_rebuild_fragment` turns back into a Fragment.
+
+    The thread expression is absolute (offset by the first thread of the fragment's range), so
+    a warp-specialized consumer's fragment is re-applied to the same threads."""
+    from tilelang.layout import Fragment
+
+    out: dict = {}
+    if layout_mod is None:
+        return out
+    for _, func in device_functions(layout_mod):
+
+        def visit(node):
+            if isinstance(node, tvm.tirx.SBlock) and "layout_map" in node.annotations:
+                for var, layout in node.annotations["layout_map"].items():
+                    if isinstance(layout, Fragment):
+                        tr = layout.thread_range
+                        out[var.name] = {
+                            "shape": [int(d) for d in layout.get_input_shape()],
+                            "vars": [v.name for v in layout.get_forward_vars()],
+                            "thread": str(layout.forward_thread),
+                            "thread_offset": int(tr.min) if tr is not None else 0,
+                            "index": [str(e) for e in layout.forward_index],
+                            "replicate": int(layout.replicate_size),
+                        }
+
+        tvm.tirx.stmt_functor.post_order_visit(func.body, visit)
+    return dict(sorted(out.items()))
+
+
+def _rebuild_fragment(name: str, spec: dict, path: str):
+    """A Fragment from its pinned data (the expressions are TileLang's printed TIR: Python
+    arithmetic over the layout's variables, ``//`` and ``%`` being floor division and modulo)."""
+    import tilelang.language as T
+    from tilelang.layout import Fragment
+
+    inputs = [v for v in spec["vars"] if v != "_rep"]
+
+    def scope(args):
+        env = {"T": T, **dict(zip(inputs, args))}
+        if len(args) > len(inputs):
+            env["_rep"] = args[len(inputs)]
+        return env
+
+    def thread(*args):
+        return eval(spec["thread"], {"__builtins__": {}}, scope(args)) + spec["thread_offset"]  # noqa: S307 - pin data, no builtins
+
+    def index(*args):
+        exprs = [eval(e, {"__builtins__": {}}, scope(args)) for e in spec["index"]]  # noqa: S307
+        return exprs[0] if len(exprs) == 1 else exprs
+
+    try:
+        return Fragment(spec["shape"], forward_thread_fn=thread, replicate=spec["replicate"], forward_index_fn=index)
+    except Exception as e:  # a malformed or hand-edited expression
+        raise PinFileError(f"pin {path}: cannot rebuild the layout of fragment {name!r} ({type(e).__name__}: {e})") from None
+
+
+def annotate_fragments(prim_func, fragments: dict, path: str = ""):
+    """``prim_func`` with each pinned fragment layout annotated on the block that allocates the
+    buffer (``T.annotate_layout``); a pinned fragment missing from the program is an error."""
+    seen: set = set()
+
+    def annotate(block):
+        if not isinstance(block, tvm.tirx.SBlock):
+            return None
+        pinned = {b.data: _rebuild_fragment(b.name, fragments[b.name], path) for b in block.alloc_buffers if b.name in fragments}
+        if not pinned:
+            return None
+        seen.update(b.name for b in block.alloc_buffers if b.name in fragments)
+        annotations = dict(block.annotations)
+        annotations["layout_map"] = {**dict(annotations.get("layout_map", {})), **pinned}
+        return tvm.tirx.SBlock(block.iter_vars, block.reads, block.writes, block.name_hint, block.body, block.init,
+                               block.alloc_buffers, block.match_buffers, annotations)  # fmt: skip
+
+    body = tvm.tirx.stmt_functor.ir_transform(prim_func.body, None, annotate, ["tirx.SBlock"])
+    missing = sorted(set(fragments) - seen)
+    if missing:
+        raise PinMismatchError(f"pin {path}: fragment(s) {', '.join(missing)} no longer exist in the kernel")
+    return prim_func.with_body(body)
 
 
 def _gemm_and_reduce(device_mod) -> tuple[list, list]:
@@ -154,6 +241,7 @@ def pin_kernel_file(prim_func, options, *, name: str, kernel_file: Path, output:
         "target": target,
         "tilelang": tilelang.__version__,
         "pass_configs": {k: _jsonable(v) for k, v in sorted(pass_configs.items())},
+        "fragments": _fragments(kernel.layout_mod),
         "decisions": record(kernel, options.numerics),
     }
     path = Path(output) if output is not None else Path(kernel_file).parent / f"{name}.pin.json"
@@ -173,7 +261,7 @@ def load_pin(path: str | Path) -> dict:
     if not isinstance(data, dict) or data.get("version") != PIN_VERSION:
         got = data.get("version") if isinstance(data, dict) else type(data).__name__
         raise PinFileError(f"pin: {str(p)!r}: expected version {PIN_VERSION}, got {got!r}")
-    missing = [k for k in ("pass_configs", "decisions") if not isinstance(data.get(k), dict)]
+    missing = [k for k in ("pass_configs", "fragments", "decisions") if not isinstance(data.get(k), dict)]
     missing += [f"decisions.{k}" for k in DECISIONS if k not in data.get("decisions", {})]
     if missing:
         raise PinFileError(f"pin: {str(p)!r} lacks {', '.join(missing)}")
@@ -208,20 +296,40 @@ def _differences(pinned, actual, where: str) -> list[str]:
 
 @register_pass("numerics_pin", PIN_ORDER, enabled=lambda ctx: bool(ctx.options.get("pin")))
 def pin_pass(kernel, ctx):
-    """Re-apply the pin's pass configs (re-lowering when needed) and verify every decision."""
+    """Re-lower with the pin's fragment layouts and pass configs, then verify every decision."""
     from tlx.lowering import lower
 
     path = str(ctx.options["pin"])
     pin = load_pin(path)
     merged = pinned_pass_configs(kernel.pass_configs or {}, pin, path)
-    if merged != (kernel.pass_configs or {}):
-        kernel = lower(kernel.prim_func, ctx.options["target"], merged, name=kernel.name)
+    if pin["fragments"] or merged != (kernel.pass_configs or {}):
+        annotated = annotate_fragments(kernel.prim_func, pin["fragments"], path)
+        try:
+            relowered = lower(annotated, ctx.options["target"], merged, name=kernel.name)
+        except tvm.error.InternalError as e:
+            lines = [line.strip() for line in str(e).strip().splitlines()]
+            conflict = next((line for line in lines if "different layout for" in line), None)
+            what = (f"fragment {conflict.rsplit(' ', 1)[-1]}: the pinned layout conflicts with the one TileLang now "
+                    f"requires ({next((line for line in lines if line.startswith('current layout')), '')})") if conflict else lines[0]  # fmt: skip
+            raise PinMismatchError(f"pin {path}: kernel {kernel.name!r} can no longer honour the pin: {what}") from None
+        kernel = dataclasses.replace(relowered, prim_func=kernel.prim_func)  # the program as written, for host codegen
     actual = json.loads(json.dumps(record(kernel, ctx.options.get("numerics", "default"))))
+    for name in pin["fragments"]:
+        # A re-applied fragment prints as an annotation (absolute thread expression, no range),
+        # not as inferred; LayoutInference holds annotated layouts strictly (a conflict raises
+        # above), so a present fragment is the pinned one.
+        if name in actual["layouts"] and name in pin["decisions"]["layouts"]:
+            actual["layouts"][name] = pin["decisions"]["layouts"][name]
     diffs = _differences(pin["decisions"], actual, "decisions")
     if diffs:
         raise PinMismatchError(
             f"pin {path}: kernel {kernel.name!r} no longer compiles to the pinned decisions "
             f"({len(diffs)} differ):\n  " + "\n  ".join(diffs[:20])
         )
-    ctx.reports["pin"] = {"file": path, "reapplied_pass_configs": sorted(pin["pass_configs"]), "decisions_checked": len(DECISIONS)}
+    ctx.reports["pin"] = {
+        "file": path,
+        "reapplied_pass_configs": sorted(pin["pass_configs"]),
+        "reapplied_fragments": sorted(pin["fragments"]),
+        "decisions_checked": len(DECISIONS),
+    }
     return kernel
