@@ -34,7 +34,8 @@ class Kernel:
                                  if self._index_of[w["tensor"]] in self._inputs]
             kinds = {p["index"]: p["kind"] for p in params}
             self._device_pos = next((pos for pos, i in enumerate(self._inputs) if kinds[i] == "tensor"), 0)
-            self._out_specs = [(p["index"], p["name"], p["shape"], _torch_dtype(p["dtype"])) for p in self._outputs]
+            self._out_specs = [(p["index"], p["name"], [_extent(d, self.name, p["name"]) for d in p["shape"]], _torch_dtype(p["dtype"]))
+                               for p in self._outputs]  # fmt: skip
             self._call = self._call_allocating
         else:
             self._call = launch
@@ -68,8 +69,8 @@ class Kernel:
             self.launch(*full)  # an input is not a tensor: the launcher names it (outputs are still None)
             raise TypeError(f"{self.name}: the inputs do not determine the output shapes") from None
         outs = []
-        for index, name, dims, dtype in self._out_specs:
-            t = torch.empty([_eval_dim(d, env, self.name, name) for d in dims], dtype=dtype, device=device)
+        for index, _, extents, dtype in self._out_specs:
+            t = torch.empty([extent(env) for extent in extents], dtype=dtype, device=device)
             full[index] = t
             outs.append(t)
         self.launch(*full)
@@ -100,8 +101,7 @@ class Kernel:
             env = {}
             for var, where in self._dims.items():
                 env[var] = xs[self._inputs.index(self._index_of[where["tensor"]])].shape[where["dim"]]
-            outs = [xs[0].new_empty([_eval_dim(d, env, self.name, p["name"]) for d in p["shape"]], dtype=_torch_dtype(p["dtype"]))
-                    for p in self._outputs]
+            outs = [xs[0].new_empty([extent(env) for extent in extents], dtype=dtype) for _, _, extents, dtype in self._out_specs]
             return outs[0] if len(outs) == 1 else tuple(outs)
 
         torch.library.register_fake(qualname, fake, lib=lib)
@@ -120,19 +120,30 @@ class Kernel:
         return f"<tlx.Kernel {self.name} ({self.directory.name})>"
 
 
-def _eval_dim(text: str, env: dict, kernel: str, output: str) -> int:
-    """An output extent: an integer, a symbolic dimension bound by an input, or an expression of them."""
-    if text in env:
-        return env[text]
+def _extent(text: str, kernel: str, output: str):
+    """An output extent as a function of the symbolic dims bound by the inputs: an integer, a
+    dim, or an expression of them (parsed once here, evaluated on every allocating call)."""
     if text.lstrip("-").isdigit():
-        return int(text)
+        value = int(text)
+        return lambda env: value
     import ast
 
     try:
-        tree = ast.parse(text, mode="eval")
-        return int(_eval_ast(tree.body, env))
-    except (KeyError, ValueError, SyntaxError) as e:
-        raise ValueError(f"{kernel}: cannot size output {output} from extent {text!r}: {e}") from None
+        tree = ast.parse(text, mode="eval").body
+    except SyntaxError as e:
+        tree = e
+
+    def extent(env):
+        if text in env:
+            return env[text]
+        try:
+            if isinstance(tree, SyntaxError):
+                raise tree
+            return int(_eval_ast(tree, env))
+        except (KeyError, ValueError, SyntaxError) as e:
+            raise ValueError(f"{kernel}: cannot size output {output} from extent {text!r}: {e}") from None
+
+    return extent
 
 
 def _eval_ast(node, env):
