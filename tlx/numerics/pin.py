@@ -53,49 +53,44 @@ class PinFileError(PinMismatchError, ValueError):
     compile with that pin stops instead of going on unpinned)."""
 
 
-def _layouts(layout_mod) -> dict:
-    out: dict = {}
+def _layout_map(layout_mod):
+    """(buffer name, layout) for every ``layout_map`` annotation after LayoutInference."""
     if layout_mod is None:
-        return out
+        return []
+    found = []
     for _, func in device_functions(layout_mod):
 
         def visit(node):
             if isinstance(node, tvm.tirx.SBlock) and "layout_map" in node.annotations:
-                for var, layout in node.annotations["layout_map"].items():
-                    name = var.name if hasattr(var, "name") else str(var)
-                    out[name] = f"{type(layout).__name__}: {layout}"
+                found.extend((getattr(var, "name", str(var)), layout) for var, layout in node.annotations["layout_map"].items())
 
         tvm.tirx.stmt_functor.post_order_visit(func.body, visit)
-    return dict(sorted(out.items()))
+    return found
+
+
+def _layouts(layout_mod) -> dict:
+    return dict(sorted((name, f"{type(layout).__name__}: {layout}") for name, layout in _layout_map(layout_mod)))
 
 
 def _fragments(layout_mod) -> dict:
     """Each fragment layout as data that :func:`_rebuild_fragment` turns back into a Fragment.
 
-    The thread expression is absolute (offset by the first thread of the fragment's range), so
-    a warp-specialized consumer's fragment is re-applied to the same threads."""
+    The thread expression is kept with the first thread of the fragment's range and re-applied
+    offset by it, so a warp-specialized consumer's fragment lands on the same threads."""
     from tilelang.layout import Fragment
 
-    out: dict = {}
-    if layout_mod is None:
-        return out
-    for _, func in device_functions(layout_mod):
-
-        def visit(node):
-            if isinstance(node, tvm.tirx.SBlock) and "layout_map" in node.annotations:
-                for var, layout in node.annotations["layout_map"].items():
-                    if isinstance(layout, Fragment):
-                        tr = layout.thread_range
-                        out[var.name] = {
-                            "shape": [int(d) for d in layout.get_input_shape()],
-                            "vars": [v.name for v in layout.get_forward_vars()],
-                            "thread": str(layout.forward_thread),
-                            "thread_offset": int(tr.min) if tr is not None else 0,
-                            "index": [str(e) for e in layout.forward_index],
-                            "replicate": int(layout.replicate_size),
-                        }
-
-        tvm.tirx.stmt_functor.post_order_visit(func.body, visit)
+    out = {}
+    for name, layout in _layout_map(layout_mod):
+        if isinstance(layout, Fragment):
+            tr = layout.thread_range
+            out[name] = {
+                "shape": [int(d) for d in layout.get_input_shape()],
+                "vars": [v.name for v in layout.get_forward_vars()],
+                "thread": str(layout.forward_thread),
+                "thread_offset": int(tr.min) if tr is not None else 0,
+                "index": [str(e) for e in layout.forward_index],
+                "replicate": int(layout.replicate_size),
+            }
     return dict(sorted(out.items()))
 
 
