@@ -36,6 +36,22 @@ def group_scale(amax, fmt: str, pow2: bool):
     return ieee.ue8m0_decode(code), code
 
 
+def pow2_scale(amax, fmt: str):
+    """(fp32 scale, uint32 UE8M0 code, fp32 1/scale) of a power-of-two group scale, equal to
+    :func:`group_scale` with ``pow2`` and to the IEEE reciprocal, in a few integer ops.
+
+    ``s = max(amax, C) / F`` is a positive normal fp32 or +inf (amax is never NaN), so its
+    round-up code is its exponent plus one when any mantissa bit is set, saturated at 254 (what
+    ``ue8m0_code`` returns); ``1 / 2^(code-127) = 2^(127-code)`` is exact: exponent ``254 - code``,
+    or the denormal 2^-127 for code 254."""
+    u = T.uint32
+    clamp, fmax = (E4M3_CLAMP, E4M3_MAX) if fmt == "e4m3" else (E2M1_CLAMP, E2M1_MAX)
+    s = T.max(amax, fp32(clamp)) / fp32(fmax)
+    code = T.min(((T.reinterpret(s, u) & u(0x7FFFFFFF)) + u(0x7FFFFF)) >> u(23), u(254))  # sign bit is 0
+    inv = T.if_then_else(code == u(254), u(0x00400000), (u(254) - code) << u(23))
+    return T.reinterpret(code << u(23), T.float32), code, T.reinterpret(inv, T.float32)
+
+
 def cast_e4m3(v):
     """fp32 -> e4m3: RNE, saturating to ±448, NaN -> 0x7F (``tlx.ieee``)."""
     return ieee.cast_fp8_e4m3(v)
@@ -55,6 +71,69 @@ def e2m1_value(code):
         T.if_then_else(m == T.uint32(1), T.uint32(0x3F000000), T.uint32(0)),
     )
     return T.reinterpret(mag | ((code & T.uint32(8)) << T.uint32(28)), T.float32)
+
+
+def e2m1_nibble(v):
+    """fp32 -> uint32 whose low 4 bits are the e2m1 code of ``v``, bit-identical to
+    :func:`e2m1_code` (checked on all 2^32 inputs) but in nine ALU instructions, not CUDA's
+    branchy fp64 path (sm_90 has no e2m1 cvt); bits 4 and up are garbage.
+
+    ``c`` clamps to ±6 (NaN -> +6: fminf keeps the number). A magic ``m`` with the sign of ``c``
+    and the exponent of ``2^22 * max(|c|, 1)`` makes the fp32 add ``c + m`` round ``|c|`` to the
+    e2m1 spacing of its binade (0.5 below 2, 1 below 4, then 2), ties to even; ``m``'s mantissa
+    (12, 14, 16 for the three binades) turns the rounded quotient into ``code + 12``, and
+    adding ``s >> 28`` (sign * 8 + 4) leaves ``code + 8 * sign`` in the low nibble."""
+    u = T.uint32
+    c = T.max(T.min(v, fp32(6.0)), fp32(-6.0))
+    # sign of c over the exponent 127, 128 or 129 of max(|c|, 1): the sign's 256 in e puts
+    # m's sign bit on and 512 more ulps in its mantissa, which change neither rounding nor nibble
+    e = ((T.reinterpret(c, u) & u(0x80000000)) | T.reinterpret(T.max(T.abs(c), fp32(1.0)), u)) >> u(23)
+    m = e * u(0x800002) + u(0x0AFFFF0E)
+    s = T.reinterpret(c + T.reinterpret(m, T.float32), u)
+    return s + (s >> u(28))
+
+
+def pack_nibble(acc, nibble):
+    """``acc >> 4`` with the low 4 bits of ``nibble`` on top (one funnel shift): eight calls
+    pack eight codes, the first in the lowest nibble."""
+    return T.call_extern("uint32", "__funnelshift_r", acc, nibble, 4)
+
+
+def e2m1_exact(w, k):
+    """Code ``k`` (bits ``4k..4k+3``) of the uint32 ``w`` as its exact fp32 value: shifted to the
+    top and arithmetically back by 6, its sign lands on bit 31 and its magnitude on exponent /
+    mantissa bits 22..24 (the value times 2^-126, a denormal for code 1), times 2^126 exactly."""
+    u = T.uint32
+    top = T.reinterpret(w << (u(28) - u(4) * T.Cast(u, k)), T.int32)
+    bits = T.reinterpret(top >> T.int32(6), u) & u(0x81C00000)
+    return T.reinterpret(bits, T.float32) * fp32(2.0**126)
+
+
+def bf16_word_half(w, hi):
+    """Half ``hi`` of a uint32 holding two bf16 values, as the exact fp32 (one ALU op)."""
+    u = T.uint32
+    return T.reinterpret(T.if_then_else(hi == 1, w & u(0xFFFF0000), w << u(16)), T.float32)
+
+
+def cast_e4m3x4(a, b, c, d):
+    """Four fp32 -> four e4m3 bytes (``a`` lowest) in a uint32, two per cvt instruction: the same
+    conversion as :func:`cast_e4m3` (``QUANT_PRELUDE``)."""
+    u = T.uint32
+    lo = T.Cast(u, T.call_extern("uint16", "tlx_quant_e4m3x2", a, b))
+    hi = T.Cast(u, T.call_extern("uint16", "tlx_quant_e4m3x2", c, d))
+    return lo | (hi << u(16))
+
+
+QUANT_PRELUDE = r"""
+#ifndef TLX_QUANT_PRELUDE_
+#define TLX_QUANT_PRELUDE_
+#include <cuda_fp8.h>
+// lo -> low byte, hi -> high byte; the cvt of tlx.ieee.cast_fp8_e4m3 on two values at once.
+__device__ __forceinline__ unsigned short tlx_quant_e4m3x2(float lo, float hi) {
+  return __nv_cvt_float2_to_fp8x2(make_float2(lo, hi), __NV_SATFINITE, __NV_E4M3);
+}
+#endif
+"""
 
 
 def ue8m0_value(code):

@@ -1,7 +1,7 @@
 """Per-token-group casts ``[T, H] -> [T, H]`` with one scale per ``1 x group`` (rules in ``reference.py``).
 
-One kernel body serves four public operations, differing only in how a thread gets its 16
-fp32 values and what it stores:
+One kernel body serves four public operations, differing only in how a thread gets its fp32
+values and what it stores:
 
 - :func:`per_token_group_cast`: bf16/fp32 -> e4m3, groups of 32/64/128, scales fp32 or UE8M0
   (fp32 powers of two or packed four per int32), row-major or column-major TMA-aligned.
@@ -9,10 +9,13 @@ fp32 values and what it stores:
 - :func:`mxfp4_cast`: bf16/fp32 -> e2m1 packed two per byte with UE8M0 codes per 1x32.
 - :func:`fp4_to_fp8`: MXFP4 -> e4m3 with power-of-two 1x128 scales (lossless re-blocking).
 
-Design for bandwidth: a thread owns 16 consecutive elements (16-byte vector loads, one
-16-byte e4m3 store), ``group / 16`` adjacent lanes own a group and reduce amax with
-``shfl_xor``; T is a dynamic dimension (one compile for every T; rows are independent, so
-every row's output is identical whatever T is).
+Design for bandwidth: a CTA covers (part of) one row (grid: rows x column blocks, so no index
+divides); a thread owns ``ept`` consecutive elements (16-byte vector loads and stores; 32 for the
+e2m1 formats, so one thread holds a whole 1x32 group or 16 bytes of codes), ``group / ept``
+adjacent lanes own a group and reduce amax with ``shfl_xor``. Conversions are the bit-level
+blocks of ``common.py`` (paired e4m3 cvt, e2m1 in ALU instructions, e2m1 decode by shifts), all
+bit-identical to CUDA's. T is a dynamic dimension (one compile for every T; rows are
+independent, so every row's output is identical whatever T is).
 """
 
 import torch
@@ -20,7 +23,8 @@ import tilelang.language as T
 
 import tlx
 from kernels.quant.common import (
-    EPT, TARGET, THREADS, TORCH_DTYPES, cast_e4m3, check_2d, check_cuda, e2m1_code, e2m1_value, group_scale, ue8m0_value,
+    EPT, QUANT_PRELUDE, TARGET, TORCH_DTYPES, bf16_word_half, cast_e4m3x4, check_2d, check_cuda, e2m1_exact,
+    e2m1_nibble, group_scale, pack_nibble, pow2_scale, ue8m0_value,
 )
 from kernels.quant.reference import SCALE_FORMATS, tma_aligned
 
@@ -38,50 +42,82 @@ def _scale_buffer(Tn, TP, ng: int, out_fmt: str, scale_fmt: str, col_major: bool
     return ((ng, TP) if col_major else (Tn, ng)), T.float32
 
 
+def cta_threads(chunks: int) -> int:
+    """Threads of a CTA covering (part of) one row of ``chunks`` thread chunks: the largest
+    multiple of 32 up to 256 that divides ``chunks`` (no idle lanes), else ``chunks`` rounded up
+    to 32 (at most 256)."""
+    for t in range(256, 31, -32):
+        if chunks % t == 0:
+            return t
+    return min(256, -(-chunks // 32) * 32)
+
+
+def default_ept(in_mode: str, out_fmt: str) -> int:
+    """Elements per thread: 32 (a whole 1x32 group, 16 bytes of codes in or out) for the e2m1
+    formats, 16 (16-byte bf16 loads or e4m3 stores) otherwise."""
+    return 32 if out_fmt == "e2m1" or in_mode == "e2m1" else EPT
+
+
 @tlx.jit(target=TARGET)
 def group_cast_kernel(H: int, group: int, in_mode: str, in_dtype: str, out_fmt: str = "e4m3",
-                      scale_fmt: str = "fp32", col_major: bool = False, clamp: float = 10.0, weighted: bool = False):
+                      scale_fmt: str = "fp32", col_major: bool = False, clamp: float = 10.0, weighted: bool = False,
+                      ept: int = 0):
     """``in_mode``: "plain" (X ``[T, H]``), "swiglu" (X ``[T, 2H]`` and, if ``weighted``, W ``[T]``),
-    "e2m1" (P ``[T, H/2]`` uint8 and C ``[T, H/32]`` UE8M0 codes). ``out_fmt``: "e4m3" or "e2m1"."""
+    "e2m1" (P ``[T, H/2]`` uint8 and C ``[T, H/32]`` UE8M0 codes). ``out_fmt``: "e4m3" or "e2m1".
+    ``ept``: elements per thread (0: :func:`default_ept`), a multiple of 16 dividing ``group``."""
+    ept = ept or default_ept(in_mode, out_fmt)
+    if ept % 16 or group % ept:
+        raise ValueError(f"ept: expected a multiple of 16 dividing group {group}, got {ept}")
     Tn = T.dynamic("T")
     TP = T.dynamic("TP")
-    tpg = group // EPT
-    cpr = H // EPT
+    u32 = T.uint32
+    tpg = group // ept
+    cpr = H // ept
     ng = H // group
     pow2 = scale_fmt != "fp32" or out_fmt == "e2m1"
     packed = scale_fmt == "ue8m0_packed" and out_fmt == "e4m3"
     s_shape, s_dtype = _scale_buffer(Tn, TP, ng, out_fmt, scale_fmt, col_major)
     q_shape, q_dtype = ((Tn, H // 2), T.uint8) if out_fmt == "e2m1" else ((Tn, H), T.float8_e4m3fn)
+    q_words = ept // 8 if out_fmt == "e2m1" else ept // 4  # uint32 words of output per thread
     fmt = "e2m1" if out_fmt == "e2m1" else "e4m3"
     x_cols = 2 * H if in_mode == "swiglu" else (H // 2 if in_mode == "e2m1" else H)
     x_dtype = T.uint8 if in_mode == "e2m1" else in_dtype
     shuffles = tpg.bit_length() - 1
     pad_bytes = -ng % 4
+    tpc = cta_threads(cpr)
+    nby = -(-cpr // tpc)
 
     @T.macro
     def finish(xf, Q, S, c, row, col):
+        """amax, scale, cast and store of the ``ept`` values ``xf`` of chunk ``c`` (``c < cpr``: in the row)."""
         amax = T.alloc_var(T.float32)
         amax = T.float32(0)
-        for v in T.unroll(EPT):
+        for v in T.unroll(ept):
             amax = T.max(amax, T.abs(xf[v]))
         for k in T.unroll(shuffles):
             amax = T.max(amax, T.shfl_xor(amax, 1 << k))
-        scale, code = group_scale(amax, fmt, pow2)
         inv = T.alloc_var(T.float32)
-        inv = T.float32(1.0) / scale
-        if c < Tn * cpr:
+        if pow2:
+            scale, code, inv_pow2 = pow2_scale(amax, fmt)
+            inv = inv_pow2
+        else:
+            scale, code = group_scale(amax, fmt, pow2)
+            inv = T.float32(1.0) / scale
+        if c < cpr:
+            qw = T.alloc_local((q_words,), u32)
+            Qw = T.view(Q, (Tn, H // (8 if out_fmt == "e2m1" else 4)), u32)
             if out_fmt == "e2m1":
-                qb = T.alloc_local((EPT // 2,), T.uint8)
-                for v in T.unroll(EPT // 2):
-                    qb[v] = e2m1_code(xf[2 * v] * inv) | (e2m1_code(xf[2 * v + 1] * inv) << T.uint8(4))
-                for v in T.vectorized(EPT // 2):
-                    Q[row, col // 2 + v] = qb[v]
+                for j in T.unroll(q_words):
+                    acc = T.alloc_var(u32)
+                    acc = u32(0)
+                    for k in T.unroll(8):
+                        acc = pack_nibble(acc, e2m1_nibble(xf[8 * j + k] * inv))
+                    qw[j] = acc
             else:
-                qv = T.alloc_local((EPT,), T.float8_e4m3fn)
-                for v in T.unroll(EPT):
-                    qv[v] = cast_e4m3(xf[v] * inv)
-                for v in T.vectorized(EPT):
-                    Q[row, col + v] = qv[v]
+                for j in T.unroll(q_words):
+                    qw[j] = cast_e4m3x4(xf[4 * j] * inv, xf[4 * j + 1] * inv, xf[4 * j + 2] * inv, xf[4 * j + 3] * inv)
+            for v in T.vectorized(q_words):
+                Qw[row, col // (ept // q_words) + v] = qw[v]
             if c % tpg == 0:
                 g = col // group
                 if out_fmt == "e2m1":
@@ -101,25 +137,38 @@ def group_cast_kernel(H: int, group: int, in_mode: str, in_dtype: str, out_fmt: 
                 else:
                     S[row, g] = scale
 
+    @T.macro
+    def load_bf16(X, xf, row, col, valid, base):
+        """``ept`` bf16 of row ``row`` from column ``base + col`` (zeros when not ``valid``) as fp32."""
+        xw = T.alloc_local((ept // 2,), u32)
+        Xw = T.view(X, (Tn, x_cols // 2), u32)
+        if valid:
+            for v in T.vectorized(ept // 2):
+                xw[v] = Xw[row, (base + col) // 2 + v]
+        else:
+            for v in T.vectorized(ept // 2):
+                xw[v] = u32(0)
+        for v in T.unroll(ept):
+            xf[v] = bf16_word_half(xw[v // 2], v % 2)
+
     if in_mode == "plain":
 
         @T.prim_func
         def kernel(X: T.Tensor((Tn, x_cols), x_dtype), Q: T.Tensor(q_shape, q_dtype), S: T.Tensor(s_shape, s_dtype)):
-            with T.Kernel(T.ceildiv(Tn * cpr, THREADS), threads=THREADS) as bx:
+            with T.Kernel(Tn, nby, threads=tpc, prelude=QUANT_PRELUDE) as (row, by):
                 tx = T.get_thread_binding()
-                xv = T.alloc_local((EPT,), x_dtype)
-                xf = T.alloc_local((EPT,), T.float32)
-                c = bx * THREADS + tx
-                row = c // cpr
-                col = c % cpr * EPT
-                if c < Tn * cpr:
-                    for v in T.vectorized(EPT):
-                        xv[v] = X[row, col + v]
+                xf = T.alloc_local((ept,), T.float32)
+                c = by * tpc + tx
+                col = c * ept
+                if in_dtype == "bfloat16":
+                    load_bf16(X, xf, row, col, c < cpr, 0)
                 else:
-                    for v in T.vectorized(EPT):
-                        xv[v] = T.Cast(x_dtype, 0)
-                for v in T.unroll(EPT):
-                    xf[v] = T.Cast(T.float32, xv[v])
+                    if c < cpr:
+                        for v in T.vectorized(ept):
+                            xf[v] = X[row, col + v]
+                    else:
+                        for v in T.vectorized(ept):
+                            xf[v] = T.float32(0)
                 finish(xf, Q, S, c, row, col)
 
         return kernel
@@ -129,25 +178,27 @@ def group_cast_kernel(H: int, group: int, in_mode: str, in_dtype: str, out_fmt: 
         @T.prim_func
         def kernel(X: T.Tensor((Tn, x_cols), T.uint8), C: T.Tensor((Tn, H // 32), T.uint8),
                    Q: T.Tensor(q_shape, q_dtype), S: T.Tensor(s_shape, s_dtype)):
-            with T.Kernel(T.ceildiv(Tn * cpr, THREADS), threads=THREADS) as bx:
+            with T.Kernel(Tn, nby, threads=tpc, prelude=QUANT_PRELUDE) as (row, by):
                 tx = T.get_thread_binding()
-                xb = T.alloc_local((EPT // 2,), T.uint8)
-                xf = T.alloc_local((EPT,), T.float32)
-                c = bx * THREADS + tx
-                row = c // cpr
-                col = c % cpr * EPT
-                sc = T.alloc_var(T.float32)
-                if c < Tn * cpr:
-                    for v in T.vectorized(EPT // 2):
-                        xb[v] = X[row, col // 2 + v]
-                    sc = ue8m0_value(T.Cast(T.uint32, C[row, col // 32]))
+                xw = T.alloc_local((ept // 8,), u32)
+                xf = T.alloc_local((ept,), T.float32)
+                Xw = T.view(X, (Tn, H // 8), u32)
+                c = by * tpc + tx
+                col = c * ept
+                n_sc = max(1, ept // 32)
+                sc = T.alloc_local((n_sc,), T.float32)
+                if c < cpr:
+                    for v in T.vectorized(ept // 8):
+                        xw[v] = Xw[row, col // 8 + v]
+                    for j in T.unroll(n_sc):
+                        sc[j] = ue8m0_value(T.Cast(u32, C[row, col // 32 + j]))
                 else:
-                    for v in T.vectorized(EPT // 2):
-                        xb[v] = T.uint8(0)
-                    sc = T.float32(1.0)
-                for v in T.unroll(EPT // 2):
-                    xf[2 * v] = e2m1_value(T.Cast(T.uint32, xb[v]) & T.uint32(15)) * sc
-                    xf[2 * v + 1] = e2m1_value(T.Cast(T.uint32, xb[v]) >> T.uint32(4)) * sc
+                    for v in T.vectorized(ept // 8):
+                        xw[v] = u32(0)
+                    for j in T.unroll(n_sc):
+                        sc[j] = T.float32(1.0)
+                for v in T.unroll(ept):
+                    xf[v] = e2m1_exact(xw[v // 8], v % 8) * sc[v // 32]
                 finish(xf, Q, S, c, row, col)
 
         return kernel
@@ -158,30 +209,23 @@ def group_cast_kernel(H: int, group: int, in_mode: str, in_dtype: str, out_fmt: 
     @T.prim_func
     def kernel(X: T.Tensor((Tn, x_cols), x_dtype), W: T.Tensor((Tn,), T.float32),
                Q: T.Tensor(q_shape, q_dtype), S: T.Tensor(s_shape, s_dtype)):
-        with T.Kernel(T.ceildiv(Tn * cpr, THREADS), threads=THREADS) as bx:
+        with T.Kernel(Tn, nby, threads=tpc, prelude=QUANT_PRELUDE) as (row, by):
             tx = T.get_thread_binding()
-            gv = T.alloc_local((EPT,), x_dtype)
-            uv = T.alloc_local((EPT,), x_dtype)
-            xf = T.alloc_local((EPT,), T.float32)
-            c = bx * THREADS + tx
-            row = c // cpr
-            col = c % cpr * EPT
+            gf = T.alloc_local((ept,), T.float32)
+            uf = T.alloc_local((ept,), T.float32)
+            xf = T.alloc_local((ept,), T.float32)
+            c = by * tpc + tx
+            col = c * ept
             w = T.alloc_var(T.float32)
-            if c < Tn * cpr:
-                for v in T.vectorized(EPT):
-                    gv[v] = X[row, col + v]
-                for v in T.vectorized(EPT):
-                    uv[v] = X[row, H + col + v]
+            load_bf16(X, gf, row, col, c < cpr, 0)
+            load_bf16(X, uf, row, col, c < cpr, H)
+            if c < cpr:
                 w = W[row]
             else:
-                for v in T.vectorized(EPT):
-                    gv[v] = T.Cast(x_dtype, 0)
-                for v in T.vectorized(EPT):
-                    uv[v] = T.Cast(x_dtype, 0)
                 w = T.float32(1.0)
-            for v in T.unroll(EPT):
-                g = T.min(T.Cast(T.float32, gv[v]), T.float32(clamp))
-                u = T.max(T.min(T.Cast(T.float32, uv[v]), T.float32(clamp)), T.float32(-clamp))
+            for v in T.unroll(ept):
+                g = T.min(gf[v], T.float32(clamp))
+                u = T.max(T.min(uf[v], T.float32(clamp)), T.float32(-clamp))
                 xf[v] = g / T.ieee_add(T.float32(1.0), T.exp(-g), "rn") * u  # no FMA contraction into expf
                 if weighted:
                     xf[v] = xf[v] * w

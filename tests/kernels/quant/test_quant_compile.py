@@ -16,7 +16,8 @@ from kernels.quant.dequant import dequant_e2m1, dequant_e4m3, dequant_kernel
 from kernels.quant.group_cast import fp4_to_fp8, group_cast_kernel, mxfp4_cast, per_token_group_cast, swiglu_cast
 
 QUANT = Path(R.__file__).parent
-VEC = r"\*\((?:uint4|float4|fp8_e4_16_t|fp8_e4_8_t|uint2|uint1|uint)\*\)\({} \+"
+# a vector access of buffer NAME, or of a uint32 view of it (printed ``((uint*)NAMEw)``)
+VEC = r"\*\((?:uint4|float4|fp8_e4_16_t|fp8_e4_8_t|uint2|uint1|uint)\*\)\((?:\(\(uint\*\))?{}\w*\)? \+"
 
 # (name, factory, args, buffer read with vector loads, buffer written with vector stores)
 KERNELS = [

@@ -1,0 +1,100 @@
+"""The bit-level building blocks of ``kernels/quant/common.py`` against CUDA's own conversions,
+on the GPU: ``e2m1_nibble`` (fp32 -> e2m1 without CUDA's fp64 path), ``cast_e4m3x4`` (paired
+e4m3 cvt) and ``pow2_scale`` (UE8M0 code and reciprocal by integer ops) over all 2^32 fp32 bit
+patterns, ``e2m1_exact`` (packed e2m1 -> fp32) over every code at every nibble position of
+random words. Outputs are poisoned before each launch.
+"""
+
+import pytest
+import torch
+import tilelang.language as T
+
+import tlx
+from kernels.quant import reference as R
+from kernels.quant.common import QUANT_PRELUDE, TARGET, cast_e4m3x4, e2m1_exact, e2m1_nibble, group_scale, pow2_scale
+from tlx.numerics import ieee
+from tlx.numerics.sweep import all_fp32_chunks, assert_same_bits, poisoned
+
+pytestmark = pytest.mark.gpu
+
+CHUNK = 1 << 28
+
+
+@tlx.jit(target=TARGET)
+def conversions_kernel(N: int):
+    """Per 4 inputs: the e2m1 nibbles both ways and the e4m3 bytes both ways."""
+
+    @T.prim_func
+    def kernel(X: T.Tensor((N,), T.float32), FAST: T.Tensor((N,), T.uint8), CUDA: T.Tensor((N,), T.uint8),
+               PAIRS: T.Tensor((N // 4,), T.uint32), SINGLE: T.Tensor((N,), T.uint8)):
+        with T.Kernel(N // 1024, threads=256, prelude=QUANT_PRELUDE) as bx:
+            i = (bx * 256 + T.get_thread_binding()) * 4
+            for k in T.unroll(4):
+                FAST[i + k] = T.Cast(T.uint8, e2m1_nibble(X[i + k]) & T.uint32(15))
+                CUDA[i + k] = ieee.cast_fp4_e2m1(X[i + k])
+                SINGLE[i + k] = T.reinterpret(ieee.cast_fp8_e4m3(X[i + k]), T.uint8)
+            PAIRS[i // 4] = cast_e4m3x4(X[i], X[i + 1], X[i + 2], X[i + 3])
+
+    return kernel
+
+
+@tlx.jit(target=TARGET)
+def scale_kernel(N: int, fmt: str):
+    """``pow2_scale`` of each input taken as a group's amax, next to ``group_scale`` (CUDA's
+    UE8M0 conversion) and the IEEE reciprocal of its scale."""
+
+    @T.prim_func
+    def kernel(X: T.Tensor((N,), T.float32), CODES: T.Tensor((N, 2), T.uint8), INVS: T.Tensor((N, 2), T.float32)):
+        with T.Kernel(N // 256, threads=256) as bx:
+            i = bx * 256 + T.get_thread_binding()
+            _, code, inv = pow2_scale(X[i], fmt)
+            scale, cuda_code = group_scale(X[i], fmt, True)
+            CODES[i, 0] = T.Cast(T.uint8, code)
+            CODES[i, 1] = cuda_code
+            INVS[i, 0] = inv
+            INVS[i, 1] = T.float32(1.0) / scale
+
+    return kernel
+
+
+@tlx.jit(target=TARGET)
+def decode_kernel(N: int):
+    @T.prim_func
+    def kernel(Wd: T.Tensor((N,), T.uint32), D: T.Tensor((N, 8), T.float32)):
+        with T.Kernel(N // 256, threads=256) as bx:
+            i = bx * 256 + T.get_thread_binding()
+            for k in T.unroll(8):
+                D[i, k] = e2m1_exact(Wd[i], k)
+
+    return kernel
+
+
+def test_e2m1_nibble_and_e4m3x4_exhaustive():
+    kernel = conversions_kernel(CHUNK)
+    for x in all_fp32_chunks(CHUNK):
+        fast, cuda = poisoned(CHUNK, torch.uint8), poisoned(CHUNK, torch.uint8)
+        pairs, single = poisoned(CHUNK // 4, torch.int32), poisoned(CHUNK, torch.uint8)
+        kernel(x, fast, cuda, pairs.view(torch.uint32), single)
+        assert_same_bits(fast, cuda, "e2m1_nibble vs CUDA's __nv_cvt_float_to_fp4", (x,))
+        assert_same_bits(pairs.view(torch.uint8), single, "cast_e4m3x4 vs CUDA's per-element e4m3 cvt", (x,))
+
+
+@pytest.mark.parametrize("fmt", ["e4m3", "e2m1"])
+def test_pow2_scale_exhaustive(fmt):
+    kernel = scale_kernel(CHUNK, fmt)
+    for x in all_fp32_chunks(CHUNK):
+        codes, invs = poisoned((CHUNK, 2), torch.uint8), poisoned((CHUNK, 2), torch.float32)
+        kernel(x, codes, invs)
+        assert_same_bits(codes[:, 0], codes[:, 1], f"pow2_scale code vs CUDA's UE8M0 conversion ({fmt})", (x,))
+        assert_same_bits(invs[:, 0], invs[:, 1], f"pow2_scale reciprocal vs IEEE 1/scale ({fmt})", (x,))
+
+
+def test_e2m1_exact_every_code_and_position():
+    n = 1 << 20
+    g = torch.Generator(device="cuda").manual_seed(5)
+    words = torch.randint(-(1 << 31), 1 << 31, (n,), dtype=torch.int64, device="cuda", generator=g).to(torch.int32)
+    words[:16] = torch.arange(16, device="cuda", dtype=torch.int32) * 0x11111111  # one code everywhere
+    out = poisoned((n, 8), torch.float32)
+    decode_kernel(n)(words.view(torch.uint32), out)
+    codes = torch.stack([(words >> (4 * k)) & 15 for k in range(8)], dim=1)
+    assert_same_bits(out, R.e2m1_value(codes), "e2m1_exact vs reference e2m1_value", (words,))
