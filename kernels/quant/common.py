@@ -75,22 +75,22 @@ def e2m1_value(code):
 
 def e2m1_nibble(v):
     """fp32 -> uint32 whose low 4 bits are the e2m1 code of ``v``, bit-identical to
-    :func:`e2m1_code` (checked on all 2^32 inputs) but in nine ALU instructions, not CUDA's
-    branchy fp64 path (sm_90 has no e2m1 cvt); bits 4 and up are garbage.
+    :func:`e2m1_code` (checked on all 2^32 inputs) but in ten ALU instructions, not CUDA's
+    branchy fp64 path (sm_90 has no e2m1 cvt); bits 4 and up are zero.
 
     ``c`` clamps to ±6 (NaN -> +6: fminf keeps the number). A magic ``m`` with the sign of ``c``
     and the exponent of ``2^22 * max(|c|, 1)`` makes the fp32 add ``c + m`` round ``|c|`` to the
     e2m1 spacing of its binade (0.5 below 2, 1 below 4, then 2), ties to even; ``m``'s mantissa
-    (12, 14, 16 for the three binades) turns the rounded quotient into ``code + 12``, and
-    adding ``s >> 28`` (sign * 8 + 4) leaves ``code + 8 * sign`` in the low nibble."""
+    (16, 18, 20 for the three binades) turns the rounded quotient into ``16 + code``, and bit 3
+    takes the sign from ``s >> 28``."""
     u = T.uint32
     c = T.max(T.min(v, fp32(6.0)), fp32(-6.0))
     # sign of c over the exponent 127, 128 or 129 of max(|c|, 1): the sign's 256 in e puts
-    # m's sign bit on and 512 more ulps in its mantissa, which change neither rounding nor nibble
+    # m's sign bit on and 512 more ulps in its mantissa, which change neither rounding nor code
     e = ((T.reinterpret(c, u) & u(0x80000000)) | T.reinterpret(T.max(T.abs(c), fp32(1.0)), u)) >> u(23)
-    m = e * u(0x800002) + u(0x0AFFFF0E)
+    m = e * u(0x800002) + u(0x0AFFFF12)
     s = T.reinterpret(c + T.reinterpret(m, T.float32), u)
-    return s + (s >> u(28))
+    return (s & u(7)) | ((s >> u(28)) & u(8))
 
 
 def pack_nibble(acc, nibble):
@@ -132,8 +132,62 @@ QUANT_PRELUDE = r"""
 __device__ __forceinline__ unsigned short tlx_quant_e4m3x2(float lo, float hi) {
   return __nv_cvt_float2_to_fp8x2(make_float2(lo, hi), __NV_SATFINITE, __NV_E4M3);
 }
+// One PTX instruction each on two bf16 packed in a 32-bit word: IEEE, round to nearest even,
+// subnormals kept; min/max return the non-NaN operand; absmax = max.xorsign.abs (|result| is
+// max(|a|, |b|), its sign the xor of the signs).
+#define TLX_QUANT_BF16X2(name, op)                                       \
+  __device__ __forceinline__ unsigned tlx_quant_bf16x2_##name(unsigned a, unsigned b) { \
+    unsigned d;                                                          \
+    asm(op " %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));                   \
+    return d;                                                            \
+  }
+TLX_QUANT_BF16X2(mul, "mul.rn.bf16x2")
+TLX_QUANT_BF16X2(add, "add.rn.bf16x2")
+TLX_QUANT_BF16X2(min, "min.bf16x2")
+TLX_QUANT_BF16X2(max, "max.bf16x2")
+TLX_QUANT_BF16X2(absmax, "max.xorsign.abs.bf16x2")
+#undef TLX_QUANT_BF16X2
 #endif
 """
+
+
+def bf16x2(op: str, a, b):
+    """``op`` ("mul", "add", "min", "max", "absmax") on two bf16 packed in uint32 words, one PTX
+    instruction (``QUANT_PRELUDE``)."""
+    return T.call_extern("uint32", f"tlx_quant_bf16x2_{op}", a, b)
+
+
+def e2m1_pair_bf16(x2, inv2):
+    """Two bf16 ``x2`` times the power of two ``inv2`` (bf16, both halves) -> uint32 ``s`` whose
+    low byte holds both e2m1 codes but the high code's sign bit (bit 7 must get bit 31 of ``s``),
+    as :func:`e2m1_nibble` does it on fp32 values, two at a time.
+
+    ``x * inv`` is exact in bf16 as in fp32 (8 significant bits times a power of two) unless it
+    is below 2^-126, where both give a zero code of the same sign. The magic ``m`` is that of
+    :func:`e2m1_nibble` for bf16 (exponent of ``2^6 * max(|c|, 1)``, mantissa 16 + 2 per binade,
+    sign of ``c``), built for both halves by one IMAD; ``s = c + m`` then holds the code in its
+    mantissa bits 0..2 and the sign in bit 15 of each half."""
+    u = T.uint32
+    c = bf16x2("max", bf16x2("min", bf16x2("mul", x2, inv2), u(0x40C040C0)), u(0xC0C0C0C0))  # ±6; NaN -> 6
+    e = (bf16x2("absmax", c, u(0x3F803F80)) >> u(7)) & u(0x00FF00FF)  # exponents of max(|c|, 1)
+    m = e * u(0x82) + ((c & u(0x80008000)) | u(0x02120212))
+    s = bf16x2("add", c, m)
+    return s
+
+
+def e2m1_byte(s):
+    """Low byte: the two codes of :func:`e2m1_pair_bf16`'s ``s``, the high one still without its
+    sign (bits 8 and up are garbage)."""
+    u = T.uint32
+    return (s & u(0x07)) | ((s >> u(12)) & u(0xFFFFFFF8))
+
+
+def sign_bytes(s0, s1, s2, s3):
+    """Byte ``k`` all ones when ``s_k`` is negative (PRMT sign replication of its byte 3)."""
+    u = T.uint32
+    lo = T.call_extern("uint32", "__byte_perm", s0, s1, u(0x00FB))
+    hi = T.call_extern("uint32", "__byte_perm", s2, s3, u(0x00FB))
+    return T.call_extern("uint32", "__byte_perm", lo, hi, u(0x5410))
 
 
 def ue8m0_value(code):

@@ -24,7 +24,8 @@ import tilelang.language as T
 import tlx
 from kernels.quant.common import (
     EPT, QUANT_PRELUDE, TARGET, TORCH_DTYPES, bf16_word_half, cast_e4m3x4, check_2d, check_cuda, e2m1_exact,
-    e2m1_nibble, group_scale, pack_nibble, pow2_scale, ue8m0_value,
+    e2m1_byte, e2m1_nibble, e2m1_pair_bf16, bf16x2, group_scale, pack_nibble, pow2_scale, sign_bytes,
+    ue8m0_value,
 )
 from kernels.quant.reference import SCALE_FORMATS, tma_aligned
 
@@ -61,10 +62,11 @@ def default_ept(in_mode: str, out_fmt: str) -> int:
 @tlx.jit(target=TARGET)
 def group_cast_kernel(H: int, group: int, in_mode: str, in_dtype: str, out_fmt: str = "e4m3",
                       scale_fmt: str = "fp32", col_major: bool = False, clamp: float = 10.0, weighted: bool = False,
-                      ept: int = 0):
+                      ept: int = 0, pairs: bool = True):
     """``in_mode``: "plain" (X ``[T, H]``), "swiglu" (X ``[T, 2H]`` and, if ``weighted``, W ``[T]``),
     "e2m1" (P ``[T, H/2]`` uint8 and C ``[T, H/32]`` UE8M0 codes). ``out_fmt``: "e4m3" or "e2m1".
-    ``ept``: elements per thread (0: :func:`default_ept`), a multiple of 16 dividing ``group``."""
+    ``ept``: elements per thread (0: :func:`default_ept`), a multiple of 16 dividing ``group``.
+    ``pairs``: bf16 -> e2m1 on packed pairs (:func:`e2m1_pair_bf16`), else per fp32 value."""
     ept = ept or default_ept(in_mode, out_fmt)
     if ept % 16 or group % ept:
         raise ValueError(f"ept: expected a multiple of 16 dividing group {group}, got {ept}")
@@ -150,6 +152,47 @@ def group_cast_kernel(H: int, group: int, in_mode: str, in_dtype: str, out_fmt: 
                 xw[v] = u32(0)
         for v in T.unroll(ept):
             xf[v] = bf16_word_half(xw[v // 2], v % 2)
+
+    if in_mode == "plain" and in_dtype == "bfloat16" and out_fmt == "e2m1" and pairs:
+        if ept != 32:
+            raise ValueError(f"ept: the bf16x2 e2m1 path holds one 1x32 group per thread, got {ept}")
+
+        @T.prim_func
+        def kernel(X: T.Tensor((Tn, x_cols), x_dtype), Q: T.Tensor(q_shape, q_dtype), S: T.Tensor(s_shape, s_dtype)):
+            with T.Kernel(Tn, nby, threads=tpc, prelude=QUANT_PRELUDE) as (row, by):
+                tx = T.get_thread_binding()
+                xw = T.alloc_local((16,), u32)
+                qw = T.alloc_local((4,), u32)
+                sw = T.alloc_local((4,), u32)
+                Xw = T.view(X, (Tn, H // 2), u32)
+                Qw = T.view(Q, (Tn, H // 8), u32)
+                c = by * tpc + tx
+                if c < cpr:
+                    for v in T.vectorized(16):
+                        xw[v] = Xw[row, c * 16 + v]
+                else:
+                    for v in T.vectorized(16):
+                        xw[v] = u32(0)
+                amax2 = T.alloc_var(u32)
+                amax2 = u32(0)
+                for v in T.unroll(16):
+                    amax2 = bf16x2("absmax", amax2, xw[v])
+                amax2 = amax2 & u32(0x7FFF7FFF)
+                scale, code, inv = pow2_scale(T.max(bf16_word_half(amax2, 0), bf16_word_half(amax2, 1)), "e2m1")
+                inv2 = (T.reinterpret(inv, u32) >> u32(16)) * u32(0x10001)  # a power of two: exact in bf16
+                if c < cpr:
+                    for j in T.unroll(4):
+                        acc = T.alloc_var(u32)
+                        acc = u32(0)
+                        for k in T.unroll(4):
+                            sw[k] = e2m1_pair_bf16(xw[4 * j + k], inv2)
+                            acc = T.call_extern("uint32", "__funnelshift_r", acc, e2m1_byte(sw[k]), 8)
+                        qw[j] = acc | (sign_bytes(sw[0], sw[1], sw[2], sw[3]) & u32(0x80808080))
+                    for v in T.vectorized(4):
+                        Qw[row, c * 4 + v] = qw[v]
+                    S[row, c] = T.Cast(T.uint8, code)
+
+        return kernel
 
     if in_mode == "plain":
 

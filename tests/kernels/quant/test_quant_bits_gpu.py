@@ -2,7 +2,9 @@
 on the GPU: ``e2m1_nibble`` (fp32 -> e2m1 without CUDA's fp64 path), ``cast_e4m3x4`` (paired
 e4m3 cvt) and ``pow2_scale`` (UE8M0 code and reciprocal by integer ops) over all 2^32 fp32 bit
 patterns, ``e2m1_exact`` (packed e2m1 -> fp32) over every code at every nibble position of
-random words. Outputs are poisoned before each launch.
+random words, ``e2m1_pair_bf16`` (bf16 pairs -> e2m1) against ``e2m1_nibble`` of the fp32 product
+for every bf16 value in both halves at every power-of-two reciprocal a group scale can have.
+Outputs are poisoned before each launch.
 """
 
 import pytest
@@ -11,7 +13,10 @@ import tilelang.language as T
 
 import tlx
 from kernels.quant import reference as R
-from kernels.quant.common import QUANT_PRELUDE, TARGET, cast_e4m3x4, e2m1_exact, e2m1_nibble, group_scale, pow2_scale
+from kernels.quant.common import (
+    QUANT_PRELUDE, TARGET, bf16_word_half, cast_e4m3x4, e2m1_byte, e2m1_exact, e2m1_nibble, e2m1_pair_bf16, group_scale,
+    pow2_scale,
+)
 from tlx.numerics import ieee
 from tlx.numerics.sweep import all_fp32_chunks, assert_same_bits, poisoned
 
@@ -58,6 +63,25 @@ def scale_kernel(N: int, fmt: str):
 
 
 @tlx.jit(target=TARGET)
+def pair_kernel(N: int):
+    """Per word of two bf16 and power of two ``inv`` (fp32 bits): the byte of two e2m1 codes from
+    ``e2m1_pair_bf16`` and from ``e2m1_nibble`` of each fp32 product."""
+
+    @T.prim_func
+    def kernel(Xw: T.Tensor((N,), T.uint32), INV: T.Tensor((N,), T.uint32), OUT: T.Tensor((N, 2), T.uint8)):
+        with T.Kernel(N // 256, threads=256, prelude=QUANT_PRELUDE) as bx:
+            i = bx * 256 + T.get_thread_binding()
+            inv = T.reinterpret(INV[i], T.float32)
+            s = e2m1_pair_bf16(Xw[i], (INV[i] >> T.uint32(16)) * T.uint32(0x10001))
+            OUT[i, 0] = T.Cast(T.uint8, (e2m1_byte(s) & T.uint32(0x7F)) | ((s >> T.uint32(24)) & T.uint32(0x80)))
+            lo = e2m1_nibble(bf16_word_half(Xw[i], 0) * inv) & T.uint32(15)
+            hi = e2m1_nibble(bf16_word_half(Xw[i], 1) * inv) & T.uint32(15)
+            OUT[i, 1] = T.Cast(T.uint8, lo | (hi << T.uint32(4)))
+
+    return kernel
+
+
+@tlx.jit(target=TARGET)
 def decode_kernel(N: int):
     @T.prim_func
     def kernel(Wd: T.Tensor((N,), T.uint32), D: T.Tensor((N, 8), T.float32)):
@@ -87,6 +111,18 @@ def test_pow2_scale_exhaustive(fmt):
         kernel(x, codes, invs)
         assert_same_bits(codes[:, 0], codes[:, 1], f"pow2_scale code vs CUDA's UE8M0 conversion ({fmt})", (x,))
         assert_same_bits(invs[:, 0], invs[:, 1], f"pow2_scale reciprocal vs IEEE 1/scale ({fmt})", (x,))
+
+
+def test_e2m1_pair_bf16_every_value_and_scale():
+    v = torch.arange(1 << 16, dtype=torch.int64, device="cuda")
+    words = (v | (((v * 40503 + 7) % (1 << 16)) << 16)).to(torch.uint32)  # every bf16 in both halves
+    codes = torch.arange(1, 255, dtype=torch.int64, device="cuda")  # UE8M0 codes of group scales
+    inv = torch.where(codes == 254, 0x00400000, (254 - codes) << 23).to(torch.uint32)  # 2^(127 - code)
+    n = words.numel() * codes.numel()
+    xs, invs = words.repeat(codes.numel()), inv.repeat_interleave(words.numel())
+    out = poisoned((n, 2), torch.uint8)
+    pair_kernel(n)(xs, invs, out)
+    assert_same_bits(out[:, 0], out[:, 1], "e2m1_pair_bf16 vs e2m1_nibble of the fp32 products", (xs.view(torch.int32), invs.view(torch.int32)))
 
 
 def test_e2m1_exact_every_code_and_position():
