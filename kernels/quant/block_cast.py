@@ -11,58 +11,165 @@ import torch
 import tilelang.language as T
 
 import tlx
-from kernels.quant.common import TARGET, TORCH_DTYPES, cast_e4m3, check_2d, check_cuda, e2m1_value, group_scale, ue8m0_value
+from kernels.quant.common import TARGET, TORCH_DTYPES, check_2d, check_cuda, group_scale, ue8m0_value
+from kernels.quant.dequant import e2m1_f16_pair, f16_half, word
 
 BLOCKS = (32, 128)
 WIDTH = 128  # columns per CTA
 LANE_ELEMS = 8
 CTA_THREADS = 256
 
+# Four fp32 -> four e4m3 bytes in two conversions (cvt.rn.satfinite.e4m3x2.f32), written as
+# one 32-bit word: the same rounding, saturation and NaN rule as tlx.ieee.cast_fp8_e4m3, element
+# by element, without the byte shuffling of four scalar conversions.
+PRELUDE = r"""
+#ifndef QUANT_E4M3X4_
+#define QUANT_E4M3X4_
+#include <cuda_fp8.h>
+__device__ __forceinline__ void quant_put_e4m3x4(void* q, float a, float b, float c, float d) {
+  unsigned lo = __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3);
+  unsigned hi = __nv_cvt_float2_to_fp8x2(make_float2(c, d), __NV_SATFINITE, __NV_E4M3);
+  *static_cast<unsigned*>(q) = lo | hi << 16;
+}
+#endif
+#ifndef QUANT_E2M1_F16_
+#define QUANT_E2M1_F16_
+#include <cuda_fp16.h>
+// Largest |value| of the fp16 pairs p0..p3 (exact e2m1 values, no NaN), as fp32.
+__device__ __forceinline__ float quant_absmax_f16x8(unsigned p0, unsigned p1, unsigned p2, unsigned p3) {
+  __half2 a = __hmax2(__habs2(*reinterpret_cast<__half2*>(&p0)), __habs2(*reinterpret_cast<__half2*>(&p1)));
+  __half2 b = __hmax2(__habs2(*reinterpret_cast<__half2*>(&p2)), __habs2(*reinterpret_cast<__half2*>(&p3)));
+  __half2 m = __hmax2(a, b);
+  return fmaxf(__low2float(m), __high2float(m));
+}
+// q[0:8] = e4m3(v * m) for the fp16 pairs p_h = (v_h, v_h+4): one fp16 multiply per value,
+// exact while v * m is an fp16 normal (m a power of two, |v * m| <= 448; smaller products
+// become e4m3 zeros either way), m clamped to a finite fp16.
+__device__ __forceinline__ void quant_put_e4m3x8_f16(void* q, unsigned p0, unsigned p1, unsigned p2, unsigned p3, float m) {
+  __half2 m2 = __half2half2(__float2half_rn(fminf(m, 65504.0f)));
+  unsigned p[4] = {p0, p1, p2, p3}, r[4];
+  #pragma unroll
+  for (int h = 0; h < 4; ++h) {
+    __half2 v = __hmul2(*reinterpret_cast<__half2*>(&p[h]), m2);
+    r[h] = __nv_cvt_halfraw2_to_fp8x2(static_cast<__half2_raw>(v), __NV_SATFINITE, __NV_E4M3);
+  }
+  unsigned a = r[0] | r[1] << 16, b = r[2] | r[3] << 16;  // bytes v0 v4 v1 v5 | v2 v6 v3 v7
+  static_cast<unsigned*>(q)[0] = __byte_perm(a, b, 0x6420);
+  static_cast<unsigned*>(q)[1] = __byte_perm(a, b, 0x7531);
+}
+#endif
+"""
+
+
+def absmax_f16x8(pr, at):
+    """fp32 max |v| over the fp16 pairs ``pr[at:at + 4]`` (``prelude=PRELUDE``)."""
+    return T.call_extern("float32", "quant_absmax_f16x8", pr[at], pr[at + 1], pr[at + 2], pr[at + 3])
+
+
+def put_e4m3x8_f16(q, at, pr, pat, m):
+    """``q[at:at + 8]`` = e4m3 of the pairs ``pr[pat:pat + 4]`` times ``m`` (``prelude=PRELUDE``)."""
+    return T.evaluate(T.call_extern("handle", "quant_put_e4m3x8_f16", T.address_of(q[at]), pr[pat], pr[pat + 1], pr[pat + 2], pr[pat + 3], m))
+
+
+def put_e4m3x4(q, at, a, b, c, d):
+    """``q[at:at + 4] = e4m3(a, b, c, d)``; ``at`` a multiple of 4, the kernel built with ``prelude=PRELUDE``."""
+    return T.evaluate(T.call_extern("handle", "quant_put_e4m3x4", T.address_of(q[at]), a, b, c, d))
+
 
 @tlx.jit(target=TARGET)
-def block_cast_kernel(K: int, block: int, in_dtype: str, pow2: bool = False):
+def block_cast_kernel(K: int, block: int, in_dtype: str, pow2: bool = False, threads: int = CTA_THREADS, fast: bool = True):
     """``in_dtype`` "bfloat16"/"float32" (X ``[N, K]``) or "e2m1" (MXFP4: X ``[N, K/2]`` uint8 and
     UE8M0 codes C ``[N, K/32]``, decoded exactly: FP4 -> FP8 re-blocking into 128x128 tiles)."""
     N = T.dynamic("N")
-    rows = block // 16  # rows per thread
+    stride = threads // 16  # rows per pass of the CTA
+    rows = block // stride  # rows per thread
     nb = WIDTH // block  # tiles per CTA
     col_bits = (block // LANE_ELEMS).bit_length() - 1  # lane bits 0..col_bits-1 and bit 4 share a tile (max 4)
     elems = rows * LANE_ELEMS
 
     @T.macro
-    def finish(xf, Q, S, tx, bx, by, r0, c0, cb):
-        red = T.alloc_shared((CTA_THREADS // 32, nb), T.float32)
-        qv = T.alloc_local((elems,), T.float8_e4m3fn)
+    def block_inv(amax_in, inv_s, S, tx, bx, by, cb):
+        """``inv_s[cb]`` = 1 / the scale of tile ``cb`` from each thread's ``amax_in``; writes S."""
+        red = T.alloc_shared((threads // 32, nb), T.float32)
         amax = T.alloc_var(T.float32)
         total = T.alloc_var(T.float32)
-        inv = T.alloc_var(T.float32)
-        amax = T.float32(0)
-        for v in T.unroll(elems):
-            amax = T.max(amax, T.abs(xf[v]))
+        amax = amax_in
         for k in T.unroll(min(col_bits, 4) + 1):
             amax = T.max(amax, T.shfl_xor(amax, T.if_then_else(k < col_bits, 1 << k, 16)))
         if tx % 32 < 16 and tx % (block // LANE_ELEMS) == 0:
             red[tx // 32, cb] = amax
         T.sync_threads()
-        total = T.float32(0)
-        for w in T.unroll(CTA_THREADS // 32):
-            total = T.max(total, red[w, cb])
-        scale, _ = group_scale(total, "e4m3", pow2)
-        inv = T.float32(1.0) / scale
+        if tx < nb:  # one thread per tile: the scale and its reciprocal
+            total = T.float32(0)
+            for w in T.unroll(threads // 32):
+                total = T.max(total, red[w, tx])
+            scale, _ = group_scale(total, "e4m3", pow2)
+            inv_s[tx] = T.float32(1.0) / scale
+            S[by, bx * nb + tx] = scale
+        T.sync_threads()
+
+    @T.macro
+    def finish(xf, Q, S, tx, bx, by, r0, c0, cb):
+        qv = T.alloc_local((elems,), T.float8_e4m3fn)
+        amax = T.alloc_var(T.float32)
+        inv = T.alloc_var(T.float32)
+        amax = T.float32(0)
         for v in T.unroll(elems):
-            qv[v] = cast_e4m3(xf[v] * inv)
+            amax = T.max(amax, T.abs(xf[v]))
+        inv_s = T.alloc_shared((nb,), T.float32)
+        block_inv(amax, inv_s, S, tx, bx, by, cb)
+        inv = inv_s[cb]
+        for v in T.unroll(elems // 4):
+            put_e4m3x4(qv, 4 * v, xf[4 * v] * inv, xf[4 * v + 1] * inv, xf[4 * v + 2] * inv, xf[4 * v + 3] * inv)
         for i in T.unroll(rows):
             for v in T.vectorized(LANE_ELEMS):
-                Q[r0 + 16 * i, c0 + v] = qv[i * LANE_ELEMS + v]
-        if tx < 16 and tx % (block // LANE_ELEMS) == 0:
-            S[by, bx * nb + cb] = scale
+                Q[r0 + stride * i, c0 + v] = qv[i * LANE_ELEMS + v]
+
+    if in_dtype == "e2m1" and fast:
+
+        @T.prim_func
+        def kernel(X: T.Tensor((N, K // 2), T.uint8), C: T.Tensor((N, K // 32), T.uint8),
+                   Q: T.Tensor((N, K), T.float8_e4m3fn), S: T.Tensor((N // block, K // block), T.float32)):
+            with T.Kernel(K // WIDTH, N // block, threads=threads, prelude=PRELUDE) as (bx, by):
+                tx = T.get_thread_binding()
+                xb = T.alloc_local((rows * 4,), T.uint8)
+                cv = T.alloc_local((rows,), T.uint8)
+                pr = T.alloc_local((rows * 4,), T.uint32)
+                qv = T.alloc_local((elems,), T.float8_e4m3fn)
+                amax = T.alloc_var(T.float32)
+                inv = T.alloc_var(T.float32)
+                r0 = by * block + tx // 16
+                c0 = bx * WIDTH + tx % 16 * LANE_ELEMS
+                for i in T.unroll(rows):
+                    for v in T.vectorized(4):
+                        xb[i * 4 + v] = X[r0 + stride * i, c0 // 2 + v]
+                    cv[i] = C[r0 + stride * i, c0 // 32]
+                amax = T.float32(0)
+                for i in T.unroll(rows):
+                    for h in T.unroll(4):
+                        pr[i * 4 + h] = e2m1_f16_pair(word(xb, i * 4), h)
+                    amax = T.max(amax, absmax_f16x8(pr, i * 4) * ue8m0_value(T.Cast(T.uint32, cv[i])))
+                inv_s = T.alloc_shared((nb,), T.float32)
+                block_inv(amax, inv_s, S, tx, bx, by, tx % 16 * LANE_ELEMS // block)
+                inv = inv_s[tx % 16 * LANE_ELEMS // block]
+                for i in T.unroll(rows):
+                    sc = ue8m0_value(T.Cast(T.uint32, cv[i]))
+                    if cv[i] <= T.uint8(252):  # x = v * sc cannot overflow: one fp16 multiply by sc * inv
+                        put_e4m3x8_f16(qv, i * 8, pr, i * 4, sc * inv)
+                    else:  # the rule as written: (v * sc) * inv in fp32
+                        for e in T.unroll(2):
+                            put_e4m3x4(qv, i * 8 + e * 4, *[f16_half(pr[i * 4 + h], e) * sc * inv for h in range(4)])
+                    for v in T.vectorized(LANE_ELEMS):
+                        Q[r0 + stride * i, c0 + v] = qv[i * LANE_ELEMS + v]
+
+        return kernel
 
     if in_dtype == "e2m1":
 
         @T.prim_func
         def kernel(X: T.Tensor((N, K // 2), T.uint8), C: T.Tensor((N, K // 32), T.uint8),
                    Q: T.Tensor((N, K), T.float8_e4m3fn), S: T.Tensor((N // block, K // block), T.float32)):
-            with T.Kernel(K // WIDTH, N // block, threads=CTA_THREADS) as (bx, by):
+            with T.Kernel(K // WIDTH, N // block, threads=threads, prelude=PRELUDE) as (bx, by):
                 tx = T.get_thread_binding()
                 xb = T.alloc_local((rows * LANE_ELEMS // 2,), T.uint8)
                 xf = T.alloc_local((elems,), T.float32)
@@ -71,18 +178,19 @@ def block_cast_kernel(K: int, block: int, in_dtype: str, pow2: bool = False):
                 c0 = bx * WIDTH + tx % 16 * LANE_ELEMS
                 for i in T.unroll(rows):
                     for v in T.vectorized(LANE_ELEMS // 2):
-                        xb[i * LANE_ELEMS // 2 + v] = X[r0 + 16 * i, c0 // 2 + v]
-                    sc = ue8m0_value(T.Cast(T.uint32, C[r0 + 16 * i, c0 // 32]))
-                    for v in T.unroll(LANE_ELEMS // 2):
-                        xf[i * LANE_ELEMS + 2 * v] = e2m1_value(T.Cast(T.uint32, xb[i * LANE_ELEMS // 2 + v]) & T.uint32(15)) * sc
-                        xf[i * LANE_ELEMS + 2 * v + 1] = e2m1_value(T.Cast(T.uint32, xb[i * LANE_ELEMS // 2 + v]) >> T.uint32(4)) * sc
+                        xb[i * LANE_ELEMS // 2 + v] = X[r0 + stride * i, c0 // 2 + v]
+                    sc = ue8m0_value(T.Cast(T.uint32, C[r0 + stride * i, c0 // 32]))
+                    for h in T.unroll(4):
+                        pair = e2m1_f16_pair(word(xb, i * 4), h)
+                        xf[i * LANE_ELEMS + h] = f16_half(pair, 0) * sc
+                        xf[i * LANE_ELEMS + h + 4] = f16_half(pair, 1) * sc
                 finish(xf, Q, S, tx, bx, by, r0, c0, tx % 16 * LANE_ELEMS // block)
 
         return kernel
 
     @T.prim_func
     def kernel(X: T.Tensor((N, K), in_dtype), Q: T.Tensor((N, K), T.float8_e4m3fn), S: T.Tensor((N // block, K // block), T.float32)):
-        with T.Kernel(K // WIDTH, N // block, threads=CTA_THREADS) as (bx, by):
+        with T.Kernel(K // WIDTH, N // block, threads=threads, prelude=PRELUDE) as (bx, by):
             tx = T.get_thread_binding()
             xv = T.alloc_local((elems,), in_dtype)
             xf = T.alloc_local((elems,), T.float32)
@@ -90,7 +198,7 @@ def block_cast_kernel(K: int, block: int, in_dtype: str, pow2: bool = False):
             c0 = bx * WIDTH + tx % 16 * LANE_ELEMS
             for i in T.unroll(rows):
                 for v in T.vectorized(LANE_ELEMS):
-                    xv[i * LANE_ELEMS + v] = X[r0 + 16 * i, c0 + v]
+                    xv[i * LANE_ELEMS + v] = X[r0 + stride * i, c0 + v]
             for v in T.unroll(elems):
                 xf[v] = T.Cast(T.float32, xv[v])
             finish(xf, Q, S, tx, bx, by, r0, c0, tx % 16 * LANE_ELEMS // block)

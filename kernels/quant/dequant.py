@@ -5,57 +5,101 @@ multiply, then round to nearest even), rules in ``reference.py``.
   or of ``B x B`` blocks (``[M/B, N/B]``).
 - :func:`dequant_e2m1`: MXFP4 ``[M, N/2]`` uint8 with UE8M0 codes ``[M, N/32]``.
 
-A thread owns 16 consecutive elements (one 16-byte e4m3 or 8-byte e2m1 load, one scale) and
-writes 32 or 64 bytes with 16-byte stores. M is dynamic.
+A thread owns ``chunks`` pieces of ``vec`` consecutive elements, a CTA-wide stride apart, so
+each warp store covers one contiguous span; all loads (values and scales) are issued before
+the first store, for memory-level parallelism. M is dynamic.
 """
 
 import torch
 import tilelang.language as T
 
 import tlx
-from kernels.quant.common import EPT, TARGET, THREADS, TORCH_DTYPES, check_2d, check_cuda, e2m1_value, ue8m0_value
+from kernels.quant.common import TARGET, THREADS, TORCH_DTYPES, check_2d, check_cuda, ue8m0_value
 
 OUT_DTYPES = {torch.bfloat16: "bfloat16", torch.float32: "float32"}
 
+# The high bytes of the fp16 values of the e2m1 magnitudes 0, 0.5, 1, 1.5 | 2, 3, 4, 6 (their
+# low bytes are all zero): a byte-permute table indexed by the 3-bit magnitude code.
+E2M1_F16_TABLE = (0x3E3C3800, 0x46444240)
+
+
+def byte_perm(a, b, sel):
+    """CUDA ``__byte_perm`` (PRMT): byte ``n`` of the result is byte ``sel[4n:4n+3]`` of ``b:a``."""
+    return T.call_extern("uint32", "__byte_perm", a, b, sel)
+
+
+def e2m1_f16_pair(w, i):
+    """uint32 holding the exact fp16 values of e2m1 codes ``i`` (low half) and ``i + 4`` (high
+    half) of the 8 codes packed in ``w`` (code ``k`` in bits ``4k..4k+3``), ``0 <= i < 4``.
+
+    The bytes of ``w`` are reordered to 0, 2, 1, 3 so that the magnitudes of codes i and i + 4
+    sit 8 bits apart and index the fp16 table in one PRMT; their sign bits, 16 apart in ``w``,
+    land on bits 15 and 31 with one shift."""
+    u = T.uint32
+    x = byte_perm(w, u(0), u(0x3120))
+    y = T.if_then_else(i < 2, x << u(4), x >> u(12))
+    mag = byte_perm(u(E2M1_F16_TABLE[0]), u(E2M1_F16_TABLE[1]), (y >> T.Cast("uint32", 4 * (i % 2))) & u(0x7070))
+    return mag | ((w << T.Cast("uint32", 12 - 4 * i)) & u(0x80008000))
+
+
+def f16_half(p, hi: int):
+    """Half ``hi`` of a uint32 holding two fp16 values, as an exact fp32."""
+    return T.Cast(T.float32, T.reinterpret(T.Cast(T.uint16, (p >> T.uint32(16 * hi)) & T.uint32(0xFFFF)), T.float16))
+
+
+def word(b, at):
+    """Little-endian uint32 from 4 uint8 of the local array ``b`` starting at ``at``."""
+    return (T.Cast(T.uint32, b[at]) | (T.Cast(T.uint32, b[at + 1]) << T.uint32(8))
+            | (T.Cast(T.uint32, b[at + 2]) << T.uint32(16)) | (T.Cast(T.uint32, b[at + 3]) << T.uint32(24)))
+
 
 @tlx.jit(target=TARGET)
-def dequant_kernel(N: int, in_fmt: str, block_rows: int, block_cols: int, out_dtype: str):
-    """``in_fmt`` "e4m3" (fp32 scales of ``block_rows x block_cols`` tiles) or "e2m1" (UE8M0 per 1x32)."""
+def dequant_kernel(N: int, in_fmt: str, block_rows: int, block_cols: int, out_dtype: str, vec: int = 0, chunks: int = 4):
+    """``in_fmt`` "e4m3" (fp32 scales of ``block_rows x block_cols`` tiles) or "e2m1" (UE8M0 per 1x32).
+    ``vec`` elements per piece (0: one 16-byte store, 8 at least for e2m1), ``chunks`` pieces per thread."""
     M = T.dynamic("M")
-    cpr = N // EPT
+    out_bytes = 2 if out_dtype == "bfloat16" else 4
+    vec = vec or (8 if in_fmt == "e2m1" else 16 // out_bytes)  # e2m1: whole 32-bit words of codes
+    cpr = N // vec
     if in_fmt == "e2m1":
         q_shape, q_dtype, s_shape, s_dtype = (M, N // 2), T.uint8, (M, N // 32), T.uint8
+        qn = vec // 2
     else:
         q_shape, q_dtype = (M, N), T.float8_e4m3fn
         s_shape, s_dtype = (T.ceildiv(M, block_rows), N // block_cols), T.float32
+        qn = vec
 
     @T.prim_func
     def kernel(Q: T.Tensor(q_shape, q_dtype), S: T.Tensor(s_shape, s_dtype), Y: T.Tensor((M, N), out_dtype)):
-        with T.Kernel(T.ceildiv(M * cpr, THREADS), threads=THREADS) as bx:
+        with T.Kernel(T.ceildiv(M * cpr, THREADS * chunks), threads=THREADS) as bx:
             tx = T.get_thread_binding()
-            yv = T.alloc_local((EPT,), out_dtype)
-            sc = T.alloc_var(T.float32)
-            c = bx * THREADS + tx
-            row = c // cpr
-            col = c % cpr * EPT
-            if c < M * cpr:
-                if in_fmt == "e2m1":
-                    qb = T.alloc_local((EPT // 2,), T.uint8)
-                    for v in T.vectorized(EPT // 2):
-                        qb[v] = Q[row, col // 2 + v]
-                    sc = ue8m0_value(T.Cast(T.uint32, S[row, col // 32]))
-                    for v in T.unroll(EPT // 2):
-                        yv[2 * v] = T.Cast(out_dtype, e2m1_value(T.Cast(T.uint32, qb[v]) & T.uint32(15)) * sc)
-                        yv[2 * v + 1] = T.Cast(out_dtype, e2m1_value(T.Cast(T.uint32, qb[v]) >> T.uint32(4)) * sc)
-                else:
-                    qv = T.alloc_local((EPT,), T.float8_e4m3fn)
-                    for v in T.vectorized(EPT):
-                        qv[v] = Q[row, col + v]
-                    sc = S[row // block_rows, col // block_cols]
-                    for v in T.unroll(EPT):
-                        yv[v] = T.Cast(out_dtype, T.Cast(T.float32, qv[v]) * sc)
-                for v in T.vectorized(EPT):
-                    Y[row, col + v] = yv[v]
+            qv = T.alloc_local((chunks * qn,), q_dtype)
+            sv = T.alloc_local((chunks,), s_dtype)
+            yv = T.alloc_local((vec,), out_dtype)
+            for j in T.unroll(chunks):
+                c = (bx * chunks + j) * THREADS + tx
+                if c < M * cpr:
+                    for v in T.vectorized(qn):
+                        qv[j * qn + v] = Q[c // cpr, c % cpr * qn + v]
+                    if in_fmt == "e2m1":
+                        sv[j] = S[c // cpr, c % cpr * vec // 32]
+                    else:
+                        sv[j] = S[c // cpr // block_rows, c % cpr * vec // block_cols]
+            for j in T.unroll(chunks):
+                c = (bx * chunks + j) * THREADS + tx
+                if c < M * cpr:
+                    if in_fmt == "e2m1":
+                        sc = ue8m0_value(T.Cast(T.uint32, sv[j]))
+                        for i in T.unroll(vec // 8):
+                            for h in T.unroll(4):
+                                pair = e2m1_f16_pair(word(qv, j * qn + i * 4), h)
+                                yv[i * 8 + h] = T.Cast(out_dtype, f16_half(pair, 0) * sc)
+                                yv[i * 8 + h + 4] = T.Cast(out_dtype, f16_half(pair, 1) * sc)
+                    else:
+                        for v in T.unroll(vec):
+                            yv[v] = T.Cast(out_dtype, T.Cast(T.float32, qv[j * qn + v]) * sv[j])
+                    for v in T.vectorized(vec):
+                        Y[c // cpr, c % cpr * vec + v] = yv[v]
 
     return kernel
 
