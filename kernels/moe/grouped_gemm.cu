@@ -1,11 +1,11 @@
 // CUDA C++ baseline of kernels/moe/grouped_gemm.py, written for clarity, not speed.
 //
-// It issues the same tensor-core instruction as the TileLang kernel, wgmma
-// m64n64k32.f32.e4m3.e4m3 with both operands K-major in 128-byte-swizzled shared memory,
-// in the same K order: per 128-wide K block, four k32 steps into a zeroed fp32
-// accumulator, then total = fma(block, sa[row, kb] * sb[e, n / 128, kb], total), K blocks
-// ascending, one rounding to bf16. One warpgroup computes one 64 x 64 output tile; the
-// tiles are filled with plain loads (no TMA, no pipelining).
+// It issues wgmma m64n64k32.f32.e4m3.e4m3 (the TileLang kernels issue m64n128k32: per output
+// element the same k32 steps, bitwise equal on the H200) with both operands K-major in
+// 128-byte-swizzled shared memory, in the same K order: per 128-wide K block, four k32 steps
+// into a zeroed fp32 accumulator, then total = fma(block, sa[row, kb] * sb[e, n / 128, kb],
+// total), K blocks ascending, one rounding to bf16. One warpgroup computes one 64 x 64 output
+// tile; the tiles are filled with plain loads (no TMA, no pipelining).
 #include <cuda_bf16.h>
 
 #include "common.cuh"

@@ -5,23 +5,32 @@ Per 128-wide K block the tensor cores accumulate the block's raw e4m3 products i
 (wgmma, K in steps of 32, starting from zero); the block result is then scaled by
 ``sa[row, kb] * sb[n // 128, kb]`` and added to the fp32 total with one fma
 (``total = fma(block, scale, total)``), K blocks in ascending order; the total is rounded
-to bf16 once. ``grouped_gemm.cu`` repeats this with hand-written wgmma of the same shape.
+to bf16 once. ``grouped_gemm.cu`` repeats this with hand-written wgmma (m64n64k32; the kernels
+here issue m64n128k32, the same per-element sums, bitwise equal on the H200).
 
 Layouts:
 
 * contiguous: A [R, K] holds the experts' rows stacked, each expert padded to 128 rows
   (``metadata.routing_metadata``); ``block_expert[R // 128]`` names each row block's
-  expert, -1 for blocks past the end (not computed, C rows left untouched).
+  expert, -1 for blocks not computed (C rows left untouched).
 * masked: A [E, M, K] with ``counts[E]``; row blocks wholly past ``counts[e]`` are not
   computed; rows past the count inside a computed block hold A's (unspecified) rows' products.
+
+Both kernels: 128 x 128 output tiles, two consumer warpgroups of 64 rows (one m64n128k32 chain
+per K step), a TMA producer, each thread's two row scales read into registers before the stage
+is released. The contiguous kernel is scheduled by hand (persistent, A multicast across a
+2-CTA cluster, see ``grouped_gemm_contiguous_kernel``); the masked one uses TileLang's
+automatic warp specialization.
 """
 
+import functools
 
 import tilelang.language as T
 
 import tlx
 
 BLOCK_M = 128
+BLOCK_N = 128
 BLOCK_K = 128  # = the scale group: one fp32 promotion per K block
 
 # Symbolic sizes (module level so the kernel sources see them): rows, row blocks, masked rows,
@@ -32,48 +41,41 @@ mrows = T.dynamic("M")
 nexp = T.dynamic("E")
 
 
-def check_gemm_args(n: int, k: int, block_n: int):
+def check_gemm_args(n: int, k: int):
     if k % BLOCK_K:
         raise ValueError(f"k: expected a multiple of {BLOCK_K}, got {k}")
-    if n % 128 or block_n not in (64, 128):
-        raise ValueError(f"n/block_n: expected n a multiple of 128 and block_n in (64, 128), got {n}/{block_n}")
+    if n % BLOCK_N:
+        raise ValueError(f"n: expected a multiple of {BLOCK_N}, got {n}")
 
 
-@T.macro
-def _tile(A, SA, B, SB, C, lead, e, row0, col0, k, block_n, num_stages):
-    """One (128-row block, block_n columns) output tile: the DeepGEMM promotion loop over K
-    blocks, then one rounding to bf16. ``lead`` indexes the expert dimension of A/SA/C in the
-    masked layout and is empty in the contiguous one."""
-    A_s = T.alloc_shared((BLOCK_M, BLOCK_K), "float8_e4m3")
-    B_s = T.alloc_shared((block_n, BLOCK_K), "float8_e4m3")
-    C_s = T.alloc_shared((BLOCK_M, block_n), "bfloat16")
-    scale_s = T.alloc_shared((BLOCK_M,), "float32")
-    part = T.alloc_fragment((BLOCK_M, block_n), "float32")
-    total = T.alloc_fragment((BLOCK_M, block_n), "float32")
-    # The producer side also stages the scales (plain loads), so TileLang does not rebalance
-    # registers by itself; without these hints ptxas spills the consumers' accumulators
-    # (96 bytes per thread at block_n = 128). 256 * 40 + 256 * 208 fits the register file.
-    T.annotate_producer_reg_dealloc(40)
-    T.annotate_consumer_reg_alloc(208)
-    T.clear(total)
-    for kb in T.Pipelined(k // BLOCK_K, num_stages=num_stages):
-        T.copy(A[(*lead, row0, kb * BLOCK_K)], A_s)
-        T.copy(B[e, col0, kb * BLOCK_K], B_s)
-        for i in T.Parallel(BLOCK_M):
-            scale_s[i] = SA[(*lead, row0 + i, kb)] * SB[e, col0 // 128, kb]
-        T.clear(part)
-        T.gemm(A_s, B_s, part, transpose_B=True)
-        for i, j in T.Parallel(BLOCK_M, block_n):
-            total[i, j] = T.ieee_fmaf(part[i, j], scale_s[i], total[i, j])
-    T.copy(total, C_s)
-    T.copy(C_s, C[(*lead, row0, col0)])
+@tlx.jit(target={"kind": "cuda", "arch": "sm_90a"}, pass_configs={"tl.disable_warp_specialized": True})
+def grouped_gemm_contiguous_kernel(n: int, k: int, num_stages: int = 4, cluster: int = 2, num_sms: int = 132,
+                                   prefetch: bool = False):
+    """``(A [R, K], SA [R, K/128], B [E, N, K], SB [E, N/128, K/128], block_expert [R/128], C [R, N])``.
 
+    ``num_sms`` persistent CTAs (one per SM) walk the output tiles row block by row block; the
+    ``cluster`` CTAs of a cluster take neighbouring column tiles of the same rows, so the first
+    one multicasts the A tile to all (half the L2 reads of A at cluster 2). Per CTA one TMA
+    producer warpgroup (threads 256..383: TMA issue, then the 128 rows' ``sa * sb``) and two
+    consumer warpgroups (64 rows each). A stage is refilled once every consumer warp of the
+    cluster has released it (cluster-scope ``empty`` barriers)."""
+    check_gemm_args(n, k)
+    nt = n // BLOCK_N
+    if nt % cluster or num_sms % cluster:
+        raise ValueError(f"cluster: {cluster} must divide n // {BLOCK_N} = {nt} and num_sms = {num_sms}")
+    kblocks = k // BLOCK_K
+    nclusters = num_sms // cluster
+    groups = nt // cluster  # cluster tiles per row block
 
-@tlx.jit(target={"kind": "cuda", "arch": "sm_90a"})
-def grouped_gemm_contiguous_kernel(n: int, k: int, block_n: int = 128, num_stages: int = 4,
-                                   threads: int = 256):
-    """``(A [R, K], SA [R, K/128], B [E, N, K], SB [E, N/128, K/128], block_expert [R/128], C [R, N])``."""
-    check_gemm_args(n, k, block_n)
+    # Cluster tile p of a CTA's loop step w; its row block and the CTA's column offset.
+    def tile(w, pid):
+        return w * nclusters + pid // cluster
+
+    def row_block(w, pid):
+        return tile(w, pid) // groups
+
+    def col0(w, pid):
+        return (tile(w, pid) % groups * cluster + pid % cluster) * BLOCK_N
 
     @T.prim_func
     def main(
@@ -84,20 +86,87 @@ def grouped_gemm_contiguous_kernel(n: int, k: int, block_n: int = 128, num_stage
         block_expert: T.Tensor((nblocks,), "int32"),
         C: T.Tensor((nrows, n), "bfloat16"),
     ):
-        with T.Kernel(n // block_n, nblocks, threads=threads) as (bx, by):
-            # block_expert[by] is re-read rather than bound to a name: a bound scalar breaks
-            # TileLang 0.1.15's warp specialization (used before its definition).
-            if block_expert[by] >= 0:
-                _tile(A, SA, B, SB, C, (), block_expert[by], by * BLOCK_M, bx * block_n, k, block_n, num_stages)
+        with T.ClusterKernel(num_sms, cluster_dims=(cluster, 1, 1), threads=384) as pid:
+            A_s = T.alloc_shared((num_stages, BLOCK_M, BLOCK_K), "float8_e4m3")
+            B_s = T.alloc_shared((num_stages, BLOCK_N, BLOCK_K), "float8_e4m3")
+            scale_s = T.alloc_shared((num_stages, BLOCK_M), "float32")
+            C_s = T.alloc_shared((BLOCK_M, BLOCK_N), "bfloat16")
+            scale_f = T.alloc_fragment((BLOCK_M,), "float32")
+            part = T.alloc_fragment((BLOCK_M, BLOCK_N), "float32")
+            total = T.alloc_fragment((BLOCK_M, BLOCK_N), "float32")
+            full = T.alloc_barrier([128] * num_stages)  # the producer's 128 threads + the TMA bytes
+            empty = T.alloc_cluster_barrier([8 * cluster] * num_stages)  # every consumer warp of the cluster
+            it = T.alloc_var("int32", init=0)  # K blocks this CTA has passed: stage and phase
+            sa_v = T.alloc_var("float32")
+            sb_v = T.alloc_var("float32")
+            tx = T.get_thread_binding()
+            T.cluster_sync()
+            if tx >= 256:
+                T.set_max_nreg(40, 0)
+                for w in T.serial(T.ceildiv(nblocks * groups, nclusters)):
+                    if tile(w, pid) < nblocks * groups:
+                        if block_expert[row_block(w, pid)] >= 0:
+                            if prefetch:
+                                sa_v = SA[row_block(w, pid) * BLOCK_M + tx - 256, 0]
+                                sb_v = SB[block_expert[row_block(w, pid)], col0(w, pid) // 128, 0]
+                            for kb in T.serial(kblocks):
+                                T.mbarrier_wait_parity(empty[it % num_stages], ((it // num_stages) & 1) ^ 1)
+                                if cluster > 1:
+                                    T.tma_copy(A[row_block(w, pid) * BLOCK_M:row_block(w, pid) * BLOCK_M + BLOCK_M,
+                                                 kb * BLOCK_K:(kb + 1) * BLOCK_K],
+                                               A_s[it % num_stages, :, :], barrier=full[it % num_stages],
+                                               cluster_mask=(1 << cluster) - 1)
+                                else:
+                                    T.tma_copy(A[row_block(w, pid) * BLOCK_M:row_block(w, pid) * BLOCK_M + BLOCK_M,
+                                                 kb * BLOCK_K:(kb + 1) * BLOCK_K],
+                                               A_s[it % num_stages, :, :], barrier=full[it % num_stages])
+                                T.tma_copy(B[block_expert[row_block(w, pid)], col0(w, pid):col0(w, pid) + BLOCK_N,
+                                             kb * BLOCK_K:(kb + 1) * BLOCK_K],
+                                           B_s[it % num_stages, :, :], barrier=full[it % num_stages])
+                                if prefetch:
+                                    # this K block's scales were loaded one iteration ahead
+                                    scale_s[it % num_stages, tx - 256] = sa_v * sb_v
+                                    if kb + 1 < kblocks:
+                                        sa_v = SA[row_block(w, pid) * BLOCK_M + tx - 256, kb + 1]
+                                        sb_v = SB[block_expert[row_block(w, pid)], col0(w, pid) // 128, kb + 1]
+                                else:
+                                    # the scales' global loads overlap the TMA transfers
+                                    scale_s[it % num_stages, tx - 256] = (
+                                        SA[row_block(w, pid) * BLOCK_M + tx - 256, kb]
+                                        * SB[block_expert[row_block(w, pid)], col0(w, pid) // 128, kb])
+                                T.mbarrier_arrive(full[it % num_stages])
+                                it = it + 1
+            else:
+                T.set_max_nreg(232, 1)
+                for w in T.serial(T.ceildiv(nblocks * groups, nclusters)):
+                    if tile(w, pid) < nblocks * groups:
+                        if block_expert[row_block(w, pid)] >= 0:
+                            T.clear(total)
+                            for kb in T.serial(kblocks):
+                                T.mbarrier_wait_parity(full[it % num_stages], (it // num_stages) & 1)
+                                for i in T.Parallel(BLOCK_M):
+                                    scale_f[i] = scale_s[it % num_stages, i]
+                                T.clear(part)
+                                T.gemm(A_s[it % num_stages, :, :], B_s[it % num_stages, :, :], part, transpose_B=True,
+                                       policy=T.GemmWarpPolicy.FullRow)
+                                # lane r of every consumer warp releases the stage in the cluster's CTA r
+                                if tx % 32 < cluster:
+                                    T.mbarrier_arrive(empty[it % num_stages], cta_id=tx % 32)
+                                for i, j in T.Parallel(BLOCK_M, BLOCK_N):
+                                    total[i, j] = T.ieee_fmaf(part[i, j], scale_f[i], total[i, j])
+                                it = it + 1
+                            T.copy(total, C_s)
+                            T.copy(C_s, C[row_block(w, pid) * BLOCK_M, col0(w, pid)])
+            # no CTA leaves while a peer may still multicast into it or arrive on its barriers
+            T.cluster_sync()
 
     return main
 
 
 @tlx.jit(target={"kind": "cuda", "arch": "sm_90a"})
-def grouped_gemm_masked_kernel(n: int, k: int, block_n: int = 128, num_stages: int = 4,
-                               threads: int = 256):
+def grouped_gemm_masked_kernel(n: int, k: int, num_stages: int = 4):
     """``(A [E, M, K], SA [E, M, K/128], B [E, N, K], SB [E, N/128, K/128], counts [E], C [E, M, N])``."""
-    check_gemm_args(n, k, block_n)
+    check_gemm_args(n, k)
 
     @T.prim_func
     def main(
@@ -108,9 +177,35 @@ def grouped_gemm_masked_kernel(n: int, k: int, block_n: int = 128, num_stages: i
         counts: T.Tensor((nexp,), "int32"),
         C: T.Tensor((nexp, mrows, n), "bfloat16"),
     ):
-        with T.Kernel(n // block_n, T.ceildiv(mrows, BLOCK_M), nexp, threads=threads) as (bx, by, bz):
+        with T.Kernel(n // BLOCK_N, T.ceildiv(mrows, BLOCK_M), nexp, threads=256) as (bx, by, bz):
             if by * BLOCK_M < counts[bz]:
-                _tile(A, SA, B, SB, C, (bz,), bz, by * BLOCK_M, bx * block_n, k, block_n, num_stages)
+                A_s = T.alloc_shared((BLOCK_M, BLOCK_K), "float8_e4m3")
+                B_s = T.alloc_shared((BLOCK_N, BLOCK_K), "float8_e4m3")
+                C_s = T.alloc_shared((BLOCK_M, BLOCK_N), "bfloat16")
+                scale_s = T.alloc_shared((BLOCK_M,), "float32")
+                scale_f = T.alloc_fragment((BLOCK_M,), "float32")
+                part = T.alloc_fragment((BLOCK_M, BLOCK_N), "float32")
+                total = T.alloc_fragment((BLOCK_M, BLOCK_N), "float32")
+                # The producer side also stages the scales (plain loads), so TileLang does not
+                # rebalance registers by itself; without these hints ptxas spills the consumers'
+                # accumulators. 256 * 40 + 256 * 208 fits the register file.
+                T.annotate_producer_reg_dealloc(40)
+                T.annotate_consumer_reg_alloc(208)
+                T.clear(total)
+                for kb in T.Pipelined(k // BLOCK_K, num_stages=num_stages):
+                    T.copy(A[bz, by * BLOCK_M, kb * BLOCK_K], A_s)
+                    T.copy(B[bz, bx * BLOCK_N, kb * BLOCK_K], B_s)
+                    for i in T.Parallel(BLOCK_M):
+                        scale_s[i] = SA[bz, by * BLOCK_M + i, kb] * SB[bz, bx * BLOCK_N // 128, kb]
+                    T.clear(part)
+                    # read before the gemm, whose completion releases the stage to the producer
+                    for i in T.Parallel(BLOCK_M):
+                        scale_f[i] = scale_s[i]
+                    T.gemm(A_s, B_s, part, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
+                    for i, j in T.Parallel(BLOCK_M, BLOCK_N):
+                        total[i, j] = T.ieee_fmaf(part[i, j], scale_f[i], total[i, j])
+                T.copy(total, C_s)
+                T.copy(C_s, C[bz, by * BLOCK_M, bx * BLOCK_N])
 
     return main
 
@@ -118,6 +213,14 @@ def grouped_gemm_masked_kernel(n: int, k: int, block_n: int = 128, num_stages: i
 def _check(name, t, dtype, shape):
     if t.dtype != dtype or tuple(t.shape) != tuple(shape):
         raise ValueError(f"{name}: expected {dtype} of shape {tuple(shape)}, got {t.dtype} of shape {tuple(t.shape)}")
+
+
+@functools.cache
+def persistent_ctas(device_index: int) -> int:
+    """One CTA per SM, an even count (2-CTA clusters)."""
+    import torch
+
+    return torch.cuda.get_device_properties(device_index).multi_processor_count // 2 * 2
 
 
 def grouped_gemm_contiguous(a, sa, b, sb, block_expert, out=None):
@@ -135,7 +238,8 @@ def grouped_gemm_contiguous(a, sa, b, sb, block_expert, out=None):
         raise ValueError(f"a: expected rows a multiple of {BLOCK_M}, got {r}")
     if out is None:
         out = torch.empty(r, n, dtype=torch.bfloat16, device=a.device)
-    grouped_gemm_contiguous_kernel(n, k)(a, sa, b, sb, block_expert, out)
+    kernel = grouped_gemm_contiguous_kernel(n, k, num_sms=persistent_ctas(a.device.index))
+    kernel(a, sa, b, sb, block_expert, out)
     return out
 
 

@@ -1,0 +1,219 @@
+"""FP8 grouped GEMM variants side by side (issue 6), next to torch._scaled_mm on the dense shape.
+
+Shapes (contiguous layout, rows of each expert padded to 128):
+* large groups: experts x rows per expert of one (N, K), no padding;
+* V4 routed: T = 8192 tokens, top-6 of E experts drawn uniformly, for L1 (N = 2I, K = H) and
+  L2 (N = H, K = I) of V4-Flash (E 256, H 4096, I 2048) and V4-Pro (E 384, H 7168, I 3072).
+
+Each variant is a set of keyword arguments of ``grouped_gemm_contiguous_kernel``; its output is
+compared bit for bit with the CUDA baseline (``grouped_gemm.cu``) before it is timed. Timing: CUDA
+events around each call, warm-up, median. TFLOP/s count the routed rows (and, in brackets, all
+computed rows including padding); the dense rate is ``_scaled_mm`` with row-wise scales on
+[computed rows, K] x [K, N].
+
+Usage:
+  python bench/grouped_gemm.py --compile [--jobs 8]   # build every (variant, shape) kernel in parallel
+  python bench/grouped_gemm.py [--variants a,b] [--shapes x,y] [--json FILE]
+  python bench/grouped_gemm.py --ncu --variants a,b --shapes x   # one launch per variant, for ncu
+"""
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from kernels.moe.grouped_gemm import grouped_gemm_contiguous_kernel  # noqa: E402
+
+# name -> keyword arguments of grouped_gemm_contiguous_kernel. Round 1 (the earlier kernel with
+# TileLang's automatic warp specialization, 128 x 128 tiles) measured there: m64n64 wgmma pairs
+# 906 TFLOP/s on big_n4096_k7168; m64n128 + scales in registers 1058; hand-scheduled 1163.
+VARIANTS = {
+    "ws": {"num_sms": 132},  # the call grouped_gemm_contiguous makes on an H200
+    "ws_s5": {"num_sms": 132, "num_stages": 5},
+    "ws_c1": {"num_sms": 132, "cluster": 1},
+    "ws_pf": {"num_sms": 132, "prefetch": True},
+    "ws_pf_s5": {"num_sms": 132, "prefetch": True, "num_stages": 5},
+}
+
+# name -> (kind, experts, rows per expert or tokens, N, K)
+SHAPES = {
+    "big_n4096_k7168": ("group", 8, 4096, 4096, 7168),
+    "big_n7168_k4096": ("group", 4, 8192, 7168, 4096),
+    "flash_l1": ("routed", 256, 8192, 4096, 4096),
+    "flash_l2": ("routed", 256, 8192, 4096, 2048),
+    "pro_l1": ("routed", 384, 8192, 6144, 7168),
+    "pro_l2": ("routed", 384, 8192, 7168, 3072),
+}
+TOPK = 6
+
+# Which shapes each variant is built for and timed on (every pair is one compile), in build order.
+PLAN = {
+    "ws": list(SHAPES),
+    "ws_pf": list(SHAPES),
+    "ws_s5": ["big_n4096_k7168", "big_n7168_k4096", "flash_l1"],
+    "ws_pf_s5": ["big_n4096_k7168", "flash_l1"],
+    "ws_c1": ["big_n4096_k7168"],
+}
+
+
+BUILT = Path(os.environ.get("TLX_CACHE_DIR", Path.home() / ".cache" / "tlx")) / "bench_grouped_gemm_built.json"
+
+
+def _build(args):
+    name, shape = args
+    n, k = SHAPES[shape][3], SHAPES[shape][4]
+    t = time.time()
+    kern = grouped_gemm_contiguous_kernel(n, k, **VARIANTS[name])
+    return f"{name} {shape}: {time.time() - t:.0f} s, block {kern.metadata['launches'][0]['block']}"
+
+
+def built_pairs():
+    """(variant, shape) pairs the last --compile built; None when it did not run (build on demand)."""
+    return {tuple(p) for p in json.loads(BUILT.read_text())} if BUILT.exists() else None
+
+
+def compile_all(pairs, jobs):
+    import multiprocessing as mp
+
+    from tlx.numerics.parity import build_baseline
+
+    with ProcessPoolExecutor(jobs, mp_context=mp.get_context("spawn")) as pool:
+        futs = [pool.submit(_build, p) for p in pairs]
+        try:
+            build_baseline(Path(__file__).resolve().parents[1] / "kernels/moe/grouped_gemm.cu")
+            print("baseline built", flush=True)
+        except Exception as exc:  # no CUDA driver library on a CPU-only machine
+            print(f"baseline build FAILED: {exc!r}"[:500], flush=True)
+        done = []
+        for p, f in zip(pairs, futs):
+            try:
+                print(f.result(), flush=True)
+                done.append(p)
+            except Exception as exc:  # report and go on: one broken variant must not hide the others
+                print(f"FAILED {p}: {exc!r}"[:2000], flush=True)
+    BUILT.parent.mkdir(parents=True, exist_ok=True)
+    BUILT.write_text(json.dumps(done))
+
+
+def make_inputs(shape, seed=0):
+    import torch
+
+    kind, e, m, n, k = SHAPES[shape]
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    if kind == "group":
+        counts = torch.full((e,), m, dtype=torch.int64, device="cuda")
+    else:
+        scores = torch.rand(m, e, device="cuda", generator=g)
+        ids = scores.topk(TOPK, dim=1).indices
+        counts = torch.bincount(ids.flatten(), minlength=e)
+    padded = (counts + 127) // 128 * 128
+    block_expert = torch.repeat_interleave(torch.arange(e, device="cuda", dtype=torch.int32), padded // 128)
+    rows = int(padded.sum())
+
+    def e4m3(*s):
+        # moderate finite values (|v| in [0.5, 2)), random sign; built in uint8 to stay small
+        bits = torch.randint(0x30, 0x40, s, dtype=torch.uint8, device="cuda", generator=g)
+        bits |= torch.randint(0, 2, s, dtype=torch.uint8, device="cuda", generator=g) << 7
+        return bits.view(torch.float8_e4m3fn)
+
+    a = e4m3(rows, k)
+    sa = torch.rand(rows, k // 128, device="cuda", generator=g) + 0.5
+    b = torch.empty(e, n, k, dtype=torch.float8_e4m3fn, device="cuda")
+    for i in range(e):
+        b[i] = e4m3(n, k)
+    sb = torch.rand(e, n // 128, k // 128, device="cuda", generator=g) * 0.01 + 0.001
+    return dict(a=a, sa=sa, b=b, sb=sb, block_expert=block_expert, routed=int(counts.sum()), rows=rows, n=n, k=k)
+
+
+def timeit(fn, reps=10, warmup=3):
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn()
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e))
+    return statistics.median(times)
+
+
+def run(variants, shapes, out_json, ncu):
+    import torch
+
+    from tlx.numerics.parity import build_baseline
+
+    base = None if ncu else build_baseline(Path(__file__).resolve().parents[1] / "kernels/moe/grouped_gemm.cu")
+    results = []
+    built = built_pairs()
+    for shape in shapes:
+        names = [v for v in variants if shape in PLAN.get(v, ()) and (built is None or (v, shape) in built)]
+        if not names:
+            continue
+        x = make_inputs(shape)
+        n, k, rows, routed = x["n"], x["k"], x["rows"], x["routed"]
+        args = (x["a"], x["sa"], x["b"], x["sb"], x["block_expert"])
+        flops_r, flops_p = 2 * routed * n * k, 2 * rows * n * k
+        kerns = {v: grouped_gemm_contiguous_kernel(n, k, **VARIANTS[v]) for v in names}
+        if ncu:
+            for v in names:
+                kerns[v](*args, torch.empty(rows, n, dtype=torch.bfloat16, device="cuda"))
+            torch.cuda.synchronize()
+            continue
+        ref = torch.full((rows, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+        base.moe_grouped_gemm_contiguous(*args, ref)
+        bits_ref = ref.view(torch.int16)
+        line = {"shape": shape, "rows": rows, "routed": routed, "n": n, "k": k}
+        for v in names:
+            out = torch.full_like(ref, float("nan"))
+            kerns[v](*args, out)
+            torch.cuda.synchronize()
+            same = torch.equal(out.view(torch.int16), bits_ref)
+            ms = timeit(lambda: kerns[v](*args, out))
+            line[v] = {"ms": round(ms, 4), "tflops_routed": round(flops_r / ms / 1e9, 1),
+                       "tflops_padded": round(flops_p / ms / 1e9, 1), "bitwise_vs_baseline": same}
+            print(f"{shape:18s} {v:12s} {ms:8.3f} ms {flops_r / ms / 1e9:7.1f} TF routed "
+                  f"({flops_p / ms / 1e9:7.1f} computed) bitwise={same}", flush=True)
+        del ref, out
+        dense_b = x["b"][0].t()  # [K, N] column-major, as _scaled_mm wants
+        sca = torch.rand(rows, 1, device="cuda") + 0.5
+        scb = torch.rand(1, n, device="cuda") + 0.5
+        ms = timeit(lambda: torch._scaled_mm(x["a"], dense_b, scale_a=sca, scale_b=scb, out_dtype=torch.bfloat16))
+        line["scaled_mm_rowwise"] = {"ms": round(ms, 4), "tflops": round(flops_p / ms / 1e9, 1)}
+        print(f"{shape:18s} {'_scaled_mm':12s} {ms:8.3f} ms {flops_p / ms / 1e9:7.1f} TF dense on the computed rows", flush=True)
+        results.append(line)
+        del x, args, kerns
+        torch.cuda.empty_cache()
+    if out_json:
+        Path(out_json).write_text(json.dumps(results, indent=1))
+    return results
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--compile", action="store_true")
+    ap.add_argument("--jobs", type=int, default=8)
+    ap.add_argument("--ncu", action="store_true")
+    ap.add_argument("--variants", default=",".join(PLAN))
+    ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    variants, shapes = args.variants.split(","), args.shapes.split(",")
+    if args.compile:
+        compile_all([(v, s) for v in variants for s in PLAN.get(v, ()) if s in shapes], args.jobs)
+    else:
+        run(variants, shapes, args.json, args.ncu)
+
+
+if __name__ == "__main__":
+    main()
