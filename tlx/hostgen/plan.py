@@ -318,12 +318,15 @@ def _launch(callee, args, device_func, kernels, name) -> Launch:
     grid = [tirx.IntImm("int64", 1)] * 3
     block = [tirx.IntImm("int64", 1)] * 3
     dyn = tirx.IntImm("int64", 0)
+    cluster_dims = [1, 1, 1]
     for tag, value in zip(tags, dims):
         if tag in _LAUNCH_TAGS:
             which, i = _LAUNCH_TAGS[tag]
             (grid if which == "grid" else block)[i] = value
         elif tag == "tirx.use_dyn_shared_memory":
             dyn = value
+        elif tag.startswith("tir.cluster_dim_"):
+            cluster_dims["xyz".index(tag[-1])] = int(value)
         else:
             raise HostgenError(f"{name}: unsupported launch parameter {tag!r} of {callee}")
     arg_types = []
@@ -336,7 +339,7 @@ def _launch(callee, args, device_func, kernels, name) -> Launch:
             arg_types.append("ptr")
         else:
             arg_types.append(str(p.dtype))
-    cluster = None
+    cluster = cluster_dims if cluster_dims != [1, 1, 1] else None
     cdims = device_func.attrs.get("cluster_dims", None) if device_func.attrs else None
     if cdims is not None:
         cluster = [int(c) for c in cdims]
