@@ -175,6 +175,23 @@ def e2m1_pair_bf16(x2, inv2):
     return s
 
 
+def e2m1_scaled_pair(w, k, sc2):
+    """Codes ``k`` and ``k + 4`` of the uint32 ``w`` (8 codes) times the power of two ``sc2`` (bf16,
+    both halves; 0 and inf included) as two bf16 in a uint32, each equal to the fp32 product
+    ``e2m1_value(code) * scale`` rounded to bf16 -- exact: two significant bits times a power of
+    two, inf or NaN exactly where the fp32 product is (or below 2^-126, where both become e4m3
+    zeros of that sign).
+
+    The magnitudes, 16 bits apart in ``w``, land on bf16 exponent / mantissa bits 6..8 (the value
+    times 2^-126, a subnormal for 0.5), times 2^126 exactly, times ``sc2``; the signs, on bits 15
+    and 31, are applied to the product (``-x * s == -(x * s)``, a NaN stays a NaN)."""
+    u = T.uint32
+    k = T.Cast(u, k)
+    mag = T.if_then_else(k <= u(1), w << (u(6) - u(4) * k), w >> (u(4) * k - u(6))) & u(0x01C001C0)
+    x = bf16x2("mul", bf16x2("mul", mag, u(0x7E807E80)), sc2)
+    return x ^ ((w << (u(12) - u(4) * k)) & u(0x80008000))
+
+
 def e2m1_byte(s):
     """Low byte: the two codes of :func:`e2m1_pair_bf16`'s ``s``, the high one still without its
     sign (bits 8 and up are garbage)."""
