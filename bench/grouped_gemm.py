@@ -35,10 +35,10 @@ from kernels.moe.grouped_gemm import grouped_gemm_contiguous_kernel  # noqa: E40
 # 906 TFLOP/s on big_n4096_k7168; m64n128 + scales in registers 1058; hand-scheduled 1163.
 VARIANTS = {
     "ws": {"num_sms": 132},  # the call grouped_gemm_contiguous makes on an H200
-    "ws_s5": {"num_sms": 132, "num_stages": 5},
-    "ws_c1": {"num_sms": 132, "cluster": 1},
     "ws_pf": {"num_sms": 132, "prefetch": True},
+    "ws_pf_sl": {"num_sms": 132, "prefetch": True, "late_store_wait": True},
     "ws_pf_s5": {"num_sms": 132, "prefetch": True, "num_stages": 5},
+    "ws_c1": {"num_sms": 132, "cluster": 1},
 }
 
 # name -> (kind, experts, rows per expert or tokens, N, K)
@@ -56,7 +56,7 @@ TOPK = 6
 PLAN = {
     "ws": list(SHAPES),
     "ws_pf": list(SHAPES),
-    "ws_s5": ["big_n4096_k7168", "big_n7168_k4096", "flash_l1"],
+    "ws_pf_sl": list(SHAPES),
     "ws_pf_s5": ["big_n4096_k7168", "flash_l1"],
     "ws_c1": ["big_n4096_k7168"],
 }

@@ -50,7 +50,7 @@ def check_gemm_args(n: int, k: int):
 
 @tlx.jit(target={"kind": "cuda", "arch": "sm_90a"}, pass_configs={"tl.disable_warp_specialized": True})
 def grouped_gemm_contiguous_kernel(n: int, k: int, num_stages: int = 4, cluster: int = 2, num_sms: int = 132,
-                                   prefetch: bool = False):
+                                   prefetch: bool = False, late_store_wait: bool = False):
     """``(A [R, K], SA [R, K/128], B [E, N, K], SB [E, N/128, K/128], block_expert [R/128], C [R, N])``.
 
     ``num_sms`` persistent CTAs (one per SM) walk the output tiles row block by row block; the
@@ -155,8 +155,16 @@ def grouped_gemm_contiguous_kernel(n: int, k: int, num_stages: int = 4, cluster:
                                 for i, j in T.Parallel(BLOCK_M, BLOCK_N):
                                     total[i, j] = T.ieee_fmaf(part[i, j], scale_f[i], total[i, j])
                                 it = it + 1
-                            T.copy(total, C_s)
-                            T.copy(C_s, C[row_block(w, pid) * BLOCK_M, col0(w, pid)])
+                            if late_store_wait:
+                                # the previous tile's store must have read C_s; waited for only now
+                                T.tma_store_wait()
+                                T.copy(total, C_s)
+                                T.tma_copy(C_s, C[row_block(w, pid) * BLOCK_M, col0(w, pid)])
+                            else:
+                                T.copy(total, C_s)
+                                T.copy(C_s, C[row_block(w, pid) * BLOCK_M, col0(w, pid)])
+                if late_store_wait:
+                    T.tma_store_wait()
             # no CTA leaves while a peer may still multicast into it or arrive on its barriers
             T.cluster_sync()
 
