@@ -148,6 +148,33 @@ def timeit(fn, reps=10, warmup=3):
     return statistics.median(times)
 
 
+def check_skipped_blocks(name, shape, base):
+    """Uneven experts (empty ones, partial blocks) with -1 row blocks in the middle and at the
+    end: the written rows bitwise equal to the baseline, the -1 blocks' rows left untouched."""
+    import torch
+
+    n, k = SHAPES[shape][3], SHAPES[shape][4]
+    g = torch.Generator(device="cuda").manual_seed(1)
+    counts = torch.tensor([0, 1, 129, 300, 0, 5, 700, 64], device="cuda")
+    blocks = torch.repeat_interleave(torch.arange(8, device="cuda", dtype=torch.int32), (counts + 127) // 128)
+    skip = torch.tensor([-1], device="cuda", dtype=torch.int32)
+    block_expert = torch.cat([blocks[:4], skip, blocks[4:], skip, skip, skip])
+    rows = block_expert.numel() * 128
+    a = (torch.randn(rows, k, device="cuda", generator=g) * 2).clamp(-8, 8).to(torch.float8_e4m3fn)
+    sa = torch.rand(rows, k // 128, device="cuda", generator=g) + 0.5
+    b = (torch.randn(8, n, k, device="cuda", generator=g) * 2).clamp(-8, 8).to(torch.float8_e4m3fn)
+    sb = torch.rand(8, n // 128, k // 128, device="cuda", generator=g) * 0.01 + 0.001
+    out = torch.full((rows, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    ref = out.clone()
+    grouped_gemm_contiguous_kernel(n, k, **VARIANTS[name])(a, sa, b, sb, block_expert, out)
+    base.moe_grouped_gemm_contiguous(a, sa, b, sb, block_expert, ref)
+    torch.cuda.synchronize()
+    skipped = (block_expert < 0).repeat_interleave(128)
+    ok = torch.equal(out.view(torch.int16), ref.view(torch.int16)) and bool(torch.isnan(out[skipped].float()).all())
+    print(f"check {name:12s} on {shape} with skipped blocks: {'ok' if ok else 'FAILED'}", flush=True)
+    return ok
+
+
 def run(variants, shapes, out_json, ncu):
     import torch
 
@@ -156,6 +183,11 @@ def run(variants, shapes, out_json, ncu):
     base = None if ncu else build_baseline(Path(__file__).resolve().parents[1] / "kernels/moe/grouped_gemm.cu")
     results = []
     built = built_pairs()
+    if not ncu:
+        for v in variants:
+            shape = next((s for s in PLAN.get(v, ()) if built is None or (v, s) in built), None)
+            if shape:
+                check_skipped_blocks(v, shape, base)
     for shape in shapes:
         names = [v for v in variants if shape in PLAN.get(v, ()) and (built is None or (v, shape) in built)]
         if not names:
