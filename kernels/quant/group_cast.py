@@ -18,6 +18,8 @@ bit-identical to CUDA's. T is a dynamic dimension (one compile for every T; rows
 independent, so every row's output is identical whatever T is).
 """
 
+import struct
+
 import torch
 import tilelang.language as T
 
@@ -66,8 +68,9 @@ def group_cast_kernel(H: int, group: int, in_mode: str, in_dtype: str, out_fmt: 
     """``in_mode``: "plain" (X ``[T, H]``), "swiglu" (X ``[T, 2H]`` and, if ``weighted``, W ``[T]``),
     "e2m1" (P ``[T, H/2]`` uint8 and C ``[T, H/32]`` UE8M0 codes). ``out_fmt``: "e4m3" or "e2m1".
     ``ept``: elements per thread (0: :func:`default_ept`), a multiple of 16 dividing ``group``.
-    ``pairs``: bf16 -> e2m1 and e2m1 -> e4m3 with power-of-two scales on packed bf16 pairs
-    (:func:`e2m1_pair_bf16`, :func:`e2m1_scaled_pair`), else per fp32 value."""
+    ``pairs``: work on packed bf16 pairs where it is exact -- bf16 -> e2m1 (:func:`e2m1_pair_bf16`),
+    e2m1 -> e4m3 with power-of-two scales (:func:`e2m1_scaled_pair`), the SwiGLU clamps when the
+    clamp is a bf16 value -- else per fp32 value."""
     ept = ept or default_ept(in_dtype, out_fmt)
     if ept % 16 or group % ept:
         raise ValueError(f"ept: expected a multiple of 16 dividing group {group}, got {ept}")
@@ -146,8 +149,9 @@ def group_cast_kernel(H: int, group: int, in_mode: str, in_dtype: str, out_fmt: 
             store_scale(S, scale, code, c, row, col)
 
     @T.macro
-    def load_bf16(X, xf, row, col, valid, base):
-        """``ept`` bf16 of row ``row`` from column ``base + col`` (zeros when not ``valid``) as fp32."""
+    def load_bf16(X, xf, row, col, valid, base, lo, hi):
+        """``ept`` bf16 of row ``row`` from column ``base + col`` (zeros when not ``valid``) as fp32,
+        clamped to [``lo``, ``hi``] (bf16 pairs, ``None``: not clamped) on the way."""
         xw = T.alloc_local((ept // 2,), u32)
         Xw = T.view(X, (Tn, x_cols // 2), u32)
         if valid:
@@ -156,6 +160,12 @@ def group_cast_kernel(H: int, group: int, in_mode: str, in_dtype: str, out_fmt: 
         else:
             for v in T.vectorized(ept // 2):
                 xw[v] = u32(0)
+        if hi is not None:
+            for v in T.unroll(ept // 2):
+                xw[v] = bf16x2("min", xw[v], hi)
+        if lo is not None:
+            for v in T.unroll(ept // 2):
+                xw[v] = bf16x2("max", xw[v], lo)
         for v in T.unroll(ept):
             xf[v] = bf16_word_half(xw[v // 2], v % 2)
 
@@ -210,7 +220,7 @@ def group_cast_kernel(H: int, group: int, in_mode: str, in_dtype: str, out_fmt: 
                 c = by * tpc + tx
                 col = c * ept
                 if in_dtype == "bfloat16":
-                    load_bf16(X, xf, row, col, c < cpr, 0)
+                    load_bf16(X, xf, row, col, c < cpr, 0, None, None)
                 else:
                     if c < cpr:
                         for v in T.vectorized(ept):
@@ -303,6 +313,9 @@ def group_cast_kernel(H: int, group: int, in_mode: str, in_dtype: str, out_fmt: 
 
     if in_mode != "swiglu":
         raise ValueError(f"in_mode: expected 'plain', 'swiglu' or 'e2m1', got {in_mode!r}")
+    clamp_bits = struct.unpack("<I", struct.pack("<f", clamp))[0]
+    # the clamp's bf16 bits when it is a positive bf16 value (then the clamps run on bf16 pairs)
+    bf16_clamp = clamp_bits >> 16 if pairs and clamp_bits & 0xFFFF == 0 and 0 < clamp < float("inf") else 0
 
     @T.prim_func
     def kernel(X: T.Tensor((Tn, x_cols), x_dtype), W: T.Tensor((Tn,), T.float32),
@@ -315,8 +328,12 @@ def group_cast_kernel(H: int, group: int, in_mode: str, in_dtype: str, out_fmt: 
             c = by * tpc + tx
             col = c * ept
             w = T.alloc_var(T.float32)
-            load_bf16(X, gf, row, col, c < cpr, 0)
-            load_bf16(X, uf, row, col, c < cpr, H)
+            if bf16_clamp:  # fminf/fmaxf against a bf16 value: exact on the bf16 pairs
+                load_bf16(X, gf, row, col, c < cpr, 0, None, u32(bf16_clamp * 0x10001))
+                load_bf16(X, uf, row, col, c < cpr, H, u32((bf16_clamp | 0x8000) * 0x10001), u32(bf16_clamp * 0x10001))
+            else:
+                load_bf16(X, gf, row, col, c < cpr, 0, None, None)
+                load_bf16(X, uf, row, col, c < cpr, H, None, None)
             if c < cpr:
                 w = W[row]
             else:
@@ -324,6 +341,9 @@ def group_cast_kernel(H: int, group: int, in_mode: str, in_dtype: str, out_fmt: 
             for v in T.unroll(ept):
                 g = T.min(gf[v], T.float32(clamp))
                 u = T.max(T.min(uf[v], T.float32(clamp)), T.float32(-clamp))
+                if bf16_clamp:
+                    g = gf[v]
+                    u = uf[v]
                 xf[v] = g / T.ieee_add(T.float32(1.0), T.exp(-g), "rn") * u  # no FMA contraction into expf
                 if weighted:
                     xf[v] = xf[v] * w
