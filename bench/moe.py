@@ -3,7 +3,8 @@
 Rows (printed as they are measured, so a timeout still leaves the earlier ones):
 * copy: device-to-device copy bandwidth (read + write), the yardstick of the memory-bound steps;
 * gating / metadata / permute / combine at T = 8192 (V4-Flash and V4-Pro): time and bandwidth
-  as a share of the copy's;
+  as a share of the copy's, per call (CUDA events around the Python call: host overhead
+  included) and GPU time only (profiler kernel durations);
 * grouped FP8 GEMM (L1 and L2 of both models, T = 8192 routing) in TFLOP/s over the routed
   rows, next to torch._scaled_mm on the dense shape of the same rows (row-wise and per-tensor
   scales; it has no 128 x 128 block scales);
@@ -53,6 +54,27 @@ def timeit(fn, reps, warmup=3):
     return statistics.median(times)
 
 
+def gpu_time(fn, reps):
+    """Milliseconds of GPU work per ``fn()`` (summed kernel, copy and memset durations from the
+    profiler): the kernels' own time, without the host's launch overhead that ``timeit`` sees."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    return sum(e.self_device_time_total for e in prof.key_averages()) / reps / 1e3
+
+
+def emit_both(name, what, t, fn, gb, copy_gbs, reps):
+    """Two rows: per call (CUDA events around the Python call) and GPU time only."""
+    for how, ms in (("per call", timeit(fn, reps)), ("GPU time", gpu_time(fn, reps))):
+        rate = gb / ms * 1e3
+        emit(model=name, what=f"{what} ({how})", T=t, ms=f"{ms:.3f}", rate=f"{rate:.0f} GB/s", vs=f"{rate / copy_gbs:.0%} of copy")
+
+
 def emit(**row):
     ROWS.append(row)
     cells = [str(row.get(k, "")) for k in ("model", "what", "T", "ms", "rate", "vs")]
@@ -92,28 +114,23 @@ def memory_steps(name, model, copy_gbs, reps):
     cfg = model["cfg"]
     t, h, e, k = 8192, model["hidden"], model["n_experts"], cfg.topk
     logits = torch.randn(t, e, device=CUDA)
-    ms = timeit(lambda: gating(logits, None, k, cfg.score_func, routed_scaling=cfg.routed_scaling), reps)
     ids, w = gating(logits, None, k, cfg.score_func, routed_scaling=cfg.routed_scaling)
-    gb = (t * e * 4 + t * k * 8) / 1e9
-    emit(model=name, what="gating", T=t, ms=f"{ms:.3f}", rate=f"{gb / ms * 1e3:.0f} GB/s", vs=f"{gb / ms * 1e3 / copy_gbs:.0%} of copy")
-    ms = timeit(lambda: routing_metadata(ids, e), reps)
+    assert ids.min() >= 0 and ids.max() < e and torch.isfinite(w).all()
+    emit_both(name, "gating", t, lambda: gating(logits, None, k, cfg.score_func, routed_scaling=cfg.routed_scaling),
+              (t * e * 4 + t * k * 8) / 1e9, copy_gbs, reps)
     meta = routing_metadata(ids, e)
     assert int(meta["counts"].sum()) == t * k
-    gb = (3 * t * k * 4 + t * k * 4 + int(meta["offsets"][-1]) * 4) / 1e9
-    emit(model=name, what="metadata", T=t, ms=f"{ms:.3f}", rate=f"{gb / ms * 1e3:.0f} GB/s", vs=f"{gb / ms * 1e3 / copy_gbs:.0%} of copy")
+    emit_both(name, "metadata", t, lambda: routing_metadata(ids, e),
+              (3 * t * k * 4 + t * k * 4 + int(meta["offsets"][-1]) * 4) / 1e9, copy_gbs, reps)
     xq = (torch.randn(t, h, device=CUDA) * 2).clamp(-8, 8).to(torch.float8_e4m3fn)
     xs = torch.rand(t, h // 128, device=CUDA)
-    ms = timeit(lambda: permute(xq, meta, k, xs), reps)
     xp, _ = permute(xq, meta, k, xs)
     used = int(meta["offsets"][-1])
     check("permute", xp[:used].float())
-    gb = 2 * used * (h + h // 128 * 4) / 1e9
-    emit(model=name, what="permute e4m3", T=t, ms=f"{ms:.3f}", rate=f"{gb / ms * 1e3:.0f} GB/s", vs=f"{gb / ms * 1e3 / copy_gbs:.0%} of copy")
+    emit_both(name, "permute e4m3", t, lambda: permute(xq, meta, k, xs), 2 * used * (h + h // 128 * 4) / 1e9, copy_gbs, reps)
     y = torch.randn(xp.shape[0], h, device=CUDA).to(torch.bfloat16)
-    ms = timeit(lambda: combine(y, meta["row_of"], w), reps)
     check("combine", combine(y, meta["row_of"], w))
-    gb = (t * k * h * 2 + t * h * 2) / 1e9
-    emit(model=name, what="combine", T=t, ms=f"{ms:.3f}", rate=f"{gb / ms * 1e3:.0f} GB/s", vs=f"{gb / ms * 1e3 / copy_gbs:.0%} of copy")
+    emit_both(name, "combine", t, lambda: combine(y, meta["row_of"], w), (t * k * h * 2 + t * h * 2) / 1e9, copy_gbs, reps)
     return meta
 
 

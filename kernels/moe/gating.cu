@@ -1,5 +1,7 @@
-// CUDA C++ baseline of kernels/moe/gating.py: one thread per token, the same serial
-// order of every reduction and the same float expressions, so results match bitwise.
+// CUDA C++ baseline of kernels/moe/gating.py: one thread per token, written serially, with
+// the same float expressions and the order rules of gating.py's docstring (softmax
+// denominator: 32 strided partial sums combined by an xor butterfly 16, 8, 4, 2, 1), so
+// results match the warp-per-token TileLang kernel bitwise.
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
@@ -37,7 +39,15 @@ __global__ void gating_kernel(Params p, const float* __restrict__ logits, const 
   if (p.code == 0) {
     row_max = row[0];
     for (int e = 1; e < p.n_exp; ++e) row_max = fmaxf(row_max, row[e]);
-    for (int e = 0; e < p.n_exp; ++e) denom = denom + expf(row[e] - row_max);
+    float part[32];  // part[l]: "lane" l's sum over experts l, l + 32, ... in ascending order
+    for (int l = 0; l < 32; ++l) {
+      part[l] = 0.0f;
+      for (int e = l; e < p.n_exp; e += 32) part[l] = part[l] + expf(row[e] - row_max);
+    }
+    for (int d = 16; d >= 1; d >>= 1)
+      for (int l = 0; l < 32; ++l)
+        if ((l & d) == 0) part[l] = part[l | d] = part[l] + part[l | d];
+    denom = part[0];
   }
   int per_group = p.n_exp / p.n_groups;
   int kept = -1;
@@ -82,7 +92,7 @@ __global__ void gating_kernel(Params p, const float* __restrict__ logits, const 
   }
   float total = 0.0f;
   for (int j = 0; j < p.topk; ++j) {
-    wt[j] = score(p, pick[j] >= 0 ? row[pick[j]] : 0.0f, row_max, denom);
+    wt[j] = pick[j] >= 0 ? score(p, row[pick[j]], row_max, denom) : 0.0f;  // no candidate left: weight 0
     total = total + wt[j];
   }
   for (int j = 0; j < p.topk; ++j) {

@@ -96,6 +96,8 @@ GATING_CASES = [
     (384, 1, 1, "sqrtsoftplus", True, 2.5),  # V4-Pro
     (256, 8, 4, "sigmoid", True, 2.5),
     (384, 8, 3, "softmax", False, 1.0),
+    (72, 1, 1, "softmax", True, 1.0),  # E not a multiple of 32: lanes with fewer experts
+    (40, 8, 4, "sigmoid", True, 1.5),  # groups of 5 across lanes
 ]
 
 
