@@ -1,10 +1,18 @@
 """Per-block FP8 cast of weights: ``[N, K]`` -> e4m3 ``[N, K]`` plus one fp32 scale per
-``block x block`` tile (128 or 32), rules in ``reference.py``.
+``block x block`` tile (128 or 32), rules in ``reference.py``; also the FP4 -> FP8 re-blocking
+of MXFP4 weights into such tiles.
 
 A CTA owns a ``block x 128`` strip: 16 lanes cover a 128-wide row (8 elements each, 16-byte
 loads), a thread keeps ``block / 16`` rows in registers, amax is reduced with ``shfl_xor`` over
-the lanes of one tile and across the 8 warps through shared memory, then the strip is scaled
-and stored. One pass over the data; N is dynamic.
+the lanes of one tile and across the 8 warps through shared memory, then every thread derives
+the tile's scale itself (no second barrier) and stores its rows, four e4m3 per conversion pair.
+One pass over the data; N is dynamic.
+
+MXFP4 input is decoded exactly to fp16 pairs (``dequant.e2m1_f16_pair``). A row whose UE8M0
+code is at most 252 cannot overflow fp32 in ``x = v * 2^(code-127)``, so ``x * inv`` equals
+``v * (2^(code-127) * inv)``: one fp16 multiply by that power of two (exact for every product
+e4m3 can hold; smaller ones round to e4m3 zero either way) and one fp16 -> e4m3 conversion per
+pair. Rows with codes 253..255 take the rule as written in fp32.
 """
 
 import torch
@@ -13,6 +21,7 @@ import tilelang.language as T
 import tlx
 from kernels.quant.common import TARGET, TORCH_DTYPES, check_2d, check_cuda, group_scale, ue8m0_value
 from kernels.quant.dequant import e2m1_f16_pair, f16_half, word
+from kernels.quant.reference import E4M3_CLAMP, E4M3_MAX
 
 BLOCKS = (32, 128)
 WIDTH = 128  # columns per CTA
@@ -61,6 +70,18 @@ __device__ __forceinline__ void quant_put_e4m3x8_f16(void* q, unsigned p0, unsig
 """
 
 
+def pow2_scale(amax):
+    """(scale, 1 / scale) of an e4m3 tile with power-of-two scales, equal to ``group_scale(amax,
+    "e4m3", True)`` and its IEEE reciprocal, by integer ops: ``s = max(amax, C) / F`` is a positive
+    normal or +inf, so its round-up code is the exponent plus one when any mantissa bit is set,
+    saturated at 254; ``1 / 2^(code - 127)`` has exponent ``254 - code`` (2^-127, a denormal, for 254)."""
+    u = T.uint32
+    s = T.max(amax, T.float32(E4M3_CLAMP)) / T.float32(E4M3_MAX)
+    code = T.min((T.reinterpret(s, u) + u(0x7FFFFF)) >> u(23), u(254))
+    inv = T.if_then_else(code == u(254), u(0x00400000), (u(254) - code) << u(23))
+    return T.reinterpret(code << u(23), T.float32), T.reinterpret(inv, T.float32)
+
+
 def absmax_f16x8(pr, at):
     """fp32 max |v| over the fp16 pairs ``pr[at:at + 4]`` (``prelude=PRELUDE``)."""
     return T.call_extern("float32", "quant_absmax_f16x8", pr[at], pr[at + 1], pr[at + 2], pr[at + 3])
@@ -77,131 +98,119 @@ def put_e4m3x4(q, at, a, b, c, d):
 
 
 @tlx.jit(target=TARGET)
-def block_cast_kernel(K: int, block: int, in_dtype: str, pow2: bool = False, threads: int = CTA_THREADS, fast: bool = True):
+def block_cast_kernel(K: int, block: int, in_dtype: str, pow2: bool = False, min_blocks: int = 0):
     """``in_dtype`` "bfloat16"/"float32" (X ``[N, K]``) or "e2m1" (MXFP4: X ``[N, K/2]`` uint8 and
-    UE8M0 codes C ``[N, K/32]``, decoded exactly: FP4 -> FP8 re-blocking into 128x128 tiles)."""
+    UE8M0 codes C ``[N, K/32]``, re-blocked with power-of-two scales). ``min_blocks`` > 0 asks
+    nvcc for that many resident CTAs per SM (``__launch_bounds__``), capping registers."""
     N = T.dynamic("N")
-    stride = threads // 16  # rows per pass of the CTA
-    rows = block // stride  # rows per thread
+    rows = block // 16  # rows per thread, 16 apart
     nb = WIDTH // block  # tiles per CTA
     col_bits = (block // LANE_ELEMS).bit_length() - 1  # lane bits 0..col_bits-1 and bit 4 share a tile (max 4)
     elems = rows * LANE_ELEMS
 
     @T.macro
-    def block_inv(amax_in, inv_s, S, tx, bx, by, cb):
-        """``inv_s[cb]`` = 1 / the scale of tile ``cb`` from each thread's ``amax_in``; writes S."""
-        red = T.alloc_shared((threads // 32, nb), T.float32)
+    def tile_amax(amax_in, red, tx, cb):
+        """Each warp's max over tile ``cb`` into ``red[warp, cb]``, then a CTA barrier."""
         amax = T.alloc_var(T.float32)
-        total = T.alloc_var(T.float32)
         amax = amax_in
         for k in T.unroll(min(col_bits, 4) + 1):
             amax = T.max(amax, T.shfl_xor(amax, T.if_then_else(k < col_bits, 1 << k, 16)))
         if tx % 32 < 16 and tx % (block // LANE_ELEMS) == 0:
             red[tx // 32, cb] = amax
         T.sync_threads()
-        if tx < nb:  # one thread per tile: the scale and its reciprocal
-            total = T.float32(0)
-            for w in T.unroll(threads // 32):
-                total = T.max(total, red[w, tx])
-            scale, _ = group_scale(total, "e4m3", pow2)
-            inv_s[tx] = T.float32(1.0) / scale
-            S[by, bx * nb + tx] = scale
-        T.sync_threads()
+
+    def scale_inv(total):
+        """(scale, 1 / scale) of a tile with amax ``total``: every thread derives them itself."""
+        if pow2:
+            return pow2_scale(total)
+        scale, _ = group_scale(total, "e4m3", False)
+        return scale, T.float32(1.0) / scale
 
     @T.macro
-    def finish(xf, Q, S, tx, bx, by, r0, c0, cb):
-        qv = T.alloc_local((elems,), T.float8_e4m3fn)
-        amax = T.alloc_var(T.float32)
-        inv = T.alloc_var(T.float32)
-        amax = T.float32(0)
-        for v in T.unroll(elems):
-            amax = T.max(amax, T.abs(xf[v]))
-        inv_s = T.alloc_shared((nb,), T.float32)
-        block_inv(amax, inv_s, S, tx, bx, by, cb)
-        inv = inv_s[cb]
-        for v in T.unroll(elems // 4):
-            put_e4m3x4(qv, 4 * v, xf[4 * v] * inv, xf[4 * v + 1] * inv, xf[4 * v + 2] * inv, xf[4 * v + 3] * inv)
+    def store(qv, Q, r0, c0):
         for i in T.unroll(rows):
             for v in T.vectorized(LANE_ELEMS):
-                Q[r0 + stride * i, c0 + v] = qv[i * LANE_ELEMS + v]
-
-    if in_dtype == "e2m1" and fast:
-
-        @T.prim_func
-        def kernel(X: T.Tensor((N, K // 2), T.uint8), C: T.Tensor((N, K // 32), T.uint8),
-                   Q: T.Tensor((N, K), T.float8_e4m3fn), S: T.Tensor((N // block, K // block), T.float32)):
-            with T.Kernel(K // WIDTH, N // block, threads=threads, prelude=PRELUDE) as (bx, by):
-                tx = T.get_thread_binding()
-                xb = T.alloc_local((rows * 4,), T.uint8)
-                cv = T.alloc_local((rows,), T.uint8)
-                pr = T.alloc_local((rows * 4,), T.uint32)
-                qv = T.alloc_local((elems,), T.float8_e4m3fn)
-                amax = T.alloc_var(T.float32)
-                inv = T.alloc_var(T.float32)
-                r0 = by * block + tx // 16
-                c0 = bx * WIDTH + tx % 16 * LANE_ELEMS
-                for i in T.unroll(rows):
-                    for v in T.vectorized(4):
-                        xb[i * 4 + v] = X[r0 + stride * i, c0 // 2 + v]
-                    cv[i] = C[r0 + stride * i, c0 // 32]
-                amax = T.float32(0)
-                for i in T.unroll(rows):
-                    for h in T.unroll(4):
-                        pr[i * 4 + h] = e2m1_f16_pair(word(xb, i * 4), h)
-                    amax = T.max(amax, absmax_f16x8(pr, i * 4) * ue8m0_value(T.Cast(T.uint32, cv[i])))
-                inv_s = T.alloc_shared((nb,), T.float32)
-                block_inv(amax, inv_s, S, tx, bx, by, tx % 16 * LANE_ELEMS // block)
-                inv = inv_s[tx % 16 * LANE_ELEMS // block]
-                for i in T.unroll(rows):
-                    sc = ue8m0_value(T.Cast(T.uint32, cv[i]))
-                    if cv[i] <= T.uint8(252):  # x = v * sc cannot overflow: one fp16 multiply by sc * inv
-                        put_e4m3x8_f16(qv, i * 8, pr, i * 4, sc * inv)
-                    else:  # the rule as written: (v * sc) * inv in fp32
-                        for e in T.unroll(2):
-                            put_e4m3x4(qv, i * 8 + e * 4, *[f16_half(pr[i * 4 + h], e) * sc * inv for h in range(4)])
-                    for v in T.vectorized(LANE_ELEMS):
-                        Q[r0 + stride * i, c0 + v] = qv[i * LANE_ELEMS + v]
-
-        return kernel
+                Q[r0 + 16 * i, c0 + v] = qv[i * LANE_ELEMS + v]
 
     if in_dtype == "e2m1":
 
         @T.prim_func
         def kernel(X: T.Tensor((N, K // 2), T.uint8), C: T.Tensor((N, K // 32), T.uint8),
                    Q: T.Tensor((N, K), T.float8_e4m3fn), S: T.Tensor((N // block, K // block), T.float32)):
-            with T.Kernel(K // WIDTH, N // block, threads=threads, prelude=PRELUDE) as (bx, by):
+            with T.Kernel(K // WIDTH, N // block, threads=CTA_THREADS, prelude=PRELUDE) as (bx, by):
+                if min_blocks:
+                    T.annotate_min_blocks_per_sm(min_blocks)
                 tx = T.get_thread_binding()
-                xb = T.alloc_local((rows * LANE_ELEMS // 2,), T.uint8)
-                xf = T.alloc_local((elems,), T.float32)
-                sc = T.alloc_var(T.float32)
+                red = T.alloc_shared((CTA_THREADS // 32, nb), T.float32)
+                xb = T.alloc_local((rows * 4,), T.uint8)
+                cv = T.alloc_local((rows,), T.uint8)
+                pr = T.alloc_local((rows * 4,), T.uint32)
+                qv = T.alloc_local((elems,), T.float8_e4m3fn)
+                amax = T.alloc_var(T.float32)
+                total = T.alloc_var(T.float32)
                 r0 = by * block + tx // 16
                 c0 = bx * WIDTH + tx % 16 * LANE_ELEMS
                 for i in T.unroll(rows):
-                    for v in T.vectorized(LANE_ELEMS // 2):
-                        xb[i * LANE_ELEMS // 2 + v] = X[r0 + stride * i, c0 // 2 + v]
-                    sc = ue8m0_value(T.Cast(T.uint32, C[r0 + stride * i, c0 // 32]))
+                    for v in T.vectorized(4):
+                        xb[i * 4 + v] = X[r0 + 16 * i, c0 // 2 + v]
+                    cv[i] = C[r0 + 16 * i, c0 // 32]
+                amax = T.float32(0)
+                for i in T.unroll(rows):
                     for h in T.unroll(4):
-                        pair = e2m1_f16_pair(word(xb, i * 4), h)
-                        xf[i * LANE_ELEMS + h] = f16_half(pair, 0) * sc
-                        xf[i * LANE_ELEMS + h + 4] = f16_half(pair, 1) * sc
-                finish(xf, Q, S, tx, bx, by, r0, c0, tx % 16 * LANE_ELEMS // block)
+                        pr[i * 4 + h] = e2m1_f16_pair(word(xb, i * 4), h)
+                    # max |v * sc| of the row = max|v| * sc: the rounding is monotonic, sc >= 0
+                    amax = T.max(amax, absmax_f16x8(pr, i * 4) * ue8m0_value(T.Cast(T.uint32, cv[i])))
+                cb = tx % 16 * LANE_ELEMS // block
+                tile_amax(amax, red, tx, cb)
+                total = T.float32(0)
+                for w in T.unroll(CTA_THREADS // 32):
+                    total = T.max(total, red[w, cb])
+                scale, inv = scale_inv(total)
+                if tx < 16 and tx % (block // LANE_ELEMS) == 0:
+                    S[by, bx * nb + cb] = scale
+                for i in T.unroll(rows):
+                    sc = ue8m0_value(T.Cast(T.uint32, cv[i]))
+                    if cv[i] <= T.uint8(252):
+                        put_e4m3x8_f16(qv, i * 8, pr, i * 4, sc * inv)
+                    else:
+                        for e in T.unroll(2):
+                            put_e4m3x4(qv, i * 8 + e * 4, *[f16_half(pr[i * 4 + h], e) * sc * inv for h in range(4)])
+                store(qv, Q, r0, c0)
 
         return kernel
 
     @T.prim_func
     def kernel(X: T.Tensor((N, K), in_dtype), Q: T.Tensor((N, K), T.float8_e4m3fn), S: T.Tensor((N // block, K // block), T.float32)):
-        with T.Kernel(K // WIDTH, N // block, threads=threads, prelude=PRELUDE) as (bx, by):
+        with T.Kernel(K // WIDTH, N // block, threads=CTA_THREADS, prelude=PRELUDE) as (bx, by):
+            if min_blocks:
+                T.annotate_min_blocks_per_sm(min_blocks)
             tx = T.get_thread_binding()
+            red = T.alloc_shared((CTA_THREADS // 32, nb), T.float32)
             xv = T.alloc_local((elems,), in_dtype)
             xf = T.alloc_local((elems,), T.float32)
+            qv = T.alloc_local((elems,), T.float8_e4m3fn)
+            amax = T.alloc_var(T.float32)
+            total = T.alloc_var(T.float32)
             r0 = by * block + tx // 16
             c0 = bx * WIDTH + tx % 16 * LANE_ELEMS
             for i in T.unroll(rows):
                 for v in T.vectorized(LANE_ELEMS):
-                    xv[i * LANE_ELEMS + v] = X[r0 + stride * i, c0 + v]
+                    xv[i * LANE_ELEMS + v] = X[r0 + 16 * i, c0 + v]
+            amax = T.float32(0)
             for v in T.unroll(elems):
                 xf[v] = T.Cast(T.float32, xv[v])
-            finish(xf, Q, S, tx, bx, by, r0, c0, tx % 16 * LANE_ELEMS // block)
+                amax = T.max(amax, T.abs(xf[v]))
+            cb = tx % 16 * LANE_ELEMS // block
+            tile_amax(amax, red, tx, cb)
+            total = T.float32(0)
+            for w in T.unroll(CTA_THREADS // 32):
+                total = T.max(total, red[w, cb])
+            scale, inv = scale_inv(total)
+            if tx < 16 and tx % (block // LANE_ELEMS) == 0:
+                S[by, bx * nb + cb] = scale
+            for v in T.unroll(elems // 4):
+                put_e4m3x4(qv, 4 * v, *[xf[4 * v + e] * inv for e in range(4)])
+            store(qv, Q, r0, c0)
 
     return kernel
 
