@@ -1,8 +1,12 @@
 """TIR building blocks shared by the quantization kernels (rules in ``reference.py``).
 
-Each function returns a TIR expression for a ``@T.prim_func`` body. Conversions come from
-``tlx.ieee`` (CUDA's own fp8/fp4/e8m0 conversions, injected by ``@tlx.jit``); the CUDA baselines
-spell the same operations in the same order (``quant_common.cuh``), so results match bit for bit.
+Each function returns a TIR expression for a ``@T.prim_func`` body. The reference conversions
+come from ``tlx.ieee`` (CUDA's own fp8/fp4/e8m0 conversions, injected by ``@tlx.jit``); the CUDA
+baselines spell the same operations in the same order (``quant_common.cuh``). The faster blocks
+(``e2m1_nibble``, ``e2m1_pair_bf16``, ``e2m1_scaled_pair``, ``e2m1_exact``, ``pow2_scale``,
+``cast_e4m3x4``; their device helpers in ``QUANT_PRELUDE``) compute the same bits with fewer
+instructions; ``tests/kernels/quant/test_quant_bits_gpu.py`` checks each against CUDA's own over
+all its inputs.
 """
 
 from __future__ import annotations

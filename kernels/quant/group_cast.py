@@ -10,12 +10,12 @@ values and what it stores:
 - :func:`fp4_to_fp8`: MXFP4 -> e4m3 with power-of-two 1x128 scales (lossless re-blocking).
 
 Design for bandwidth: a CTA covers (part of) one row (grid: rows x column blocks, so no index
-divides); a thread owns ``ept`` consecutive elements (16-byte vector loads and stores; 32 for the
-e2m1 formats, so one thread holds a whole 1x32 group or 16 bytes of codes), ``group / ept``
-adjacent lanes own a group and reduce amax with ``shfl_xor``. Conversions are the bit-level
-blocks of ``common.py`` (paired e4m3 cvt, e2m1 in ALU instructions, e2m1 decode by shifts), all
-bit-identical to CUDA's. T is a dynamic dimension (one compile for every T; rows are
-independent, so every row's output is identical whatever T is).
+divides); a thread owns ``ept`` consecutive elements (16-byte vector loads and stores; 32 by
+default, a whole 1x32 group; 16 for fp32 -> e4m3), ``group / ept`` adjacent lanes own a group and
+reduce amax with ``shfl_xor``. Conversions are the bit-level blocks of ``common.py`` (paired e4m3
+cvt, e2m1 cast and decode in ALU instructions, bf16 pairs where exact, power-of-two scales by
+integer ops), each checked bit for bit against CUDA's own on the GPU. T is a dynamic dimension
+(one compile for every T; rows are independent, so every row's output is identical whatever T is).
 """
 
 import struct
