@@ -98,10 +98,11 @@ def put_e4m3x4(q, at, a, b, c, d):
 
 
 @tlx.jit(target=TARGET)
-def block_cast_kernel(K: int, block: int, in_dtype: str, pow2: bool = False, min_blocks: int = 0):
+def block_cast_kernel(K: int, block: int, in_dtype: str, pow2: bool = False, min_blocks: int = 0, tiles: int = 1):
     """``in_dtype`` "bfloat16"/"float32" (X ``[N, K]``) or "e2m1" (MXFP4: X ``[N, K/2]`` uint8 and
     UE8M0 codes C ``[N, K/32]``, re-blocked with power-of-two scales). ``min_blocks`` > 0 asks
-    nvcc for that many resident CTAs per SM (``__launch_bounds__``), capping registers."""
+    nvcc for that many resident CTAs per SM (``__launch_bounds__``), capping registers; an e2m1
+    CTA re-blocks ``tiles`` tiles down the rows, issuing all their loads first."""
     N = T.dynamic("N")
     rows = block // 16  # rows per thread, 16 apart
     nb = WIDTH // block  # tiles per CTA
@@ -109,14 +110,14 @@ def block_cast_kernel(K: int, block: int, in_dtype: str, pow2: bool = False, min
     elems = rows * LANE_ELEMS
 
     @T.macro
-    def tile_amax(amax_in, red, tx, cb):
-        """Each warp's max over tile ``cb`` into ``red[warp, cb]``, then a CTA barrier."""
+    def tile_amax(amax_in, red, t, tx, cb):
+        """Each warp's max over tile ``cb`` into ``red[t, warp, cb]``, then a CTA barrier."""
         amax = T.alloc_var(T.float32)
         amax = amax_in
         for k in T.unroll(min(col_bits, 4) + 1):
             amax = T.max(amax, T.shfl_xor(amax, T.if_then_else(k < col_bits, 1 << k, 16)))
         if tx % 32 < 16 and tx % (block // LANE_ELEMS) == 0:
-            red[tx // 32, cb] = amax
+            red[t, tx // 32, cb] = amax
         T.sync_threads()
 
     def scale_inv(total):
@@ -133,49 +134,53 @@ def block_cast_kernel(K: int, block: int, in_dtype: str, pow2: bool = False, min
                 Q[r0 + 16 * i, c0 + v] = qv[i * LANE_ELEMS + v]
 
     if in_dtype == "e2m1":
+        nt = N // block  # tiles down the rows
 
         @T.prim_func
         def kernel(X: T.Tensor((N, K // 2), T.uint8), C: T.Tensor((N, K // 32), T.uint8),
                    Q: T.Tensor((N, K), T.float8_e4m3fn), S: T.Tensor((N // block, K // block), T.float32)):
-            with T.Kernel(K // WIDTH, N // block, threads=CTA_THREADS, prelude=PRELUDE) as (bx, by):
+            with T.Kernel(K // WIDTH, T.ceildiv(nt, tiles), threads=CTA_THREADS, prelude=PRELUDE) as (bx, by):
                 if min_blocks:
                     T.annotate_min_blocks_per_sm(min_blocks)
                 tx = T.get_thread_binding()
-                red = T.alloc_shared((CTA_THREADS // 32, nb), T.float32)
-                xb = T.alloc_local((rows * 4,), T.uint8)
-                cv = T.alloc_local((rows,), T.uint8)
+                red = T.alloc_shared((tiles, CTA_THREADS // 32, nb), T.float32)
+                xb = T.alloc_local((tiles * rows * 4,), T.uint8)
+                cv = T.alloc_local((tiles * rows,), T.uint8)
                 pr = T.alloc_local((rows * 4,), T.uint32)
                 qv = T.alloc_local((elems,), T.float8_e4m3fn)
                 amax = T.alloc_var(T.float32)
                 total = T.alloc_var(T.float32)
-                r0 = by * block + tx // 16
                 c0 = bx * WIDTH + tx % 16 * LANE_ELEMS
-                for i in T.unroll(rows):
-                    for v in T.vectorized(4):
-                        xb[i * 4 + v] = X[r0 + 16 * i, c0 // 2 + v]
-                    cv[i] = C[r0 + 16 * i, c0 // 32]
-                amax = T.float32(0)
-                for i in T.unroll(rows):
-                    for h in T.unroll(4):
-                        pr[i * 4 + h] = e2m1_f16_pair(word(xb, i * 4), h)
-                    # max |v * sc| of the row = max|v| * sc: the rounding is monotonic, sc >= 0
-                    amax = T.max(amax, absmax_f16x8(pr, i * 4) * ue8m0_value(T.Cast(T.uint32, cv[i])))
                 cb = tx % 16 * LANE_ELEMS // block
-                tile_amax(amax, red, tx, cb)
-                total = T.float32(0)
-                for w in T.unroll(CTA_THREADS // 32):
-                    total = T.max(total, red[w, cb])
-                scale, inv = scale_inv(total)
-                if tx < 16 and tx % (block // LANE_ELEMS) == 0:
-                    S[by, bx * nb + cb] = scale
-                for i in T.unroll(rows):
-                    sc = ue8m0_value(T.Cast(T.uint32, cv[i]))
-                    if cv[i] <= T.uint8(252):
-                        put_e4m3x8_f16(qv, i * 8, pr, i * 4, sc * inv)
-                    else:
-                        for e in T.unroll(2):
-                            put_e4m3x4(qv, i * 8 + e * 4, *[f16_half(pr[i * 4 + h], e) * sc * inv for h in range(4)])
-                store(qv, Q, r0, c0)
+                for t in T.unroll(tiles):  # every tile's loads first
+                    if by * tiles + t < nt:
+                        for i in T.unroll(rows):
+                            for v in T.vectorized(4):
+                                xb[(t * rows + i) * 4 + v] = X[(by * tiles + t) * block + tx // 16 + 16 * i, c0 // 2 + v]
+                            cv[t * rows + i] = C[(by * tiles + t) * block + tx // 16 + 16 * i, c0 // 32]
+                for t in T.unroll(tiles):
+                    if by * tiles + t < nt:
+                        amax = T.float32(0)
+                        for i in T.unroll(rows):
+                            for h in T.unroll(4):
+                                pr[i * 4 + h] = e2m1_f16_pair(word(xb, (t * rows + i) * 4), h)
+                            # max |v * sc| of the row = max|v| * sc: the rounding is monotonic, sc >= 0
+                            amax = T.max(amax, absmax_f16x8(pr, i * 4) * ue8m0_value(T.Cast(T.uint32, cv[t * rows + i])))
+                        tile_amax(amax, red, t, tx, cb)
+                        total = T.float32(0)
+                        for w in T.unroll(CTA_THREADS // 32):
+                            total = T.max(total, red[t, w, cb])
+                        scale, inv = scale_inv(total)
+                        if tx < 16 and tx % (block // LANE_ELEMS) == 0:
+                            S[by * tiles + t, bx * nb + cb] = scale
+                        for i in T.unroll(rows):
+                            sc = ue8m0_value(T.Cast(T.uint32, cv[t * rows + i]))
+                            if cv[t * rows + i] <= T.uint8(252):
+                                put_e4m3x8_f16(qv, i * 8, pr, i * 4, sc * inv)
+                            else:
+                                for e in T.unroll(2):
+                                    put_e4m3x4(qv, i * 8 + e * 4, *[f16_half(pr[i * 4 + h], e) * sc * inv for h in range(4)])
+                        store(qv, Q, (by * tiles + t) * block + tx // 16, c0)
 
         return kernel
 
@@ -185,7 +190,7 @@ def block_cast_kernel(K: int, block: int, in_dtype: str, pow2: bool = False, min
             if min_blocks:
                 T.annotate_min_blocks_per_sm(min_blocks)
             tx = T.get_thread_binding()
-            red = T.alloc_shared((CTA_THREADS // 32, nb), T.float32)
+            red = T.alloc_shared((1, CTA_THREADS // 32, nb), T.float32)
             xv = T.alloc_local((elems,), in_dtype)
             xf = T.alloc_local((elems,), T.float32)
             qv = T.alloc_local((elems,), T.float8_e4m3fn)
@@ -201,10 +206,10 @@ def block_cast_kernel(K: int, block: int, in_dtype: str, pow2: bool = False, min
                 xf[v] = T.Cast(T.float32, xv[v])
                 amax = T.max(amax, T.abs(xf[v]))
             cb = tx % 16 * LANE_ELEMS // block
-            tile_amax(amax, red, tx, cb)
+            tile_amax(amax, red, 0, tx, cb)
             total = T.float32(0)
             for w in T.unroll(CTA_THREADS // 32):
-                total = T.max(total, red[w, cb])
+                total = T.max(total, red[0, w, cb])
             scale, inv = scale_inv(total)
             if tx < 16 and tx % (block // LANE_ELEMS) == 0:
                 S[by, bx * nb + cb] = scale
