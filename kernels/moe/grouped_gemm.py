@@ -49,8 +49,7 @@ def check_gemm_args(n: int, k: int):
 
 
 @tlx.jit(target={"kind": "cuda", "arch": "sm_90a"}, pass_configs={"tl.disable_warp_specialized": True})
-def grouped_gemm_contiguous_kernel(n: int, k: int, num_stages: int = 4, cluster: int = 2, num_sms: int = 132,
-                                   prefetch: bool = False, late_store_wait: bool = False):
+def grouped_gemm_contiguous_kernel(n: int, k: int, num_stages: int = 4, cluster: int = 2, num_sms: int = 132):
     """``(A [R, K], SA [R, K/128], B [E, N, K], SB [E, N/128, K/128], block_expert [R/128], C [R, N])``.
 
     ``num_sms`` persistent CTAs (one per SM) walk the output tiles row block by row block; the
@@ -97,8 +96,6 @@ def grouped_gemm_contiguous_kernel(n: int, k: int, num_stages: int = 4, cluster:
             full = T.alloc_barrier([128] * num_stages)  # the producer's 128 threads + the TMA bytes
             empty = T.alloc_cluster_barrier([8 * cluster] * num_stages)  # every consumer warp of the cluster
             it = T.alloc_var("int32", init=0)  # K blocks this CTA has passed: stage and phase
-            sa_v = T.alloc_var("float32")
-            sb_v = T.alloc_var("float32")
             tx = T.get_thread_binding()
             T.cluster_sync()
             if tx >= 256:
@@ -106,9 +103,6 @@ def grouped_gemm_contiguous_kernel(n: int, k: int, num_stages: int = 4, cluster:
                 for w in T.serial(T.ceildiv(nblocks * groups, nclusters)):
                     if tile(w, pid) < nblocks * groups:
                         if block_expert[row_block(w, pid)] >= 0:
-                            if prefetch:
-                                sa_v = SA[row_block(w, pid) * BLOCK_M + tx - 256, 0]
-                                sb_v = SB[block_expert[row_block(w, pid)], col0(w, pid) // 128, 0]
                             for kb in T.serial(kblocks):
                                 T.mbarrier_wait_parity(empty[it % num_stages], ((it // num_stages) & 1) ^ 1)
                                 if cluster > 1:
@@ -123,17 +117,10 @@ def grouped_gemm_contiguous_kernel(n: int, k: int, num_stages: int = 4, cluster:
                                 T.tma_copy(B[block_expert[row_block(w, pid)], col0(w, pid):col0(w, pid) + BLOCK_N,
                                              kb * BLOCK_K:(kb + 1) * BLOCK_K],
                                            B_s[it % num_stages, :, :], barrier=full[it % num_stages])
-                                if prefetch:
-                                    # this K block's scales were loaded one iteration ahead
-                                    scale_s[it % num_stages, tx - 256] = sa_v * sb_v
-                                    if kb + 1 < kblocks:
-                                        sa_v = SA[row_block(w, pid) * BLOCK_M + tx - 256, kb + 1]
-                                        sb_v = SB[block_expert[row_block(w, pid)], col0(w, pid) // 128, kb + 1]
-                                else:
-                                    # the scales' global loads overlap the TMA transfers
-                                    scale_s[it % num_stages, tx - 256] = (
-                                        SA[row_block(w, pid) * BLOCK_M + tx - 256, kb]
-                                        * SB[block_expert[row_block(w, pid)], col0(w, pid) // 128, kb])
+                                # the scales' global loads overlap the TMA transfers
+                                scale_s[it % num_stages, tx - 256] = (
+                                    SA[row_block(w, pid) * BLOCK_M + tx - 256, kb]
+                                    * SB[block_expert[row_block(w, pid)], col0(w, pid) // 128, kb])
                                 T.mbarrier_arrive(full[it % num_stages])
                                 it = it + 1
             else:
@@ -155,16 +142,8 @@ def grouped_gemm_contiguous_kernel(n: int, k: int, num_stages: int = 4, cluster:
                                 for i, j in T.Parallel(BLOCK_M, BLOCK_N):
                                     total[i, j] = T.ieee_fmaf(part[i, j], scale_f[i], total[i, j])
                                 it = it + 1
-                            if late_store_wait:
-                                # the previous tile's store must have read C_s; waited for only now
-                                T.tma_store_wait()
-                                T.copy(total, C_s)
-                                T.tma_copy(C_s, C[row_block(w, pid) * BLOCK_M, col0(w, pid)])
-                            else:
-                                T.copy(total, C_s)
-                                T.copy(C_s, C[row_block(w, pid) * BLOCK_M, col0(w, pid)])
-                if late_store_wait:
-                    T.tma_store_wait()
+                            T.copy(total, C_s)
+                            T.copy(C_s, C[row_block(w, pid) * BLOCK_M, col0(w, pid)])
             # no CTA leaves while a peer may still multicast into it or arrive on its barriers
             T.cluster_sync()
 
