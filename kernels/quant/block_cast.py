@@ -77,7 +77,8 @@ def pow2_scale(amax):
     saturated at 254; ``1 / 2^(code - 127)`` has exponent ``254 - code`` (2^-127, a denormal, for 254)."""
     u = T.uint32
     s = T.max(amax, T.float32(E4M3_CLAMP)) / T.float32(E4M3_MAX)
-    code = T.min((T.reinterpret(s, u) + u(0x7FFFFF)) >> u(23), u(254))
+    bits = T.reinterpret(s, u)
+    code = T.min((bits >> u(23)) + T.Cast(u, (bits & u(0x7FFFFF)) != u(0)), u(254))
     inv = T.if_then_else(code == u(254), u(0x00400000), (u(254) - code) << u(23))
     return T.reinterpret(code << u(23), T.float32), T.reinterpret(inv, T.float32)
 
