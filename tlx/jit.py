@@ -101,6 +101,7 @@ class JITFunction:
         self.options = options
         self._signature = inspect.signature(factory)
         self._kernels: dict[tuple, Any] = {}
+        self._by_call: dict[tuple, Any] = {}  # raw (args, kwargs) -> kernel, for repeat calls
         self._source_hash: str | None = None
         functools.update_wrapper(self, factory)
 
@@ -142,6 +143,13 @@ class JITFunction:
         return self.factory(*args, **kwargs)
 
     def __call__(self, *args, **kwargs):
+        # Hot path: a repeat call with plain values (ints, strings, ...) is one dict lookup, no
+        # signature binding; other arguments (symbolic dims, lists) take the general path.
+        call = (args, tuple(sorted(kwargs.items()))) if kwargs else (args, ())
+        plain = all(type(v) in _PLAIN for v in args) and all(type(v) in _PLAIN for v in kwargs.values())
+        kernel = self._by_call.get(call) if plain else None
+        if kernel is not None:
+            return kernel
         key = self._key(args, kwargs)
         kernel = self._kernels.get(key)
         if kernel is None:
@@ -154,7 +162,12 @@ class JITFunction:
                 program_key=self._fingerprint() + repr(key),
             )
             self._kernels[key] = kernel
+        if plain:
+            self._by_call[call] = kernel
         return kernel
+
+
+_PLAIN = (int, float, str, bool, type(None))
 
 
 def _param_key(v):

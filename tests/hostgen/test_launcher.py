@@ -179,3 +179,16 @@ def test_torch_op_fake_implementation_sizes_outputs(add):
         a = torch.empty(37, 1024)
         out = op(a, a)
     assert tuple(out.shape) == (37, 1024) and out.dtype == torch.float32
+
+
+def test_repeat_call_with_plain_arguments_is_a_dict_lookup(cache):
+    import time
+
+    first = sk.axpy(4096, block=128)
+    assert sk.axpy(4096, block=128) is first and sk.axpy(4096, 128) is first  # same kernel, positional or keyword
+    assert sk.axpy(T.dynamic("N"), block=128) is not first  # a symbolic dim is another kernel
+    t0 = time.perf_counter()
+    for _ in range(1000):
+        sk.axpy(4096, block=128)
+    per_call = (time.perf_counter() - t0) / 1000
+    assert per_call < 20e-6, f"jit lookup took {per_call * 1e6:.1f} us"
