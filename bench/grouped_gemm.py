@@ -13,7 +13,7 @@ computed rows including padding); the dense rate is ``_scaled_mm`` with row-wise
 
 Usage:
   python bench/grouped_gemm.py --compile [--jobs 8]   # build every (variant, shape) kernel in parallel
-  python bench/grouped_gemm.py [--variants a,b] [--shapes x,y] [--json FILE]
+  python bench/grouped_gemm.py [--variants a,b] [--shapes x,y] [--out FILE.json]
   python bench/grouped_gemm.py --ncu --variants a,b --shapes x   # one launch per variant, for ncu
 """
 
@@ -233,13 +233,13 @@ def main():
     ap.add_argument("--ncu", action="store_true")
     ap.add_argument("--variants", default=",".join(PLAN))
     ap.add_argument("--shapes", default=",".join(SHAPES))
-    ap.add_argument("--json")
+    ap.add_argument("--out", help="write the rows as JSON here (as the other benchmarks)")
     args = ap.parse_args()
     variants, shapes = args.variants.split(","), args.shapes.split(",")
     if args.compile:
         compile_all([(v, s) for v in variants for s in PLAN.get(v, ()) if s in shapes], args.jobs)
     else:
-        run(variants, shapes, args.json, args.ncu)
+        run(variants, shapes, args.out, args.ncu)
 
 
 if __name__ == "__main__":
