@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 import tilelang.language as T
 
-from tlx.numerics import ieee
+from tlx.numerics import determinism, ieee
 
 from kernels.quant.reference import E2M1_CLAMP, E2M1_MAX, E4M3_CLAMP, E4M3_MAX
 
@@ -153,6 +153,8 @@ TLX_QUANT_BF16X2(absmax, "max.xorsign.abs.bf16x2")
 #undef TLX_QUANT_BF16X2
 #endif
 """
+# Register-only helpers: the determinism analysis may treat their calls as arithmetic.
+determinism.declare_pure("tlx_quant_e4m3x2", *(f"tlx_quant_bf16x2_{op}" for op in ("mul", "add", "min", "max", "absmax")))
 
 
 def bf16x2(op: str, a, b):

@@ -120,3 +120,26 @@ def test_no_false_flags_on_repo_kernels(name):
     prim = getattr(importlib.import_module(module), factory).get_tir(*params)
     r = analyze(lower(prim, {"kind": "cuda", "arch": "sm_90a"}))
     assert r["findings"] == [] and r["deterministic"] is True, r
+
+
+def test_declared_pure_helper_counts_as_arithmetic():
+    import tilelang.language as T
+
+    from tlx.lowering import lower
+    from tlx.numerics import determinism
+
+    n = T.dynamic("n")
+
+    @T.prim_func
+    def scale(x: T.Tensor((n,), "float32"), y: T.Tensor((n,), "float32")):
+        with T.Kernel(T.ceildiv(n, 128), threads=128) as bx:
+            for i in T.Parallel(128):
+                if bx * 128 + i < n:
+                    y[bx * 128 + i] = T.call_extern("float32", "test_only_twice", x[bx * 128 + i])
+
+    kernel = lower(scale, {"kind": "cuda", "arch": "sm_90a"})
+    before = determinism.analyze(kernel)
+    assert before["deterministic"] == "unknown" and "test_only_twice" in before["unresolved"][0]
+    determinism.declare_pure("test_only_twice")
+    after = determinism.analyze(kernel)
+    assert after["deterministic"] is True and after["batch_invariant"] is True and after["unresolved"] == []

@@ -29,7 +29,7 @@ from tilelang import tvm
 from tlx.numerics._tir import device_functions, extern_name, op_name
 from tlx.passes import register_pass
 
-__all__ = ["analyze", "analyze_device", "analyze_program"]
+__all__ = ["analyze", "analyze_device", "analyze_program", "declare_pure"]
 
 DETERMINISM_ORDER = 910
 
@@ -37,6 +37,15 @@ ATOMIC_ADD_OPS = frozenset(
     f"tl.atomic_add{w}{r}_elem_op" for w in ("", "x2", "x4") for r in ("", "_ret")
 )
 KNOWN_EXTERN_PREFIXES = ("tl::", "tlx_ieee_", "__", "cute::", "cutlass::")
+_PURE_EXTERNS: set[str] = set()
+
+
+def declare_pure(*names: str) -> None:
+    """Declare device helpers (a kernel's own prelude) as pure functions of their arguments: no
+    memory access, no atomics, same result on every call. Calls to them then count as
+    arithmetic; any other unknown external call keeps the verdicts at "unknown"."""
+    _PURE_EXTERNS.update(names)
+
 _COMPARISONS = (tvm.tirx.LT, tvm.tirx.LE, tvm.tirx.GT, tvm.tirx.GE, tvm.tirx.EQ, tvm.tirx.NE)
 _SERIAL_KINDS = (tvm.tirx.ForKind.SERIAL, tvm.tirx.ForKind.UNROLLED)
 
@@ -148,7 +157,8 @@ def analyze_device(device_mod) -> tuple[list[dict], list[str]]:
                     if any(_is_float(d) for d in dtypes[1:]) or _is_float(node.dtype):
                         findings.append({"kind": "fp_atomic", "function": fname, "buffer": "", "dtype": str(node.dtype),
                                          "detail": f"call to {ext} on floating-point data"})
-                elif ext is not None and op == "tirx.call_extern" and not ext.startswith(KNOWN_EXTERN_PREFIXES):
+                elif (ext is not None and op == "tirx.call_extern" and not ext.startswith(KNOWN_EXTERN_PREFIXES)
+                      and ext not in _PURE_EXTERNS):
                     unresolved.append(f"{fname}: call to external function {ext} (effects unknown)")
             elif isinstance(node, tvm.tirx.BufferStore) and node.buffer.scope() == "global":
                 reads_same = []
