@@ -20,7 +20,6 @@ Usage:
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -28,6 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.timing import median_ms  # noqa: E402
 from kernels.moe.grouped_gemm import grouped_gemm_contiguous_kernel  # noqa: E402
 
 # name -> keyword arguments of grouped_gemm_contiguous_kernel. Measured on the H200 (rounds 1-2):
@@ -126,23 +126,6 @@ def make_inputs(shape, seed=0):
     return dict(a=a, sa=sa, b=b, sb=sb, block_expert=block_expert, routed=int(counts.sum()), rows=rows, n=n, k=k)
 
 
-def timeit(fn, reps=20, warmup=5):
-    import torch
-
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e))
-    return statistics.median(times)
-
-
 def check_skipped_blocks(name, shape, base):
     """Uneven experts (empty ones, partial blocks) with -1 row blocks in the middle and at the
     end: the written rows bitwise equal to the baseline, the -1 blocks' rows left untouched."""
@@ -206,7 +189,7 @@ def run(variants, shapes, out_json, ncu):
             kerns[v](*args, out)
             torch.cuda.synchronize()
             same = torch.equal(out.view(torch.int16), bits_ref)
-            ms = timeit(lambda: kerns[v](*args, out))
+            ms = median_ms(lambda: kerns[v](*args, out), reps=20, isolated=True)
             line[v] = {"ms": round(ms, 4), "tflops_routed": round(flops_r / ms / 1e9, 1),
                        "tflops_padded": round(flops_p / ms / 1e9, 1), "bitwise_vs_baseline": same}
             print(f"{shape:18s} {v:12s} {ms:8.3f} ms {flops_r / ms / 1e9:7.1f} TF routed "
@@ -215,7 +198,7 @@ def run(variants, shapes, out_json, ncu):
         dense_b = x["b"][0].t()  # [K, N] column-major, as _scaled_mm wants
         sca = torch.rand(rows, 1, device="cuda") + 0.5
         scb = torch.rand(1, n, device="cuda") + 0.5
-        ms = timeit(lambda: torch._scaled_mm(x["a"], dense_b, scale_a=sca, scale_b=scb, out_dtype=torch.bfloat16))
+        ms = median_ms(lambda: torch._scaled_mm(x["a"], dense_b, scale_a=sca, scale_b=scb, out_dtype=torch.bfloat16), reps=20, isolated=True)
         line["scaled_mm_rowwise"] = {"ms": round(ms, 4), "tflops": round(flops_p / ms / 1e9, 1)}
         print(f"{shape:18s} {'_scaled_mm':12s} {ms:8.3f} ms {flops_p / ms / 1e9:7.1f} TF dense on the computed rows", flush=True)
         results.append(line)

@@ -18,7 +18,6 @@ Usage: python bench/moe.py [--out FILE.json] [--reps N]
 import argparse
 import json
 import signal
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -27,6 +26,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.timing import median_ms  # noqa: E402
 from kernels.moe import reference as R  # noqa: E402
 from kernels.moe.gating import gating  # noqa: E402
 from kernels.moe.grouped_gemm import grouped_gemm_contiguous  # noqa: E402
@@ -38,20 +38,9 @@ CUDA = "cuda"
 ROWS = []
 
 
-def timeit(fn, reps, warmup=3):
-    """Median milliseconds of ``fn()`` over ``reps`` runs, each bracketed by CUDA events."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+def per_call_ms(fn, reps):
+    """Milliseconds per ``fn()`` as a caller sees it: each call waited for, host launch path included."""
+    return median_ms(fn, reps, warmup=3, isolated=True)
 
 
 def gpu_time(fn, reps):
@@ -70,7 +59,7 @@ def gpu_time(fn, reps):
 
 def emit_both(name, what, t, fn, gb, copy_gbs, reps):
     """Two rows: per call (CUDA events around the Python call) and GPU time only."""
-    for how, ms in (("per call", timeit(fn, reps)), ("GPU time", gpu_time(fn, reps))):
+    for how, ms in (("per call", per_call_ms(fn, reps)), ("GPU time", gpu_time(fn, reps))):
         rate = gb / ms * 1e3
         emit(model=name, what=f"{what} ({how})", T=t, ms=f"{ms:.3f}", rate=f"{rate:.0f} GB/s", vs=f"{rate / copy_gbs:.0%} of copy")
 
@@ -103,7 +92,7 @@ def make_layer(model, seed):
 def copy_bandwidth(reps):
     src = torch.randn(2**28, device=CUDA)  # 1 GiB
     dst = torch.empty_like(src)
-    ms = timeit(lambda: dst.copy_(src), reps)
+    ms = per_call_ms(lambda: dst.copy_(src), reps)
     assert torch.equal(dst[:1024], src[:1024])
     gbs = 2 * src.numel() * 4 / ms / 1e6
     emit(what="copy d2d", T="", ms=f"{ms:.3f}", rate=f"{gbs:.0f} GB/s", vs="")
@@ -150,7 +139,7 @@ def gemm_rows(name, model, layer, meta, reps):
                            for r, b in zip(sample.tolist(), blocks.tolist())])
         err = R.rel_error(out[sample], ref)
         assert err < 5e-3, f"{what}: rel err {err}"
-        ms = timeit(lambda: grouped_gemm_contiguous(a, sa, w, s, meta["block_expert"], out=out), reps)
+        ms = per_call_ms(lambda: grouped_gemm_contiguous(a, sa, w, s, meta["block_expert"], out=out), reps)
         tf = 2 * routed * n * k / ms / 1e9
         tf_pad = 2 * used * n * k / ms / 1e9
         emit(model=name, what=f"{what} (N={n}, K={k}) tlx", T=8192, ms=f"{ms:.3f}",
@@ -160,7 +149,7 @@ def gemm_rows(name, model, layer, meta, reps):
         for label, sc_a, sc_b in (("row-wise", torch.rand(used, 1, device=CUDA) + 0.5, torch.rand(1, n, device=CUDA) + 0.5),
                                   ("per-tensor", torch.tensor(1.0, device=CUDA), torch.tensor(1.0, device=CUDA))):
             try:
-                ms_d = timeit(lambda: torch._scaled_mm(dense_a, bt, scale_a=sc_a, scale_b=sc_b, out_dtype=torch.bfloat16), reps)
+                ms_d = per_call_ms(lambda: torch._scaled_mm(dense_a, bt, scale_a=sc_a, scale_b=sc_b, out_dtype=torch.bfloat16), reps)
             except Exception as exc:  # shapes or scale modes torch does not support
                 emit(model=name, what=f"{what} torch._scaled_mm {label}", T=8192, ms="n/a", rate=repr(exc)[:60], vs="")
                 continue
@@ -181,7 +170,7 @@ def layer_rows(name, model, layer, reps):
             ref = R.moe_ref(x, logits, None, *layer, topk=cfg.topk, score_func=cfg.score_func,
                             routed_scaling=cfg.routed_scaling, clamp=cfg.clamp)
             note = f"rel err vs float64 {R.rel_error(out, ref):.1e}"
-        ms = timeit(lambda: moe_layer(x, logits, *layer, cfg), reps)
+        ms = per_call_ms(lambda: moe_layer(x, logits, *layer, cfg), reps)
         emit(model=name, what="whole layer (unfused)", T=t, ms=f"{ms:.3f}", rate=f"{ms * 1e3:.0f} us/layer", vs=note)
 
 

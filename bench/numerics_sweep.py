@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -24,6 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import tlx  # noqa: E402
+from bench.timing import median_ms  # noqa: E402
 from tests.numerics import ieee_kernels as K  # noqa: E402
 from tlx.numerics.parity import build_baseline  # noqa: E402
 from tlx.numerics.sweep import all_fp32_chunks, bits, poisoned, random_operands  # noqa: E402
@@ -100,20 +100,9 @@ def sweep_random(ref) -> list[dict]:
     return rows
 
 
-def time_ms(fn, outs, reps=20, warmup=3) -> float:
-    for _ in range(warmup):
-        fn()
-    samples = []
-    for _ in range(reps):
-        for o in outs:
-            o.view(torch.uint8).fill_(0xA5)
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end))
-    return statistics.median(samples)
+def time_ms(fn, outs, reps=20) -> float:
+    """Median milliseconds of ``fn``, its outputs poisoned (untimed) before each call."""
+    return median_ms(fn, reps, warmup=3, before=lambda: [o.view(torch.uint8).fill_(0xA5) for o in outs], isolated=True)
 
 
 def conversion_throughput(ref) -> dict:

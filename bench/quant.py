@@ -16,7 +16,6 @@ Usage: python bench/quant.py [--out FILE.json] [--reps N]
 
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 
@@ -24,6 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.timing import median_ms  # noqa: E402
 from kernels.quant import reference as R  # noqa: E402
 from kernels.quant.block_cast import block_cast_kernel  # noqa: E402
 from kernels.quant.channel_cast import channel_cast_kernel  # noqa: E402
@@ -35,22 +35,6 @@ ROWS = []
 ROTATE = 3
 E4M3 = torch.float8_e4m3fn
 R_DT = {torch.bfloat16: "bfloat16", torch.float32: "float32"}
-
-
-def timeit(fns, reps, warmup=5):
-    """Median milliseconds over ``reps`` launches, cycling through ``fns`` (one per input)."""
-    for i in range(warmup):
-        fns[i % len(fns)]()
-    torch.cuda.synchronize()
-    events = []
-    for i in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fns[i % len(fns)]()
-        end.record()
-        events.append((start, end))
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) for s, e in events)
 
 
 def nbytes(*tensors):
@@ -78,7 +62,7 @@ def measure(what, shape, make_case, reps, copy_gbps):
         torch.cuda.synchronize()
         for i, (o, e) in enumerate(zip(outs, expected)):
             assert_bitwise(o, e, name=f"{what} output {i}")
-        ms = timeit([c[0] for c in cases], reps)
+        ms = median_ms([c[0] for c in cases], reps)
     except Exception as err:  # report the row, keep benchmarking the others
         emit(what=what, shape=shape, check=f"FAILED: {type(err).__name__}: {str(err)[:160]}")
         return
@@ -114,7 +98,7 @@ def main():
 
     src = torch.randn(1 << 29, device="cuda")  # 2 GiB
     dst = torch.empty_like(src)
-    copy_ms = timeit([lambda: dst.copy_(src)], reps)
+    copy_ms = median_ms([lambda: dst.copy_(src)], reps)
     copy_gbps = 2 * nbytes(src) / copy_ms / 1e6
     emit(what="copy (torch copy_)", shape="2 GiB", MB=round(2 * nbytes(src) / 1e6, 1), us=round(copy_ms * 1e3, 1),
          **{"GB/s": round(copy_gbps), "% of copy": 100.0, "check": "-"})
@@ -212,7 +196,7 @@ def main():
     measure("per-token 1x128 fp32 -> e4m3 (TileLang example 0.09 ms, Triton 0.32 ms)", "8192x8192",
             group_case(8192, 8192, torch.float32, 128, "fp32", False), reps, copy_gbps)
     xs = [randn((8192, 8192), torch.float32, seed) for seed in range(ROTATE)]
-    ref_ms = timeit([lambda x=x: R.per_token_group_cast(x, 128) for x in xs], max(5, reps // 3))
+    ref_ms = median_ms([lambda x=x: R.per_token_group_cast(x, 128) for x in xs], max(5, reps // 3))
     emit(what="same, torch reference (reference.py)", shape="8192x8192", us=round(ref_ms * 1e3, 1), check="-")
 
     if args.out:

@@ -155,19 +155,11 @@ def measure_guards() -> list[dict]:
     return rows
 
 
-def _time_launch(launch, args, warmup=10, iters=50) -> float:
-    import torch
+def _time_launch(launch, args) -> float:
+    """Median microseconds of one launch, launches queued back to back."""
+    from bench.timing import median_ms
 
-    for _ in range(warmup):
-        launch(*args)
-    start = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-    end = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-    for s, e in zip(start, end):
-        s.record()
-        launch(*args)
-        e.record()
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) * 1000 for s, e in zip(start, end))
+    return 1000 * median_ms(lambda: launch(*args), reps=50, warmup=10)
 
 
 def measure_guard_kernel_time() -> list[dict]:

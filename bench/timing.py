@@ -1,0 +1,36 @@
+"""The one GPU timer every benchmark uses, so that their figures are comparable: CUDA events
+around each call, warm-up calls first, the median over the timed calls."""
+
+from __future__ import annotations
+
+import statistics
+
+
+def median_ms(fns, reps: int, warmup: int = 5, before=None, isolated: bool = False) -> float:
+    """Median milliseconds of one call over ``reps`` calls.
+
+    ``fns`` is a callable or a list of them cycled through (one per input set, so a call does not
+    find the previous call's inputs in L2). ``before`` runs, untimed, ahead of each timed call
+    (e.g. to poison the outputs). ``isolated`` waits for each call to finish before the next is
+    issued, so the figure includes the host's launch path (a "per call" time); otherwise calls
+    queue back to back and the figure is the GPU's time.
+    """
+    import torch
+
+    fns = list(fns) if isinstance(fns, (list, tuple)) else [fns]
+    for i in range(warmup):
+        fns[i % len(fns)]()
+    torch.cuda.synchronize()
+    events = []
+    for i in range(reps):
+        if before is not None:
+            before()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fns[i % len(fns)]()
+        end.record()
+        if isolated:
+            end.synchronize()
+        events.append((start, end))
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in events)
