@@ -3,6 +3,7 @@
 import tilelang.language as T
 
 import tlx
+from tests.tiled_gemm import tiled_gemm
 
 SM90 = {"kind": "cuda", "arch": "sm_90a"}
 
@@ -31,20 +32,7 @@ def axpy(N, block=256, dtype="float32"):
 
 @tlx.jit(out_idx=[-1], target=SM90)
 def gemm(M, N, K, block_M=128, block_N=128, block_K=64, dtype="float16"):
-    @T.prim_func
-    def main(A: T.Tensor((M, K), dtype), B: T.Tensor((K, N), dtype), C: T.Tensor((M, N), dtype)):
-        with T.Kernel(T.ceildiv(N, block_N), T.ceildiv(M, block_M), threads=128) as (bx, by):
-            A_s = T.alloc_shared((block_M, block_K), dtype)
-            B_s = T.alloc_shared((block_K, block_N), dtype)
-            C_l = T.alloc_fragment((block_M, block_N), "float32")
-            T.clear(C_l)
-            for k in T.Pipelined(T.ceildiv(K, block_K), num_stages=3):
-                T.copy(A[by * block_M, k * block_K], A_s)
-                T.copy(B[k * block_K, bx * block_N], B_s)
-                T.gemm(A_s, B_s, C_l)
-            T.copy(C_l, C[by * block_M, bx * block_N])
-
-    return main
+    return tiled_gemm(M, N, K, block_M, block_N, block_K, dtype, out_dtype=dtype, num_stages=3)
 
 
 @tlx.jit(target=SM90)

@@ -4,27 +4,14 @@ batch-variant constructs, and clean kernels that must not be flagged. ``M`` is s
 
 import tilelang.language as T
 
+from tests.tiled_gemm import tiled_gemm
+
 BM, BN, BK = 64, 64, 32
 
 
 def gemm(K: int = 256, N: int = 256, dtype: str = "float16"):
     """Plain GEMM: one block per output tile, K loop in a fixed order."""
-    M = T.dynamic("M")
-
-    @T.prim_func
-    def plain_gemm(A: T.Tensor((M, K), dtype), B: T.Tensor((K, N), dtype), C: T.Tensor((M, N), "float32")):
-        with T.Kernel(T.ceildiv(N, BN), T.ceildiv(M, BM), threads=128) as (bx, by):
-            A_s = T.alloc_shared((BM, BK), dtype)
-            B_s = T.alloc_shared((BK, BN), dtype)
-            C_l = T.alloc_fragment((BM, BN), "float32")
-            T.clear(C_l)
-            for k in T.Pipelined(T.ceildiv(K, BK), num_stages=2):
-                T.copy(A[by * BM, k * BK], A_s)
-                T.copy(B[k * BK, bx * BN], B_s)
-                T.gemm(A_s, B_s, C_l)
-            T.copy(C_l, C[by * BM, bx * BN])
-
-    return plain_gemm
+    return tiled_gemm(T.dynamic("M"), N, K, BM, BN, BK, dtype)
 
 
 def elementwise(N: int = 1024):

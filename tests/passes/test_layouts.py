@@ -41,10 +41,10 @@ def test_every_layout_of_real_kernels_is_bijective(lowered, name):
 
 def test_gemm_swizzles_take_the_gf2_cross_check(lowered):
     entries = {e["buffer"]: e for e in layouts_report(lowered["gemm_tma"])["layouts"]}
-    for buf in ("As", "Bs"):
+    for buf in ("A_s", "B_s"):
         assert entries[buf]["gf2"]["applicable"], entries[buf]
         assert entries[buf]["kind"] == "layout"
-    assert entries["Cl"]["kind"] == "fragment"
+    assert entries["C_l"]["kind"] == "fragment"
 
 
 def _layout_value(layout, point):

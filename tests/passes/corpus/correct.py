@@ -3,6 +3,7 @@
 import tilelang.language as T
 
 import tlx
+from tests.tiled_gemm import tiled_gemm
 
 TARGET = {"kind": "cuda", "arch": "sm_90a"}
 
@@ -33,41 +34,12 @@ def scale_static_tail(N=1000, block=256):
 
 @tlx.jit(out_idx=[2], target=TARGET)
 def gemm_pipelined(N=256, block_m=128, block_n=128, block_k=32):
-    M = T.dynamic("M")
-    K = T.dynamic("K")
-
-    @T.prim_func
-    def main(A: T.Tensor((M, K), "float16"), B: T.Tensor((K, N), "float16"), C: T.Tensor((M, N), "float32")):
-        with T.Kernel(T.ceildiv(N, block_n), T.ceildiv(M, block_m), threads=128) as (bx, by):
-            As = T.alloc_shared((block_m, block_k), "float16")
-            Bs = T.alloc_shared((block_k, block_n), "float16")
-            Cl = T.alloc_fragment((block_m, block_n), "float32")
-            T.clear(Cl)
-            for k in T.Pipelined(T.ceildiv(K, block_k), num_stages=2):
-                T.copy(A[by * block_m, k * block_k], As)
-                T.copy(B[k * block_k, bx * block_n], Bs)
-                T.gemm(As, Bs, Cl)
-            T.copy(Cl, C[by * block_m, bx * block_n])
-
-    return main
+    return tiled_gemm(T.dynamic("M"), N, T.dynamic("K"), block_m, block_n, block_k)
 
 
 @tlx.jit(out_idx=[2], target=TARGET, pass_configs={"tl.disable_tma_lower": True, "tl.disable_warp_specialized": True})
 def gemm_no_tma(M=200, N=192, K=72, block_m=64, block_n=64, block_k=32):
-    @T.prim_func
-    def main(A: T.Tensor((M, K), "float16"), B: T.Tensor((K, N), "float16"), C: T.Tensor((M, N), "float32")):
-        with T.Kernel(T.ceildiv(N, block_n), T.ceildiv(M, block_m), threads=128) as (bx, by):
-            As = T.alloc_shared((block_m, block_k), "float16")
-            Bs = T.alloc_shared((block_k, block_n), "float16")
-            Cl = T.alloc_fragment((block_m, block_n), "float32")
-            T.clear(Cl)
-            for k in T.Pipelined(T.ceildiv(K, block_k), num_stages=2):
-                T.copy(A[by * block_m, k * block_k], As)
-                T.copy(B[k * block_k, bx * block_n], Bs)
-                T.gemm(As, Bs, Cl)
-            T.copy(Cl, C[by * block_m, bx * block_n])
-
-    return main
+    return tiled_gemm(M, N, K, block_m, block_n, block_k)
 
 
 @tlx.jit(out_idx=[1], target=TARGET)

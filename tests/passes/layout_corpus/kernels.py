@@ -7,27 +7,15 @@ would compile. TileLang reads ``@T.prim_func`` bodies from source, hence this mo
 import tilelang.language as T
 from tilelang.layout import Layout
 
+from tests.tiled_gemm import tiled_gemm
+
 GEMM_TMA = {}  # Hopper defaults: TMA copies, wgmma, warp specialization
 GEMM_SIMT_COPY = {"tl.disable_tma_lower": True, "tl.disable_warp_specialized": True, "tl.disable_wgmma": True}
 
 
 def gemm(M=256, N=256, K=256, bm=128, bn=128, bk=32, dtype="float16", configs=GEMM_TMA):
     """A pipelined GEMM; shared tiles get TileLang's swizzled layouts."""
-
-    @T.prim_func
-    def main(A: T.Tensor((M, K), dtype), B: T.Tensor((K, N), dtype), C: T.Tensor((M, N), dtype)):
-        with T.Kernel(T.ceildiv(N, bn), T.ceildiv(M, bm), threads=128) as (bx, by):
-            As = T.alloc_shared((bm, bk), dtype)
-            Bs = T.alloc_shared((bk, bn), dtype)
-            Cl = T.alloc_fragment((bm, bn), "float32")
-            T.clear(Cl)
-            for k in T.Pipelined(T.ceildiv(K, bk), num_stages=2):
-                T.copy(A[by * bm, k * bk], As)
-                T.copy(B[k * bk, bx * bn], Bs)
-                T.gemm(As, Bs, Cl)
-            T.copy(Cl, C[by * bm, bx * bn])
-
-    return main, dict(configs)
+    return tiled_gemm(M, N, K, bm, bn, bk, dtype, out_dtype=dtype), dict(configs)
 
 
 def row_sum(M=1024, N=512, bm=32, dtype="float32"):
