@@ -1,16 +1,22 @@
 """Routing metadata: expert-major row layout of one rank's experts, padded per expert.
 
-Three launches, all with integer results and a fixed assignment order (rows of an expert
-follow the flat index ``t * topk + j``), so they are deterministic and bitwise equal to
-``metadata.cu`` (which computes the same maps serially per expert):
+A block per chunk of 128 tokens, integer results and a fixed assignment order (rows of an
+expert follow the flat index ``t * topk + j``), so the results are deterministic and bitwise
+equal to ``metadata.cu``. ``place`` does the work:
 
-1. ``count``: per chunk of tokens, a shared-memory histogram (integer atomics: the counts do
-   not depend on their order).
-2. ``scan``: one block, a thread per expert: prefix over chunks, then a warp-shuffle scan of
-   the padded counts gives the offsets; padding rows and the expert of every row block.
-3. ``rows``: per chunk, one warp walks the chunk's entries 32 at a time in order; lanes with
-   the same expert (``match_any``) take consecutive rows by their rank among those lanes, so
-   an expert's rows follow the entry order.
+* its warps take consecutive 32-entry steps of the chunk; ``match_any`` groups a step's lanes by
+  expert, so a per-warp running count gives each entry's rank among the warp's earlier entries
+  of its expert;
+* every block sums the chunk histograms itself (each expert's total and its count in earlier
+  chunks: a few KB from L2) and scans the padded totals into the offsets; a prefix over the
+  warps' counts then places each warp's entries;
+* the blocks share out the padding rows (entry -1) and the row-block experts (a binary search in
+  the offsets); block 0 writes counts and offsets.
+
+The chunk histograms come from the same launch when every chunk's block can be resident (at
+most one per SM: the per-warp counts summed, then a grid barrier, cooperative launch), else
+from ``count`` first (a shared-memory histogram with integer atomics, whose result does not
+depend on their order).
 
 Outputs (see ``reference.metadata_ref``): counts [El], offsets [El + 1], row_of [T, k],
 entry_of_row [R], block_expert [R // align], with R = ``max_rows(T, k, El, align)``.
@@ -34,11 +40,10 @@ nrows = T.dynamic("R")
 nblocks = T.dynamic("B")
 nlocal = T.dynamic("El")
 
-CHUNK = 128  # tokens per chunk
-THREADS = 256  # count / rows blocks
+CHUNK = 128  # tokens per chunk (a multiple of 32: a chunk's entries fill whole 32-entry steps)
+THREADS = 256  # count blocks
 WARP = 32
-MAX_LOCAL = 1024  # local experts per rank: the scan has a thread per expert
-BATCH = 16  # chunk counts the scan loads at once
+MAX_LOCAL = 1024  # local experts per rank (shared arrays are sized for it)
 
 
 def max_rows(n_tokens: int, topk: int, n_local: int, align: int = 128) -> int:
@@ -80,123 +85,216 @@ def count_kernel(topk: int):
 
 
 @tlx.jit(target={"kind": "cuda", "arch": "sm_90a"})
-def scan_kernel(align: int = 128):
+def place_kernel(topk: int, align: int = 128, threads: int = 512, batch: int = 16, fused: bool = False):
+    """Everything but the chunk histograms, a block per chunk (see the module docstring). ``fused``:
+    the block also writes its chunk's histogram (from the per-warp counts), then waits for the
+    grid (cooperative launch: every chunk's block resident)."""
+    if threads % WARP or not WARP <= threads <= MAX_LOCAL or MAX_LOCAL % threads:
+        raise ValueError(f"threads: expected a multiple of {WARP} dividing {MAX_LOCAL}, got {threads}")
+    warps = threads // WARP
+    steps = CHUNK * topk // WARP  # 32-entry steps of a chunk
+    per_warp = (steps + warps - 1) // warps  # consecutive steps of one warp
+    busy = (steps + per_warp - 1) // per_warp  # warps that hold entries
+    ept = MAX_LOCAL // threads  # consecutive experts of a thread in the offsets scan
+    probes = MAX_LOCAL.bit_length()  # binary-search steps over El + 1 <= MAX_LOCAL + 1 offsets
+
+    @T.macro
+    def warp_ranks(ex, rk, s_seg, w, lane):
+        """Per warp and expert, a running count over the warp's steps: an entry's rank among the
+        warp's earlier entries of its expert (lanes of one expert in a step: ``match_any``)."""
+        peers = T.alloc_var("uint32")
+        below = T.alloc_var("int32")
+        cur = T.alloc_var("int32")
+        if w < busy:
+            for s in T.unroll(per_warp):
+                peers = T.match_any_sync(ex[s])
+                below = T.cast(T.min(T.popcount(peers & ((T.uint32(1) << T.cast(lane, "uint32")) - T.uint32(1))), T.uint32(WARP)), "int32")
+                cur = 0
+                if ex[s] >= 0:
+                    cur = s_seg[w * MAX_LOCAL + ex[s]]
+                T.sync_warp()
+                if ex[s] >= 0 and below == 0:
+                    s_seg[w * MAX_LOCAL + ex[s]] = cur + T.cast(T.min(T.popcount(peers), T.uint32(WARP)), "int32")
+                T.sync_warp()
+                rk[s] = cur + below
 
     @T.prim_func
     def main(
+        ids: T.Tensor((ntok, topk), "int32"),
+        first_expert: T.int32,
         chunk_counts: T.Tensor((nchunk, nlocal), "int32"),
-        chunk_base: T.Tensor((nchunk, nlocal), "int32"),
         counts: T.Tensor((nlocal,), "int32"),
         offsets: T.Tensor((nlocal + 1,), "int32"),
+        row_of: T.Tensor((ntok, topk), "int32"),
         entry_of_row: T.Tensor((nrows,), "int32"),
         block_expert: T.Tensor((nblocks,), "int32"),
     ):
-        with T.Kernel(1, threads=MAX_LOCAL):
-            tx = T.get_thread_binding()  # the expert
+        with T.Kernel(nchunk, threads=threads) as c:
+            tx = T.get_thread_binding()
             lane = tx % WARP
-            s_warp = T.alloc_shared((MAX_LOCAL // WARP,), "int32")
-            part = T.alloc_local((BATCH,), "int32")
+            w = tx // WARP
+            s_tot = T.alloc_shared((MAX_LOCAL,), "int32")  # tokens of each expert
+            s_bef = T.alloc_shared((MAX_LOCAL,), "int32")  # ... in the chunks before this one
+            s_off = T.alloc_shared((MAX_LOCAL + 1,), "int32")
+            s_part = T.alloc_shared((2, MAX_LOCAL), "int32")  # per-slot partial tot / bef
+            s_warp = T.alloc_shared((WARP,), "int32")
+            s_seg = T.alloc_shared((busy * MAX_LOCAL,), "int32")  # per warp: its count, then its first row
+            ex = T.alloc_local((per_warp,), "int32")  # local expert of each entry (-1: none)
+            rk = T.alloc_local((per_warp,), "int32")  # its rank among the warp's entries of that expert
+            part = T.alloc_local((batch,), "int32")
+            pad = T.alloc_local((ept,), "int32")
+            n = T.alloc_var("int32")
+            i = T.alloc_var("int32")
+            g = T.alloc_var("int64")  # the local expert, wide so that no id can overflow it
+            per = T.alloc_var("int32")
+            slot = T.alloc_var("int32")
+            e = T.alloc_var("int32")
+            tot = T.alloc_var("int32")
+            bef = T.alloc_var("int32")
+            cur = T.alloc_var("int32")
             run = T.alloc_var("int32")
-            pad = T.alloc_var("int32")
             incl = T.alloc_var("int32")
             up = T.alloc_var("int32")
             wsum = T.alloc_var("int32")
+            row = T.alloc_var("int64")
+            lo = T.alloc_var("int32")
+            hi = T.alloc_var("int32")
+            mid = T.alloc_var("int32")
+            n = T.min(ntok - c * CHUNK, CHUNK) * topk
+            # The chunk's entries, warp w holding steps w * per_warp ...: loads first.
+            for s in T.unroll(per_warp):
+                i = (w * per_warp + s) * WARP + lane
+                ex[s] = -1
+                if w < busy and i < n:
+                    g = T.cast(ids[c * CHUNK + i // topk, i % topk], "int64") - first_expert
+                    if g >= 0 and g < nlocal:
+                        ex[s] = T.cast(g, "int32")
+            if w < busy:
+                for b in T.serial(T.ceildiv(nlocal, WARP)):
+                    if b * WARP + lane < nlocal:
+                        s_seg[w * MAX_LOCAL + b * WARP + lane] = 0
+            if fused:
+                T.sync_threads()
+                warp_ranks(ex, rk, s_seg, w, lane)
+                T.sync_threads()
+                for j in T.serial(T.ceildiv(nlocal, threads)):
+                    e = j * threads + tx
+                    if e < nlocal:
+                        tot = 0
+                        for b in T.unroll(busy):
+                            tot = tot + s_seg[b * MAX_LOCAL + e]
+                        chunk_counts[c, e] = tot
+                T.sync_grid()
+            # Every expert's total and its count before chunk c: slot = (row phase, expert), batch
+            # loads in flight per thread.
+            per = T.max(threads // T.max(nlocal, 1), 1)
+            for j in T.serial(T.ceildiv(per * nlocal, threads)):
+                slot = j * threads + tx
+                if slot < per * nlocal:
+                    tot = 0
+                    bef = 0
+                    for q in T.serial(T.ceildiv(nchunk, per * batch)):
+                        for u in T.unroll(batch):
+                            part[u] = T.if_then_else((q * batch + u) * per + slot // nlocal < nchunk,
+                                                     chunk_counts[T.min((q * batch + u) * per + slot // nlocal, nchunk - 1), slot % nlocal], 0)
+                        for u in T.unroll(batch):
+                            tot = tot + part[u]
+                            if (q * batch + u) * per + slot // nlocal < c:
+                                bef = bef + part[u]
+                    s_part[0, slot] = tot
+                    s_part[1, slot] = bef
+            T.sync_threads()
+            for j in T.serial(T.ceildiv(nlocal, threads)):
+                e = j * threads + tx
+                if e < nlocal:
+                    tot = 0
+                    bef = 0
+                    for p in T.serial(per):
+                        tot = tot + s_part[0, p * nlocal + e]
+                        bef = bef + s_part[1, p * nlocal + e]
+                    s_tot[e] = tot
+                    s_bef[e] = bef
+            if not fused:
+                warp_ranks(ex, rk, s_seg, w, lane)
+                T.sync_threads()
+            # Offsets: exclusive scan of the padded counts, ept experts a thread, then warps.
             run = 0
-            if tx < nlocal:
-                for cb in T.serial(T.ceildiv(nchunk, BATCH)):  # BATCH loads in flight, then the prefix
-                    for u in T.unroll(BATCH):
-                        part[u] = T.if_then_else(cb * BATCH + u < nchunk, chunk_counts[T.min(cb * BATCH + u, nchunk - 1), tx], 0)
-                    for u in T.unroll(BATCH):
-                        if cb * BATCH + u < nchunk:
-                            chunk_base[cb * BATCH + u, tx] = run
-                            run = run + part[u]
-                counts[tx] = run
-            pad = T.ceildiv(run, align) * align
-            # Inclusive scan of the padded counts: within each warp, then over the warp sums.
-            incl = pad
+            for u in T.unroll(ept):
+                pad[u] = T.if_then_else(tx * ept + u < nlocal, T.ceildiv(s_tot[tx * ept + u], align) * align, 0)
+                run = run + pad[u]
+            incl = run
             for d in T.unroll(5):
                 up = T.shfl_up(incl, 1 << d)
                 if lane >= (1 << d):
                     incl = incl + up
             if lane == WARP - 1:
-                s_warp[tx // WARP] = incl
+                s_warp[w] = incl
             T.sync_threads()
             if tx < WARP:
-                wsum = s_warp[tx]
+                wsum = T.if_then_else(tx < warps, s_warp[tx], 0)
                 for d in T.unroll(5):
                     up = T.shfl_up(wsum, 1 << d)
                     if lane >= (1 << d):
                         wsum = wsum + up
                 s_warp[tx] = wsum
             T.sync_threads()
-            if tx >= WARP:
-                incl = incl + s_warp[tx // WARP - 1]
-            if tx == 0:
-                offsets[0] = 0
-            if tx < nlocal:
-                offsets[tx + 1] = incl
-                for r in T.serial(pad - run):
-                    entry_of_row[incl - pad + run + r] = -1
-                for q in T.serial(pad // align):
-                    block_expert[(incl - pad) // align + q] = tx
-            for q in T.serial(T.ceildiv(nblocks, MAX_LOCAL)):
-                if q * MAX_LOCAL + tx < nblocks and (q * MAX_LOCAL + tx) * align >= s_warp[MAX_LOCAL // WARP - 1]:
-                    block_expert[q * MAX_LOCAL + tx] = -1
-
-    return main
-
-
-@tlx.jit(target={"kind": "cuda", "arch": "sm_90a"})
-def rows_kernel(topk: int):
-
-    @T.prim_func
-    def main(
-        ids: T.Tensor((ntok, topk), "int32"),
-        first_expert: T.int32,
-        chunk_base: T.Tensor((nchunk, nlocal), "int32"),
-        offsets: T.Tensor((nlocal + 1,), "int32"),
-        row_of: T.Tensor((ntok, topk), "int32"),
-        entry_of_row: T.Tensor((nrows,), "int32"),
-    ):
-        with T.Kernel(nchunk, threads=THREADS) as c:
-            tx = T.get_thread_binding()
-            s_ids = T.alloc_shared((CHUNK * topk,), "int32")
-            s_next = T.alloc_shared((MAX_LOCAL,), "int32")  # next free row of each expert
-            n = T.alloc_var("int32")
-            i = T.alloc_var("int32")
-            e = T.alloc_var("int32")
-            peers = T.alloc_var("uint32")
-            rank = T.alloc_var("int32")
-            base = T.alloc_var("int32")
-            n = T.min(ntok - c * CHUNK, CHUNK) * topk
-            for b in T.serial(T.ceildiv(CHUNK * topk, THREADS)):
-                if b * THREADS + tx < n:
-                    s_ids[b * THREADS + tx] = ids[c * CHUNK + (b * THREADS + tx) // topk, (b * THREADS + tx) % topk] - first_expert
-            for b in T.serial(T.ceildiv(nlocal, THREADS)):
-                if b * THREADS + tx < nlocal:
-                    s_next[b * THREADS + tx] = offsets[b * THREADS + tx] + chunk_base[c, b * THREADS + tx]
+            run = incl - run
+            if w > 0:
+                run = run + s_warp[w - 1]
+            for u in T.unroll(ept):
+                s_off[tx * ept + u] = run
+                run = run + pad[u]
+            if tx == threads - 1:
+                s_off[MAX_LOCAL] = run
             T.sync_threads()
-            if tx < WARP:
-                for s in T.serial(T.ceildiv(n, WARP)):
-                    i = s * WARP + tx
-                    e = -1  # past the chunk or another rank's expert
-                    if i < n:
-                        if s_ids[i] >= 0 and s_ids[i] < nlocal:
-                            e = s_ids[i]
-                    peers = T.match_any_sync(e)
-                    rank = T.cast(T.min(T.popcount(peers & ((T.uint32(1) << T.cast(tx, "uint32")) - T.uint32(1))), T.uint32(WARP)), "int32")
-                    base = 0
-                    if e >= 0:
-                        base = s_next[e]
-                    T.sync_warp()
-                    if e >= 0:
-                        row_of[c * CHUNK + i // topk, i % topk] = base + rank
-                        entry_of_row[base + rank] = c * CHUNK * topk + i
-                        if rank == 0:
-                            s_next[e] = base + T.cast(T.min(T.popcount(peers), T.uint32(WARP)), "int32")
+            if c == 0:
+                for j in T.serial(T.ceildiv(nlocal + 1, threads)):
+                    if j * threads + tx < nlocal:
+                        counts[j * threads + tx] = s_tot[j * threads + tx]
+                    if j * threads + tx <= nlocal:
+                        offsets[j * threads + tx] = s_off[j * threads + tx]
+            # Padding rows (entry -1), spread over all blocks: slot = (expert, row in its last block).
+            for j in T.serial(T.ceildiv(nlocal * align, nchunk * threads)):
+                slot = (j * nchunk + c) * threads + tx
+                e = slot // align
+                if e < nlocal:
+                    if s_tot[e] + slot % align < T.ceildiv(s_tot[e], align) * align:
+                        entry_of_row[s_off[e] + s_tot[e] + slot % align] = -1
+            # The expert of each row block: the last expert starting at or before it.
+            for j in T.serial(T.ceildiv(nblocks, nchunk * threads)):
+                slot = (j * nchunk + c) * threads + tx
+                if slot < nblocks:
+                    row = T.cast(slot, "int64") * align
+                    lo = -1
+                    if row < s_off[nlocal]:
+                        lo = 0
+                        hi = nlocal
+                        for it in T.unroll(probes):
+                            if hi - lo > 1:
+                                mid = (lo + hi) // 2
+                                if s_off[mid] <= row:
+                                    lo = mid
+                                else:
+                                    hi = mid
+                    block_expert[slot] = lo
+            # First row of each warp's entries of each expert: offset + earlier chunks + earlier warps.
+            for j in T.serial(T.ceildiv(nlocal, threads)):
+                e = j * threads + tx
+                if e < nlocal:
+                    run = s_off[e] + s_bef[e]
+                    for b in T.unroll(busy):
+                        cur = s_seg[b * MAX_LOCAL + e]
+                        s_seg[b * MAX_LOCAL + e] = run
+                        run = run + cur
+            T.sync_threads()
+            if w < busy:
+                for s in T.unroll(per_warp):
+                    i = (w * per_warp + s) * WARP + lane
+                    if ex[s] >= 0:
+                        row_of[c * CHUNK + i // topk, i % topk] = s_seg[w * MAX_LOCAL + ex[s]] + rk[s]
+                        entry_of_row[s_seg[w * MAX_LOCAL + ex[s]] + rk[s]] = c * CHUNK * topk + i
                     elif i < n:
                         row_of[c * CHUNK + i // topk, i % topk] = -1
-                    T.sync_warp()
 
     return main
 
@@ -211,14 +309,11 @@ def routing_metadata(ids, n_experts: int, rank: int = 0, n_ranks: int = 1, align
     if n_experts % n_ranks or not 0 <= rank < n_ranks:
         raise ValueError(f"rank/n_ranks: expected 0 <= rank < n_ranks dividing {n_experts}, got {rank}/{n_ranks}")
     el = n_experts // n_ranks
-    if el > MAX_LOCAL:
-        raise ValueError(f"n_experts // n_ranks: expected at most {MAX_LOCAL} local experts, got {el}")
+    if not 1 <= el <= MAX_LOCAL:
+        raise ValueError(f"n_experts // n_ranks: expected 1 to {MAX_LOCAL} local experts, got {el}")
     t, k = ids.shape
     dev = ids.device
-    nchunk = max(1, (t + CHUNK - 1) // CHUNK)
     rows = max_rows(t, k, el, align)
-    chunk_counts = torch.empty(nchunk, el, dtype=torch.int32, device=dev)
-    chunk_base = torch.empty_like(chunk_counts)
     out = {
         "counts": torch.empty(el, dtype=torch.int32, device=dev),
         "offsets": torch.empty(el + 1, dtype=torch.int32, device=dev),
@@ -226,19 +321,32 @@ def routing_metadata(ids, n_experts: int, rank: int = 0, n_ranks: int = 1, align
         "entry_of_row": torch.empty(rows, dtype=torch.int32, device=dev),
         "block_expert": torch.empty(rows // align, dtype=torch.int32, device=dev),
     }
+    if not t:  # no entries: no rows, every block past the end
+        out["counts"].zero_()
+        out["offsets"].zero_()
+        out["block_expert"].fill_(-1)
+        return out
     ids = ids.contiguous()
-    count, scan, rows_ = _kernels(k, align)
-    if t:
-        count.launch(ids, rank * el, chunk_counts)
+    nchunk = (t + CHUNK - 1) // CHUNK
+    chunk_counts = torch.empty(nchunk, el, dtype=torch.int32, device=dev)
+    count, place, fused = _kernels(k, align)
+    if nchunk <= _sm_count(dev.index if dev.index is not None else torch.cuda.current_device()):
+        place = fused  # one launch: a block per SM at most, so every block is resident
     else:
-        chunk_counts.zero_()
-    scan.launch(chunk_counts, chunk_base, out["counts"], out["offsets"], out["entry_of_row"], out["block_expert"])
-    if t:
-        rows_.launch(ids, rank * el, chunk_base, out["offsets"], out["row_of"], out["entry_of_row"])
+        count.launch(ids, rank * el, chunk_counts)
+    place.launch(ids, rank * el, chunk_counts, out["counts"], out["offsets"], out["row_of"], out["entry_of_row"],
+                 out["block_expert"])
     return out
 
 
 @functools.lru_cache(maxsize=None)
 def _kernels(topk: int, align: int):
-    """The three kernels behind a plain dict lookup (the jit's own lookup costs µs per call)."""
-    return count_kernel(topk), scan_kernel(align), rows_kernel(topk)
+    """The kernels behind a plain dict lookup (the jit's own lookup costs µs per call)."""
+    return count_kernel(topk), place_kernel(topk, align), place_kernel(topk, align, fused=True)
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device: int) -> int:
+    import torch
+
+    return torch.cuda.get_device_properties(device).multi_processor_count
