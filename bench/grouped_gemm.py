@@ -20,6 +20,7 @@ Usage:
 import argparse
 import json
 import os
+import statistics
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -35,8 +36,12 @@ from kernels.moe.grouped_gemm import grouped_gemm_contiguous_kernel  # noqa: E40
 # on big_n4096_k7168, m64n128 + register scales 1058, this kernel 1155-1163; a 5th stage,
 # prefetching the scales one stage ahead and a deferred TMA-store wait gave no steady gain.
 VARIANTS = {
-    "ws": {"num_sms": 132},  # the call grouped_gemm_contiguous makes on an H200
-    "ws_c1": {"num_sms": 132, "cluster": 1},  # no A multicast
+    "dual": {"num_sms": 132},  # the call grouped_gemm_contiguous makes on an H200
+    "base": {"num_sms": 132, "dual": False},  # session 2's kernel: one accumulator
+    "n192": {"num_sms": 132, "block_n": 192, "dual": False},  # 128 x 192 tiles: less shared-memory traffic per flop
+    "dual_b8": {"num_sms": 132, "band": 8},
+    "dual_b16": {"num_sms": 132, "band": 16},
+    "n192_b8": {"num_sms": 132, "block_n": 192, "dual": False, "band": 8},
 }
 
 # name -> (kind, experts, rows per expert or tokens, N, K)
@@ -52,8 +57,12 @@ TOPK = 6
 
 # Which shapes each variant is built for and timed on (every pair is one compile), in build order.
 PLAN = {
-    "ws": list(SHAPES),
-    "ws_c1": ["big_n4096_k7168", "flash_l1"],
+    "dual": list(SHAPES),
+    "base": list(SHAPES),
+    "n192": ["big_n4096_k7168", "big_n7168_k4096", "flash_l1", "pro_l1"],
+    "dual_b8": ["big_n4096_k7168", "big_n7168_k4096", "flash_l1", "pro_l1"],
+    "dual_b16": ["big_n4096_k7168", "big_n7168_k4096", "flash_l1", "pro_l1"],
+    "n192_b8": ["big_n4096_k7168", "big_n7168_k4096"],
 }
 
 
@@ -153,7 +162,26 @@ def check_skipped_blocks(name, shape, base):
     return ok
 
 
-def run(variants, shapes, out_json, ncu):
+def sustained(fn, calls=300):
+    """Back-to-back calls for a few hundred ms: ms per call and the SM clock and board power that
+    nvidia-smi reads half way (FP8 GEMMs run into the power limit, so clocks differ by kernel)."""
+    import subprocess
+
+    import torch
+
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(calls):
+        fn()
+    end.record()
+    smi = subprocess.run(["nvidia-smi", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader"],
+                         capture_output=True, text=True).stdout.strip()
+    end.synchronize()
+    return {"sustained_ms": round(start.elapsed_time(end) / calls, 4), "clock": smi}
+
+
+def run(variants, shapes, out_json, ncu, reps=20, clocks=False):
     import torch
 
     from tlx.numerics.parity import build_baseline
@@ -182,25 +210,43 @@ def run(variants, shapes, out_json, ncu):
             continue
         ref = torch.full((rows, n), float("nan"), dtype=torch.bfloat16, device="cuda")
         base.moe_grouped_gemm_contiguous(*args, ref)
-        bits_ref = ref.view(torch.int16)
         line = {"shape": shape, "rows": rows, "routed": routed, "n": n, "k": k}
+        out = torch.full_like(ref, float("nan"))
+        fns = {}
         for v in names:
-            out = torch.full_like(ref, float("nan"))
+            out.fill_(float("nan"))
             kerns[v](*args, out)
             torch.cuda.synchronize()
-            same = torch.equal(out.view(torch.int16), bits_ref)
-            ms = median_ms(lambda: kerns[v](*args, out), reps=20, isolated=True)
-            line[v] = {"ms": round(ms, 4), "tflops_routed": round(flops_r / ms / 1e9, 1),
-                       "tflops_padded": round(flops_p / ms / 1e9, 1), "bitwise_vs_baseline": same}
-            print(f"{shape:18s} {v:12s} {ms:8.3f} ms {flops_r / ms / 1e9:7.1f} TF routed "
-                  f"({flops_p / ms / 1e9:7.1f} computed) bitwise={same}", flush=True)
-        del ref, out
+            line[v] = {"bitwise_vs_baseline": torch.equal(out.view(torch.int16), ref.view(torch.int16))}
+            fns[v] = lambda v=v: kerns[v](*args, out)
+        del ref
         dense_b = x["b"][0].t()  # [K, N] column-major, as _scaled_mm wants
         sca = torch.rand(rows, 1, device="cuda") + 0.5
         scb = torch.rand(1, n, device="cuda") + 0.5
-        ms = median_ms(lambda: torch._scaled_mm(x["a"], dense_b, scale_a=sca, scale_b=scb, out_dtype=torch.bfloat16), reps=20, isolated=True)
-        line["scaled_mm_rowwise"] = {"ms": round(ms, 4), "tflops": round(flops_p / ms / 1e9, 1)}
-        print(f"{shape:18s} {'_scaled_mm':12s} {ms:8.3f} ms {flops_p / ms / 1e9:7.1f} TF dense on the computed rows", flush=True)
+        fns["_scaled_mm"] = lambda: torch._scaled_mm(x["a"], dense_b, scale_a=sca, scale_b=scb, out_dtype=torch.bfloat16)
+        # one call of each in turn, so that every candidate meets the same clocks and temperature
+        for f in fns.values():
+            median_ms(f, reps=1, warmup=3)
+        times = {name: [] for name in fns}
+        for _ in range(reps):
+            for name, f in fns.items():
+                times[name].append(median_ms(f, reps=1, warmup=0, isolated=True))
+        for name in fns:
+            ms = statistics.median(times[name])
+            if name == "_scaled_mm":
+                row = line["scaled_mm_rowwise"] = {"ms": round(ms, 4), "tflops": round(flops_p / ms / 1e9, 1)}
+                text = f"{row['tflops']:7.1f} TF dense on the computed rows"
+            else:
+                row = line[name]
+                row.update(ms=round(ms, 4), tflops_routed=round(flops_r / ms / 1e9, 1),
+                           tflops_padded=round(flops_p / ms / 1e9, 1))
+                text = (f"{row['tflops_routed']:7.1f} TF routed ({row['tflops_padded']:7.1f} computed) "
+                        f"bitwise={row['bitwise_vs_baseline']}")
+            if clocks:
+                row.update(sustained(fns[name], calls=max(20, int(300 / ms))))
+                text += f" | back to back {row['sustained_ms']:.3f} ms at {row['clock']}"
+            print(f"{shape:18s} {name:12s} {ms:8.3f} ms {text}", flush=True)
+        del out
         results.append(line)
         del x, args, kerns
         torch.cuda.empty_cache()
@@ -217,12 +263,14 @@ def main():
     ap.add_argument("--variants", default=",".join(PLAN))
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--out", help="write the rows as JSON here (as the other benchmarks)")
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--clocks", action="store_true", help="also sustained back-to-back rates with SM clock and power")
     args = ap.parse_args()
     variants, shapes = args.variants.split(","), args.shapes.split(",")
     if args.compile:
         compile_all([(v, s) for v in variants for s in PLAN.get(v, ()) if s in shapes], args.jobs)
     else:
-        run(variants, shapes, args.out, args.ncu)
+        run(variants, shapes, args.out, args.ncu, args.reps, args.clocks)
 
 
 if __name__ == "__main__":

@@ -49,7 +49,8 @@ def check_gemm_args(n: int, k: int):
 
 
 @tlx.jit(target={"kind": "cuda", "arch": "sm_90a"}, pass_configs={"tl.disable_warp_specialized": True})
-def grouped_gemm_contiguous_kernel(n: int, k: int, num_stages: int = 4, cluster: int = 2, num_sms: int = 132):
+def grouped_gemm_contiguous_kernel(n: int, k: int, num_stages: int = 4, cluster: int = 2, num_sms: int = 132,
+                                   block_n: int = 128, dual: bool = True, unroll: int = 4, band: int = 1):
     """``(A [R, K], SA [R, K/128], B [E, N, K], SB [E, N/128, K/128], block_expert [R/128], C [R, N])``.
 
     ``num_sms`` persistent CTAs (one per SM) walk the output tiles row block by row block; the
@@ -57,24 +58,84 @@ def grouped_gemm_contiguous_kernel(n: int, k: int, num_stages: int = 4, cluster:
     one multicasts the A tile to all (half the L2 reads of A at cluster 2). Per CTA one TMA
     producer warpgroup (threads 256..383: TMA issue, then the 128 rows' ``sa * sb``) and two
     consumer warpgroups (64 rows each). A stage is refilled once every consumer warp of the
-    cluster has released it (cluster-scope ``empty`` barriers)."""
+    cluster has released it (cluster-scope ``empty`` barriers).
+
+    ``block_n`` columns per tile (m64n{block_n}k32 per consumer warpgroup); a tile wider than
+    128 spans two 128-column scale groups (two scales per row) and the last one may pass N
+    (TMA zero-fills B's missing rows and clips C's store). ``dual``: two wgmma accumulators,
+    the next K block's wgmma runs while the previous block is promoted."""
     check_gemm_args(n, k)
-    nt = n // BLOCK_N
+    if block_n % 64 or not 64 <= block_n <= 256 or (dual and block_n > 128):
+        raise ValueError(f"block_n: expected 64..256 in steps of 64 (<= 128 with dual), got {block_n}")
+    nt = -(-n // block_n)
     if nt % cluster or num_sms % cluster:
-        raise ValueError(f"cluster: {cluster} must divide n // {BLOCK_N} = {nt} and num_sms = {num_sms}")
+        raise ValueError(f"cluster: {cluster} must divide ceil(n / {block_n}) = {nt} and num_sms = {num_sms}")
     kblocks = k // BLOCK_K
+    if dual:
+        unroll = max(u for u in range(1, unroll + 1) if kblocks % u == 0)
     nclusters = num_sms // cluster
     groups = nt // cluster  # cluster tiles per row block
+    ncol = 2 if block_n > 128 else 1  # scale groups a tile touches
+    nsg = n // 128
 
     # Cluster tile p of a CTA's loop step w; its row block and the CTA's column offset.
     def tile(w, pid):
         return w * nclusters + pid // cluster
 
+    # Cluster tiles run in bands of `band` row blocks, column groups outer within a band, so
+    # the clusters at work at one time share fewer A and B tiles (L2 reuse).
+    def band_rows(w, pid):
+        return T.min(band, nblocks - tile(w, pid) // (band * groups) * band)
+
     def row_block(w, pid):
-        return tile(w, pid) // groups
+        if band == 1:
+            return tile(w, pid) // groups
+        b0 = tile(w, pid) // (band * groups) * band
+        return b0 + (tile(w, pid) - b0 * groups) % band_rows(w, pid)
 
     def col0(w, pid):
-        return (tile(w, pid) % groups * cluster + pid % cluster) * BLOCK_N
+        if band == 1:
+            g = tile(w, pid) % groups
+        else:
+            g = (tile(w, pid) - tile(w, pid) // (band * groups) * band * groups) // band_rows(w, pid)
+        return (g * cluster + pid % cluster) * block_n
+
+    @T.macro
+    def load_scales(scale_s, stage, c, sf):
+        for i in T.Parallel(BLOCK_M):
+            sf[i] = scale_s[stage, c, i]
+
+    @T.macro
+    def issue(A_s, B_s, stage, acc):
+        T.wgmma_gemm(A_s[stage, :, :], B_s[stage, :, :], acc, transpose_B=True, policy=T.GemmWarpPolicy.FullRow,
+                     clear_accum=True)
+
+    @T.macro
+    def release(empty, stage, tx):
+        # lane r of every consumer warp releases the stage in the cluster's CTA r
+        if tx % 32 < cluster:
+            T.mbarrier_arrive(empty[stage], cta_id=tx % 32)
+
+    @T.macro
+    def promote(total, acc, sa_sb):
+        for i, j in T.Parallel(BLOCK_M, block_n):
+            total[i, j] = T.ieee_fmaf(acc[i, j], sa_sb[i], total[i, j])
+
+    @T.macro
+    def overlap(A_s, B_s, scale_s, full, empty, it, tx, total, acc_next, sf_next, acc, sf):
+        """Issue K block it + 1 into acc_next, then promote block it (in acc) once it is done."""
+        T.mbarrier_wait_parity(full[(it + 1) % num_stages], ((it + 1) // num_stages) & 1)
+        load_scales(scale_s, (it + 1) % num_stages, 0, sf_next)
+        issue(A_s, B_s, (it + 1) % num_stages, acc_next)
+        T.wait_wgmma(1)
+        release(empty, it % num_stages, tx)
+        T.warpgroup_fence_operand(acc, num_regs=BLOCK_M * block_n // 256)
+        promote(total, acc, sf)
+
+    @T.macro
+    def promote2(total, acc, sf0, sf1, split):
+        for i, j in T.Parallel(BLOCK_M, block_n):
+            total[i, j] = T.ieee_fmaf(acc[i, j], T.if_then_else(j < split, sf0[i], sf1[i]), total[i, j])
 
     @T.prim_func
     def main(
@@ -87,16 +148,19 @@ def grouped_gemm_contiguous_kernel(n: int, k: int, num_stages: int = 4, cluster:
     ):
         with T.ClusterKernel(num_sms, cluster_dims=(cluster, 1, 1), threads=384) as pid:
             A_s = T.alloc_shared((num_stages, BLOCK_M, BLOCK_K), "float8_e4m3")
-            B_s = T.alloc_shared((num_stages, BLOCK_N, BLOCK_K), "float8_e4m3")
-            scale_s = T.alloc_shared((num_stages, BLOCK_M), "float32")
-            C_s = T.alloc_shared((BLOCK_M, BLOCK_N), "bfloat16")
-            scale_f = T.alloc_fragment((BLOCK_M,), "float32")
-            part = T.alloc_fragment((BLOCK_M, BLOCK_N), "float32")
-            total = T.alloc_fragment((BLOCK_M, BLOCK_N), "float32")
+            B_s = T.alloc_shared((num_stages, block_n, BLOCK_K), "float8_e4m3")
+            scale_s = T.alloc_shared((num_stages, ncol, BLOCK_M), "float32")
+            C_s = T.alloc_shared((BLOCK_M, block_n), "bfloat16")
+            sf0 = T.alloc_fragment((BLOCK_M,), "float32")
+            sf1 = T.alloc_fragment((BLOCK_M,), "float32")
+            part = T.alloc_fragment((BLOCK_M, block_n), "float32")
+            part1 = T.alloc_fragment((BLOCK_M, block_n), "float32")
+            total = T.alloc_fragment((BLOCK_M, block_n), "float32")
             full = T.alloc_barrier([128] * num_stages)  # the producer's 128 threads + the TMA bytes
             empty = T.alloc_cluster_barrier([8 * cluster] * num_stages)  # every consumer warp of the cluster
             it = T.alloc_var("int32", init=0)  # K blocks this CTA has passed: stage and phase
             tx = T.get_thread_binding()
+
             T.cluster_sync()
             if tx >= 256:
                 T.set_max_nreg(40, 0)
@@ -114,13 +178,14 @@ def grouped_gemm_contiguous_kernel(n: int, k: int, num_stages: int = 4, cluster:
                                     T.tma_copy(A[row_block(w, pid) * BLOCK_M:row_block(w, pid) * BLOCK_M + BLOCK_M,
                                                  kb * BLOCK_K:(kb + 1) * BLOCK_K],
                                                A_s[it % num_stages, :, :], barrier=full[it % num_stages])
-                                T.tma_copy(B[block_expert[row_block(w, pid)], col0(w, pid):col0(w, pid) + BLOCK_N,
+                                T.tma_copy(B[block_expert[row_block(w, pid)], col0(w, pid):col0(w, pid) + block_n,
                                              kb * BLOCK_K:(kb + 1) * BLOCK_K],
                                            B_s[it % num_stages, :, :], barrier=full[it % num_stages])
                                 # the scales' global loads overlap the TMA transfers
-                                scale_s[it % num_stages, tx - 256] = (
-                                    SA[row_block(w, pid) * BLOCK_M + tx - 256, kb]
-                                    * SB[block_expert[row_block(w, pid)], col0(w, pid) // 128, kb])
+                                for c in T.unroll(ncol):
+                                    scale_s[it % num_stages, c, tx - 256] = (
+                                        SA[row_block(w, pid) * BLOCK_M + tx - 256, kb]
+                                        * SB[block_expert[row_block(w, pid)], T.min(col0(w, pid) // 128 + c, nsg - 1), kb])
                                 T.mbarrier_arrive(full[it % num_stages])
                                 it = it + 1
             else:
@@ -129,19 +194,45 @@ def grouped_gemm_contiguous_kernel(n: int, k: int, num_stages: int = 4, cluster:
                     if tile(w, pid) < nblocks * groups:
                         if block_expert[row_block(w, pid)] >= 0:
                             T.clear(total)
-                            for kb in T.serial(kblocks):
-                                T.mbarrier_wait_parity(full[it % num_stages], (it // num_stages) & 1)
-                                for i in T.Parallel(BLOCK_M):
-                                    scale_f[i] = scale_s[it % num_stages, i]
-                                T.clear(part)
-                                T.gemm(A_s[it % num_stages, :, :], B_s[it % num_stages, :, :], part, transpose_B=True,
-                                       policy=T.GemmWarpPolicy.FullRow)
-                                # lane r of every consumer warp releases the stage in the cluster's CTA r
-                                if tx % 32 < cluster:
-                                    T.mbarrier_arrive(empty[it % num_stages], cta_id=tx % 32)
-                                for i, j in T.Parallel(BLOCK_M, BLOCK_N):
-                                    total[i, j] = T.ieee_fmaf(part[i, j], scale_f[i], total[i, j])
-                                it = it + 1
+                            if dual:
+                                # U K blocks per step: block i + 1's wgmma runs while block i is promoted;
+                                # nothing stays in flight across the loop's back edge (ptxas would
+                                # serialize every wgmma otherwise)
+                                for kq in T.serial(kblocks // unroll):
+                                    T.mbarrier_wait_parity(full[it % num_stages], (it // num_stages) & 1)
+                                    load_scales(scale_s, it % num_stages, 0, sf0)
+                                    issue(A_s, B_s, it % num_stages, part)
+                                    for h in T.unroll(unroll - 1):
+                                        if h % 2 == 0:
+                                            overlap(A_s, B_s, scale_s, full, empty, it, tx, total, part1, sf1, part, sf0)
+                                        else:
+                                            overlap(A_s, B_s, scale_s, full, empty, it, tx, total, part, sf0, part1, sf1)
+                                        it = it + 1
+                                    T.wait_wgmma(0)
+                                    release(empty, it % num_stages, tx)
+                                    if unroll % 2 == 0:
+                                        T.warpgroup_fence_operand(part1, num_regs=BLOCK_M * block_n // 256)
+                                        promote(total, part1, sf1)
+                                    else:
+                                        T.warpgroup_fence_operand(part, num_regs=BLOCK_M * block_n // 256)
+                                        promote(total, part, sf0)
+                                    it = it + 1
+                            else:
+                                for kb in T.serial(kblocks):
+                                    T.mbarrier_wait_parity(full[it % num_stages], (it // num_stages) & 1)
+                                    load_scales(scale_s, it % num_stages, 0, sf0)
+                                    if ncol == 2:
+                                        load_scales(scale_s, it % num_stages, 1, sf1)
+                                    T.gemm(A_s[it % num_stages, :, :], B_s[it % num_stages, :, :], part, transpose_B=True,
+                                           policy=T.GemmWarpPolicy.FullRow, clear_accum=True)
+                                    release(empty, it % num_stages, tx)
+                                    if ncol == 1:
+                                        promote(total, part, sf0)
+                                    elif col0(w, pid) % 128 == 0:
+                                        promote2(total, part, sf0, sf1, 128)
+                                    else:
+                                        promote2(total, part, sf0, sf1, 64)
+                                    it = it + 1
                             T.copy(total, C_s)
                             T.copy(C_s, C[row_block(w, pid) * BLOCK_M, col0(w, pid)])
             # no CTA leaves while a peer may still multicast into it or arrive on its barriers
