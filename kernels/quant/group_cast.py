@@ -24,6 +24,7 @@ import torch
 import tilelang.language as T
 
 import tlx
+from tlx.numerics import determinism
 from kernels.quant.common import (
     EPT, QUANT_PRELUDE, TARGET, TORCH_DTYPES, bf16_word_half, cast_e4m3x4, check_2d, check_cuda, e2m1_exact,
     e2m1_byte, e2m1_nibble, e2m1_pair_bf16, e2m1_scaled_pair, bf16x2, group_scale, pack_nibble, pow2_scale, sign_bytes,
@@ -32,6 +33,26 @@ from kernels.quant.common import (
 from kernels.quant.reference import SCALE_FORMATS, tma_aligned
 
 GROUPS = (32, 64, 128)
+SILU_FAST_MIN = -87.0  # 1 + expf(-g) < 2^126 above: the fast quotient's reciprocal stays normal
+SILU_PRELUDE = r"""
+#ifndef TLX_QUANT_SILU_
+#define TLX_QUANT_SILU_
+// silu(g) = g / (1 + expf(-g)), the IEEE quotient without div.rn's range check (FCHK) and slow
+// path: approximate reciprocal, one Newton step, quotient, residual, correction -- the fast path
+// div.rn takes itself, but with the residual negated so that a zero quotient keeps its sign.
+// Bit-equal to the IEEE quotient for every bf16 g >= -87 (tests/kernels/quant/test_quant_silu_gpu.py
+// checks them all); the kernel takes it only when all of a thread's g are.
+__device__ __forceinline__ float tlx_quant_silu(float g) {
+  float d = __fadd_rn(1.0f, expf(-g));
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(d));
+  r = __fmaf_rn(r, __fmaf_rn(-d, r, 1.0f), r);
+  float q = __fmul_rn(g, r);
+  return __fmaf_rn(-r, __fmaf_rn(d, q, -g), q);
+}
+#endif
+"""
+determinism.declare_pure("tlx_quant_silu")
 
 
 def _scale_buffer(Tn, TP, ng: int, out_fmt: str, scale_fmt: str, col_major: bool):
@@ -149,10 +170,10 @@ def group_cast_kernel(H: int, group: int, in_mode: str, in_dtype: str, out_fmt: 
             store_scale(S, scale, code, c, row, col)
 
     @T.macro
-    def load_bf16(X, xf, row, col, valid, base, lo, hi):
+    def load_bf16(X, xw, xf, row, col, valid, base, lo, hi):
         """``ept`` bf16 of row ``row`` from column ``base + col`` (zeros when not ``valid``) as fp32,
-        clamped to [``lo``, ``hi``] (bf16 pairs, ``None``: not clamped) on the way."""
-        xw = T.alloc_local((ept // 2,), u32)
+        clamped to [``lo``, ``hi``] (bf16 pairs, ``None``: not clamped) on the way; the (clamped)
+        pairs stay in the caller's ``xw`` (``ept / 2`` uint32)."""
         Xw = T.view(X, (Tn, x_cols // 2), u32)
         if valid:
             for v in T.vectorized(ept // 2):
@@ -220,7 +241,8 @@ def group_cast_kernel(H: int, group: int, in_mode: str, in_dtype: str, out_fmt: 
                 c = by * tpc + tx
                 col = c * ept
                 if in_dtype == "bfloat16":
-                    load_bf16(X, xf, row, col, c < cpr, 0, None, None)
+                    xw = T.alloc_local((ept // 2,), u32)
+                    load_bf16(X, xw, xf, row, col, c < cpr, 0, None, None)
                 else:
                     if c < cpr:
                         for v in T.vectorized(ept):
@@ -317,11 +339,27 @@ def group_cast_kernel(H: int, group: int, in_mode: str, in_dtype: str, out_fmt: 
     # the clamp's bf16 bits when it is a positive bf16 value (then the clamps run on bf16 pairs)
     bf16_clamp = clamp_bits >> 16 if pairs and clamp_bits & 0xFFFF == 0 and 0 < clamp < float("inf") else 0
 
+    @T.macro
+    def swiglu_ieee(gf, uf, xf):
+        """``xf = silu(g) * u`` with the IEEE division (its range check and slow path per value)."""
+        for v in T.unroll(ept):
+            g = T.min(gf[v], T.float32(clamp))
+            u = T.max(T.min(uf[v], T.float32(clamp)), T.float32(-clamp))
+            if bf16_clamp:
+                g = gf[v]
+                u = uf[v]
+            xf[v] = g / T.ieee_add(T.float32(1.0), T.exp(-g), "rn") * u  # no FMA contraction into expf
+
     @T.prim_func
     def kernel(X: T.Tensor((Tn, x_cols), x_dtype), W: T.Tensor((Tn,), T.float32),
                Q: T.Tensor(q_shape, q_dtype), S: T.Tensor(s_shape, s_dtype)):
-        with T.Kernel(Tn, nby, threads=tpc, prelude=QUANT_PRELUDE) as (row, by):
+        with T.Kernel(Tn, nby, threads=tpc, prelude=QUANT_PRELUDE + SILU_PRELUDE) as (row, by):
+            # at most 72 registers (4 CTAs of 224 threads per SM at H = 7168: 99.8% of copy on H200;
+            # unbounded, nvcc takes 128 and 2 CTAs: 77.5%)
+            T.annotate_min_blocks_per_sm(max(1, 65536 // (72 * tpc)))
             tx = T.get_thread_binding()
+            gw = T.alloc_local((ept // 2,), u32)
+            uw = T.alloc_local((ept // 2,), u32)
             gf = T.alloc_local((ept,), T.float32)
             uf = T.alloc_local((ept,), T.float32)
             xf = T.alloc_local((ept,), T.float32)
@@ -329,23 +367,30 @@ def group_cast_kernel(H: int, group: int, in_mode: str, in_dtype: str, out_fmt: 
             col = c * ept
             w = T.alloc_var(T.float32)
             if bf16_clamp:  # fminf/fmaxf against a bf16 value: exact on the bf16 pairs
-                load_bf16(X, gf, row, col, c < cpr, 0, None, u32(bf16_clamp * 0x10001))
-                load_bf16(X, uf, row, col, c < cpr, H, u32((bf16_clamp | 0x8000) * 0x10001), u32(bf16_clamp * 0x10001))
+                load_bf16(X, gw, gf, row, col, c < cpr, 0, None, u32(bf16_clamp * 0x10001))
+                load_bf16(X, uw, uf, row, col, c < cpr, H, u32((bf16_clamp | 0x8000) * 0x10001), u32(bf16_clamp * 0x10001))
             else:
-                load_bf16(X, gf, row, col, c < cpr, 0, None, None)
-                load_bf16(X, uf, row, col, c < cpr, H, None, None)
+                load_bf16(X, gw, gf, row, col, c < cpr, 0, None, None)
+                load_bf16(X, uw, uf, row, col, c < cpr, H, None, None)
             if c < cpr:
                 w = W[row]
             else:
                 w = T.float32(1.0)
-            for v in T.unroll(ept):
-                g = T.min(gf[v], T.float32(clamp))
-                u = T.max(T.min(uf[v], T.float32(clamp)), T.float32(-clamp))
-                if bf16_clamp:
-                    g = gf[v]
-                    u = uf[v]
-                xf[v] = g / T.ieee_add(T.float32(1.0), T.exp(-g), "rn") * u  # no FMA contraction into expf
-                if weighted:
+            if bf16_clamp:
+                # every g is a bf16 value <= the clamp: the fast quotient is exact when all are >= -87
+                gmin2 = T.alloc_var(u32)
+                gmin2 = gw[0]
+                for v in T.unroll(ept // 2 - 1):
+                    gmin2 = bf16x2("min", gmin2, gw[v + 1])
+                if T.min(bf16_word_half(gmin2, 0), bf16_word_half(gmin2, 1)) >= T.float32(SILU_FAST_MIN):
+                    for v in T.unroll(ept):
+                        xf[v] = T.call_extern("float32", "tlx_quant_silu", gf[v]) * uf[v]
+                else:
+                    swiglu_ieee(gf, uf, xf)
+            else:
+                swiglu_ieee(gf, uf, xf)
+            if weighted:
+                for v in T.unroll(ept):
                     xf[v] = xf[v] * w
             finish(xf, Q, S, c, row, col)
 
