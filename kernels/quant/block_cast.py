@@ -8,25 +8,29 @@ the lanes of one tile and across the 8 warps through shared memory, then every t
 the tile's scale itself (no second barrier) and stores its rows, four e4m3 per conversion pair.
 One pass over the data; N is dynamic.
 
-MXFP4 input is decoded exactly to fp16 pairs (``dequant.e2m1_f16_pair``). A row whose UE8M0
-code is at most 252 cannot overflow fp32 in ``x = v * 2^(code-127)``, so ``x * inv`` equals
-``v * (2^(code-127) * inv)``: one fp16 multiply by that power of two (exact for every product
-e4m3 can hold; smaller ones round to e4m3 zero either way) and one fp16 -> e4m3 conversion per
-pair. Rows with codes 253..255 take the rule as written in fp32.
+MXFP4 input never leaves the integers (``common.e2m1_e4m3_table``): a tile's UE8M0 code is the
+max over its 16-code half groups of a key from their UE8M0 code and largest magnitude class, and
+every output byte is a byte permute of a per-row table of the 8 e4m3 magnitudes at that row's
+exponent offset, plus the code's sign. A CTA owns 128 rows x 256 columns (128 when K is not a
+multiple of 256): 16 lanes per row, 8 bytes in and 16 out each, so every warp access covers
+whole 128-byte lines; 8 rows per thread, all loads issued first.
 """
 
 import torch
 import tilelang.language as T
 
 import tlx
-from kernels.quant.common import TARGET, TORCH_DTYPES, check_2d, check_cuda, group_scale, ue8m0_value
-from kernels.quant.dequant import e2m1_f16_pair, f16_half, word
+from kernels.quant.common import (
+    QUANT_PRELUDE, STREAM_PRELUDE, TARGET, TORCH_DTYPES, check_2d, check_cuda, e2m1_block_code, e2m1_block_key, e2m1_class,
+    e2m1_e4m3_table, e2m1_e4m3_word, group_scale, st_cs, ue8m0_value,
+)
 from kernels.quant.reference import E4M3_CLAMP, E4M3_MAX
 
 BLOCKS = (32, 128)
 WIDTH = 128  # columns per CTA
 LANE_ELEMS = 8
 CTA_THREADS = 256
+E2M1_ROWS = 128  # rows per CTA of the MXFP4 path
 
 # Four fp32 -> four e4m3 bytes in two conversions (cvt.rn.satfinite.e4m3x2.f32), written as
 # one 32-bit word: the same rounding, saturation and NaN rule as tlx.ieee.cast_fp8_e4m3, element
@@ -39,32 +43,6 @@ __device__ __forceinline__ void quant_put_e4m3x4(void* q, float a, float b, floa
   unsigned lo = __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3);
   unsigned hi = __nv_cvt_float2_to_fp8x2(make_float2(c, d), __NV_SATFINITE, __NV_E4M3);
   *static_cast<unsigned*>(q) = lo | hi << 16;
-}
-#endif
-#ifndef QUANT_E2M1_F16_
-#define QUANT_E2M1_F16_
-#include <cuda_fp16.h>
-// Largest |value| of the fp16 pairs p0..p3 (exact e2m1 values, no NaN), as fp32.
-__device__ __forceinline__ float quant_absmax_f16x8(unsigned p0, unsigned p1, unsigned p2, unsigned p3) {
-  __half2 a = __hmax2(__habs2(*reinterpret_cast<__half2*>(&p0)), __habs2(*reinterpret_cast<__half2*>(&p1)));
-  __half2 b = __hmax2(__habs2(*reinterpret_cast<__half2*>(&p2)), __habs2(*reinterpret_cast<__half2*>(&p3)));
-  __half2 m = __hmax2(a, b);
-  return fmaxf(__low2float(m), __high2float(m));
-}
-// q[0:8] = e4m3(v * m) for the fp16 pairs p_h = (v_h, v_h+4): one fp16 multiply per value,
-// exact while v * m is an fp16 normal (m a power of two, |v * m| <= 448; smaller products
-// become e4m3 zeros either way), m clamped to a finite fp16.
-__device__ __forceinline__ void quant_put_e4m3x8_f16(void* q, unsigned p0, unsigned p1, unsigned p2, unsigned p3, float m) {
-  __half2 m2 = __half2half2(__float2half_rn(fminf(m, 65504.0f)));
-  unsigned p[4] = {p0, p1, p2, p3}, r[4];
-  #pragma unroll
-  for (int h = 0; h < 4; ++h) {
-    __half2 v = __hmul2(*reinterpret_cast<__half2*>(&p[h]), m2);
-    r[h] = __nv_cvt_halfraw2_to_fp8x2(static_cast<__half2_raw>(v), __NV_SATFINITE, __NV_E4M3);
-  }
-  unsigned a = r[0] | r[1] << 16, b = r[2] | r[3] << 16;  // bytes v0 v4 v1 v5 | v2 v6 v3 v7
-  static_cast<unsigned*>(q)[0] = __byte_perm(a, b, 0x6420);
-  static_cast<unsigned*>(q)[1] = __byte_perm(a, b, 0x7531);
 }
 #endif
 """
@@ -83,27 +61,15 @@ def pow2_scale(amax):
     return T.reinterpret(code << u(23), T.float32), T.reinterpret(inv, T.float32)
 
 
-def absmax_f16x8(pr, at):
-    """fp32 max |v| over the fp16 pairs ``pr[at:at + 4]`` (``prelude=PRELUDE``)."""
-    return T.call_extern("float32", "quant_absmax_f16x8", pr[at], pr[at + 1], pr[at + 2], pr[at + 3])
-
-
-def put_e4m3x8_f16(q, at, pr, pat, m):
-    """``q[at:at + 8]`` = e4m3 of the pairs ``pr[pat:pat + 4]`` times ``m`` (``prelude=PRELUDE``)."""
-    return T.evaluate(T.call_extern("handle", "quant_put_e4m3x8_f16", T.address_of(q[at]), pr[pat], pr[pat + 1], pr[pat + 2], pr[pat + 3], m))
-
-
 def put_e4m3x4(q, at, a, b, c, d):
     """``q[at:at + 4] = e4m3(a, b, c, d)``; ``at`` a multiple of 4, the kernel built with ``prelude=PRELUDE``."""
     return T.evaluate(T.call_extern("handle", "quant_put_e4m3x4", T.address_of(q[at]), a, b, c, d))
 
 
 @tlx.jit(target=TARGET)
-def block_cast_kernel(K: int, block: int, in_dtype: str, pow2: bool = False, min_blocks: int = 0, tiles: int = 1):
+def block_cast_kernel(K: int, block: int, in_dtype: str, pow2: bool = False, hint: bool = False, ethreads: int = 256):
     """``in_dtype`` "bfloat16"/"float32" (X ``[N, K]``) or "e2m1" (MXFP4: X ``[N, K/2]`` uint8 and
-    UE8M0 codes C ``[N, K/32]``, re-blocked with power-of-two scales). ``min_blocks`` > 0 asks
-    nvcc for that many resident CTAs per SM (``__launch_bounds__``), capping registers; an e2m1
-    CTA re-blocks ``tiles`` tiles down the rows, issuing all their loads first."""
+    UE8M0 codes C ``[N, K/32]``, re-blocked with power-of-two scales)."""
     N = T.dynamic("N")
     rows = block // 16  # rows per thread, 16 apart
     nb = WIDTH // block  # tiles per CTA
@@ -135,61 +101,79 @@ def block_cast_kernel(K: int, block: int, in_dtype: str, pow2: bool = False, min
                 Q[r0 + 16 * i, c0 + v] = qv[i * LANE_ELEMS + v]
 
     if in_dtype == "e2m1":
-        nt = N // block  # tiles down the rows
+        u = T.uint32
+        width = 256 if K % 256 == 0 else WIDTH  # columns per CTA: 128-byte input rows when K allows
+        lpr = width // 16  # lanes per row, 16 codes each: 8 bytes in, 16 bytes out
+        passes = ethreads // lpr  # rows one pass of the CTA covers
+        rpt = E2M1_ROWS // passes  # rows per thread
+        nrt, nct = E2M1_ROWS // block, width // block  # tiles per CTA, down and across
+        ipt = block // passes  # a thread's rows in one tile
+        lpt = block // 16  # lanes of one tile row
+        nt = N // block
 
         @T.prim_func
         def kernel(X: T.Tensor((N, K // 2), T.uint8), C: T.Tensor((N, K // 32), T.uint8),
                    Q: T.Tensor((N, K), T.float8_e4m3fn), S: T.Tensor((N // block, K // block), T.float32)):
-            with T.Kernel(K // WIDTH, T.ceildiv(nt, tiles), threads=CTA_THREADS, prelude=PRELUDE) as (bx, by):
-                if min_blocks:
-                    T.annotate_min_blocks_per_sm(min_blocks)
+            with T.Kernel(K // width, T.ceildiv(N, E2M1_ROWS), threads=ethreads, prelude=QUANT_PRELUDE + STREAM_PRELUDE) as (bx, by):
                 tx = T.get_thread_binding()
-                red = T.alloc_shared((tiles, CTA_THREADS // 32, nb), T.float32)
-                xb = T.alloc_local((tiles * rows * 4,), T.uint8)
-                cv = T.alloc_local((tiles * rows,), T.uint8)
-                pr = T.alloc_local((rows * 4,), T.uint32)
-                qv = T.alloc_local((elems,), T.float8_e4m3fn)
-                amax = T.alloc_var(T.float32)
-                total = T.alloc_var(T.float32)
-                c0 = bx * WIDTH + tx % 16 * LANE_ELEMS
-                cb = tx % 16 * LANE_ELEMS // block
-                for t in T.unroll(tiles):  # every tile's loads first
-                    if by * tiles + t < nt:
-                        for i in T.unroll(rows):
-                            for v in T.vectorized(4):
-                                xb[(t * rows + i) * 4 + v] = X[(by * tiles + t) * block + tx // 16 + 16 * i, c0 // 2 + v]
-                            cv[t * rows + i] = C[(by * tiles + t) * block + tx // 16 + 16 * i, c0 // 32]
-                for t in T.unroll(tiles):
-                    if by * tiles + t < nt:
-                        amax = T.float32(0)
-                        for i in T.unroll(rows):
-                            for h in T.unroll(4):
-                                pr[i * 4 + h] = e2m1_f16_pair(word(xb, (t * rows + i) * 4), h)
-                            # max |v * sc| of the row = max|v| * sc: the rounding is monotonic, sc >= 0
-                            amax = T.max(amax, absmax_f16x8(pr, i * 4) * ue8m0_value(T.Cast(T.uint32, cv[t * rows + i])))
-                        tile_amax(amax, red, t, tx, cb)
-                        total = T.float32(0)
-                        for w in T.unroll(CTA_THREADS // 32):
-                            total = T.max(total, red[t, w, cb])
-                        scale, inv = scale_inv(total)
-                        if tx < 16 and tx % (block // LANE_ELEMS) == 0:
-                            S[by * tiles + t, bx * nb + cb] = scale
-                        for i in T.unroll(rows):
-                            sc = ue8m0_value(T.Cast(T.uint32, cv[t * rows + i]))
-                            if cv[t * rows + i] <= T.uint8(252):
-                                put_e4m3x8_f16(qv, i * 8, pr, i * 4, sc * inv)
+                red = T.alloc_shared((nrt, nct, ethreads // 32), u)
+                xw = T.alloc_local((2 * rpt,), u)
+                cv = T.alloc_local((rpt,), T.uint8)
+                tab = T.alloc_local((2,), u)
+                qw = T.alloc_local((4,), u)
+                rk = T.alloc_local((ethreads // 32,), u)
+                key = T.alloc_var(u)
+                cls = T.alloc_var(u)
+                code = T.alloc_var(u)
+                Xw = T.view(X, (N, K // 8), u)
+                Qw = T.view(Q, (N, K // 4), u)
+                j = tx % lpr
+                r0 = by * E2M1_ROWS + tx // lpr
+                for i in T.unroll(rpt):  # every load first
+                    if by * nrt + i // ipt < nt:
+                        for v in T.vectorized(2):
+                            xw[2 * i + v] = Xw[r0 + passes * i, bx * (width // 8) + 2 * j + v]
+                        cv[i] = C[r0 + passes * i, bx * (width // 32) + j // 2]
+                    else:
+                        for v in T.vectorized(2):
+                            xw[2 * i + v] = u(0)
+                        cv[i] = T.uint8(0)
+                for t in T.unroll(nrt):
+                    key = u(0)
+                    for i in T.unroll(ipt):
+                        cls = e2m1_class(xw[2 * (t * ipt + i)], xw[2 * (t * ipt + i) + 1])
+                        key = T.max(key, e2m1_block_key(T.Cast(u, cv[t * ipt + i]), cls))
+                    for k in T.unroll((lpt.bit_length() - 1) + (32 // lpr).bit_length() - 1):  # the tile's lanes, then rows
+                        key = T.max(key, T.shfl_xor(key, T.if_then_else(k < lpt.bit_length() - 1, 1 << k, lpr << (k - (lpt.bit_length() - 1)))))
+                    if tx % 32 < lpr and j % lpt == 0:
+                        red[t, j // lpt, tx // 32] = key
+                T.sync_threads()
+                for t in T.unroll(nrt):
+                    for w in T.vectorized(ethreads // 32):
+                        rk[w] = red[t, j // lpt, w]
+                    key = u(0)
+                    for w in T.unroll(ethreads // 32):
+                        key = T.max(key, rk[w])
+                    code = e2m1_block_code(key)
+                    if by * nrt + t < nt:
+                        if tx < lpr and j % lpt == 0:
+                            S[by * nrt + t, bx * nct + j // lpt] = ue8m0_value(code)
+                        for i in T.unroll(ipt):
+                            e2m1_e4m3_table(tab, xw, 2 * (t * ipt + i), T.Cast(u, cv[t * ipt + i]), code)
+                            for k in T.unroll(2):
+                                qw[2 * k] = e2m1_e4m3_word(xw[2 * (t * ipt + i) + k], tab, 0)
+                                qw[2 * k + 1] = e2m1_e4m3_word(xw[2 * (t * ipt + i) + k], tab, 1)
+                            if hint:
+                                T.evaluate(st_cs(Qw[r0 + passes * (t * ipt + i), bx * (width // 4) + 4 * j], qw))
                             else:
-                                for e in T.unroll(2):
-                                    put_e4m3x4(qv, i * 8 + e * 4, *[f16_half(pr[i * 4 + h], e) * sc * inv for h in range(4)])
-                        store(qv, Q, (by * tiles + t) * block + tx // 16, c0)
+                                for v in T.vectorized(4):
+                                    Qw[r0 + passes * (t * ipt + i), bx * (width // 4) + 4 * j + v] = qw[v]
 
         return kernel
 
     @T.prim_func
     def kernel(X: T.Tensor((N, K), in_dtype), Q: T.Tensor((N, K), T.float8_e4m3fn), S: T.Tensor((N // block, K // block), T.float32)):
         with T.Kernel(K // WIDTH, N // block, threads=CTA_THREADS, prelude=PRELUDE) as (bx, by):
-            if min_blocks:
-                T.annotate_min_blocks_per_sm(min_blocks)
             tx = T.get_thread_binding()
             red = T.alloc_shared((1, CTA_THREADS // 32, nb), T.float32)
             xv = T.alloc_local((elems,), in_dtype)

@@ -244,3 +244,109 @@ def check_cuda(**tensors: torch.Tensor) -> None:
             raise ValueError(f"{name}: expected a CUDA tensor, got device {t.device}")
     if len(devices) > 1:
         raise ValueError(f"expected all inputs on one device, got {sorted(map(str, devices))}")
+
+
+# --- MXFP4 -> e4m3 re-blocking with power-of-two scales, on integer bits -------------------------
+# A block's UE8M0 code depends on its amax only through ceil(log2(amax / 448)) (rules 2, 3), and
+# the ceiling is monotonic, so the block's code is the largest per-group code: a group with UE8M0
+# code c whose largest |e2m1| has class k (below) needs c + k - 10 (max|v| / 7 lies in
+# (2^(k-5), 2^(k-4)], never on a power of two, not even after the fp32 rounding of / 448).
+# Every output byte is then the e4m3 of v * 2^(c - s): a byte-permute table per group.
+# (Tests on these uint32 values compare int32 casts: TVM's bound solver cannot negate uint32.)
+
+
+def _i32(v):
+    return T.Cast(T.int32, v)
+
+
+STREAM_PRELUDE = r"""
+#ifndef TLX_QUANT_STREAM_
+#define TLX_QUANT_STREAM_
+// 16-byte store with the streaming (evict-first) cache policy: written once, never read back.
+__device__ __forceinline__ void tlx_quant_st_cs(void* p, unsigned a, unsigned b, unsigned c, unsigned d) {
+  asm volatile("st.global.cs.v4.u32 [%0], {%1, %2, %3, %4};" :: "l"(p), "r"(a), "r"(b), "r"(c), "r"(d) : "memory");
+}
+#endif
+"""
+
+
+def st_cs(dst, qw):
+    """``dst[0:4] = qw[0:4]`` (``dst`` a 16-byte aligned uint32 buffer element) with ``st.global.cs``."""
+    return T.call_extern("handle", "tlx_quant_st_cs", T.address_of(dst), qw[0], qw[1], qw[2], qw[3])
+
+
+def e2m1_class(w0, w1):
+    """Class of the largest magnitude among the 16 e2m1 codes of ``w0``, ``w1``: 0 (all zero),
+    1 (0.5), 2 (1, 1.5), 3 (2, 3), 4 (4, 6). Magnitude bits m2 m1 m0 of each nibble: class 4 is
+    m2 & m1 in some nibble, 3 is m2, 2 is m1, 1 is m0."""
+    u = T.uint32
+    o = w0 | w1
+    p = (w0 & ((w0 & u(0x33333333)) << u(1))) | (w1 & ((w1 & u(0x33333333)) << u(1)))  # bit 2 of a nibble: m2 & m1
+    return T.if_then_else(
+        _i32(p & u(0x44444444)) != 0, u(4),
+        T.if_then_else(_i32(o & u(0x44444444)) != 0, u(3),
+                       T.if_then_else(_i32(o & u(0x22222222)) != 0, u(2),
+                                      T.if_then_else(_i32(o & u(0x11111111)) != 0, u(1), u(0)))))
+
+
+def e2m1_block_key(c, cls):
+    """A group's bid for its block's UE8M0 code (blocks take the max): 0 for an all-zero group,
+    ``c + cls`` for UE8M0 code ``c`` (uint32), 512 for code 255 (scale inf: amax inf). A key of
+    257 or more means an fp32 ``v * 2^(c-127)`` overflows (``max|v| >= 2^(cls-2)``)."""
+    u = T.uint32
+    return T.if_then_else(cls == u(0), u(0), T.if_then_else(_i32(c) == 255, u(512), c + cls))
+
+
+def e2m1_block_code(key):
+    """UE8M0 code of the e4m3 block scale from the max :func:`e2m1_block_key`: ``key - 10``,
+    at least 105 (the code of ``C / 448``: rule 2's clamp), 254 when the amax is inf (rule 3)."""
+    u = T.uint32
+    return T.min(T.if_then_else(key >= u(257), u(254), T.max(key, u(115)) - u(10)), u(254))  # min: a bound for the verifier
+
+
+@T.macro
+def e2m1_e4m3_table(tab, xw, at, c, s):
+    """``tab[0:2]``: the e4m3 bytes of the 8 e2m1 magnitudes times ``2^(c-127)`` (UE8M0 code
+    ``c``) times ``1 / 2^(s-127)`` (block code ``s``), byte ``m`` for magnitude code ``m``.
+
+    When ``c <= 252`` and ``d = c - s >= -5`` every product ``v * 2^d`` is exact and, where the
+    block can hold it, an e4m3 normal: the bytes of ``d = 0`` plus ``8 d`` each (zero stays 0;
+    bytes of magnitudes the group does not hold may be garbage). Otherwise the rule as written
+    (fp32 products, e4m3 cvt), and for code 255 (``0 * inf`` is NaN, e4m3 0x7F whatever its sign)
+    the sign bits of zero codes in ``xw[at:at + 2]`` are cleared."""
+    u = T.uint32
+    c, s = T.min(c, u(255)), T.min(s, u(254))  # no-ops: bounds for the verifier
+    d5 = _i32(c) + 5 - _i32(s)  # d + 5
+    if _i32(c) <= 252 and d5 >= 0:
+        e = T.Cast(u, T.min(d5, 15))  # larger d only for all-zero groups
+        tab[0] = u(0x14100800) + e * u(0x08080800)
+        tab[1] = u(0x24201C18) + e * u(0x08080808)
+    else:
+        sc = ue8m0_value(c)
+        inv = T.reinterpret(T.if_then_else(_i32(s) == 254, u(0x00400000), T.Cast(u, 254 - _i32(s)) << u(23)), T.float32)
+        tab[0] = (cast_e4m3x4(fp32(0.0), fp32(0.5) * sc * inv, fp32(1.0) * sc * inv, fp32(1.5) * sc * inv)
+                  | T.if_then_else(_i32(c) == 255, u(0x7F), u(0)))
+        tab[1] = cast_e4m3x4(fp32(2.0) * sc * inv, fp32(3.0) * sc * inv, fp32(4.0) * sc * inv, fp32(6.0) * sc * inv)
+        if _i32(c) == 255:
+            for k in T.unroll(2):
+                xw[at + k] = e2m1_unsign_zeros(xw[at + k])
+
+
+def e2m1_unsign_zeros(w):
+    """The 8 e2m1 codes of ``w`` with -0 turned into +0: under scale inf (code 255) a zero
+    decodes to NaN, which the rules convert without its sign (e4m3 0x7F, CUDA's canonical NaN)."""
+    u = T.uint32
+    nz = (w | (w >> u(1)) | (w >> u(2))) & u(0x11111111)  # bit 0 of a nibble: magnitude != 0
+    return w & (u(0x77777777) | (nz << u(3)))
+
+
+def e2m1_e4m3_word(w, tab, hi: int):
+    """Codes ``4 hi .. 4 hi + 3`` of the uint32 ``w`` as four e4m3 bytes (:func:`e2m1_e4m3_table`):
+    the magnitudes index the table (one PRMT), the signs come from a sign-replicating PRMT of
+    ``w`` and ``w << 4`` (a code's sign bit is the top bit of a byte of one of them); the shift is
+    a funnel shift: its discarded bits are meant, not an overflow."""
+    u = T.uint32
+    mag = (w >> u(16)) & u(0x7777) if hi else w & u(0x7777)
+    w4 = T.call_extern("uint32", "__funnelshift_l", u(0), w, 4)  # w << 4
+    signs = T.call_extern("uint32", "__byte_perm", w4, w, u(0xFBEA if hi else 0xD9C8))
+    return T.call_extern("uint32", "__byte_perm", tab[0], tab[1], mag) | (signs & u(0x80808080))

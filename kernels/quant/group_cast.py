@@ -26,9 +26,9 @@ import tilelang.language as T
 import tlx
 from tlx.numerics import determinism
 from kernels.quant.common import (
-    EPT, QUANT_PRELUDE, TARGET, TORCH_DTYPES, bf16_word_half, cast_e4m3x4, check_2d, check_cuda, e2m1_exact,
-    e2m1_byte, e2m1_nibble, e2m1_pair_bf16, e2m1_scaled_pair, bf16x2, group_scale, pack_nibble, pow2_scale, sign_bytes,
-    ue8m0_value,
+    EPT, QUANT_PRELUDE, STREAM_PRELUDE, TARGET, TORCH_DTYPES, bf16_word_half, bf16x2, cast_e4m3x4, check_2d, check_cuda,
+    e2m1_block_code, e2m1_block_key, e2m1_byte, e2m1_class, e2m1_e4m3_table, e2m1_e4m3_word, e2m1_nibble,
+    e2m1_pair_bf16, group_scale, pack_nibble, pow2_scale, sign_bytes, st_cs, ue8m0_value,
 )
 from kernels.quant.reference import SCALE_FORMATS, tma_aligned
 
@@ -85,7 +85,7 @@ def default_ept(in_dtype: str, out_fmt: str) -> int:
 @tlx.jit(target=TARGET)
 def group_cast_kernel(H: int, group: int, in_mode: str, in_dtype: str, out_fmt: str = "e4m3",
                       scale_fmt: str = "fp32", col_major: bool = False, clamp: float = 10.0, weighted: bool = False,
-                      ept: int = 0, pairs: bool = True):
+                      ept: int = 0, pairs: bool = True, halves: int = 2, hint: bool = False, rows: int = 1):
     """``in_mode``: "plain" (X ``[T, H]``), "swiglu" (X ``[T, 2H]`` and, if ``weighted``, W ``[T]``),
     "e2m1" (P ``[T, H/2]`` uint8 and C ``[T, H/32]`` UE8M0 codes). ``out_fmt``: "e4m3" or "e2m1".
     ``ept``: elements per thread (0: :func:`default_ept`), a multiple of 16 dividing ``group``.
@@ -254,82 +254,59 @@ def group_cast_kernel(H: int, group: int, in_mode: str, in_dtype: str, out_fmt: 
 
         return kernel
 
-    if in_mode == "e2m1" and pow2 and pairs:
-        if ept != 32:
-            raise ValueError(f"ept: the bf16x2 re-blocking path holds one 1x32 group per thread, got {ept}")
+    if in_mode == "e2m1":
+        if not pow2:
+            raise ValueError("scale_fmt: re-blocking e2m1 is lossless only with power-of-two scales; expected 'ue8m0' or 'ue8m0_packed'")
+        hpr = H // 16  # half groups per row: 16 codes, 8 bytes in, 16 bytes out
+        lanes = group // 16  # lanes of one output group
+        htc = cta_threads(-(-hpr // halves))
+        nbh = -(-hpr // (halves * htc))
 
         @T.prim_func
         def kernel(X: T.Tensor((Tn, x_cols), T.uint8), C: T.Tensor((Tn, H // 32), T.uint8),
                    Q: T.Tensor(q_shape, q_dtype), S: T.Tensor(s_shape, s_dtype)):
-            with T.Kernel(Tn, nby, threads=tpc, prelude=QUANT_PRELUDE) as (row, by):
+            with T.Kernel(T.ceildiv(Tn, rows), nbh, threads=htc, prelude=QUANT_PRELUDE + STREAM_PRELUDE) as (bx, by):
                 tx = T.get_thread_binding()
-                xw = T.alloc_local((4,), u32)
-                x2 = T.alloc_local((16,), u32)
-                qw = T.alloc_local((8,), u32)
+                xw = T.alloc_local((2 * halves * rows,), u32)
+                cv = T.alloc_local((halves * rows,), T.uint8)
+                tab = T.alloc_local((2,), u32)
+                qw = T.alloc_local((4,), u32)
                 Xw = T.view(X, (Tn, H // 8), u32)
                 Qw = T.view(Q, (Tn, H // 4), u32)
-                c = by * tpc + tx
-                sc2 = T.alloc_var(u32)
-                if c < cpr:
-                    for v in T.vectorized(4):
-                        xw[v] = Xw[row, c * 4 + v]
-                    sc2 = (T.Cast(u32, C[row, c]) << u32(7)) * u32(0x10001)  # 2^(code-127) in bf16, both halves
-                else:
-                    for v in T.vectorized(4):
-                        xw[v] = u32(0)
-                    sc2 = u32(0x3F803F80)
-                amax2 = T.alloc_var(u32)
-                amax2 = u32(0)
-                for p in T.unroll(16):  # pair p: codes 8j + k (low half) and 8j + k + 4, j = p // 4, k = p % 4
-                    x2[p] = e2m1_scaled_pair(xw[p // 4], p % 4, sc2)
-                    amax2 = bf16x2("absmax", amax2, x2[p])
-                amax2 = amax2 & u32(0x7FFF7FFF)
-                amax = T.alloc_var(T.float32)
-                amax = T.max(bf16_word_half(amax2, 0), bf16_word_half(amax2, 1))
-                for k in T.unroll(shuffles):
-                    amax = T.max(amax, T.shfl_xor(amax, 1 << k))
-                scale, code, inv = pow2_scale(amax, "e4m3")
-                inv2 = (T.reinterpret(inv, u32) >> u32(16)) * u32(0x10001)
-                for p in T.unroll(16):
-                    x2[p] = bf16x2("mul", x2[p], inv2)
-                for j in T.unroll(4):
-                    for h in T.unroll(2):
-                        qw[2 * j + h] = cast_e4m3x4(bf16_word_half(x2[4 * j], h), bf16_word_half(x2[4 * j + 1], h),
-                                                    bf16_word_half(x2[4 * j + 2], h), bf16_word_half(x2[4 * j + 3], h))
-                if c < cpr:
-                    for v in T.vectorized(8):
-                        Qw[row, c * 8 + v] = qw[v]
-                    store_scale(S, scale, code, c, row, c * 32)
-
-        return kernel
-
-    if in_mode == "e2m1":
-
-        @T.prim_func
-        def kernel(X: T.Tensor((Tn, x_cols), T.uint8), C: T.Tensor((Tn, H // 32), T.uint8),
-                   Q: T.Tensor(q_shape, q_dtype), S: T.Tensor(s_shape, s_dtype)):
-            with T.Kernel(Tn, nby, threads=tpc, prelude=QUANT_PRELUDE) as (row, by):
-                tx = T.get_thread_binding()
-                xw = T.alloc_local((ept // 8,), u32)
-                xf = T.alloc_local((ept,), T.float32)
-                Xw = T.view(X, (Tn, H // 8), u32)
-                c = by * tpc + tx
-                col = c * ept
-                n_sc = max(1, ept // 32)
-                sc = T.alloc_local((n_sc,), T.float32)
-                if c < cpr:
-                    for v in T.vectorized(ept // 8):
-                        xw[v] = Xw[row, col // 8 + v]
-                    for j in T.unroll(n_sc):
-                        sc[j] = ue8m0_value(T.Cast(u32, C[row, col // 32 + j]))
-                else:
-                    for v in T.vectorized(ept // 8):
-                        xw[v] = u32(0)
-                    for j in T.unroll(n_sc):
-                        sc[j] = T.float32(1.0)
-                for v in T.unroll(ept):
-                    xf[v] = e2m1_exact(xw[v // 8], v % 8) * sc[v // 32]
-                finish(xf, Q, S, c, row, col)
+                for jj in T.unroll(halves * rows):  # every load first
+                    row = bx * rows + jj // halves
+                    h = (by * halves + jj % halves) * htc + tx
+                    if h < hpr and row < Tn:
+                        for v in T.vectorized(2):
+                            xw[2 * jj + v] = Xw[row, h * 2 + v]
+                        cv[jj] = C[row, h // 2]
+                    else:
+                        for v in T.vectorized(2):
+                            xw[2 * jj + v] = u32(0)
+                        cv[jj] = T.uint8(0)
+                for jj in T.unroll(halves * rows):
+                    row = bx * rows + jj // halves
+                    h = (by * halves + jj % halves) * htc + tx
+                    cls = T.alloc_var(u32)
+                    cls = e2m1_class(xw[2 * jj], xw[2 * jj + 1])
+                    key = T.alloc_var(u32)
+                    key = e2m1_block_key(T.Cast(u32, cv[jj]), cls)
+                    for k in T.unroll(lanes.bit_length() - 1):
+                        key = T.max(key, T.shfl_xor(key, 1 << k))
+                    code = T.alloc_var(u32)
+                    code = e2m1_block_code(key)
+                    e2m1_e4m3_table(tab, xw, 2 * jj, T.Cast(u32, cv[jj]), code)
+                    for k in T.unroll(2):
+                        qw[2 * k] = e2m1_e4m3_word(xw[2 * jj + k], tab, 0)
+                        qw[2 * k + 1] = e2m1_e4m3_word(xw[2 * jj + k], tab, 1)
+                    if h < hpr and row < Tn:
+                        if hint:
+                            T.evaluate(st_cs(Qw[row, h * 4], qw))
+                        else:
+                            for v in T.vectorized(4):
+                                Qw[row, h * 4 + v] = qw[v]
+                        if h % lanes == 0:  # the group's first lane: store_scale's own test holds for chunk 0
+                            store_scale(S, ue8m0_value(code), code, 0, row, h // lanes * group)
 
         return kernel
 

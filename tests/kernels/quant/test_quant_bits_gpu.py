@@ -4,7 +4,10 @@ e4m3 cvt) and ``pow2_scale`` (UE8M0 code and reciprocal by integer ops) over all
 patterns, ``e2m1_exact`` (packed e2m1 -> fp32) over every code at every nibble position of
 random words, ``e2m1_scaled_pair`` (two codes times a UE8M0 scale on bf16 pairs) against the fp32
 product for every pair of codes at every scale code 0..255, ``e2m1_pair_bf16`` (bf16 pairs -> e2m1) against ``e2m1_nibble`` of the fp32 product
-for every bf16 value in both halves at every power-of-two reciprocal a group scale can have.
+for every bf16 value in both halves at every power-of-two reciprocal a group scale can have,
+``e2m1_e4m3_table`` / ``e2m1_e4m3_word`` (MXFP4 -> e4m3 by byte permutes) against the fp32 rule for
+every code at every nibble position, every UE8M0 code 0..255 and every block code 105..254 a block
+holding the group can have.
 Outputs are poisoned before each launch.
 """
 
@@ -15,8 +18,8 @@ import tilelang.language as T
 import tlx
 from kernels.quant import reference as R
 from kernels.quant.common import (
-    QUANT_PRELUDE, TARGET, bf16_word_half, cast_e4m3x4, e2m1_byte, e2m1_exact, e2m1_nibble, e2m1_pair_bf16,
-    e2m1_scaled_pair, group_scale, pow2_scale, ue8m0_value,
+    QUANT_PRELUDE, TARGET, bf16_word_half, cast_e4m3x4, e2m1_byte, e2m1_e4m3_table, e2m1_e4m3_word, e2m1_exact,
+    e2m1_nibble, e2m1_pair_bf16, e2m1_scaled_pair, group_scale, pow2_scale, ue8m0_value,
 )
 from tlx.numerics import ieee
 from tlx.numerics.sweep import all_fp32_chunks, assert_same_bits, poisoned
@@ -110,6 +113,48 @@ def decode_kernel(N: int):
                 D[i, k] = e2m1_exact(Wd[i], k)
 
     return kernel
+
+
+@tlx.jit(target=TARGET)
+def reblock_kernel(N: int):
+    """Per two words, UE8M0 code and block code: their 16 codes as e4m3 bytes via the permute table."""
+
+    @T.prim_func
+    def kernel(Wd: T.Tensor((N, 2), T.uint32), CODE: T.Tensor((N, 2), T.uint8), D: T.Tensor((N, 4), T.uint32)):
+        with T.Kernel(N // 256, threads=256, prelude=QUANT_PRELUDE) as bx:
+            i = bx * 256 + T.get_thread_binding()
+            xw = T.alloc_local((2,), T.uint32)
+            tab = T.alloc_local((2,), T.uint32)
+            for k in T.unroll(2):
+                xw[k] = Wd[i, k]
+            e2m1_e4m3_table(tab, xw, 0, T.Cast(T.uint32, CODE[i, 0]), T.Cast(T.uint32, CODE[i, 1]))
+            for k in T.unroll(2):
+                D[i, 2 * k] = e2m1_e4m3_word(xw[k], tab, 0)
+                D[i, 2 * k + 1] = e2m1_e4m3_word(xw[k], tab, 1)
+
+    return kernel
+
+
+def test_e2m1_e4m3_table_every_code_and_scale():
+    v = torch.arange(1 << 16, dtype=torch.int64, device="cuda")
+    words = torch.stack([v | (v.flip(0) << 16), ((v * 40503 + 7) % (1 << 16)) | (v << 16)], dim=1)  # every code everywhere
+    c, s = torch.meshgrid(torch.arange(256, device="cuda"), torch.arange(105, 255, device="cuda"), indexing="ij")
+    pairs = torch.stack([c.reshape(-1), s.reshape(-1)], dim=1)  # every (UE8M0 code, block code)
+    n = 1 << 21
+    g = torch.Generator(device="cuda").manual_seed(3)
+    ws = words[torch.randint(0, words.shape[0], (n,), device="cuda", generator=g)]
+    cs = pairs[torch.arange(n, device="cuda") % pairs.shape[0]]
+    ws[: pairs.shape[0]] = words[torch.arange(pairs.shape[0], device="cuda") % words.shape[0]]
+    codes = torch.stack([(ws[:, k // 8] >> (4 * (k % 8))) & 15 for k in range(16)], dim=1)
+    # a block code is at least what the block's own groups need: raise s to this group's bid
+    cls = ((codes & 7).amax(dim=1) + 2) // 2 * ((codes & 7).amax(dim=1) > 0)
+    key = torch.where(cs[:, 0] == 255, 512, cs[:, 0] + cls) * (cls > 0)
+    cs[:, 1] = torch.where(key >= 257, 254, torch.maximum(cs[:, 1], key - 10))
+    out = poisoned((n, 4), torch.int32)
+    reblock_kernel(n)(ws.to(torch.uint32), cs.to(torch.uint8), out.view(torch.uint32))
+    x = R.e2m1_value(codes) * R.code_to_scale(cs[:, :1])  # code 255: (255 << 23) is inf, as in the kernels
+    want = R.cast_e4m3(x * R.code_to_scale(254 - cs[:, 1:]).where(cs[:, 1:] < 254, 2.0**-127))
+    assert_same_bits(out.view(torch.uint8).view(n, 16), want.view(torch.uint8), "e2m1_e4m3_word vs the fp32 rule")
 
 
 def test_e2m1_nibble_and_e4m3x4_exhaustive():
