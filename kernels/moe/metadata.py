@@ -1,22 +1,19 @@
 """Routing metadata: expert-major row layout of one rank's experts, padded per expert.
 
-A block per chunk of 128 tokens, integer results and a fixed assignment order (rows of an
-expert follow the flat index ``t * topk + j``), so the results are deterministic and bitwise
-equal to ``metadata.cu``. ``place`` does the work:
+One cooperative launch, a block per chunk of tokens (128 tokens, doubled until at most one
+block per SM is needed, so that every block is resident; up to ``MAX_CHUNK`` tokens per SM),
+integer results and a fixed assignment order (rows of an expert follow the flat index
+``t * topk + j``): the results are deterministic and bitwise equal to ``metadata.cu``.
 
-* its warps take consecutive 32-entry steps of the chunk; ``match_any`` groups a step's lanes by
-  expert, so a per-warp running count gives each entry's rank among the warp's earlier entries
-  of its expert;
-* every block sums the chunk histograms itself (each expert's total and its count in earlier
-  chunks: a few KB from L2) and scans the padded totals into the offsets; a prefix over the
-  warps' counts then places each warp's entries;
-* the blocks share out the padding rows (entry -1) and the row-block experts (a binary search in
-  the offsets); block 0 writes counts and offsets.
-
-The chunk histograms come from the same launch when every chunk's block can be resident (at
-most one per SM: the per-warp counts summed, then a grid barrier, cooperative launch), else
-from ``count`` first (a shared-memory histogram with integer atomics, whose result does not
-depend on their order).
+* The block's warps take consecutive 32-entry steps of its chunk; ``match_any`` groups a step's
+  lanes by expert, so a per-warp running count gives each entry's rank among the warp's earlier
+  entries of its expert. Summed over the warps, those counts are the chunk's histogram, which
+  the block writes before a grid barrier.
+* Every block then sums the histograms itself (each expert's total and its count in earlier
+  chunks: at most one row per SM from L2) and scans the padded totals into the offsets; a
+  prefix over the warps' counts places each warp's entries.
+* The blocks share out the padding rows (entry -1) and the row-block experts (a binary search
+  in the offsets); block 0 writes counts and offsets.
 
 Outputs (see ``reference.metadata_ref``): counts [El], offsets [El + 1], row_of [T, k],
 entry_of_row [R], block_expert [R // align], with R = ``max_rows(T, k, El, align)``.
@@ -40,8 +37,8 @@ nrows = T.dynamic("R")
 nblocks = T.dynamic("B")
 nlocal = T.dynamic("El")
 
-CHUNK = 128  # tokens per chunk (a multiple of 32: a chunk's entries fill whole 32-entry steps)
-THREADS = 256  # count blocks
+CHUNK = 128  # tokens per chunk at least (a multiple of 32: a chunk's entries fill whole 32-entry steps)
+MAX_CHUNK = 4096  # tokens per chunk at most (per-warp entries live in registers)
 WARP = 32
 MAX_LOCAL = 1024  # local experts per rank (shared arrays are sized for it)
 
@@ -53,46 +50,15 @@ def max_rows(n_tokens: int, topk: int, n_local: int, align: int = 128) -> int:
 
 
 @tlx.jit(target={"kind": "cuda", "arch": "sm_90a"})
-def count_kernel(topk: int):
-
-    @T.prim_func
-    def main(
-        ids: T.Tensor((ntok, topk), "int32"),
-        first_expert: T.int32,
-        chunk_counts: T.Tensor((nchunk, nlocal), "int32"),
-    ):
-        with T.Kernel(nchunk, threads=THREADS) as c:
-            tx = T.get_thread_binding()
-            s_hist = T.alloc_shared((MAX_LOCAL,), "int32")
-            n = T.alloc_var("int32")
-            e = T.alloc_var("int64")  # the local expert, wide so that no id can overflow it
-            for b in T.serial(T.ceildiv(nlocal, THREADS)):
-                if b * THREADS + tx < nlocal:
-                    s_hist[b * THREADS + tx] = 0
-            T.sync_threads()
-            n = T.min(ntok - c * CHUNK, CHUNK) * topk
-            for i in T.serial(T.ceildiv(CHUNK * topk, THREADS)):
-                if i * THREADS + tx < n:
-                    e = T.cast(ids[c * CHUNK + (i * THREADS + tx) // topk, (i * THREADS + tx) % topk], "int64") - first_expert
-                    if e >= 0 and e < nlocal:
-                        T.atomic_add(s_hist[e], 1)
-            T.sync_threads()
-            for b in T.serial(T.ceildiv(nlocal, THREADS)):
-                if b * THREADS + tx < nlocal:
-                    chunk_counts[c, b * THREADS + tx] = s_hist[b * THREADS + tx]
-
-    return main
-
-
-@tlx.jit(target={"kind": "cuda", "arch": "sm_90a"})
-def place_kernel(topk: int, align: int = 128, threads: int = 512, batch: int = 16, fused: bool = False):
-    """Everything but the chunk histograms, a block per chunk (see the module docstring). ``fused``:
-    the block also writes its chunk's histogram (from the per-warp counts), then waits for the
-    grid (cooperative launch: every chunk's block resident)."""
+def metadata_kernel(topk: int, align: int = 128, chunk: int = CHUNK, threads: int = 512, batch: int = 32):
+    """``(ids [T, k], first_expert, chunk_counts [C, El] (scratch), counts, offsets, row_of, entry_of_row,
+    block_expert)``, a block per ``chunk`` tokens; C blocks must be resident at once (cooperative launch)."""
     if threads % WARP or not WARP <= threads <= MAX_LOCAL or MAX_LOCAL % threads:
         raise ValueError(f"threads: expected a multiple of {WARP} dividing {MAX_LOCAL}, got {threads}")
+    if chunk % CHUNK or not CHUNK <= chunk <= MAX_CHUNK:
+        raise ValueError(f"chunk: expected a multiple of {CHUNK} up to {MAX_CHUNK}, got {chunk}")
     warps = threads // WARP
-    steps = CHUNK * topk // WARP  # 32-entry steps of a chunk
+    steps = chunk * topk // WARP  # 32-entry steps of a chunk
     per_warp = (steps + warps - 1) // warps  # consecutive steps of one warp
     busy = (steps + per_warp - 1) // per_warp  # warps that hold entries
     ept = MAX_LOCAL // threads  # consecutive experts of a thread in the offsets scan
@@ -148,6 +114,7 @@ def place_kernel(topk: int, align: int = 128, threads: int = 512, batch: int = 1
             g = T.alloc_var("int64")  # the local expert, wide so that no id can overflow it
             per = T.alloc_var("int32")
             slot = T.alloc_var("int32")
+            r0 = T.alloc_var("int32")
             e = T.alloc_var("int32")
             tot = T.alloc_var("int32")
             bef = T.alloc_var("int32")
@@ -160,46 +127,48 @@ def place_kernel(topk: int, align: int = 128, threads: int = 512, batch: int = 1
             lo = T.alloc_var("int32")
             hi = T.alloc_var("int32")
             mid = T.alloc_var("int32")
-            n = T.min(ntok - c * CHUNK, CHUNK) * topk
+            n = T.min(ntok - c * chunk, chunk) * topk
             # The chunk's entries, warp w holding steps w * per_warp ...: loads first.
             for s in T.unroll(per_warp):
                 i = (w * per_warp + s) * WARP + lane
                 ex[s] = -1
                 if w < busy and i < n:
-                    g = T.cast(ids[c * CHUNK + i // topk, i % topk], "int64") - first_expert
+                    g = T.cast(ids[c * chunk + i // topk, i % topk], "int64") - first_expert
                     if g >= 0 and g < nlocal:
                         ex[s] = T.cast(g, "int32")
             if w < busy:
                 for b in T.serial(T.ceildiv(nlocal, WARP)):
                     if b * WARP + lane < nlocal:
                         s_seg[w * MAX_LOCAL + b * WARP + lane] = 0
-            if fused:
-                T.sync_threads()
-                warp_ranks(ex, rk, s_seg, w, lane)
-                T.sync_threads()
-                for j in T.serial(T.ceildiv(nlocal, threads)):
-                    e = j * threads + tx
-                    if e < nlocal:
-                        tot = 0
-                        for b in T.unroll(busy):
-                            tot = tot + s_seg[b * MAX_LOCAL + e]
-                        chunk_counts[c, e] = tot
-                T.sync_grid()
+            T.sync_threads()
+            warp_ranks(ex, rk, s_seg, w, lane)
+            T.sync_threads()
+            for j in T.serial(T.ceildiv(nlocal, threads)):  # the chunk's histogram
+                e = j * threads + tx
+                if e < nlocal:
+                    tot = 0
+                    for b in T.unroll(busy):
+                        tot = tot + s_seg[b * MAX_LOCAL + e]
+                    chunk_counts[c, e] = tot
+            T.sync_grid()
             # Every expert's total and its count before chunk c: slot = (row phase, expert), batch
             # loads in flight per thread.
             per = T.max(threads // T.max(nlocal, 1), 1)
             for j in T.serial(T.ceildiv(per * nlocal, threads)):
                 slot = j * threads + tx
                 if slot < per * nlocal:
+                    r0 = slot // nlocal
+                    e = slot % nlocal
                     tot = 0
                     bef = 0
                     for q in T.serial(T.ceildiv(nchunk, per * batch)):
                         for u in T.unroll(batch):
-                            part[u] = T.if_then_else((q * batch + u) * per + slot // nlocal < nchunk,
-                                                     chunk_counts[T.min((q * batch + u) * per + slot // nlocal, nchunk - 1), slot % nlocal], 0)
+                            part[u] = 0
+                            if (q * batch + u) * per + r0 < nchunk:
+                                part[u] = chunk_counts[(q * batch + u) * per + r0, e]
                         for u in T.unroll(batch):
                             tot = tot + part[u]
-                            if (q * batch + u) * per + slot // nlocal < c:
+                            if (q * batch + u) * per + r0 < c:
                                 bef = bef + part[u]
                     s_part[0, slot] = tot
                     s_part[1, slot] = bef
@@ -214,9 +183,6 @@ def place_kernel(topk: int, align: int = 128, threads: int = 512, batch: int = 1
                         bef = bef + s_part[1, p * nlocal + e]
                     s_tot[e] = tot
                     s_bef[e] = bef
-            if not fused:
-                warp_ranks(ex, rk, s_seg, w, lane)
-                T.sync_threads()
             # Offsets: exclusive scan of the padded counts, ept experts a thread, then warps.
             run = 0
             for u in T.unroll(ept):
@@ -291,10 +257,10 @@ def place_kernel(topk: int, align: int = 128, threads: int = 512, batch: int = 1
                 for s in T.unroll(per_warp):
                     i = (w * per_warp + s) * WARP + lane
                     if ex[s] >= 0:
-                        row_of[c * CHUNK + i // topk, i % topk] = s_seg[w * MAX_LOCAL + ex[s]] + rk[s]
-                        entry_of_row[s_seg[w * MAX_LOCAL + ex[s]] + rk[s]] = c * CHUNK * topk + i
+                        row_of[c * chunk + i // topk, i % topk] = s_seg[w * MAX_LOCAL + ex[s]] + rk[s]
+                        entry_of_row[s_seg[w * MAX_LOCAL + ex[s]] + rk[s]] = c * chunk * topk + i
                     elif i < n:
-                        row_of[c * CHUNK + i // topk, i % topk] = -1
+                        row_of[c * chunk + i // topk, i % topk] = -1
 
     return main
 
@@ -313,6 +279,12 @@ def routing_metadata(ids, n_experts: int, rank: int = 0, n_ranks: int = 1, align
         raise ValueError(f"n_experts // n_ranks: expected 1 to {MAX_LOCAL} local experts, got {el}")
     t, k = ids.shape
     dev = ids.device
+    sms = _sm_count(dev.index if dev.index is not None else torch.cuda.current_device())
+    chunk = CHUNK  # the least that leaves at most one block per SM
+    while chunk * sms < t and chunk < MAX_CHUNK:
+        chunk *= 2
+    if chunk * sms < t:
+        raise ValueError(f"ids: expected at most {MAX_CHUNK * sms} tokens ({MAX_CHUNK} per SM), got {t}")
     rows = max_rows(t, k, el, align)
     out = {
         "counts": torch.empty(el, dtype=torch.int32, device=dev),
@@ -327,22 +299,16 @@ def routing_metadata(ids, n_experts: int, rank: int = 0, n_ranks: int = 1, align
         out["block_expert"].fill_(-1)
         return out
     ids = ids.contiguous()
-    nchunk = (t + CHUNK - 1) // CHUNK
-    chunk_counts = torch.empty(nchunk, el, dtype=torch.int32, device=dev)
-    count, place, fused = _kernels(k, align)
-    if nchunk <= _sm_count(dev.index if dev.index is not None else torch.cuda.current_device()):
-        place = fused  # one launch: a block per SM at most, so every block is resident
-    else:
-        count.launch(ids, rank * el, chunk_counts)
-    place.launch(ids, rank * el, chunk_counts, out["counts"], out["offsets"], out["row_of"], out["entry_of_row"],
-                 out["block_expert"])
+    chunk_counts = torch.empty((t + chunk - 1) // chunk, el, dtype=torch.int32, device=dev)
+    _kernel(k, align, chunk).launch(ids, rank * el, chunk_counts, out["counts"], out["offsets"], out["row_of"],
+                                    out["entry_of_row"], out["block_expert"])
     return out
 
 
 @functools.lru_cache(maxsize=None)
-def _kernels(topk: int, align: int):
-    """The kernels behind a plain dict lookup (the jit's own lookup costs µs per call)."""
-    return count_kernel(topk), place_kernel(topk, align), place_kernel(topk, align, fused=True)
+def _kernel(topk: int, align: int, chunk: int):
+    """The kernel behind a plain dict lookup (the jit's own lookup costs µs per call)."""
+    return metadata_kernel(topk, align, chunk)
 
 
 @functools.lru_cache(maxsize=None)

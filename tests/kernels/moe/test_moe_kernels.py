@@ -14,7 +14,7 @@ from kernels.moe.grouped_gemm import (
     grouped_gemm_masked,
     grouped_gemm_masked_kernel,
 )
-from kernels.moe.metadata import count_kernel, max_rows, place_kernel, routing_metadata
+from kernels.moe.metadata import max_rows, metadata_kernel, routing_metadata
 from kernels.moe.permute import combine, combine_kernel, permute, permute_fp8_kernel, permute_kernel
 
 KDIR = Path(R.__file__).parent
@@ -24,8 +24,7 @@ BASELINES = ("gating", "metadata", "permute", "grouped_gemm")
 
 COMPILES = {
     "gating_grouped": lambda: gating_kernel(256, 6, "sqrtsoftplus", 8, 4, True, 1.5),
-    "count": lambda: count_kernel(6),
-    "place": lambda: place_kernel(6),
+    "metadata": lambda: metadata_kernel(6),
     "permute": lambda: permute_kernel(4096, 6),
     "permute_fp8": lambda: permute_fp8_kernel(4096, 6),
     "combine": lambda: combine_kernel(4096, 6),
@@ -157,7 +156,7 @@ def _baseline_metadata(baseline, ids, e, rank, n_ranks):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("kind", ["uniform", "hot", "sparse"])
-@pytest.mark.parametrize("t", [1, 300, 16384, 20000])  # 20000: more chunks than SMs, two launches
+@pytest.mark.parametrize("t", [1, 300, 16384, 20000])  # 20000: 256-token chunks
 @pytest.mark.parametrize("e,rank,n_ranks", [(256, 0, 1), (384, 2, 4)])
 def test_metadata_bitwise_and_reference(baseline, kind, t, e, rank, n_ranks):
     from tlx.numerics.parity import assert_bitwise
