@@ -41,7 +41,9 @@ VARIANTS = {
     "n192": {"num_sms": 132, "block_n": 192, "dual": False},  # 128 x 192 tiles: less shared-memory traffic per flop
     "dual_b8": {"num_sms": 132, "band": 8},
     "dual_b16": {"num_sms": 132, "band": 16},
-    "n192_b8": {"num_sms": 132, "block_n": 192, "dual": False, "band": 8},
+    # 128 x 192, each K block as two m64n96 groups: one half promoted while the other runs
+    "n192s": {"num_sms": 132, "block_n": 192, "dual": False, "split": True, "unroll": 1},
+    "dual_c4": {"num_sms": 132, "cluster": 4},  # A multicast to 4 CTAs
 }
 
 # name -> (kind, experts, rows per expert or tokens, N, K)
@@ -61,8 +63,9 @@ PLAN = {
     "base": list(SHAPES),
     "n192": ["big_n4096_k7168", "big_n7168_k4096", "flash_l1", "pro_l1"],
     "dual_b8": ["big_n4096_k7168", "big_n7168_k4096", "flash_l1", "pro_l1"],
-    "dual_b16": ["big_n4096_k7168", "big_n7168_k4096", "flash_l1", "pro_l1"],
-    "n192_b8": ["big_n4096_k7168", "big_n7168_k4096"],
+    "dual_b16": ["big_n4096_k7168", "big_n7168_k4096"],
+    "n192s": ["big_n4096_k7168", "big_n7168_k4096", "flash_l1", "pro_l1"],
+    "dual_c4": ["big_n4096_k7168", "big_n7168_k4096", "flash_l1", "pro_l1"],
 }
 
 

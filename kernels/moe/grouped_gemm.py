@@ -50,7 +50,7 @@ def check_gemm_args(n: int, k: int):
 
 @tlx.jit(target={"kind": "cuda", "arch": "sm_90a"}, pass_configs={"tl.disable_warp_specialized": True})
 def grouped_gemm_contiguous_kernel(n: int, k: int, num_stages: int = 4, cluster: int = 2, num_sms: int = 132,
-                                   block_n: int = 128, dual: bool = True, unroll: int = 4, band: int = 1):
+                                   block_n: int = 128, dual: bool = True, unroll: int = 4, band: int = 1, split: bool = False):
     """``(A [R, K], SA [R, K/128], B [E, N, K], SB [E, N/128, K/128], block_expert [R/128], C [R, N])``.
 
     ``num_sms`` persistent CTAs (one per SM) walk the output tiles row block by row block; the
@@ -71,8 +71,11 @@ def grouped_gemm_contiguous_kernel(n: int, k: int, num_stages: int = 4, cluster:
     if nt % cluster or num_sms % cluster:
         raise ValueError(f"cluster: {cluster} must divide ceil(n / {block_n}) = {nt} and num_sms = {num_sms}")
     kblocks = k // BLOCK_K
-    if dual:
+    if dual and split:
+        raise ValueError("dual and split exclude each other")
+    if dual or split:
         unroll = max(u for u in range(1, unroll + 1) if kblocks % u == 0)
+    half = block_n // 2
     nclusters = num_sms // cluster
     groups = nt // cluster  # cluster tiles per row block
     ncol = 2 if block_n > 128 else 1  # scale groups a tile touches
@@ -133,6 +136,40 @@ def grouped_gemm_contiguous_kernel(n: int, k: int, num_stages: int = 4, cluster:
         promote(total, acc, sf)
 
     @T.macro
+    def issue_half(A_s, B_s, stage, h, acc):
+        T.wgmma_gemm(A_s[stage, :, :], B_s[stage, h * half:(h + 1) * half, :], acc, transpose_B=True,
+                     policy=T.GemmWarpPolicy.FullRow, clear_accum=True)
+
+    @T.macro
+    def promote_half(tot, acc, s0, s1, h, even):
+        """Half h of the tile; its columns below 128 - col0 % 128 take scale group 0, the rest group 1."""
+        T.warpgroup_fence_operand(acc, num_regs=BLOCK_M * half // 256)
+        if ncol == 1:
+            for i, j in T.Parallel(BLOCK_M, half):
+                tot[i, j] = T.ieee_fmaf(acc[i, j], s0[i], tot[i, j])
+        elif even:
+            for i, j in T.Parallel(BLOCK_M, half):
+                tot[i, j] = T.ieee_fmaf(acc[i, j], T.if_then_else(j + h * half < 128, s0[i], s1[i]), tot[i, j])
+        else:
+            for i, j in T.Parallel(BLOCK_M, half):
+                tot[i, j] = T.ieee_fmaf(acc[i, j], T.if_then_else(j + h * half < 64, s0[i], s1[i]), tot[i, j])
+
+    @T.macro
+    def split_step(A_s, B_s, scale_s, full, empty, it, tx, px, py, hx, hy, c0, c1, n0, n1, even):
+        """Block it's halves are in flight: promote each while the next block's half runs."""
+        T.wait_wgmma(1)
+        promote_half(hx, px, c0, c1, 0, even)
+        T.mbarrier_wait_parity(full[(it + 1) % num_stages], ((it + 1) // num_stages) & 1)
+        load_scales(scale_s, (it + 1) % num_stages, 0, n0)
+        if ncol == 2:
+            load_scales(scale_s, (it + 1) % num_stages, 1, n1)
+        issue_half(A_s, B_s, (it + 1) % num_stages, 0, px)
+        T.wait_wgmma(1)
+        release(empty, it % num_stages, tx)
+        promote_half(hy, py, c0, c1, 1, even)
+        issue_half(A_s, B_s, (it + 1) % num_stages, 1, py)
+
+    @T.macro
     def promote2(total, acc, sf0, sf1, split):
         for i, j in T.Parallel(BLOCK_M, block_n):
             total[i, j] = T.ieee_fmaf(acc[i, j], T.if_then_else(j < split, sf0[i], sf1[i]), total[i, j])
@@ -156,6 +193,13 @@ def grouped_gemm_contiguous_kernel(n: int, k: int, num_stages: int = 4, cluster:
             part = T.alloc_fragment((BLOCK_M, block_n), "float32")
             part1 = T.alloc_fragment((BLOCK_M, block_n), "float32")
             total = T.alloc_fragment((BLOCK_M, block_n), "float32")
+            # split: each K block as two half-width wgmma groups, one promoted while the other runs
+            px = T.alloc_fragment((BLOCK_M, half), "float32")
+            py = T.alloc_fragment((BLOCK_M, half), "float32")
+            hx = T.alloc_fragment((BLOCK_M, half), "float32")
+            hy = T.alloc_fragment((BLOCK_M, half), "float32")
+            sg0 = T.alloc_fragment((BLOCK_M,), "float32")
+            sg1 = T.alloc_fragment((BLOCK_M,), "float32")
             full = T.alloc_barrier([128] * num_stages)  # the producer's 128 threads + the TMA bytes
             empty = T.alloc_cluster_barrier([8 * cluster] * num_stages)  # every consumer warp of the cluster
             it = T.alloc_var("int32", init=0)  # K blocks this CTA has passed: stage and phase
@@ -193,7 +237,11 @@ def grouped_gemm_contiguous_kernel(n: int, k: int, num_stages: int = 4, cluster:
                 for w in T.serial(T.ceildiv(nblocks * groups, nclusters)):
                     if tile(w, pid) < nblocks * groups:
                         if block_expert[row_block(w, pid)] >= 0:
-                            T.clear(total)
+                            if split:
+                                T.clear(hx)
+                                T.clear(hy)
+                            else:
+                                T.clear(total)
                             if dual:
                                 # U K blocks per step: block i + 1's wgmma runs while block i is promoted;
                                 # nothing stays in flight across the loop's back edge (ptxas would
@@ -217,6 +265,35 @@ def grouped_gemm_contiguous_kernel(n: int, k: int, num_stages: int = 4, cluster:
                                         T.warpgroup_fence_operand(part, num_regs=BLOCK_M * block_n // 256)
                                         promote(total, part, sf0)
                                     it = it + 1
+                            elif split:
+                                even = col0(w, pid) % 128 == 0
+                                for kq in T.serial(kblocks // unroll):
+                                    T.mbarrier_wait_parity(full[it % num_stages], (it // num_stages) & 1)
+                                    load_scales(scale_s, it % num_stages, 0, sf0)
+                                    if ncol == 2:
+                                        load_scales(scale_s, it % num_stages, 1, sf1)
+                                    issue_half(A_s, B_s, it % num_stages, 0, px)
+                                    issue_half(A_s, B_s, it % num_stages, 1, py)
+                                    for h in T.unroll(unroll - 1):
+                                        if h % 2 == 0:
+                                            split_step(A_s, B_s, scale_s, full, empty, it, tx, px, py, hx, hy,
+                                                       sf0, sf1, sg0, sg1, even)
+                                        else:
+                                            split_step(A_s, B_s, scale_s, full, empty, it, tx, px, py, hx, hy,
+                                                       sg0, sg1, sf0, sf1, even)
+                                        it = it + 1
+                                    T.wait_wgmma(1)
+                                    if unroll % 2 == 1:
+                                        promote_half(hx, px, sf0, sf1, 0, even)
+                                        T.wait_wgmma(0)
+                                        release(empty, it % num_stages, tx)
+                                        promote_half(hy, py, sf0, sf1, 1, even)
+                                    else:
+                                        promote_half(hx, px, sg0, sg1, 0, even)
+                                        T.wait_wgmma(0)
+                                        release(empty, it % num_stages, tx)
+                                        promote_half(hy, py, sg0, sg1, 1, even)
+                                    it = it + 1
                             else:
                                 for kb in T.serial(kblocks):
                                     T.mbarrier_wait_parity(full[it % num_stages], (it // num_stages) & 1)
@@ -233,7 +310,11 @@ def grouped_gemm_contiguous_kernel(n: int, k: int, num_stages: int = 4, cluster:
                                     else:
                                         promote2(total, part, sf0, sf1, 64)
                                     it = it + 1
-                            T.copy(total, C_s)
+                            if split:
+                                T.copy(hx, C_s[:, 0:half])
+                                T.copy(hy, C_s[:, half:block_n])
+                            else:
+                                T.copy(total, C_s)
                             T.copy(C_s, C[row_block(w, pid) * BLOCK_M, col0(w, pid)])
             # no CTA leaves while a peer may still multicast into it or arrive on its barriers
             T.cluster_sync()
