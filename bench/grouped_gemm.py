@@ -7,13 +7,15 @@ Shapes (contiguous layout, rows of each expert padded to 128):
 
 Each variant is a set of keyword arguments of ``grouped_gemm_contiguous_kernel``; its output is
 compared bit for bit with the CUDA baseline (``grouped_gemm.cu``) before it is timed. Timing: CUDA
-events around each call, warm-up, median. TFLOP/s count the routed rows (and, in brackets, all
-computed rows including padding); the dense rate is ``_scaled_mm`` with row-wise scales on
-[computed rows, K] x [K, N].
+events around each call, warm-up, median; the candidates and ``_scaled_mm`` take turns call by
+call, so all meet the same clocks (the board runs at its power limit). TFLOP/s count the routed
+rows (and, in brackets, all computed rows including padding); the dense rate is ``_scaled_mm``
+with row-wise scales on [computed rows, K] x [K, N]. ``--clocks`` adds back-to-back rates with the
+SM clock and board power read half way.
 
 Usage:
   python bench/grouped_gemm.py --compile [--jobs 8]   # build every (variant, shape) kernel in parallel
-  python bench/grouped_gemm.py [--variants a,b] [--shapes x,y] [--out FILE.json]
+  python bench/grouped_gemm.py [--variants a,b] [--shapes x,y] [--out FILE.json] [--clocks]
   python bench/grouped_gemm.py --ncu --variants a,b --shapes x   # one launch per variant, for ncu
 """
 
@@ -31,19 +33,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.timing import median_ms  # noqa: E402
 from kernels.moe.grouped_gemm import grouped_gemm_contiguous_kernel  # noqa: E402
 
-# name -> keyword arguments of grouped_gemm_contiguous_kernel. Measured on the H200 (rounds 1-2):
-# the earlier kernel (TileLang's automatic warp specialization, m64n64 wgmma pairs) 906 TFLOP/s
-# on big_n4096_k7168, m64n128 + register scales 1058, this kernel 1155-1163; a 5th stage,
-# prefetching the scales one stage ahead and a deferred TMA-store wait gave no steady gain.
+# name -> keyword arguments of grouped_gemm_contiguous_kernel. Measured on the H200, session 3
+# round 2 (candidates interleaved; the board sits at its ~690 W limit, clocks 1.3-1.8 GHz), TFLOP/s
+# on big_n4096_k7168 / big_n7168_k4096: 128 x 128 tiles 1127 / 1067; two wgmma accumulators (the
+# next K block's wgmma running during the promotion) 1162 / 1107, at ncu's fixed 1.34 GHz 9% faster
+# but no better at the power limit; 128 x 192 tiles 1213 / 1170; 128 x 192 as two m64n96 halves
+# (one promoted while the other runs; A read twice) 1178 / 1081; 4-CTA clusters and banded tile
+# orders about half the rate (clusters not all resident; integer division per tile).
 VARIANTS = {
-    "dual": {"num_sms": 132},  # the call grouped_gemm_contiguous makes on an H200
-    "base": {"num_sms": 132, "dual": False},  # session 2's kernel: one accumulator
-    "n192": {"num_sms": 132, "block_n": 192, "dual": False},  # 128 x 192 tiles: less shared-memory traffic per flop
-    "dual_b8": {"num_sms": 132, "band": 8},
-    "dual_b16": {"num_sms": 132, "band": 16},
-    # 128 x 192, each K block as two m64n96 groups: one half promoted while the other runs
-    "n192s": {"num_sms": 132, "block_n": 192, "dual": False, "split": True, "unroll": 1},
-    "dual_c4": {"num_sms": 132, "cluster": 4},  # A multicast to 4 CTAs
+    "wide": {"num_sms": 132, "block_n": 192},  # the call grouped_gemm_contiguous makes on an H200 here
+    "n128": {"num_sms": 132, "block_n": 128},  # session 2's kernel, 128 x 128 tiles
 }
 
 # name -> (kind, experts, rows per expert or tokens, N, K)
@@ -59,13 +58,8 @@ TOPK = 6
 
 # Which shapes each variant is built for and timed on (every pair is one compile), in build order.
 PLAN = {
-    "dual": list(SHAPES),
-    "base": list(SHAPES),
-    "n192": ["big_n4096_k7168", "big_n7168_k4096", "flash_l1", "pro_l1"],
-    "dual_b8": ["big_n4096_k7168", "big_n7168_k4096", "flash_l1", "pro_l1"],
-    "dual_b16": ["big_n4096_k7168", "big_n7168_k4096"],
-    "n192s": ["big_n4096_k7168", "big_n7168_k4096", "flash_l1", "pro_l1"],
-    "dual_c4": ["big_n4096_k7168", "big_n7168_k4096", "flash_l1", "pro_l1"],
+    "wide": list(SHAPES),
+    "n128": list(SHAPES),
 }
 
 

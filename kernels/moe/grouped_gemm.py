@@ -6,7 +6,7 @@ Per 128-wide K block the tensor cores accumulate the block's raw e4m3 products i
 ``sa[row, kb] * sb[n // 128, kb]`` and added to the fp32 total with one fma
 (``total = fma(block, scale, total)``), K blocks in ascending order; the total is rounded
 to bf16 once. ``grouped_gemm.cu`` repeats this with hand-written wgmma (m64n64k32; the kernels
-here issue m64n128k32, the same per-element sums, bitwise equal on the H200).
+here issue m64n128k32 or m64n192k32, the same per-element sums, bitwise equal on the H200).
 
 Layouts:
 
@@ -16,11 +16,11 @@ Layouts:
 * masked: A [E, M, K] with ``counts[E]``; row blocks wholly past ``counts[e]`` are not
   computed; rows past the count inside a computed block hold A's (unspecified) rows' products.
 
-Both kernels: 128 x 128 output tiles, two consumer warpgroups of 64 rows (one m64n128k32 chain
-per K step), a TMA producer, each thread's two row scales read into registers before the stage
-is released. The contiguous kernel is scheduled by hand (persistent, A multicast across a
-2-CTA cluster, see ``grouped_gemm_contiguous_kernel``); the masked one uses TileLang's
-automatic warp specialization.
+Both kernels: two consumer warpgroups of 64 rows (one wgmma chain per K step), a TMA producer,
+each thread's row scales read into registers before the stage is released. The contiguous
+kernel is scheduled by hand (persistent, 128 x 192 tiles where N allows, A multicast across a
+2-CTA cluster, see ``grouped_gemm_contiguous_kernel``); the masked one (128 x 128 tiles) uses
+TileLang's automatic warp specialization.
 """
 
 import functools
@@ -31,6 +31,7 @@ import tlx
 
 BLOCK_M = 128
 BLOCK_N = 128
+WIDE_N = 192  # the contiguous kernel's wide tiles (see grouped_gemm_contiguous_kernel)
 BLOCK_K = 128  # = the scale group: one fp32 promotion per K block
 
 # Symbolic sizes (module level so the kernel sources see them): rows, row blocks, masked rows,
@@ -50,129 +51,51 @@ def check_gemm_args(n: int, k: int):
 
 @tlx.jit(target={"kind": "cuda", "arch": "sm_90a"}, pass_configs={"tl.disable_warp_specialized": True})
 def grouped_gemm_contiguous_kernel(n: int, k: int, num_stages: int = 4, cluster: int = 2, num_sms: int = 132,
-                                   block_n: int = 128, dual: bool = True, unroll: int = 4, band: int = 1, split: bool = False):
+                                   block_n: int = BLOCK_N):
     """``(A [R, K], SA [R, K/128], B [E, N, K], SB [E, N/128, K/128], block_expert [R/128], C [R, N])``.
 
     ``num_sms`` persistent CTAs (one per SM) walk the output tiles row block by row block; the
     ``cluster`` CTAs of a cluster take neighbouring column tiles of the same rows, so the first
     one multicasts the A tile to all (half the L2 reads of A at cluster 2). Per CTA one TMA
     producer warpgroup (threads 256..383: TMA issue, then the 128 rows' ``sa * sb``) and two
-    consumer warpgroups (64 rows each). A stage is refilled once every consumer warp of the
-    cluster has released it (cluster-scope ``empty`` barriers).
+    consumer warpgroups (64 rows each, one m64n{block_n}k32 chain per K step). A stage is
+    refilled once every consumer warp of the cluster has released it (cluster-scope ``empty``
+    barriers).
 
-    ``block_n`` columns per tile (m64n{block_n}k32 per consumer warpgroup); a tile wider than
-    128 spans two 128-column scale groups (two scales per row) and the last one may pass N
-    (TMA zero-fills B's missing rows and clips C's store). ``dual``: two wgmma accumulators,
-    the next K block's wgmma runs while the previous block is promoted."""
+    ``block_n`` 128 or 192 (``grouped_gemm_contiguous`` takes 192 where the column tiles pair
+    up): the H200 runs at its power limit here, and 192-wide tiles move fewer shared-memory bytes
+    per flop (1213 against 1127 TFLOP/s on 8 x 4096 x 4096 x 7168). A 192-wide tile spans two
+    128-column scale groups (two scales per row, split at column 128 or 64 by the tile's start)
+    and the last one may pass N (TMA zero-fills B's missing rows and clips C's store)."""
     check_gemm_args(n, k)
-    if block_n % 64 or not 64 <= block_n <= 256 or (dual and block_n > 128):
-        raise ValueError(f"block_n: expected 64..256 in steps of 64 (<= 128 with dual), got {block_n}")
+    if block_n not in (BLOCK_N, WIDE_N):
+        raise ValueError(f"block_n: expected {BLOCK_N} or {WIDE_N}, got {block_n}")
     nt = -(-n // block_n)
     if nt % cluster or num_sms % cluster:
         raise ValueError(f"cluster: {cluster} must divide ceil(n / {block_n}) = {nt} and num_sms = {num_sms}")
     kblocks = k // BLOCK_K
-    if dual and split:
-        raise ValueError("dual and split exclude each other")
-    if dual or split:
-        unroll = max(u for u in range(1, unroll + 1) if kblocks % u == 0)
-    half = block_n // 2
     nclusters = num_sms // cluster
     groups = nt // cluster  # cluster tiles per row block
     ncol = 2 if block_n > 128 else 1  # scale groups a tile touches
-    nsg = n // 128
 
     # Cluster tile p of a CTA's loop step w; its row block and the CTA's column offset.
     def tile(w, pid):
         return w * nclusters + pid // cluster
 
-    # Cluster tiles run in bands of `band` row blocks, column groups outer within a band, so
-    # the clusters at work at one time share fewer A and B tiles (L2 reuse).
-    def band_rows(w, pid):
-        return T.min(band, nblocks - tile(w, pid) // (band * groups) * band)
-
     def row_block(w, pid):
-        if band == 1:
-            return tile(w, pid) // groups
-        b0 = tile(w, pid) // (band * groups) * band
-        return b0 + (tile(w, pid) - b0 * groups) % band_rows(w, pid)
+        return tile(w, pid) // groups
 
     def col0(w, pid):
-        if band == 1:
-            g = tile(w, pid) % groups
-        else:
-            g = (tile(w, pid) - tile(w, pid) // (band * groups) * band * groups) // band_rows(w, pid)
-        return (g * cluster + pid % cluster) * block_n
+        return (tile(w, pid) % groups * cluster + pid % cluster) * block_n
 
     @T.macro
-    def load_scales(scale_s, stage, c, sf):
-        for i in T.Parallel(BLOCK_M):
-            sf[i] = scale_s[stage, c, i]
-
-    @T.macro
-    def issue(A_s, B_s, stage, acc):
-        T.wgmma_gemm(A_s[stage, :, :], B_s[stage, :, :], acc, transpose_B=True, policy=T.GemmWarpPolicy.FullRow,
-                     clear_accum=True)
-
-    @T.macro
-    def release(empty, stage, tx):
-        # lane r of every consumer warp releases the stage in the cluster's CTA r
-        if tx % 32 < cluster:
-            T.mbarrier_arrive(empty[stage], cta_id=tx % 32)
-
-    @T.macro
-    def promote(total, acc, sa_sb):
+    def promote(total, part, sf0, sf1, split):
+        """total = fma(part, sa * sb, total); columns from ``split`` on take the second scale group."""
         for i, j in T.Parallel(BLOCK_M, block_n):
-            total[i, j] = T.ieee_fmaf(acc[i, j], sa_sb[i], total[i, j])
-
-    @T.macro
-    def overlap(A_s, B_s, scale_s, full, empty, it, tx, total, acc_next, sf_next, acc, sf):
-        """Issue K block it + 1 into acc_next, then promote block it (in acc) once it is done."""
-        T.mbarrier_wait_parity(full[(it + 1) % num_stages], ((it + 1) // num_stages) & 1)
-        load_scales(scale_s, (it + 1) % num_stages, 0, sf_next)
-        issue(A_s, B_s, (it + 1) % num_stages, acc_next)
-        T.wait_wgmma(1)
-        release(empty, it % num_stages, tx)
-        T.warpgroup_fence_operand(acc, num_regs=BLOCK_M * block_n // 256)
-        promote(total, acc, sf)
-
-    @T.macro
-    def issue_half(A_s, B_s, stage, h, acc):
-        T.wgmma_gemm(A_s[stage, :, :], B_s[stage, h * half:(h + 1) * half, :], acc, transpose_B=True,
-                     policy=T.GemmWarpPolicy.FullRow, clear_accum=True)
-
-    @T.macro
-    def promote_half(tot, acc, s0, s1, h, even):
-        """Half h of the tile; its columns below 128 - col0 % 128 take scale group 0, the rest group 1."""
-        T.warpgroup_fence_operand(acc, num_regs=BLOCK_M * half // 256)
-        if ncol == 1:
-            for i, j in T.Parallel(BLOCK_M, half):
-                tot[i, j] = T.ieee_fmaf(acc[i, j], s0[i], tot[i, j])
-        elif even:
-            for i, j in T.Parallel(BLOCK_M, half):
-                tot[i, j] = T.ieee_fmaf(acc[i, j], T.if_then_else(j + h * half < 128, s0[i], s1[i]), tot[i, j])
-        else:
-            for i, j in T.Parallel(BLOCK_M, half):
-                tot[i, j] = T.ieee_fmaf(acc[i, j], T.if_then_else(j + h * half < 64, s0[i], s1[i]), tot[i, j])
-
-    @T.macro
-    def split_step(A_s, B_s, scale_s, full, empty, it, tx, px, py, hx, hy, c0, c1, n0, n1, even):
-        """Block it's halves are in flight: promote each while the next block's half runs."""
-        T.wait_wgmma(1)
-        promote_half(hx, px, c0, c1, 0, even)
-        T.mbarrier_wait_parity(full[(it + 1) % num_stages], ((it + 1) // num_stages) & 1)
-        load_scales(scale_s, (it + 1) % num_stages, 0, n0)
-        if ncol == 2:
-            load_scales(scale_s, (it + 1) % num_stages, 1, n1)
-        issue_half(A_s, B_s, (it + 1) % num_stages, 0, px)
-        T.wait_wgmma(1)
-        release(empty, it % num_stages, tx)
-        promote_half(hy, py, c0, c1, 1, even)
-        issue_half(A_s, B_s, (it + 1) % num_stages, 1, py)
-
-    @T.macro
-    def promote2(total, acc, sf0, sf1, split):
-        for i, j in T.Parallel(BLOCK_M, block_n):
-            total[i, j] = T.ieee_fmaf(acc[i, j], T.if_then_else(j < split, sf0[i], sf1[i]), total[i, j])
+            if ncol == 1:
+                total[i, j] = T.ieee_fmaf(part[i, j], sf0[i], total[i, j])
+            else:
+                total[i, j] = T.ieee_fmaf(part[i, j], T.if_then_else(j < split, sf0[i], sf1[i]), total[i, j])
 
     @T.prim_func
     def main(
@@ -191,20 +114,11 @@ def grouped_gemm_contiguous_kernel(n: int, k: int, num_stages: int = 4, cluster:
             sf0 = T.alloc_fragment((BLOCK_M,), "float32")
             sf1 = T.alloc_fragment((BLOCK_M,), "float32")
             part = T.alloc_fragment((BLOCK_M, block_n), "float32")
-            part1 = T.alloc_fragment((BLOCK_M, block_n), "float32")
             total = T.alloc_fragment((BLOCK_M, block_n), "float32")
-            # split: each K block as two half-width wgmma groups, one promoted while the other runs
-            px = T.alloc_fragment((BLOCK_M, half), "float32")
-            py = T.alloc_fragment((BLOCK_M, half), "float32")
-            hx = T.alloc_fragment((BLOCK_M, half), "float32")
-            hy = T.alloc_fragment((BLOCK_M, half), "float32")
-            sg0 = T.alloc_fragment((BLOCK_M,), "float32")
-            sg1 = T.alloc_fragment((BLOCK_M,), "float32")
             full = T.alloc_barrier([128] * num_stages)  # the producer's 128 threads + the TMA bytes
             empty = T.alloc_cluster_barrier([8 * cluster] * num_stages)  # every consumer warp of the cluster
             it = T.alloc_var("int32", init=0)  # K blocks this CTA has passed: stage and phase
             tx = T.get_thread_binding()
-
             T.cluster_sync()
             if tx >= 256:
                 T.set_max_nreg(40, 0)
@@ -229,7 +143,8 @@ def grouped_gemm_contiguous_kernel(n: int, k: int, num_stages: int = 4, cluster:
                                 for c in T.unroll(ncol):
                                     scale_s[it % num_stages, c, tx - 256] = (
                                         SA[row_block(w, pid) * BLOCK_M + tx - 256, kb]
-                                        * SB[block_expert[row_block(w, pid)], T.min(col0(w, pid) // 128 + c, nsg - 1), kb])
+                                        * SB[block_expert[row_block(w, pid)], T.min(col0(w, pid) // 128 + c, n // 128 - 1),
+                                             kb])
                                 T.mbarrier_arrive(full[it % num_stages])
                                 it = it + 1
             else:
@@ -237,84 +152,25 @@ def grouped_gemm_contiguous_kernel(n: int, k: int, num_stages: int = 4, cluster:
                 for w in T.serial(T.ceildiv(nblocks * groups, nclusters)):
                     if tile(w, pid) < nblocks * groups:
                         if block_expert[row_block(w, pid)] >= 0:
-                            if split:
-                                T.clear(hx)
-                                T.clear(hy)
-                            else:
-                                T.clear(total)
-                            if dual:
-                                # U K blocks per step: block i + 1's wgmma runs while block i is promoted;
-                                # nothing stays in flight across the loop's back edge (ptxas would
-                                # serialize every wgmma otherwise)
-                                for kq in T.serial(kblocks // unroll):
-                                    T.mbarrier_wait_parity(full[it % num_stages], (it // num_stages) & 1)
-                                    load_scales(scale_s, it % num_stages, 0, sf0)
-                                    issue(A_s, B_s, it % num_stages, part)
-                                    for h in T.unroll(unroll - 1):
-                                        if h % 2 == 0:
-                                            overlap(A_s, B_s, scale_s, full, empty, it, tx, total, part1, sf1, part, sf0)
-                                        else:
-                                            overlap(A_s, B_s, scale_s, full, empty, it, tx, total, part, sf0, part1, sf1)
-                                        it = it + 1
-                                    T.wait_wgmma(0)
-                                    release(empty, it % num_stages, tx)
-                                    if unroll % 2 == 0:
-                                        T.warpgroup_fence_operand(part1, num_regs=BLOCK_M * block_n // 256)
-                                        promote(total, part1, sf1)
-                                    else:
-                                        T.warpgroup_fence_operand(part, num_regs=BLOCK_M * block_n // 256)
-                                        promote(total, part, sf0)
-                                    it = it + 1
-                            elif split:
-                                even = col0(w, pid) % 128 == 0
-                                for kq in T.serial(kblocks // unroll):
-                                    T.mbarrier_wait_parity(full[it % num_stages], (it // num_stages) & 1)
-                                    load_scales(scale_s, it % num_stages, 0, sf0)
+                            T.clear(total)
+                            for kb in T.serial(kblocks):
+                                T.mbarrier_wait_parity(full[it % num_stages], (it // num_stages) & 1)
+                                for i in T.Parallel(BLOCK_M):
+                                    sf0[i] = scale_s[it % num_stages, 0, i]
                                     if ncol == 2:
-                                        load_scales(scale_s, it % num_stages, 1, sf1)
-                                    issue_half(A_s, B_s, it % num_stages, 0, px)
-                                    issue_half(A_s, B_s, it % num_stages, 1, py)
-                                    for h in T.unroll(unroll - 1):
-                                        if h % 2 == 0:
-                                            split_step(A_s, B_s, scale_s, full, empty, it, tx, px, py, hx, hy,
-                                                       sf0, sf1, sg0, sg1, even)
-                                        else:
-                                            split_step(A_s, B_s, scale_s, full, empty, it, tx, px, py, hx, hy,
-                                                       sg0, sg1, sf0, sf1, even)
-                                        it = it + 1
-                                    T.wait_wgmma(1)
-                                    if unroll % 2 == 1:
-                                        promote_half(hx, px, sf0, sf1, 0, even)
-                                        T.wait_wgmma(0)
-                                        release(empty, it % num_stages, tx)
-                                        promote_half(hy, py, sf0, sf1, 1, even)
-                                    else:
-                                        promote_half(hx, px, sg0, sg1, 0, even)
-                                        T.wait_wgmma(0)
-                                        release(empty, it % num_stages, tx)
-                                        promote_half(hy, py, sg0, sg1, 1, even)
-                                    it = it + 1
-                            else:
-                                for kb in T.serial(kblocks):
-                                    T.mbarrier_wait_parity(full[it % num_stages], (it // num_stages) & 1)
-                                    load_scales(scale_s, it % num_stages, 0, sf0)
-                                    if ncol == 2:
-                                        load_scales(scale_s, it % num_stages, 1, sf1)
-                                    T.gemm(A_s[it % num_stages, :, :], B_s[it % num_stages, :, :], part, transpose_B=True,
-                                           policy=T.GemmWarpPolicy.FullRow, clear_accum=True)
-                                    release(empty, it % num_stages, tx)
-                                    if ncol == 1:
-                                        promote(total, part, sf0)
-                                    elif col0(w, pid) % 128 == 0:
-                                        promote2(total, part, sf0, sf1, 128)
-                                    else:
-                                        promote2(total, part, sf0, sf1, 64)
-                                    it = it + 1
-                            if split:
-                                T.copy(hx, C_s[:, 0:half])
-                                T.copy(hy, C_s[:, half:block_n])
-                            else:
-                                T.copy(total, C_s)
+                                        sf1[i] = scale_s[it % num_stages, 1, i]
+                                T.gemm(A_s[it % num_stages, :, :], B_s[it % num_stages, :, :], part, transpose_B=True,
+                                       policy=T.GemmWarpPolicy.FullRow, clear_accum=True)
+                                # lane r of every consumer warp releases the stage in the cluster's CTA r
+                                if tx % 32 < cluster:
+                                    T.mbarrier_arrive(empty[it % num_stages], cta_id=tx % 32)
+                                # the split column is fixed per branch, so the scale choice folds away
+                                if ncol == 1 or col0(w, pid) % 128 == 0:
+                                    promote(total, part, sf0, sf1, 128)
+                                else:
+                                    promote(total, part, sf0, sf1, 64)
+                                it = it + 1
+                            T.copy(total, C_s)
                             T.copy(C_s, C[row_block(w, pid) * BLOCK_M, col0(w, pid)])
             # no CTA leaves while a peer may still multicast into it or arrive on its barriers
             T.cluster_sync()
@@ -397,7 +253,9 @@ def grouped_gemm_contiguous(a, sa, b, sb, block_expert, out=None):
         raise ValueError(f"a: expected rows a multiple of {BLOCK_M}, got {r}")
     if out is None:
         out = torch.empty(r, n, dtype=torch.bfloat16, device=a.device)
-    kernel = grouped_gemm_contiguous_kernel(n, k, num_sms=persistent_ctas(a.device.index))
+    wide = -(-n // WIDE_N) % 2 == 0  # 192-wide column tiles pair up in 2-CTA clusters
+    kernel = grouped_gemm_contiguous_kernel(n, k, num_sms=persistent_ctas(a.device.index),
+                                            block_n=WIDE_N if wide else BLOCK_N)
     kernel(a, sa, b, sb, block_expert, out)
     return out
 

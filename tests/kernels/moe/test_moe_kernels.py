@@ -24,11 +24,11 @@ BASELINES = ("gating", "metadata", "permute", "grouped_gemm")
 
 COMPILES = {
     "gating_grouped": lambda: gating_kernel(256, 6, "sqrtsoftplus", 8, 4, True, 1.5),
-    "metadata": lambda: metadata_kernel(6),
+    "metadata": lambda: metadata_kernel(6, 256),
     "permute": lambda: permute_kernel(4096, 6),
     "permute_fp8": lambda: permute_fp8_kernel(4096, 6),
     "combine": lambda: combine_kernel(4096, 6),
-    "gemm_contiguous": lambda: grouped_gemm_contiguous_kernel(4096, 2048),
+    "gemm_contiguous": lambda: grouped_gemm_contiguous_kernel(4096, 2048, block_n=192),  # as the wrapper
     "gemm_masked": lambda: grouped_gemm_masked_kernel(4096, 2048),
 }
 
@@ -38,9 +38,11 @@ def test_kernel_compiles_for_sm90a(name):
     src = COMPILES[name]().device_source
     assert "__global__" in src
     if name.startswith("gemm"):
-        # wgmma m64n128k32 e4m3 x e4m3 -> f32 (the baseline's m64n64k32 pairs compute the same
-        # per-element sums; the GPU tests compare bits), and the promotion fma per K block.
-        assert "kFloat8_e4m3, tl::DataType::kFloat8_e4m3, tl::DataType::kFloat32, 64, 128, 32" in src
+        # wgmma m64n192k32 (contiguous, 128 x 192 tiles) or m64n128k32 (masked) e4m3 x e4m3 -> f32
+        # (the baseline's m64n64k32 steps compute the same per-element sums; the GPU tests compare
+        # bits), and the promotion fma per K block.
+        width = 192 if name == "gemm_contiguous" else 128
+        assert f"kFloat8_e4m3, tl::DataType::kFloat8_e4m3, tl::DataType::kFloat32, 64, {width}, 32" in src
         assert "__fmaf_rn(part" in src
     if name == "combine":
         assert "__fmaf_rn(w" in src
@@ -62,6 +64,8 @@ def test_bad_arguments_are_named():
         gating_kernel(256, 6, "relu")
     with pytest.raises(ValueError, match="k: expected a multiple of 128"):
         grouped_gemm_contiguous_kernel(256, 100)
+    with pytest.raises(ValueError, match="block_n: expected 128 or 192"):
+        grouped_gemm_contiguous_kernel(4096, 2048, block_n=256)
     with pytest.raises(ValueError, match="ids"):
         routing_metadata(torch.zeros(4, 2, dtype=torch.int64), 8)
 
@@ -224,13 +228,16 @@ def _weights(e, n, k, e4m3):
     return b, sb
 
 
-# Only the four shapes of the models: each (N, K) is one compile, shared with the pipeline.
+# The four shapes of the models (each (N, K) is one compile, shared with the pipeline; all take
+# 128 x 192 tiles, the last one past N at N 4096 and 7168), and one N whose 192-wide tiles do
+# not pair up in clusters (128 x 128 tiles).
 GEMM_SHAPES = [
     # (local experts, N, K)
     (8, 4096, 4096),  # V4-Flash L1: N = 2I, K = H
     (8, 4096, 2048),  # V4-Flash L2: N = H, K = I
     (4, 6144, 7168),  # V4-Pro L1
     (4, 7168, 3072),  # V4-Pro L2
+    (4, 2048, 1024),  # ceil(2048 / 192) = 11 column tiles: 128-wide
 ]
 
 
