@@ -29,13 +29,11 @@ import tilelang.language as T
 import tlx
 
 # Symbolic sizes (module level so the kernel sources see them): tokens, chunks, rows, row
-# blocks, local experts (symbolic so one compiled kernel serves every expert count and rank
-# split).
+# blocks. The local expert count is static: the histogram sums then index with constant strides.
 ntok = T.dynamic("T")
 nchunk = T.dynamic("C")
 nrows = T.dynamic("R")
 nblocks = T.dynamic("B")
-nlocal = T.dynamic("El")
 
 CHUNK = 128  # tokens per chunk at least (a multiple of 32: a chunk's entries fill whole 32-entry steps)
 MAX_CHUNK = 4096  # tokens per chunk at most (per-warp entries live in registers)
@@ -50,9 +48,12 @@ def max_rows(n_tokens: int, topk: int, n_local: int, align: int = 128) -> int:
 
 
 @tlx.jit(target={"kind": "cuda", "arch": "sm_90a"})
-def metadata_kernel(topk: int, align: int = 128, chunk: int = CHUNK, threads: int = 512, batch: int = 32):
+def metadata_kernel(topk: int, n_local: int, align: int = 128, chunk: int = CHUNK, threads: int = 512, batch: int = 32):
     """``(ids [T, k], first_expert, chunk_counts [C, El] (scratch), counts, offsets, row_of, entry_of_row,
-    block_expert)``, a block per ``chunk`` tokens; C blocks must be resident at once (cooperative launch)."""
+    block_expert)`` for El = ``n_local`` experts, a block per ``chunk`` tokens; C blocks must be
+    resident at once (cooperative launch)."""
+    if not 1 <= n_local <= MAX_LOCAL:
+        raise ValueError(f"n_local: expected 1 to {MAX_LOCAL} local experts, got {n_local}")
     if threads % WARP or not WARP <= threads <= MAX_LOCAL or MAX_LOCAL % threads:
         raise ValueError(f"threads: expected a multiple of {WARP} dividing {MAX_LOCAL}, got {threads}")
     if chunk % CHUNK or not CHUNK <= chunk <= MAX_CHUNK:
@@ -62,7 +63,9 @@ def metadata_kernel(topk: int, align: int = 128, chunk: int = CHUNK, threads: in
     per_warp = (steps + warps - 1) // warps  # consecutive steps of one warp
     busy = (steps + per_warp - 1) // per_warp  # warps that hold entries
     ept = MAX_LOCAL // threads  # consecutive experts of a thread in the offsets scan
-    probes = MAX_LOCAL.bit_length()  # binary-search steps over El + 1 <= MAX_LOCAL + 1 offsets
+    probes = n_local.bit_length()  # binary-search steps over El + 1 offsets
+    nlocal = n_local
+    per = max(threads // n_local, 1)  # chunk rows summed at once per expert
 
     @T.macro
     def warp_ranks(ex, rk, s_seg, w, lane):
@@ -112,7 +115,6 @@ def metadata_kernel(topk: int, align: int = 128, chunk: int = CHUNK, threads: in
             n = T.alloc_var("int32")
             i = T.alloc_var("int32")
             g = T.alloc_var("int64")  # the local expert, wide so that no id can overflow it
-            per = T.alloc_var("int32")
             slot = T.alloc_var("int32")
             r0 = T.alloc_var("int32")
             e = T.alloc_var("int32")
@@ -153,7 +155,6 @@ def metadata_kernel(topk: int, align: int = 128, chunk: int = CHUNK, threads: in
             T.sync_grid()
             # Every expert's total and its count before chunk c: slot = (row phase, expert), batch
             # loads in flight per thread.
-            per = T.max(threads // T.max(nlocal, 1), 1)
             for j in T.serial(T.ceildiv(per * nlocal, threads)):
                 slot = j * threads + tx
                 if slot < per * nlocal:
@@ -286,29 +287,36 @@ def routing_metadata(ids, n_experts: int, rank: int = 0, n_ranks: int = 1, align
     if chunk * sms < t:
         raise ValueError(f"ids: expected at most {MAX_CHUNK * sms} tokens ({MAX_CHUNK} per SM), got {t}")
     rows = max_rows(t, k, el, align)
+    nchunk = max(1, (t + chunk - 1) // chunk)
+    # One allocation for every output and the chunk histograms (each allocation costs µs of host
+    # time), each part starting on a 128-byte boundary.
+    sizes = (el, el + 1, t * k, rows, rows // align, nchunk * el)
+    starts = [sum((n + 31) // 32 * 32 for n in sizes[:i]) for i in range(len(sizes) + 1)]
+    buf = torch.empty(starts[-1], dtype=torch.int32, device=dev)
+    parts = [buf[o:o + n] for o, n in zip(starts, sizes)]
     out = {
-        "counts": torch.empty(el, dtype=torch.int32, device=dev),
-        "offsets": torch.empty(el + 1, dtype=torch.int32, device=dev),
-        "row_of": torch.empty(t, k, dtype=torch.int32, device=dev),
-        "entry_of_row": torch.empty(rows, dtype=torch.int32, device=dev),
-        "block_expert": torch.empty(rows // align, dtype=torch.int32, device=dev),
+        "counts": parts[0],
+        "offsets": parts[1],
+        "row_of": parts[2].view(t, k),
+        "entry_of_row": parts[3],
+        "block_expert": parts[4],
     }
+    chunk_counts = parts[5].view(nchunk, el)
     if not t:  # no entries: no rows, every block past the end
         out["counts"].zero_()
         out["offsets"].zero_()
         out["block_expert"].fill_(-1)
         return out
     ids = ids.contiguous()
-    chunk_counts = torch.empty((t + chunk - 1) // chunk, el, dtype=torch.int32, device=dev)
-    _kernel(k, align, chunk).launch(ids, rank * el, chunk_counts, out["counts"], out["offsets"], out["row_of"],
+    _kernel(k, el, align, chunk).launch(ids, rank * el, chunk_counts, out["counts"], out["offsets"], out["row_of"],
                                     out["entry_of_row"], out["block_expert"])
     return out
 
 
 @functools.lru_cache(maxsize=None)
-def _kernel(topk: int, align: int, chunk: int):
+def _kernel(topk: int, n_local: int, align: int, chunk: int):
     """The kernel behind a plain dict lookup (the jit's own lookup costs µs per call)."""
-    return metadata_kernel(topk, align, chunk)
+    return metadata_kernel(topk, n_local, align, chunk)
 
 
 @functools.lru_cache(maxsize=None)

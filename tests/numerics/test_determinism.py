@@ -102,7 +102,7 @@ def test_harness_rejects_bad_arguments():
 REPO_KERNELS = {
     "moe.gating": ("kernels.moe.gating", "gating_kernel", (256, 6, "sqrtsoftplus")),
     "moe.grouped_gemm": ("kernels.moe.grouped_gemm", "grouped_gemm_contiguous_kernel", (2048, 4096)),
-    "moe.metadata": ("kernels.moe.metadata", "metadata_kernel", (6,)),
+    "moe.metadata": ("kernels.moe.metadata", "metadata_kernel", (6, 256)),
     "moe.combine": ("kernels.moe.permute", "combine_kernel", (4096, 6)),
     "quant.group_cast": ("kernels.quant.group_cast", "group_cast_kernel", (4096, 128, "plain", "bfloat16")),
     "quant.dequant": ("kernels.quant.dequant", "dequant_kernel", (4096, "e4m3", 128, 128, "bfloat16")),
