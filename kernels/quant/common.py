@@ -3,7 +3,7 @@
 Each function returns a TIR expression for a ``@T.prim_func`` body. The reference conversions
 come from ``tlx.ieee`` (CUDA's own fp8/fp4/e8m0 conversions, injected by ``@tlx.jit``); the CUDA
 baselines spell the same operations in the same order (``quant_common.cuh``). The faster blocks
-(``e2m1_nibble``, ``e2m1_pair_bf16``, ``e2m1_scaled_pair``, ``e2m1_exact``, ``pow2_scale``,
+(``e2m1_nibble``, ``e2m1_pair_bf16``, ``e2m1_e4m3_table``, ``pow2_scale``,
 ``cast_e4m3x4``; their device helpers in ``QUANT_PRELUDE``) compute the same bits with fewer
 instructions; ``tests/kernels/quant/test_quant_bits_gpu.py`` checks each against CUDA's own over
 all its inputs.
@@ -103,16 +103,6 @@ def pack_nibble(acc, nibble):
     return T.call_extern("uint32", "__funnelshift_r", acc, nibble, 4)
 
 
-def e2m1_exact(w, k):
-    """Code ``k`` (bits ``4k..4k+3``) of the uint32 ``w`` as its exact fp32 value: shifted to the
-    top and arithmetically back by 6, its sign lands on bit 31 and its magnitude on exponent /
-    mantissa bits 22..24 (the value times 2^-126, a denormal for code 1), times 2^126 exactly."""
-    u = T.uint32
-    top = T.reinterpret(w << (u(28) - u(4) * T.Cast(u, k)), T.int32)
-    bits = T.reinterpret(top >> T.int32(6), u) & u(0x81C00000)
-    return T.reinterpret(bits, T.float32) * fp32(2.0**126)
-
-
 def bf16_word_half(w, hi):
     """Half ``hi`` of a uint32 holding two bf16 values, as the exact fp32 (one ALU op)."""
     u = T.uint32
@@ -181,23 +171,6 @@ def e2m1_pair_bf16(x2, inv2):
     return s
 
 
-def e2m1_scaled_pair(w, k, sc2):
-    """Codes ``k`` and ``k + 4`` of the uint32 ``w`` (8 codes) times the power of two ``sc2`` (bf16,
-    both halves; 0 and inf included) as two bf16 in a uint32, each equal to the fp32 product
-    ``e2m1_value(code) * scale`` rounded to bf16 -- exact: two significant bits times a power of
-    two, inf or NaN exactly where the fp32 product is (or below 2^-126, where both become e4m3
-    zeros of that sign).
-
-    The magnitudes, 16 bits apart in ``w``, land on bf16 exponent / mantissa bits 6..8 (the value
-    times 2^-126, a subnormal for 0.5), times 2^126 exactly, times ``sc2``; the signs, on bits 15
-    and 31, are applied to the product (``-x * s == -(x * s)``, a NaN stays a NaN)."""
-    u = T.uint32
-    k = T.Cast(u, k)
-    mag = T.if_then_else(k <= u(1), w << (u(6) - u(4) * k), w >> (u(4) * k - u(6))) & u(0x01C001C0)
-    x = bf16x2("mul", bf16x2("mul", mag, u(0x7E807E80)), sc2)
-    return x ^ ((w << (u(12) - u(4) * k)) & u(0x80008000))
-
-
 def e2m1_byte(s):
     """Low byte: the two codes of :func:`e2m1_pair_bf16`'s ``s``, the high one still without its
     sign (bits 8 and up are garbage)."""
@@ -257,22 +230,6 @@ def check_cuda(**tensors: torch.Tensor) -> None:
 
 def _i32(v):
     return T.Cast(T.int32, v)
-
-
-STREAM_PRELUDE = r"""
-#ifndef TLX_QUANT_STREAM_
-#define TLX_QUANT_STREAM_
-// 16-byte store with the streaming (evict-first) cache policy: written once, never read back.
-__device__ __forceinline__ void tlx_quant_st_cs(void* p, unsigned a, unsigned b, unsigned c, unsigned d) {
-  asm volatile("st.global.cs.v4.u32 [%0], {%1, %2, %3, %4};" :: "l"(p), "r"(a), "r"(b), "r"(c), "r"(d) : "memory");
-}
-#endif
-"""
-
-
-def st_cs(dst, qw):
-    """``dst[0:4] = qw[0:4]`` (``dst`` a 16-byte aligned uint32 buffer element) with ``st.global.cs``."""
-    return T.call_extern("handle", "tlx_quant_st_cs", T.address_of(dst), qw[0], qw[1], qw[2], qw[3])
 
 
 def e2m1_class(w0, w1):

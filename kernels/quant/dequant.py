@@ -16,10 +16,7 @@ import torch
 import tilelang.language as T
 
 import tlx
-from kernels.quant.common import (
-    QUANT_PRELUDE, STREAM_PRELUDE, TARGET, THREADS, TORCH_DTYPES, check_2d, check_cuda, e2m1_scaled_pair,
-    e2m1_unsign_zeros, st_cs, ue8m0_value,
-)
+from kernels.quant.common import TARGET, THREADS, TORCH_DTYPES, check_2d, check_cuda, ue8m0_value
 
 OUT_DTYPES = {torch.bfloat16: "bfloat16", torch.float32: "float32"}
 CHUNKS = 2
@@ -60,11 +57,10 @@ def word(b, at):
 
 
 @tlx.jit(target=TARGET)
-def dequant_kernel(N: int, in_fmt: str, block_rows: int, block_cols: int, out_dtype: str, chunks: int = CHUNKS, hint: bool = False):
+def dequant_kernel(N: int, in_fmt: str, block_rows: int, block_cols: int, out_dtype: str):
     """``in_fmt`` "e4m3" (fp32 scales of ``block_rows x block_cols`` tiles) or "e2m1" (UE8M0 per 1x32)."""
     M = T.dynamic("M")
-    u = T.uint32
-    bf16_pairs = in_fmt == "e2m1" and out_dtype == "bfloat16"  # e2m1_scaled_pair: exact bf16 products
+    chunks = CHUNKS
     vec = 8 if in_fmt == "e2m1" or out_dtype == "bfloat16" else 4  # elements per piece
     cpr = N // vec
     if in_fmt == "e2m1":
@@ -77,15 +73,11 @@ def dequant_kernel(N: int, in_fmt: str, block_rows: int, block_cols: int, out_dt
 
     @T.prim_func
     def kernel(Q: T.Tensor(q_shape, q_dtype), S: T.Tensor(s_shape, s_dtype), Y: T.Tensor((M, N), out_dtype)):
-        with T.Kernel(T.ceildiv(M * cpr, THREADS * chunks), threads=THREADS, prelude=QUANT_PRELUDE + STREAM_PRELUDE) as bx:
+        with T.Kernel(T.ceildiv(M * cpr, THREADS * chunks), threads=THREADS) as bx:
             tx = T.get_thread_binding()
             qv = T.alloc_local((chunks * qn,), q_dtype)
             sv = T.alloc_local((chunks,), s_dtype)
             yv = T.alloc_local((vec,), out_dtype)
-            pr = T.alloc_local((4,), u)
-            yw = T.alloc_local((4,), u)
-            w = T.alloc_var(u)
-            Yw = T.view(Y, (M, N // (2 if out_dtype == "bfloat16" else 1)), u)
             for j in T.unroll(chunks):
                 c = (bx * chunks + j) * THREADS + tx
                 if c < M * cpr:
@@ -98,21 +90,7 @@ def dequant_kernel(N: int, in_fmt: str, block_rows: int, block_cols: int, out_dt
             for j in T.unroll(chunks):
                 c = (bx * chunks + j) * THREADS + tx
                 if c < M * cpr:
-                    if bf16_pairs:
-                        w = word(qv, j * qn)
-                        if T.Cast(T.int32, sv[j]) == 255:
-                            w = e2m1_unsign_zeros(w)
-                        for h in T.unroll(4):  # codes h and h + 4, exact bf16 products
-                            pr[h] = e2m1_scaled_pair(w, h, (T.Cast(u, sv[j]) << u(7)) * u(0x10001))
-                        for h in T.unroll(2):  # -> codes 0 1 | 2 3 | 4 5 | 6 7
-                            yw[h] = byte_perm(pr[2 * h], pr[2 * h + 1], u(0x5410))
-                            yw[h + 2] = byte_perm(pr[2 * h], pr[2 * h + 1], u(0x7632))
-                        if hint:
-                            T.evaluate(st_cs(Yw[c // cpr, c % cpr * 4], yw))
-                        else:
-                            for v in T.vectorized(4):
-                                Yw[c // cpr, c % cpr * 4 + v] = yw[v]
-                    elif in_fmt == "e2m1":
+                    if in_fmt == "e2m1":
                         sc = ue8m0_value(T.Cast(T.uint32, sv[j]))
                         for i in T.unroll(vec // 8):
                             for h in T.unroll(4):
@@ -122,9 +100,8 @@ def dequant_kernel(N: int, in_fmt: str, block_rows: int, block_cols: int, out_dt
                     else:
                         for v in T.unroll(vec):
                             yv[v] = T.Cast(out_dtype, T.Cast(T.float32, qv[j * qn + v]) * sv[j])
-                    if not bf16_pairs:
-                        for v in T.vectorized(vec):
-                            Y[c // cpr, c % cpr * vec + v] = yv[v]
+                    for v in T.vectorized(vec):
+                        Y[c // cpr, c % cpr * vec + v] = yv[v]
 
     return kernel
 

@@ -1,9 +1,7 @@
 """The bit-level building blocks of ``kernels/quant/common.py`` against CUDA's own conversions,
 on the GPU: ``e2m1_nibble`` (fp32 -> e2m1 without CUDA's fp64 path), ``cast_e4m3x4`` (paired
 e4m3 cvt) and ``pow2_scale`` (UE8M0 code and reciprocal by integer ops) over all 2^32 fp32 bit
-patterns, ``e2m1_exact`` (packed e2m1 -> fp32) over every code at every nibble position of
-random words, ``e2m1_scaled_pair`` (two codes times a UE8M0 scale on bf16 pairs) against the fp32
-product for every pair of codes at every scale code 0..255, ``e2m1_pair_bf16`` (bf16 pairs -> e2m1) against ``e2m1_nibble`` of the fp32 product
+patterns, ``e2m1_pair_bf16`` (bf16 pairs -> e2m1) against ``e2m1_nibble`` of the fp32 product
 for every bf16 value in both halves at every power-of-two reciprocal a group scale can have,
 ``e2m1_e4m3_table`` / ``e2m1_e4m3_word`` (MXFP4 -> e4m3 by byte permutes) against the fp32 rule for
 every code at every nibble position, every UE8M0 code 0..255 and every block code 105..254 a block
@@ -18,8 +16,8 @@ import tilelang.language as T
 import tlx
 from kernels.quant import reference as R
 from kernels.quant.common import (
-    QUANT_PRELUDE, TARGET, bf16_word_half, cast_e4m3x4, e2m1_byte, e2m1_e4m3_table, e2m1_e4m3_word, e2m1_exact,
-    e2m1_nibble, e2m1_pair_bf16, e2m1_scaled_pair, group_scale, pow2_scale, ue8m0_value,
+    QUANT_PRELUDE, TARGET, bf16_word_half, cast_e4m3x4, e2m1_byte, e2m1_e4m3_table, e2m1_e4m3_word, e2m1_nibble,
+    e2m1_pair_bf16, group_scale, pow2_scale,
 )
 from tlx.numerics import ieee
 from tlx.numerics.sweep import all_fp32_chunks, assert_same_bits, poisoned
@@ -81,36 +79,6 @@ def pair_kernel(N: int):
             lo = e2m1_nibble(bf16_word_half(Xw[i], 0) * inv) & T.uint32(15)
             hi = e2m1_nibble(bf16_word_half(Xw[i], 1) * inv) & T.uint32(15)
             OUT[i, 1] = T.Cast(T.uint8, lo | (hi << T.uint32(4)))
-
-    return kernel
-
-
-@tlx.jit(target=TARGET)
-def scaled_pair_kernel(N: int):
-    """Per word and scale code: the 8 products of ``e2m1_scaled_pair`` (widened) and of the fp32 path."""
-
-    @T.prim_func
-    def kernel(Wd: T.Tensor((N,), T.uint32), CODE: T.Tensor((N,), T.uint32), D: T.Tensor((N, 2, 8), T.float32)):
-        with T.Kernel(N // 256, threads=256, prelude=QUANT_PRELUDE) as bx:
-            i = bx * 256 + T.get_thread_binding()
-            sc2 = ((CODE[i] & T.uint32(0xFF)) << T.uint32(7)) * T.uint32(0x10001)
-            for k in T.unroll(4):
-                for h in T.unroll(2):
-                    D[i, 0, k + 4 * h] = bf16_word_half(e2m1_scaled_pair(Wd[i], k, sc2), h)
-            for k in T.unroll(8):
-                D[i, 1, k] = e2m1_exact(Wd[i], k) * ue8m0_value(CODE[i] & T.uint32(0xFF))
-
-    return kernel
-
-
-@tlx.jit(target=TARGET)
-def decode_kernel(N: int):
-    @T.prim_func
-    def kernel(Wd: T.Tensor((N,), T.uint32), D: T.Tensor((N, 8), T.float32)):
-        with T.Kernel(N // 256, threads=256) as bx:
-            i = bx * 256 + T.get_thread_binding()
-            for k in T.unroll(8):
-                D[i, k] = e2m1_exact(Wd[i], k)
 
     return kernel
 
@@ -187,31 +155,3 @@ def test_e2m1_pair_bf16_every_value_and_scale():
     out = poisoned((n, 2), torch.uint8)
     pair_kernel(n)(xs, invs, out)
     assert_same_bits(out[:, 0], out[:, 1], "e2m1_pair_bf16 vs e2m1_nibble of the fp32 products", (xs.view(torch.int32), invs.view(torch.int32)))
-
-
-def test_e2m1_scaled_pair_every_code_and_scale():
-    v = torch.arange(1 << 16, dtype=torch.int64, device="cuda")
-    a, b, c, d = ((v >> (4 * i)) & 15 for i in range(4))
-    # nibbles (k, k + 4) hold (a, b) for k = 0, 2 and (c, d) for k = 1, 3: every pair at every k
-    words = a | c << 4 | a << 8 | c << 12 | b << 16 | d << 20 | b << 24 | d << 28
-    codes = torch.arange(256, dtype=torch.int64, device="cuda")
-    n = words.numel() * 256
-    ws, cs = words.repeat(256).to(torch.uint32), codes.repeat_interleave(words.numel()).to(torch.uint32)
-    out = poisoned((n, 2, 8), torch.float32)
-    scaled_pair_kernel(n)(ws, cs, out)
-    got, want = out[:, 0], out[:, 1]
-    nan = torch.isnan(want)
-    assert torch.equal(torch.isnan(got), nan)
-    got, want = torch.where(nan, 0.0, got), torch.where(nan, 0.0, want)
-    assert_same_bits(got, want, "e2m1_scaled_pair vs the fp32 product", (ws.view(torch.int32), cs.view(torch.int32)))
-
-
-def test_e2m1_exact_every_code_and_position():
-    n = 1 << 20
-    g = torch.Generator(device="cuda").manual_seed(5)
-    words = torch.randint(-(1 << 31), 1 << 31, (n,), dtype=torch.int64, device="cuda", generator=g).to(torch.int32)
-    words[:16] = torch.arange(16, device="cuda", dtype=torch.int32) * 0x11111111  # one code everywhere
-    out = poisoned((n, 8), torch.float32)
-    decode_kernel(n)(words.view(torch.uint32), out)
-    codes = torch.stack([(words >> (4 * k)) & 15 for k in range(8)], dim=1)
-    assert_same_bits(out, R.e2m1_value(codes), "e2m1_exact vs reference e2m1_value", (words,))
