@@ -12,8 +12,9 @@ pieces are transposed through a padded shared tile so that every warp store writ
 128-byte lines of Q's rows (16-byte stores straight from registers, 32 rows per warp store, ran
 at 55% of copy instead of 87%). The CTA's scales leave together at the end, a warp storing
 ``32 / blocks`` channels' adjacent scales instead of 32 scattered words per block.
-Measured on H200 at T = 16384, H = 7168: one block per CTA 86% of copy, two 89% (loads issued
-after the first barrier), 128 channels per CTA 80%, streaming (``st.global.cs``) stores no gain.
+Measured on H200 at T = 16384, H = 7168: one block per CTA 86% of copy, two 88.7% (the same
+with the loads issued after the first barrier), three or four 86.6%, 128 channels per CTA 80%,
+streaming (``st.global.cs``) stores no gain.
 T is dynamic; a partial last block of tokens is allowed (T a multiple of 16).
 """
 
