@@ -287,27 +287,20 @@ def routing_metadata(ids, n_experts: int, rank: int = 0, n_ranks: int = 1, align
     if chunk * sms < t:
         raise ValueError(f"ids: expected at most {MAX_CHUNK * sms} tokens ({MAX_CHUNK} per SM), got {t}")
     rows = max_rows(t, k, el, align)
-    nchunk = max(1, (t + chunk - 1) // chunk)
-    # One allocation for every output and the chunk histograms (each allocation costs µs of host
-    # time), each part starting on a 128-byte boundary.
-    sizes = (el, el + 1, t * k, rows, rows // align, nchunk * el)
-    starts = [sum((n + 31) // 32 * 32 for n in sizes[:i]) for i in range(len(sizes) + 1)]
-    buf = torch.empty(starts[-1], dtype=torch.int32, device=dev)
-    parts = [buf[o:o + n] for o, n in zip(starts, sizes)]
     out = {
-        "counts": parts[0],
-        "offsets": parts[1],
-        "row_of": parts[2].view(t, k),
-        "entry_of_row": parts[3],
-        "block_expert": parts[4],
+        "counts": torch.empty(el, dtype=torch.int32, device=dev),
+        "offsets": torch.empty(el + 1, dtype=torch.int32, device=dev),
+        "row_of": torch.empty(t, k, dtype=torch.int32, device=dev),
+        "entry_of_row": torch.empty(rows, dtype=torch.int32, device=dev),
+        "block_expert": torch.empty(rows // align, dtype=torch.int32, device=dev),
     }
-    chunk_counts = parts[5].view(nchunk, el)
     if not t:  # no entries: no rows, every block past the end
         out["counts"].zero_()
         out["offsets"].zero_()
         out["block_expert"].fill_(-1)
         return out
     ids = ids.contiguous()
+    chunk_counts = torch.empty((t + chunk - 1) // chunk, el, dtype=torch.int32, device=dev)
     _kernel(k, el, align, chunk).launch(ids, rank * el, chunk_counts, out["counts"], out["offsets"], out["row_of"],
                                     out["entry_of_row"], out["block_expert"])
     return out
