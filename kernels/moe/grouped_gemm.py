@@ -49,7 +49,8 @@ def check_gemm_args(n: int, k: int):
         raise ValueError(f"n: expected a multiple of {BLOCK_N}, got {n}")
 
 
-@tlx.jit(target={"kind": "cuda", "arch": "sm_90a"}, pass_configs={"tl.disable_warp_specialized": True})
+@tlx.jit(target={"kind": "cuda", "arch": "sm_90a"}, pass_configs={"tl.disable_warp_specialized": True},
+         assume=("NB <= 16777214",))  # rows < 2^31 - 256: row_block * 128 + tx stays in int32
 def grouped_gemm_contiguous_kernel(n: int, k: int, num_stages: int = 4, cluster: int = 2, num_sms: int = 132,
                                    block_n: int = BLOCK_N):
     """``(A [R, K], SA [R, K/128], B [E, N, K], SB [E, N/128, K/128], block_expert [R/128], C [R, N])``.
