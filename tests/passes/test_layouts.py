@@ -84,6 +84,15 @@ def test_padded_layout_is_injective_with_an_unreached_slot():
     assert slot % 33 == 32  # only the padding column is never reached
 
 
+def test_non_power_of_two_extent_is_counted_whole():
+    """192 rows bit-split into 8 bits under ``< 192``: the domain has 192 rows, not 256, so a
+    swizzled 192 x 64 tile onto a 192 x 64 range is bijective (it read 'unknown' before)."""
+    tile = Layout((192, 64), lambda i, j: [i, ((j // 8) ^ (i % 8)) * 8 + j % 8])
+    r = check_layout(UsedLayout("S", "shared", "float16", tile))
+    assert r["injective"] == "proven" and r["in_range"] == "proven"
+    assert r["verdict"] == "bijective", r
+
+
 def test_gf2_rank():
     assert gf2_rank([0b001, 0b010, 0b100]) == 3
     assert gf2_rank([0b011, 0b110, 0b101]) == 2

@@ -172,7 +172,7 @@ def check_layout(used: UsedLayout, enc: Encoder | None = None) -> dict:
     if v.status == "violation":
         result["collision"] = {"x": inputs_of(v.model, orig_x), "y": inputs_of(v.model, orig_y), "output": outputs_of(v.model, fx)}
 
-    result["onto"] = _onto(enc, split, result, xs, dom_x, fx, ext_out, m.names)
+    result["onto"] = _onto(enc, m.inputs, result, xs, dom_x, fx, ext_out, m.names)
     result["verdict"] = _verdict(result)
     result["gf2"] = _gf2_cross_check(m, result)
     return result
@@ -277,12 +277,16 @@ def _bits_to_arith(expr, extents: dict):
     return tir.stmt_functor.ir_transform(tir.Evaluate(expr), None, rewrite, ["tirx.Call"]).value
 
 
-def _onto(enc, m: _Split, result, xs, dom_x, fx, ext_out, names) -> str:
-    """Onto by counting once injective and in range; a witness search otherwise."""
+def _onto(enc, inputs, result, xs, dom_x, fx, ext_out, names) -> str:
+    """Onto by counting once injective and in range; a witness search otherwise.
+
+    The domain is counted on the map's own ``inputs`` (var, extent): after the bit split an
+    extent such as 192 is eight bits under a ``< 192`` constraint, and counting 2^8 would
+    make an injective 192-row map look smaller than its range."""
     if result["injective"] != "proven" or result["in_range"] != "proven":
         return "unknown"
     size_in = 1
-    for _, e in m.inputs:
+    for _, e in inputs:
         size_in = size_in * enc.encode(e)
     size_out = 1
     for e in ext_out:
