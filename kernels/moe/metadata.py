@@ -64,7 +64,6 @@ def metadata_kernel(topk: int, n_local: int, align: int = 128, chunk: int = CHUN
     busy = (steps + per_warp - 1) // per_warp  # warps that hold entries
     ept = MAX_LOCAL // threads  # consecutive experts of a thread in the offsets scan
     probes = n_local.bit_length()  # binary-search steps over El + 1 offsets
-    nlocal = n_local
     per = max(threads // n_local, 1)  # chunk rows summed at once per expert
 
     @T.macro
@@ -91,9 +90,9 @@ def metadata_kernel(topk: int, n_local: int, align: int = 128, chunk: int = CHUN
     def main(
         ids: T.Tensor((ntok, topk), "int32"),
         first_expert: T.int32,
-        chunk_counts: T.Tensor((nchunk, nlocal), "int32"),
-        counts: T.Tensor((nlocal,), "int32"),
-        offsets: T.Tensor((nlocal + 1,), "int32"),
+        chunk_counts: T.Tensor((nchunk, n_local), "int32"),
+        counts: T.Tensor((n_local,), "int32"),
+        offsets: T.Tensor((n_local + 1,), "int32"),
         row_of: T.Tensor((ntok, topk), "int32"),
         entry_of_row: T.Tensor((nrows,), "int32"),
         block_expert: T.Tensor((nblocks,), "int32"),
@@ -136,18 +135,18 @@ def metadata_kernel(topk: int, n_local: int, align: int = 128, chunk: int = CHUN
                 ex[s] = -1
                 if w < busy and i < n:
                     g = T.cast(ids[c * chunk + i // topk, i % topk], "int64") - first_expert
-                    if g >= 0 and g < nlocal:
+                    if g >= 0 and g < n_local:
                         ex[s] = T.cast(g, "int32")
             if w < busy:
-                for b in T.serial(T.ceildiv(nlocal, WARP)):
-                    if b * WARP + lane < nlocal:
+                for b in T.serial(T.ceildiv(n_local, WARP)):
+                    if b * WARP + lane < n_local:
                         s_seg[w * MAX_LOCAL + b * WARP + lane] = 0
             T.sync_threads()
             warp_ranks(ex, rk, s_seg, w, lane)
             T.sync_threads()
-            for j in T.serial(T.ceildiv(nlocal, threads)):  # the chunk's histogram
+            for j in T.serial(T.ceildiv(n_local, threads)):  # the chunk's histogram
                 e = j * threads + tx
-                if e < nlocal:
+                if e < n_local:
                     tot = 0
                     for b in T.unroll(busy):
                         tot = tot + s_seg[b * MAX_LOCAL + e]
@@ -155,11 +154,11 @@ def metadata_kernel(topk: int, n_local: int, align: int = 128, chunk: int = CHUN
             T.sync_grid()
             # Every expert's total and its count before chunk c: slot = (row phase, expert), batch
             # loads in flight per thread.
-            for j in T.serial(T.ceildiv(per * nlocal, threads)):
+            for j in T.serial(T.ceildiv(per * n_local, threads)):
                 slot = j * threads + tx
-                if slot < per * nlocal:
-                    r0 = slot // nlocal
-                    e = slot % nlocal
+                if slot < per * n_local:
+                    r0 = slot // n_local
+                    e = slot % n_local
                     tot = 0
                     bef = 0
                     for q in T.serial(T.ceildiv(nchunk, per * batch)):
@@ -174,20 +173,20 @@ def metadata_kernel(topk: int, n_local: int, align: int = 128, chunk: int = CHUN
                     s_part[0, slot] = tot
                     s_part[1, slot] = bef
             T.sync_threads()
-            for j in T.serial(T.ceildiv(nlocal, threads)):
+            for j in T.serial(T.ceildiv(n_local, threads)):
                 e = j * threads + tx
-                if e < nlocal:
+                if e < n_local:
                     tot = 0
                     bef = 0
                     for p in T.serial(per):
-                        tot = tot + s_part[0, p * nlocal + e]
-                        bef = bef + s_part[1, p * nlocal + e]
+                        tot = tot + s_part[0, p * n_local + e]
+                        bef = bef + s_part[1, p * n_local + e]
                     s_tot[e] = tot
                     s_bef[e] = bef
             # Offsets: exclusive scan of the padded counts, ept experts a thread, then warps.
             run = 0
             for u in T.unroll(ept):
-                pad[u] = T.if_then_else(tx * ept + u < nlocal, T.ceildiv(s_tot[tx * ept + u], align) * align, 0)
+                pad[u] = T.if_then_else(tx * ept + u < n_local, T.ceildiv(s_tot[tx * ept + u], align) * align, 0)
                 run = run + pad[u]
             incl = run
             for d in T.unroll(5):
@@ -215,16 +214,16 @@ def metadata_kernel(topk: int, n_local: int, align: int = 128, chunk: int = CHUN
                 s_off[MAX_LOCAL] = run
             T.sync_threads()
             if c == 0:
-                for j in T.serial(T.ceildiv(nlocal + 1, threads)):
-                    if j * threads + tx < nlocal:
+                for j in T.serial(T.ceildiv(n_local + 1, threads)):
+                    if j * threads + tx < n_local:
                         counts[j * threads + tx] = s_tot[j * threads + tx]
-                    if j * threads + tx <= nlocal:
+                    if j * threads + tx <= n_local:
                         offsets[j * threads + tx] = s_off[j * threads + tx]
             # Padding rows (entry -1), spread over all blocks: slot = (expert, row in its last block).
-            for j in T.serial(T.ceildiv(nlocal * align, nchunk * threads)):
+            for j in T.serial(T.ceildiv(n_local * align, nchunk * threads)):
                 slot = (j * nchunk + c) * threads + tx
                 e = slot // align
-                if e < nlocal:
+                if e < n_local:
                     if s_tot[e] + slot % align < T.ceildiv(s_tot[e], align) * align:
                         entry_of_row[s_off[e] + s_tot[e] + slot % align] = -1
             # The expert of each row block: the last expert starting at or before it.
@@ -233,9 +232,9 @@ def metadata_kernel(topk: int, n_local: int, align: int = 128, chunk: int = CHUN
                 if slot < nblocks:
                     row = T.cast(slot, "int64") * align
                     lo = -1
-                    if row < s_off[nlocal]:
+                    if row < s_off[n_local]:
                         lo = 0
-                        hi = nlocal
+                        hi = n_local
                         for it in T.unroll(probes):
                             if hi - lo > 1:
                                 mid = (lo + hi) // 2
@@ -245,9 +244,9 @@ def metadata_kernel(topk: int, n_local: int, align: int = 128, chunk: int = CHUN
                                     hi = mid
                     block_expert[slot] = lo
             # First row of each warp's entries of each expert: offset + earlier chunks + earlier warps.
-            for j in T.serial(T.ceildiv(nlocal, threads)):
+            for j in T.serial(T.ceildiv(n_local, threads)):
                 e = j * threads + tx
-                if e < nlocal:
+                if e < n_local:
                     run = s_off[e] + s_bef[e]
                     for b in T.unroll(busy):
                         cur = s_seg[b * MAX_LOCAL + e]
