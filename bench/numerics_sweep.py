@@ -31,7 +31,6 @@ from tlx.numerics.sweep import all_fp32_chunks, bits, poisoned, random_operands 
 CHUNK = 1 << 28
 RANDOM_TOTAL = 100_000_000
 RANDOM_CHUNK = 1 << 25
-BIT_DTYPES = [torch.int16, torch.uint8, torch.uint8, torch.uint8, torch.uint8, torch.float32]
 
 
 def differing(a, b) -> int:
@@ -39,25 +38,16 @@ def differing(a, b) -> int:
 
 
 def sweep_conversions(ref) -> list[dict]:
-    kernel = tlx.jit(K.convert)()
-    dtypes = [getattr(torch, d) for _, d in K.CONVERSIONS]
-    vs_cuda = [0] * len(dtypes)
-    spec_vs_cuda = [0] * len(dtypes)
+    vs_cuda = dict.fromkeys((name for name, _ in K.CONVERSIONS), 0)
+    spec_vs_cuda = dict(vs_cuda)
     t0 = time.perf_counter()
-    for x in all_fp32_chunks(CHUNK):
-        got = [poisoned(CHUNK, d) for d in dtypes]
-        cuda = [poisoned(CHUNK, d) for d in BIT_DTYPES]
-        spec = [poisoned(CHUNK, d) for d in BIT_DTYPES]
-        kernel(x, *got)
-        ref.convert_cuda(x, *cuda)
-        ref.convert_spec(x, *spec)
-        for i in range(len(dtypes)):
-            vs_cuda[i] += differing(got[i], cuda[i])
-            spec_vs_cuda[i] += differing(spec[i], cuda[i])
+    for _, name, got, cuda, spec in K.conversion_sweep(ref, CHUNK):
+        vs_cuda[name] += differing(got, cuda)
+        spec_vs_cuda[name] += differing(spec, cuda)
     torch.cuda.synchronize()
     seconds = time.perf_counter() - t0
-    return [{"op": name, "inputs": 1 << 32, "mismatches": vs_cuda[i], "spec_mismatches": spec_vs_cuda[i], "seconds": seconds}
-            for i, (name, _) in enumerate(K.CONVERSIONS)]  # fmt: skip
+    return [{"op": name, "inputs": 1 << 32, "mismatches": vs_cuda[name], "spec_mismatches": spec_vs_cuda[name],
+             "seconds": seconds} for name in vs_cuda]
 
 
 def arith_kernel(op, dtype):
@@ -109,7 +99,7 @@ def conversion_throughput(ref) -> dict:
     kernel = tlx.jit(K.convert)()
     x = torch.randn(CHUNK, device="cuda") * 100
     got = [poisoned(CHUNK, getattr(torch, d)) for _, d in K.CONVERSIONS]
-    cuda = [poisoned(CHUNK, d) for d in BIT_DTYPES]
+    cuda = [poisoned(CHUNK, getattr(torch, d)) for d in K.CONVERSION_BITS]
     nbytes = CHUNK * (4 + sum(t.element_size() for t in got))
     tlx_ms = time_ms(lambda: kernel(x, *got), got)
     ref_ms = time_ms(lambda: ref.convert_cuda(x, *cuda), cuda)

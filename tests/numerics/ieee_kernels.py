@@ -25,6 +25,8 @@ CONVERSIONS = (
     ("ue8m0_code", "uint8"),
     ("ue8m0_scale", "float32"),
 )
+# The dtypes that hold intrinsics_ref.cu's raw output bits, one per conversion.
+CONVERSION_BITS = ("int16", "uint8", "uint8", "uint8", "uint8", "float32")
 
 
 def _apply(op, x, y, z, rounding):
@@ -85,3 +87,26 @@ def convert(with_prelude: bool = False):
                     scale[j] = ieee.ue8m0_scale(x[j])
 
     return ieee_convert
+
+
+def conversion_sweep(ref, chunk: int):
+    """All 2^32 fp32 inputs through the conversion kernel, ``ref``'s CUDA intrinsics and its
+    specification (every output poisoned first): yields ``(x, name, tlx_out, cuda_out, spec_out)``
+    per chunk and conversion. The exhaustive test and the parity benchmark share this loop."""
+    import torch
+
+    import tlx
+    from tlx.numerics.sweep import all_fp32_chunks, poisoned
+
+    kernel = tlx.jit(convert)()
+    dtypes = [getattr(torch, d) for _, d in CONVERSIONS]
+    bit_dtypes = [getattr(torch, d) for d in CONVERSION_BITS]
+    for x in all_fp32_chunks(chunk):
+        got = [poisoned(chunk, d) for d in dtypes]
+        cuda = [poisoned(chunk, d) for d in bit_dtypes]
+        spec = [poisoned(chunk, d) for d in bit_dtypes]
+        kernel(x, *got)
+        ref.convert_cuda(x, *cuda)
+        ref.convert_spec(x, *spec)
+        for (name, _), g, c, s in zip(CONVERSIONS, got, cuda, spec):
+            yield x, name, g, c, s

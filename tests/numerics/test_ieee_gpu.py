@@ -54,19 +54,9 @@ def test_unary_fp32_arith_exhaustive(ref):
 
 
 def test_conversions_exhaustive(ref):
-    kernel = tlx.jit(K.convert)()
-    dtypes = [getattr(torch, d) for _, d in K.CONVERSIONS]
-    bit_dtypes = [torch.int16, torch.uint8, torch.uint8, torch.uint8, torch.uint8, torch.float32]
-    for x in all_fp32_chunks(CHUNK_ALL):
-        got = [poisoned(CHUNK_ALL, d) for d in dtypes]
-        cuda = [poisoned(CHUNK_ALL, d) for d in bit_dtypes]
-        spec = [poisoned(CHUNK_ALL, d) for d in bit_dtypes]
-        kernel(x, *got)
-        ref.convert_cuda(x, *cuda)
-        ref.convert_spec(x, *spec)
-        for (name, _), g, c, s in zip(K.CONVERSIONS, got, cuda, spec):
-            assert_same_bits(g, c, f"{name} vs CUDA intrinsic", (x,))
-            assert_same_bits(s, c, f"{name} spec vs CUDA intrinsic", (x,))
+    for x, name, got, cuda, spec in K.conversion_sweep(ref, CHUNK_ALL):
+        assert_same_bits(got, cuda, f"{name} vs CUDA intrinsic", (x,))
+        assert_same_bits(spec, cuda, f"{name} spec vs CUDA intrinsic", (x,))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["fp32", "fp64"])
