@@ -42,8 +42,10 @@ MAX_LOCAL = 1024  # local experts per rank (shared arrays are sized for it)
 
 
 def max_rows(n_tokens: int, topk: int, n_local: int, align: int = 128) -> int:
-    """An upper bound of the padded rows, a multiple of ``align`` (static given T)."""
-    rows = n_tokens * topk + n_local * (align - 1)
+    """An upper bound of the padded rows, a multiple of ``align`` (static given T): every entry,
+    plus at most ``align - 1`` padding rows per expert that holds an entry (at most T * k of them,
+    so a few tokens do not pay for every expert's padding)."""
+    rows = n_tokens * topk + min(n_local, n_tokens * topk) * (align - 1)
     return (rows + align - 1) // align * align
 
 

@@ -70,14 +70,20 @@ def test_bad_arguments_are_named():
         routing_metadata(torch.zeros(4, 2, dtype=torch.int64), 8)
 
 
+@pytest.mark.parametrize("e", [12, 64])
 @pytest.mark.parametrize("seed", range(20))
-def test_max_rows_bounds_the_padded_rows(seed):
+def test_max_rows_bounds_the_padded_rows(seed, e):
     g = torch.Generator().manual_seed(seed)
-    t, e = int(torch.randint(1, 40, (1,), generator=g)), 12
+    t = int(torch.randint(1, 40, (1,), generator=g))
     ids = torch.argsort(torch.rand(t, e, generator=g), dim=1)[:, :3].int()
     used = int(R.metadata_ref(ids, e, align=8)["offsets"][-1])
     assert used <= max_rows(t, 3, e, align=8)
     assert max_rows(t, 3, e, align=8) % 8 == 0
+
+
+def test_max_rows_is_tight_when_every_entry_has_its_own_expert():
+    ids = torch.arange(12, dtype=torch.int32).view(4, 3)  # 4 tokens, 12 distinct experts out of 64
+    assert int(R.metadata_ref(ids, 64, align=8)["offsets"][-1]) == max_rows(4, 3, 64, align=8) == 12 * 8
 
 
 # ---- GPU ------------------------------------------------------------------------------
