@@ -24,7 +24,6 @@ from kernels.quant.common import (
     QUANT_PRELUDE, TARGET, TORCH_DTYPES, check_2d, check_cuda, e2m1_block_code, e2m1_block_key, e2m1_class,
     e2m1_e4m3_table, e2m1_e4m3_word, group_scale, ue8m0_value,
 )
-from kernels.quant.group_cast import STREAM_PRELUDE, st_cs
 from kernels.quant.reference import E4M3_CLAMP, E4M3_MAX
 
 BLOCKS = (32, 128)
@@ -69,8 +68,7 @@ def put_e4m3x4(q, at, a, b, c, d):
 
 
 @tlx.jit(target=TARGET)
-def block_cast_kernel(K: int, block: int, in_dtype: str, pow2: bool = False, ctas: int = 0, threads: int = 0,
-                      min_blocks: int = 0, hint: bool = False):
+def block_cast_kernel(K: int, block: int, in_dtype: str, pow2: bool = False):
     """``in_dtype`` "bfloat16"/"float32" (X ``[N, K]``) or "e2m1" (MXFP4: X ``[N, K/2]`` uint8 and
     UE8M0 codes C ``[N, K/32]``, re-blocked with power-of-two scales)."""
     N = T.dynamic("N")
@@ -107,121 +105,68 @@ def block_cast_kernel(K: int, block: int, in_dtype: str, pow2: bool = False, cta
         u = T.uint32
         width = 256 if K % 256 == 0 else WIDTH  # columns per CTA: 128-byte input rows when K allows
         lpr = width // 16  # lanes per row, 16 codes each: 8 bytes in, 16 bytes out
-        if not threads:
-            threads = E2M1_THREADS if block == 128 and width == 256 else 256  # H200: 512 slower for the others
+        threads = E2M1_THREADS if block == 128 and width == 256 else 256  # H200: 512 slower for the others
         passes = threads // lpr  # rows one pass of the CTA covers
         rpt = E2M1_ROWS // passes  # rows per thread
         nrt, nct = E2M1_ROWS // block, width // block  # tiles per CTA, down and across
         ipt = block // passes  # a thread's rows in one tile
         lpt = block // 16  # lanes of one tile row
         nt = N // block
-        nbx = K // width
-
-        @T.macro
-        def load_strip(X, C, xw, cv, bx, by, tx):
-            """The thread's ``rpt`` rows of strip (``bx``, ``by``), zeros past the last tile."""
-            Xw = T.view(X, (N, K // 8), u)
-            j = tx % lpr
-            r0 = by * E2M1_ROWS + tx // lpr
-            for i in T.unroll(rpt):
-                if by * nrt + i // ipt < nt:
-                    for v in T.vectorized(2):
-                        xw[2 * i + v] = Xw[r0 + passes * i, bx * (width // 8) + 2 * j + v]
-                    cv[i] = C[r0 + passes * i, bx * (width // 32) + j // 2]
-                else:
-                    for v in T.vectorized(2):
-                        xw[2 * i + v] = u(0)
-                    cv[i] = T.uint8(0)
-
-        @T.macro
-        def reblock_strip(Q, S, red, par, xw, cv, tab, qw, rk, bx, by, tx):
-            """Tile codes (``shfl_xor`` over a tile's lanes and rows, then across warps through
-            ``red[par]`` and one barrier), e4m3 bytes and stores of strip (``bx``, ``by``)."""
-            Qw = T.view(Q, (N, K // 4), u)
-            j = tx % lpr
-            r0 = by * E2M1_ROWS + tx // lpr
-            key = T.alloc_var(u)
-            cls = T.alloc_var(u)
-            code = T.alloc_var(u)
-            for t in T.unroll(nrt):
-                key = u(0)
-                for i in T.unroll(ipt):
-                    cls = e2m1_class(xw[2 * (t * ipt + i)], xw[2 * (t * ipt + i) + 1])
-                    key = T.max(key, e2m1_block_key(T.Cast(u, cv[t * ipt + i]), cls))
-                for k in T.unroll((lpt.bit_length() - 1) + (32 // lpr).bit_length() - 1):  # the tile's lanes, then rows
-                    key = T.max(key, T.shfl_xor(key, T.if_then_else(k < lpt.bit_length() - 1, 1 << k, lpr << (k - (lpt.bit_length() - 1)))))
-                if tx % 32 < lpr and j % lpt == 0:
-                    red[par, t, j // lpt, tx // 32] = key
-            T.sync_threads()
-            for t in T.unroll(nrt):
-                for w in T.vectorized(threads // 32):
-                    rk[w] = red[par, t, j // lpt, w]
-                key = u(0)
-                for w in T.unroll(threads // 32):
-                    key = T.max(key, rk[w])
-                code = e2m1_block_code(key)
-                if by * nrt + t < nt:
-                    if tx < lpr and j % lpt == 0:
-                        S[by * nrt + t, bx * nct + j // lpt] = ue8m0_value(code)
-                    for i in T.unroll(ipt):
-                        e2m1_e4m3_table(tab, xw, 2 * (t * ipt + i), T.Cast(u, cv[t * ipt + i]), code)
-                        for k in T.unroll(2):
-                            qw[2 * k] = e2m1_e4m3_word(xw[2 * (t * ipt + i) + k], tab, 0)
-                            qw[2 * k + 1] = e2m1_e4m3_word(xw[2 * (t * ipt + i) + k], tab, 1)
-                        if hint:
-                            T.evaluate(st_cs(Qw[r0 + passes * (t * ipt + i), bx * (width // 4) + 4 * j], qw))
-                        else:
-                            for v in T.vectorized(4):
-                                Qw[r0 + passes * (t * ipt + i), bx * (width // 4) + 4 * j + v] = qw[v]
-
-        if not ctas:
-
-            @T.prim_func
-            def kernel(X: T.Tensor((N, K // 2), T.uint8), C: T.Tensor((N, K // 32), T.uint8),
-                       Q: T.Tensor((N, K), T.float8_e4m3fn), S: T.Tensor((N // block, K // block), T.float32)):
-                with T.Kernel(nbx, T.ceildiv(N, E2M1_ROWS), threads=threads, prelude=QUANT_PRELUDE + STREAM_PRELUDE) as (bx, by):
-                    tx = T.get_thread_binding()
-                    red = T.alloc_shared((1, nrt, nct, threads // 32), u)
-                    xw = T.alloc_local((2 * rpt,), u)
-                    cv = T.alloc_local((rpt,), T.uint8)
-                    tab = T.alloc_local((2,), u)
-                    qw = T.alloc_local((4,), u)
-                    rk = T.alloc_local((threads // 32,), u)
-                    load_strip(X, C, xw, cv, bx, by, tx)  # every load first
-                    reblock_strip(Q, S, red, 0, xw, cv, tab, qw, rk, bx, by, tx)
-
-            return kernel
 
         @T.prim_func
         def kernel(X: T.Tensor((N, K // 2), T.uint8), C: T.Tensor((N, K // 32), T.uint8),
                    Q: T.Tensor((N, K), T.float8_e4m3fn), S: T.Tensor((N // block, K // block), T.float32)):
-            nby = T.ceildiv(N, E2M1_ROWS)
-            # strips (bx, by): a CTA keeps its column bx and walks by with stride gy, at most ctas
-            # CTAs in all and every CTA within one strip of the others
-            gy = T.ceildiv(nby, T.max(T.ceildiv(nby, max(ctas // nbx, 1)), 1))
-            with T.Kernel(nbx, gy, threads=threads, prelude=QUANT_PRELUDE + STREAM_PRELUDE) as (bx, b0):
-                if min_blocks:
-                    T.annotate_min_blocks_per_sm(min_blocks)
+            with T.Kernel(K // width, T.ceildiv(N, E2M1_ROWS), threads=threads, prelude=QUANT_PRELUDE) as (bx, by):
                 tx = T.get_thread_binding()
-                stride = T.bind(gy)  # one division per CTA, not one per use
-                red = T.alloc_shared((2, nrt, nct, threads // 32), u)  # by iteration parity: one barrier per strip
+                red = T.alloc_shared((nrt, nct, threads // 32), u)
                 xw = T.alloc_local((2 * rpt,), u)
                 cv = T.alloc_local((rpt,), T.uint8)
-                nx = T.alloc_local((2 * rpt,), u)
-                ncv = T.alloc_local((rpt,), T.uint8)
                 tab = T.alloc_local((2,), u)
                 qw = T.alloc_local((4,), u)
                 rk = T.alloc_local((threads // 32,), u)
-                load_strip(X, C, nx, ncv, bx, b0, tx)
-                for it in T.serial(T.ceildiv(nby - b0, stride)):
-                    by = b0 + it * stride
-                    for v in T.unroll(2 * rpt):
-                        xw[v] = nx[v]
-                    for v in T.unroll(rpt):
-                        cv[v] = ncv[v]
-                    if by + stride < nby:  # the next strip's loads in flight during this one's barrier and stores
-                        load_strip(X, C, nx, ncv, bx, by + stride, tx)
-                    reblock_strip(Q, S, red, it % 2, xw, cv, tab, qw, rk, bx, by, tx)
+                key = T.alloc_var(u)
+                cls = T.alloc_var(u)
+                code = T.alloc_var(u)
+                Xw = T.view(X, (N, K // 8), u)
+                Qw = T.view(Q, (N, K // 4), u)
+                j = tx % lpr
+                r0 = by * E2M1_ROWS + tx // lpr
+                for i in T.unroll(rpt):  # every load first
+                    if by * nrt + i // ipt < nt:
+                        for v in T.vectorized(2):
+                            xw[2 * i + v] = Xw[r0 + passes * i, bx * (width // 8) + 2 * j + v]
+                        cv[i] = C[r0 + passes * i, bx * (width // 32) + j // 2]
+                    else:
+                        for v in T.vectorized(2):
+                            xw[2 * i + v] = u(0)
+                        cv[i] = T.uint8(0)
+                for t in T.unroll(nrt):
+                    key = u(0)
+                    for i in T.unroll(ipt):
+                        cls = e2m1_class(xw[2 * (t * ipt + i)], xw[2 * (t * ipt + i) + 1])
+                        key = T.max(key, e2m1_block_key(T.Cast(u, cv[t * ipt + i]), cls))
+                    for k in T.unroll((lpt.bit_length() - 1) + (32 // lpr).bit_length() - 1):  # the tile's lanes, then rows
+                        key = T.max(key, T.shfl_xor(key, T.if_then_else(k < lpt.bit_length() - 1, 1 << k, lpr << (k - (lpt.bit_length() - 1)))))
+                    if tx % 32 < lpr and j % lpt == 0:
+                        red[t, j // lpt, tx // 32] = key
+                T.sync_threads()
+                for t in T.unroll(nrt):
+                    for w in T.vectorized(threads // 32):
+                        rk[w] = red[t, j // lpt, w]
+                    key = u(0)
+                    for w in T.unroll(threads // 32):
+                        key = T.max(key, rk[w])
+                    code = e2m1_block_code(key)
+                    if by * nrt + t < nt:
+                        if tx < lpr and j % lpt == 0:
+                            S[by * nrt + t, bx * nct + j // lpt] = ue8m0_value(code)
+                        for i in T.unroll(ipt):
+                            e2m1_e4m3_table(tab, xw, 2 * (t * ipt + i), T.Cast(u, cv[t * ipt + i]), code)
+                            for k in T.unroll(2):
+                                qw[2 * k] = e2m1_e4m3_word(xw[2 * (t * ipt + i) + k], tab, 0)
+                                qw[2 * k + 1] = e2m1_e4m3_word(xw[2 * (t * ipt + i) + k], tab, 1)
+                            for v in T.vectorized(4):
+                                Qw[r0 + passes * (t * ipt + i), bx * (width // 4) + 4 * j + v] = qw[v]
 
         return kernel
 
