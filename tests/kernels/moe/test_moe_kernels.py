@@ -28,7 +28,8 @@ COMPILES = {
     "permute": lambda: permute_kernel(4096, 6),
     "permute_fp8": lambda: permute_fp8_kernel(4096, 6),
     "combine": lambda: combine_kernel(4096, 6),
-    "gemm_contiguous": lambda: grouped_gemm_contiguous_kernel(4096, 2048, block_n=192),  # as the wrapper
+    "gemm_contiguous": lambda: grouped_gemm_contiguous_kernel(4096, 2048),  # 22 column tiles: 192-wide
+    "gemm_contiguous_n128": lambda: grouped_gemm_contiguous_kernel(2048, 1024),  # 11 column tiles: 128-wide
     "gemm_masked": lambda: grouped_gemm_masked_kernel(4096, 2048),
 }
 
@@ -42,6 +43,9 @@ def test_kernel_compiles_for_sm90a(name):
         # (the baseline's m64n64k32 steps compute the same per-element sums; the GPU tests compare
         # bits), and the promotion fma per K block.
         width = 192 if name == "gemm_contiguous" else 128
+        if name.startswith("gemm_contiguous"):
+            # the TMA store of C_s is waited on (.read) only before C_s is written again
+            assert src.count("tl::tma_store_wait<0, true>()") == 2
         assert f"kFloat8_e4m3, tl::DataType::kFloat8_e4m3, tl::DataType::kFloat32, 64, {width}, 32" in src
         assert "__fmaf_rn(part" in src
     if name == "combine":
