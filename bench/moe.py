@@ -8,7 +8,8 @@ Rows (printed as they are measured, so a timeout still leaves the earlier ones):
 * grouped FP8 GEMM (L1 and L2 of both models, T = 8192 routing) in TFLOP/s over the routed
   rows, next to torch._scaled_mm on the dense shape of the same rows (row-wise and per-tensor
   scales; it has no 128 x 128 block scales);
-* the whole layer (gating -> combine) at T in {8, 512, 8192}.
+* the whole layer (gating -> combine) at T in {8, 512, 8192}, called from Python and replayed
+  from a CUDA graph (bitwise equal).
 
 Timing: CUDA events, warm-up, median of repeats; inputs random and fresh per row; outputs are
 checked (finite, non-zero; GEMM rows against a float64 reference) before they are timed.
@@ -26,7 +27,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.timing import median_ms  # noqa: E402
+from bench.timing import interleaved_ms, median_ms  # noqa: E402
 from kernels.moe import reference as R  # noqa: E402
 from kernels.moe.gating import gating  # noqa: E402
 from kernels.moe.grouped_gemm import grouped_gemm_contiguous  # noqa: E402
@@ -171,8 +172,24 @@ def layer_rows(name, model, layer, reps):
             ref = R.moe_ref(x, logits, None, *layer, topk=cfg.topk, score_func=cfg.score_func,
                             routed_scaling=cfg.routed_scaling, clamp=cfg.clamp)
             note = f"rel err vs float64 {R.rel_error(out, ref):.1e}"
-        ms = per_call_ms(lambda: moe_layer(x, logits, *layer, cfg), reps)
-        emit(model=name, what="whole layer (unfused)", T=t, ms=f"{ms:.3f}", rate=f"{ms * 1e3:.0f} us/layer", vs=note)
+        # The same layer captured in a CUDA graph (no host launch path: what a serving loop pays).
+        # Every shape is static given T and nothing syncs, so the capture replays it as it is.
+        graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+            replayed = moe_layer(x, logits, *layer, cfg)
+        torch.cuda.current_stream().wait_stream(stream)
+        replayed.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        if not torch.equal(replayed.view(torch.int16), out.view(torch.int16)):
+            raise AssertionError(f"{name} T={t}: the graph replay differs from the eager layer")
+        # call by call in turn: the board's clocks move between seconds (power limit)
+        ms = interleaved_ms({"eager": lambda: moe_layer(x, logits, *layer, cfg), "graph": graph.replay}, reps)
+        emit(model=name, what="whole layer (unfused)", T=t, ms=f"{ms['eager']:.3f}",
+             rate=f"{ms['eager'] * 1e3:.0f} us/layer", vs=note)
+        emit(model=name, what="whole layer (CUDA graph replay)", T=t, ms=f"{ms['graph']:.3f}",
+             rate=f"{ms['graph'] * 1e3:.0f} us/layer", vs="bitwise equal to the eager call")
 
 
 def main():

@@ -34,3 +34,26 @@ def median_ms(fns, reps: int, warmup: int = 5, before=None, isolated: bool = Fal
         events.append((start, end))
     torch.cuda.synchronize()
     return statistics.median(s.elapsed_time(e) for s, e in events)
+
+
+def interleaved_ms(fns: dict, reps: int, warmup: int = 3) -> dict:
+    """Median milliseconds of each named callable in ``fns``, timed one call of each in turn
+    (each call waited for), so that every candidate meets the same clocks and temperature: a board
+    at its power limit moves its clocks within seconds, and timing candidates one after another
+    favours whichever runs first."""
+    import torch
+
+    for f in fns.values():
+        for _ in range(warmup):
+            f()
+    torch.cuda.synchronize()
+    times = {name: [] for name in fns}
+    for _ in range(reps):
+        for name, f in fns.items():
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            f()
+            end.record()
+            end.synchronize()
+            times[name].append(start.elapsed_time(end))
+    return {name: statistics.median(t) for name, t in times.items()}
