@@ -45,11 +45,6 @@ __device__ __forceinline__ void quant_put_e4m3x4(void* q, float a, float b, floa
   unsigned hi = __nv_cvt_float2_to_fp8x2(make_float2(c, d), __NV_SATFINITE, __NV_E4M3);
   *static_cast<unsigned*>(q) = lo | hi << 16;
 }
-// Four words in one 16-byte store: nvcc splits a uint4 store (even of make_uint4) into four
-// 4-byte stores for one row of four, each of which then writes a quarter of 16 sectors.
-__device__ __forceinline__ void quant_st_v4(void* p, unsigned a, unsigned b, unsigned c, unsigned d) {
-  asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};" :: "l"(p), "r"(a), "r"(b), "r"(c), "r"(d) : "memory");
-}
 #endif
 """
 
@@ -73,7 +68,7 @@ def put_e4m3x4(q, at, a, b, c, d):
 
 
 @tlx.jit(target=TARGET)
-def block_cast_kernel(K: int, block: int, in_dtype: str, pow2: bool = False, min_blocks: int = 4, vstore: bool = True):
+def block_cast_kernel(K: int, block: int, in_dtype: str, pow2: bool = False):
     """``in_dtype`` "bfloat16"/"float32" (X ``[N, K]``) or "e2m1" (MXFP4: X ``[N, K/2]`` uint8 and
     UE8M0 codes C ``[N, K/32]``, re-blocked with power-of-two scales)."""
     N = T.dynamic("N")
@@ -121,9 +116,7 @@ def block_cast_kernel(K: int, block: int, in_dtype: str, pow2: bool = False, min
         @T.prim_func
         def kernel(X: T.Tensor((N, K // 2), T.uint8), C: T.Tensor((N, K // 32), T.uint8),
                    Q: T.Tensor((N, K), T.float8_e4m3fn), S: T.Tensor((N // block, K // block), T.float32)):
-            with T.Kernel(K // width, T.ceildiv(N, E2M1_ROWS), threads=threads, prelude=QUANT_PRELUDE + PRELUDE) as (bx, by):
-                if min_blocks and threads == 512:
-                    T.annotate_min_blocks_per_sm(min_blocks)
+            with T.Kernel(K // width, T.ceildiv(N, E2M1_ROWS), threads=threads, prelude=QUANT_PRELUDE) as (bx, by):
                 tx = T.get_thread_binding()
                 red = T.alloc_shared((nrt, nct, threads // 32), u)
                 xw = T.alloc_local((2 * rpt,), u)
@@ -172,12 +165,8 @@ def block_cast_kernel(K: int, block: int, in_dtype: str, pow2: bool = False, min
                             for k in T.unroll(2):
                                 qw[2 * k] = e2m1_e4m3_word(xw[2 * (t * ipt + i) + k], tab, 0)
                                 qw[2 * k + 1] = e2m1_e4m3_word(xw[2 * (t * ipt + i) + k], tab, 1)
-                            if vstore:
-                                T.evaluate(T.call_extern("handle", "quant_st_v4", T.address_of(Qw[r0 + passes * (t * ipt + i), bx * (width // 4) + 4 * j]),
-                                                         qw[0], qw[1], qw[2], qw[3]))
-                            else:
-                                for v in T.vectorized(4):
-                                    Qw[r0 + passes * (t * ipt + i), bx * (width // 4) + 4 * j + v] = qw[v]
+                            for v in T.vectorized(4):
+                                Qw[r0 + passes * (t * ipt + i), bx * (width // 4) + 4 * j + v] = qw[v]
 
         return kernel
 
