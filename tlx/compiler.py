@@ -282,7 +282,9 @@ def compile_kernel(program, options: Options, name: str | None = None, program_k
     if program_key is None:
         prim_func = program() if callable(program) else program
         program_key = prim_func.script()
-    key = cache_key(program_key, {**pass_options(options, target), "name": name}, target)
+    # pass_configs steer TileLang's lowering: two builds differing only there are two kernels
+    key = cache_key(program_key, {**pass_options(options, target), "name": name,
+                                  "pass_configs": options.pass_config_dict()}, target)
     entry = cache_dir() / "kernels" / key
     if _valid_entry(entry):
         return Kernel.load(entry)

@@ -132,6 +132,15 @@ def test_cache_hit_reuses_the_build_and_corruption_is_rebuilt(add, cache):
         k3(torch.zeros(2, 1024), torch.zeros(2, 1024))
 
 
+def test_pass_configs_are_part_of_the_cache_key(add, cache):
+    import tlx
+
+    unrolled = tlx.jit(out_idx=[-1], target=sk.SM90, pass_configs={"tirx.disable_vectorize": True})(sk.add.__wrapped__)
+    k = unrolled(T.dynamic("M"), 1024)
+    assert k.directory != add.directory
+    assert k.device_source != add.device_source  # the configuration reached the lowering
+
+
 _CHILD = """
 import os, sys, time
 sys.path.insert(0, {root!r})
