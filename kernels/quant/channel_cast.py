@@ -1,20 +1,25 @@
 """Per-channel cast with transpose (the weight-gradient path): ``[T, H]`` -> e4m3 ``[H, T]``
 with one fp32 scale per 128 tokens of a channel, ``[H, ceil(T / 128)]`` (rules in ``reference.py``).
 
-A CTA owns 64 channels and ``blocks`` consecutive blocks of 128 tokens (2 by default). Per
-block: rows go to shared memory untransposed with 16-byte accesses (the next block's loads are
-issued first, into the other half of the thread's registers, so they fly while this block is
-cast); warp ``g`` then reads token group ``g`` (16 tokens), each lane two adjacent channels per 4-
-or 8-byte shared load (a warp reads one contiguous row segment: conflict-free). amax is combined
-across the 8 token groups through shared memory, each thread derives the scales of its two
-channels, and quantizes its 16 tokens of two channels into one 16-byte piece per channel. The
-pieces are transposed through a padded shared tile so that every warp store writes whole
-128-byte lines of Q's rows (16-byte stores straight from registers, 32 rows per warp store, ran
-at 55% of copy instead of 87%). The CTA's scales leave together at the end, a warp storing
-``32 / blocks`` channels' adjacent scales instead of 32 scattered words per block.
-Measured on H200 at T = 16384, H = 7168: one block per CTA 86% of copy, two 88.7% (the same
-with the loads issued after the first barrier), three or four 86.6%, 128 channels per CTA 80%,
-streaming (``st.global.cs``) stores no gain.
+A CTA owns 64 channels and ``blocks`` consecutive blocks of 128 tokens (2 by default). All its
+blocks are copied at the start, untransposed, into a shared tile each with 16-byte ``cp.async``
+(no registers hold them, so 4 CTAs fit an SM in 64 registers: 8 blocks, 128 KB, in flight per
+SM); per block, warp ``g`` then reads token group ``g`` (16 tokens), each lane two adjacent
+channels per 4- or 8-byte shared load (a warp reads one contiguous row segment: conflict-free).
+amax is combined across the 8 token groups through shared memory, each thread derives the scales
+of its two channels, and quantizes its 16 tokens of two channels into one 16-byte piece per
+channel. The pieces are transposed through a padded shared tile so that every warp store writes
+whole 128-byte lines of Q's rows (16-byte stores straight from registers, 32 rows per warp
+store, ran at 55% of copy instead of 87%). The CTA's scales leave together at the end, a warp
+storing ``32 / blocks`` channels' adjacent scales instead of 32 scattered words per block.
+Measured on H200 at T = 16384, H = 7168. Session 3, blocks staged through registers (3 CTAs per
+SM): one block per CTA 86% of copy, two 88.7%, three or four 86.6%, 128 channels per CTA 80%,
+streaming (``st.global.cs``) stores no gain. Session 4: cp.async 93.6 us (88.7%) against 93.7 us
+for the register staging at boost clocks, but 89.9 against 95.7 us under ncu's locked 1.4 GHz
+SM clock (DRAM 78% against 74% busy); 3 CTAs per SM the same, 3 blocks per CTA 94.2 us. Worse
+than this grid of short CTAs: persistent CTAs walking the blocks 82% (the last round of blocks
+runs on a fraction of them), blocks taken token-first in groups of 16 or 64 (4 KB runs of Q's
+rows, 3 KB of X's) 75%, TMA loads into 2-4 stage rings of persistent CTAs 78-79%.
 T is dynamic; a partial last block of tokens is allowed (T a multiple of 16).
 """
 
@@ -32,12 +37,15 @@ CTA_THREADS = 256
 
 
 @tlx.jit(target=TARGET)
-def channel_cast_kernel(H: int, in_dtype: str, pow2: bool = False, blocks: int = 2, min_blocks: int = 0):
+def channel_cast_kernel(H: int, in_dtype: str, pow2: bool = False, blocks: int = 2, min_blocks: int = -1):
     """X ``[T, H]`` -> Q ``[H, T]``, S ``[H, ceil(T / 128)]``; a CTA casts ``blocks`` consecutive
-    128-token blocks of its 64 channels (79 registers at 2: 3 CTAs per SM). ``min_blocks`` > 0
-    asks nvcc for that many resident CTAs per SM (``__launch_bounds__``), capping registers."""
+    128-token blocks of its 64 channels. ``min_blocks`` > 0 asks nvcc for that many resident CTAs
+    per SM (``__launch_bounds__``), capping registers; -1: 4 for bf16 at 2 blocks (72 registers
+    uncapped: 3 per SM), else none (fp32 tiles take 77 KB of shared memory: 2 per SM)."""
     # Tokens as [T / 16, 16] so the compiler proves the 16-byte stores of Q's rows aligned.
     T16 = T.dynamic("T16")
+    if min_blocks < 0:  # 4 CTAs per SM: the bf16 tiles (44.5 KB of shared memory) in 64 registers
+        min_blocks = 4 if in_dtype == "bfloat16" and blocks == 2 else 0
     CH = CHANNELS
     NB = blocks
     Tn = T16 * 16
@@ -56,19 +64,6 @@ def channel_cast_kernel(H: int, in_dtype: str, pow2: bool = False, blocks: int =
             return T.reinterpret(T.if_then_else(at % 2 == 0, w << T.uint32(16), w & T.uint32(0xFFFF0000)), T.float32)
         return x[at]
 
-    @T.macro
-    def load(X, xv, at, t0, h0, tx):
-        """This thread's ``passes`` 16-byte pieces of the block at token ``t0`` (zeros past T)
-        into ``xv[at:]``."""
-        for i in T.unroll(passes):
-            r = tx // row_lanes + CTA_THREADS // row_lanes * i
-            if t0 + r < Tn:
-                for v in T.vectorized(lane):
-                    xv[at + i * lane + v] = X[(t0 + r) // 16, r % 16, h0 + tx % row_lanes * lane + v]
-            else:
-                for v in T.vectorized(lane):
-                    xv[at + i * lane + v] = T.Cast(in_dtype, 0)
-
     @T.prim_func
     def kernel(X: T.Tensor((T16, 16, H), in_dtype), Q: T.Tensor((H, T16, 16), T.float8_e4m3fn),
                S: T.Tensor((H, T.ceildiv(T16, TOKENS // 16)), T.float32)):
@@ -76,11 +71,10 @@ def channel_cast_kernel(H: int, in_dtype: str, pow2: bool = False, blocks: int =
             if min_blocks:
                 T.annotate_min_blocks_per_sm(min_blocks)
             tx = T.get_thread_binding()
-            tile = T.alloc_shared((TOKENS, CH), in_dtype)
+            tile = T.alloc_shared((NB, TOKENS, CH), in_dtype)  # one tile per block
             red = T.alloc_shared((groups, CH), T.float32)
             out = T.alloc_shared((CH, TOKENS + GROUP), T.float8_e4m3fn)  # rows padded by one piece
             sc = T.alloc_shared((n_sc,), T.float32)  # [channel, block]
-            xv = T.alloc_local((2 * passes * lane,), in_dtype)  # block k in half k % 2
             xp = T.alloc_local((GROUP * 2,), in_dtype)
             xf = T.alloc_local((2 * GROUP,), T.float32)
             qv = T.alloc_local((GROUP,), T.float8_e4m3fn)
@@ -90,19 +84,27 @@ def channel_cast_kernel(H: int, in_dtype: str, pow2: bool = False, blocks: int =
             h0 = bx * CH
             g = tx // 32  # token group of this warp
             cp = tx % 32  # channel pair of this lane
-            load(X, xv, 0, by * NB * TOKENS, h0, tx)
+            for k in T.unroll(NB):  # every block in flight at once: one cp.async group each
+                for i in T.unroll(passes):
+                    r = tx // row_lanes + CTA_THREADS // row_lanes * i
+                    if (by * NB + k) * TOKENS + r < Tn:
+                        T.ptx_cp_async(T.access_ptr(tile[k, r, tx % row_lanes * lane], "w", extent=lane),
+                                       T.access_ptr(X[((by * NB + k) * TOKENS + r) // 16, r % 16, h0 + tx % row_lanes * lane],
+                                                    "r", extent=lane), lane)
+                    else:  # past T: zeros
+                        for v in T.vectorized(lane):
+                            tile[k, r, tx % row_lanes * lane + v] = T.Cast(in_dtype, 0)
+                T.ptx_commit_group()
             for k in T.unroll(NB):
                 t0 = (by * NB + k) * TOKENS
-                if k + 1 < NB:  # into the other half of xv, read by the next block's staging
-                    load(X, xv, (k + 1) % 2 * passes * lane, t0 + TOKENS, h0, tx)
-                for i in T.unroll(passes):
-                    for v in T.vectorized(lane):
-                        tile[tx // row_lanes + CTA_THREADS // row_lanes * i, tx % row_lanes * lane + v] = xv[
-                            k % 2 * passes * lane + i * lane + v]
+                if k + 1 < NB:  # block k's group is done when at most one is pending (an immediate count)
+                    T.ptx_wait_group(1)
+                else:
+                    T.ptx_wait_group(0)
                 T.sync_threads()
                 for j in T.unroll(GROUP):
                     for v in T.vectorized(2):
-                        xp[j * 2 + v] = tile[g * GROUP + j, cp * 2 + v]
+                        xp[j * 2 + v] = tile[k, g * GROUP + j, cp * 2 + v]
                 for j in T.unroll(GROUP):
                     for v in T.unroll(2):
                         xf[v * GROUP + j] = widen(xp, j * 2 + v)

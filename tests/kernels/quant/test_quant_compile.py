@@ -29,14 +29,18 @@ KERNELS = [
     ("block 128 bf16", block_cast_kernel, (7168, 128, "bfloat16"), "X", "Q"),
     ("fp4->fp8 32x32", block_cast_kernel, (7168, 32, "e2m1", True), "X", "Q"),
     ("dequant e4m3 128x128", dequant_kernel, (7168, "e4m3", 128, 128, "bfloat16"), "Q", "Y"),
-    ("channel transpose bf16", channel_cast_kernel, (4096, "bfloat16"), "X", "Q"),
+    ("channel transpose bf16", channel_cast_kernel, (4096, "bfloat16"), "cp.async X", "Q"),
 ]
+ASYNC = r"cp_async_gs\w*<16>\(.*&\({}\["  # a 16-byte cp.async from the buffer into shared memory
 
 
 @pytest.mark.parametrize("name, factory, args, load, store", KERNELS, ids=[k[0] for k in KERNELS])
 def test_kernel_compiles_with_vector_accesses(name, factory, args, load, store):
     src = factory(*args).device_source
-    assert re.search(VEC.format(load), src), f"{name}: no vector load from {load}"
+    if load.startswith("cp.async "):
+        assert re.search(ASYNC.format(load.split()[1]), src), f"{name}: no 16-byte cp.async from {load}"
+    else:
+        assert re.search(VEC.format(load), src), f"{name}: no vector load from {load}"
     assert re.search(VEC.format(store), src), f"{name}: no vector store to {store}"
     assert "atomic" not in src  # one writer per element: results cannot depend on scheduling
 
