@@ -22,7 +22,6 @@ Usage:
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -30,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.timing import median_ms  # noqa: E402
+from bench.timing import interleaved_ms  # noqa: E402
 from kernels.moe.grouped_gemm import grouped_gemm_contiguous_kernel  # noqa: E402
 
 # name -> keyword arguments of grouped_gemm_contiguous_kernel. Measured on the H200, session 3
@@ -230,14 +229,8 @@ def run(variants, shapes, out_json, ncu, reps=20, clocks=False):
         scb = torch.rand(1, n, device="cuda") + 0.5
         fns["_scaled_mm"] = lambda: torch._scaled_mm(x["a"], dense_b, scale_a=sca, scale_b=scb, out_dtype=torch.bfloat16)
         # one call of each in turn, so that every candidate meets the same clocks and temperature
-        for f in fns.values():
-            median_ms(f, reps=1, warmup=3)
-        times = {name: [] for name in fns}
-        for _ in range(reps):
-            for name, f in fns.items():
-                times[name].append(median_ms(f, reps=1, warmup=0, isolated=True))
-        for name in fns:
-            ms = statistics.median(times[name])
+        times = interleaved_ms(fns, reps)
+        for name, ms in times.items():
             if name == "_scaled_mm":
                 row = line["scaled_mm_rowwise"] = {"ms": round(ms, 4), "tflops": round(flops_p / ms / 1e9, 1)}
                 text = f"{row['tflops']:7.1f} TF dense on the computed rows"
