@@ -113,3 +113,31 @@ def test_cp_async_sources_are_checked_under_their_predicate():
     unguarded = kernel.with_device_mod(tvm.IRModule(funcs))
     bad = [a for a in verify_kernel(unguarded)[0].violations() if a.kind == "pointer"]
     assert bad and bad[0].buffer == "A" and bad[0].counterexample["end byte"] > bad[0].counterexample["bytes"]
+
+
+def test_pointer_check_takes_the_allocation_size_as_host_arithmetic():
+    """A cp.async source in a [R, 65536] bf16 tensor: the allocation's R * 65536 elements pass
+    int32 for R >= 32768, but the host computes sizes in 64 bits; only the kernel's own offset
+    arithmetic may be held to its width. (The check used to report such pointers unknown.)"""
+    import tilelang.language as T
+
+    from tests.conftest import CPU_TARGET
+    from tlx.lowering import lower
+
+    rows, cols = T.dynamic("R"), 65536
+
+    @T.prim_func
+    def stage_rows(X: T.Tensor((rows, cols), "bfloat16"), Y: T.Tensor((rows, cols), "bfloat16")):
+        with T.Kernel(cols // 256, rows, threads=32) as (bx, by):
+            tile = T.alloc_shared((256,), "bfloat16")
+            tx = T.get_thread_binding()
+            T.ptx_cp_async(T.access_ptr(tile[tx * 8], "w", extent=8),
+                           T.access_ptr(X[by, bx * 256 + tx * 8], "r", extent=8), 8)
+            T.ptx_commit_group()
+            T.ptx_wait_group(0)
+            for v in T.vectorized(8):
+                Y[by, bx * 256 + tx * 8 + v] = tile[tx * 8 + v]
+
+    report = verify_kernel(lower(stage_rows, CPU_TARGET))[0]
+    reads = [a for a in report.accesses if a.kind == "pointer" and a.buffer == "X"]
+    assert reads and all(a.status == "proven" for a in reads), [(a.status, a.detail) for a in reads]

@@ -343,9 +343,12 @@ class _Walker:
         if self.focus is not None and access.key() != self.focus:
             access.status = "skipped"
             return
+        # The allocation's size is computed on the host in 64 bits, not device arithmetic.
+        self.enc.take_obligations()
+        cap = self.enc.encode(size) * buf_bytes
+        self.enc.take_obligations()
         lo = self.enc.encode(byte_off) + self.enc.encode(offset) * elem_bytes
         hi = lo + self.enc.encode(extent) * elem_bytes
-        cap = self.enc.encode(size) * buf_bytes
         obs = self.enc.take_obligations()
         if obs:
             v, _ = self.enc.prove_obligations(obs, self.context())
