@@ -141,3 +141,40 @@ def test_pointer_check_takes_the_allocation_size_as_host_arithmetic():
     report = verify_kernel(lower(stage_rows, CPU_TARGET))[0]
     reads = [a for a in report.accesses if a.kind == "pointer" and a.buffer == "X"]
     assert reads and all(a.status == "proven" for a in reads), [(a.status, a.detail) for a in reads]
+
+
+def _gather(guard_offset: int, write_ids: bool):
+    """out[i] = table[ids[i]] guarded by ``ids[i + guard_offset]`` being a valid row (the right
+    guard only at offset 0); with ``write_ids`` the kernel also overwrites ``ids``."""
+    import tilelang.language as T
+
+    from tests.conftest import CPU_TARGET
+    from tlx.lowering import lower
+
+    n = T.dynamic("N")
+
+    @T.prim_func
+    def gather(ids: T.Tensor((n + 1,), "int32"), table: T.Tensor((64,), "float32"), out: T.Tensor((n,), "float32")):
+        with T.Kernel(T.ceildiv(n, 128), threads=128) as bx:
+            tx = T.get_thread_binding()
+            i = bx * 128 + tx
+            if i < n:
+                if ids[i + guard_offset] >= 0 and ids[i + guard_offset] < 64:
+                    out[i] = table[T.Cast("int64", ids[i])]  # the index written with another cast
+                if write_ids:
+                    ids[i] = 0
+
+    # TileLang's own legalization would guard table[ids[i]] by itself: only the user's guard here
+    report = verify_kernel(lower(gather, CPU_TARGET, {"tl.disable_safe_memory_legalize": True}), ("N <= 1 << 20",))[0]
+    return next(a for a in report.accesses if a.buffer == "table")
+
+
+def test_guarded_read_only_input_proves_the_data_dependent_index():
+    """An element of a read-only input holds one value: the guard's load and the index's load are
+    one term, so the gather is proven; guarding another element, or an input the kernel writes,
+    still leaves a data-dependent counterexample."""
+    assert _gather(0, write_ids=False).status == "proven"
+    wrong_element = _gather(1, write_ids=False)
+    assert wrong_element.status == "violation" and wrong_element.data_dependent
+    written = _gather(0, write_ids=True)
+    assert written.status == "violation" and written.data_dependent

@@ -718,6 +718,30 @@ def _param_buffers(kernel: LoweredKernel, f) -> dict:
     return {p: declared[p.name] for p in f.params if str(p.dtype) == "handle" and p.name in declared}
 
 
+def _read_only_params(f) -> set:
+    """Device pointer parameters the function never writes through: no store, no writable
+    ``tvm_access_ptr``, no ``address_of`` (atomics), no bare use in another call. TileLang declares
+    them ``const __restrict__``, so their elements keep one value for the whole kernel."""
+    handles = {p for p in f.params if str(p.dtype) == "handle"}
+    written: set = set()
+
+    def visit(node):
+        if isinstance(node, tir.BufferStore):
+            written.add(node.buffer.data)
+        elif isinstance(node, tir.Call):
+            name = str(node.op.name) if hasattr(node.op, "name") else ""
+            for i, a in enumerate(node.args):
+                if isinstance(a, tir.BufferLoad) and name == "tirx.address_of":
+                    written.add(a.buffer.data)
+                elif isinstance(a, tir.Var) and a in handles:
+                    mask = node.args[4] if name == "tirx.tvm_access_ptr" and i == 1 else None
+                    if not (isinstance(mask, tir.IntImm) and mask.value & 2 == 0):
+                        written.add(a)
+
+    tir.stmt_functor.post_order_visit(f.body, visit)
+    return handles - written
+
+
 def _bind_params(enc: Encoder, f, variables):
     """Device parameters are the user's shape variables (lowering may rename ``T`` to ``T_1``)."""
     for p in f.params:
@@ -753,6 +777,7 @@ def verify_kernel(
     seen = removed = 0
     for name, f in _device_funcs(kernel):
         _bind_params(enc, f, variables)
+        enc.read_only = _read_only_params(f)
         w = _Walker(enc, name, terms, rewrite, source_map, focus, least_of)
         w.buffers.update(_param_buffers(kernel, f))
         body = w.visit(f.body)

@@ -139,6 +139,8 @@ class Encoder:
         self._fresh = 0
         self.known_loads: dict = {}  # (buffer data var, constant index) -> Z3 term of the value it holds
         self.opaque_loads: dict[str, tuple[str, str]] = {}  # fresh variable name -> (load text "ids[i]", buffer scope)
+        self.read_only: set = set()  # data vars of inputs the kernel never writes (see bounds._read_only_params)
+        self._read_only_loads: dict = {}  # (data var, simplified index terms) -> the value loaded there
         self.queries = 0
         self.rlimit_used = 0
 
@@ -418,8 +420,20 @@ class Encoder:
             t = self.known_loads.get((expr.buffer.data, int(idx[0].value)))
             if t is not None:
                 return t if isinstance(t, _Enc) else _Enc(t, None, None)
+        key = None
+        if expr.buffer.data in self.read_only:
+            # An element of a read-only input holds one value: a guard's load and an index's load
+            # of the same element (even written with other casts) are one term. The index
+            # arithmetic's own width obligations belong to the load's own access check.
+            pending = self.take_obligations()
+            key = (expr.buffer.data, tuple(z3.simplify(self._enc(i, env, lane).term).sexpr() for i in idx))
+            self._obligations = pending
+            if key in self._read_only_loads:
+                return self._read_only_loads[key]
         e = self._opaque(expr)
         self.opaque_loads[str(e.term)] = (f"{expr.buffer.name}[{', '.join(str(i) for i in idx)}]", str(expr.buffer.scope()))
+        if key is not None:
+            self._read_only_loads[key] = e
         return e
 
     def _enc_Ramp(self, expr, env, lane):
