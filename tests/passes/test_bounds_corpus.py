@@ -178,3 +178,21 @@ def test_guarded_read_only_input_proves_the_data_dependent_index():
     assert wrong_element.status == "violation" and wrong_element.data_dependent
     written = _gather(0, write_ids=True)
     assert written.status == "violation" and written.data_dependent
+
+
+def test_a_pointer_written_through_an_alias_is_not_read_only():
+    """``A_alias = A`` then a store through ``A_alias``: A is written, B only read."""
+    from tilelang import tvm
+
+    from tlx.passes.bounds import _read_only_params
+
+    tir = tvm.tirx
+
+    def ptr(name):
+        return tir.Var(name, tvm.ir.PointerType(tvm.ir.PrimType("float32"), "global"))
+
+    a, b, alias = ptr("A"), ptr("B"), ptr("A_alias")
+    through_alias = tir.decl_buffer((4,), "float32", data=alias, name="A_alias_buf")
+    source = tir.decl_buffer((4,), "float32", data=b, name="B_buf")
+    body = tir.SeqStmt([tir.Bind(alias, a), tir.BufferStore(through_alias, tir.BufferLoad(source, [0]), [0])])
+    assert _read_only_params(tir.PrimFunc([a, b], body)) == {b}

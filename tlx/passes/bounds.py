@@ -719,26 +719,31 @@ def _param_buffers(kernel: LoweredKernel, f) -> dict:
 
 
 def _read_only_params(f) -> set:
-    """Device pointer parameters the function never writes through: no store, no writable
-    ``tvm_access_ptr``, no ``address_of`` (atomics), no bare use in another call. TileLang declares
-    them ``const __restrict__``, so their elements keep one value for the whole kernel."""
+    """Device pointer parameters the function never writes through: no store, no ``address_of``
+    (atomics), and no use of the pointer itself but as a read-only ``tvm_access_ptr`` (a bare use
+    anywhere else, e.g. a let alias or another call, counts as a write). TileLang declares them
+    ``const __restrict__``, so their elements keep one value for the whole kernel."""
     handles = {p for p in f.params if str(p.dtype) == "handle"}
     written: set = set()
+    uses: dict = {}  # handle -> bare occurrences
+    read_ptrs: dict = {}  # handle -> occurrences as a read-only tvm_access_ptr's data
 
     def visit(node):
         if isinstance(node, tir.BufferStore):
             written.add(node.buffer.data)
+        elif isinstance(node, tir.Var) and node in handles:
+            uses[node] = uses.get(node, 0) + 1
         elif isinstance(node, tir.Call):
             name = str(node.op.name) if hasattr(node.op, "name") else ""
-            for i, a in enumerate(node.args):
-                if isinstance(a, tir.BufferLoad) and name == "tirx.address_of":
-                    written.add(a.buffer.data)
-                elif isinstance(a, tir.Var) and a in handles:
-                    mask = node.args[4] if name == "tirx.tvm_access_ptr" and i == 1 else None
-                    if not (isinstance(mask, tir.IntImm) and mask.value & 2 == 0):
-                        written.add(a)
+            if name == "tirx.address_of" and isinstance(node.args[0], tir.BufferLoad):
+                written.add(node.args[0].buffer.data)
+            elif name == "tirx.tvm_access_ptr" and node.args[1] in handles:
+                mask = node.args[4]
+                if isinstance(mask, tir.IntImm) and mask.value & 2 == 0:
+                    read_ptrs[node.args[1]] = read_ptrs.get(node.args[1], 0) + 1
 
     tir.stmt_functor.post_order_visit(f.body, visit)
+    written |= {v for v, n in uses.items() if n > read_ptrs.get(v, 0)}
     return handles - written
 
 
