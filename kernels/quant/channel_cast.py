@@ -1,7 +1,7 @@
 """Per-channel cast with transpose (the weight-gradient path): ``[T, H]`` -> e4m3 ``[H, T]``
 with one fp32 scale per 128 tokens of a channel, ``[H, ceil(T / 128)]`` (rules in ``reference.py``).
 
-A CTA owns 64 channels and ``blocks`` consecutive blocks of 128 tokens (2 by default). All its
+A CTA owns 64 channels and ``BLOCKS`` (2) consecutive blocks of 128 tokens. All its
 blocks are copied at the start, untransposed, into a shared tile each with 16-byte ``cp.async``
 (no registers hold them, so 4 CTAs fit an SM in 64 registers: 8 blocks, 128 KB, in flight per
 SM); per block, warp ``g`` then reads token group ``g`` (16 tokens), each lane two adjacent
@@ -11,7 +11,7 @@ of its two channels, and quantizes its 16 tokens of two channels into one 16-byt
 channel. The pieces are transposed through a padded shared tile so that every warp store writes
 whole 128-byte lines of Q's rows (16-byte stores straight from registers, 32 rows per warp
 store, ran at 55% of copy instead of 87%). The CTA's scales leave together at the end, a warp
-storing ``32 / blocks`` channels' adjacent scales instead of 32 scattered words per block.
+storing ``32 / BLOCKS`` channels' adjacent scales instead of 32 scattered words per block.
 Measured on H200 at T = 16384, H = 7168. Session 3, blocks staged through registers (3 CTAs per
 SM): one block per CTA 86% of copy, two 88.7%, three or four 86.6%, 128 channels per CTA 80%,
 streaming (``st.global.cs``) stores no gain. Session 4: cp.async 93.6 us (88.7%) against 93.7 us
@@ -33,21 +33,21 @@ from kernels.quant.common import TARGET, TORCH_DTYPES, check_2d, check_cuda, gro
 TOKENS = 128
 GROUP = 16  # tokens per thread: one 16-byte e4m3 piece of a channel row
 CHANNELS = 64  # per CTA; H must be a multiple of this
+BLOCKS = 2  # 128-token blocks per CTA
 CTA_THREADS = 256
 
 
 @tlx.jit(target=TARGET)
-def channel_cast_kernel(H: int, in_dtype: str, pow2: bool = False, blocks: int = 2, min_blocks: int = -1):
-    """X ``[T, H]`` -> Q ``[H, T]``, S ``[H, ceil(T / 128)]``; a CTA casts ``blocks`` consecutive
-    128-token blocks of its 64 channels. ``min_blocks`` > 0 asks nvcc for that many resident CTAs
-    per SM (``__launch_bounds__``), capping registers; -1: 4 for bf16 at 2 blocks (72 registers
-    uncapped: 3 per SM), else none (fp32 tiles take 77 KB of shared memory: 2 per SM)."""
+def channel_cast_kernel(H: int, in_dtype: str, pow2: bool = False):
+    """X ``[T, H]`` -> Q ``[H, T]``, S ``[H, ceil(T / 128)]``; a CTA casts ``BLOCKS`` consecutive
+    128-token blocks of its 64 channels. bf16 asks nvcc for 4 resident CTAs per SM
+    (``__launch_bounds__``: 64 registers; uncapped it takes 72, 3 per SM); fp32 asks nothing (its
+    tiles take 77 KB of shared memory: 2 per SM)."""
     # Tokens as [T / 16, 16] so the compiler proves the 16-byte stores of Q's rows aligned.
     T16 = T.dynamic("T16")
-    if min_blocks < 0:  # 4 CTAs per SM: the bf16 tiles (44.5 KB of shared memory) in 64 registers
-        min_blocks = 4 if in_dtype == "bfloat16" and blocks == 2 else 0
+    min_blocks = 4 if in_dtype == "bfloat16" else 0  # the bf16 tiles take 44.5 KB of shared memory
     CH = CHANNELS
-    NB = blocks
+    NB = BLOCKS
     Tn = T16 * 16
     lane = 16 // (2 if in_dtype == "bfloat16" else 4)  # elements per 16-byte load
     row_lanes = CH // lane  # threads per token row in the load phase
