@@ -196,3 +196,43 @@ def test_a_pointer_written_through_an_alias_is_not_read_only():
     source = tir.decl_buffer((4,), "float32", data=b, name="B_buf")
     body = tir.SeqStmt([tir.Bind(alias, a), tir.BufferStore(through_alias, tir.BufferLoad(source, [0]), [0])])
     assert _read_only_params(tir.PrimFunc([a, b], body)) == {b}
+
+
+def _counter_overflow(step: int, bounded_loop: bool = True):
+    """The overflow entry of ``it = it + step`` in a persistent loop (a pipeline's stage counter)."""
+    import tilelang.language as T
+
+    from tests.conftest import CPU_TARGET
+    from tlx.lowering import lower
+
+    n = T.dynamic("N")
+
+    @T.prim_func
+    def ring(A: T.Tensor((n,), "float32"), B: T.Tensor((n,), "float32")):
+        with T.Kernel(8, threads=128) as bx:
+            S = T.alloc_shared((4, 128), "float32")
+            it = T.alloc_var("int32", init=0)
+            tx = T.get_thread_binding()
+            if bounded_loop:
+                for w in T.serial(T.ceildiv(n, 1024)):
+                    if (w * 8 + bx) * 128 + tx < n:
+                        S[it % 4, tx] = A[(w * 8 + bx) * 128 + tx]
+                        B[(w * 8 + bx) * 128 + tx] = S[it % 4, tx]
+                    it = it + step
+            else:
+                while it < n:
+                    S[it % 4, tx] = A[it]
+                    it = it + step
+
+    report = verify_kernel(lower(ring, CPU_TARGET, {}), ("N <= 1 << 30",))[0]
+    return [a for a in report.accesses if a.kind == "overflow" and a.buffer == "it"]
+
+
+def test_a_counter_is_bounded_by_the_trip_counts_of_its_loops():
+    """``it`` starts at 0 and grows by ``step`` once per iteration of a loop of ceil(N / 1024)
+    trips: with step 1 its increment cannot overflow int32; with step 4096 it can (N up to 2^30),
+    and the verifier still says so; inside a while loop (no trip count) it stays unproven."""
+    assert _counter_overflow(1) == []
+    big = _counter_overflow(4096)
+    assert big and big[0].status != "proven"
+    assert [a.status for a in _counter_overflow(1, bounded_loop=False)] == ["unknown"]

@@ -747,6 +747,97 @@ def _read_only_params(f) -> set:
     return handles - written
 
 
+def _counters(f) -> dict:
+    """Thread-private integer scalars used as counters (a pipeline's stage/phase counter
+    ``it = it + 1``): set once to a constant, outside every loop and branch and before any other
+    use, then only incremented by non-negative constants, and never addressed by pointer. Their
+    value is then bounded by the trip counts of the loops around the increments (see
+    ``Encoder.counters``) as long as those trip counts depend only on the kernel's parameters and
+    thread indices. Returns data var -> (start, [(step, [loop extents]), ...])."""
+    fixed = {p for p in f.params if not str(p.dtype) == "handle"}
+    state: dict = {}  # data var -> {"start": int | None, "sites": [...], "ok": bool}
+
+    def scalar(buf) -> bool:
+        shape = list(buf.shape)
+        return (str(buf.scope()) in _PRIVATE_SCOPES and scalar_dtype(buf.dtype)[0] in ("int", "uint")
+                and len(shape) == 1 and isinstance(shape[0], tir.IntImm) and shape[0].value == 1)
+
+    def entry(buf):
+        return state.setdefault(buf.data, {"start": None, "sites": [], "ok": True})
+
+    def scan(expr):
+        """Loads (a use before the start disqualifies) and pointer uses (disqualify)."""
+        def visit(n):
+            if isinstance(n, tir.BufferLoad) and scalar(n.buffer):
+                e = entry(n.buffer)
+                e["ok"] &= e["start"] is not None
+            elif isinstance(n, tir.Var) and n in state:
+                state[n]["ok"] = False
+            elif isinstance(n, tir.Call) and hasattr(n.op, "name") and str(n.op.name) == "tirx.address_of":
+                if isinstance(n.args[0], tir.BufferLoad) and scalar(n.args[0].buffer):
+                    entry(n.args[0].buffer)["ok"] = False
+        tir.stmt_functor.post_order_visit(expr, visit)
+
+    def step_of(value, data):
+        """c for ``data[0] + c`` (or ``c + data[0]``) with a constant c >= 0, else None."""
+        if not isinstance(value, tir.Add):
+            return None
+        for load, c in ((value.a, value.b), (value.b, value.a)):
+            if isinstance(load, tir.BufferLoad) and load.buffer.data.same_as(data) and isinstance(c, tir.IntImm) and c.value >= 0:
+                return int(c.value)
+        return None
+
+    def invariant(ext) -> bool:
+        ok = [True]
+
+        def visit(n):
+            if isinstance(n, tir.BufferLoad) or (isinstance(n, tir.Call)) or (isinstance(n, tir.Var) and n not in fixed):
+                ok[0] = False
+        tir.stmt_functor.post_order_visit(ext, visit)
+        return ok[0]
+
+    def walk(s, loops, nested):
+        if isinstance(s, tir.AttrStmt) and s.attr_key == "thread_extent" and isinstance(s.node, tir.IterVar):
+            fixed.add(s.node.var)
+        for attr in ("value", "condition", "min", "extent"):
+            sub = getattr(s, attr, None)
+            if isinstance(sub, tvm.ir.PrimExpr):
+                scan(sub)
+        if isinstance(s, tir.BufferStore):
+            for i in s.indices:
+                scan(i)
+            if scalar(s.buffer):
+                e = entry(s.buffer)
+                step = step_of(s.value, s.buffer.data)
+                if e["start"] is None and isinstance(s.value, tir.IntImm) and not nested:
+                    e["start"] = int(s.value.value)
+                elif step is not None and e["start"] is not None and loops is not None:
+                    e["sites"].append((step, list(loops)))
+                else:
+                    e["ok"] = False
+            return
+        if isinstance(s, tir.For):
+            trip_known = loops is not None and invariant(s.extent) and (
+                getattr(s, "step", None) is None or (isinstance(s.step, tir.IntImm) and s.step.value == 1))
+            walk(s.body, loops + [s.extent] if trip_known else None, True)
+            return
+        if isinstance(s, tir.While):
+            walk(s.body, None, True)  # no trip count: increments inside make the counter unbounded
+            return
+        if isinstance(s, tir.SeqStmt):
+            for x in s.seq:
+                walk(x, loops, nested)
+            return
+        branch = isinstance(s, tir.IfThenElse)
+        for attr in ("then_case", "else_case", "body"):
+            sub = getattr(s, attr, None)
+            if isinstance(sub, tir.Stmt):
+                walk(sub, loops, nested or branch)
+
+    walk(f.body, [], False)
+    return {d: (e["start"], e["sites"]) for d, e in state.items() if e["ok"] and e["start"] is not None}
+
+
 def _bind_params(enc: Encoder, f, variables):
     """Device parameters are the user's shape variables (lowering may rename ``T`` to ``T_1``)."""
     for p in f.params:
@@ -783,6 +874,7 @@ def verify_kernel(
     for name, f in _device_funcs(kernel):
         _bind_params(enc, f, variables)
         enc.read_only = _read_only_params(f)
+        enc.counters = _counters(f)
         w = _Walker(enc, name, terms, rewrite, source_map, focus, least_of)
         w.buffers.update(_param_buffers(kernel, f))
         body = w.visit(f.body)

@@ -141,6 +141,8 @@ class Encoder:
         self.opaque_loads: dict[str, tuple[str, str]] = {}  # fresh variable name -> (load text "ids[i]", buffer scope)
         self.read_only: set = set()  # data vars of inputs the kernel never writes (see bounds._read_only_params)
         self._read_only_loads: dict = {}  # (data var, simplified index terms) -> the value loaded there
+        # Counters (see bounds._counters): data var -> (start, [(step, [loop extents]), ...]).
+        self.counters: dict = {}
         self.queries = 0
         self.rlimit_used = 0
 
@@ -432,9 +434,24 @@ class Encoder:
                 return self._read_only_loads[key]
         e = self._opaque(expr)
         self.opaque_loads[str(e.term)] = (f"{expr.buffer.name}[{', '.join(str(i) for i in idx)}]", str(expr.buffer.scope()))
+        if expr.buffer.data in self.counters:
+            self._bound_counter(e.term, *self.counters[expr.buffer.data])
         if key is not None:
             self._read_only_loads[key] = e
         return e
+
+    def _bound_counter(self, term, start, sites) -> None:
+        """A counter holds at least its start and at most its start plus each increment's step
+        times the trip count of the loops around it. The loop extents' own width obligations join
+        the current expression's, so the bound is used only where they are proven."""
+        total = self.int_val(start)
+        for step, extents in sites:
+            trips = self.int_val(step)
+            for ext in extents:
+                t = self._enc(ext).term
+                trips = trips * z3.If(t > 0, t, 0)
+            total = total + trips
+        self._facts += [term >= start, term <= total]
 
     def _enc_Ramp(self, expr, env, lane):
         base, stride = self._enc(expr.base, env), self._enc(expr.stride, env)
