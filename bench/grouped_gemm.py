@@ -49,6 +49,7 @@ from kernels.moe.grouped_gemm import grouped_gemm_contiguous_kernel  # noqa: E40
 VARIANTS = {
     "wide": {"num_sms": 132},  # the call grouped_gemm_contiguous makes on an H200 here (128 x 192 tiles)
     "n128": {"num_sms": 132, "block_n": 128},  # 128 x 128 tiles (N whose 192-wide tiles do not pair up)
+    "half_a": {"num_sms": 132, "half_a": True},  # only the first 64 rows of A where the rest is padding
 }
 
 # name -> (kind, experts, rows per expert or tokens, N, K)
@@ -66,6 +67,7 @@ TOPK = 6
 PLAN = {
     "wide": list(SHAPES),
     "n128": list(SHAPES),
+    "half_a": [s for s in SHAPES if SHAPES[s][0] == "routed"],
 }
 
 
@@ -122,7 +124,9 @@ def make_inputs(shape, seed=0):
         counts = torch.bincount(ids.flatten(), minlength=e)
     padded = (counts + 127) // 128 * 128
     block_expert = torch.repeat_interleave(torch.arange(e, device="cuda", dtype=torch.int32), padded // 128)
+    offsets = torch.cat([padded.new_zeros(1), padded.cumsum(0)]).int()
     rows = int(padded.sum())
+    valid = torch.arange(rows, device="cuda") < (offsets[:-1] + counts).repeat_interleave(padded)
 
     def e4m3(*s):
         # moderate finite values (|v| in [0.5, 2)), random sign; built in uint8 to stay small
@@ -136,20 +140,26 @@ def make_inputs(shape, seed=0):
     for i in range(e):
         b[i] = e4m3(n, k)
     sb = torch.rand(e, n // 128, k // 128, device="cuda", generator=g) * 0.01 + 0.001
-    return dict(a=a, sa=sa, b=b, sb=sb, block_expert=block_expert, routed=int(counts.sum()), rows=rows, n=n, k=k)
+    return dict(a=a, sa=sa, b=b, sb=sb, block_expert=block_expert, counts=counts.int(), offsets=offsets, valid=valid,
+                routed=int(counts.sum()), rows=rows, n=n, k=k)
 
 
 def check_skipped_blocks(name, shape, base):
-    """Uneven experts (empty ones, partial blocks) with -1 row blocks in the middle and at the
-    end: the written rows bitwise equal to the baseline, the -1 blocks' rows left untouched."""
+    """Uneven experts (empty ones, partial blocks, 64 or fewer rows in a block) with -1 row blocks
+    in the middle and at the end: the written rows bitwise equal to the baseline (padding rows 0),
+    the -1 blocks' rows left untouched."""
     import torch
 
     n, k = SHAPES[shape][3], SHAPES[shape][4]
     g = torch.Generator(device="cuda").manual_seed(1)
-    counts = torch.tensor([0, 1, 129, 300, 0, 5, 700, 64], device="cuda")
-    blocks = torch.repeat_interleave(torch.arange(8, device="cuda", dtype=torch.int32), (counts + 127) // 128)
+    counts = torch.tensor([0, 1, 129, 300, 0, 5, 700, 64], device="cuda", dtype=torch.int32)
+    nblk = (counts + 127) // 128
+    blocks = torch.repeat_interleave(torch.arange(8, device="cuda", dtype=torch.int32), nblk)
     skip = torch.tensor([-1], device="cuda", dtype=torch.int32)
-    block_expert = torch.cat([blocks[:4], skip, blocks[4:], skip, skip, skip])
+    block_expert = torch.cat([blocks[:3], skip, blocks[3:], skip, skip, skip])
+    # the -1 block after expert 2's shifts the later experts by 128 rows
+    starts = torch.cat([nblk.new_zeros(1), nblk.cumsum(0)]) * 128
+    offsets = (starts + torch.where(torch.arange(9, device="cuda") >= 3, 128, 0)).int()
     rows = block_expert.numel() * 128
     a = (torch.randn(rows, k, device="cuda", generator=g) * 2).clamp(-8, 8).to(torch.float8_e4m3fn)
     sa = torch.rand(rows, k // 128, device="cuda", generator=g) + 0.5
@@ -157,8 +167,8 @@ def check_skipped_blocks(name, shape, base):
     sb = torch.rand(8, n // 128, k // 128, device="cuda", generator=g) * 0.01 + 0.001
     out = torch.full((rows, n), float("nan"), dtype=torch.bfloat16, device="cuda")
     ref = out.clone()
-    grouped_gemm_contiguous_kernel(n, k, **VARIANTS[name])(a, sa, b, sb, block_expert, out)
-    base.moe_grouped_gemm_contiguous(a, sa, b, sb, block_expert, ref)
+    grouped_gemm_contiguous_kernel(n, k, **VARIANTS[name])(a, sa, b, sb, block_expert, counts, offsets, out)
+    base.moe_grouped_gemm_contiguous(a, sa, b, sb, block_expert, counts, offsets, ref)
     torch.cuda.synchronize()
     skipped = (block_expert < 0).repeat_interleave(128)
     ok = torch.equal(out.view(torch.int16), ref.view(torch.int16)) and bool(torch.isnan(out[skipped].float()).all())
@@ -204,7 +214,7 @@ def run(variants, shapes, out_json, ncu, reps=20, clocks=False):
             continue
         x = make_inputs(shape)
         n, k, rows, routed = x["n"], x["k"], x["rows"], x["routed"]
-        args = (x["a"], x["sa"], x["b"], x["sb"], x["block_expert"])
+        args = (x["a"], x["sa"], x["b"], x["sb"], x["block_expert"], x["counts"], x["offsets"])
         flops_r, flops_p = 2 * routed * n * k, 2 * rows * n * k
         kerns = {v: grouped_gemm_contiguous_kernel(n, k, **VARIANTS[v]) for v in names}
         if ncu:
@@ -221,7 +231,8 @@ def run(variants, shapes, out_json, ncu, reps=20, clocks=False):
             out.fill_(float("nan"))
             kerns[v](*args, out)
             torch.cuda.synchronize()
-            line[v] = {"bitwise_vs_baseline": torch.equal(out.view(torch.int16), ref.view(torch.int16))}
+            line[v] = {"bitwise_vs_baseline": torch.equal(out.view(torch.int16), ref.view(torch.int16)),
+                       "routed_rows_bitwise": torch.equal(out[x["valid"]].view(torch.int16), ref[x["valid"]].view(torch.int16))}
             fns[v] = lambda v=v: kerns[v](*args, out)
         del ref
         dense_b = x["b"][0].t()  # [K, N] column-major, as _scaled_mm wants

@@ -13,7 +13,7 @@ Rows (printed as they are measured, so a timeout still leaves the earlier ones):
 
 Timing: CUDA events, warm-up, median of repeats; inputs random and fresh per row; outputs are
 checked (finite, non-zero; GEMM rows against a float64 reference) before they are timed.
-Usage: python bench/moe.py [--out FILE.json] [--reps N]
+Usage: python bench/moe.py [--out FILE.json] [--reps N] [--models V4-Flash] [--layer-only] [--tokens 8,512]
 """
 
 import argparse
@@ -134,14 +134,16 @@ def gemm_rows(name, model, layer, meta, reps):
         rows = meta["entry_of_row"].shape[0]
         a = (torch.randn(rows, k, device=CUDA) * 2).clamp(-8, 8).to(torch.float8_e4m3fn)
         sa = torch.rand(rows, k // 128, device=CUDA) + 0.5
-        out = grouped_gemm_contiguous(a, sa, w, s, meta["block_expert"])
-        sample = torch.arange(0, used, max(1, used // 64), device=CUDA)
+        rows_of = (meta["block_expert"], meta["counts"], meta["offsets"])
+        out = grouped_gemm_contiguous(a, sa, w, s, *rows_of)
+        routed_rows = torch.nonzero(meta["entry_of_row"][:used] >= 0).flatten()  # padding rows are 0
+        sample = routed_rows[:: max(1, routed_rows.numel() // 64)]
         blocks = meta["block_expert"][(sample // 128)].long()
         ref = torch.stack([R.dequant_rows_ref(a[r], sa[r]) @ R.dequant_blocks_ref(w[b], s[b]).T
                            for r, b in zip(sample.tolist(), blocks.tolist())])
         err = R.rel_error(out[sample], ref)
         assert err < 5e-3, f"{what}: rel err {err}"
-        ms = per_call_ms(lambda: grouped_gemm_contiguous(a, sa, w, s, meta["block_expert"], out=out), reps)
+        ms = per_call_ms(lambda: grouped_gemm_contiguous(a, sa, w, s, *rows_of, out=out), reps)
         tf = 2 * routed * n * k / ms / 1e9
         tf_pad = 2 * used * n * k / ms / 1e9
         emit(model=name, what=f"{what} (N={n}, K={k}) tlx", T=8192, ms=f"{ms:.3f}",
@@ -160,9 +162,9 @@ def gemm_rows(name, model, layer, meta, reps):
                  rate=f"{tf_d:.0f} TFLOP/s", vs=f"tlx at {tf_pad / tf_d:.0%}")
 
 
-def layer_rows(name, model, layer, reps):
+def layer_rows(name, model, layer, reps, tokens=(8, 512, 8192)):
     cfg = model["cfg"]
-    for t in (8, 512, 8192):
+    for t in tokens:
         x = torch.randn(t, model["hidden"], device=CUDA).to(torch.bfloat16)
         logits = torch.randn(t, model["n_experts"], device=CUDA)
         out = moe_layer(x, logits, *layer, cfg)
@@ -196,7 +198,13 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", help="write the rows as JSON here")
     ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--models", default="V4-Flash,V4-Pro", help="a subset of V4-Flash,V4-Pro")
+    ap.add_argument("--layer-only", action="store_true", help="only the whole-layer rows")
+    ap.add_argument("--tokens", default="8,512,8192", help="T of the whole-layer rows")
     args = ap.parse_args()
+    tokens = [int(t) for t in args.tokens.split(",")]
+    if set(args.models.split(",")) - {"V4-Flash", "V4-Pro"}:
+        ap.error(f"--models: expected a subset of V4-Flash,V4-Pro, got {args.models}")
     torch.manual_seed(0)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(124))  # a timeout still writes --out
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}")
@@ -204,12 +212,16 @@ def main():
     print("| --- | --- | --- | --- | --- | --- |", flush=True)
     t0 = time.time()
     try:
-        copy_gbs = copy_bandwidth(args.reps)
-        for name, model in (("V4-Flash", V4_FLASH), ("V4-Pro", V4_PRO)):
-            meta = memory_steps(name, model, copy_gbs, args.reps)
+        copy_gbs = None if args.layer_only else copy_bandwidth(args.reps)
+        models = {"V4-Flash": V4_FLASH, "V4-Pro": V4_PRO}
+        for name in args.models.split(","):
+            model = models[name]
+            if not args.layer_only:
+                meta = memory_steps(name, model, copy_gbs, args.reps)
             layer = make_layer(model, seed=1)
-            gemm_rows(name, model, layer, meta, args.reps)
-            layer_rows(name, model, layer, args.reps)
+            if not args.layer_only:
+                gemm_rows(name, model, layer, meta, args.reps)
+            layer_rows(name, model, layer, args.reps, tokens)
             del layer
             torch.cuda.empty_cache()
     finally:
