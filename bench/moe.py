@@ -134,7 +134,7 @@ def gemm_rows(name, model, layer, meta, reps):
         rows = meta["entry_of_row"].shape[0]
         a = (torch.randn(rows, k, device=CUDA) * 2).clamp(-8, 8).to(torch.float8_e4m3fn)
         sa = torch.rand(rows, k // 128, device=CUDA) + 0.5
-        rows_of = (meta["block_expert"], meta["counts"], meta["offsets"])
+        rows_of = (meta["block_expert"], meta["entry_of_row"])
         out = grouped_gemm_contiguous(a, sa, w, s, *rows_of)
         routed_rows = torch.nonzero(meta["entry_of_row"][:used] >= 0).flatten()  # padding rows are 0
         sample = routed_rows[:: max(1, routed_rows.numel() // 64)]

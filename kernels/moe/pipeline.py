@@ -83,7 +83,7 @@ def moe_layer(x, logits, w1, s1, w2, s2, cfg: MoEConfig, bias=None, *, n_ranks: 
         mine = slice(r * el, (r + 1) * el)
         meta = routing_metadata(ids, e, r, n_ranks)
         xp, sp = permute(xq, meta, cfg.topk, xs)
-        rows = (meta["block_expert"], meta["counts"], meta["offsets"])
+        rows = (meta["block_expert"], meta["entry_of_row"])
         hid = grouped_gemm_contiguous(xp, sp, w1[mine], s1[mine], *rows)
         hq, hs = swiglu_quant(hid, cfg.clamp)
         outputs.append(grouped_gemm_contiguous(hq, hs, w2[mine], s2[mine], *rows))

@@ -269,7 +269,7 @@ def test_grouped_gemm_contiguous_bitwise_and_reference(baseline, e4m3, e, n, k, 
     # padding rows hold NaN: their C rows are 0 all the same
     a.view(torch.uint8)[:used][~valid] = 0x7F  # e4m3 NaN
     sa[:used][~valid] = float("nan")
-    args = (a, sa, b, sb, meta["block_expert"], meta["counts"], meta["offsets"])
+    args = (a, sa, b, sb, meta["block_expert"], meta["entry_of_row"])
     poison = torch.full((rows, n), float("nan"), dtype=torch.bfloat16, device=CUDA)
     out = grouped_gemm_contiguous(*args, out=poison.clone())
     bout = poison.clone()
@@ -289,11 +289,10 @@ def test_grouped_gemm_contiguous_rejects_bad_metadata():
     b = torch.zeros(2, 128, 128, dtype=torch.float8_e4m3fn)
     sb = torch.ones(2, 1, 1)
     block_expert = torch.zeros(2, dtype=torch.int32)
-    counts = torch.zeros(2, dtype=torch.int32)
-    with pytest.raises(ValueError, match=r"offsets: expected torch.int32 of shape \(3,\), got torch.int32 of shape \(2,\)"):
-        grouped_gemm_contiguous(a, sa, b, sb, block_expert, counts, counts)
-    with pytest.raises(ValueError, match="counts: expected torch.int32"):
-        grouped_gemm_contiguous(a, sa, b, sb, block_expert, counts.long(), torch.zeros(3, dtype=torch.int32))
+    with pytest.raises(ValueError, match=r"entry_of_row: expected torch.int32 of shape \(256,\), got torch.int32 of shape \(2,\)"):
+        grouped_gemm_contiguous(a, sa, b, sb, block_expert, block_expert)
+    with pytest.raises(ValueError, match="entry_of_row: expected torch.int32"):
+        grouped_gemm_contiguous(a, sa, b, sb, block_expert, torch.zeros(256, dtype=torch.int64))
 
 
 @pytest.mark.gpu
@@ -329,7 +328,7 @@ def test_grouped_gemm_is_deterministic_and_row_independent(e4m3):
     sa = torch.rand(rows, k // 128, device=CUDA) + 0.5
     b, sb = _weights(e, n, k, e4m3)
     used = int(meta["offsets"][-1])  # rows of blocks owned by another rank (expert -1) are never written
-    rows_of = (meta["block_expert"], meta["counts"], meta["offsets"])
+    rows_of = (meta["block_expert"], meta["entry_of_row"])
     first = grouped_gemm_contiguous(a, sa, b, sb, *rows_of)
     assert torch.equal(first[:used], grouped_gemm_contiguous(a, sa, b, sb, *rows_of)[:used])
     a2 = a.clone()
