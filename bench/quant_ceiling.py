@@ -1,8 +1,19 @@
-"""Session-5 experiments (issue 5): TMA bulk stores and the ceiling of each access pattern.
+"""Issue 5 (session 5): TMA bulk stores, and the ceiling of each access pattern at T = 16384, H = 7168.
 
-Variant kernels of dequant MXFP4 -> bf16, the 1x128 FP4 -> FP8 re-blocking and the transposing
-per-channel cast, each beside the shipped kernel, no-work stand-ins with the same loads and stores,
-a 2 GiB copy and a same-size copy, all in one process. Usage: python bench/quant_ceiling.py [compile SHARD SHARDS | ncu NAME... | FAMILY...]
+For dequant MXFP4 -> bf16, the 1x128 and 128x128 FP4 -> FP8 re-blockings and the transposing
+per-channel cast, side by side in one process (CUDA events, warm-up, median of 50 calls over 3
+rotating inputs, 5 passes in turn; every kernel's output bit-checked first): the shipped kernel,
+the same kernel with its output staged in shared memory and stored by ``cp.async.bulk`` (TMA
+engine, one thread, ``wait_group.read`` before exit), a no-work stand-in with the kernel's exact
+loads and stores, the ideal access pattern of its read:write ratio (16-byte pieces, every warp
+access 512 contiguous bytes), a write-only fill of its output bytes, a same-size copy and a 2 GiB
+copy (the yardstick).
+
+H200, s5 round 1 (copy 4276 GB/s), % of copy, session-4 kernel / with bulk stores / stand-in /
+same-size copy: dequant 89.7 / 89.8-89.9 / 89.6 (with bulk stores 71.7) / 93.7; 1x128 86.7 /
+85.9-86.1 / 87.2 / 92.1; 128x128 85.5 / 74.9 / - / 86.2; transposing cast 88.4 / 88.4-88.5 / 88.6
+(bulk 89.2) / 95.2. Bulk stores win nothing; each kernel is within 1% of its no-work stand-in.
+Usage: python bench/quant_ceiling.py [FAMILY... | compile SHARD SHARDS | ncu NAME...]
 """
 
 import statistics
@@ -15,27 +26,44 @@ import tilelang.language as T
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import tlx  # noqa: E402
-from kernels.quant.common import (  # noqa: E402
-    BULK_PRELUDE, QUANT_PRELUDE, TARGET, THREADS, bulk_store, bulk_wait_read, fence_async, ue8m0_value)
+from kernels.quant.common import QUANT_PRELUDE, TARGET, THREADS, ue8m0_value  # noqa: E402
 from kernels.quant.dequant import e2m1_f16_pair, f16_half, word  # noqa: E402
 
-
-EF_PRELUDE = r"""
-// bulk_store with an L2 evict-first policy (an experiment: written lines need not stay in L2)
-__device__ __forceinline__ void tlx_quant_bulk_store_ef(void* dst, const void* src, unsigned bytes) {
-  unsigned long long pol;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
-  asm volatile("cp.async.bulk.global.shared::cta.bulk_group.L2::cache_hint [%0], [%1], %2, %3;\n\tcp.async.bulk.commit_group;"
-               :: "l"(dst), "r"((unsigned)__cvta_generic_to_shared(src)), "r"(bytes), "l"(pol) : "memory");
+BULK_PRELUDE = r"""
+#ifndef TLX_QUANT_BULK_
+#define TLX_QUANT_BULK_
+// Shared -> global bulk copy by the TMA engine (no tensor map), in the issuing thread's bulk
+// group; the generic-proxy writes of the source must be fenced first (tlx_quant_fence_async).
+__device__ __forceinline__ void tlx_quant_bulk_store(void* dst, const void* src, unsigned bytes) {
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n\tcp.async.bulk.commit_group;"
+               :: "l"(dst), "r"((unsigned)__cvta_generic_to_shared(src)), "r"(bytes) : "memory");
 }
+// Until every bulk store of this thread has read its shared source (the writes may still be in flight).
+__device__ __forceinline__ void tlx_quant_bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }
+__device__ __forceinline__ void tlx_quant_fence_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+#endif
 """
+
+
+def bulk_store(dst, src, n: int | object, elem_bytes: int):
+    """``n`` elements from shared ``src`` (a BufferLoad) to global ``dst`` by one bulk copy."""
+    return T.call_extern("handle", "tlx_quant_bulk_store", T.access_ptr(dst, "w", extent=n),
+                         T.access_ptr(src, "r", extent=n), T.Cast(T.uint32, n * elem_bytes))
+
+
+def bulk_wait_read():
+    return T.call_extern("handle", "tlx_quant_bulk_wait_read")
+
+
+def fence_async():
+    return T.call_extern("handle", "tlx_quant_fence_async")
 
 
 @tlx.jit(target=TARGET)
 def deq4_variant(N: int, store: str, chunks: int, work: bool):
     """dequant MXFP4 -> bf16 as shipped (store "direct"), or through shared memory and one bulk
-    store per CTA ("bulk") or per warp ("warp"); ``work=False``: the same accesses, no decoding
-    (Y as uint32 words: the loaded word three times and word ^ scale)."""
+    store per CTA ("bulk"); ``work=False``: the same accesses, no decoding (Y as uint32 words: the
+    loaded word three times and word ^ scale)."""
     M = T.dynamic("M")
     vec, qn = 8, 4
     cpr = N // vec
@@ -45,12 +73,13 @@ def deq4_variant(N: int, store: str, chunks: int, work: bool):
 
     @T.prim_func
     def kernel(Q: T.Tensor((M, N // 2), T.uint8), S: T.Tensor((M, N // 32), T.uint8), Y: T.Tensor(y_shape, y_dtype)):
-        with T.Kernel(T.ceildiv(M * cpr, THREADS * chunks), threads=THREADS, prelude=QUANT_PRELUDE + BULK_PRELUDE + EF_PRELUDE) as bx:
+        with T.Kernel(T.ceildiv(M * cpr, THREADS * chunks), threads=THREADS, prelude=QUANT_PRELUDE + BULK_PRELUDE) as bx:
             tx = T.get_thread_binding()
             qv = T.alloc_local((chunks * qn,), T.uint8)
             sv = T.alloc_local((chunks,), T.uint8)
             yv = T.alloc_local((yn,), y_dtype)
-            ys = T.alloc_shared((chunks * THREADS * yn,), y_dtype)
+            if store == "bulk":
+                ys = T.alloc_shared((chunks * THREADS * yn,), y_dtype)
             for j in T.unroll(chunks):
                 c = (bx * chunks + j) * THREADS + tx
                 if c < M * cpr:
@@ -71,33 +100,19 @@ def deq4_variant(N: int, store: str, chunks: int, work: bool):
                         for v in T.unroll(3):
                             yv[v] = w
                         yv[3] = w ^ T.Cast(T.uint32, sv[j])
-                    if store == "direct":
-                        for v in T.vectorized(yn):
-                            Y[c // cpr, c % cpr * yn + v] = yv[v]
-                    else:
+                    if store == "bulk":
                         for v in T.vectorized(yn):
                             ys[(j * THREADS + tx) * yn + v] = yv[v]
-            if store in ("bulk", "bulk_ef"):
+                    else:
+                        for v in T.vectorized(yn):
+                            Y[c // cpr, c % cpr * yn + v] = yv[v]
+            if store == "bulk":
                 fence_async()
                 T.sync_threads()
                 if tx == 0:
                     c0 = bx * chunks * THREADS
                     n = T.min(chunks * THREADS, M * cpr - c0) * yn
-                    if store == "bulk":
-                        bulk_store(Y[c0 // cpr, c0 % cpr * yn], ys[0], n, eb)
-                    else:
-                        T.call_extern("handle", "tlx_quant_bulk_store_ef", T.access_ptr(Y[c0 // cpr, c0 % cpr * yn], "w", extent=n),
-                                      T.access_ptr(ys[0], "r", extent=n), T.Cast(T.uint32, n * eb))
-                    bulk_wait_read()
-            elif store == "warp":
-                fence_async()
-                T.call_extern("handle", "__syncwarp")
-                if tx % 32 == 0:
-                    for j in T.unroll(chunks):
-                        c0 = (bx * chunks + j) * THREADS + tx
-                        if c0 < M * cpr:
-                            n = T.min(32, M * cpr - c0) * yn
-                            bulk_store(Y[c0 // cpr, c0 % cpr * yn], ys[(j * THREADS + tx) * yn], n, eb)
+                    bulk_store(Y[c0 // cpr, c0 % cpr * yn], ys[0], n, eb)
                     bulk_wait_read()
 
     return kernel
@@ -308,10 +323,11 @@ def channel_variant(H: int, store: str, work: bool):
 
 
 @tlx.jit(target=TARGET)
-def block_variant(K: int, store: str):
+def block_variant(K: int, store: str, work: bool = True):
     """FP4 -> FP8 re-blocking into 128x128 tiles (K a multiple of 256, 512 threads) as shipped
     ("direct"), or the CTA's 128 x 256-byte output staged in shared memory and stored by one
-    256-byte bulk copy per row ("bulk")."""
+    256-byte bulk copy per row ("bulk"); ``work=False``: the same loads, barrier and stores, the
+    loaded words copied out as in ``reblock_variant`` (scales 1)."""
     from kernels.quant.common import e2m1_block_code, e2m1_block_key, e2m1_class, e2m1_e4m3_table, e2m1_e4m3_word
 
     N = T.dynamic("N")
@@ -367,12 +383,19 @@ def block_variant(K: int, store: str):
             code = e2m1_block_code(key)
             if by < nt:
                 if tx < lpr and j % 8 == 0:
-                    S[by, bx * 2 + j // 8] = ue8m0_value(code)
+                    S[by, bx * 2 + j // 8] = ue8m0_value(code) if work else T.float32(1.0)
                 for i in T.unroll(rpt):
-                    e2m1_e4m3_table(tab, xw, 2 * i, T.Cast(u, cv[i]), code)
-                    for k in T.unroll(2):
-                        qw[2 * k] = e2m1_e4m3_word(xw[2 * i + k], tab, 0)
-                        qw[2 * k + 1] = e2m1_e4m3_word(xw[2 * i + k], tab, 1)
+                    if work:
+                        e2m1_e4m3_table(tab, xw, 2 * i, T.Cast(u, cv[i]), code)
+                        for k in T.unroll(2):
+                            qw[2 * k] = e2m1_e4m3_word(xw[2 * i + k], tab, 0)
+                            qw[2 * k + 1] = e2m1_e4m3_word(xw[2 * i + k], tab, 1)
+                    else:
+                        c1 = T.min(T.Cast(u, cv[i]) + u(1), u(254))
+                        qw[0] = xw[2 * i]
+                        qw[1] = xw[2 * i + 1]
+                        qw[2] = xw[2 * i] ^ c1
+                        qw[3] = xw[2 * i + 1]
                     if store == "direct":
                         for v in T.vectorized(4):
                             Qw[r0 + passes * i, bx * (width // 4) + 4 * j + v] = qw[v]
@@ -388,6 +411,38 @@ def block_variant(K: int, store: str):
 
     return kernel
 
+
+@tlx.jit(target=TARGET)
+def ratio_standin(n_in: int, n_out: int):
+    """The ideal access pattern of a kernel reading ``n_in`` and writing ``n_out`` 16-byte pieces
+    per lane (one of them 1): every warp access 512 contiguous bytes, pieces a CTA stride apart,
+    all loads first; the output is the loaded words (xor the piece index). X ``[P * n_in]`` and Y
+    ``[P * n_out]`` uint4 pieces as uint32 ``[P * n, 4]``."""
+    P = T.dynamic("P")  # lanes of work
+    u = T.uint32
+
+    @T.prim_func
+    def kernel(X: T.Tensor((P * n_in, 4), u), Y: T.Tensor((P * n_out, 4), u)):
+        with T.Kernel(T.ceildiv(P, THREADS), threads=THREADS) as bx:
+            tx = T.get_thread_binding()
+            xv = T.alloc_local((4 * n_in,), u)
+            yv = T.alloc_local((4,), u)
+            if bx * THREADS + tx < P:
+                for i in T.unroll(n_in):
+                    for v in T.vectorized(4):
+                        xv[4 * i + v] = X[(bx * n_in + i) * THREADS + tx, v]
+                for o in T.unroll(n_out):
+                    for v in T.unroll(4):
+                        yv[v] = xv[(4 * o + v) % (4 * n_in)] ^ u(o)
+                    if n_in > n_out:
+                        for v in T.unroll(4):
+                            yv[v] = yv[v] ^ xv[4 + v]
+                    for v in T.vectorized(4):
+                        Y[(bx * n_out + o) * THREADS + tx, v] = yv[v]
+
+    return kernel
+
+
 # --- measurement ------------------------------------------------------------------------------
 
 from bench.timing import median_ms  # noqa: E402
@@ -399,8 +454,8 @@ from kernels.quant.group_cast import group_cast_kernel, mxfp4_cast  # noqa: E402
 
 TT, HH = 16384, 7168
 E4M3 = torch.float8_e4m3fn
-DEQ = [("deq4 direct c2", "direct", 2), ("deq4 bulk c2", "bulk", 2), ("deq4 bulk c4", "bulk", 4),
-       ("deq4 bulk c8", "bulk", 8), ("deq4 warp c2", "warp", 2), ("deq4 bulk_ef c4", "bulk_ef", 4)]
+DEQ = [("deq4 direct c2", "direct", 2), ("deq4 bulk c2", "bulk", 2)]
+RATIOS = {"deq4": (1, 4), "reblock": (1, 2), "block": (1, 2), "channel": (2, 1)}  # 16-byte pieces in / out per lane
 STORES = ("direct", "bulk")
 
 
@@ -419,6 +474,9 @@ def kernels(shard=0, shards=1):
         ks[f"channel {store}"] = lambda s=store: channel_variant(HH, s, True)
         ks[f"channel standin {store}"] = lambda s=store: channel_variant(HH, s, False)
         ks[f"block {store}"] = lambda s=store: block_variant(HH, s)
+    ks["block standin direct"] = lambda: block_variant(HH, "direct", False)
+    for n_in, n_out in sorted(set(RATIOS.values())):
+        ks[f"ideal {n_in}:{n_out}"] = lambda a=n_in, b=n_out: ratio_standin(a, b)
     return {n: f() for i, (n, f) in enumerate(ks.items()) if i % shards == shard}
 
 
@@ -450,6 +508,28 @@ def add(cands, name, fns, check):
     cands[name] = fns
 
 
+SIZES = {}  # bytes a candidate moves when not its family's
+
+
+def extras(cands, ks, family, moved, out_bytes):
+    """The ideal stand-in of the family's read:write ratio, moving about the same bytes, and a
+    write-only fill of its output bytes."""
+    n_in, n_out = RATIOS[family]
+    p = moved // (16 * (n_in + n_out)) // THREADS * THREADS
+    g = torch.Generator(device="cuda").manual_seed(7)
+    xs = [torch.randint(-2**31, 2**31 - 1, (p * n_in, 4), dtype=torch.int32, device="cuda", generator=g) for _ in range(3)]
+    ys = [torch.empty((p * n_out, 4), dtype=torch.int32, device="cuda") for _ in range(3)]
+    x = xs[0].view(-1, n_in, THREADS, 4)
+    exp = torch.stack([x[:, 0] ^ o for o in range(n_out)], 1) if n_in == 1 else (x[:, 0] ^ x[:, 1]).unsqueeze(1)
+    name = f"{family} ideal {n_in}:{n_out} standin"
+    fns = [lambda k=ks[f"ideal {n_in}:{n_out}"], a=a.view(torch.uint32), b=b.view(torch.uint32): k(a, b) for a, b in zip(xs, ys)]
+    add(cands, name, fns, lambda: eq(ys[0], exp.reshape(-1, 4), name))
+    SIZES[name] = p * 16 * (n_in + n_out)
+    bufs = [torch.empty(out_bytes, dtype=torch.uint8, device="cuda") for _ in range(3)]
+    cands[f"{family} write-only fill"] = [lambda b=b: b.fill_(0x5A) for b in bufs]
+    SIZES[f"{family} write-only fill"] = out_bytes
+
+
 def copy_fns(moved, seed=1):
     g = torch.Generator(device="cuda").manual_seed(seed)
     bufs = [(torch.randint(1, 256, (moved // 2,), dtype=torch.uint8, device="cuda", generator=g),
@@ -457,24 +537,29 @@ def copy_fns(moved, seed=1):
     return [lambda s=s, d=d: d.copy_(s) for s, d in bufs]
 
 
-def family_deq4(ks):
-    cands, moved = {}, None
-    inputs = [mxfp4_cast(randn((TT, HH), seed)) for seed in range(3)]
+def family_deq4(ks, tt=TT):
+    """At ``tt`` tokens; above TT only the shipped kernel, its stand-in and a copy (the scaling
+    from TT to 2 TT separates a launch's fixed cost from the steady rate)."""
+    cands, moved, full = {}, None, tt == TT
+    tag = "" if full else f" T={tt}"
+    inputs = [mxfp4_cast(randn((tt, HH), seed)) for seed in range(3)]
     ref = R.dequant_e2m1(*inputs[0])
-    for name in ["deq4 shipped"] + [d[0] for d in DEQ]:
-        ys = [torch.empty((TT, HH), dtype=torch.bfloat16, device="cuda") for _ in range(3)]
+    for name in ["deq4 shipped"] + ([d[0] for d in DEQ] if full else []):
+        ys = [torch.empty((tt, HH), dtype=torch.bfloat16, device="cuda") for _ in range(3)]
         fns = [lambda k=ks[name], p=p, c=c, y=y: k(p, c, y) for (p, c), y in zip(inputs, ys)]
-        add(cands, name, fns, lambda y=ys[0], n=name: eq(y, ref, n))
+        add(cands, name + tag, fns, lambda y=ys[0], n=name: eq(y, ref, n))
         moved = nbytes(*inputs[0], ys[0])
     p, c = inputs[0]
     w = p.view(torch.int32)
     s = c.to(torch.int32).repeat_interleave(4, dim=1)
-    exp = torch.stack([w, w, w, w ^ s], dim=2).view(TT, HH // 2)
-    for name in [d[0].replace("deq4", "deq4 standin") for d in DEQ]:
-        ys = [torch.empty((TT, HH // 2), dtype=torch.uint32, device="cuda") for _ in range(3)]
+    exp = torch.stack([w, w, w, w ^ s], dim=2).view(tt, HH // 2)
+    for name in [d[0].replace("deq4", "deq4 standin") for d in (DEQ if full else DEQ[:1])]:
+        ys = [torch.empty((tt, HH // 2), dtype=torch.uint32, device="cuda") for _ in range(3)]
         fns = [lambda k=ks[name], p=p, c=c, y=y: k(p, c, y) for (p, c), y in zip(inputs, ys)]
-        add(cands, name, fns, lambda y=ys[0], n=name: eq(y, exp, n))
-    cands["deq4 same-size copy"] = copy_fns(moved)
+        add(cands, name + tag, fns, lambda y=ys[0], n=name: eq(y, exp, n))
+    if full:
+        extras(cands, ks, "deq4", moved, tt * HH * 2)
+    cands["deq4 same-size copy" + tag] = copy_fns(moved)
     return cands, moved
 
 
@@ -497,6 +582,7 @@ def family_reblock(ks):
         outs = [(torch.empty((TT, HH), dtype=E4M3, device="cuda"), torch.empty((TT, HH // 128), device="cuda")) for _ in range(3)]
         fns = [lambda k=ks[name], p=p, c=c, o=o: k(p, c, *o) for (p, c), o in zip(inputs, outs)]
         add(cands, name, fns, lambda o=outs[0], n=name: (eq(o[0], eqq, n + " Q"), eq(o[1], eqs, n + " S")))
+    extras(cands, ks, "reblock", moved, TT * HH + TT * HH // 128 * 4)
     cands["reblock same-size copy"] = copy_fns(moved)
     return cands, moved
 
@@ -510,23 +596,36 @@ def family_block(ks):
         fns = [lambda k=ks[name], p=p, c=c, o=o: k(p, c, *o) for (p, c), o in zip(inputs, outs)]
         add(cands, name, fns, lambda o=outs[0], n=name: (eq(o[0], rq, n + " Q"), eq(o[1], rs, n + " S")))
         moved = nbytes(*inputs[0], *outs[0])
+    p, c = inputs[0]
+    x = p.view(torch.int32).view(TT, HH // 16, 2)
+    ch = torch.clamp(c.to(torch.int32) + 1, max=254).repeat_interleave(2, dim=1)
+    eqq = torch.stack([x[..., 0], x[..., 1], x[..., 0] ^ ch, x[..., 1]], dim=2).view(TT, HH // 4)
+    outs = [(torch.empty((TT, HH), dtype=E4M3, device="cuda"), torch.empty((TT // 128, HH // 128), device="cuda")) for _ in range(3)]
+    fns = [lambda k=ks["block standin direct"], p=p, c=c, o=o: k(p, c, *o) for (p, c), o in zip(inputs, outs)]
+    add(cands, "block standin direct", fns, lambda: (eq(outs[0][0], eqq, "block standin Q"), eq(outs[0][1], torch.ones_like(rs), "block standin S")))
+    extras(cands, ks, "block", moved, TT * HH + TT * HH // 128 // 128 * 4)
     cands["block same-size copy"] = copy_fns(moved)
     return cands, moved
 
 
-def family_channel(ks):
-    cands, moved = {}, None
-    xs = [randn((TT, HH), seed) for seed in range(3)]
+def family_channel(ks, tt=TT):
+    """As :func:`family_deq4`, at ``tt`` tokens."""
+    cands, moved, full = {}, None, tt == TT
+    tag = "" if full else f" T={tt}"
+    xs = [randn((tt, HH), seed) for seed in range(3)]
     rq, rs = R.per_channel_cast_transpose(xs[0])
     standin_q = (xs[0].view(torch.int16) & 0xFF).to(torch.uint8).t()
-    for name in ["channel shipped"] + [f"channel {s}" for s in STORES] + [f"channel standin {s}" for s in STORES]:
-        outs = [(torch.empty((HH, TT), dtype=E4M3, device="cuda"), torch.empty((HH, TT // 128), device="cuda")) for _ in range(3)]
-        args = [(x.view(TT // 16, 16, HH), o[0].view(HH, TT // 16, 16), o[1]) for x, o in zip(xs, outs)]
+    names = ["channel shipped"] + [f"channel {s}" for s in STORES] + [f"channel standin {s}" for s in STORES]
+    for name in (names if full else ["channel shipped", "channel standin direct"]):
+        outs = [(torch.empty((HH, tt), dtype=E4M3, device="cuda"), torch.empty((HH, tt // 128), device="cuda")) for _ in range(3)]
+        args = [(x.view(tt // 16, 16, HH), o[0].view(HH, tt // 16, 16), o[1]) for x, o in zip(xs, outs)]
         fns = [lambda k=ks[name], a=a: k(*a) for a in args]
         eq_q, eq_s = (standin_q, torch.ones_like(rs)) if "standin" in name else (rq, rs)
-        add(cands, name, fns, lambda o=outs[0], n=name, q=eq_q, sc=eq_s: (eq(o[0], q, n + " Q"), eq(o[1], sc, n + " S")))
+        add(cands, name + tag, fns, lambda o=outs[0], n=name, q=eq_q, sc=eq_s: (eq(o[0], q, n + " Q"), eq(o[1], sc, n + " S")))
         moved = nbytes(xs[0], *outs[0])
-    cands["channel same-size copy"] = copy_fns(moved)
+    if full:
+        extras(cands, ks, "channel", moved, tt * HH + tt * HH // 128 * 4)
+    cands["channel same-size copy" + tag] = copy_fns(moved)
     return cands, moved
 
 
@@ -545,7 +644,8 @@ def main():
             torch.cuda.nvtx.range_pop()
         torch.cuda.synchronize()
         return
-    families = {"deq4": family_deq4, "reblock": family_reblock, "block": family_block, "channel": family_channel}
+    families = {"deq4": family_deq4, "reblock": family_reblock, "block": family_block, "channel": family_channel,
+                "deq4x2": lambda ks: family_deq4(ks, 2 * TT), "channelx2": lambda ks: family_channel(ks, 2 * TT)}
     reps, passes = 50, 5
     src = torch.randn(1 << 29, device="cuda")
     dst = torch.empty_like(src)
@@ -553,20 +653,20 @@ def main():
     copy_gbps = 2 * nbytes(src) / copy_ms / 1e6
     del src, dst
     print(f"copy 2 GiB: {copy_ms * 1e3:.1f} us, {copy_gbps:.0f} GB/s", flush=True)
-    for family in [families[f] for f in (sys.argv[1:] or families)]:
+    for fname in sys.argv[1:] or families:
         try:
-            cands, moved = family(ks)
+            cands, moved = families[fname](ks)
         except Exception as err:
-            print(f"{family.__name__}: FAILED {type(err).__name__}: {err}", flush=True)
+            print(f"{fname}: FAILED {type(err).__name__}: {err}", flush=True)
             continue
         times = {n: [] for n in cands}
         for _ in range(passes):  # candidates in turn, so each meets the same clocks
             for n, fns in cands.items():
                 times[n].append(median_ms(fns, reps))
-        print(f"{family.__name__}: {moved / 1e6:.1f} MB moved (every timed kernel bitwise ok)")
+        print(f"{fname}: {moved / 1e6:.1f} MB moved (every timed kernel bitwise ok)")
         for n, t in times.items():
-            ms = statistics.median(t)
-            print(f"  {n:28s} {ms * 1e3:6.1f} us  {moved / ms / 1e6:5.0f} GB/s  {100 * moved / ms / 1e6 / copy_gbps:5.1f}% of copy"
+            ms, b = statistics.median(t), SIZES.get(n, moved)
+            print(f"  {n:30s} {ms * 1e3:6.1f} us  {b / 1e6:6.1f} MB  {b / ms / 1e6:5.0f} GB/s  {100 * b / ms / 1e6 / copy_gbps:5.1f}% of copy"
                   f"  (passes {min(t) * 1e3:.1f}-{max(t) * 1e3:.1f})", flush=True)
 
 

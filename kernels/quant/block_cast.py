@@ -21,8 +21,8 @@ import tilelang.language as T
 
 import tlx
 from kernels.quant.common import (
-    BULK_PRELUDE, QUANT_PRELUDE, TARGET, TORCH_DTYPES, bulk_store, bulk_wait_read, check_2d, check_cuda, e2m1_block_code,
-    e2m1_block_key, e2m1_class, e2m1_e4m3_table, e2m1_e4m3_word, fence_async, group_scale, ue8m0_value,
+    QUANT_PRELUDE, TARGET, TORCH_DTYPES, check_2d, check_cuda, e2m1_block_code, e2m1_block_key, e2m1_class,
+    e2m1_e4m3_table, e2m1_e4m3_word, group_scale, ue8m0_value,
 )
 from kernels.quant.reference import E4M3_CLAMP, E4M3_MAX
 
@@ -116,10 +116,9 @@ def block_cast_kernel(K: int, block: int, in_dtype: str, pow2: bool = False):
         @T.prim_func
         def kernel(X: T.Tensor((N, K // 2), T.uint8), C: T.Tensor((N, K // 32), T.uint8),
                    Q: T.Tensor((N, K), T.float8_e4m3fn), S: T.Tensor((N // block, K // block), T.float32)):
-            with T.Kernel(K // width, T.ceildiv(N, E2M1_ROWS), threads=threads, prelude=QUANT_PRELUDE + BULK_PRELUDE) as (bx, by):
+            with T.Kernel(K // width, T.ceildiv(N, E2M1_ROWS), threads=threads, prelude=QUANT_PRELUDE) as (bx, by):
                 tx = T.get_thread_binding()
                 red = T.alloc_shared((nrt, nct, threads // 32), u)
-                qs = T.alloc_shared((E2M1_ROWS, width // 4), u)  # the CTA's output: one bulk store per row
                 xw = T.alloc_local((2 * rpt,), u)
                 cv = T.alloc_local((rpt,), T.uint8)
                 tab = T.alloc_local((2,), u)
@@ -167,12 +166,7 @@ def block_cast_kernel(K: int, block: int, in_dtype: str, pow2: bool = False):
                                 qw[2 * k] = e2m1_e4m3_word(xw[2 * (t * ipt + i) + k], tab, 0)
                                 qw[2 * k + 1] = e2m1_e4m3_word(xw[2 * (t * ipt + i) + k], tab, 1)
                             for v in T.vectorized(4):
-                                qs[tx // lpr + passes * (t * ipt + i), 4 * j + v] = qw[v]
-                fence_async()
-                T.sync_threads()
-                if tx < E2M1_ROWS and by * E2M1_ROWS + tx < N:
-                    bulk_store(Qw[by * E2M1_ROWS + tx, bx * (width // 4)], qs[tx, 0], width // 4, 4)
-                    bulk_wait_read()
+                                Qw[r0 + passes * (t * ipt + i), bx * (width // 4) + 4 * j + v] = qw[v]
 
         return kernel
 

@@ -28,9 +28,7 @@ import tilelang.language as T
 
 import tlx
 from kernels.quant.block_cast import PRELUDE, put_e4m3x4
-from kernels.quant.common import (
-    BULK_PRELUDE, TARGET, TORCH_DTYPES, bulk_store, bulk_wait_read, check_2d, check_cuda, fence_async, group_scale,
-)
+from kernels.quant.common import TARGET, TORCH_DTYPES, check_2d, check_cuda, group_scale
 
 TOKENS = 128
 GROUP = 16  # tokens per thread: one 16-byte e4m3 piece of a channel row
@@ -55,6 +53,7 @@ def channel_cast_kernel(H: int, in_dtype: str, pow2: bool = False):
     row_lanes = CH // lane  # threads per token row in the load phase
     passes = TOKENS * row_lanes // CTA_THREADS
     groups = TOKENS // GROUP  # 8 = warps: warp w reads token group w
+    pieces = CH * groups // CTA_THREADS  # 16-byte output pieces per thread in the staged store
     n_sc = CH * NB  # scales per CTA
 
     def widen(x, at):
@@ -68,13 +67,13 @@ def channel_cast_kernel(H: int, in_dtype: str, pow2: bool = False):
     @T.prim_func
     def kernel(X: T.Tensor((T16, 16, H), in_dtype), Q: T.Tensor((H, T16, 16), T.float8_e4m3fn),
                S: T.Tensor((H, T.ceildiv(T16, TOKENS // 16)), T.float32)):
-        with T.Kernel(H // CH, T.ceildiv(Tn, TOKENS * NB), threads=CTA_THREADS, prelude=PRELUDE + BULK_PRELUDE) as (bx, by):
+        with T.Kernel(H // CH, T.ceildiv(Tn, TOKENS * NB), threads=CTA_THREADS, prelude=PRELUDE) as (bx, by):
             if min_blocks:
                 T.annotate_min_blocks_per_sm(min_blocks)
             tx = T.get_thread_binding()
             tile = T.alloc_shared((NB, TOKENS, CH), in_dtype)  # one tile per block
             red = T.alloc_shared((groups, CH), T.float32)
-            out = T.alloc_shared((CH, NB * TOKENS + GROUP), T.float8_e4m3fn)  # rows padded by one piece
+            out = T.alloc_shared((CH, TOKENS + GROUP), T.float8_e4m3fn)  # rows padded by one piece
             sc = T.alloc_shared((n_sc,), T.float32)  # [channel, block]
             xp = T.alloc_local((GROUP * 2,), in_dtype)
             xf = T.alloc_local((2 * GROUP,), T.float32)
@@ -97,6 +96,7 @@ def channel_cast_kernel(H: int, in_dtype: str, pow2: bool = False):
                             tile[k, r, tx % row_lanes * lane + v] = T.Cast(in_dtype, 0)
                 T.ptx_commit_group()
             for k in T.unroll(NB):
+                t0 = (by * NB + k) * TOKENS
                 if k + 1 < NB:  # block k's group is done when at most one is pending (an immediate count)
                     T.ptx_wait_group(1)
                 else:
@@ -130,14 +130,16 @@ def channel_cast_kernel(H: int, in_dtype: str, pow2: bool = False):
                 for v in T.unroll(2):
                     for j in T.unroll(GROUP // 4):
                         put_e4m3x4(qv, 4 * j, *[xf[v * GROUP + 4 * j + e] * inv[v] for e in range(4)])
-                    # a quarter-warp's stores (rows 2 apart, pitch 17 pieces) share a bank group pairwise at most
+                    # a quarter-warp's stores (rows 2 apart, pitch 9 pieces) share a bank group pairwise at most
                     for j in T.vectorized(GROUP):
-                        out[cp * 2 + v, k * TOKENS + g * GROUP + j] = qv[j]
-            fence_async()
-            T.sync_threads()
-            if tx < CH:  # a channel's row of the CTA's tokens: one bulk store
-                bulk_store(Q[h0 + tx, by * NB * TOKENS // 16, 0], out[tx, 0], T.min(NB * TOKENS // 16, T16 - by * NB * TOKENS // 16) * 16, 1)
-                bulk_wait_read()
+                        out[cp * 2 + v, g * GROUP + j] = qv[j]
+                T.sync_threads()
+                for i in T.unroll(pieces):
+                    ch = tx // groups + CTA_THREADS // groups * i
+                    p = tx % groups
+                    if t0 + p * GROUP < Tn:
+                        for j in T.vectorized(GROUP):
+                            Q[h0 + ch, t0 // 16 + p, j] = out[ch, p * GROUP + j]
             # the scales leave together: a warp writes 32 / NB channels' NB adjacent scales
             for i in T.unroll(-(-n_sc // CTA_THREADS)):
                 e = tx + CTA_THREADS * i

@@ -307,33 +307,3 @@ def e2m1_e4m3_word(w, tab, hi: int):
     w4 = T.call_extern("uint32", "__funnelshift_l", u(0), w, 4)  # w << 4
     signs = T.call_extern("uint32", "__byte_perm", w4, w, u(0xFBEA if hi else 0xD9C8))
     return T.call_extern("uint32", "__byte_perm", tab[0], tab[1], mag) | (signs & u(0x80808080))
-
-
-BULK_PRELUDE = r"""
-#ifndef TLX_QUANT_BULK_
-#define TLX_QUANT_BULK_
-// Shared -> global bulk copy by the TMA engine (no tensor map), in the issuing thread's bulk
-// group; the generic-proxy writes of the source must be fenced first (tlx_quant_fence_async).
-__device__ __forceinline__ void tlx_quant_bulk_store(void* dst, const void* src, unsigned bytes) {
-  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n\tcp.async.bulk.commit_group;"
-               :: "l"(dst), "r"((unsigned)__cvta_generic_to_shared(src)), "r"(bytes) : "memory");
-}
-// Until every bulk store of this thread has read its shared source (the writes may still be in flight).
-__device__ __forceinline__ void tlx_quant_bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }
-__device__ __forceinline__ void tlx_quant_fence_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
-#endif
-"""
-
-
-def bulk_store(dst, src, n: int | object, elem_bytes: int):
-    """``n`` elements from shared ``src`` (a BufferLoad) to global ``dst`` by one bulk copy."""
-    return T.call_extern("handle", "tlx_quant_bulk_store", T.access_ptr(dst, "w", extent=n),
-                         T.access_ptr(src, "r", extent=n), T.Cast(T.uint32, n * elem_bytes))
-
-
-def bulk_wait_read():
-    return T.call_extern("handle", "tlx_quant_bulk_wait_read")
-
-
-def fence_async():
-    return T.call_extern("handle", "tlx_quant_fence_async")

@@ -20,9 +20,7 @@ import torch
 import tilelang.language as T
 
 import tlx
-from kernels.quant.common import (
-    BULK_PRELUDE, TARGET, THREADS, TORCH_DTYPES, bulk_store, bulk_wait_read, check_2d, check_cuda, fence_async, ue8m0_value,
-)
+from kernels.quant.common import TARGET, THREADS, TORCH_DTYPES, check_2d, check_cuda, ue8m0_value
 
 OUT_DTYPES = {torch.bfloat16: "bfloat16", torch.float32: "float32"}
 CHUNKS = 2
@@ -69,7 +67,6 @@ def dequant_kernel(N: int, in_fmt: str, block_rows: int, block_cols: int, out_dt
     chunks = CHUNKS
     vec = 8 if in_fmt == "e2m1" or out_dtype == "bfloat16" else 4  # elements per piece
     cpr = N // vec
-    bulk = in_fmt == "e2m1"  # the CTA's pieces leave from shared memory in one bulk store
     if in_fmt == "e2m1":
         q_shape, q_dtype, s_shape, s_dtype = (M, N // 2), T.uint8, (M, N // 32), T.uint8
         qn = vec // 2
@@ -80,13 +77,11 @@ def dequant_kernel(N: int, in_fmt: str, block_rows: int, block_cols: int, out_dt
 
     @T.prim_func
     def kernel(Q: T.Tensor(q_shape, q_dtype), S: T.Tensor(s_shape, s_dtype), Y: T.Tensor((M, N), out_dtype)):
-        with T.Kernel(T.ceildiv(M * cpr, THREADS * chunks), threads=THREADS, prelude=BULK_PRELUDE if bulk else None) as bx:
+        with T.Kernel(T.ceildiv(M * cpr, THREADS * chunks), threads=THREADS) as bx:
             tx = T.get_thread_binding()
             qv = T.alloc_local((chunks * qn,), q_dtype)
             sv = T.alloc_local((chunks,), s_dtype)
             yv = T.alloc_local((vec,), out_dtype)
-            if bulk:
-                ys = T.alloc_shared((chunks * THREADS * vec,), out_dtype)
             for j in T.unroll(chunks):
                 c = (bx * chunks + j) * THREADS + tx
                 if c < M * cpr:
@@ -109,21 +104,8 @@ def dequant_kernel(N: int, in_fmt: str, block_rows: int, block_cols: int, out_dt
                     else:
                         for v in T.unroll(vec):
                             yv[v] = T.Cast(out_dtype, T.Cast(T.float32, qv[j * qn + v]) * sv[j])
-                    if bulk:
-                        for v in T.vectorized(vec):
-                            ys[(j * THREADS + tx) * vec + v] = yv[v]
-                    else:
-                        for v in T.vectorized(vec):
-                            Y[c // cpr, c % cpr * vec + v] = yv[v]
-            if bulk:
-                fence_async()
-                T.sync_threads()
-                if tx == 0:
-                    c0 = bx * chunks * THREADS
-                    # the CTA's pieces below M * cpr, counted in 64 bits (M * cpr may not fit 32)
-                    n = T.Cast("int32", T.min(T.int64(chunks * THREADS), T.Cast("int64", M) * cpr - c0)) * vec
-                    bulk_store(Y[c0 // cpr, c0 % cpr * vec], ys[0], n, 2 if out_dtype == "bfloat16" else 4)
-                    bulk_wait_read()
+                    for v in T.vectorized(vec):
+                        Y[c // cpr, c % cpr * vec + v] = yv[v]
 
     return kernel
 

@@ -29,10 +29,9 @@ import tilelang.language as T
 import tlx
 from tlx.numerics import determinism
 from kernels.quant.common import (
-    BULK_PRELUDE, EPT, QUANT_PRELUDE, TARGET, TORCH_DTYPES, bf16_word_half, bf16x2, bulk_store, bulk_wait_read,
-    cast_e4m3x4, check_2d, check_cuda, e2m1_block_code, e2m1_block_key, e2m1_byte, e2m1_class, e2m1_e4m3_table,
-    e2m1_e4m3_word, e2m1_nibble, e2m1_pair_bf16, fence_async, group_scale, pack_nibble, pow2_scale, sign_bytes,
-    ue8m0_value,
+    EPT, QUANT_PRELUDE, TARGET, TORCH_DTYPES, bf16_word_half, bf16x2, cast_e4m3x4, check_2d, check_cuda,
+    e2m1_block_code, e2m1_block_key, e2m1_byte, e2m1_class, e2m1_e4m3_table, e2m1_e4m3_word, e2m1_nibble,
+    e2m1_pair_bf16, group_scale, pack_nibble, pow2_scale, sign_bytes, ue8m0_value,
 )
 from kernels.quant.reference import SCALE_FORMATS, tma_aligned
 
@@ -270,7 +269,7 @@ def group_cast_kernel(H: int, group: int, in_mode: str, in_dtype: str, out_fmt: 
         @T.prim_func
         def kernel(X: T.Tensor((Tn, x_cols), T.uint8), C: T.Tensor((Tn, H // 32), T.uint8),
                    Q: T.Tensor(q_shape, q_dtype), S: T.Tensor(s_shape, s_dtype)):
-            with T.Kernel(Tn, nbh, threads=htc, prelude=QUANT_PRELUDE + BULK_PRELUDE) as (row, by):
+            with T.Kernel(Tn, nbh, threads=htc, prelude=QUANT_PRELUDE) as (row, by):
                 tx = T.get_thread_binding()
                 xw = T.alloc_local((2 * halves,), u32)
                 cv = T.alloc_local((halves,), T.uint8)
@@ -278,7 +277,6 @@ def group_cast_kernel(H: int, group: int, in_mode: str, in_dtype: str, out_fmt: 
                 qw = T.alloc_local((4,), u32)
                 Xw = T.view(X, (Tn, H // 8), u32)
                 Qw = T.view(Q, (Tn, H // 4), u32)
-                qs = T.alloc_shared((halves * htc * 4,), u32)  # the CTA's output, one bulk store
                 for j in T.unroll(halves):  # every load first
                     h = (by * halves + j) * htc + tx
                     if h < hpr:
@@ -305,16 +303,9 @@ def group_cast_kernel(H: int, group: int, in_mode: str, in_dtype: str, out_fmt: 
                         qw[2 * k + 1] = e2m1_e4m3_word(xw[2 * j + k], tab, 1)
                     if h < hpr:
                         for v in T.vectorized(4):
-                            qs[(j * htc + tx) * 4 + v] = qw[v]
+                            Qw[row, h * 4 + v] = qw[v]
                         if h % lanes == 0:  # the group's first lane: store_scale's own test holds for chunk 0
                             store_scale(S, ue8m0_value(code), code, 0, row, h // lanes * group)
-                fence_async()
-                T.sync_threads()
-                if tx == 0:
-                    h0 = by * halves * htc
-                    n = T.min(halves * htc, hpr - h0) * 4
-                    bulk_store(Qw[row, h0 * 4], qs[0], n, 4)
-                    bulk_wait_read()
 
         return kernel
 
