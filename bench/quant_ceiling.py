@@ -13,6 +13,11 @@ H200, s5 round 1 (copy 4276 GB/s), % of copy, session-4 kernel / with bulk store
 same-size copy: dequant 89.7 / 89.8-89.9 / 89.6 (with bulk stores 71.7) / 93.7; 1x128 86.7 /
 85.9-86.1 / 87.2 / 92.1; 128x128 85.5 / 74.9 / - / 86.2; transposing cast 88.4 / 88.4-88.5 / 88.6
 (bulk 89.2) / 95.2. Bulk stores win nothing; each kernel is within 1% of its no-work stand-in.
+Round 2 (copy 4251 GB/s), kernel / stand-in / ideal pattern of its ratio / write-only fill: dequant
+88.9 / 89.0 / 87.8 (1:4) / 75.8; 1x128 85.7 / 86.2 / 88.6 (1:2) / 72.1; 128x128 85.0 / 85.3 / 88.1 /
+72.1; transposing cast 89.5 / 89.3 / 97.8 (2:1) / 71.9. Writes run at ~72-76% of the copy rate, so
+at this size even the ideal pattern of a write-heavy ratio stays below 90%; the transposing cast
+(read-heavy) loses ~8% to its transposed accesses. At T = 32768: dequant 91.8, transposing 91.7.
 Usage: python bench/quant_ceiling.py [FAMILY... | compile SHARD SHARDS | ncu NAME...]
 """
 
