@@ -5,8 +5,7 @@
 // 128-byte-swizzled shared memory, in the same K order: per 128-wide K block, four k32 steps
 // into a zeroed fp32 accumulator, then total = fma(block, sa[row, kb] * sb[e, n / 128, kb],
 // total), K blocks ascending, one rounding to bf16. One warpgroup computes one 64 x 64 output
-// tile; the tiles are filled with plain loads (no TMA, no pipelining). Contiguous layout: padding
-// rows (entry_of_row -1) are written as 0, as the TileLang kernel does.
+// tile; the tiles are filled with plain loads (no TMA, no pipelining).
 #include <cuda_bf16.h>
 
 #include "common.cuh"
@@ -52,12 +51,11 @@ __device__ __forceinline__ void wgmma_m64n64k32(float (&d)[32], uint64_t da, uin
       : "l"(da), "l"(db), "r"(1));  // scale-d = 1: accumulate onto the zeroed registers
 }
 
-// One 64 x 64 tile: rows a_row0.. of A (row stride k bytes), columns n0.. of expert e; rows whose
-// entry_of_row is negative are written as 0 (no entry_of_row: every row is computed). Rows index
-// A, the scales, entry_of_row and C (row stride n) alike.
+// One 64 x 64 tile: rows a_row0.. of A (row stride k bytes), columns n0.. of expert e.
+// out_row0 indexes C (row stride n). Rows/scales are in the caller's layout.
 __device__ void tile(const uint8_t* __restrict__ a, const float* __restrict__ sa, const uint8_t* __restrict__ b,
-                     const float* __restrict__ sb, const int* __restrict__ entry_of_row, int64_t a_row0, int e,
-                     int n0, int n, int k, __nv_bfloat16* __restrict__ c) {
+                     const float* __restrict__ sb, int64_t a_row0, int e, int n0, int n, int k,
+                     __nv_bfloat16* __restrict__ c) {
   __shared__ __align__(1024) uint8_t a_s[kTile * kBlockK];
   __shared__ __align__(1024) uint8_t b_s[kTile * kBlockK];
   __shared__ float scale_s[kTile];
@@ -92,19 +90,17 @@ __device__ void tile(const uint8_t* __restrict__ a, const float* __restrict__ sa
   for (int r = 0; r < 32; ++r) {
     int row = warp * 16 + lane / 4 + 8 * ((r / 2) % 2);
     int col = (r / 4) * 8 + (lane % 4) * 2 + (r % 2);
-    bool padding = entry_of_row != nullptr && entry_of_row[a_row0 + row] < 0;
-    c[(a_row0 + row) * n + n0 + col] = __float2bfloat16_rn(padding ? 0.0f : total[r]);
+    c[(a_row0 + row) * n + n0 + col] = __float2bfloat16_rn(total[r]);
   }
 }
 
 __global__ void __launch_bounds__(kThreads) contiguous_kernel(const uint8_t* a, const float* sa, const uint8_t* b,
-                                                              const float* sb, const int* block_expert,
-                                                              const int* entry_of_row, int n, int k,
+                                                              const float* sb, const int* block_expert, int n, int k,
                                                               __nv_bfloat16* c) {
   int64_t row0 = (int64_t)blockIdx.y * kTile;
   int e = block_expert[row0 / kBlockM];
   if (e < 0) return;
-  tile(a, sa, b, sb, entry_of_row, row0, e, blockIdx.x * kTile, n, k, c);
+  tile(a, sa, b, sb, row0, e, blockIdx.x * kTile, n, k, c);
 }
 
 __global__ void __launch_bounds__(kThreads) masked_kernel(const uint8_t* a, const float* sa, const uint8_t* b,
@@ -113,7 +109,7 @@ __global__ void __launch_bounds__(kThreads) masked_kernel(const uint8_t* a, cons
   int e = blockIdx.z;
   int row0 = blockIdx.y * kTile;
   if (row0 / kBlockM * kBlockM >= counts[e]) return;  // the TileLang kernel skips whole 128-row blocks
-  tile(a, sa, b, sb, nullptr, (int64_t)e * m + row0, e, blockIdx.x * kTile, n, k, c);
+  tile(a, sa, b, sb, (int64_t)e * m + row0, e, blockIdx.x * kTile, n, k, c);
 }
 
 void check_common(const char* fn, tvm::ffi::TensorView a, tvm::ffi::TensorView sa, tvm::ffi::TensorView b,
@@ -129,22 +125,19 @@ void check_common(const char* fn, tvm::ffi::TensorView a, tvm::ffi::TensorView s
 }
 
 void moe_grouped_gemm_contiguous(tvm::ffi::TensorView a, tvm::ffi::TensorView sa, tvm::ffi::TensorView b,
-                                 tvm::ffi::TensorView sb, tvm::ffi::TensorView block_expert,
-                                 tvm::ffi::TensorView entry_of_row, tvm::ffi::TensorView c) {
+                                 tvm::ffi::TensorView sb, tvm::ffi::TensorView block_expert, tvm::ffi::TensorView c) {
   using namespace moe_baseline;
   const char* fn = "moe_grouped_gemm_contiguous";
   check_common(fn, a, sa, b, sb, c, 2);
   int64_t rows = a.size(0);
   require(rows % kBlockM == 0 && sa.size(0) == rows && c.size(0) == rows, fn, "rows a multiple of 128");
   require(is(block_expert, kDLInt, 32, 1) && block_expert.size(0) == rows / kBlockM, fn, "block_expert [R / 128]");
-  require(is(entry_of_row, kDLInt, 32, 1) && entry_of_row.size(0) == rows, fn, "entry_of_row [R] int32");
   if (rows == 0) return;
   dim3 grid((unsigned)(b.size(1) / kTile), (unsigned)(rows / kTile));
   contiguous_kernel<<<grid, kThreads, 0, stream_of(a)>>>(
       static_cast<const uint8_t*>(a.data_ptr()), static_cast<const float*>(sa.data_ptr()),
       static_cast<const uint8_t*>(b.data_ptr()), static_cast<const float*>(sb.data_ptr()),
-      static_cast<const int*>(block_expert.data_ptr()), static_cast<const int*>(entry_of_row.data_ptr()),
-      (int)b.size(1), (int)a.size(1),
+      static_cast<const int*>(block_expert.data_ptr()), (int)b.size(1), (int)a.size(1),
       static_cast<__nv_bfloat16*>(c.data_ptr()));
   check_launch(fn);
 }

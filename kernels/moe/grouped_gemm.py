@@ -12,11 +12,7 @@ Layouts:
 
 * contiguous: A [R, K] holds the experts' rows stacked, each expert padded to 128 rows
   (``metadata.routing_metadata``); ``block_expert[R // 128]`` names each row block's
-  expert, -1 for blocks not computed (C rows left untouched). ``entry_of_row[R]`` is -1 on the
-  padding rows, which follow their expert's rows: their C rows are 0 whatever A and SA hold
-  there (deterministic, independent of the padding's contents). A consumer warpgroup whose 64
-  rows are all padding issues no wgmma for the tile: at small T (a few rows per expert) that
-  halves the tensor work, which competes with the weight reads.
+  expert, -1 for blocks not computed (C rows left untouched).
 * masked: A [E, M, K] with ``counts[E]``; row blocks wholly past ``counts[e]`` are not
   computed; rows past the count inside a computed block hold A's (unspecified) rows' products.
 
@@ -37,7 +33,6 @@ BLOCK_M = 128
 BLOCK_N = 128
 WIDE_N = 192  # the contiguous kernel's wide tiles (see grouped_gemm_contiguous_kernel)
 BLOCK_K = 128  # = the scale group: one fp32 promotion per K block
-HALF_M = 64  # rows of one consumer warpgroup
 
 # Symbolic sizes (module level so the kernel sources see them): rows, row blocks, masked rows,
 # experts (dynamic so that one compiled kernel serves every expert count of a shape).
@@ -59,8 +54,7 @@ def check_gemm_args(n: int, k: int):
          assume=("NB <= 16777214",))  # rows < 2^31 - 256: row_block * 128 + tx stays in int32
 def grouped_gemm_contiguous_kernel(n: int, k: int, num_stages: int = 4, cluster: int = 2, num_sms: int = 132,
                                    block_n: int | None = None):
-    """``(A [R, K], SA [R, K/128], B [E, N, K], SB [E, N/128, K/128], block_expert [R/128],
-    entry_of_row [R], C [R, N])``.
+    """``(A [R, K], SA [R, K/128], B [E, N, K], SB [E, N/128, K/128], block_expert [R/128], C [R, N])``.
 
     ``num_sms`` persistent CTAs (one per SM) walk the output tiles row block by row block; the
     ``cluster`` CTAs of a cluster take neighbouring column tiles of the same rows, so the first
@@ -68,12 +62,7 @@ def grouped_gemm_contiguous_kernel(n: int, k: int, num_stages: int = 4, cluster:
     producer warpgroup (threads 256..383: TMA issue, then the 128 rows' ``sa * sb``) and two
     consumer warpgroups (64 rows each, one m64n{block_n}k32 chain per K step). A stage is
     refilled once every consumer warp of the cluster has released it (cluster-scope ``empty``
-    barriers). Padding: a warpgroup whose first row is padding (so are the other 63) still waits
-    for each stage and releases it, with no wgmma and no promotion; the epilogue writes 0 to every
-    padding row. The consumers load their rows' ``entry_of_row`` together with ``block_expert``
-    (no wait of their own), and the producer's code is unchanged: H200 session 5 round 1, a
-    version that derived the rows from ``counts`` / ``offsets`` (a dependent load per tile) and
-    had one more proxy fence per K block in the producer ran 5-19% slower on every shape.
+    barriers).
 
     ``block_n`` 128 or 192; by default 192 where the column tiles pair up in the clusters, else
     128: the H200 runs at its power limit here, and 192-wide tiles move fewer shared-memory bytes
@@ -85,7 +74,18 @@ def grouped_gemm_contiguous_kernel(n: int, k: int, num_stages: int = 4, cluster:
     that thread waits for the store to have read ``C_s`` only before the next tile's epilogue
     writes it again, so the store runs under the next tile's main loop. Waiting at once cost
     ~2000 cycles per tile (ncu at 1.33 GHz on 4 x 8192 x 7168 x 4096: 1.87 against 1.96 ms,
-    tensor pipe 73.5 against 69.6% active; H200 at its power limit 1057 against 995 TFLOP/s)."""
+    tensor pipe 73.5 against 69.6% active; H200 at its power limit 1057 against 995 TFLOP/s).
+
+    Padding rows are computed like the others (their C rows hold A's padding rows' products).
+    Session 5 tried skipping them (commits 7b56d54..9884aef: a warpgroup whose 64 rows are all
+    padding waits for and releases each stage with no wgmma and no promotion, padding rows of C
+    written as 0 from ``entry_of_row``): bitwise equal to a baseline with the same contract and the
+    layer's output unchanged, but slower on every shape, unpadded ones included (H200 round 2,
+    interleaved, old -> skip: 8 x 4096 x 4096 x 7168 1166 -> 1085 TFLOP/s, 4 x 8192 x 7168 x 4096
+    1071 -> 917, V4-Flash L1 routed 804 -> 691; ncu at 1.33 GHz on V4-Flash L1 2.22 -> 2.47 ms,
+    SM throughput 72 -> 55%; whole V4-Flash layer as a CUDA graph T = 8 366 -> 369 us, T = 512
+    1904 -> 2013, T = 8192 3632 -> 4081). The consumers' SASS differs only by the branches around
+    the wgmma / promotion and the epilogue's selects; where the time goes is not known yet."""
     check_gemm_args(n, k)
     if block_n is None:
         block_n = WIDE_N if -(-n // WIDE_N) % cluster == 0 else BLOCK_N
@@ -125,7 +125,6 @@ def grouped_gemm_contiguous_kernel(n: int, k: int, num_stages: int = 4, cluster:
         B: T.Tensor((nexp, n, k), "float8_e4m3"),
         SB: T.Tensor((nexp, n // 128, k // BLOCK_K), "float32"),
         block_expert: T.Tensor((nblocks,), "int32"),
-        entry_of_row: T.Tensor((nrows,), "int32"),
         C: T.Tensor((nrows, n), "bfloat16"),
     ):
         with T.ClusterKernel(num_sms, cluster_dims=(cluster, 1, 1), threads=384) as pid:
@@ -140,8 +139,6 @@ def grouped_gemm_contiguous_kernel(n: int, k: int, num_stages: int = 4, cluster:
             full = T.alloc_barrier([128] * num_stages)  # the producer's 128 threads + the TMA bytes
             empty = T.alloc_cluster_barrier([8 * cluster] * num_stages)  # every consumer warp of the cluster
             it = T.alloc_var("int32", init=0)  # K blocks this CTA has passed: stage and phase
-            mine = T.alloc_var("int32")  # entry_of_row of the warpgroup's first row: < 0 if all 64 are padding
-            entry = T.alloc_fragment((BLOCK_M,), "int32")  # entry_of_row of the thread's rows
             tx = T.get_thread_binding()
             T.cluster_sync()
             if tx >= 256:
@@ -175,35 +172,25 @@ def grouped_gemm_contiguous_kernel(n: int, k: int, num_stages: int = 4, cluster:
                 T.set_max_nreg(232, 1)
                 for w in T.serial(T.ceildiv(nblocks * groups, nclusters)):
                     if tile(w, pid) < nblocks * groups:
-                        # issued with block_expert's load (not after it): no added wait per tile
-                        mine = entry_of_row[row_block(w, pid) * BLOCK_M + tx // 128 * HALF_M]
-                        for i in T.Parallel(BLOCK_M):
-                            entry[i] = entry_of_row[row_block(w, pid) * BLOCK_M + i]
                         if block_expert[row_block(w, pid)] >= 0:
                             T.clear(total)
                             for kb in T.serial(kblocks):
                                 T.mbarrier_wait_parity(full[it % num_stages], (it // num_stages) & 1)
-                                # a warpgroup whose 64 rows are all padding only passes the stage on
-                                if mine >= 0:
-                                    for i in T.Parallel(BLOCK_M):
-                                        sf0[i] = scale_s[it % num_stages, 0, i]
-                                        if ncol == 2:
-                                            sf1[i] = scale_s[it % num_stages, 1, i]
-                                    T.gemm(A_s[it % num_stages, :, :], B_s[it % num_stages, :, :], part,
-                                           transpose_B=True, policy=T.GemmWarpPolicy.FullRow, clear_accum=True)
+                                for i in T.Parallel(BLOCK_M):
+                                    sf0[i] = scale_s[it % num_stages, 0, i]
+                                    if ncol == 2:
+                                        sf1[i] = scale_s[it % num_stages, 1, i]
+                                T.gemm(A_s[it % num_stages, :, :], B_s[it % num_stages, :, :], part, transpose_B=True,
+                                       policy=T.GemmWarpPolicy.FullRow, clear_accum=True)
                                 # lane r of every consumer warp releases the stage in the cluster's CTA r
                                 if tx % 32 < cluster:
                                     T.mbarrier_arrive(empty[it % num_stages], cta_id=tx % 32)
-                                if mine >= 0:
-                                    # the split column is fixed per branch, so the scale choice folds away
-                                    if ncol == 1 or col0(w, pid) % 128 == 0:
-                                        promote(total, part, sf0, sf1, 128)
-                                    else:
-                                        promote(total, part, sf0, sf1, 64)
+                                # the split column is fixed per branch, so the scale choice folds away
+                                if ncol == 1 or col0(w, pid) % 128 == 0:
+                                    promote(total, part, sf0, sf1, 128)
+                                else:
+                                    promote(total, part, sf0, sf1, 64)
                                 it = it + 1
-                            # padding rows are 0, whatever A and SA hold there
-                            for i, j in T.Parallel(BLOCK_M, block_n):
-                                total[i, j] = T.if_then_else(entry[i] >= 0, total[i, j], T.float32(0))
                             # the previous tile's store has read C_s (a no-op in the other threads)
                             T.tma_store_wait(0)
                             T.sync_threads(1, 256)  # consumers only: the producer keeps loading
@@ -279,9 +266,8 @@ def persistent_ctas(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count // 2 * 2
 
 
-def grouped_gemm_contiguous(a, sa, b, sb, block_expert, entry_of_row, out=None):
-    """C [R, N] bf16 for the contiguous layout (see the module docstring); ``block_expert`` and
-    ``entry_of_row`` as ``metadata.routing_metadata`` returns them."""
+def grouped_gemm_contiguous(a, sa, b, sb, block_expert, out=None):
+    """C [R, N] bf16 for the contiguous layout (see the module docstring)."""
     import torch
 
     r, k = a.shape
@@ -291,13 +277,11 @@ def grouped_gemm_contiguous(a, sa, b, sb, block_expert, entry_of_row, out=None):
     _check("b", b, torch.float8_e4m3fn, (e, n, k))
     _check("sb", sb, torch.float32, (e, n // 128, k // BLOCK_K))
     _check("block_expert", block_expert, torch.int32, (r // BLOCK_M,))
-    _check("entry_of_row", entry_of_row, torch.int32, (r,))
     if r % BLOCK_M:
         raise ValueError(f"a: expected rows a multiple of {BLOCK_M}, got {r}")
     if out is None:
         out = torch.empty(r, n, dtype=torch.bfloat16, device=a.device)
-    grouped_gemm_contiguous_kernel(n, k, num_sms=persistent_ctas(a.device.index))(a, sa, b, sb, block_expert,
-                                                                                 entry_of_row, out)
+    grouped_gemm_contiguous_kernel(n, k, num_sms=persistent_ctas(a.device.index))(a, sa, b, sb, block_expert, out)
     return out
 
 

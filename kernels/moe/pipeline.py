@@ -83,10 +83,9 @@ def moe_layer(x, logits, w1, s1, w2, s2, cfg: MoEConfig, bias=None, *, n_ranks: 
         mine = slice(r * el, (r + 1) * el)
         meta = routing_metadata(ids, e, r, n_ranks)
         xp, sp = permute(xq, meta, cfg.topk, xs)
-        layout = (meta["block_expert"], meta["entry_of_row"])  # row blocks' experts, padding rows (-1)
-        hid = grouped_gemm_contiguous(xp, sp, w1[mine], s1[mine], *layout)
+        hid = grouped_gemm_contiguous(xp, sp, w1[mine], s1[mine], meta["block_expert"])
         hq, hs = swiglu_quant(hid, cfg.clamp)
-        outputs.append(grouped_gemm_contiguous(hq, hs, w2[mine], s2[mine], *layout))
+        outputs.append(grouped_gemm_contiguous(hq, hs, w2[mine], s2[mine], meta["block_expert"]))
         row_maps.append(torch.where(meta["row_of"] >= 0, meta["row_of"] + base, -1) if base else meta["row_of"])
         base += xp.shape[0]
     if n_ranks == 1:
