@@ -32,7 +32,7 @@ def c_name(var) -> str:
 
 
 def cexpr(e, names: dict | None = None) -> str:
-    """C++ source for ``e``; ``names`` maps variable names to C expressions (defaults to :func:`c_name`)."""
+    """C++ source for ``e``; ``names`` maps variables to their C names where not :func:`c_name`."""
     names = names or {}
     if isinstance(e, int):
         return f"int64_t({e})"
@@ -43,7 +43,7 @@ def cexpr(e, names: dict | None = None) -> str:
     if isinstance(e, tirx.FloatImm):
         return repr(float(e.value))
     if isinstance(e, tirx.Var):
-        return names.get(e.name, c_name(e))
+        return names.get(e, c_name(e))
     for cls, op in _BINARY.items():
         if isinstance(e, cls):
             return f"({cexpr(e.a, names)} {op} {cexpr(e.b, names)})"

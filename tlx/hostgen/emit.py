@@ -70,6 +70,7 @@ class _Emitter:
         self.sym = cubin_symbol
         self.lines: list[str] = []
         self.known: set[str] = set()
+        self.renamed: dict = {}  # host variable -> its C name, where its readable name was taken
         self.kernel_index = {k: i for i, k in enumerate(plan.kernels)}
 
     def out(self, line: str = "", indent: int = 1) -> None:
@@ -77,9 +78,21 @@ class _Emitter:
 
     def expr(self, e) -> str:
         for v in free_vars(e):
-            if c_name(v) not in self.known:
+            if self.renamed.get(v, c_name(v)) not in self.known:
                 raise HostgenError(f"{self.plan.name}: host expression {e} uses {v.name}, which the launcher cannot compute")
-        return cexpr(e)
+        return cexpr(e, self.renamed)
+
+    def declare(self, var) -> str:
+        """The C name of a host-computed variable: its readable name, suffixed when another variable
+        of that name already holds it (two TMA descriptors of one tensor are both ``A_desc``)."""
+        name = c_name(var)
+        if name in self.known:
+            k = 1
+            while f"{name}_{k}" in self.known:
+                k += 1
+            name = self.renamed[var] = f"{name}_{k}"
+        self.known.add(name)
+        return name
 
     # ---- sections ---------------------------------------------------------------------
     def header(self) -> None:
@@ -184,8 +197,8 @@ class _Emitter:
             if s.kind == "let":
                 if str(s.var.dtype) == "handle":
                     raise HostgenError(f"{self.plan.name}: host let-binding of a handle {s.var.name}")
-                self.out(f"const int64_t {c_name(s.var)} = {self.expr(s.value)};", indent)
-                self.known.add(c_name(s.var))
+                value = self.expr(s.value)
+                self.out(f"const int64_t {self.declare(s.var)} = {value};", indent)
             elif s.kind == "desc":
                 self.descriptor(s, indent)
             elif s.kind == "launch":
@@ -201,7 +214,7 @@ class _Emitter:
     def descriptor(self, s: Step, indent: int) -> None:
         d = s.desc
         r = d.rank
-        name = c_name(d.var)
+        name = self.declare(d.var)
 
         def arr(values, ctype):
             return "{" + ", ".join(f"{ctype}({self.expr(v)})" for v in values) + "}"
@@ -214,7 +227,6 @@ class _Emitter:
             f"CUtensorMapSwizzle({d.swizzle}), CUtensorMapL2promotion({d.l2_promotion}), CUtensorMapFloatOOBfill({d.oob_fill}));",
             indent,
         )
-        self.known.add(name)
 
     def launch(self, s: Step, indent: int) -> None:
         lc = s.launch
