@@ -48,26 +48,29 @@ def empty(N):
     return main
 
 
-@tlx.jit(out_idx=[-1], target=SM90)
+@tlx.jit(out_idx=[-2, -1], target=SM90)
 def two_boxes(M, K=256, dtype="float16"):
-    """Two TMA loads of one tensor with different boxes (128 x 64 and 64 x 64), two descriptors that
-    lowering names alike. Per 64-column block k in order: ``acc += A_k``, then rows 0..63 of each
-    128-row tile once more ``acc += A_k``; ``B = acc`` in fp32."""
+    """Two TMA loads of one tensor with different boxes (128 x 64 and 128 x 32), two descriptors
+    that lowering names alike. Over the 64-column blocks k in order: ``B += A[:, 64k:64k+64]``,
+    ``C += A[:, 64k:64k+32]``, in fp32."""
 
     @T.prim_func
-    def main(A: T.Tensor((M, K), dtype), B: T.Tensor((M, 64), "float32")):
+    def main(A: T.Tensor((M, K), dtype), B: T.Tensor((M, 64), "float32"), C: T.Tensor((M, 32), "float32")):
         with T.Kernel(T.ceildiv(M, 128), threads=128) as bx:
             wide = T.alloc_shared((128, 64), dtype)
-            half = T.alloc_shared((64, 64), dtype)
+            narrow = T.alloc_shared((128, 32), dtype)
             acc = T.alloc_fragment((128, 64), "float32")
+            acc_narrow = T.alloc_fragment((128, 32), "float32")
             T.clear(acc)
+            T.clear(acc_narrow)
             for k in T.Pipelined(K // 64, num_stages=2):
                 T.copy(A[bx * 128, k * 64], wide)
-                T.copy(A[bx * 128, k * 64], half)
+                T.copy(A[bx * 128, k * 64], narrow)
                 for i, j in T.Parallel(128, 64):
                     acc[i, j] += wide[i, j]
-                for i, j in T.Parallel(64, 64):
-                    acc[i, j] += half[i, j]
+                for i, j in T.Parallel(128, 32):
+                    acc_narrow[i, j] += narrow[i, j]
             T.copy(acc, B[bx * 128, 0])
+            T.copy(acc_narrow, C[bx * 128, 0])
 
     return main

@@ -52,11 +52,11 @@ def test_plan_binds_symbolic_dims_and_reads_tma_descriptors():
 
 
 def test_two_descriptors_of_one_tensor_get_distinct_names(cache):
-    """Lowering names both TMA descriptors of A ``A_desc`` (boxes 128 x 64 and 64 x 64): the
+    """Lowering names both TMA descriptors of A ``A_desc`` (boxes 128 x 64 and 128 x 32): the
     launcher declares them apart, and it builds."""
     src = sk.two_boxes(T.dynamic("M")).host_source
     assert "const CUtensorMap& v_A_desc = " in src and "const CUtensorMap& v_A_desc_1 = " in src
-    boxes = ("{cuuint32_t(int64_t(64)), cuuint32_t(int64_t(128))}", "{cuuint32_t(int64_t(64)), cuuint32_t(int64_t(64))}")
+    boxes = ("{cuuint32_t(int64_t(64)), cuuint32_t(int64_t(128))}", "{cuuint32_t(int64_t(32)), cuuint32_t(int64_t(128))}")
     assert all(box in src for box in boxes)
     assert "p0 = v_A_desc;" in src and "p1 = v_A_desc_1;" in src
 

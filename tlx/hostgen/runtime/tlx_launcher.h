@@ -294,8 +294,10 @@ class Module {
     check_cu(drv.cuModuleLoadData(&mod, image_), kernel, "loading the kernel image (cuModuleLoadData)");
     for (int k = 0; k < N; ++k) {
       check_cu(drv.cuModuleGetFunction(&d.fn[k], mod, names_[k]), kernel, "cuModuleGetFunction");
-      d.smem_limit[k] = 48 * 1024;
-      if (static_smem_[k] > d.smem_limit[k]) {
+      // Without opting in, a launch may use 48 KB of shared memory in all, the kernel's static
+      // shared memory (e.g. its mbarriers) included: so every dynamic size is set explicitly.
+      d.smem_limit[k] = 0;
+      if (static_smem_[k] > 0) {
         check_cu(drv.cuFuncSetAttribute(d.fn[k], CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, static_cast<int>(static_smem_[k])),
                  kernel, "raising the dynamic shared-memory limit");
         d.smem_limit[k] = static_smem_[k];
