@@ -110,3 +110,33 @@ def test_collect_needs_layout_ir(lowered):
 
     with pytest.raises(ValueError, match="layout_mod"):
         collect_layouts(replace(lowered["row_sum"], layout_mod=None))
+
+
+def test_a_fragment_laid_out_for_part_of_it_is_wrong():
+    """A ``T.Parallel(64, 64)`` over rows 0..63 of a (128, 64) fragment: TileLang 0.1.15 lays the
+    whole fragment out for (64, 64), so rows 64..127 have no register (the kernel silently
+    computes half its tile). The layout is bijective on its own domain; the check against the
+    buffer's shape catches it, and a fragment updated in full is not flagged."""
+
+    def kernel(partial: bool):
+        @T.prim_func
+        def main(A: T.Tensor((512, 64), "float16"), B: T.Tensor((512, 64), "float32")):
+            with T.Kernel(4, threads=128) as bx:
+                tile = T.alloc_shared((128, 64), "float16")
+                acc = T.alloc_fragment((128, 64), "float32")
+                T.clear(acc)
+                T.copy(A[bx * 128, 0], tile)
+                for i, j in T.Parallel(128, 64):
+                    acc[i, j] += tile[i, j]
+                if partial:
+                    for i, j in T.Parallel(64, 64):
+                        acc[i, j] += tile[i, j]
+                T.copy(acc, B[bx * 128, 0])
+
+        return main
+
+    target = {"kind": "cuda", "arch": "sm_90a"}
+    bad = {e["buffer"]: e for e in layouts_report(lower(kernel(True), target))["layouts"]}["acc"]
+    assert bad["verdict"] == "invalid" and bad["uncovered"] == {"layout": ["64", "64"], "buffer": ["128", "64"]}
+    good = {e["buffer"]: e for e in layouts_report(lower(kernel(False), target))["layouts"]}["acc"]
+    assert good["verdict"] == "bijective" and "uncovered" not in good

@@ -49,6 +49,7 @@ class UsedLayout:
     scope: str
     dtype: str
     layout: Any
+    shape: tuple = ()  # the buffer's shape (empty: not known, the coverage check is skipped)
 
     @property
     def kind(self) -> str:
@@ -66,7 +67,7 @@ def collect_layouts(kernel: LoweredKernel) -> list[UsedLayout]:
             for buf, lay in node.annotations["layout_map"].items():
                 key = (buf.name, str(lay))
                 if key not in found:
-                    found[key] = UsedLayout(buf.name, buf.scope(), str(buf.dtype), lay)
+                    found[key] = UsedLayout(buf.name, buf.scope(), str(buf.dtype), lay, tuple(buf.shape))
 
     for _, fn in kernel.layout_mod.functions.items():
         if isinstance(fn, tir.PrimFunc):
@@ -152,6 +153,9 @@ def check_layout(used: UsedLayout, enc: Encoder | None = None) -> dict:
     }
     if used.kind == "fragment":
         result["replicate"] = int(used.layout.replicate_size)
+    uncovered = _uncovered(used)
+    if uncovered:
+        result["uncovered"] = uncovered
 
     def inputs_of(model, terms):
         return {str(v.name): enc.model_value(model, t) for (v, _), t in zip(m.inputs, terms, strict=True)}
@@ -308,9 +312,32 @@ def _onto(enc, inputs, result, xs, dom_x, fx, ext_out, names) -> str:
     return "unknown"
 
 
+def _uncovered(used: UsedLayout) -> dict | None:
+    """The layout's domain against the buffer's shape: a fragment's must be the whole buffer, a
+    shared layout's its trailing dimensions (a pipelined buffer's stages share one layout).
+    Returns the mismatch, or None. TileLang 0.1.15 can give a (128, 64) fragment the (64, 64)
+    layout of a ``T.Parallel`` over part of it, and then only half the fragment exists."""
+    if not used.shape:
+        return None
+    domain = list(used.layout.get_input_shape())
+    shape = list(used.shape)
+    if used.kind == "fragment" and len(domain) != len(shape):
+        return {"layout": [str(e) for e in domain], "buffer": [str(e) for e in shape]}
+    tail = shape[len(shape) - len(domain):]
+    if len(domain) > len(shape) or not all(_same_extent(a, b) for a, b in zip(domain, tail)):
+        return {"layout": [str(e) for e in domain], "buffer": [str(e) for e in shape]}
+    return None
+
+
+def _same_extent(a, b) -> bool:
+    if _int(a) is not None or _int(b) is not None:
+        return _int(a) == _int(b)
+    return bool(tvm.ir.structural_equal(a, b))
+
+
 def _verdict(r: dict) -> str:
     """``bijective`` | ``injective`` (padding left unreached) | ``invalid`` | ``unknown``."""
-    if r["injective"] == "violation" or r["in_range"] == "violation":
+    if r["injective"] == "violation" or r["in_range"] == "violation" or "uncovered" in r:
         return "invalid"
     if r["injective"] == "proven" and r["in_range"] == "proven":
         return "bijective" if r["onto"] == "proven" else "injective" if r["onto"] == "violation" else "unknown"
@@ -525,6 +552,9 @@ def layouts_report(kernel: LoweredKernel) -> dict:
 
 
 def _describe(e: dict) -> str:
+    if "uncovered" in e:
+        u = e["uncovered"]
+        return f"layout of {e['buffer']}: defined on {u['layout']}, but the buffer is {u['buffer']}"
     if "collision" in e:
         c = e["collision"]
         return f"layout of {e['buffer']}: {c['x']} and {c['y']} both map to {c['output']}"
