@@ -10,8 +10,8 @@ values and what it stores:
 - :func:`fp4_to_fp8`: MXFP4 -> e4m3 with power-of-two 1x128 scales (lossless re-blocking).
 
 Design for bandwidth: a CTA covers (part of) one row (grid: rows x column blocks, so no index
-divides); a thread owns ``ept`` consecutive elements (16-byte vector loads and stores; 32 by
-default, a whole 1x32 group; 16 for fp32 -> e4m3), ``group / ept`` adjacent lanes own a group and
+divides); a thread owns ``ept`` consecutive elements (16-byte vector loads and stores; 32, a
+whole 1x32 group, or 16 for fp32 -> e4m3), ``group / ept`` adjacent lanes own a group and
 reduce amax with ``shfl_xor``. Conversions are the bit-level blocks of ``common.py`` (paired e4m3
 cvt, e2m1 cast and decode in ALU instructions, bf16 pairs where exact, power-of-two scales by
 integer ops), each checked bit for bit against CUDA's own on the GPU. T is a dynamic dimension
@@ -87,17 +87,16 @@ def default_ept(in_dtype: str, out_fmt: str) -> int:
 
 @tlx.jit(target=TARGET)
 def group_cast_kernel(H: int, group: int, in_mode: str, in_dtype: str, out_fmt: str = "e4m3",
-                      scale_fmt: str = "fp32", col_major: bool = False, clamp: float = 10.0, weighted: bool = False,
-                      ept: int = 0, pairs: bool = True):
+                      scale_fmt: str = "fp32", col_major: bool = False, clamp: float = 10.0, weighted: bool = False):
     """``in_mode``: "plain" (X ``[T, H]``), "swiglu" (X ``[T, 2H]`` and, if ``weighted``, W ``[T]``),
     "e2m1" (P ``[T, H/2]`` uint8 and C ``[T, H/32]`` UE8M0 codes). ``out_fmt``: "e4m3" or "e2m1".
-    ``ept``: elements per thread (0: :func:`default_ept`), a multiple of 16 dividing ``group``.
-    ``pairs``: work on packed bf16 pairs where it is exact -- bf16 -> e2m1 (:func:`e2m1_pair_bf16`),
-    the SwiGLU clamps when the clamp is a bf16 value -- else per fp32 value. "e2m1" input has its
-    own integer path (:func:`e2m1_e4m3_table`; power-of-two scales only) and ignores both."""
-    ept = ept or default_ept(in_dtype, out_fmt)
-    if ept % 16 or group % ept:
-        raise ValueError(f"ept: expected a multiple of 16 dividing group {group}, got {ept}")
+    A thread owns :func:`default_ept` elements; it works on packed bf16 pairs where that is exact
+    (bf16 -> e2m1 by :func:`e2m1_pair_bf16`; the SwiGLU clamps when the clamp is a bf16 value), else
+    per fp32 value. "e2m1" input has its own integer path (:func:`e2m1_e4m3_table`; power-of-two
+    scales only)."""
+    ept = default_ept(in_dtype, out_fmt)
+    if group % ept:
+        raise ValueError(f"group: expected a multiple of {ept} (the elements a thread owns), got {group}")
     Tn = T.dynamic("T")
     TP = T.dynamic("TP")
     u32 = T.uint32
@@ -193,9 +192,7 @@ def group_cast_kernel(H: int, group: int, in_mode: str, in_dtype: str, out_fmt: 
         for v in T.unroll(ept):
             xf[v] = bf16_word_half(xw[v // 2], v % 2)
 
-    if in_mode == "plain" and in_dtype == "bfloat16" and out_fmt == "e2m1" and pairs:
-        if ept != 32:
-            raise ValueError(f"ept: the bf16x2 e2m1 path holds one 1x32 group per thread, got {ept}")
+    if in_mode == "plain" and in_dtype == "bfloat16" and out_fmt == "e2m1":  # one 1x32 group per thread
 
         @T.prim_func
         def kernel(X: T.Tensor((Tn, x_cols), x_dtype), Q: T.Tensor(q_shape, q_dtype), S: T.Tensor(s_shape, s_dtype)):
@@ -313,7 +310,7 @@ def group_cast_kernel(H: int, group: int, in_mode: str, in_dtype: str, out_fmt: 
         raise ValueError(f"in_mode: expected 'plain', 'swiglu' or 'e2m1', got {in_mode!r}")
     clamp_bits = struct.unpack("<I", struct.pack("<f", clamp))[0]
     # the clamp's bf16 bits when it is a positive bf16 value (then the clamps run on bf16 pairs)
-    bf16_clamp = clamp_bits >> 16 if pairs and clamp_bits & 0xFFFF == 0 and 0 < clamp < float("inf") else 0
+    bf16_clamp = clamp_bits >> 16 if clamp_bits & 0xFFFF == 0 and 0 < clamp < float("inf") else 0
 
     @T.macro
     def swiglu_ieee(gf, uf, xf):
