@@ -236,3 +236,23 @@ def test_a_counter_is_bounded_by_the_trip_counts_of_its_loops():
     big = _counter_overflow(4096)
     assert big and big[0].status != "proven"
     assert [a.status for a in _counter_overflow(1, bounded_loop=False)] == ["unknown"]
+
+
+def test_a_counter_whose_pointer_escapes_is_not_bounded():
+    """``it`` set to 0 and incremented in a loop is a counter; a call that receives its pointer
+    (even before its first use) may change it unseen, so it is not."""
+    from tilelang import tvm
+
+    from tlx.passes.bounds import _counters
+
+    tir = tvm.tirx
+    data = tir.Var("it", tvm.ir.PointerType(tvm.ir.PrimType("int32"), "local.var"))
+    it = tir.decl_buffer((1,), "int32", name="it", data=data)
+    n = tir.Var("n", "int32")
+    start = tir.BufferStore(it, tir.IntImm("int32", 0), [0])
+    loop = tir.For(tir.Var("i", "int32"), 0, n, tir.ForKind.SERIAL,
+                   tir.BufferStore(it, tir.BufferLoad(it, [0]) + 1, [0]))
+    escape = tir.Evaluate(tir.call_extern("int32", "touch", data))
+    counters = _counters(tir.PrimFunc([n], tir.SeqStmt([start, loop])))
+    assert [(d.name, c[0], len(c[1])) for d, c in counters.items()] == [("it", 0, 1)]
+    assert _counters(tir.PrimFunc([n], tir.SeqStmt([escape, start, loop]))) == {}

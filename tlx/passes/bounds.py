@@ -766,16 +766,11 @@ def _counters(f) -> dict:
         return state.setdefault(buf.data, {"start": None, "sites": [], "ok": True})
 
     def scan(expr):
-        """Loads (a use before the start disqualifies) and pointer uses (disqualify)."""
+        """Loads: one before the start disqualifies."""
         def visit(n):
             if isinstance(n, tir.BufferLoad) and scalar(n.buffer):
                 e = entry(n.buffer)
                 e["ok"] &= e["start"] is not None
-            elif isinstance(n, tir.Var) and n in state:
-                state[n]["ok"] = False
-            elif isinstance(n, tir.Call) and hasattr(n.op, "name") and str(n.op.name) == "tirx.address_of":
-                if isinstance(n.args[0], tir.BufferLoad) and scalar(n.args[0].buffer):
-                    entry(n.args[0].buffer)["ok"] = False
         tir.stmt_functor.post_order_visit(expr, visit)
 
     def step_of(value, data):
@@ -788,13 +783,10 @@ def _counters(f) -> dict:
         return None
 
     def invariant(ext) -> bool:
-        ok = [True]
-
-        def visit(n):
-            if isinstance(n, tir.BufferLoad) or (isinstance(n, tir.Call)) or (isinstance(n, tir.Var) and n not in fixed):
-                ok[0] = False
-        tir.stmt_functor.post_order_visit(ext, visit)
-        return ok[0]
+        """A trip count fixed for the thread: arithmetic over parameters and thread indices only."""
+        names = []
+        tir.stmt_functor.post_order_visit(ext, lambda n: names.append(n) if isinstance(n, tir.Var) else None)
+        return _arith_only(ext) and all(v in fixed for v in names)
 
     def walk(s, loops, nested):
         if isinstance(s, tir.AttrStmt) and s.attr_key == "thread_extent" and isinstance(s.node, tir.IterVar):
@@ -835,6 +827,15 @@ def _counters(f) -> dict:
                 walk(sub, loops, nested or branch)
 
     walk(f.body, [], False)
+
+    def pointer_use(n):
+        """A bare use of the data pointer or an ``address_of`` anywhere: the value may change unseen."""
+        if isinstance(n, tir.Var) and n in state:
+            state[n]["ok"] = False
+        elif isinstance(n, tir.Call) and hasattr(n.op, "name") and str(n.op.name) == "tirx.address_of":
+            if isinstance(n.args[0], tir.BufferLoad) and n.args[0].buffer.data in state:
+                state[n.args[0].buffer.data]["ok"] = False
+    tir.stmt_functor.post_order_visit(f.body, pointer_use)
     return {d: (e["start"], e["sites"]) for d, e in state.items() if e["ok"] and e["start"] is not None}
 
 
