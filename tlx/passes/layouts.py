@@ -321,12 +321,10 @@ def _uncovered(used: UsedLayout) -> dict | None:
         return None
     domain = list(used.layout.get_input_shape())
     shape = list(used.shape)
-    if used.kind == "fragment" and len(domain) != len(shape):
-        return {"layout": [str(e) for e in domain], "buffer": [str(e) for e in shape]}
-    tail = shape[len(shape) - len(domain):]
-    if len(domain) > len(shape) or not all(_same_extent(a, b) for a, b in zip(domain, tail)):
-        return {"layout": [str(e) for e in domain], "buffer": [str(e) for e in shape]}
-    return None
+    rank_ok = len(domain) == len(shape) if used.kind == "fragment" else len(domain) <= len(shape)
+    if rank_ok and all(_same_extent(a, b) for a, b in zip(domain, shape[len(shape) - len(domain):])):
+        return None
+    return {"layout": [str(e) for e in domain], "buffer": [str(e) for e in shape]}
 
 
 def _same_extent(a, b) -> bool:
