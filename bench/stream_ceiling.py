@@ -22,7 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.timing import median_ms  # noqa: E402
+from bench.timing import large_copy_ms, median_ms  # noqa: E402
 
 SIZES = ((183_500_000, "183 MB"), (297_300_000, "297 MB"), (356_000_000, "356 MB"), (2 << 30, "2 GiB"))
 MIXES = (("write", 1), ("write", 2), ("write", 4), ("read", 2))  # ("write", 1) is a copy
@@ -105,10 +105,8 @@ def main():
     if torch.cuda.current_stream().cuda_stream != 0:
         sys.exit("bench/stream_ceiling.py expects torch on the default stream (cupy launches there)")
     module = cp.RawModule(code=_source())
-    src = torch.randn(1 << 29, device="cuda")  # 2 GiB
-    dst = torch.empty_like(src)
-    copy_gbps = 2 * src.numel() * 4 / median_ms([lambda: dst.copy_(src)], args.reps) / 1e6
-    del src, dst
+    copy_ms, copy_bytes = large_copy_ms(args.reps)
+    copy_gbps = copy_bytes / copy_ms / 1e6
     print(f"GPU: {torch.cuda.get_device_name()}; torch copy_ of 2 GiB: {copy_gbps:.0f} GB/s")
     print("| size (read + written) | " + " | ".join(f"read : write {1 if k == 'write' else r} : {r if k == 'write' else 1}" for k, r in MIXES) + " |")
     print("| --- |" + " --- |" * len(MIXES))

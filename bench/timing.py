@@ -36,6 +36,17 @@ def median_ms(fns, reps: int, warmup: int = 5, before=None, isolated: bool = Fal
     return statistics.median(s.elapsed_time(e) for s, e in events)
 
 
+def large_copy_ms(reps: int) -> tuple[float, int]:
+    """The yardstick every "% of copy" is read against: a torch ``copy_`` of a 2 GiB buffer of
+    random values. Returns (median ms, bytes read + written)."""
+    import torch
+
+    src = torch.randn(1 << 29, device="cuda")
+    dst = torch.empty_like(src)
+    ms = median_ms([lambda: dst.copy_(src)], reps)
+    return ms, 2 * src.numel() * src.element_size()
+
+
 def interleaved_ms(fns: dict, reps: int, warmup: int = 3) -> dict:
     """Median milliseconds of each named callable in ``fns``, timed one call of each in turn
     (each call waited for), so that every candidate meets the same clocks and temperature: a board
