@@ -9,8 +9,9 @@ Each variant is a set of keyword arguments of ``grouped_gemm_contiguous_kernel``
 compared bit for bit with the CUDA baseline (``grouped_gemm.cu``) before it is timed. Timing: CUDA
 events around each call, warm-up, median; the candidates and ``_scaled_mm`` take turns call by
 call, so all meet the same clocks (the board runs at its power limit). TFLOP/s count the routed
-rows (and, in brackets, all computed rows including padding); the dense rate is ``_scaled_mm``
-with row-wise scales on [computed rows, K] x [K, N]. ``--clocks`` adds back-to-back rates with the
+rows (and, in brackets, all computed rows including padding); the dense rates are ``_scaled_mm``
+on [computed rows, K] x [K, N] with row-wise scales and, where the torch build has it, with the
+same 1 x 128 / 128 x 128 block scales (the same promotion work). ``--clocks`` adds back-to-back rates with the
 SM clock and board power read half way.
 
 Usage:
@@ -46,6 +47,14 @@ from kernels.moe.grouped_gemm import grouped_gemm_contiguous_kernel  # noqa: E40
 # barrier) 1-2% slower than unordered; round 1: 5 stages with a 2 x 128 x 32 double-buffered C_s
 # 1056 / 1050 (its epilogue is 6 store rounds), 5 stages with register -> global stores (no C_s)
 # 1033 / 944, against 1121 / 1120 with the deferred wait: more stages do not pay here.
+# Session 6 (2026-11-30, four runs, big_n4096_k7168 / big_n7168_k4096, each against _scaled_mm
+# blockwise in the same run): A not multicast (cluster 1) 1139 / 1060 against 1138 / 1056 for
+# cluster 2, and 1064 / 1003 against 1066 / 1000 at 128 x 128: L2 traffic is not what limits;
+# 4-CTA clusters on 128 SMs 533 / 494 (the 32 clusters are not all resident at once); tile order in
+# bands of 8 / 16 / 32 row blocks walked column group by column group (DRAM bytes 1.84 -> 1.43 GB
+# under ncu, L2 hit rate 73 -> 81%) 1068-1074 / 1069-1070 against 1086 / 1074; warpgroup 1 issuing
+# its wgmma after warpgroup 0's (named barriers, one warpgroup's promotion under the other's tensor
+# work) 1217 / 1001 against 1251 / 1067, and 1.86 against 1.79 ms at ncu's fixed 1.34 GHz.
 VARIANTS = {
     "wide": {"num_sms": 132},  # the call grouped_gemm_contiguous makes on an H200 here (128 x 192 tiles)
     "n128": {"num_sms": 132, "block_n": 128},  # 128 x 128 tiles (N whose 192-wide tiles do not pair up)
@@ -166,6 +175,39 @@ def check_skipped_blocks(name, shape, base):
     return ok
 
 
+def blockwise_scaled_mm(x, line):
+    """torch._scaled_mm with the same scale recipe (1 x 128 on A, 128 x 128 on B, cuBLAS on sm_90
+    where the torch build has it) on the computed rows times expert 0's weights: the dense rate of
+    the same work, promotion included. Records in ``line`` which scale layout torch took and how far
+    its output is from the grouped GEMM's on expert 0's rows; returns the call, or None where torch
+    refuses every layout (the error is recorded)."""
+    import torch
+
+    a, sa, b, sb, block_expert = x["a"], x["sa"], x["b"][0].t(), x["sb"][0].t(), x["block_expert"]
+    layouts = {"row-major sa": sa, "column-major sa": sa.t().contiguous().t()}
+    errors = []
+    for label, scale_a in layouts.items():
+        try:
+            out = torch._scaled_mm(a, b, scale_a=scale_a, scale_b=sb, out_dtype=torch.bfloat16)
+            torch.cuda.synchronize()
+        except Exception as exc:  # this torch/cuBLAS has no such blockwise kernel
+            errors.append(f"{label}: {exc!r}"[:300])
+            continue
+        rows = (block_expert == 0).repeat_interleave(128)
+        ours = torch.full_like(out, float("nan"))
+        grouped_gemm_contiguous_kernel(x["n"], x["k"], **VARIANTS["wide"])(a, sa, x["b"], x["sb"], block_expert, ours)
+        mine, theirs = ours[rows].float(), out[rows].float()
+        line["scaled_mm_blockwise"] = {
+            "scale_a_layout": label,
+            "bitwise_vs_grouped_on_expert0": torch.equal(ours[rows].view(torch.int16), out[rows].view(torch.int16)),
+            "max_rel_diff_vs_grouped": float(((mine - theirs).abs() / theirs.abs().clamp_min(1e-3)).max()),
+        }
+        return lambda: torch._scaled_mm(a, b, scale_a=scale_a, scale_b=sb, out_dtype=torch.bfloat16)
+    line["scaled_mm_blockwise"] = {"unavailable": errors}
+    print(f"blockwise _scaled_mm unavailable: {errors}", flush=True)
+    return None
+
+
 def sustained(fn, calls=300):
     """Back-to-back calls for a few hundred ms: ms per call and the SM clock and board power that
     nvidia-smi reads half way (FP8 GEMMs run into the power limit, so clocks differ by kernel)."""
@@ -227,12 +269,16 @@ def run(variants, shapes, out_json, ncu, reps=20, clocks=False):
         dense_b = x["b"][0].t()  # [K, N] column-major, as _scaled_mm wants
         sca = torch.rand(rows, 1, device="cuda") + 0.5
         scb = torch.rand(1, n, device="cuda") + 0.5
-        fns["_scaled_mm"] = lambda: torch._scaled_mm(x["a"], dense_b, scale_a=sca, scale_b=scb, out_dtype=torch.bfloat16)
+        fns["_scaled_mm_rowwise"] = lambda: torch._scaled_mm(x["a"], dense_b, scale_a=sca, scale_b=scb, out_dtype=torch.bfloat16)
+        blockwise = blockwise_scaled_mm(x, line)
+        if blockwise:
+            fns["_scaled_mm_blockwise"] = blockwise
         # one call of each in turn, so that every candidate meets the same clocks and temperature
         times = interleaved_ms(fns, reps)
         for name, ms in times.items():
-            if name == "_scaled_mm":
-                row = line["scaled_mm_rowwise"] = {"ms": round(ms, 4), "tflops": round(flops_p / ms / 1e9, 1)}
+            if name.startswith("_scaled_mm"):
+                row = line[name[1:]] = line.get(name[1:], {})
+                row.update(ms=round(ms, 4), tflops=round(flops_p / ms / 1e9, 1))
                 text = f"{row['tflops']:7.1f} TF dense on the computed rows"
             else:
                 row = line[name]
@@ -243,7 +289,7 @@ def run(variants, shapes, out_json, ncu, reps=20, clocks=False):
             if clocks:
                 row.update(sustained(fns[name], calls=max(20, int(300 / ms))))
                 text += f" | back to back {row['sustained_ms']:.3f} ms at {row['clock']}"
-            print(f"{shape:18s} {name:12s} {ms:8.3f} ms {text}", flush=True)
+            print(f"{shape:18s} {name:20s} {ms:8.3f} ms {text}", flush=True)
         del out
         results.append(line)
         if out_json:  # after every shape: a run cut short keeps what it measured

@@ -85,7 +85,13 @@ def grouped_gemm_contiguous_kernel(n: int, k: int, num_stages: int = 4, cluster:
     1071 -> 917, V4-Flash L1 routed 804 -> 691; ncu at 1.33 GHz on V4-Flash L1 2.22 -> 2.47 ms,
     SM throughput 72 -> 55%; whole V4-Flash layer as a CUDA graph T = 8 366 -> 369 us, T = 512
     1904 -> 2013, T = 8192 3632 -> 4081). The consumers' SASS differs only by the branches around
-    the wgmma / promotion and the epilogue's selects; where the time goes is not known yet."""
+    the wgmma / promotion and the epilogue's selects; where the time goes is not known yet.
+
+    torch's ``_scaled_mm`` with the same block scales (cuBLAS on sm_90) computes each expert's rows
+    to the same bits; on the dense shape it runs 1.66 ms at ncu's fixed 1.33 GHz where this kernel
+    takes 1.79-1.83 ms (8 x 4096 x 4096 x 7168), and at the power limit the gap narrows to 2-8%.
+    Neither A's multicast (L2 traffic), nor a banded tile order (DRAM traffic), nor ordering the two
+    warpgroups' wgmma issue made it faster (``bench/grouped_gemm.py`` keeps the figures)."""
     check_gemm_args(n, k)
     if block_n is None:
         block_n = WIDE_N if -(-n // WIDE_N) % cluster == 0 else BLOCK_N
@@ -139,40 +145,46 @@ def grouped_gemm_contiguous_kernel(n: int, k: int, num_stages: int = 4, cluster:
             full = T.alloc_barrier([128] * num_stages)  # the producer's 128 threads + the TMA bytes
             empty = T.alloc_cluster_barrier([8 * cluster] * num_stages)  # every consumer warp of the cluster
             it = T.alloc_var("int32", init=0)  # K blocks this CTA has passed: stage and phase
+            # the current tile's row block, first column and expert, set once per tile (expressions
+            # that TileLang would otherwise inline into every K step)
+            rb = T.alloc_var("int32")
+            c0 = T.alloc_var("int32")
+            expert = T.alloc_var("int32")
             tx = T.get_thread_binding()
             T.cluster_sync()
             if tx >= 256:
                 T.set_max_nreg(40, 0)
                 for w in T.serial(T.ceildiv(nblocks * groups, nclusters)):
                     if tile(w, pid) < nblocks * groups:
-                        if block_expert[row_block(w, pid)] >= 0:
+                        rb = row_block(w, pid)
+                        c0 = col0(w, pid)
+                        expert = block_expert[rb]
+                        if expert >= 0:
                             for kb in T.serial(kblocks):
                                 T.mbarrier_wait_parity(empty[it % num_stages], ((it // num_stages) & 1) ^ 1)
                                 if cluster > 1:
-                                    T.tma_copy(A[row_block(w, pid) * BLOCK_M:row_block(w, pid) * BLOCK_M + BLOCK_M,
-                                                 kb * BLOCK_K:(kb + 1) * BLOCK_K],
+                                    T.tma_copy(A[rb * BLOCK_M:rb * BLOCK_M + BLOCK_M, kb * BLOCK_K:(kb + 1) * BLOCK_K],
                                                A_s[it % num_stages, :, :], barrier=full[it % num_stages],
                                                cluster_mask=(1 << cluster) - 1)
                                 else:
-                                    T.tma_copy(A[row_block(w, pid) * BLOCK_M:row_block(w, pid) * BLOCK_M + BLOCK_M,
-                                                 kb * BLOCK_K:(kb + 1) * BLOCK_K],
+                                    T.tma_copy(A[rb * BLOCK_M:rb * BLOCK_M + BLOCK_M, kb * BLOCK_K:(kb + 1) * BLOCK_K],
                                                A_s[it % num_stages, :, :], barrier=full[it % num_stages])
-                                T.tma_copy(B[block_expert[row_block(w, pid)], col0(w, pid):col0(w, pid) + block_n,
-                                             kb * BLOCK_K:(kb + 1) * BLOCK_K],
+                                T.tma_copy(B[expert, c0:c0 + block_n, kb * BLOCK_K:(kb + 1) * BLOCK_K],
                                            B_s[it % num_stages, :, :], barrier=full[it % num_stages])
                                 # the scales' global loads overlap the TMA transfers
                                 for c in T.unroll(ncol):
                                     scale_s[it % num_stages, c, tx - 256] = (
-                                        SA[row_block(w, pid) * BLOCK_M + tx - 256, kb]
-                                        * SB[block_expert[row_block(w, pid)], T.min(col0(w, pid) // 128 + c, n // 128 - 1),
-                                             kb])
+                                        SA[rb * BLOCK_M + tx - 256, kb] * SB[expert, T.min(c0 // 128 + c, n // 128 - 1), kb])
                                 T.mbarrier_arrive(full[it % num_stages])
                                 it = it + 1
             else:
                 T.set_max_nreg(232, 1)
                 for w in T.serial(T.ceildiv(nblocks * groups, nclusters)):
                     if tile(w, pid) < nblocks * groups:
-                        if block_expert[row_block(w, pid)] >= 0:
+                        rb = row_block(w, pid)
+                        c0 = col0(w, pid)
+                        expert = block_expert[rb]
+                        if expert >= 0:
                             T.clear(total)
                             for kb in T.serial(kblocks):
                                 T.mbarrier_wait_parity(full[it % num_stages], (it // num_stages) & 1)
@@ -186,7 +198,7 @@ def grouped_gemm_contiguous_kernel(n: int, k: int, num_stages: int = 4, cluster:
                                 if tx % 32 < cluster:
                                     T.mbarrier_arrive(empty[it % num_stages], cta_id=tx % 32)
                                 # the split column is fixed per branch, so the scale choice folds away
-                                if ncol == 1 or col0(w, pid) % 128 == 0:
+                                if ncol == 1 or c0 % 128 == 0:
                                     promote(total, part, sf0, sf1, 128)
                                 else:
                                     promote(total, part, sf0, sf1, 64)
@@ -197,8 +209,7 @@ def grouped_gemm_contiguous_kernel(n: int, k: int, num_stages: int = 4, cluster:
                             T.copy(total, C_s)
                             T.fence_proxy_async()  # C_s's generic-proxy writes before the TMA reads them
                             T.sync_threads(1, 256)
-                            T.tma_copy(C_s, C[row_block(w, pid) * BLOCK_M:row_block(w, pid) * BLOCK_M + BLOCK_M,
-                                              col0(w, pid):col0(w, pid) + block_n])
+                            T.tma_copy(C_s, C[rb * BLOCK_M:rb * BLOCK_M + BLOCK_M, c0:c0 + block_n])
                 T.tma_store_wait(0)  # C_s stays valid until the last store has read it
             # no CTA leaves while a peer may still multicast into it or arrive on its barriers
             T.cluster_sync()

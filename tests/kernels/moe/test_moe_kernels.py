@@ -316,3 +316,31 @@ def test_grouped_gemm_is_deterministic_and_row_independent(e4m3):
     a2[1::2] = e4m3.small(a2[1::2].shape, CUDA)  # change every other row
     second = grouped_gemm_contiguous(a2, sa, b, sb, meta["block_expert"])
     assert torch.equal(first[:used:2], second[:used:2])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("e,n,k", [(3, 4096, 7168), (2, 2048, 1024)])
+def test_grouped_gemm_equals_cublas_blockwise_scaled_mm(e4m3, e, n, k):
+    """An implementation that is not ours: torch._scaled_mm with 1 x 128 / 128 x 128 block scales
+    (cuBLAS on sm_90) gives each expert's rows the same bits, where the torch build has it."""
+    from tlx.numerics.parity import assert_bitwise
+
+    counts = [384, 128, 256][:e]
+    block_expert = torch.repeat_interleave(torch.arange(e, dtype=torch.int32, device=CUDA),
+                                           torch.tensor(counts, device=CUDA) // 128)
+    rows = sum(counts)
+    a = e4m3.small((rows, k), CUDA)
+    sa = torch.rand(rows, k // 128, device=CUDA) + 0.5
+    b, sb = _weights(e, n, k, e4m3)
+    out = grouped_gemm_contiguous(a, sa, b, sb, block_expert,
+                                  out=torch.full((rows, n), float("nan"), dtype=torch.bfloat16, device=CUDA))
+    start = 0
+    for i, c in enumerate(counts):
+        rows_i = slice(start, start + c)
+        scale_a = sa[rows_i].t().contiguous().t()  # cuBLAS takes the 1 x 128 scales M-major
+        try:
+            ref = torch._scaled_mm(a[rows_i], b[i].t(), scale_a=scale_a, scale_b=sb[i].t(), out_dtype=torch.bfloat16)
+        except RuntimeError as exc:
+            pytest.skip(f"this torch has no blockwise _scaled_mm: {exc}"[:200])
+        assert_bitwise(out[rows_i], ref, name=f"grouped GEMM expert {i} vs cuBLAS blockwise")
+        start += c
