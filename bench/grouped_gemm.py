@@ -54,10 +54,15 @@ from kernels.moe.grouped_gemm import grouped_gemm_contiguous_kernel  # noqa: E40
 # bands of 8 / 16 / 32 row blocks walked column group by column group (DRAM bytes 1.84 -> 1.43 GB
 # under ncu, L2 hit rate 73 -> 81%) 1068-1074 / 1069-1070 against 1086 / 1074; warpgroup 1 issuing
 # its wgmma after warpgroup 0's (named barriers, one warpgroup's promotion under the other's tensor
-# work) 1217 / 1001 against 1251 / 1067, and 1.86 against 1.79 ms at ncu's fixed 1.34 GHz.
+# work) 1217 / 1001 against 1251 / 1067, and 1.86 against 1.79 ms at ncu's fixed 1.34 GHz;
+# warpgroup 1 starting each tile one K block behind warpgroup 0 1098 / 1095 against 1175 / 1095
+# (1.90 against 1.80 ms at the fixed clock). The consumers' K loop unrolled over the 4 stages
+# (constant stage indices, barrier addresses and wgmma descriptors; now the default, "rolled" is
+# the loop before): 1278 / 1084 against 1151 / 1098, 1.61 against 1.80 ms at the fixed clock.
 VARIANTS = {
     "wide": {"num_sms": 132},  # the call grouped_gemm_contiguous makes on an H200 here (128 x 192 tiles)
     "n128": {"num_sms": 132, "block_n": 128},  # 128 x 128 tiles (N whose 192-wide tiles do not pair up)
+    "rolled": {"num_sms": 132, "unroll_stages": False},  # the K loop not unrolled over the stages
 }
 
 # name -> (kind, experts, rows per expert or tokens, N, K)
@@ -75,6 +80,7 @@ TOPK = 6
 PLAN = {
     "wide": list(SHAPES),
     "n128": list(SHAPES),
+    "rolled": ["big_n4096_k7168", "big_n7168_k4096", "flash_l1", "pro_l1"],
 }
 
 

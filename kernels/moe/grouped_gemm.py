@@ -53,7 +53,7 @@ def check_gemm_args(n: int, k: int):
          pass_configs={"tl.disable_warp_specialized": True, "tl.disable_thread_storage_sync": True},
          assume=("NB <= 16777214",))  # rows < 2^31 - 256: row_block * 128 + tx stays in int32
 def grouped_gemm_contiguous_kernel(n: int, k: int, num_stages: int = 4, cluster: int = 2, num_sms: int = 132,
-                                   block_n: int | None = None):
+                                   block_n: int | None = None, unroll_stages: bool = True):
     """``(A [R, K], SA [R, K/128], B [E, N, K], SB [E, N/128, K/128], block_expert [R/128], C [R, N])``.
 
     ``num_sms`` persistent CTAs (one per SM) walk the output tiles row block by row block; the
@@ -76,6 +76,13 @@ def grouped_gemm_contiguous_kernel(n: int, k: int, num_stages: int = 4, cluster:
     ~2000 cycles per tile (ncu at 1.33 GHz on 4 x 8192 x 7168 x 4096: 1.87 against 1.96 ms,
     tensor pipe 73.5 against 69.6% active; H200 at its power limit 1057 against 995 TFLOP/s).
 
+    ``unroll_stages``: where each tile's K blocks fill whole rounds of the ``num_stages`` stages
+    (K a multiple of 512 at 4 stages), the consumers' K loop is unrolled over the stages, so stage
+    indices, barrier addresses and wgmma descriptors are constants instead of being rebuilt from the
+    running K-block count every step. ncu at a fixed 1.33 GHz, 8 x 4096 x 4096 x 7168: 1.80 -> 1.61
+    ms (cuBLAS's blockwise _scaled_mm: 1.66); H200 at its power limit +3 to +11% on five of six
+    shapes, equal on the sixth (RESULTS.md).
+
     Padding rows are computed like the others (their C rows hold A's padding rows' products).
     Session 5 tried skipping them (commits 7b56d54..9884aef: a warpgroup whose 64 rows are all
     padding waits for and releases each stage with no wgmma and no promotion, padding rows of C
@@ -89,8 +96,8 @@ def grouped_gemm_contiguous_kernel(n: int, k: int, num_stages: int = 4, cluster:
 
     torch's ``_scaled_mm`` with the same block scales (cuBLAS on sm_90) computes each expert's rows
     to the same bits; on the dense shape it runs 1.66 ms at ncu's fixed 1.33 GHz where this kernel
-    takes 1.79-1.83 ms (8 x 4096 x 4096 x 7168), and at the power limit the gap narrows to 2-8%.
-    Neither A's multicast (L2 traffic), nor a banded tile order (DRAM traffic), nor ordering the two
+    took 1.79-1.83 ms before the K loop was unrolled (8 x 4096 x 4096 x 7168). Neither A's multicast
+    (L2 traffic), nor a banded tile order (DRAM traffic), nor ordering or staggering the two
     warpgroups' wgmma issue made it faster (``bench/grouped_gemm.py`` keeps the figures)."""
     check_gemm_args(n, k)
     if block_n is None:
@@ -101,6 +108,9 @@ def grouped_gemm_contiguous_kernel(n: int, k: int, num_stages: int = 4, cluster:
     if nt % cluster or num_sms % cluster:
         raise ValueError(f"cluster: {cluster} must divide ceil(n / {block_n}) = {nt} and num_sms = {num_sms}")
     kblocks = k // BLOCK_K
+    # the consumers' K loop unrolled over the stages where each tile's K blocks fill whole rounds of
+    # them (every tile then starts at stage 0): stage indices and barrier addresses become constants
+    unroll = num_stages if unroll_stages and kblocks % num_stages == 0 else 1
     nclusters = num_sms // cluster
     groups = nt // cluster  # cluster tiles per row block
     ncol = 2 if block_n > 128 else 1  # scale groups a tile touches
@@ -123,6 +133,25 @@ def grouped_gemm_contiguous_kernel(n: int, k: int, num_stages: int = 4, cluster:
                 total[i, j] = T.ieee_fmaf(part[i, j], sf0[i], total[i, j])
             else:
                 total[i, j] = T.ieee_fmaf(part[i, j], T.if_then_else(j < split, sf0[i], sf1[i]), total[i, j])
+
+    @T.macro
+    def stage_round(split, it, full, empty, scale_s, sf0, sf1, A_s, B_s, part, total, tx):
+        """The consumers' next ``unroll`` K blocks, from block ``it`` of the CTA (``split``: see
+        ``promote``)."""
+        for u in T.unroll(unroll):
+            # unrolled, `it` is a multiple of num_stages here: stage u, one phase
+            stage = u if unroll > 1 else it % num_stages
+            T.mbarrier_wait_parity(full[stage], (it // num_stages) & 1)
+            for i in T.Parallel(BLOCK_M):
+                sf0[i] = scale_s[stage, 0, i]
+                if ncol == 2:
+                    sf1[i] = scale_s[stage, 1, i]
+            T.gemm(A_s[stage, :, :], B_s[stage, :, :], part, transpose_B=True,
+                   policy=T.GemmWarpPolicy.FullRow, clear_accum=True)
+            # lane r of every consumer warp releases the stage in the cluster's CTA r
+            if tx % 32 < cluster:
+                T.mbarrier_arrive(empty[stage], cta_id=tx % 32)
+            promote(total, part, sf0, sf1, split)
 
     @T.prim_func
     def main(
@@ -186,23 +215,13 @@ def grouped_gemm_contiguous_kernel(n: int, k: int, num_stages: int = 4, cluster:
                         expert = block_expert[rb]
                         if expert >= 0:
                             T.clear(total)
-                            for kb in T.serial(kblocks):
-                                T.mbarrier_wait_parity(full[it % num_stages], (it // num_stages) & 1)
-                                for i in T.Parallel(BLOCK_M):
-                                    sf0[i] = scale_s[it % num_stages, 0, i]
-                                    if ncol == 2:
-                                        sf1[i] = scale_s[it % num_stages, 1, i]
-                                T.gemm(A_s[it % num_stages, :, :], B_s[it % num_stages, :, :], part, transpose_B=True,
-                                       policy=T.GemmWarpPolicy.FullRow, clear_accum=True)
-                                # lane r of every consumer warp releases the stage in the cluster's CTA r
-                                if tx % 32 < cluster:
-                                    T.mbarrier_arrive(empty[it % num_stages], cta_id=tx % 32)
+                            for kq in T.serial(kblocks // unroll):
                                 # the split column is fixed per branch, so the scale choice folds away
                                 if ncol == 1 or c0 % 128 == 0:
-                                    promote(total, part, sf0, sf1, 128)
+                                    stage_round(128, it, full, empty, scale_s, sf0, sf1, A_s, B_s, part, total, tx)
                                 else:
-                                    promote(total, part, sf0, sf1, 64)
-                                it = it + 1
+                                    stage_round(64, it, full, empty, scale_s, sf0, sf1, A_s, B_s, part, total, tx)
+                                it = it + unroll
                             # the previous tile's store has read C_s (a no-op in the other threads)
                             T.tma_store_wait(0)
                             T.sync_threads(1, 256)  # consumers only: the producer keeps loading

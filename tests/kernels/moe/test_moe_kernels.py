@@ -30,6 +30,7 @@ COMPILES = {
     "combine": lambda: combine_kernel(4096, 6),
     "gemm_contiguous": lambda: grouped_gemm_contiguous_kernel(4096, 2048),  # 22 column tiles: 192-wide
     "gemm_contiguous_n128": lambda: grouped_gemm_contiguous_kernel(2048, 1024),  # 11 column tiles: 128-wide
+    "gemm_contiguous_k1152": lambda: grouped_gemm_contiguous_kernel(2048, 1152),  # 9 K blocks: K loop not unrolled
     "gemm_masked": lambda: grouped_gemm_masked_kernel(4096, 2048),
 }
 
@@ -239,8 +240,8 @@ def _weights(e, n, k, e4m3):
 
 
 # The four shapes of the models (each (N, K) is one compile, shared with the pipeline; all take
-# 128 x 192 tiles, the last one past N at N 4096 and 7168), and one N whose 192-wide tiles do
-# not pair up in clusters (128 x 128 tiles).
+# 128 x 192 tiles, the last one past N at N 4096 and 7168), one N whose 192-wide tiles do not pair
+# up in clusters (128 x 128 tiles) and one K whose blocks do not fill whole rounds of the stages.
 GEMM_SHAPES = [
     # (local experts, N, K)
     (8, 4096, 4096),  # V4-Flash L1: N = 2I, K = H
@@ -248,6 +249,7 @@ GEMM_SHAPES = [
     (4, 6144, 7168),  # V4-Pro L1
     (4, 7168, 3072),  # V4-Pro L2
     (4, 2048, 1024),  # ceil(2048 / 192) = 11 column tiles: 128-wide
+    (4, 2048, 1152),  # 9 K blocks, not whole rounds of the 4 stages: the K loop is not unrolled
 ]
 
 
