@@ -80,8 +80,8 @@ def grouped_gemm_contiguous_kernel(n: int, k: int, num_stages: int = 4, cluster:
     (K a multiple of 512 at 4 stages), the consumers' K loop is unrolled over the stages, so stage
     indices, barrier addresses and wgmma descriptors are constants instead of being rebuilt from the
     running K-block count every step. ncu at a fixed 1.33 GHz, 8 x 4096 x 4096 x 7168: 1.80 -> 1.61
-    ms (cuBLAS's blockwise _scaled_mm: 1.66); H200 at its power limit +3 to +11% on five of six
-    shapes, equal on the sixth (RESULTS.md).
+    ms (cuBLAS's blockwise _scaled_mm: 1.66); H200 at its power limit +3 to +11% where K is 2048,
+    3072 or 7168, equal (-2 to 0%) at K = 4096, also at the fixed clock (not explained yet).
 
     Padding rows are computed like the others (their C rows hold A's padding rows' products).
     Session 5 tried skipping them (commits 7b56d54..9884aef: a warpgroup whose 64 rows are all
