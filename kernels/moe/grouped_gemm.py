@@ -81,7 +81,12 @@ def grouped_gemm_contiguous_kernel(n: int, k: int, num_stages: int = 4, cluster:
     indices, barrier addresses and wgmma descriptors are constants instead of being rebuilt from the
     running K-block count every step. ncu at a fixed 1.33 GHz, 8 x 4096 x 4096 x 7168: 1.80 -> 1.61
     ms (cuBLAS's blockwise _scaled_mm: 1.66); H200 at its power limit +3 to +11% where K is 2048,
-    3072 or 7168, equal (-2 to 0%) at K = 4096, also at the fixed clock (not explained yet).
+    3072 or 7168, equal (-2 to 0%) at K = 4096, where the producer was the limit (below).
+
+    The producer loads each K block's scales one block ahead (into registers, multiplied and stored
+    to ``scale_s`` in the next step): loaded and used in the same step, their global-load latency
+    paced the producer below the consumers at K = 4096 (ncu at 1.33 GHz, 4 x 8192 x 7168 x 4096:
+    1.84 -> 1.62 ms; H200 at its power limit +11-12% at K = 4096, +1-3% elsewhere).
 
     Padding rows are computed like the others (their C rows hold A's padding rows' products).
     Session 5 tried skipping them (commits 7b56d54..9884aef: a warpgroup whose 64 rows are all
@@ -179,6 +184,8 @@ def grouped_gemm_contiguous_kernel(n: int, k: int, num_stages: int = 4, cluster:
             rb = T.alloc_var("int32")
             c0 = T.alloc_var("int32")
             expert = T.alloc_var("int32")
+            next_sa = T.alloc_local((1,), "float32")  # the producer's scales of the next K block
+            next_sb = T.alloc_local((ncol,), "float32")
             tx = T.get_thread_binding()
             T.cluster_sync()
             if tx >= 256:
@@ -189,6 +196,9 @@ def grouped_gemm_contiguous_kernel(n: int, k: int, num_stages: int = 4, cluster:
                         c0 = col0(w, pid)
                         expert = block_expert[rb]
                         if expert >= 0:
+                            next_sa[0] = SA[rb * BLOCK_M + tx - 256, 0]
+                            for c in T.unroll(ncol):
+                                next_sb[c] = SB[expert, T.min(c0 // 128 + c, n // 128 - 1), 0]
                             for kb in T.serial(kblocks):
                                 T.mbarrier_wait_parity(empty[it % num_stages], ((it // num_stages) & 1) ^ 1)
                                 if cluster > 1:
@@ -200,10 +210,14 @@ def grouped_gemm_contiguous_kernel(n: int, k: int, num_stages: int = 4, cluster:
                                                A_s[it % num_stages, :, :], barrier=full[it % num_stages])
                                 T.tma_copy(B[expert, c0:c0 + block_n, kb * BLOCK_K:(kb + 1) * BLOCK_K],
                                            B_s[it % num_stages, :, :], barrier=full[it % num_stages])
-                                # the scales' global loads overlap the TMA transfers
+                                # this K block's scales were loaded one block ago (their latency off the
+                                # stage's critical path); load the next one's
                                 for c in T.unroll(ncol):
-                                    scale_s[it % num_stages, c, tx - 256] = (
-                                        SA[rb * BLOCK_M + tx - 256, kb] * SB[expert, T.min(c0 // 128 + c, n // 128 - 1), kb])
+                                    scale_s[it % num_stages, c, tx - 256] = next_sa[0] * next_sb[c]
+                                if kb + 1 < kblocks:
+                                    next_sa[0] = SA[rb * BLOCK_M + tx - 256, kb + 1]
+                                    for c in T.unroll(ncol):
+                                        next_sb[c] = SB[expert, T.min(c0 // 128 + c, n // 128 - 1), kb + 1]
                                 T.mbarrier_arrive(full[it % num_stages])
                                 it = it + 1
             else:
