@@ -61,6 +61,13 @@ from kernels.moe.grouped_gemm import grouped_gemm_contiguous_kernel  # noqa: E40
 # the loop before): 1278 / 1084 against 1151 / 1098, 1.61 against 1.80 ms at the fixed clock.
 # The producer's scales loaded one K block ahead (now the default): 1261 / 1172 against 1251 / 1044,
 # Flash L1 1123 against 1009, at the fixed clock 1.57 / 1.62 against 1.58 / 1.84 ms.
+# Session 7 (2026-11-30, one run, big_n4096_k7168 / big_n7168_k4096 / flash_l1 computed rows, all
+# bitwise equal to the baseline; patch kept out of the tree): each tile's epilogue (C_s store) run
+# under the next tile's first wgmma, and the last column tile of N = 4096 / 7168 (64 columns left)
+# computed as a 64-wide wgmma instead of 192 with B zero-filled: 1244 / 1204 / 1146 with both,
+# 1244 / 1207 / 1160 epilogue not overlapped, 1256 / 1211 / 1155 last tile full width, 1241 / 1200 /
+# 1130 with both and no cluster (CTAs not paired, so the narrow tile's CTA need not wait for its
+# partner); ncu at 1.35 GHz 1.53-1.54 / 1.54-1.59 ms for all four: neither pays.
 VARIANTS = {
     "wide": {"num_sms": 132},  # the call grouped_gemm_contiguous makes on an H200 here (128 x 192 tiles)
     "n128": {"num_sms": 132, "block_n": 128},  # 128 x 128 tiles (N whose 192-wide tiles do not pair up)

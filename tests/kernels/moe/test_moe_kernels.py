@@ -250,6 +250,7 @@ GEMM_SHAPES = [
     (4, 7168, 3072),  # V4-Pro L2
     (4, 2048, 1024),  # ceil(2048 / 192) = 11 column tiles: 128-wide
     (4, 2048, 1152),  # 9 K blocks, not whole rounds of the 4 stages: the K loop is not unrolled
+    (2, 4096, 1152),  # the same with 192-wide tiles (two scale groups per tile)
 ]
 
 
