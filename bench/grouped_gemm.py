@@ -12,7 +12,7 @@ call, so all meet the same clocks (the board runs at its power limit). TFLOP/s c
 rows (and, in brackets, all computed rows including padding); the dense rates are ``_scaled_mm``
 on [computed rows, K] x [K, N] with row-wise scales and, where the torch build has it, with the
 same 1 x 128 / 128 x 128 block scales (the same promotion work). ``--clocks`` adds back-to-back rates with the
-SM clock and board power read half way.
+SM clock and board power read half way, and the board energy per call (NVML's counter).
 
 Usage:
   python bench/grouped_gemm.py --compile [--jobs 8]   # build every (variant, shape) kernel in parallel
@@ -21,6 +21,7 @@ Usage:
 """
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -222,15 +223,49 @@ def blockwise_scaled_mm(x, line, ref):
     return None
 
 
+@functools.cache
+def _nvml_device():
+    """NVML and its handle of the current CUDA device (by PCI bus id), or None without NVML."""
+    import ctypes
+
+    import torch
+
+    try:
+        nvml = ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError:
+        return None
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    if not hasattr(props, "pci_bus_id"):
+        return None
+    bus_id = f"{props.pci_domain_id:08x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0".encode()
+    handle = ctypes.c_void_p()
+    if nvml.nvmlInit_v2() or nvml.nvmlDeviceGetHandleByPciBusId_v2(bus_id, ctypes.byref(handle)):
+        return None
+    return nvml, handle
+
+
+def board_energy_mj():
+    """The board's energy counter (mJ since the driver loaded; NVML), or None where it is missing."""
+    import ctypes
+
+    dev = _nvml_device()
+    if dev is None:
+        return None
+    mj = ctypes.c_ulonglong()
+    return None if dev[0].nvmlDeviceGetTotalEnergyConsumption(dev[1], ctypes.byref(mj)) else mj.value
+
+
 def sustained(fn, calls=300):
-    """Back-to-back calls for a few hundred ms: ms per call and the SM clock and board power that
-    nvidia-smi reads half way (FP8 GEMMs run into the power limit, so clocks differ by kernel)."""
+    """Back-to-back calls for about a second: ms and board energy (NVML's counter) per call, and
+    the SM clock and board power that nvidia-smi reads half way (FP8 GEMMs run into the power
+    limit, so the rate follows the energy a kernel spends per flop)."""
     import subprocess
 
     import torch
 
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    e0 = board_energy_mj()
     start.record()
     for _ in range(calls):
         fn()
@@ -238,7 +273,11 @@ def sustained(fn, calls=300):
     smi = subprocess.run(["nvidia-smi", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader"],
                          capture_output=True, text=True).stdout.strip()
     end.synchronize()
-    return {"sustained_ms": round(start.elapsed_time(end) / calls, 4), "clock": smi}
+    e1 = board_energy_mj()
+    row = {"sustained_ms": round(start.elapsed_time(end) / calls, 4), "clock": smi}
+    if e0 is not None and e1 is not None:
+        row["mj_per_call"] = round((e1 - e0) / calls, 2)
+    return row
 
 
 def run(variants, shapes, out_json, ncu, reps=20, clocks=False):
@@ -301,8 +340,10 @@ def run(variants, shapes, out_json, ncu, reps=20, clocks=False):
                 text = (f"{row['tflops_routed']:7.1f} TF routed ({row['tflops_padded']:7.1f} computed) "
                         f"bitwise={row['bitwise_vs_baseline']}")
             if clocks:
-                row.update(sustained(fns[name], calls=max(20, int(300 / ms))))
+                row.update(sustained(fns[name], calls=max(20, int(1000 / ms))))
                 text += f" | back to back {row['sustained_ms']:.3f} ms at {row['clock']}"
+                if "mj_per_call" in row:  # every row computes flops_p (the dense ones on the same rows)
+                    text += f", {row['mj_per_call']:.0f} mJ per call ({flops_p / row['mj_per_call'] / 1e9:.2f} TFLOP/J)"
             print(f"{shape:18s} {name:20s} {ms:8.3f} ms {text}", flush=True)
         del out
         results.append(line)
