@@ -48,6 +48,15 @@ mrows = T.dynamic("M")
 nexp = T.dynamic("E")
 
 
+def operand_types(n: int, k: int, masked: bool):
+    """The kernels' parameters ``A, SA, B, SB, route, C`` for a layout: one signature per layout
+    whichever kernel runs it (``route``: ``counts [E]`` masked, ``block_expert [R / 128]`` contiguous)."""
+    rows = (nexp, mrows) if masked else (nrows,)
+    return (T.Tensor((*rows, k), "float8_e4m3"), T.Tensor((*rows, k // BLOCK_K), "float32"),
+            T.Tensor((nexp, n, k), "float8_e4m3"), T.Tensor((nexp, n // 128, k // BLOCK_K), "float32"),
+            T.Tensor((nexp,) if masked else (nblocks,), "int32"), T.Tensor((*rows, n), "bfloat16"))
+
+
 def check_gemm_args(n: int, k: int):
     if k % BLOCK_K:
         raise ValueError(f"k: expected a multiple of {BLOCK_K}, got {k}")
@@ -220,27 +229,14 @@ def persistent_grouped_gemm(n: int, k: int, masked: bool, num_stages: int, clust
             # no CTA leaves while a peer may still multicast into it or arrive on its barriers
             T.cluster_sync()
 
+    A_t, SA_t, B_t, SB_t, route_t, C_t = operand_types(n, k, masked)
     if masked:
         @T.prim_func
-        def main(
-            A: T.Tensor((nexp, mrows, k), "float8_e4m3"),
-            SA: T.Tensor((nexp, mrows, k // BLOCK_K), "float32"),
-            B: T.Tensor((nexp, n, k), "float8_e4m3"),
-            SB: T.Tensor((nexp, n // 128, k // BLOCK_K), "float32"),
-            counts: T.Tensor((nexp,), "int32"),
-            C: T.Tensor((nexp, mrows, n), "bfloat16"),
-        ):
+        def main(A: A_t, SA: SA_t, B: B_t, SB: SB_t, counts: route_t, C: C_t):
             body(A, SA, B, SB, counts, C)
     else:
         @T.prim_func
-        def main(
-            A: T.Tensor((nrows, k), "float8_e4m3"),
-            SA: T.Tensor((nrows, k // BLOCK_K), "float32"),
-            B: T.Tensor((nexp, n, k), "float8_e4m3"),
-            SB: T.Tensor((nexp, n // 128, k // BLOCK_K), "float32"),
-            block_expert: T.Tensor((nblocks,), "int32"),
-            C: T.Tensor((nrows, n), "bfloat16"),
-        ):
+        def main(A: A_t, SA: SA_t, B: B_t, SB: SB_t, block_expert: route_t, C: C_t):
             body(A, SA, B, SB, block_expert, C)
     return main
 
@@ -327,16 +323,10 @@ def grouped_gemm_masked_kernel(n: int, k: int, num_stages: int = 4):
     kernel's 128 x 192 tiles (H200, 32 experts, M 256, ~48 rows each, N 4096, K 4096: 0.191 against
     0.215 ms); ``grouped_gemm_masked`` picks by M."""
     check_gemm_args(n, k)
+    A_t, SA_t, B_t, SB_t, counts_t, C_t = operand_types(n, k, masked=True)
 
     @T.prim_func
-    def main(
-        A: T.Tensor((nexp, mrows, k), "float8_e4m3"),
-        SA: T.Tensor((nexp, mrows, k // BLOCK_K), "float32"),
-        B: T.Tensor((nexp, n, k), "float8_e4m3"),
-        SB: T.Tensor((nexp, n // 128, k // BLOCK_K), "float32"),
-        counts: T.Tensor((nexp,), "int32"),
-        C: T.Tensor((nexp, mrows, n), "bfloat16"),
-    ):
+    def main(A: A_t, SA: SA_t, B: B_t, SB: SB_t, counts: counts_t, C: C_t):
         with T.Kernel(n // BLOCK_N, T.ceildiv(mrows, BLOCK_M), nexp, threads=256) as (bx, by, bz):
             if by * BLOCK_M < counts[bz]:
                 A_s = T.alloc_shared((BLOCK_M, BLOCK_K), "float8_e4m3")
