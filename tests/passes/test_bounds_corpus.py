@@ -198,7 +198,7 @@ def test_a_pointer_written_through_an_alias_is_not_read_only():
     assert _read_only_params(tir.PrimFunc([a, b], body)) == {b}
 
 
-def _counter_overflow(step: int, bounded_loop: bool = True):
+def _counter_overflow(step: int, loop: str = "for"):
     """The overflow entry of ``it = it + step`` in a persistent loop (a pipeline's stage counter)."""
     import tilelang.language as T
 
@@ -213,15 +213,19 @@ def _counter_overflow(step: int, bounded_loop: bool = True):
             S = T.alloc_shared((4, 128), "float32")
             it = T.alloc_var("int32", init=0)
             tx = T.get_thread_binding()
-            if bounded_loop:
+            if loop == "for":
                 for w in T.serial(T.ceildiv(n, 1024)):
                     if (w * 8 + bx) * 128 + tx < n:
                         S[it % 4, tx] = A[(w * 8 + bx) * 128 + tx]
                         B[(w * 8 + bx) * 128 + tx] = S[it % 4, tx]
                     it = it + step
-            else:
+            elif loop == "while":
                 while it < n:
                     S[it % 4, tx] = A[it]
+                    it = it + step
+            else:  # a while loop whose condition does not bound it
+                while A[tx] > 0.0:
+                    S[it % 4, tx] = A[tx]
                     it = it + step
 
     report = verify_kernel(lower(ring, CPU_TARGET, {}), ("N <= 1 << 30",))[0]
@@ -231,11 +235,13 @@ def _counter_overflow(step: int, bounded_loop: bool = True):
 def test_a_counter_is_bounded_by_the_trip_counts_of_its_loops():
     """``it`` starts at 0 and grows by ``step`` once per iteration of a loop of ceil(N / 1024)
     trips: with step 1 its increment cannot overflow int32; with step 4096 it can (N up to 2^30),
-    and the verifier still says so; inside a while loop (no trip count) it stays unproven."""
+    and the verifier still says so. A while loop has no trip count: ``while it < N`` bounds the
+    body's ``it`` (the condition's value), while a loop on data leaves it unproven."""
     assert _counter_overflow(1) == []
     big = _counter_overflow(4096)
     assert big and big[0].status != "proven"
-    assert [a.status for a in _counter_overflow(1, bounded_loop=False)] == ["unknown"]
+    assert _counter_overflow(1, loop="while") == []
+    assert [a.status for a in _counter_overflow(1, loop="while_on_data")] == ["unknown"]
 
 
 def test_a_counter_whose_pointer_escapes_is_not_bounded():

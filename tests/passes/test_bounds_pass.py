@@ -66,3 +66,44 @@ def test_off_mode_does_not_run():
     skip = tuple(n for n in registered_passes() if n not in ("bounds", "eliminate_guards"))
     run_passes(lowered("off_by_one_tail"), ctx, skip=skip)
     assert "bounds" not in ctx.reports and "eliminate_guards" not in ctx.reports
+
+
+def _walk_kernel(step: int):
+    """A thread walks ``seg`` through a while loop by ``step`` per iteration, then indexes shared
+    memory with it under only an upper guard."""
+    import tilelang.language as T
+
+    import tlx
+
+    @tlx.jit(target={"kind": "cuda", "arch": "sm_90a"}, verify="off")
+    def walk(threads=128):
+        @T.prim_func
+        def main(lengths: T.Tensor((threads,), "int32"), Out: T.Tensor((threads,), "int32")):
+            with T.Kernel(1, threads=threads):
+                tx = T.get_thread_binding()
+                S = T.alloc_shared((threads,), "int32")
+                seg = T.alloc_var("int32", init=0)
+                while T.if_then_else(seg < threads, lengths[tx] > seg, False):
+                    seg = seg + step
+                if seg < threads:
+                    S[seg] = tx
+                T.sync_threads()
+                Out[tx] = S[tx]
+
+        return main
+
+    from tlx.lowering import lower
+
+    return lower(walk.get_tir(), walk.options.target_dict(), walk.options.pass_config_dict())
+
+
+def test_while_loop_counter_keeps_its_start_as_lower_bound():
+    """Incremented only, ``seg`` stays >= 0 after a loop without a trip count; decremented, the
+    same access is not proven (it depends on an untracked value) and ``seg = -1`` is the witness."""
+    from tlx.passes.bounds import verify_kernel
+
+    up = verify_kernel(_walk_kernel(1), ())[0]
+    assert [a.status for a in up.accesses if a.buffer == "S"] == ["proven", "proven"]
+    down = verify_kernel(_walk_kernel(-1), ())[0]
+    [store] = [a for a in down.accesses if a.buffer == "S" and a.kind == "store"]
+    assert store.status == "unknown" and store.counterexample["index"] < 0

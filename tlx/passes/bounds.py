@@ -29,7 +29,7 @@ from tilelang import tvm
 from tlx.lowering import LoweredKernel
 from tlx.passes import PassContext, Precondition, register_pass
 from tlx.passes.assume import parse_assumption, shape_vars
-from tlx.passes.smt import DEFAULT_RLIMIT, Encoder, Obligation, scalar_dtype
+from tlx.passes.smt import DEFAULT_RLIMIT, PRIVATE_SCOPES, Encoder, Obligation, scalar_dtype
 
 tir = tvm.tirx
 
@@ -453,7 +453,7 @@ class _Walker:
         """Remember ``buf[c] = v`` for thread-private integer buffers so later loads of ``buf[c]`` mean ``v``."""
         data = s.buffer.data
         known = self.enc.known_loads
-        private = str(s.buffer.scope()) in _PRIVATE_SCOPES and scalar_dtype(s.buffer.dtype)[0] in ("int", "uint", "bool")
+        private = str(s.buffer.scope()) in PRIVATE_SCOPES and scalar_dtype(s.buffer.dtype)[0] in ("int", "uint", "bool")
         if private and len(s.indices) == 1 and isinstance(s.indices[0], tir.IntImm) and scalar_dtype(s.value.dtype)[2] == 1:
             name = _user_name(s.buffer.name)
             t = self.reliable(s.value, f"{name}[{s.indices[0]}] = {s.value}", as_bool=str(s.buffer.dtype) == "bool", subject=name)
@@ -613,7 +613,6 @@ class _Walker:
         return s
 
 
-_PRIVATE_SCOPES = ("local", "local.var")
 _CP_ASYNC = ("tl.ptx_cp_async", "tirx.ptx_cp_async")
 
 
@@ -751,15 +750,16 @@ def _counters(f) -> dict:
     """Thread-private integer scalars used as counters (a pipeline's stage/phase counter
     ``it = it + 1``): set once to a constant, outside every loop and branch and before any other
     use, then only incremented by non-negative constants, and never addressed by pointer. Their
-    value is then bounded by the trip counts of the loops around the increments (see
-    ``Encoder.counters``) as long as those trip counts depend only on the kernel's parameters and
-    thread indices. Returns data var -> (start, [(step, [loop extents]), ...])."""
+    value is then at least the start and, where every increment sits in loops whose trip counts
+    depend only on the kernel's parameters and thread indices, at most the start plus each step
+    times those trip counts (see ``Encoder.counters``). Returns data var -> (start, [(step,
+    [loop extents] or None where a loop around the increment has no such trip count), ...])."""
     fixed = {p for p in f.params if not str(p.dtype) == "handle"}
     state: dict = {}  # data var -> {"start": int | None, "sites": [...], "ok": bool}
 
     def scalar(buf) -> bool:
         shape = list(buf.shape)
-        return (str(buf.scope()) in _PRIVATE_SCOPES and scalar_dtype(buf.dtype)[0] in ("int", "uint")
+        return (str(buf.scope()) in PRIVATE_SCOPES and scalar_dtype(buf.dtype)[0] in ("int", "uint")
                 and len(shape) == 1 and isinstance(shape[0], tir.IntImm) and shape[0].value == 1)
 
     def entry(buf):
@@ -803,8 +803,8 @@ def _counters(f) -> dict:
                 step = step_of(s.value, s.buffer.data)
                 if e["start"] is None and isinstance(s.value, tir.IntImm) and not nested:
                     e["start"] = int(s.value.value)
-                elif step is not None and e["start"] is not None and loops is not None:
-                    e["sites"].append((step, list(loops)))
+                elif step is not None and e["start"] is not None:
+                    e["sites"].append((step, None if loops is None else list(loops)))
                 else:
                     e["ok"] = False
             return
@@ -814,7 +814,7 @@ def _counters(f) -> dict:
             walk(s.body, loops + [s.extent] if trip_known else None, True)
             return
         if isinstance(s, tir.While):
-            walk(s.body, None, True)  # no trip count: increments inside make the counter unbounded
+            walk(s.body, None, True)  # no trip count: increments inside leave the counter unbounded above
             return
         if isinstance(s, tir.SeqStmt):
             for x in s.seq:

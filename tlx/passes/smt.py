@@ -44,6 +44,17 @@ DEFAULT_RLIMIT = 2_000_000
 _DTYPE_RE = re.compile(r"^(bool|int|uint|float|bfloat|handle|float8_\w+|float4_\w+|float6_\w+)(\d*)(?:x(\d+))?$")
 
 
+PRIVATE_SCOPES = ("local", "local.var")  # a thread's own registers: only its own stores change them
+
+
+def _private_int_scalar(load) -> bool:
+    """A load of one element, at a constant index, of a thread-private integer or bool buffer
+    (the values ``bounds`` tracks through stores)."""
+    kind, _, lanes = scalar_dtype(load.dtype)
+    return (str(load.buffer.scope()) in PRIVATE_SCOPES and kind in ("int", "uint", "bool") and lanes == 1
+            and len(load.indices) == 1 and isinstance(load.indices[0], tir.IntImm))
+
+
 def scalar_dtype(dtype) -> tuple[str, int, int]:
     """``"int32x4"`` -> ``("int", 32, 4)``; ``"bool"`` -> ``("bool", 1, 1)``."""
     s = str(dtype)
@@ -72,13 +83,20 @@ def dtype_range(dtype) -> tuple[int, int] | None:
 
 @dataclass(frozen=True)
 class Obligation:
-    """``term`` (an exact Int) must lie in ``[lo, hi]`` for the fixed-width result to equal it."""
+    """``term`` (an exact Int) must lie in ``[lo, hi]`` for the fixed-width result to equal it,
+    wherever ``when`` holds (the branch of an ``if_then_else`` that computes it; None: always)."""
 
     term: Any
     lo: int
     hi: int
     dtype: str
     node: Any
+    when: Any = None
+
+    def broken(self):
+        """The Z3 condition under which the obligation fails."""
+        out = z3.Or(self.term < self.lo, self.term > self.hi)
+        return out if self.when is None else z3.And(self.when, out)
 
     def text(self) -> str:
         return f"{self.node} (as {self.dtype})"
@@ -399,6 +417,16 @@ class Encoder:
     def _enc_Not(self, expr, env, lane):
         return _Enc(z3.Not(self._as_bool(self._enc(expr.a, env, lane))), None, None)
 
+    def _branch(self, expr, taken, env, lane) -> _Enc:
+        """``expr`` evaluated only where ``taken`` holds: its new obligations are conditioned on it."""
+        before = len(self._obligations)
+        e = self._enc(expr, env, lane)
+        for i in range(before, len(self._obligations)):
+            o = self._obligations[i]
+            self._obligations[i] = Obligation(o.term, o.lo, o.hi, o.dtype, o.node,
+                                              taken if o.when is None else z3.And(taken, o.when))
+        return e
+
     def _select(self, cond, a: _Enc, b: _Enc) -> _Enc:
         if z3.is_bool(a.term) != z3.is_bool(b.term):
             return _Enc(self.fresh("int64", "select"), None, None)
@@ -438,12 +466,20 @@ class Encoder:
             self._bound_counter(e.term, *self.counters[expr.buffer.data])
         if key is not None:
             self._read_only_loads[key] = e
+        elif _private_int_scalar(expr):
+            # Unknown but fixed until the next store (which the verifier tracks or forgets): every
+            # load until then is this one value, e.g. a while loop's condition and its body's.
+            self.known_loads[(expr.buffer.data, int(idx[0].value))] = e
         return e
 
     def _bound_counter(self, term, start, sites) -> None:
-        """A counter holds at least its start and at most its start plus each increment's step
-        times the trip count of the loops around it. The loop extents' own width obligations join
-        the current expression's, so the bound is used only where they are proven."""
+        """A counter holds at least its start and, when every increment's loops have trip counts
+        (``extents`` not None), at most its start plus each increment's step times the trip count
+        of the loops around it. The loop extents' own width obligations join the current
+        expression's, so the bound is used only where they are proven."""
+        self._facts.append(term >= start)
+        if any(extents is None for _, extents in sites):
+            return
         total = self.int_val(start)
         for step, extents in sites:
             trips = self.int_val(step)
@@ -451,7 +487,7 @@ class Encoder:
                 t = self._enc(ext).term
                 trips = trips * z3.If(t > 0, t, 0)
             total = total + trips
-        self._facts += [term >= start, term <= total]
+        self._facts.append(term <= total)
 
     def _enc_Ramp(self, expr, env, lane):
         base, stride = self._enc(expr.base, env), self._enc(expr.stride, env)
@@ -478,8 +514,11 @@ class Encoder:
         name = str(expr.op.name) if hasattr(expr.op, "name") else ""
         args = expr.args
         if name == "tirx.if_then_else":
+            # Lazy (a C conditional): a branch's width obligations hold only where it is taken.
             c = self._as_bool(self._enc(args[0], env, lane))
-            return self._select(c, self._enc(args[1], env, lane), self._enc(args[2], env, lane))
+            a = self._branch(args[1], c, env, lane)
+            b = self._branch(args[2], z3.Not(c), env, lane)
+            return self._select(c, a, b)
         if name == "tirx.likely":
             return self._enc(args[0], env, lane)
         kind, bits, _ = scalar_dtype(expr.dtype)
@@ -548,13 +587,12 @@ class Encoder:
         """Prove every obligation at once; on failure return the first one the model breaks."""
         if not obligations:
             return Verdict("proven"), None
-        bad = z3.Or([z3.Or(o.term < o.lo, o.term > o.hi) for o in obligations])
+        bad = z3.Or([o.broken() for o in obligations])
         v = self.check(list(context or []) + [bad])
         if v.status != "violation":
             return v, None
         for o in obligations:
-            val = v.model.eval(o.term, model_completion=True)
-            if z3.is_int_value(val) and not (o.lo <= val.as_long() <= o.hi):
+            if z3.is_true(v.model.eval(o.broken(), model_completion=True)):
                 return v, o
         return v, obligations[0]
 

@@ -13,7 +13,6 @@ from kernels.moe.grouped_gemm import (
     grouped_gemm_contiguous_kernel,
     grouped_gemm_masked,
     grouped_gemm_masked_kernel,
-    grouped_gemm_masked_persistent_kernel,
 )
 from kernels.moe.metadata import max_rows, metadata_kernel, routing_metadata
 from kernels.moe.permute import combine, combine_kernel, permute, permute_fp8_kernel, permute_kernel
@@ -33,7 +32,6 @@ COMPILES = {
     "gemm_contiguous_n128": lambda: grouped_gemm_contiguous_kernel(2048, 1024),  # 11 column tiles: 128-wide
     "gemm_contiguous_k1152": lambda: grouped_gemm_contiguous_kernel(2048, 1152),  # 9 K blocks: K loop not unrolled
     "gemm_masked": lambda: grouped_gemm_masked_kernel(4096, 2048),
-    "gemm_masked_persistent": lambda: grouped_gemm_masked_persistent_kernel(4096, 2048),
 }
 
 
@@ -45,10 +43,9 @@ def test_kernel_compiles_for_sm90a(name):
         # wgmma m64n192k32 (persistent kernel, 128 x 192 tiles at N = 4096) or m64n128k32 e4m3 x
         # e4m3 -> f32 (the baseline's m64n64k32 steps compute the same per-element sums; the GPU
         # tests compare bits), and the promotion fma per K block
-        width = 192 if name in ("gemm_contiguous", "gemm_masked_persistent") else 128
-        if name != "gemm_masked":
-            # the TMA store of C_s is waited on (.read) only before C_s is written again
-            assert src.count("tl::tma_store_wait<0, true>()") == 2
+        width = 192 if name in ("gemm_contiguous", "gemm_masked") else 128
+        # the TMA store of C_s is waited on (.read) only before C_s is written again
+        assert src.count("tl::tma_store_wait<0, true>()") == 2
         assert f"kFloat8_e4m3, tl::DataType::kFloat8_e4m3, tl::DataType::kFloat32, 64, {width}, 32" in src
         assert "__fmaf_rn(part" in src
     if name == "combine":
@@ -282,16 +279,32 @@ def test_grouped_gemm_contiguous_bitwise_and_reference(baseline, e4m3, e, n, k, 
     assert torch.isnan(out[used:].float()).all()  # blocks past the end are not written
 
 
+def _masked_counts(pattern, e, m):
+    """mixed: empty, 1, 129 and M rows in turn; clamped: counts past M (all rows) and below 0
+    (none); sparse: two experts with rows among empty ones (the persistent kernel walks past runs
+    of empty experts)."""
+    if pattern == "mixed":
+        counts = ([0, 1, 129, m] * e)[:e]
+    elif pattern == "clamped":
+        counts = ([m + 100, -3, 0, 129] * e)[:e]
+    else:
+        counts = [0] * e
+        counts[e // 3], counts[-1] = m - 5, 1
+    return torch.tensor(counts, dtype=torch.int32, device=CUDA)
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("e,m,n,k", [(4, 384, 4096, 2048), (8, 384, 4096, 2048), (3, 200, 4096, 1024),
-                                     (4, 512, 2048, 1152), (4, 640, 4096, 1024), (3, 600, 4096, 1024)])
-def test_grouped_gemm_masked_bitwise_and_reference(baseline, e4m3, e, m, n, k):
-    """M = 384: the 128 x 128 kernel; else the persistent one (128- and 192-wide tiles, rolled and
-    unrolled K loop). Bitwise against the baseline where M is a multiple of 128 (the baseline's
+@pytest.mark.parametrize("e,m,n,k,pattern", [
+    (4, 384, 4096, 2048, "mixed"), (8, 384, 4096, 2048, "mixed"), (3, 200, 4096, 1024, "mixed"),
+    (4, 512, 2048, 1152, "mixed"), (4, 640, 4096, 1024, "mixed"), (3, 600, 4096, 1024, "mixed"),
+    (4, 512, 4096, 2048, "clamped"), (16, 1024, 4096, 1024, "sparse")])
+def test_grouped_gemm_masked_bitwise_and_reference(baseline, e4m3, e, m, n, k, pattern):
+    """128- and 192-wide tiles, rolled and unrolled K loop, the expert walk over empty, clamped and
+    sparse counts. Bitwise against the baseline where M is a multiple of 128 (the baseline's
     contract); M = 200 / 600 (the last row block past M) against the reference."""
     from tlx.numerics.parity import assert_bitwise
 
-    counts = torch.tensor(([0, 1, 129, m] * e)[:e], dtype=torch.int32, device=CUDA)
+    counts = _masked_counts(pattern, e, m)
     a = e4m3.small((e, m, k), CUDA)
     sa = torch.rand(e, m, k // 128, device=CUDA) + 0.5
     b, sb = _weights(e, n, k, e4m3)
@@ -302,9 +315,10 @@ def test_grouped_gemm_masked_bitwise_and_reference(baseline, e4m3, e, m, n, k):
         baseline("grouped_gemm").moe_grouped_gemm_masked(a, sa, b, sb, counts, bout)
         assert_bitwise(out, bout, name="grouped GEMM masked")
     ref = R.grouped_gemm_masked_ref(a, sa, b, sb, counts.cpu())
-    for i, c in enumerate(counts.tolist()):
-        err = R.rel_error(out[i, :c], ref[i, :c])
-        assert err < 5e-3, (i, c, err)
+    for i, c in enumerate(counts.clamp(0, m).tolist()):
+        if c:
+            err = R.rel_error(out[i, :c], ref[i, :c])
+            assert err < 5e-3, (i, c, err)
         assert torch.isnan(out[i, (c + 127) // 128 * 128:].float()).all()
 
 

@@ -163,6 +163,28 @@ def transpose_shared(M=256, N=192, tile=32):
 
 
 # (name, jit function, parameters, assumptions)
+@tlx.jit(out_idx=[1], target=TARGET)
+def segment_walk(threads=128):
+    """Each thread finds the segment its index falls in by walking the (negative: empty) segment
+    lengths in a while loop: ``seg`` is a counter (start 0, only incremented), so it stays >= 0 though the loop has no
+    trip count, and the condition's ``seg`` is the body's."""
+    E = T.dynamic("E")
+
+    @T.prim_func
+    def main(lengths: T.Tensor((E,), "int32"), Seg: T.Tensor((threads,), "int32")):
+        with T.Kernel(1, threads=threads):
+            tx = T.get_thread_binding()
+            seg = T.alloc_var("int32", init=0)
+            rem = T.alloc_var("int32")
+            rem = tx
+            while T.if_then_else(seg < E, rem >= T.max(lengths[seg], 0), False):
+                rem = rem - T.max(lengths[seg], 0)  # no int32 overflow: 0 <= length <= rem
+                seg = seg + 1
+            Seg[tx] = T.if_then_else(seg < E, lengths[seg], -1)
+
+    return main
+
+
 CORRECT = [
     ("add_dynamic", add_dynamic, {}, ()),
     ("scale_static_tail", scale_static_tail, {}, ()),
@@ -173,4 +195,5 @@ CORRECT = [
     ("attention_like", attention_like, {}, ()),
     ("guarded_threads", guarded_threads, {}, ()),
     ("transpose_shared", transpose_shared, {}, ()),
+    ("segment_walk", segment_walk, {}, ()),
 ]

@@ -21,8 +21,6 @@ _TEAM = [
     ("moe.gating", gating.gating_kernel, {"n_experts": 256, "topk": 6}, ()),
     ("moe.grouped_gemm_contiguous", grouped_gemm.grouped_gemm_contiguous_kernel, {"n": 4096, "k": 2048}, ()),
     ("moe.grouped_gemm_masked", grouped_gemm.grouped_gemm_masked_kernel, {"n": 4096, "k": 2048}, ()),
-    ("moe.grouped_gemm_masked_persistent", grouped_gemm.grouped_gemm_masked_persistent_kernel,
-     {"n": 4096, "k": 2048}, ()),
     ("moe.metadata", metadata.metadata_kernel, {"topk": 6, "n_local": 32}, ()),
     ("moe.permute", permute.permute_kernel, {"hidden": 4096, "topk": 6}, ()),
     ("moe.permute_fp8", permute.permute_fp8_kernel, {"hidden": 4096, "topk": 6}, ()),
