@@ -14,7 +14,6 @@ reported in the row and that kernel is not timed.
 Usage: python bench/quant.py [--out FILE.json] [--reps N]
 """
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -23,7 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.timing import large_copy_ms, median_ms  # noqa: E402
+from bench.timing import gpu_bench_args, large_copy_ms, median_ms  # noqa: E402
 from kernels.quant import reference as R  # noqa: E402
 from kernels.quant.block_cast import block_cast_kernel  # noqa: E402
 from kernels.quant.channel_cast import channel_cast_kernel  # noqa: E402
@@ -97,12 +96,7 @@ def group_case(t, h, dtype, group, scale_fmt, col_major):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", help="write the rows as JSON here")
-    parser.add_argument("--reps", type=int, default=30)
-    args = parser.parse_args()
-    if not torch.cuda.is_available():
-        sys.exit("bench/quant.py needs a CUDA GPU")
+    args = gpu_bench_args(__doc__, "bench/quant.py")
     reps = args.reps
     print(f"GPU: {torch.cuda.get_device_name()}")
     print("| what | shape | MB moved | us | GB/s | % of copy | % of same-size copy | check |")

@@ -13,7 +13,6 @@ The kernels are compiled at run time by cupy (NVRTC), which the lent GPU machine
 depend on it. Usage: python bench/stream_ceiling.py [--out FILE.json] [--reps N]
 """
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -22,7 +21,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.timing import large_copy_ms, median_ms  # noqa: E402
+from bench.timing import gpu_bench_args, large_copy_ms, median_ms  # noqa: E402
 
 SIZES = ((183_500_000, "183 MB"), (297_300_000, "297 MB"), (356_000_000, "356 MB"), (2 << 30, "2 GiB"))
 MIXES = (("write", 1), ("write", 2), ("write", 4), ("read", 2))  # ("write", 1) is a copy
@@ -92,12 +91,7 @@ def stream_case(module, total: int, kind: str, ratio: int, ilp: int):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", help="write the rows as JSON here")
-    parser.add_argument("--reps", type=int, default=30)
-    args = parser.parse_args()
-    if not torch.cuda.is_available():
-        sys.exit("bench/stream_ceiling.py needs a CUDA GPU")
+    args = gpu_bench_args(__doc__, "bench/stream_ceiling.py")
     try:
         import cupy as cp
     except ImportError:

@@ -68,3 +68,20 @@ def interleaved_ms(fns: dict, reps: int, warmup: int = 3) -> dict:
             end.synchronize()
             times[name].append(start.elapsed_time(end))
     return {name: statistics.median(t) for name, t in times.items()}
+
+
+def gpu_bench_args(doc: str, script: str, reps: int = 30):
+    """The command line of a GPU-only benchmark: ``--out`` (its rows as JSON) and ``--reps``;
+    exits with a message where no CUDA GPU is visible."""
+    import argparse
+    import sys
+
+    import torch
+
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--out", help="write the rows as JSON here")
+    parser.add_argument("--reps", type=int, default=reps)
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit(f"{script} needs a CUDA GPU")
+    return args
