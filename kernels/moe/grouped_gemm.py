@@ -190,6 +190,8 @@ def persistent_grouped_gemm(n: int, k: int, masked: bool, num_stages: int, clust
                 T.set_max_nreg(40, 0)
                 for w in T.serial(T.ceildiv(nrb * groups, nclusters)):
                     next_tile(w, pid, route, walk_e, walk_rem, expert, r0, c0)
+                    if masked and expert < 0:
+                        T.loop_break()  # the walk has passed the last expert: no tile follows
                     if expert >= 0:
                         next_sa[0] = sa_at(SA, expert, r0 + tx - 256, 0)
                         for c in T.unroll(ncol):
@@ -219,6 +221,8 @@ def persistent_grouped_gemm(n: int, k: int, masked: bool, num_stages: int, clust
                 T.set_max_nreg(232, 1)
                 for w in T.serial(T.ceildiv(nrb * groups, nclusters)):
                     next_tile(w, pid, route, walk_e, walk_rem, expert, r0, c0)
+                    if masked and expert < 0:
+                        T.loop_break()
                     if expert >= 0:
                         T.clear(total)
                         for kq in T.serial(kblocks // unroll):
