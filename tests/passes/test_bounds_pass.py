@@ -3,11 +3,14 @@
 import warnings
 
 import pytest
+import tilelang.language as T
 
+import tlx
 from tests.passes.corpus import lowered
 from tilelang import tvm
+from tlx.lowering import lower
 from tlx.passes import PassContext, registered_passes, run_passes
-from tlx.passes.bounds import VerificationError, bounds_pass
+from tlx.passes.bounds import VerificationError, bounds_pass, verify_kernel
 
 tir = tvm.tirx
 
@@ -71,9 +74,6 @@ def test_off_mode_does_not_run():
 def _walk_kernel(step: int):
     """A thread walks ``seg`` through a while loop by ``step`` per iteration, then indexes shared
     memory with it under only an upper guard."""
-    import tilelang.language as T
-
-    import tlx
 
     @tlx.jit(target={"kind": "cuda", "arch": "sm_90a"}, verify="off")
     def walk(threads=128):
@@ -92,16 +92,12 @@ def _walk_kernel(step: int):
 
         return main
 
-    from tlx.lowering import lower
-
     return lower(walk.get_tir(), walk.options.target_dict(), walk.options.pass_config_dict())
 
 
 def test_while_loop_counter_keeps_its_start_as_lower_bound():
     """Incremented only, ``seg`` stays >= 0 after a loop without a trip count; decremented, the
     same access is not proven (it depends on an untracked value) and ``seg = -1`` is the witness."""
-    from tlx.passes.bounds import verify_kernel
-
     up = verify_kernel(_walk_kernel(1), ())[0]
     assert [a.status for a in up.accesses if a.buffer == "S"] == ["proven", "proven"]
     down = verify_kernel(_walk_kernel(-1), ())[0]
