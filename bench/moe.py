@@ -3,8 +3,9 @@
 Rows (printed as they are measured, so a timeout still leaves the earlier ones):
 * copy: device-to-device copy bandwidth (read + write), the yardstick of the memory-bound steps;
 * gating / metadata / permute / combine at T = 8192 (V4-Flash and V4-Pro): time and bandwidth
-  as a share of the copy's, per call (CUDA events around the Python call: host overhead
-  included) and GPU time only (profiler kernel durations);
+  as a share of the copy's and against a copy of the same bytes timed the same way, per call
+  (CUDA events around the Python call: host overhead included) and GPU time only (profiler
+  kernel durations);
 * grouped FP8 GEMM (L1 and L2 of both models, T = 8192 routing) in TFLOP/s over the routed
   rows, next to torch._scaled_mm on the dense shape of the same rows (row-wise and per-tensor
   scales; it has no 128 x 128 block scales);
@@ -27,7 +28,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.timing import interleaved_ms, median_ms  # noqa: E402
+from bench.timing import interleaved_ms, median_ms, same_size_copies  # noqa: E402
 from kernels.moe import reference as R  # noqa: E402
 from kernels.moe.gating import gating  # noqa: E402
 from kernels.moe.grouped_gemm import grouped_gemm_contiguous  # noqa: E402
@@ -59,10 +60,15 @@ def gpu_time(fn, reps):
 
 
 def emit_both(name, what, t, fn, gb, copy_gbs, reps):
-    """Two rows: per call (CUDA events around the Python call) and GPU time only."""
-    for how, ms in (("per call", per_call_ms(fn, reps)), ("GPU time", gpu_time(fn, reps))):
+    """Two rows: per call (CUDA events around the Python call) and GPU time only, each against the
+    large copy's rate and against a copy of the same bytes timed the same way (which pays the
+    launch too: the rate a kernel of this size can reach)."""
+    [copy] = same_size_copies(int(gb * 1e9))
+    for how, timer in (("per call", per_call_ms), ("GPU time", gpu_time)):
+        ms, copy_ms = timer(fn, reps), timer(copy, reps)
         rate = gb / ms * 1e3
-        emit(model=name, what=f"{what} ({how})", T=t, ms=f"{ms:.3f}", rate=f"{rate:.0f} GB/s", vs=f"{rate / copy_gbs:.0%} of copy")
+        emit(model=name, what=f"{what} ({how})", T=t, ms=f"{ms:.3f}", rate=f"{rate:.0f} GB/s",
+             vs=f"{rate / copy_gbs:.0%} of copy, {copy_ms / ms:.0%} of a same-size copy")
 
 
 def emit(**row):

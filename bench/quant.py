@@ -22,7 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.timing import gpu_bench_args, large_copy_ms, median_ms  # noqa: E402
+from bench.timing import gpu_bench_args, large_copy_ms, median_ms, same_size_copies  # noqa: E402
 from kernels.quant import reference as R  # noqa: E402
 from kernels.quant.block_cast import block_cast_kernel  # noqa: E402
 from kernels.quant.channel_cast import channel_cast_kernel  # noqa: E402
@@ -74,12 +74,7 @@ def measure(what, shape, make_case, reps, copy_gbps):
 def same_size_copy_ms(moved, reps):
     """A torch copy moving the same bytes (read + write) as the kernel: at ~100-600 MB the
     launch and the last wave cost a copy too, so this is the rate a kernel of this size can reach."""
-    g = torch.Generator(device="cuda").manual_seed(1)
-    bufs = [(torch.randint(1, 256, (moved // 2,), dtype=torch.uint8, device="cuda", generator=g),
-             torch.empty(moved // 2, dtype=torch.uint8, device="cuda")) for _ in range(ROTATE)]
-    ms = median_ms([lambda s=s, d=d: d.copy_(s) for s, d in bufs], reps)
-    assert torch.equal(bufs[0][1], bufs[0][0])
-    return ms
+    return median_ms(same_size_copies(moved, ROTATE), reps)
 
 
 def group_case(t, h, dtype, group, scale_fmt, col_major):

@@ -47,6 +47,23 @@ def large_copy_ms(reps: int) -> tuple[float, int]:
     return ms, 2 * src.numel() * src.element_size()
 
 
+def same_size_copies(moved: int, count: int = 1) -> list:
+    """``count`` callables, each a torch ``copy_`` between its own pair of buffers of random bytes
+    that moves ``moved`` bytes (half read, half written): the yardstick for a kernel of that size,
+    whose launch (and last wave) a copy pays too. Each checks its own result first."""
+    import torch
+
+    g = torch.Generator(device="cuda").manual_seed(1)
+    fns = []
+    for _ in range(count):
+        src = torch.randint(1, 256, (max(moved // 2, 1),), dtype=torch.uint8, device="cuda", generator=g)
+        dst = torch.empty_like(src)
+        dst.copy_(src)
+        assert torch.equal(dst, src)
+        fns.append(lambda s=src, d=dst: d.copy_(s))
+    return fns
+
+
 def interleaved_ms(fns: dict, reps: int, warmup: int = 3) -> dict:
     """Median milliseconds of each named callable in ``fns``, timed one call of each in turn
     (each call waited for), so that every candidate meets the same clocks and temperature: a board
