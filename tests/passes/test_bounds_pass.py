@@ -103,3 +103,40 @@ def test_while_loop_counter_keeps_its_start_as_lower_bound():
     down = verify_kernel(_walk_kernel(-1), ())[0]
     [store] = [a for a in down.accesses if a.buffer == "S" and a.kind == "store"]
     assert store.status == "unknown" and store.counterexample["index"] < 0
+
+
+def _escaping_scalar_kernel(escape: bool):
+    """``x`` is read from memory and checked (``ok``), then (``escape``) its address goes to an
+    external call that may change it before it indexes shared memory under the old check."""
+
+    @tlx.jit(target={"kind": "cuda", "arch": "sm_90a"}, verify="off")
+    def escaping(threads=128):
+        @T.prim_func
+        def main(lengths: T.Tensor((threads,), "int32"), Out: T.Tensor((threads,), "int32")):
+            with T.Kernel(1, threads=threads):
+                tx = T.get_thread_binding()
+                S = T.alloc_shared((threads,), "int32")
+                x = T.alloc_var("int32", init=0)
+                ok = T.alloc_var("int32", init=0)
+                x = lengths[tx]
+                ok = T.if_then_else(0 <= x and x < threads, 1, 0)
+                if escape:
+                    T.evaluate(T.call_extern("int32", "touch", T.address_of(x)))
+                if ok == 1:
+                    S[x] = tx
+                T.sync_threads()
+                Out[tx] = S[tx]
+
+        return main
+
+    return lower(escaping.get_tir(), escaping.options.target_dict(), escaping.options.pass_config_dict())
+
+
+def test_a_scalar_whose_address_escapes_is_forgotten():
+    """The check proves ``S[x]`` unless ``address_of(x)`` reaches a call in between: then ``x`` may
+    hold anything."""
+    statuses = {}
+    for escape in (False, True):
+        report = verify_kernel(_escaping_scalar_kernel(escape), ())[0]
+        statuses[escape] = [a.status for a in report.accesses if a.buffer == "S" and a.kind == "store"]
+    assert statuses == {False: ["proven"], True: ["unknown"]}

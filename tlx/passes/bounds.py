@@ -621,7 +621,8 @@ def _is_access_ptr(e) -> bool:
 
 
 def _stored_data_vars(stmt) -> set:
-    """Data variables of buffers stored to, or passed by pointer, anywhere in ``stmt``."""
+    """Data variables of buffers stored to, or passed by pointer (a handle, or ``address_of`` an
+    element), anywhere in ``stmt``."""
     out = set()
 
     def visit(n):
@@ -629,6 +630,9 @@ def _stored_data_vars(stmt) -> set:
             out.add(n.buffer.data)
         elif isinstance(n, tir.Var) and str(n.dtype) == "handle":
             out.add(n)
+        elif (isinstance(n, tir.Call) and hasattr(n.op, "name") and str(n.op.name) == "tirx.address_of"
+              and isinstance(n.args[0], tir.BufferLoad)):
+            out.add(n.args[0].buffer.data)
 
     tir.stmt_functor.post_order_visit(stmt, visit)
     return out
