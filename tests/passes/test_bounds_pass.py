@@ -140,3 +140,29 @@ def test_a_scalar_whose_address_escapes_is_forgotten():
         report = verify_kernel(_escaping_scalar_kernel(escape), ())[0]
         statuses[escape] = [a.status for a in report.accesses if a.buffer == "S" and a.kind == "store"]
     assert statuses == {False: ["proven"], True: ["unknown"]}
+
+
+def _scaled_kernel(limit: int):
+    """``y = x * 2000000`` computed only where ``0 <= x < limit`` (an ``if_then_else``), x from memory."""
+
+    @tlx.jit(target={"kind": "cuda", "arch": "sm_90a"}, verify="off")
+    def scaled(threads=128):
+        @T.prim_func
+        def main(X: T.Tensor((threads,), "int32"), Out: T.Tensor((threads,), "int32")):
+            with T.Kernel(1, threads=threads):
+                tx = T.get_thread_binding()
+                y = T.alloc_var("int32", init=0)
+                y = T.if_then_else(0 <= X[tx] and X[tx] < limit, X[tx] * 2000000, 0)
+                Out[tx] = y
+
+        return main
+
+    return lower(scaled.get_tir(), scaled.options.target_dict(), scaled.options.pass_config_dict())
+
+
+def test_if_then_else_branch_overflow_counts_only_where_taken():
+    """Below 1000 the product fits int32, so the lazy branch cannot overflow; below 2000 it can,
+    with a counterexample in [1074, 1999]."""
+    assert [a for a in verify_kernel(_scaled_kernel(1000), ())[0].accesses if a.kind == "overflow"] == []
+    [bad] = [a for a in verify_kernel(_scaled_kernel(2000), ())[0].accesses if a.kind == "overflow"]
+    assert bad.status != "proven" and 1074 <= bad.counterexample["X[tx]"] <= 1999
