@@ -8,7 +8,7 @@ Rows (printed as they are measured, so a timeout still leaves the earlier ones):
   kernel durations);
 * grouped FP8 GEMM (L1 and L2 of both models, T = 8192 routing) in TFLOP/s over the routed
   rows, next to torch._scaled_mm on the dense shape of the same rows (row-wise and per-tensor
-  scales; it has no 128 x 128 block scales);
+  scales; ``bench/grouped_gemm.py`` also times its blockwise form, the same recipe);
 * the whole layer (gating -> combine) at T in {8, 512, 8192}, called from Python and replayed
   from a CUDA graph (bitwise equal).
 

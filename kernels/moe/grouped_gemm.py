@@ -43,8 +43,8 @@ nexp = T.dynamic("E")
 
 
 def operand_types(n: int, k: int, masked: bool):
-    """The kernels' parameters ``A, SA, B, SB, route, C`` for a layout: one signature per layout
-    whichever kernel runs it (``route``: ``counts [E]`` masked, ``block_expert [R / 128]`` contiguous)."""
+    """The kernel parameters ``A, SA, B, SB, route, C`` of a layout (``route``: ``counts [E]``
+    masked, ``block_expert [R / 128]`` contiguous)."""
     rows = (nexp, mrows) if masked else (nrows,)
     return (T.Tensor((*rows, k), "float8_e4m3"), T.Tensor((*rows, k // BLOCK_K), "float32"),
             T.Tensor((nexp, n, k), "float8_e4m3"), T.Tensor((nexp, n // 128, k // BLOCK_K), "float32"),

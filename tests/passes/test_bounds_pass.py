@@ -6,9 +6,9 @@ import pytest
 import tilelang.language as T
 
 import tlx
-from tests.passes.corpus import lowered
+from tests.passes.corpus import lower_jit, lowered
+from tests.passes.corpus.correct import TARGET
 from tilelang import tvm
-from tlx.lowering import lower
 from tlx.passes import PassContext, registered_passes, run_passes
 from tlx.passes.bounds import VerificationError, bounds_pass, verify_kernel
 
@@ -75,7 +75,7 @@ def _walk_kernel(step: int):
     """A thread walks ``seg`` through a while loop by ``step`` per iteration, then indexes shared
     memory with it under only an upper guard."""
 
-    @tlx.jit(target={"kind": "cuda", "arch": "sm_90a"}, verify="off")
+    @tlx.jit(target=TARGET, verify="off")
     def walk(threads=128):
         @T.prim_func
         def main(lengths: T.Tensor((threads,), "int32"), Out: T.Tensor((threads,), "int32")):
@@ -92,7 +92,7 @@ def _walk_kernel(step: int):
 
         return main
 
-    return lower(walk.get_tir(), walk.options.target_dict(), walk.options.pass_config_dict())
+    return lower_jit(walk)
 
 
 def test_while_loop_counter_keeps_its_start_as_lower_bound():
@@ -109,7 +109,7 @@ def _escaping_scalar_kernel(escape: bool):
     """``x`` is read from memory and checked (``ok``), then (``escape``) its address goes to an
     external call that may change it before it indexes shared memory under the old check."""
 
-    @tlx.jit(target={"kind": "cuda", "arch": "sm_90a"}, verify="off")
+    @tlx.jit(target=TARGET, verify="off")
     def escaping(threads=128):
         @T.prim_func
         def main(lengths: T.Tensor((threads,), "int32"), Out: T.Tensor((threads,), "int32")):
@@ -129,7 +129,7 @@ def _escaping_scalar_kernel(escape: bool):
 
         return main
 
-    return lower(escaping.get_tir(), escaping.options.target_dict(), escaping.options.pass_config_dict())
+    return lower_jit(escaping)
 
 
 def test_a_scalar_whose_address_escapes_is_forgotten():
@@ -145,7 +145,7 @@ def test_a_scalar_whose_address_escapes_is_forgotten():
 def _scaled_kernel(limit: int):
     """``y = x * 2000000`` computed only where ``0 <= x < limit`` (an ``if_then_else``), x from memory."""
 
-    @tlx.jit(target={"kind": "cuda", "arch": "sm_90a"}, verify="off")
+    @tlx.jit(target=TARGET, verify="off")
     def scaled(threads=128):
         @T.prim_func
         def main(X: T.Tensor((threads,), "int32"), Out: T.Tensor((threads,), "int32")):
@@ -157,7 +157,7 @@ def _scaled_kernel(limit: int):
 
         return main
 
-    return lower(scaled.get_tir(), scaled.options.target_dict(), scaled.options.pass_config_dict())
+    return lower_jit(scaled)
 
 
 def test_if_then_else_branch_overflow_counts_only_where_taken():

@@ -6,8 +6,8 @@ import functools
 
 import pytest
 
+from tests.passes.corpus import lower_jit
 from tests.passes.corpus.team import TEAM
-from tlx.lowering import lower
 from tlx.passes.bounds import derive_preconditions, verify_kernel
 
 # The grouped GEMMs take ~10 s each to lower here; bench/verify_cost.py covers them.
@@ -17,7 +17,7 @@ FAST = [e for e in TEAM if "grouped_gemm" not in e[0]]
 @functools.cache
 def _final(name):
     _, fn, params, assume = next(e for e in TEAM if e[0] == name)
-    kernel = lower(fn.get_tir(**params), fn.options.target_dict(), fn.options.pass_config_dict())
+    kernel = lower_jit(fn, **params)
     report, _ = verify_kernel(kernel, assume)
     if report.violations() or report.unknowns():
         return derive_preconditions(kernel, report, assume)

@@ -3,16 +3,19 @@
 import functools
 
 
+def lower_jit(fn, **params):
+    """The lowered kernel of ``@tlx.jit`` function ``fn`` built with ``params``, under its own
+    target and pass configs."""
+    from tlx.lowering import lower
+
+    return lower(fn.get_tir(**params), fn.options.target_dict(), fn.options.pass_config_dict())
+
+
 @functools.cache
 def lowered(name):
     """The lowered kernel of corpus entry ``name``, built once per test session."""
-    from tests.passes.corpus.bugs import BUGS
-    from tests.passes.corpus.correct import CORRECT
-    from tlx.lowering import lower
-
-    entry = next(e for e in CORRECT + BUGS if e[0] == name)
-    fn, params = entry[1], entry[2]
-    return lower(fn.get_tir(**params), fn.options.target_dict(), fn.options.pass_config_dict())
+    _, fn, params = entry(name)[:3]
+    return lower_jit(fn, **params)
 
 
 def entry(name):

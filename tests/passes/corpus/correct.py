@@ -162,12 +162,11 @@ def transpose_shared(M=256, N=192, tile=32):
     return main
 
 
-# (name, jit function, parameters, assumptions)
 @tlx.jit(out_idx=[1], target=TARGET)
 def segment_walk(threads=128):
     """Each thread finds the segment its index falls in by walking the (negative: empty) segment
-    lengths in a while loop: ``seg`` is a counter (start 0, only incremented), so it stays >= 0 though the loop has no
-    trip count, and the condition's ``seg`` is the body's."""
+    lengths in a while loop: ``seg`` is a counter (start 0, only incremented), so it stays >= 0
+    though the loop has no trip count, and the condition's ``seg`` is the body's."""
     E = T.dynamic("E")
 
     @T.prim_func
@@ -185,6 +184,7 @@ def segment_walk(threads=128):
     return main
 
 
+# (name, jit function, parameters, assumptions)
 CORRECT = [
     ("add_dynamic", add_dynamic, {}, ()),
     ("scale_static_tail", scale_static_tail, {}, ()),
