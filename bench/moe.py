@@ -32,7 +32,7 @@ from bench.timing import interleaved_ms, median_ms, same_size_copies  # noqa: E4
 from kernels.moe import reference as R  # noqa: E402
 from kernels.moe.gating import gating  # noqa: E402
 from kernels.moe.grouped_gemm import grouped_gemm_contiguous  # noqa: E402
-from kernels.moe.metadata import routing_metadata  # noqa: E402
+from kernels.moe.metadata import metadata_buffers, routing_metadata  # noqa: E402
 from kernels.moe.permute import combine, permute  # noqa: E402
 from kernels.moe.pipeline import V4_FLASH, V4_PRO, moe_layer  # noqa: E402
 
@@ -117,8 +117,12 @@ def memory_steps(name, model, copy_gbs, reps):
     meta = routing_metadata(ids, e)
     assert int(meta["counts"].sum()) == t * k
     # bytes any implementation moves: ids read once, row_of and the used entry_of_row rows written
-    emit_both(name, "metadata", t, lambda: routing_metadata(ids, e),
-              (2 * t * k * 4 + int(meta["offsets"][-1]) * 4) / 1e9, copy_gbs, reps)
+    moved = (2 * t * k * 4 + int(meta["offsets"][-1]) * 4) / 1e9
+    emit_both(name, "metadata", t, lambda: routing_metadata(ids, e), moved, copy_gbs, reps)
+    # like the copy, into buffers that exist already
+    bufs = metadata_buffers(ids, e)
+    assert torch.equal(routing_metadata(ids, e, out=bufs)["row_of"], meta["row_of"])
+    emit_both(name, "metadata, reused buffers", t, lambda: routing_metadata(ids, e, out=bufs), moved, copy_gbs, reps)
     xq = (torch.randn(t, h, device=CUDA) * 2).clamp(-8, 8).to(torch.float8_e4m3fn)
     xs = torch.rand(t, h // 128, device=CUDA)
     xp, _ = permute(xq, meta, k, xs)

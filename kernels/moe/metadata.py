@@ -267,44 +267,73 @@ def metadata_kernel(topk: int, n_local: int, align: int = 128, chunk: int = CHUN
     return main
 
 
-def routing_metadata(ids, n_experts: int, rank: int = 0, n_ranks: int = 1, align: int = 128):
+def metadata_buffers(ids, n_experts: int, n_ranks: int = 1, align: int = 128) -> dict:
+    """Buffers for ``routing_metadata(ids, n_experts, ..., out=)``: its five outputs and the
+    kernel's scratch (``chunk_counts``, per-chunk histograms), views of one allocation. Reusing
+    them (a serving loop, a CUDA graph) takes the allocations off the call."""
+    return _buffers(ids, *_plan(*ids.shape, n_experts, n_ranks, align, ids.get_device()), align)
+
+
+def routing_metadata(ids, n_experts: int, rank: int = 0, n_ranks: int = 1, align: int = 128, out: dict | None = None):
     """Metadata of rank ``rank``'s experts for ``ids`` [T, k] int32 (CUDA). Returns a dict like
-    ``reference.metadata_ref`` but with ``entry_of_row`` / ``block_expert`` at their static size."""
+    ``reference.metadata_ref`` but with ``entry_of_row`` / ``block_expert`` at their static size,
+    plus the scratch ``chunk_counts``. ``out``: buffers from ``metadata_buffers`` for the same
+    ``ids`` shape, ``n_experts``, ``n_ranks`` and ``align``, written in place and returned."""
     import torch
 
     if ids.dtype != torch.int32 or ids.dim() != 2:
         raise ValueError(f"ids: expected a 2-D int32 tensor, got {ids.dtype} of shape {tuple(ids.shape)}")
-    if n_experts % n_ranks or not 0 <= rank < n_ranks:
-        raise ValueError(f"rank/n_ranks: expected 0 <= rank < n_ranks dividing {n_experts}, got {rank}/{n_ranks}")
-    el = n_experts // n_ranks
-    if not 1 <= el <= MAX_LOCAL:
-        raise ValueError(f"n_experts // n_ranks: expected 1 to {MAX_LOCAL} local experts, got {el}")
+    if not 0 <= rank < n_ranks:
+        raise ValueError(f"rank: expected 0 <= rank < n_ranks = {n_ranks}, got {rank}")
     t, k = ids.shape
-    dev = ids.device
-    sms = _sm_count(dev.index if dev.index is not None else torch.cuda.current_device())
-    chunk = CHUNK  # the least that leaves at most one block per SM
-    while chunk * sms < t and chunk < MAX_CHUNK:
-        chunk *= 2
-    if chunk * sms < t:
-        raise ValueError(f"ids: expected at most {MAX_CHUNK * sms} tokens ({MAX_CHUNK} per SM), got {t}")
-    rows = max_rows(t, k, el, align)
-    out = {
-        "counts": torch.empty(el, dtype=torch.int32, device=dev),
-        "offsets": torch.empty(el + 1, dtype=torch.int32, device=dev),
-        "row_of": torch.empty(t, k, dtype=torch.int32, device=dev),
-        "entry_of_row": torch.empty(rows, dtype=torch.int32, device=dev),
-        "block_expert": torch.empty(rows // align, dtype=torch.int32, device=dev),
-    }
+    el, chunk, rows, nchunk = plan = _plan(t, k, n_experts, n_ranks, align, ids.get_device())
+    if not ids.is_contiguous():
+        ids = ids.contiguous()
+    if out is None:
+        out = _buffers(ids, *plan, align)
+    elif (out["entry_of_row"].shape[0], out["chunk_counts"].shape[0]) != (rows, nchunk):
+        # the sizes that the launcher cannot check (free symbols): the rows and the grid
+        raise ValueError(f"out: expected buffers of {rows} rows and {nchunk} chunks (metadata_buffers for these ids), "
+                         f"got {out['entry_of_row'].shape[0]} rows and {out['chunk_counts'].shape[0]} chunks")
     if not t:  # no entries: no rows, every block past the end
         out["counts"].zero_()
         out["offsets"].zero_()
         out["block_expert"].fill_(-1)
         return out
-    ids = ids.contiguous()
-    chunk_counts = torch.empty((t + chunk - 1) // chunk, el, dtype=torch.int32, device=dev)
-    _kernel(k, el, align, chunk).launch(ids, rank * el, chunk_counts, out["counts"], out["offsets"], out["row_of"],
-                                    out["entry_of_row"], out["block_expert"])
+    _kernel(k, el, align, chunk).launch(ids, rank * el, out["chunk_counts"], out["counts"], out["offsets"],
+                                        out["row_of"], out["entry_of_row"], out["block_expert"])
     return out
+
+
+def _buffers(ids, el: int, chunk: int, rows: int, nchunk: int, align: int) -> dict:
+    """The six tensors as views of one allocation (each view costs less host time than an
+    allocation; every kernel that reads them needs 4-byte alignment only)."""
+    t, k = ids.shape
+    counts, offsets, row_of, entry_of_row, block_expert, chunk_counts = ids.new_empty(
+        el + el + 1 + t * k + rows + rows // align + nchunk * el).split_with_sizes(
+        (el, el + 1, t * k, rows, rows // align, nchunk * el))
+    return {"counts": counts, "offsets": offsets, "row_of": row_of.view(t, k), "entry_of_row": entry_of_row,
+            "block_expert": block_expert, "chunk_counts": chunk_counts.view(nchunk, el)}
+
+
+@functools.lru_cache(maxsize=4096)
+def _plan(t: int, k: int, n_experts: int, n_ranks: int, align: int, device: int) -> tuple[int, int, int, int]:
+    """(local experts, tokens per chunk, padded rows, chunks) for T tokens on ``device``: a chunk is
+    the least (from ``CHUNK``, doubling) that needs at most one block per SM."""
+    if n_ranks < 1 or n_experts % n_ranks:
+        raise ValueError(f"n_ranks: expected a divisor of n_experts = {n_experts}, got {n_ranks}")
+    el = n_experts // n_ranks
+    if not 1 <= el <= MAX_LOCAL:
+        raise ValueError(f"n_experts // n_ranks: expected 1 to {MAX_LOCAL} local experts, got {el}")
+    if device < 0:
+        raise ValueError("ids: expected a CUDA tensor, got one on the CPU")
+    sms = _sm_count(device)
+    chunk = CHUNK
+    while chunk * sms < t and chunk < MAX_CHUNK:
+        chunk *= 2
+    if chunk * sms < t:
+        raise ValueError(f"ids: expected at most {MAX_CHUNK * sms} tokens ({MAX_CHUNK} per SM), got {t}")
+    return el, chunk, max_rows(t, k, el, align), -(-t // chunk)
 
 
 @functools.lru_cache(maxsize=None)

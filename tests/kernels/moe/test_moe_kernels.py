@@ -14,7 +14,7 @@ from kernels.moe.grouped_gemm import (
     grouped_gemm_masked,
     grouped_gemm_masked_kernel,
 )
-from kernels.moe.metadata import max_rows, metadata_kernel, routing_metadata
+from kernels.moe.metadata import max_rows, metadata_buffers, metadata_kernel, routing_metadata
 from kernels.moe.permute import combine, combine_kernel, permute, permute_fp8_kernel, permute_kernel
 
 KDIR = Path(R.__file__).parent
@@ -72,6 +72,12 @@ def test_bad_arguments_are_named():
         grouped_gemm_contiguous_kernel(4096, 2048, block_n=256)
     with pytest.raises(ValueError, match="ids"):
         routing_metadata(torch.zeros(4, 2, dtype=torch.int64), 8)
+    with pytest.raises(ValueError, match="n_ranks: expected a divisor of n_experts = 8, got 3"):
+        routing_metadata(torch.zeros(4, 2, dtype=torch.int32), 8, n_ranks=3)
+    with pytest.raises(ValueError, match="rank: expected 0 <= rank < n_ranks = 2, got 2"):
+        routing_metadata(torch.zeros(4, 2, dtype=torch.int32), 8, rank=2, n_ranks=2)
+    with pytest.raises(ValueError, match="ids: expected a CUDA tensor"):
+        routing_metadata(torch.zeros(4, 2, dtype=torch.int32), 8)
 
 
 @pytest.mark.parametrize("e", [12, 64])
@@ -189,6 +195,27 @@ def test_metadata_bitwise_and_reference(baseline, kind, t, e, rank, n_ranks):
     nb = used // 128
     assert torch.equal(got["block_expert"][:nb].cpu(), ref["block_expert"])
     assert (got["block_expert"][nb:] == -1).all()
+
+
+@pytest.mark.gpu
+def test_metadata_into_reused_buffers(baseline):
+    """``out=`` buffers (poisoned, reused across routings) end bitwise equal to a fresh call's, and
+    buffers sized for other ids are refused before any launch."""
+    t, e = 5000, 256
+    bufs = metadata_buffers(_ids("uniform", t, e, seed=1), e)
+    for p in bufs.values():
+        p.fill_(-7)
+    for kind in ("hot", "sparse"):
+        ids = _ids(kind, t, e, seed=2)
+        got = routing_metadata(ids, e, out=bufs)
+        assert got is bufs
+        fresh = routing_metadata(ids, e)
+        used = int(fresh["offsets"][-1])
+        for key in ("counts", "offsets", "row_of", "block_expert"):
+            assert torch.equal(got[key], fresh[key]), key
+        assert torch.equal(got["entry_of_row"][:used], fresh["entry_of_row"][:used])
+    with pytest.raises(ValueError, match="out: expected buffers of"):
+        routing_metadata(_ids("uniform", t + 1000, e, seed=3), e, out=bufs)
 
 
 def _routing(t, e, kind="uniform"):
