@@ -44,6 +44,7 @@ def large_copy_ms(reps: int) -> tuple[float, int]:
     src = torch.randn(1 << 29, device="cuda")
     dst = torch.empty_like(src)
     ms = median_ms([lambda: dst.copy_(src)], reps)
+    assert torch.equal(dst, src), "the yardstick copy is wrong"
     return ms, 2 * src.numel() * src.element_size()
 
 
