@@ -271,6 +271,7 @@ def metadata_buffers(ids, n_experts: int, n_ranks: int = 1, align: int = 128) ->
     """Buffers for ``routing_metadata(ids, n_experts, ..., out=)``: its five outputs and the
     kernel's scratch (``chunk_counts``, per-chunk histograms), views of one allocation. Reusing
     them (a serving loop, a CUDA graph) takes the allocations off the call."""
+    _check_ids(ids)
     return _buffers(ids, *_plan(*ids.shape, n_experts, n_ranks, align, ids.get_device()), align)
 
 
@@ -279,10 +280,7 @@ def routing_metadata(ids, n_experts: int, rank: int = 0, n_ranks: int = 1, align
     ``reference.metadata_ref`` but with ``entry_of_row`` / ``block_expert`` at their static size,
     plus the scratch ``chunk_counts``. ``out``: buffers from ``metadata_buffers`` for the same
     ``ids`` shape, ``n_experts``, ``n_ranks`` and ``align``, written in place and returned."""
-    import torch
-
-    if ids.dtype != torch.int32 or ids.dim() != 2:
-        raise ValueError(f"ids: expected a 2-D int32 tensor, got {ids.dtype} of shape {tuple(ids.shape)}")
+    _check_ids(ids)
     if not 0 <= rank < n_ranks:
         raise ValueError(f"rank: expected 0 <= rank < n_ranks = {n_ranks}, got {rank}")
     t, k = ids.shape
@@ -303,6 +301,13 @@ def routing_metadata(ids, n_experts: int, rank: int = 0, n_ranks: int = 1, align
     _kernel(k, el, align, chunk).launch(ids, rank * el, out["chunk_counts"], out["counts"], out["offsets"],
                                         out["row_of"], out["entry_of_row"], out["block_expert"])
     return out
+
+
+def _check_ids(ids) -> None:
+    import torch
+
+    if ids.dtype != torch.int32 or ids.dim() != 2:
+        raise ValueError(f"ids: expected a 2-D int32 tensor, got {ids.dtype} of shape {tuple(ids.shape)}")
 
 
 def _buffers(ids, el: int, chunk: int, rows: int, nchunk: int, align: int) -> dict:
