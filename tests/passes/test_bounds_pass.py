@@ -166,3 +166,42 @@ def test_if_then_else_branch_overflow_counts_only_where_taken():
     assert [a for a in verify_kernel(_scaled_kernel(1000), ())[0].accesses if a.kind == "overflow"] == []
     [bad] = [a for a in verify_kernel(_scaled_kernel(2000), ())[0].accesses if a.kind == "overflow"]
     assert bad.status != "proven" and 1074 <= bad.counterexample["X[tx]"] <= 1999
+
+
+def _split_if_kernel(init):
+    """``x`` (initialised to ``init``, or not at all) is set under ``tx < 64`` and used under a
+    second, separate ``tx < 64`` (TileLang splits one guarded block this way), then once with no
+    guard, where it may still hold its old value."""
+
+    @tlx.jit(target=TARGET, verify="off")
+    def split_if(threads=128):
+        @T.prim_func
+        def main(Out: T.Tensor((threads,), "int32")):
+            with T.Kernel(1, threads=threads):
+                tx = T.get_thread_binding()
+                S = T.alloc_shared((64,), "int32")
+                x = T.alloc_var("int32") if init is None else T.alloc_var("int32", init=init)
+                if tx < 64:
+                    x = tx
+                if tx < 64:
+                    S[x] = tx
+                T.sync_threads()
+                Out[tx] = S[x]
+
+        return main
+
+    return lower_jit(split_if)
+
+
+@pytest.mark.parametrize("init", [1000, None])
+def test_a_scalar_set_under_a_condition_is_known_under_it_again(init):
+    """After ``if c: x = v``, x is ``If(c, v, its old value)``: under ``c`` again the store is
+    proven; the unguarded load is a violation at the old value 1000, or unknown where the old
+    value was never set."""
+    report = verify_kernel(_split_if_kernel(init), ())[0]
+    store, load = [a for a in report.accesses if a.buffer == "S"]
+    assert (store.kind, store.status) == ("store", "proven")
+    if init is None:
+        assert (load.kind, load.status) == ("load", "unknown")
+    else:
+        assert (load.kind, load.status, load.counterexample["index"]) == ("load", "violation", 1000)

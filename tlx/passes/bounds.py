@@ -29,7 +29,7 @@ from tilelang import tvm
 from tlx.lowering import LoweredKernel
 from tlx.passes import PassContext, Precondition, register_pass
 from tlx.passes.assume import parse_assumption, shape_vars
-from tlx.passes.smt import DEFAULT_RLIMIT, PRIVATE_SCOPES, Encoder, Obligation, scalar_dtype
+from tlx.passes.smt import DEFAULT_RLIMIT, PRIVATE_SCOPES, Encoder, Obligation, _Enc, scalar_dtype
 
 tir = tvm.tirx
 
@@ -533,14 +533,19 @@ class _Walker:
         self.push([c] if c is not None else [])
         then = self.visit(s.then_case)
         self.pop()
+        after_then = self.enc.known_loads
         self.enc.known_loads = dict(before)
         other = None
         if s.else_case is not None:
             self.push([z3.Not(c)] if c is not None else [])
             other = self.visit(s.else_case)
             self.pop()
+        after_else = self.enc.known_loads
         self.enc.known_loads = before
-        self.forget(_stored_data_vars(s.then_case) | (_stored_data_vars(s.else_case) if s.else_case is not None else set()))
+        stored = _stored_data_vars(s.then_case) | (_stored_data_vars(s.else_case) if s.else_case is not None else set())
+        self.forget(stored)
+        if c is not None:
+            self.join_branches(c, stored, after_then, after_else)
         guard = _is_bound_guard(s.condition, s.then_case)
         self.guards_seen += guard
         if self.rewrite and guard and c is not None and self.enc.prove(c, self.context()).proven:
@@ -549,6 +554,25 @@ class _Walker:
         if self.rewrite and (not then.same_as(s.then_case) or (other is not None and not other.same_as(s.else_case))):
             return tir.IfThenElse(s.condition, then, other)
         return s
+
+    def join_branches(self, cond, stored, after_then: dict, after_else: dict) -> None:
+        """After an ``if``, a private scalar that a branch stored holds ``If(cond, its value at the
+        end of the then branch, its value at the end of the else branch)``; a branch at whose end
+        it is not tracked leaves some fixed unknown value (a fresh term, as for an untracked load)."""
+        for key in set(after_then) | set(after_else):
+            data, index = key
+            buf = self.buffers.get(data)
+            if buf is None or not any(data.same_as(d) for d in stored):
+                continue
+            sides = [known.get(key) for known in (after_then, after_else)]
+            sides = [v.term if isinstance(v, _Enc) else v for v in sides]
+            if None in sides:
+                if scalar_dtype(buf.dtype)[0] == "bool":
+                    continue
+                unknown = lambda: self.enc.opaque_load(tir.BufferLoad(buf, [tir.IntImm("int32", index)])).term  # noqa: E731
+                sides = [v if v is not None else unknown() for v in sides]
+            if sides[0].sort() == sides[1].sort():
+                self.enc.known_loads[key] = z3.If(cond, sides[0], sides[1])
 
     def visit_While(self, s):
         stored = _stored_data_vars(s.body)

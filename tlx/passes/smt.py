@@ -460,8 +460,7 @@ class Encoder:
             self._obligations = pending
             if key in self._read_only_loads:
                 return self._read_only_loads[key]
-        e = self._opaque(expr)
-        self.opaque_loads[str(e.term)] = (f"{expr.buffer.name}[{', '.join(str(i) for i in idx)}]", str(expr.buffer.scope()))
+        e = self.opaque_load(expr)
         if expr.buffer.data in self.counters:
             self._bound_counter(e.term, *self.counters[expr.buffer.data])
         if key is not None:
@@ -470,6 +469,14 @@ class Encoder:
             # Unknown but fixed until the next store (which the verifier tracks or forgets): every
             # load until then is this one value, e.g. a while loop's condition and its body's.
             self.known_loads[(expr.buffer.data, int(idx[0].value))] = e
+        return e
+
+    def opaque_load(self, load) -> _Enc:
+        """A fresh value for what ``load`` reads, named after it in counterexamples (a value the
+        verifier does not track)."""
+        e = self._opaque(load)
+        text = f"{load.buffer.name}[{', '.join(str(i) for i in load.indices)}]"
+        self.opaque_loads[str(e.term)] = (text, str(load.buffer.scope()))
         return e
 
     def _bound_counter(self, term, start, sites) -> None:
