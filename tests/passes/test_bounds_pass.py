@@ -205,3 +205,44 @@ def test_a_scalar_set_under_a_condition_is_known_under_it_again(init):
         assert (load.kind, load.status) == ("load", "unknown")
     else:
         assert (load.kind, load.status, load.counterexample["index"]) == ("load", "violation", 1000)
+
+
+def _local_index_kernel(full_init: bool, clobber: bool):
+    """A private array ``a`` is set to -1 by a loop (over both elements, or only the first), then
+    per element to a value read from memory where it lies in [0, 64); a guarded ``a[i] >= 0``
+    then indexes shared memory of 64 (after ``a[i] = 100`` where ``clobber``)."""
+
+    @tlx.jit(target=TARGET, verify="off")
+    def local_index(threads=128):
+        @T.prim_func
+        def main(X: T.Tensor((threads, 2), "int32"), Out: T.Tensor((threads,), "int32")):
+            with T.Kernel(1, threads=threads):
+                tx = T.get_thread_binding()
+                S = T.alloc_shared((64,), "int32")
+                a = T.alloc_local((2,), "int32")
+                g = T.alloc_var("int32")
+                for s in T.serial(2 if full_init else 1):
+                    a[s] = -1
+                for s in T.serial(2):
+                    g = X[tx, s]
+                    if g >= 0 and g < 64:
+                        a[s] = g
+                if a[tx % 2] >= 0:
+                    if clobber:
+                        a[tx % 2] = 100
+                    S[a[tx % 2]] = tx
+                T.sync_threads()
+                Out[tx] = S[tx % 64]
+
+        return main
+
+    return lower_jit(local_index)
+
+
+@pytest.mark.parametrize("full_init,clobber,expected", [(True, False, "proven"), (False, False, "unknown"), (True, True, "not proven")])
+def test_private_array_elements_lie_in_the_hull_of_their_stores(full_init, clobber, expected):
+    """Every element of ``a`` is -1 or in [0, 64) once a loop has set all of it, so the guarded
+    store is proven; with one element never set, or after ``a[i] = 100``, it is not."""
+    report = verify_kernel(_local_index_kernel(full_init, clobber), ())[0]
+    [store] = [a for a in report.accesses if a.buffer == "S" and a.kind == "store"]
+    assert store.status == expected if expected != "not proven" else store.status != "proven"

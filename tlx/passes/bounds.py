@@ -29,6 +29,7 @@ from tilelang import tvm
 from tlx.lowering import LoweredKernel
 from tlx.passes import PassContext, Precondition, register_pass
 from tlx.passes.assume import parse_assumption, shape_vars
+from tlx.passes.private_arrays import candidate_arrays, initialized_by
 from tlx.passes.smt import DEFAULT_RLIMIT, PRIVATE_SCOPES, Encoder, Obligation, _Enc, scalar_dtype
 
 tir = tvm.tirx
@@ -84,6 +85,9 @@ class BoundsReport:
     queries: int
     rlimit_used: int
     guards: dict = field(default_factory=dict)
+    # function -> private array -> (lo, hi) of its stored values: valid under any further
+    # conditions, so later walks of the same kernel reuse them (``verify_kernel(hulls=)``)
+    hulls: dict = field(default_factory=dict)
 
     @property
     def proven(self) -> int:
@@ -130,8 +134,16 @@ class _Frame:
 class _Walker:
     """Visits one device function, checks every access, and (optionally) drops proven guards."""
 
-    def __init__(self, enc: Encoder, func_name: str, shape_terms: dict[str, Any], rewrite: bool, source_map, focus=None, least_of=None):
+    def __init__(self, enc: Encoder, func_name: str, shape_terms: dict[str, Any], rewrite: bool, source_map, focus=None,
+                 least_of=None, arrays: dict | None = None, hulls: dict | None = None):
         self.enc = enc
+        # Private arrays (see private_arrays): without ``hulls`` the walk collects the hull of each
+        # one's stored values (None once unbounded); with them, loads after a full initialization
+        # are known to lie in it.
+        self.arrays = arrays or {}
+        self.hulls = hulls
+        self.collected: dict = {}
+        self.initialized: frozenset = frozenset()
         self.focus = focus
         self.least_of = least_of
         self.func = func_name
@@ -465,6 +477,37 @@ class _Walker:
             return
         self.forget(data)
 
+    # ----- private arrays (see private_arrays) --------------------------------------------
+    def set_initialized(self, arrays) -> None:
+        """Record which private arrays are fully initialized here; in the second walk, loads
+        of those are known to lie in their hull."""
+        self.initialized = frozenset(arrays)
+        if self.hulls is not None:
+            self.enc.content_ranges = {d: self.hulls[d] for d in self.initialized if d in self.hulls}
+
+    def collect_content(self, s) -> None:
+        """Widen the hull of the array's stored values by this store's value (first walk). A value
+        that may lie outside +-2^20, or whose arithmetic may overflow, leaves the array unbounded."""
+        data = s.buffer.data
+        if data in self.collected and self.collected[data] is None:
+            return
+        if isinstance(s.value, tir.IntImm):
+            lo = hi = int(s.value.value)
+        else:
+            term = self.enc.encode(s.value)
+            ctx = self.context()
+            verdict, _ = self.enc.prove_obligations(self.enc.take_obligations(), ctx)
+            far = 1 << 20
+            if not verdict.proven or any(self.enc.check(ctx + [out]).status != "proven" for out in (term < -far, term > far)):
+                self.collected[data] = None
+                return
+            lo = self.enc.minimize(term, ctx, lo=-far)
+            if lo is None:  # the store cannot run
+                return
+            hi = -self.enc.minimize(-term, ctx, lo=-far)
+        old = self.collected.get(data)
+        self.collected[data] = (lo, hi) if old is None else (min(old[0], lo), max(old[1], hi))
+
     def forget(self, data_vars):
         if not isinstance(data_vars, (set, list, tuple)):
             data_vars = {data_vars}
@@ -519,9 +562,11 @@ class _Walker:
                 self.add_fact(k >= 0)
                 self.add_fact(v == lo + k * st)
         self.add_name(s.loop_var.name, v)
+        outside = self.initialized
         body = self.visit(s.body)
         self.pop()
         self.forget(stored)
+        self.set_initialized(outside | set(initialized_by(s, self.arrays)))
         if self.rewrite and not body.same_as(s.body):
             return tir.For(s.loop_var, s.min, s.extent, s.kind, body, s.thread_binding, s.annotations, step)
         return s
@@ -530,9 +575,11 @@ class _Walker:
         self.visit_expr(s.condition)
         c = self.reliable(s.condition, f"condition {s.condition}", as_bool=True)
         before = dict(self.enc.known_loads)
+        outside = self.initialized
         self.push([c] if c is not None else [])
         then = self.visit(s.then_case)
         self.pop()
+        self.set_initialized(outside)
         after_then = self.enc.known_loads
         self.enc.known_loads = dict(before)
         other = None
@@ -540,6 +587,7 @@ class _Walker:
             self.push([z3.Not(c)] if c is not None else [])
             other = self.visit(s.else_case)
             self.pop()
+            self.set_initialized(outside)
         after_else = self.enc.known_loads
         self.enc.known_loads = before
         stored = _stored_data_vars(s.then_case) | (_stored_data_vars(s.else_case) if s.else_case is not None else set())
@@ -562,7 +610,7 @@ class _Walker:
         for key in set(after_then) | set(after_else):
             data, index = key
             buf = self.buffers.get(data)
-            if buf is None or not any(data.same_as(d) for d in stored):
+            if buf is None or not isinstance(index, int) or not any(data.same_as(d) for d in stored):
                 continue
             sides = [known.get(key) for known in (after_then, after_else)]
             sides = [v.term if isinstance(v, _Enc) else v for v in sides]
@@ -579,9 +627,11 @@ class _Walker:
         self.forget(stored)
         self.visit_expr(s.condition)
         c = self.reliable(s.condition, "while condition", as_bool=True)
+        outside = self.initialized
         self.push([c] if c is not None else [])
         body = self.visit(s.body)
         self.pop()
+        self.set_initialized(outside)
         self.forget(stored)
         if self.rewrite and not body.same_as(s.body):
             return tir.While(s.condition, body)
@@ -632,6 +682,8 @@ class _Walker:
         value = self.visit_expr(s.value)
         self.check_access(s.buffer, list(s.indices), "store", s.predicate)
         self.track_local(s)
+        if self.hulls is None and s.buffer.data in self.arrays:
+            self.collect_content(s)
         if self.rewrite and not value.same_as(s.value):
             return tir.BufferStore(s.buffer, value, list(s.indices), s.predicate)
         return s
@@ -886,40 +938,63 @@ def verify_kernel(
     source_map=None,
     focus: tuple | None = None,
     least_of: str | None = None,
+    hulls: dict | None = None,
 ):
     """Verify every access of ``kernel``'s device functions.
 
     ``assume`` are the user's condition strings; ``extra_conditions`` are TIR conditions
     (derived preconditions). With ``rewrite`` the device module is returned with proven
-    guards dropped as the second element; otherwise it is ``None``.
+    guards dropped as the second element; otherwise it is ``None``. ``hulls``: an earlier
+    report's ``hulls`` of the same kernel (saves the walk that collects them).
     """
     t0 = time.perf_counter()
-    enc = Encoder(rlimit=rlimit)
-    variables, terms = _shape_setup(enc, kernel, tuple(assume), list(extra_conditions))
     source_map = source_map or (lambda name, kind, index="": "unknown line")
-    accesses: list[Access] = []
-    new_funcs = {}
-    seen = removed = 0
-    for name, f in _device_funcs(kernel):
-        _bind_params(enc, f, variables)
-        enc.read_only = _read_only_params(f)
-        enc.counters = _counters(f)
-        w = _Walker(enc, name, terms, rewrite, source_map, focus, least_of)
-        w.buffers.update(_param_buffers(kernel, f))
-        body = w.visit(f.body)
-        accesses += w.accesses
-        seen += w.guards_seen
-        removed += w.guards_removed
-        if rewrite and not body.same_as(f.body):
-            new_funcs[name] = f.with_body(body)
-    report = BoundsReport(kernel.name, accesses, time.perf_counter() - t0, enc.queries, enc.rlimit_used, {"seen": seen, "removed": removed})
+    walk = lambda hulls: _walk_kernel(kernel, assume, extra_conditions, rlimit, rewrite, source_map, focus, least_of, hulls)  # noqa: E731
+    queries = used = 0
+    walked = hulls is None
+    if walked:
+        enc, walkers, bodies = walk(None)
+        hulls = {name: {d: h for d, h in w.collected.items() if h is not None} for name, w in walkers.items()}
+        queries, used = enc.queries, enc.rlimit_used
+    if any(hulls.values()) or not walked:
+        # (Again) from a fresh solver, knowing where the bounded private arrays' elements lie:
+        # the same queries as a single walk, plus those facts.
+        enc, walkers, bodies = walk(hulls)
+        enc.queries += queries
+        enc.rlimit_used += used
+    accesses = [a for w in walkers.values() for a in w.accesses]
+    seen = sum(w.guards_seen for w in walkers.values())
+    removed = sum(w.guards_removed for w in walkers.values())
+    report = BoundsReport(kernel.name, accesses, time.perf_counter() - t0, enc.queries, enc.rlimit_used,
+                          {"seen": seen, "removed": removed}, hulls)
     new_mod = None
     if rewrite:
         new_mod = kernel.device_mod
         for gv in list(new_mod.functions.keys()):
-            if gv.name_hint in new_funcs:
-                new_mod = _replace_func(new_mod, gv, new_funcs[gv.name_hint])
+            if gv.name_hint in bodies:
+                new_mod = _replace_func(new_mod, gv, bodies[gv.name_hint])
     return report, new_mod
+
+
+def _walk_kernel(kernel, assume, extra_conditions, rlimit, rewrite, source_map, focus, least_of, hulls):
+    """One walk over every device function with a fresh encoder. ``hulls`` (function name ->
+    private array -> (lo, hi)) is None in the first walk, which collects them."""
+    enc = Encoder(rlimit=rlimit)
+    variables, terms = _shape_setup(enc, kernel, tuple(assume), list(extra_conditions))
+    walkers, bodies = {}, {}
+    for name, f in _device_funcs(kernel):
+        _bind_params(enc, f, variables)
+        enc.read_only = _read_only_params(f)
+        enc.counters = _counters(f)
+        w = _Walker(enc, name, terms, rewrite, source_map, focus, least_of, candidate_arrays(f),
+                    None if hulls is None else hulls.get(name, {}))
+        w.buffers.update(_param_buffers(kernel, f))
+        body = w.visit(f.body)
+        enc.content_ranges = {}
+        walkers[name] = w
+        if rewrite and not body.same_as(f.body):
+            bodies[name] = f.with_body(body)
+    return enc, walkers, bodies
 
 
 def _replace_func(mod, gv, func):
@@ -952,10 +1027,10 @@ def _divisibility_candidates(variables: dict, names, consts):
             yield tir.EQ(tir.floormod(v, tir.IntImm(v.dtype, c)), tir.IntImm(v.dtype, 0)), f"{name} % {c} == 0"
 
 
-def _upper_bound(kernel, assume, variables, name, chosen, target, rlimit):
+def _upper_bound(kernel, assume, variables, name, chosen, target, rlimit, hulls):
     """``name <= B`` with B one below the least value of ``name`` that still breaks ``target``."""
     v = variables[name]
-    rep, _ = verify_kernel(kernel, assume, [c for c, _ in chosen], rlimit, focus=target.key(), least_of=name)
+    rep, _ = verify_kernel(kernel, assume, [c for c, _ in chosen], rlimit, focus=target.key(), least_of=name, hulls=hulls)
     least = [a.least[name] for a in rep.accesses if a.key() == target.key() and name in a.least]
     if not least or least[0] < 1:
         return None
@@ -995,7 +1070,7 @@ def derive_preconditions(kernel: LoweredKernel, report: BoundsReport, assume=(),
         # Upper bounds first (int32 limits; static allocations indexed by a shape variable);
         # a bound that leaves no shape >= 1 (e.g. a tail bug, broken from N = 1) is rejected.
         for name in names:
-            cand = _upper_bound(kernel, assume, variables, name, chosen, target, rlimit)
+            cand = _upper_bound(kernel, assume, variables, name, chosen, target, rlimit, report.hulls)
             if cand is not None and _satisfiable(kernel, assume, chosen + [cand]):
                 fixed = cand
                 break
@@ -1003,14 +1078,16 @@ def derive_preconditions(kernel: LoweredKernel, report: BoundsReport, assume=(),
             for cand in _divisibility_candidates(variables, names, consts):
                 if any(cand[1] == c[1] for c in chosen):
                     continue
-                rep, _ = verify_kernel(kernel, assume, [c for c, _ in chosen] + [cand[0]], rlimit, focus=target.key())
+                rep, _ = verify_kernel(kernel, assume, [c for c, _ in chosen] + [cand[0]], rlimit, focus=target.key(),
+                                       hulls=report.hulls)
                 if _fixes(rep, target) and _satisfiable(kernel, assume, chosen + [cand]):
                     fixed = cand
                     break
         if fixed is None:
             unfixable.add(target.key())
             continue
-        trial, _ = verify_kernel(kernel, assume, [c for c, _ in chosen + [fixed]], rlimit, source_map=source_map)
+        trial, _ = verify_kernel(kernel, assume, [c for c, _ in chosen + [fixed]], rlimit, source_map=source_map,
+                                 hulls=report.hulls)
         if not _fixes(trial, target):
             unfixable.add(target.key())
             continue

@@ -55,6 +55,13 @@ def _private_int_scalar(load) -> bool:
             and len(load.indices) == 1 and isinstance(load.indices[0], tir.IntImm))
 
 
+def _private_int_element(load) -> bool:
+    """A load of one element, at a computed index, of a thread-private integer array."""
+    kind, _, lanes = scalar_dtype(load.dtype)
+    return (str(load.buffer.scope()) in PRIVATE_SCOPES and kind in ("int", "uint") and lanes == 1
+            and len(load.indices) == 1 and not isinstance(load.indices[0], (tir.IntImm, tir.Ramp)))
+
+
 def scalar_dtype(dtype) -> tuple[str, int, int]:
     """``"int32x4"`` -> ``("int", 32, 4)``; ``"bool"`` -> ``("bool", 1, 1)``."""
     s = str(dtype)
@@ -156,6 +163,7 @@ class Encoder:
         self._obligations: list[Obligation] = []
         self._fresh = 0
         self.known_loads: dict = {}  # (buffer data var, constant index) -> Z3 term of the value it holds
+        self.content_ranges: dict = {}  # private array's data var -> (lo, hi) of every element (private_arrays)
         self.opaque_loads: dict[str, tuple[str, str]] = {}  # fresh variable name -> (load text "ids[i]", buffer scope)
         self.read_only: set = set()  # data vars of inputs the kernel never writes (see bounds._read_only_params)
         self._read_only_loads: dict = {}  # (data var, simplified index terms) -> the value loaded there
@@ -450,21 +458,33 @@ class Encoder:
             t = self.known_loads.get((expr.buffer.data, int(idx[0].value)))
             if t is not None:
                 return t if isinstance(t, _Enc) else _Enc(t, None, None)
-        key = None
-        if expr.buffer.data in self.read_only:
-            # An element of a read-only input holds one value: a guard's load and an index's load
-            # of the same element (even written with other casts) are one term. The index
-            # arithmetic's own width obligations belong to the load's own access check.
+        key = element = None
+        if expr.buffer.data in self.read_only or _private_int_element(expr):
+            # An element of a read-only input holds one value, and so does an element of a private
+            # array until the next store to the array (which forgets it): a guard's load and an
+            # index's load of the same element (even written with other casts) are one term. The
+            # index arithmetic's own width obligations belong to the load's own access check.
             pending = self.take_obligations()
-            key = (expr.buffer.data, tuple(z3.simplify(self._enc(i, env, lane).term).sexpr() for i in idx))
+            index = tuple(z3.simplify(self._enc(i, env, lane).term).sexpr() for i in idx)
             self._obligations = pending
-            if key in self._read_only_loads:
-                return self._read_only_loads[key]
+            if expr.buffer.data in self.read_only:
+                key = (expr.buffer.data, index)
+                if key in self._read_only_loads:
+                    return self._read_only_loads[key]
+            else:
+                element = (expr.buffer.data, index)
+                if element in self.known_loads:
+                    return self.known_loads[element]
         e = self.opaque_load(expr)
+        rng = self.content_ranges.get(expr.buffer.data)
+        if rng is not None:
+            self._facts += [e.term >= rng[0], e.term <= rng[1]]
         if expr.buffer.data in self.counters:
             self._bound_counter(e.term, *self.counters[expr.buffer.data])
         if key is not None:
             self._read_only_loads[key] = e
+        elif element is not None:
+            self.known_loads[element] = e
         elif _private_int_scalar(expr):
             # Unknown but fixed until the next store (which the verifier tracks or forgets): every
             # load until then is this one value, e.g. a while loop's condition and its body's.
