@@ -72,13 +72,28 @@ def _is_var(index, var) -> bool:
     return isinstance(index, tir.Var) and index.same_as(var)
 
 
+_EVERY_ITERATION = (tir.ForKind.SERIAL, tir.ForKind.UNROLLED, tir.ForKind.VECTORIZED)  # run by the thread itself
+
+
+def _leaves_early(body) -> bool:
+    """Whether ``body`` may leave the loop before its last iteration (``T.loop_break``, a return)."""
+    found = []
+    tir.stmt_functor.post_order_visit(body, lambda n: found.append(n) if isinstance(n, tir.Call) and hasattr(n.op, "name")
+                                      and (str(n.op.name).endswith("loop_break") or str(n.op.name) == "tirx.ret") else None)
+    return bool(found)
+
+
 def initialized_by(loop, candidates: dict) -> list:
-    """Data vars of the candidate arrays that ``loop`` stores at every index: it runs ``v`` over
-    ``[0, n)``, ``n`` constant and at least the array's size, and its body stores ``a[v]``
-    outside any branch or inner loop."""
-    if not (isinstance(loop.min, tir.IntImm) and loop.min.value == 0 and isinstance(loop.extent, tir.IntImm)):
+    """Data vars of the candidate arrays that ``loop`` stores at every index: the thread itself
+    runs ``v`` over every value of ``[0, n)``, ``n`` constant and at least the array's size, and
+    the body stores ``a[v]`` outside any branch or inner loop."""
+    step = getattr(loop, "step", None)
+    if not (loop.kind in _EVERY_ITERATION and (step is None or (isinstance(step, tir.IntImm) and step.value == 1))
+            and isinstance(loop.min, tir.IntImm) and loop.min.value == 0 and isinstance(loop.extent, tir.IntImm)):
         return []
     body = loop.body
+    if _leaves_early(body):
+        return []
     top = list(body.seq) if isinstance(body, tir.SeqStmt) else [body]
     out = []
     for s in top:
