@@ -30,7 +30,7 @@ from tlx.lowering import LoweredKernel
 from tlx.passes import PassContext, Precondition, register_pass
 from tlx.passes.assume import parse_assumption, shape_vars
 from tlx.passes.private_arrays import candidate_arrays, initialized_by
-from tlx.passes.smt import DEFAULT_RLIMIT, PRIVATE_SCOPES, Encoder, Obligation, _Enc, scalar_dtype
+from tlx.passes.smt import DEFAULT_RLIMIT, PRIVATE_SCOPES, Encoder, Obligation, known_term, scalar_dtype
 
 tir = tvm.tirx
 
@@ -612,8 +612,7 @@ class _Walker:
             buf = self.buffers.get(data)
             if buf is None or not isinstance(index, int) or not any(data.same_as(d) for d in stored):
                 continue
-            sides = [known.get(key) for known in (after_then, after_else)]
-            sides = [v.term if isinstance(v, _Enc) else v for v in sides]
+            sides = [None if known.get(key) is None else known_term(known[key]) for known in (after_then, after_else)]
             if None in sides:
                 if scalar_dtype(buf.dtype)[0] == "bool":
                     continue

@@ -133,6 +133,11 @@ class _Enc:
     hi: int | None
 
 
+def known_term(value):
+    """The Z3 term of a ``known_loads`` value (a term, or an encoded load with its interval)."""
+    return value.term if isinstance(value, _Enc) else value
+
+
 def _iadd(a, b):
     return None if a is None or b is None else a + b
 
