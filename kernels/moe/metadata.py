@@ -272,7 +272,8 @@ def metadata_buffers(ids, n_experts: int, n_ranks: int = 1, align: int = 128) ->
     kernel's scratch (``chunk_counts``, per-chunk histograms), views of one allocation. Reusing
     them (a serving loop, a CUDA graph) takes the allocations off the call."""
     _check_ids(ids)
-    return _buffers(ids, *_plan(*ids.shape, n_experts, n_ranks, align, ids.get_device()), align)
+    el, _, rows, nchunk = _plan(*ids.shape, n_experts, n_ranks, align, ids.get_device())
+    return _buffers(ids, el, rows, nchunk, align)
 
 
 def routing_metadata(ids, n_experts: int, rank: int = 0, n_ranks: int = 1, align: int = 128, out: dict | None = None):
@@ -284,11 +285,11 @@ def routing_metadata(ids, n_experts: int, rank: int = 0, n_ranks: int = 1, align
     if not 0 <= rank < n_ranks:
         raise ValueError(f"rank: expected 0 <= rank < n_ranks = {n_ranks}, got {rank}")
     t, k = ids.shape
-    el, chunk, rows, nchunk = plan = _plan(t, k, n_experts, n_ranks, align, ids.get_device())
+    el, chunk, rows, nchunk = _plan(t, k, n_experts, n_ranks, align, ids.get_device())
     if not ids.is_contiguous():
         ids = ids.contiguous()
     if out is None:
-        out = _buffers(ids, *plan, align)
+        out = _buffers(ids, el, rows, nchunk, align)
     elif (out["entry_of_row"].shape[0], out["chunk_counts"].shape[0]) != (rows, nchunk):
         # the sizes that the launcher cannot check (free symbols): the rows and the grid
         raise ValueError(f"out: expected buffers of {rows} rows and {nchunk} chunks (metadata_buffers for these ids), "
@@ -310,13 +311,13 @@ def _check_ids(ids) -> None:
         raise ValueError(f"ids: expected a 2-D int32 tensor, got {ids.dtype} of shape {tuple(ids.shape)}")
 
 
-def _buffers(ids, el: int, chunk: int, rows: int, nchunk: int, align: int) -> dict:
+def _buffers(ids, el: int, rows: int, nchunk: int, align: int) -> dict:
     """The six tensors as views of one allocation (each view costs less host time than an
     allocation; every kernel that reads them needs 4-byte alignment only)."""
     t, k = ids.shape
-    counts, offsets, row_of, entry_of_row, block_expert, chunk_counts = ids.new_empty(
-        el + el + 1 + t * k + rows + rows // align + nchunk * el).split_with_sizes(
-        (el, el + 1, t * k, rows, rows // align, nchunk * el))
+    sizes = (el, el + 1, t * k, rows, rows // align, nchunk * el)
+    parts = ids.new_empty(sum(sizes)).split_with_sizes(sizes)
+    counts, offsets, row_of, entry_of_row, block_expert, chunk_counts = parts
     return {"counts": counts, "offsets": offsets, "row_of": row_of.view(t, k), "entry_of_row": entry_of_row,
             "block_expert": block_expert, "chunk_counts": chunk_counts.view(nchunk, el)}
 

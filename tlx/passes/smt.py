@@ -47,19 +47,21 @@ _DTYPE_RE = re.compile(r"^(bool|int|uint|float|bfloat|handle|float8_\w+|float4_\
 PRIVATE_SCOPES = ("local", "local.var")  # a thread's own registers: only its own stores change them
 
 
+def _private_element(load, kinds) -> bool:
+    """A load of one element (one index, one lane) of a thread-private buffer of a kind in ``kinds``."""
+    kind, _, lanes = scalar_dtype(load.dtype)
+    return str(load.buffer.scope()) in PRIVATE_SCOPES and kind in kinds and lanes == 1 and len(load.indices) == 1
+
+
 def _private_int_scalar(load) -> bool:
     """A load of one element, at a constant index, of a thread-private integer or bool buffer
     (the values ``bounds`` tracks through stores)."""
-    kind, _, lanes = scalar_dtype(load.dtype)
-    return (str(load.buffer.scope()) in PRIVATE_SCOPES and kind in ("int", "uint", "bool") and lanes == 1
-            and len(load.indices) == 1 and isinstance(load.indices[0], tir.IntImm))
+    return _private_element(load, ("int", "uint", "bool")) and isinstance(load.indices[0], tir.IntImm)
 
 
 def _private_int_element(load) -> bool:
     """A load of one element, at a computed index, of a thread-private integer array."""
-    kind, _, lanes = scalar_dtype(load.dtype)
-    return (str(load.buffer.scope()) in PRIVATE_SCOPES and kind in ("int", "uint") and lanes == 1
-            and len(load.indices) == 1 and not isinstance(load.indices[0], (tir.IntImm, tir.Ramp)))
+    return _private_element(load, ("int", "uint")) and not isinstance(load.indices[0], (tir.IntImm, tir.Ramp))
 
 
 def scalar_dtype(dtype) -> tuple[str, int, int]:
