@@ -115,7 +115,8 @@ def persistent_grouped_gemm(n: int, k: int, masked: bool, num_stages: int, clust
         block_expert, -1 for blocks not computed). Masked: the cluster tiles of the experts' computed
         row blocks only (``route`` = counts), handed out in turn as above; the CTA walks the experts
         once (``walk_e``, and ``walk_rem``: its next tile's index among expert ``walk_e``'s), so
-        every cluster gets the same share of work whichever row blocks are empty."""
+        every cluster gets the same share of work whichever row blocks are empty; once the walk
+        has passed the last expert no tile follows, and the CTA leaves the tile loop."""
         if masked:
             while T.if_then_else(walk_e < nexp, walk_rem >= tiles_of(route[walk_e]), False):
                 walk_rem = walk_rem - tiles_of(route[walk_e])
@@ -126,6 +127,8 @@ def persistent_grouped_gemm(n: int, k: int, masked: bool, num_stages: int, clust
             r0 = T.if_then_else(expert >= 0, walk_rem // groups * BLOCK_M, 0)
             c0 = T.if_then_else(expert >= 0, (walk_rem % groups * cluster + pid % cluster) * block_n, 0)
             walk_rem = T.if_then_else(expert >= 0, walk_rem + nclusters, walk_rem)
+            if expert < 0:
+                T.loop_break()
         else:
             expert = T.if_then_else(tile(w, pid) < nrb * groups, route[row_block(w, pid)], -1)
             r0 = T.if_then_else(tile(w, pid) < nrb * groups, row_block(w, pid) * BLOCK_M, 0)
@@ -190,8 +193,6 @@ def persistent_grouped_gemm(n: int, k: int, masked: bool, num_stages: int, clust
                 T.set_max_nreg(40, 0)
                 for w in T.serial(T.ceildiv(nrb * groups, nclusters)):
                     next_tile(w, pid, route, walk_e, walk_rem, expert, r0, c0)
-                    if masked and expert < 0:
-                        T.loop_break()  # the walk has passed the last expert: no tile follows
                     if expert >= 0:
                         next_sa[0] = sa_at(SA, expert, r0 + tx - 256, 0)
                         for c in T.unroll(ncol):
@@ -221,8 +222,6 @@ def persistent_grouped_gemm(n: int, k: int, masked: bool, num_stages: int, clust
                 T.set_max_nreg(232, 1)
                 for w in T.serial(T.ceildiv(nrb * groups, nclusters)):
                     next_tile(w, pid, route, walk_e, walk_rem, expert, r0, c0)
-                    if masked and expert < 0:
-                        T.loop_break()
                     if expert >= 0:
                         T.clear(total)
                         for kq in T.serial(kblocks // unroll):
