@@ -48,10 +48,10 @@ def _default_act_quant(x):
     return per_token_group_cast(x, group=128)
 
 
-def _default_swiglu_quant(h, clamp):
+def _default_swiglu_quant(h, clamp, rows):
     from kernels.quant.group_cast import swiglu_cast
 
-    return swiglu_cast(h, clamp=clamp, group=128)
+    return swiglu_cast(h, clamp=clamp, group=128, rows=rows)
 
 
 def moe_layer(x, logits, w1, s1, w2, s2, cfg: MoEConfig, bias=None, *, n_ranks: int = 1, act_quant=None,
@@ -59,8 +59,10 @@ def moe_layer(x, logits, w1, s1, w2, s2, cfg: MoEConfig, bias=None, *, n_ranks: 
     """Routed experts of one layer: x [T, H] bf16, logits [T, E] fp32, w1 [E, 2I, H] / w2 [E, H, I]
     e4m3 with 128 x 128 fp32 scales s1 [E, 2I/128, H/128] / s2 [E, H/128, I/128] -> [T, H] bf16.
 
-    ``act_quant(x) -> (e4m3, scales)`` and ``swiglu_quant(h, clamp) -> (e4m3, scales)`` default to
-    ``kernels.quant.group_cast``'s per-token 1 x 128 cast and fused SwiGLU cast.
+    ``act_quant(x) -> (e4m3, scales)`` and ``swiglu_quant(h, clamp, rows) -> (e4m3, scales)`` default
+    to ``kernels.quant.group_cast``'s per-token 1 x 128 cast and fused SwiGLU cast. ``rows`` is the
+    metadata's ``entry_of_row``: a padding row (-1) of ``h`` holds +0 (the GEMM of a zero row), so
+    the SwiGLU cast need not read it.
     """
     act_quant = act_quant or _default_act_quant
     swiglu_quant = swiglu_quant or _default_swiglu_quant
@@ -84,7 +86,7 @@ def moe_layer(x, logits, w1, s1, w2, s2, cfg: MoEConfig, bias=None, *, n_ranks: 
         meta = routing_metadata(ids, e, r, n_ranks)
         xp, sp = permute(xq, meta, cfg.topk, xs)
         hid = grouped_gemm_contiguous(xp, sp, w1[mine], s1[mine], meta["block_expert"])
-        hq, hs = swiglu_quant(hid, cfg.clamp)
+        hq, hs = swiglu_quant(hid, cfg.clamp, meta["entry_of_row"])
         outputs.append(grouped_gemm_contiguous(hq, hs, w2[mine], s2[mine], meta["block_expert"]))
         row_maps.append(torch.where(meta["row_of"] >= 0, meta["row_of"] + base, -1) if base else meta["row_of"])
         base += xp.shape[0]

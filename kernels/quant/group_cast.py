@@ -87,14 +87,18 @@ def default_ept(in_dtype: str, out_fmt: str) -> int:
 
 @tlx.jit(target=TARGET)
 def group_cast_kernel(H: int, group: int, in_mode: str, in_dtype: str, out_fmt: str = "e4m3",
-                      scale_fmt: str = "fp32", col_major: bool = False, clamp: float = 10.0, weighted: bool = False):
-    """``in_mode``: "plain" (X ``[T, H]``), "swiglu" (X ``[T, 2H]`` and, if ``weighted``, W ``[T]``),
-    "e2m1" (P ``[T, H/2]`` uint8 and C ``[T, H/32]`` UE8M0 codes). ``out_fmt``: "e4m3" or "e2m1".
+                      scale_fmt: str = "fp32", col_major: bool = False, clamp: float = 10.0, weighted: bool = False,
+                      masked: bool = False):
+    """``in_mode``: "plain" (X ``[T, H]``), "swiglu" (X ``[T, 2H]`` and, if ``weighted``, W ``[T]``;
+    if ``masked``, R ``[T]`` int32 after W: a row with R < 0 is not read and is cast as a row of
+    +0), "e2m1" (P ``[T, H/2]`` uint8 and C ``[T, H/32]`` UE8M0 codes). ``out_fmt``: "e4m3" or "e2m1".
     A thread owns :func:`default_ept` elements; it works on packed bf16 pairs where that is exact
     (bf16 -> e2m1 by :func:`e2m1_pair_bf16`; the SwiGLU clamps when the clamp is a bf16 value), else
     per fp32 value. "e2m1" input has its own integer path (:func:`e2m1_e4m3_table`; power-of-two
     scales only)."""
     ept = default_ept(in_dtype, out_fmt)
+    if masked and in_mode != "swiglu":
+        raise ValueError(f"masked: expected in_mode 'swiglu' (the only masked form), got {in_mode!r}")
     if group % ept:
         raise ValueError(f"group: expected a multiple of {ept} (the elements a thread owns), got {group}")
     Tn = T.dynamic("T")
@@ -323,49 +327,65 @@ def group_cast_kernel(H: int, group: int, in_mode: str, in_dtype: str, out_fmt: 
                 u = uf[v]
             xf[v] = g / T.ieee_add(T.float32(1.0), T.exp(-g), "rn") * u  # no FMA contraction into expf
 
+    @T.macro
+    def swiglu_row(X, W, Q, S, row, by, keep):
+        """Row ``row``'s column block ``by``; a row without ``keep`` reads zeros (and w = 1)."""
+        # at most 72 registers (4 CTAs of 224 threads per SM at H = 7168: 99.8% of copy on H200;
+        # unbounded, nvcc takes 128 and 2 CTAs: 77.5%)
+        T.annotate_min_blocks_per_sm(max(1, 65536 // (72 * tpc)))
+        tx = T.get_thread_binding()
+        gw = T.alloc_local((ept // 2,), u32)
+        uw = T.alloc_local((ept // 2,), u32)
+        gf = T.alloc_local((ept,), T.float32)
+        uf = T.alloc_local((ept,), T.float32)
+        xf = T.alloc_local((ept,), T.float32)
+        c = by * tpc + tx
+        col = c * ept
+        w = T.alloc_var(T.float32)
+        if bf16_clamp:  # fminf/fmaxf against a bf16 value: exact on the bf16 pairs
+            load_bf16(X, gw, gf, row, col, c < cpr and keep, 0, None, u32(bf16_clamp * 0x10001))
+            load_bf16(X, uw, uf, row, col, c < cpr and keep, H, u32((bf16_clamp | 0x8000) * 0x10001),
+                      u32(bf16_clamp * 0x10001))
+        else:
+            load_bf16(X, gw, gf, row, col, c < cpr and keep, 0, None, None)
+            load_bf16(X, uw, uf, row, col, c < cpr and keep, H, None, None)
+        if c < cpr and keep:
+            w = W[row]
+        else:
+            w = T.float32(1.0)
+        if bf16_clamp:
+            # every g is a bf16 value <= the clamp: the fast quotient is exact when all are >= -87
+            gmin2 = T.alloc_var(u32)
+            gmin2 = gw[0]
+            for v in T.unroll(ept // 2 - 1):
+                gmin2 = bf16x2("min", gmin2, gw[v + 1])
+            if T.min(bf16_word_half(gmin2, 0), bf16_word_half(gmin2, 1)) >= T.float32(SILU_FAST_MIN):
+                for v in T.unroll(ept):
+                    xf[v] = T.call_extern("float32", "tlx_quant_silu", gf[v]) * uf[v]
+            else:
+                swiglu_ieee(gf, uf, xf)
+        else:
+            swiglu_ieee(gf, uf, xf)
+        if weighted:
+            for v in T.unroll(ept):
+                xf[v] = xf[v] * w
+        finish(xf, Q, S, c, row, col)
+
+    if masked:
+
+        @T.prim_func
+        def kernel(X: T.Tensor((Tn, x_cols), x_dtype), W: T.Tensor((Tn,), T.float32), R: T.Tensor((Tn,), T.int32),
+                   Q: T.Tensor(q_shape, q_dtype), S: T.Tensor(s_shape, s_dtype)):
+            with T.Kernel(Tn, nby, threads=tpc, prelude=QUANT_PRELUDE + SILU_PRELUDE) as (row, by):
+                swiglu_row(X, W, Q, S, row, by, R[row] >= 0)
+
+        return kernel
+
     @T.prim_func
     def kernel(X: T.Tensor((Tn, x_cols), x_dtype), W: T.Tensor((Tn,), T.float32),
                Q: T.Tensor(q_shape, q_dtype), S: T.Tensor(s_shape, s_dtype)):
         with T.Kernel(Tn, nby, threads=tpc, prelude=QUANT_PRELUDE + SILU_PRELUDE) as (row, by):
-            # at most 72 registers (4 CTAs of 224 threads per SM at H = 7168: 99.8% of copy on H200;
-            # unbounded, nvcc takes 128 and 2 CTAs: 77.5%)
-            T.annotate_min_blocks_per_sm(max(1, 65536 // (72 * tpc)))
-            tx = T.get_thread_binding()
-            gw = T.alloc_local((ept // 2,), u32)
-            uw = T.alloc_local((ept // 2,), u32)
-            gf = T.alloc_local((ept,), T.float32)
-            uf = T.alloc_local((ept,), T.float32)
-            xf = T.alloc_local((ept,), T.float32)
-            c = by * tpc + tx
-            col = c * ept
-            w = T.alloc_var(T.float32)
-            if bf16_clamp:  # fminf/fmaxf against a bf16 value: exact on the bf16 pairs
-                load_bf16(X, gw, gf, row, col, c < cpr, 0, None, u32(bf16_clamp * 0x10001))
-                load_bf16(X, uw, uf, row, col, c < cpr, H, u32((bf16_clamp | 0x8000) * 0x10001), u32(bf16_clamp * 0x10001))
-            else:
-                load_bf16(X, gw, gf, row, col, c < cpr, 0, None, None)
-                load_bf16(X, uw, uf, row, col, c < cpr, H, None, None)
-            if c < cpr:
-                w = W[row]
-            else:
-                w = T.float32(1.0)
-            if bf16_clamp:
-                # every g is a bf16 value <= the clamp: the fast quotient is exact when all are >= -87
-                gmin2 = T.alloc_var(u32)
-                gmin2 = gw[0]
-                for v in T.unroll(ept // 2 - 1):
-                    gmin2 = bf16x2("min", gmin2, gw[v + 1])
-                if T.min(bf16_word_half(gmin2, 0), bf16_word_half(gmin2, 1)) >= T.float32(SILU_FAST_MIN):
-                    for v in T.unroll(ept):
-                        xf[v] = T.call_extern("float32", "tlx_quant_silu", gf[v]) * uf[v]
-                else:
-                    swiglu_ieee(gf, uf, xf)
-            else:
-                swiglu_ieee(gf, uf, xf)
-            if weighted:
-                for v in T.unroll(ept):
-                    xf[v] = xf[v] * w
-            finish(xf, Q, S, c, row, col)
+            swiglu_row(X, W, Q, S, row, by, True)
 
     return kernel
 
@@ -403,25 +423,30 @@ def per_token_group_cast(x: torch.Tensor, group: int = 128, scale_fmt: str = "fp
 
 
 def swiglu_cast(x: torch.Tensor, weights: torch.Tensor | None = None, clamp: float = 10.0, group: int = 128,
-                scale_fmt: str = "fp32", col_major: bool = False):
-    """bf16 ``[T, 2I]`` -> e4m3 ``[T, I]`` of ``silu(fmin(gate, c)) * clamp(up, -c, c) * w`` plus scales."""
+                scale_fmt: str = "fp32", col_major: bool = False, rows: torch.Tensor | None = None):
+    """bf16 ``[T, 2I]`` -> e4m3 ``[T, I]`` of ``silu(fmin(gate, c)) * clamp(up, -c, c) * w`` plus scales.
+
+    ``rows``: int32 ``[T]``; a row whose entry is negative is not read and comes out as the cast
+    of a row of +0 (MoE padding rows: metadata's ``entry_of_row``, -1 there, which the grouped
+    GEMM turns into rows of +0 anyway), so only the routed rows cost memory traffic."""
     _check_group(group, scale_fmt)
     check_2d("x", x, (torch.bfloat16,), 2 * group)
     t, i = x.shape[0], x.shape[1] // 2
-    if weights is not None:
-        if not isinstance(weights, torch.Tensor) or weights.dtype != torch.float32 or tuple(weights.shape) != (t,):
-            raise ValueError(f"weights: expected an fp32 tensor of shape ({t},), got {getattr(weights, 'dtype', type(weights))} "
-                             f"{tuple(getattr(weights, 'shape', ()))}")
-        w = weights.contiguous()
-        check_cuda(x=x, weights=w)
-    else:
-        check_cuda(x=x)
-        w = torch.empty((t,), dtype=torch.float32, device=x.device)  # not read: the kernel is built unweighted
+    for name, v, dtype in (("weights", weights, torch.float32), ("rows", rows, torch.int32)):
+        if v is not None and (not isinstance(v, torch.Tensor) or v.dtype != dtype or tuple(v.shape) != (t,)):
+            raise ValueError(f"{name}: expected a {dtype} tensor of shape ({t},), got {getattr(v, 'dtype', type(v))} "
+                             f"{tuple(getattr(v, 'shape', ()))}")
+    # W is not read by a kernel built unweighted; R (rows) is an input of the masked kernel only
+    inputs = {"x": x, "weights": torch.empty((t,), dtype=torch.float32, device=x.device) if weights is None else weights.contiguous()}
+    if rows is not None:
+        inputs["rows"] = rows.contiguous()
+    check_cuda(**inputs)
     s_arg, s_out = _alloc_scales(t, i // group, scale_fmt, col_major, x.device)
     q = torch.empty((t, i), dtype=torch.float8_e4m3fn, device=x.device)
     if t:
-        kernel = group_cast_kernel(i, group, "swiglu", "bfloat16", "e4m3", scale_fmt, col_major, float(clamp), weights is not None)
-        kernel(x, w, q, s_arg)
+        kernel = group_cast_kernel(i, group, "swiglu", "bfloat16", "e4m3", scale_fmt, col_major, float(clamp), weights is not None,
+                                   rows is not None)
+        kernel(*inputs.values(), q, s_arg)
     return q, s_out
 
 

@@ -24,6 +24,7 @@ KERNELS = [
     ("group bf16 1x128 fp32", group_cast_kernel, (7168, 128, "plain", "bfloat16"), "X", "Q"),
     ("group fp32 1x32 packed col", group_cast_kernel, (3072, 32, "plain", "float32", "e4m3", "ue8m0_packed", True), "X", "Q"),
     ("swiglu weighted ue8m0", group_cast_kernel, (2048, 128, "swiglu", "bfloat16", "e4m3", "ue8m0", False, 10.0, True), "X", "Q"),
+    ("swiglu rows mask", group_cast_kernel, (2048, 128, "swiglu", "bfloat16", "e4m3", "fp32", False, 10.0, False, True), "X", "Q"),
     ("mxfp4", group_cast_kernel, (4096, 32, "plain", "bfloat16", "e2m1"), "X", "Q"),
     ("fp4->fp8", group_cast_kernel, (7168, 128, "e2m1", "uint8", "e4m3", "ue8m0"), "X", "Q"),
     ("block 128 bf16", block_cast_kernel, (7168, 128, "bfloat16"), "X", "Q"),
@@ -115,6 +116,15 @@ BF16 = torch.bfloat16
         (lambda: per_token_group_cast(torch.zeros(4 * 256 + 1, dtype=BF16)[1:].view(4, 256)), ValueError, "16-byte aligned"),
         (lambda: per_token_group_cast(torch.zeros(256, 4, dtype=BF16).t()), ValueError, "contiguous"),
         (lambda: swiglu_cast(torch.zeros(4, 384, dtype=BF16)), ValueError, "not a multiple of 256"),
+        (lambda: swiglu_cast(torch.zeros(4, 512, dtype=BF16), rows=torch.zeros(4, dtype=torch.int64)), ValueError,
+         r"rows: expected a torch.int32 tensor of shape \(4,\), got torch.int64"),
+        (lambda: swiglu_cast(torch.zeros(4, 512, dtype=BF16), rows=torch.zeros(3, dtype=torch.int32)), ValueError,
+         r"rows: expected .* shape \(4,\), got torch.int32 \(3,\)"),
+        (lambda: swiglu_cast(torch.zeros(4, 512, dtype=BF16), torch.ones(4, dtype=torch.float64)), ValueError,
+         "weights: expected a torch.float32 tensor"),
+        (lambda: swiglu_cast(torch.zeros(4, 512, dtype=BF16), rows=torch.zeros(4, dtype=torch.int32)), ValueError,
+         "expected a CUDA tensor"),
+        (lambda: group_cast_kernel(256, 128, "plain", "bfloat16", masked=True), ValueError, "masked: expected in_mode 'swiglu'"),
         (lambda: mxfp4_cast(torch.zeros(4, 48)), ValueError, "not a multiple of 32"),
         (lambda: fp4_to_fp8(torch.zeros(4, 64, dtype=torch.uint8), torch.zeros(4, 4, dtype=torch.uint8), scale_fmt="fp32"),
          ValueError, "power-of-two"),
@@ -133,3 +143,17 @@ BF16 = torch.bfloat16
 def test_bad_input_raises_clear_error(call, error, match):
     with pytest.raises(error, match=match):
         call()
+
+
+def test_swiglu_rows_mask_guards_every_read_of_a_row():
+    """The masked SwiGLU kernel reads R first and every load of X and W sits under it."""
+    src = group_cast_kernel(2048, 128, "swiglu", "bfloat16", "e4m3", "fp32", False, 10.0, True, True).device_source
+    body = src[src.index("{", src.index("__launch_bounds__")):]
+    keep = re.search(r"bool (\w+) = \(0 <= R\[", body)
+    assert keep, "no row mask read from R"
+    reads = [m.start() for m in re.finditer(r"\(\(uint\*\)Xw\)|W\[", body)]
+    assert len(reads) == 3  # gate, up, weight
+    guards = [m.end() for m in re.finditer(rf"if \({keep.group(1)}\) {{", body)]
+    assert len(guards) == 3
+    for g, r in zip(guards, reads):  # each read inside its guard's then-branch
+        assert g < r < body.index("} else {", g)

@@ -196,6 +196,33 @@ def test_swiglu_cast(base, two_i, t, weighted, scale_fmt):
     assert_bitwise(view(s0), es, name="scales vs torch reference")
 
 
+@pytest.mark.parametrize("two_i, weighted, scale_fmt, col_major", [(4096, False, "fp32", False), (6144, True, "ue8m0_packed", True)])
+def test_swiglu_cast_rows_mask(two_i, weighted, scale_fmt, col_major):
+    """With ``rows``, a row of negative entry is not read and comes out as the cast of a row of +0:
+    the masked kernel's outputs equal the plain kernel's on the input with those rows zeroed, bit
+    for bit, every row (poisoned outputs: each element written)."""
+    t = 4001
+    x = make_input(t, two_i, torch.bfloat16, seed=7 + two_i) * 4
+    g = torch.Generator(device="cuda").manual_seed(two_i)
+    rows = torch.randint(-3, 3, (t,), device="cuda", generator=g, dtype=torch.int32)  # about half negative
+    rows[:8] = torch.arange(8, device="cuda", dtype=torch.int32)  # the planted edge rows stay read
+    w = torch.rand(t, device="cuda", generator=g) + 0.5 if weighted else None
+    sshape, sdtype, _ = scale_views(t, two_i // 2 // 128, scale_fmt, col_major)
+    qshape = ((t, two_i // 2), torch.float8_e4m3fn)
+    wk = w if weighted else torch.empty(t, device="cuda")
+    masked = group_cast_kernel(two_i // 2, 128, "swiglu", "bfloat16", "e4m3", scale_fmt, col_major, 10.0, weighted, True)
+    plain = group_cast_kernel(two_i // 2, 128, "swiglu", "bfloat16", "e4m3", scale_fmt, col_major, 10.0, weighted)
+    (q0, s0), (q1, s1) = twice(lambda q, s: masked(x, wk, rows, q, s), qshape, (sshape, sdtype))
+    assert_bitwise(q0, q1, name="q (poison)")
+    assert_bitwise(s0, s1, name="scales (poison)")
+    zeroed = torch.where((rows >= 0)[:, None], x, torch.zeros((), dtype=x.dtype, device="cuda"))
+    (eq, es), _ = twice(lambda q, s: plain(zeroed, wk, q, s), qshape, (sshape, sdtype))
+    assert_bitwise(q0, eq, name="q vs plain kernel on zeroed rows")
+    assert_bitwise(s0, es, name="scales vs plain kernel on zeroed rows")
+    q, s = swiglu_cast(x, w, 10.0, 128, scale_fmt, col_major, rows=rows)
+    assert_bitwise(q, q0, name="wrapper q")
+
+
 @pytest.mark.parametrize("dtype, k, t", [(torch.bfloat16, 2048, 4001), (torch.float32, 7168, 1), (torch.bfloat16, 7168, 16384)])
 def test_mxfp4_cast(base, dtype, k, t):
     x = make_input(t, k, dtype, seed=k + t)
