@@ -100,9 +100,10 @@ def _stage_cubin(cuda_source: str, md: dict) -> bytes:
 
 
 def _stage_launcher(cubin: bytes, md: dict) -> str:
-    from tlx.hostgen import generate_launcher
+    from tlx.hostgen import check_shared_memory, generate_launcher
 
     source, info = generate_launcher(md["_lowered"], md["options"]["out_idx"], md["_preconditions"], cubin_file="kernel.cubin")
+    check_shared_memory(md["name"], info["launches"], cubin, md["target"]["arch"])
     md.update(info)
     (Path(md["_workdir"]) / "launcher.cc").write_text(source)
     return source

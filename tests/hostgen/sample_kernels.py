@@ -74,3 +74,22 @@ def two_boxes(M, K=256, dtype="float16"):
             T.copy(acc_narrow, C[bx * 128, 0])
 
     return main
+
+
+@tlx.jit(target=SM90)
+def staged(N, stage_bytes=1024, stages=2):
+    """``stages`` shared buffers of ``stage_bytes`` (dynamic shared memory) behind an mbarrier per
+    stage (static shared memory): sized past the per-block limit, it must not compile."""
+
+    @T.prim_func
+    def main(A: T.Tensor((N, stage_bytes), "uint8"), B: T.Tensor((N, stage_bytes), "uint8")):
+        with T.Kernel(N, threads=128) as bx:
+            S = T.alloc_shared((stages, stage_bytes), "uint8")
+            full = T.alloc_barrier([128] * stages)
+            for s in T.serial(stages):
+                T.copy(A[bx, :], S[s, :])
+                T.mbarrier_arrive(full[s])
+                T.mbarrier_wait_parity(full[s], 0)
+            T.copy(S[stages - 1, :], B[bx, :])
+
+    return main

@@ -57,6 +57,20 @@ def test_two_descriptors_of_one_tensor():
         assert torch.equal(out_b, b) and torch.equal(out_c, c)
 
 
+def test_launch_at_the_shared_memory_limit_runs():
+    """The largest size the compile-time check lets through (dynamic + static = the sm_90 limit)
+    launches on the device: the check's table matches the driver."""
+    from tlx.hostgen.image import SHARED_PER_BLOCK
+
+    static = sk.staged(T.dynamic("N")).metadata["launches"][0]["static_shared_memory"]
+    fits = (SHARED_PER_BLOCK["90"] - static) // 2
+    kernel = sk.staged(T.dynamic("N"), stage_bytes=fits)
+    a = torch.randint(0, 256, (3, fits), dtype=torch.uint8, device="cuda")
+    b = torch.zeros_like(a)
+    kernel(a, b)
+    assert torch.equal(a, b)
+
+
 def test_zero_rows_launch_nothing(kernels):
     a = torch.empty(0, 1024, device="cuda")
     assert kernels["add"](a, a).shape == (0, 1024)

@@ -6,9 +6,11 @@ from pathlib import Path
 
 from tlx.hostgen.cexpr import pyexpr
 from tlx.hostgen.emit import EXPORT_NAME, emit_launcher
+from tlx.hostgen.image import SharedMemoryError, check_shared_memory
 from tlx.hostgen.plan import HostgenError, LaunchPlan, plan_launcher, walk_steps
 
-__all__ = ["HostgenError", "LaunchPlan", "build_launcher", "EXPORT_NAME", "generate_launcher", "plan_launcher", "RUNTIME_DIR"]
+__all__ = ["HostgenError", "LaunchPlan", "SharedMemoryError", "build_launcher", "check_shared_memory", "EXPORT_NAME",
+           "generate_launcher", "plan_launcher", "RUNTIME_DIR"]
 
 RUNTIME_DIR = Path(__file__).parent / "runtime"
 
