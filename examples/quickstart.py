@@ -22,7 +22,8 @@ print("=== generated host launcher (C++, TVM-FFI C ABI) ===")
 print(kernel.host_source)
 print("=== launch metadata ===")
 for launch in kernel.metadata["launches"]:
-    print(f"{launch['kernel']}: grid {launch['grid']}, block {launch['block']}, dynamic smem {launch['dynamic_shared_memory']}")
+    print(f"{launch['kernel']}: grid {launch['grid']}, block {launch['block']}, shared memory {launch['dynamic_shared_memory']} "
+          f"dynamic + {launch['static_shared_memory']} static bytes")
 print("shape preconditions checked on every call:", [p["text"] for p in kernel.metadata.get("preconditions", [])] or "none")
 bounds = kernel.metadata.get("reports", {}).get("bounds")
 if bounds:
