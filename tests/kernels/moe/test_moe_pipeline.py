@@ -5,12 +5,8 @@ import pytest
 import torch
 
 from kernels.moe import reference as R
-from kernels.moe.gating import gating
-from kernels.moe.grouped_gemm import grouped_gemm_contiguous
-from kernels.moe.metadata import routing_metadata
-from kernels.moe.permute import permute
 from kernels.moe.pipeline import V4_FLASH, V4_PRO, MoEConfig, moe_layer
-from kernels.quant.group_cast import per_token_group_cast, swiglu_cast
+from kernels.quant.group_cast import swiglu_cast
 
 CUDA = "cuda"
 
@@ -102,17 +98,20 @@ def test_swiglu_cast_skips_padding_rows_without_changing_bits(flash):
     GEMM of permute's zero row), so the masked cast gives the unmasked bits on every computed row."""
     cfg = V4_FLASH["cfg"]
     x, logits = make_inputs(V4_FLASH, 64, seed=5)
-    w1, s1 = flash[:2]
-    ids, _ = gating(logits, None, cfg.topk, cfg.score_func, routed_scaling=cfg.routed_scaling)
-    xq, xs = per_token_group_cast(x, 128)
-    meta = routing_metadata(ids, cfg.n_experts)
-    xp, sp = permute(xq, meta, cfg.topk, xs)
-    hid = grouped_gemm_contiguous(xp, sp, w1, s1, meta["block_expert"])
-    used = int(meta["offsets"][-1])
-    pad = meta["entry_of_row"][:used] < 0
+    seen = {}
+
+    def capture(h, clamp, rows):  # the layer's own SwiGLU step, recorded
+        seen.update(h=h, rows=rows)
+        return swiglu_cast(h, clamp=clamp, group=128, rows=rows)
+
+    _, ids, _ = moe_layer(x, logits, *flash, cfg, swiglu_quant=capture, return_routing=True)
+    hid, rows = seen["h"], seen["rows"]
+    counts = torch.bincount(ids.flatten().long(), minlength=cfg.n_experts)
+    used = int(((counts + 127) // 128 * 128).sum())  # rows of the computed blocks
+    pad = rows[:used] < 0
     assert pad.sum() > used // 2 and (hid[:used][pad].view(torch.int16) == 0).all()
     q, s = swiglu_cast(hid, clamp=cfg.clamp)
-    mq, ms = swiglu_cast(hid, clamp=cfg.clamp, rows=meta["entry_of_row"])
+    mq, ms = swiglu_cast(hid, clamp=cfg.clamp, rows=rows)
     assert torch.equal(mq[:used].view(torch.uint8), q[:used].view(torch.uint8))
     assert torch.equal(ms[:used].view(torch.int32), s[:used].view(torch.int32))
 
