@@ -42,13 +42,12 @@ class Kernel:
 
     @classmethod
     def load(cls, directory: Path) -> Kernel:
+        """The artifact alone (metadata.json names the entry point), so a cache hit imports no code generator."""
         import tvm_ffi
-
-        from tlx.hostgen.emit import EXPORT_NAME
 
         metadata = json.loads((directory / "metadata.json").read_text())
         module = tvm_ffi.load_module(str(directory / "launcher.so"))
-        return cls(directory, metadata, module[EXPORT_NAME])
+        return cls(directory, metadata, module[metadata["entry"]])
 
     def __call__(self, *args):
         return self._call(*args)

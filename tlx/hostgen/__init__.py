@@ -23,8 +23,9 @@ def generate_launcher(kernel, out_idx=(), preconditions=(), cubin_file: str = "k
 
 
 def describe(plan: LaunchPlan) -> dict:
-    """JSON-able launch metadata: parameters, symbolic dims, launches."""
+    """JSON-able launch metadata: the library's entry point, parameters, symbolic dims, launches."""
     return {
+        "entry": EXPORT_NAME,
         "params": [
             {"index": t.index, "name": t.name, "kind": "tensor", "dtype": t.dtype, "shape": [pyexpr(d) for d in t.shape],
              "strides": [pyexpr(s) for s in t.strides], "align": t.align, "output": t.is_output}
