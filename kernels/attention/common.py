@@ -1,0 +1,155 @@
+"""Pieces shared by the attention kernels (prefill/training and decode): argument checks and the
+online-softmax steps as TileLang macros.
+
+The online softmax works in base 2 with the softmax scale folded into one multiply:
+``scale_log2 = softmax_scale * log2(e)``. For a row with running max ``m`` (raw scores, not
+scaled) and running sum ``l``, one key block with raw scores ``s`` does, per row, in this order:
+
+1. ``m_new = max(m, max_j s_j)`` (row max: exact, so its reduction order does not matter);
+2. ``m_scaled = m_new * scale_log2``, or 0 when ``m_new`` is -inf (a row that has seen only
+   masked keys: every ``p`` below is then exp2(-inf) = 0 instead of NaN);
+3. ``alpha = exp2(m * scale_log2 - m_scaled)`` (the rescale of the old sum and output;
+   written ``exp2(fma(m, scale_log2, -m_scaled))``);
+4. ``p_j = exp2(fma(s_j, scale_log2, -m_scaled))``;
+5. ``l = l * alpha + rowsum(p)`` (``rowsum`` is TileLang's reduce_sum; its order is what the CUDA
+   baselines repeat, see each kernel's docstring);
+6. ``o = o * alpha`` and then ``o += P V`` with P rounded to the input dtype.
+
+At the end ``o / l`` (one IEEE division; rows with ``l == 0`` give 0) and the log-sum-exp in
+natural-log units, ``lse = (m_scaled + log2(l)) * ln 2`` (-inf for a row with no keys).
+The explicit fma calls fix the contraction, so the CUDA baselines can repeat it bit for bit.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import tilelang.language as T
+
+TARGET = {"kind": "cuda", "arch": "sm_90a"}
+LOG2E = math.log2(math.e)
+LN2 = math.log(2.0)
+TORCH_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
+INT32_LIMIT = 2**31 - 1
+
+
+# --- argument checks -----------------------------------------------------------------------------
+
+
+def check_tensor(name: str, t, dtypes, ndim: int) -> None:
+    """``t`` is a contiguous torch tensor of one of ``dtypes`` with ``ndim`` dimensions."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in dtypes:
+        raise TypeError(f"{name}: expected dtype in {[str(d) for d in dtypes]}, got {t.dtype}")
+    if t.dim() != ndim:
+        raise ValueError(f"{name}: expected a {ndim}-D tensor, got shape {tuple(t.shape)}")
+    if not t.is_contiguous():
+        raise ValueError(f"{name}: expected a contiguous tensor, got strides {t.stride()}")
+    if t.numel() > INT32_LIMIT:
+        raise ValueError(f"{name}: {t.numel()} elements exceed the int32 index range of these kernels")
+
+
+def check_same_dtype(**tensors) -> None:
+    """All named tensors share one dtype (the first one's)."""
+    (first, t0), *rest = tensors.items()
+    for name, t in rest:
+        if t.dtype != t0.dtype:
+            raise TypeError(f"{name}: expected dtype {t0.dtype} (the dtype of {first}), got {t.dtype}")
+
+
+def check_head_dim(name: str, d: int, supported) -> None:
+    if d not in supported:
+        raise ValueError(f"{name}: head dim expected one of {tuple(supported)}, got {d}")
+
+
+def check_heads(q_heads: int, kv_heads: int, kv_name: str = "k") -> int:
+    """The query heads per kv head (GQA group size); MHA is 1, MQA is ``q_heads``."""
+    if kv_heads < 1 or q_heads % kv_heads:
+        raise ValueError(f"{kv_name}: head count expected a divisor of the {q_heads} query heads, got {kv_heads}")
+    return q_heads // kv_heads
+
+
+def check_dim(name: str, t: torch.Tensor, dim: int, expected: int, what: str) -> None:
+    if t.shape[dim] != expected:
+        raise ValueError(f"{name}: shape[{dim}] expected {expected} ({what}), got {t.shape[dim]}")
+
+
+def check_cu_seqlens(name: str, cu: torch.Tensor, total: int) -> torch.Tensor:
+    """``cu`` is int32 [batch + 1], starts at 0, never decreases and ends at ``total`` (the rows of
+    the packed tensor). Reads it on the host (one device sync): a bad offset must raise here, not
+    read out of bounds on the GPU. Returns the host copy."""
+    if not isinstance(cu, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(cu).__name__}")
+    if cu.dtype != torch.int32 or cu.dim() != 1 or cu.numel() < 2:
+        raise TypeError(f"{name}: expected a 1-D int32 tensor of batch + 1 >= 2 offsets, got {cu.dtype} {tuple(cu.shape)}")
+    host = cu.cpu()
+    if int(host[0]) != 0:
+        raise ValueError(f"{name}: expected {name}[0] == 0, got {int(host[0])}")
+    steps = host[1:] - host[:-1]
+    if bool((steps < 0).any()):
+        i = int(torch.nonzero(steps < 0)[0])
+        raise ValueError(f"{name}: expected non-decreasing offsets, got {name}[{i}] = {int(host[i])} > {name}[{i + 1}] = {int(host[i + 1])}")
+    if int(host[-1]) != total:
+        raise ValueError(f"{name}: expected the last offset to equal the {total} packed rows, got {int(host[-1])}")
+    return host
+
+
+def check_cuda(**tensors) -> None:
+    """All inputs on one CUDA device (checked last, so argument errors show first)."""
+    devices = {t.device for t in tensors.values()}
+    for name, t in tensors.items():
+        if t.device.type != "cuda":
+            raise ValueError(f"{name}: expected a CUDA tensor, got device {t.device}")
+    if len(devices) > 1:
+        raise ValueError(f"expected all inputs on one device, got {sorted(map(str, devices))}")
+
+
+# --- online softmax (TileLang macros) ------------------------------------------------------------
+
+
+def neg_inf():
+    return -T.infinity("float32")
+
+
+@T.macro
+def init_softmax(m, m_scaled, l, acc_o):
+    """Running max -inf (scaled: 0), running sum 0, output accumulator 0."""
+    T.fill(m, neg_inf())
+    T.fill(m_scaled, 0)
+    T.fill(l, 0)
+    T.fill(acc_o, 0)
+
+
+@T.macro
+def softmax_step(acc_s, m, m_prev, m_scaled, alpha, l, row_sum, scale_log2: float, rows: int, cols: int):
+    """Steps 1-5 of the module docstring on the raw scores ``acc_s`` [rows, cols]: ``acc_s``
+    becomes ``p``, ``m``/``m_scaled``/``l`` are updated, ``alpha`` holds the output's rescale
+    (``m_prev`` is scratch: the old max)."""
+    T.copy(m, m_prev)
+    T.reduce_max(acc_s, m, dim=1, clear=False)
+    for i in T.Parallel(rows):
+        m_scaled[i] = T.if_then_else(m[i] == neg_inf(), T.float32(0), m[i] * T.float32(scale_log2))
+        alpha[i] = T.exp2(T.ieee_fmaf(m_prev[i], T.float32(scale_log2), -m_scaled[i]))
+    for i, j in T.Parallel(rows, cols):
+        acc_s[i, j] = T.exp2(T.ieee_fmaf(acc_s[i, j], T.float32(scale_log2), -m_scaled[i]))
+    T.reduce_sum(acc_s, row_sum, dim=1)
+    for i in T.Parallel(rows):
+        l[i] = T.ieee_fmaf(l[i], alpha[i], row_sum[i])
+
+
+@T.macro
+def rescale_rows(acc_o, alpha, rows: int, cols: int):
+    """Step 6's ``o = o * alpha``."""
+    for i, j in T.Parallel(rows, cols):
+        acc_o[i, j] = acc_o[i, j] * alpha[i]
+
+
+@T.macro
+def finish_rows(acc_o, l, m_scaled, lse_rows, rows: int, cols: int):
+    """``acc_o /= l`` (0 for rows with no keys) and ``lse_rows`` in natural-log units."""
+    for i, j in T.Parallel(rows, cols):
+        acc_o[i, j] = T.if_then_else(l[i] == T.float32(0), T.float32(0), acc_o[i, j] / l[i])
+    for i in T.Parallel(rows):
+        lse_rows[i] = T.if_then_else(l[i] == T.float32(0), neg_inf(), (m_scaled[i] + T.log2(l[i])) * T.float32(LN2))
