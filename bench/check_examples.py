@@ -1,0 +1,202 @@
+"""Run ``tlx check`` over the kernels of a TileLang checkout's examples (code nobody here wrote).
+
+    python bench/check_examples.py /path/to/tilelang [--only 'gemm/*'] [--out results.json]
+
+Each example file runs in its own process: its ``main()`` is called with TileLang's compile
+entry (``tilelang.jit``'s ``cached``) replaced by a trap that records the first ``PrimFunc``
+it is asked to build and stops the example there, so no GPU is needed. The recorded kernel is
+then checked exactly as a user would check it, through ``tlx check FILE::NAME --json`` on a
+two-line stub module that replays the capture. The table gives, per example, the accesses
+proven, violations, unknowns, preconditions and seconds; nothing is copied from the checkout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fnmatch
+import importlib.util
+import io
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve()
+
+
+TARGET = {"kind": "cuda", "arch": "sm_90a"}
+
+
+class _Captured(Exception):
+    """Raised by the trap to stop an example at its first compile."""
+
+
+_FACTORIES = ("empty", "zeros", "ones", "full", "rand", "randn", "randint", "randperm", "arange", "tensor",
+              "empty_like", "zeros_like", "ones_like", "rand_like", "randn_like", "full_like", "randint_like")
+
+
+def _tensors_stay_on_the_cpu() -> None:
+    """Eager-mode examples build their inputs on the GPU before the first compile; on a machine
+    without one, keep them on the CPU (only their shapes and dtypes reach the kernel's TIR)."""
+    import torch
+
+    def cpu_only(fn):
+        def wrapper(*args, **kwargs):
+            if "device" in kwargs and "cuda" in str(kwargs["device"]):
+                kwargs["device"] = "cpu"
+            return fn(*args, **kwargs)
+
+        return wrapper
+
+    for name in _FACTORIES:
+        setattr(torch, name, cpu_only(getattr(torch, name)))
+    torch.Tensor.cuda = lambda self, *a, **k: self
+    to = torch.Tensor.to
+
+    def to_cpu(self, *args, **kwargs):
+        args = tuple("cpu" if "cuda" in str(a) and not isinstance(a, torch.dtype) else a for a in args)
+        if "cuda" in str(kwargs.get("device", "")):
+            kwargs["device"] = "cpu"
+        return to(self, *args, **kwargs)
+
+    torch.Tensor.to = to_cpu
+
+
+def capture_first_kernel(example: str):
+    """The first PrimFunc that ``example``'s ``main()`` asks TileLang to compile."""
+    import tilelang.jit  # noqa: F401  (the package's ``jit`` attribute is the decorator, not this module)
+
+    tj = sys.modules["tilelang.jit"]
+    seen = []
+
+    def trap(func=None, *args, **kwargs):
+        seen.append(func)
+        raise _Captured
+
+    tj.cached = trap
+    _tensors_stay_on_the_cpu()
+    path = Path(example)
+    sys.path.insert(0, str(path.parent))
+    spec = importlib.util.spec_from_file_location(f"example_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    argv, sys.argv = sys.argv, [str(path)]
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            spec.loader.exec_module(module)
+            if not hasattr(module, "main"):
+                raise LookupError(f"{path.name} has no main()")
+            module.main()
+    except _Captured:
+        pass
+    finally:
+        sys.argv = argv
+    if not seen:
+        raise LookupError(f"{path.name}: main() returned without compiling a kernel")
+    return seen[0]
+
+
+def _child(example: str) -> None:
+    """Check one example's kernel and print the JSON verdict (one line)."""
+    from tlx.cli import main as tlx_main
+
+    with tempfile.TemporaryDirectory() as tmp:
+        stub = Path(tmp) / "captured.py"
+        stub.write_text(
+            f"import sys\nsys.path.insert(0, {str(HERE.parent)!r})\n"
+            f"from check_examples import capture_first_kernel\nkernel = capture_first_kernel({example!r})\n"
+        )
+        buf = io.StringIO()
+        t0 = time.perf_counter()
+        with contextlib.redirect_stdout(buf):
+            code = tlx_main(["check", f"{stub}::kernel", "--json"])
+        seconds = time.perf_counter() - t0
+    print(json.dumps({"example": example, "exit": code, "seconds": seconds, "result": json.loads(buf.getvalue())}))
+
+
+def _examples(root: Path, only: str | None) -> list[Path]:
+    files = []
+    for p in sorted((root / "examples").rglob("*.py")):
+        rel = p.relative_to(root / "examples").as_posix()
+        if p.name.startswith(("test_", "conftest")) or (only and not fnmatch.fnmatch(rel, only)):
+            continue
+        text = p.read_text(errors="replace")
+        if "def main(" in text and ("tilelang.jit" in text or "@jit" in text or "tilelang.compile" in text):
+            files.append(p)
+    return files
+
+
+def _row(example: str, rec: dict) -> dict:
+    if "result" not in rec:
+        return {"example": example, "status": rec["status"], "detail": rec.get("detail", "")}
+    res = rec["result"]
+    return {
+        "example": example,
+        "status": {0: "proven", 1: "violation", 3: "unknown"}.get(rec["exit"], f"exit {rec['exit']}"),
+        "accesses": res.get("accesses", 0),
+        "proven": res.get("proven", 0),
+        "violations": len(res.get("violations", [])),
+        "unknown": len(res.get("unknown", [])),
+        "preconditions": [p["condition"] for p in res.get("preconditions", [])],
+        "seconds": round(rec["seconds"], 2),
+        "violation_detail": res.get("violations", []),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("checkout", nargs="?", help="a TileLang source checkout (its examples/ folder is read)")
+    ap.add_argument("--only", help="glob over paths under examples/, e.g. 'gemm/*'")
+    ap.add_argument("--timeout", type=int, default=180, help="seconds per example")
+    ap.add_argument("--out", help="write every row as JSON here")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.child:
+        _child(args.child)
+        return 0
+    if not args.checkout:
+        ap.error("the path of a TileLang checkout is required")
+    root = Path(args.checkout)
+    rows = []
+    for ex in _examples(root, args.only):
+        rel = ex.relative_to(root / "examples").as_posix()
+        # No GPU is needed: TileLang resolves its target from this variable instead of probing a device.
+        env = {**os.environ, "TILELANG_DEFAULT_TARGET": json.dumps(TARGET)}
+        try:
+            proc = subprocess.run([sys.executable, str(HERE), "--child", str(ex)], capture_output=True, text=True,
+                                  timeout=args.timeout, env=env)
+            lines = [ln for ln in proc.stdout.splitlines() if ln.startswith('{"example"')]
+            if lines:
+                rec = json.loads(lines[-1])
+            else:
+                tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+                status = "not captured" if "LookupError" in proc.stderr or "_Captured" not in proc.stderr else "error"
+                rec = {"status": "not captured" if "LookupError" in tail else status, "detail": tail[:200]}
+        except subprocess.TimeoutExpired:
+            rec = {"status": "timeout", "detail": f"over {args.timeout} s"}
+        rows.append(_row(rel, rec))
+        print(json.dumps({k: v for k, v in rows[-1].items() if k != "violation_detail"}), flush=True)
+    checked = [r for r in rows if "accesses" in r]
+    accesses = sum(r["accesses"] for r in checked)
+    proven = sum(r["proven"] for r in checked)
+    print("\n| examples | checked | accesses | proven | proof rate | violations | unknown | median s |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    print(f"| {len(rows)} | {len(checked)} | {accesses} | {proven} | {proven / max(accesses, 1):.1%} | "
+          f"{sum(r['violations'] for r in checked)} | {sum(r['unknown'] for r in checked)} | "
+          f"{statistics.median([r['seconds'] for r in checked]) if checked else 0:.2f} |")
+    for r in rows:
+        if r.get("violations") or r["status"] in ("error", "timeout"):
+            print(f"- {r['example']}: {r['status']} {r.get('detail', '')}")
+            for v in r.get("violation_detail", []):
+                print(f"    {json.dumps(v)[:300]}")
+    if args.out:
+        Path(args.out).write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
