@@ -10,6 +10,7 @@ two-line stub module that replays the capture. The table gives, per example, the
 proven, violations, unknowns, preconditions and seconds; nothing is copied from the checkout.
 """
 
+# cpu-only bench: scripts/gpu-check skips it (it needs a TileLang checkout, not a GPU)
 from __future__ import annotations
 
 import argparse
