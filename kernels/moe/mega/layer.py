@@ -1,0 +1,502 @@
+"""MegaMoE: the expert-parallel routed-expert layer, wave-pipelined, pulling over buffers every
+rank can address, bitwise equal to ``moe_layer(..., n_ranks=n)``.
+
+What this first version is (and is not)
+---------------------------------------
+The target design is one persistent kernel per rank that dispatches, runs L1, SwiGLU + FP8
+requant and L2, and writes results back, wave by wave. This version implements the *protocol*
+and the *wave schedule* of that design with the project's existing compute kernels; the compute
+steps are not fused into one kernel yet:
+
+* **New kernels** (``kernels.py``, ``@tlx.jit``): ``exchange`` (epoch, READY publish, acquire of
+  every peer's READY), ``gather_ids`` (every rank's routing), ``dispatch`` (a persistent pull of
+  each row's e4m3 token and scales from its source rank, wave by wave, a release-add per wave:
+  the permute of the unfused layer, done over the peers), ``step`` (between waves: release the
+  finished wave's DONE, acquire the next wave's dispatch count), ``gate`` (acquire every rank's
+  DONE of every wave) and ``combine`` (pull each token's k rows from their owners, the same fma
+  chain as ``permute.combine``). System-scope release / acquire is ``sysflags.py``.
+* **Reused, unchanged**: ``gating``, the per-token FP8 cast (``kernels.quant``), ``routing_metadata``,
+  the contiguous grouped GEMM (L1 and L2, run per wave on the wave's row blocks only, with the
+  rank's SM share as its persistent grid) and the SwiGLU + e4m3 cast (``kernels.quant``, per wave
+  over the wave's rows: ``rows`` masks the others).
+* **Not fused**: L1, SwiGLU cast and L2 are three launches per wave on the rank's compute stream,
+  with the hidden states in global memory between them; gating, the cast of x and the metadata
+  are separate kernels ahead of the protocol (as in the published design). ``swiglu_cast`` has no
+  row range, so each wave's cast writes +0 rows for every row outside the wave: with more than one
+  wave this costs ``n_waves - 1`` extra writes of the rank's [R, I] e4m3 buffer.
+
+Ranks and buffers
+-----------------
+Rank r owns experts ``[r * El, (r + 1) * El)`` (El = E / n) and sends ``Tr`` tokens (x rows).
+Every rank holds, in buffers every rank can address ("symmetric"): ``flags`` [F] int32 (layout in
+``kernels.py``), its send buffers ``xq`` [Tr, H] e4m3, ``xs`` [Tr, H/128] fp32 and ``ids`` [Tr, k]
+(-1 for unused token slots), its L2 output ``y`` [R, H] bf16 and its ``row_of`` [n * Tr, k] (the row
+of each global token's entries in ``y``). Global token ``g = s * Tr + t`` is token t of rank s.
+
+* ``n_virtual_ranks=n`` (one GPU): x [T, H] is split into n slices of ``Tr = ceil(T / n)`` tokens
+  (the last ones may be short or empty). Each virtual rank has its own buffers (plain device
+  tensors, addressable by all), its own compute and communication streams, and a share of the SMs
+  for its persistent GEMMs (``gemm_sms``): the ranks run concurrently and talk only through the
+  flags below, never through stream order.
+* ``group=`` (one GPU per rank): the same kernels and the same launch sequence; the buffers come
+  from ``torch.distributed._symmetric_memory`` (``empty`` + ``rendezvous``; a peer's tensor is
+  ``get_buffer(p, shape, dtype)``), x is the rank's own [Tr, H] (every rank passes the same Tr).
+  The flags use ``.sys`` scope for this case. Not yet run on several GPUs (separate issue).
+
+Protocol of one call (epoch e = the rank's call counter, kept in device memory so that a CUDA
+graph replays it; flags are compared for equality with e, so nobody resets them)
+------------------------------------------------------------------------------------------------
+1. compute stream: gating, FP8 cast of the rank's tokens, copies into ``xq / xs / ids``.
+2. ``exchange``: e += 1, status cleared, READY = e (st.release.sys); acquire READY == e of every
+   rank (ld.acquire.sys).
+3. ``gather_ids`` -> ``routing_metadata`` over all ranks' tokens for the rank's experts; ``row_of``
+   copied into the symmetric buffer; per-wave block and row masks (torch ops).
+4. communication stream (after an event): ``dispatch`` pulls the rows of wave 0, 1, ... from the
+   source ranks' ``xq / xs`` and, after each wave, every CTA does red.release.sys on COUNT + w.
+5. compute stream, per wave w: ``step`` (release DONE + w-1 = e; acquire COUNT + w == CTAs, reset
+   it), L1 GEMM, SwiGLU cast, L2 GEMM into ``y`` (wave w's rows). While wave w computes, the
+   dispatch pulls wave w+1 (it never waits), and peers may already read wave w-1's results.
+6. ``step`` releases the last DONE; ``gate`` acquires DONE == e of every wave of every rank;
+   ``combine`` pulls each token's k rows from their owners' ``y`` (row from the owner's
+   ``row_of``) and sums them in k order.
+
+Why buffers are not overwritten while a peer still reads them: a rank reaches step 1 of call e+1
+only after its combine of call e, which follows every rank's DONE of call e, which follows each
+rank's dispatch of call e (all pulls from the send buffers); and a rank writes ``y`` / ``row_of``
+of call e+1 only after its exchange of e+1, which needs every peer's READY of e+1, published only
+after that peer's combine of call e (all pulls from ``y``). So READY / DONE of a peer are either
+e-1 or e while a rank waits for e, and equality is exact. The reads of peer data happen in
+kernels that follow the acquiring kernel in stream order (never in the kernel that waited), so
+no stale line of a non-coherent cache can be read.
+
+Co-residency: only ``exchange``, ``step`` and ``gate`` wait, each one warp of one CTA on the
+rank's compute stream, so n ranks hold at most n waiting warps. Everything they wait for
+(peers' exchanges, dispatches, GEMMs) waits on nothing that a waiting warp holds: persistent
+GEMM CTAs that find no free SM start when another CTA of any kernel finishes. So no rank waits
+on one that cannot be scheduled, whatever the ranks' relative speed.
+
+Timeouts: every wait gives up after ``timeout_s`` (``%globaltimer``), records (code, rank, wave,
+peer) in the rank's status words, and every later wait of that rank gives up at once, so a
+missing rank costs about one timeout. ``mega_moe`` (``check=True``) reads the status words after
+the call and raises ``MegaMoETimeout`` naming the rank, the peer and the wave; under CUDA-graph
+capture call ``MegaMoE.check()`` after a replay. A layer whose call failed is not reused.
+
+Bitwise equality with ``moe_layer(..., n_ranks=n)``: gating, the cast, the SwiGLU cast and the
+combine compute each token / row from its own data in a fixed order; the grouped GEMM computes a
+row of a row block from that row and the expert's weights only, whichever CTA takes the tile and
+whatever rows share the block; dispatch copies bytes. So only the row placement differs (the
+metadata here counts the padding token slots of short ranks, ids -1, which take no rows), which no
+output bit depends on.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+
+from kernels.moe.mega import kernels as K
+from kernels.moe.metadata import max_rows, metadata_buffers, routing_metadata
+from kernels.moe.pipeline import MoEConfig
+
+GROUP = K.GROUP
+
+
+class MegaMoETimeout(RuntimeError):
+    """A rank gave up waiting for a peer (the message names the rank, the peer and the wave)."""
+
+
+_WHAT = {K.WAIT_TOKENS: "the tokens and routing of rank {peer} (wave {wave}, exchange)",
+         K.WAIT_DISPATCH: "its own dispatch of wave {wave} (pulling from the source ranks)",
+         K.WAIT_RESULTS: "the L2 results of rank {peer}, wave {wave} (combine)"}
+
+
+def failure_message(code: int, rank: int, wave: int, peer: int, timeout_s: float) -> str:
+    what = _WHAT.get(code, "an unknown step (status code {code})").format(peer=peer, wave=wave, code=code)
+    return f"MegaMoE: rank {rank} timed out after {timeout_s:g} s waiting for {what}"
+
+
+@dataclass(frozen=True)
+class MegaPlan:
+    """Static sizes of one rank's part of a layer call (the same on every rank)."""
+
+    n_ranks: int
+    tokens_per_rank: int  # Tr: send-buffer rows of every rank
+    hidden: int
+    inter: int
+    n_experts: int
+    topk: int
+    n_waves: int
+    wave_experts: int
+    gemm_sms: int  # persistent CTAs of each GEMM launch (the rank's SM share)
+    dispatch_ctas: int
+
+    @property
+    def n_local(self) -> int:
+        return self.n_experts // self.n_ranks
+
+    @property
+    def global_tokens(self) -> int:
+        return self.n_ranks * self.tokens_per_rank
+
+    @property
+    def rows(self) -> int:
+        """R: the rank's padded expert-major rows (``routing_metadata``'s static bound)."""
+        return max_rows(self.global_tokens, self.topk, self.n_local)
+
+    def waves(self) -> list[range]:
+        """Local experts of each wave, in order."""
+        w = self.wave_experts
+        return [range(i * w, min((i + 1) * w, self.n_local)) for i in range(self.n_waves)]
+
+    def symmetric_bytes(self) -> int:
+        """Bytes of one rank's buffers that peers read."""
+        tr, h, k = self.tokens_per_rank, self.hidden, self.topk
+        return (4 * K.FLAG_WORDS + tr * h + tr * (h // GROUP) * 4 + tr * k * 4 + self.rows * h * 2
+                + self.global_tokens * k * 4)
+
+
+def make_plan(n_ranks: int, tokens_per_rank: int, hidden: int, inter: int, n_experts: int, topk: int, sms: int,
+              waves: int | None = None, virtual: bool = True) -> MegaPlan:
+    """The plan of a layer call; every argument error names the argument. ``sms``: the device's
+    SM count; virtual ranks share it (each rank's GEMMs get ``sms // n`` rounded down to even)."""
+    if not 1 <= n_ranks <= K.PEERS:
+        raise ValueError(f"n_ranks: expected 1 to {K.PEERS} ranks, got {n_ranks}")
+    if n_experts % n_ranks:
+        raise ValueError(f"n_ranks: expected a divisor of the {n_experts} experts, got {n_ranks}")
+    if tokens_per_rank < 1:
+        raise ValueError(f"tokens_per_rank: expected at least 1, got {tokens_per_rank}")
+    if hidden % 1024:
+        raise ValueError(f"hidden: expected a multiple of 1024 (dispatch and combine move 16-byte words "
+                         f"per lane), got {hidden}")
+    if inter % GROUP:
+        raise ValueError(f"inter: expected a multiple of {GROUP}, got {inter}")
+    if not 1 <= topk <= n_experts:
+        raise ValueError(f"topk: expected 1 to {n_experts}, got {topk}")
+    el = n_experts // n_ranks
+    if waves is None:
+        waves = 1 if n_ranks == 1 else 2
+    if not 1 <= waves <= min(K.MAX_WAVES, el):
+        raise ValueError(f"waves: expected 1 to {min(K.MAX_WAVES, el)} (local experts {el}), got {waves}")
+    per_wave = -(-el // waves)
+    share = sms // n_ranks if virtual else sms
+    gemm_sms = share // 2 * 2
+    if gemm_sms < 2:
+        raise ValueError(f"n_ranks: {n_ranks} virtual ranks leave {share} SMs each of {sms}; a GEMM needs 2")
+    return MegaPlan(n_ranks, tokens_per_rank, hidden, inter, n_experts, topk, -(-el // per_wave), per_wave,
+                    gemm_sms, gemm_sms)
+
+
+def check_layer_args(x, logits, w1, s1, w2, s2, cfg: MoEConfig, n_ranks: int, local: bool):
+    """moe_layer's argument rules, with the names of mega_moe's arguments. ``local``: x and logits
+    are one rank's tokens (group mode), else the whole batch."""
+    for name, t in (("x", x), ("logits", logits), ("w1", w1), ("s1", s1), ("w2", w2), ("s2", s2)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if w1.dim() != 3 or w1.dtype != torch.float8_e4m3fn:
+        raise ValueError(f"w1: expected e4m3 [E, 2I, H], got {w1.dtype} of shape {tuple(w1.shape)}")
+    e, two_i, h = w1.shape
+    if e != cfg.n_experts:
+        raise ValueError(f"w1: expected {cfg.n_experts} experts (cfg.n_experts), got {e}")
+    expect = {"s1": ((e, two_i // 128, h // 128), torch.float32, s1), "w2": ((e, h, two_i // 2), torch.float8_e4m3fn, w2),
+              "s2": ((e, h // 128, two_i // 2 // 128), torch.float32, s2)}
+    for name, (shape, dtype, t) in expect.items():
+        if tuple(t.shape) != shape or t.dtype != dtype:
+            raise ValueError(f"{name}: expected {dtype} of shape {shape}, got {t.dtype} of shape {tuple(t.shape)}")
+    if x.dtype != torch.bfloat16 or x.dim() != 2 or x.shape[1] != h:
+        raise ValueError(f"x: expected bf16 [T, {h}], got {x.dtype} of shape {tuple(x.shape)}")
+    if logits.dtype != torch.float32 or tuple(logits.shape) != (x.shape[0], e):
+        raise ValueError(f"logits: expected float32 [{x.shape[0]}, {e}], got {logits.dtype} of shape {tuple(logits.shape)}")
+    if x.shape[0] == 0 and not local:
+        raise ValueError("x: expected at least one token, got 0")
+    if not 1 <= n_ranks <= K.PEERS or e % n_ranks:
+        raise ValueError(f"n_ranks: expected 1 to {K.PEERS} ranks dividing {e} experts, got {n_ranks}")
+    for name, t in (("x", x), ("logits", logits), ("w1", w1), ("s1", s1), ("w2", w2), ("s2", s2)):
+        if t.device != w1.device or t.device.type != "cuda":
+            raise ValueError(f"{name}: expected a tensor on w1's CUDA device, got one on {t.device} (w1 on {w1.device})")
+
+
+class _Rank:
+    """One rank's buffers: ``sym`` (peers read them: flags, xq, xs, ids, y, row_of) and local ones."""
+
+    SYM = ("flags", "xq", "xs", "ids", "y", "row_of")
+
+    def __init__(self, plan: MegaPlan, device, alloc):
+        tr, h, k, rows = plan.tokens_per_rank, plan.hidden, plan.topk, plan.rows
+        shapes = {"flags": ((K.FLAG_WORDS,), torch.int32), "xq": ((tr, h), torch.float8_e4m3fn),
+                  "xs": ((tr, h // GROUP), torch.float32), "ids": ((tr, k), torch.int32),
+                  "y": ((rows, h), torch.bfloat16), "row_of": ((plan.global_tokens, k), torch.int32)}
+        self.sym = {name: alloc(name, shape, dtype) for name, (shape, dtype) in shapes.items()}
+        self.gids = torch.full((plan.global_tokens, k), -1, dtype=torch.int32, device=device)
+        self.meta = metadata_buffers(self.gids, plan.n_experts, plan.n_ranks)
+        self.xp = torch.empty(rows, h, dtype=torch.float8_e4m3fn, device=device)
+        self.sp = torch.empty(rows, h // GROUP, dtype=torch.float32, device=device)
+        self.waves = torch.arange(plan.n_waves, dtype=torch.int32, device=device)[:, None]
+
+
+class MegaMoE:
+    """A layer's state for one token count: plans, buffers, streams, compiled kernels.
+
+    ``n_virtual_ranks=n`` runs all n ranks on this GPU; ``group=`` runs this process's rank of a
+    process group (one GPU each). ``__call__`` has ``moe_layer``'s arguments."""
+
+    def __init__(self, w1, s1, w2, s2, cfg: MoEConfig, n_tokens: int, *, group=None, n_virtual_ranks: int | None = None,
+                 waves: int | None = None, timeout_s: float = 5.0):
+        if (group is None) == (n_virtual_ranks is None):
+            raise ValueError("group / n_virtual_ranks: expected exactly one of them, got "
+                             f"{'both' if group is not None else 'neither'}")
+        if not timeout_s > 0:
+            raise ValueError(f"timeout_s: expected a positive number of seconds, got {timeout_s}")
+        self.virtual = group is None
+        n = n_virtual_ranks if self.virtual else group.size()
+        if not isinstance(n, int) or not 1 <= n <= K.PEERS:
+            raise ValueError(f"{'n_virtual_ranks' if self.virtual else 'group'}: expected 1 to {K.PEERS} ranks, got {n}")
+        e, two_i, h = w1.shape
+        if e % n:
+            raise ValueError(f"{'n_virtual_ranks' if self.virtual else 'group'}: expected a divisor of {e} experts, got {n}")
+        device = w1.device
+        sms = torch.cuda.get_device_properties(device).multi_processor_count
+        tr = max(1, -(-n_tokens // n)) if self.virtual else n_tokens
+        self.plan = make_plan(n, tr, h, two_i // 2, e, cfg.topk, sms, waves, self.virtual)
+        self.cfg, self.weights, self.n_tokens = cfg, (w1, s1, w2, s2), n_tokens
+        self.timeout_ns = int(timeout_s * 1e9)
+        self.timeout_s = timeout_s
+        self.group = group
+        self.failed = None
+        if self.virtual:
+            self.my_ranks = list(range(n))
+            self.ranks = [_Rank(self.plan, device, self._local_alloc(device)) for _ in range(n)]
+            self.peers = [{name: [rk.sym[name] for rk in self.ranks] for name in _Rank.SYM}] * n
+        else:
+            me = group.rank()
+            self.my_ranks = [me]
+            handles = {}
+            rank = _Rank(self.plan, device, self._symmetric_alloc(device, group, handles))
+            self.ranks = {me: rank}
+            self.peers = {me: {name: [handles[name].get_buffer(p, tuple(t.shape), t.dtype) if p != me else t
+                                      for p in range(n)] for name, t in rank.sym.items()}}
+        for r in self.my_ranks:
+            self.ranks[r].sym["flags"].zero_()
+            self.ranks[r].sym["ids"].fill_(-1)
+        self.streams = {r: (torch.cuda.Stream(device), torch.cuda.Stream(device)) for r in self.my_ranks}
+        if not self.virtual:
+            torch.cuda.synchronize(device)
+            torch.distributed.barrier(group)  # every rank's flags are zero before anyone publishes
+        self._kernels = self._build_kernels()
+
+    @staticmethod
+    def _local_alloc(device):
+        return lambda name, shape, dtype: torch.empty(shape, dtype=dtype, device=device)
+
+    @staticmethod
+    def _symmetric_alloc(device, group, handles):
+        from torch.distributed import _symmetric_memory as symm_mem
+
+        def alloc(name, shape, dtype):
+            t = symm_mem.empty(*shape, dtype=dtype, device=device)
+            handles[name] = symm_mem.rendezvous(t, group)
+            return t
+
+        return alloc
+
+    def _build_kernels(self) -> dict:
+        """Every kernel the call launches, compiled before the first launch: a wait must never
+        include a peer's compile time."""
+        from kernels.moe.grouped_gemm import grouped_gemm_contiguous_kernel
+
+        p = self.plan
+        h, i2 = p.hidden, 2 * p.inter
+        return {
+            "exchange": K.exchange_kernel(p.n_ranks), "step": K.step_kernel(), "gate": K.gate_kernel(p.n_ranks, p.n_waves),
+            "gather": K.gather_ids_kernel(p.n_ranks, p.topk),
+            "dispatch": K.dispatch_kernel(p.n_ranks, h, p.topk, p.n_waves, p.wave_experts, p.n_local, p.dispatch_ctas),
+            "combine": K.combine_kernel(p.n_ranks, h, p.topk, p.n_local),
+            "l1": grouped_gemm_contiguous_kernel(i2, h, num_sms=p.gemm_sms),
+            "l2": grouped_gemm_contiguous_kernel(h, p.inter, num_sms=p.gemm_sms),
+        }
+
+    def _warm(self, x, logits):
+        """Compile the reused kernels (gating, casts, metadata) on the caller's stream, outside the protocol."""
+        from kernels.moe.gating import gating
+        from kernels.quant.group_cast import per_token_group_cast, swiglu_cast
+
+        cfg, p = self.cfg, self.plan
+        gating(logits[:1], None, cfg.topk, cfg.score_func, cfg.n_groups, cfg.topk_groups, cfg.renormalize, cfg.routed_scaling)
+        per_token_group_cast(x[:1], group=GROUP)
+        swiglu_cast(torch.zeros(1, 2 * p.inter, dtype=torch.bfloat16, device=x.device), clamp=cfg.clamp, group=GROUP,
+                    rows=torch.zeros(1, dtype=torch.int32, device=x.device))
+        rk = self.ranks[self.my_ranks[0]]
+        routing_metadata(rk.gids, p.n_experts, self.my_ranks[0], p.n_ranks, out=rk.meta)
+
+    def _slots(self, r, name):
+        """The PEERS tensor arguments of buffer ``name`` for rank r (unused slots: its own)."""
+        bufs = self.peers[r][name]
+        return bufs + [bufs[r]] * (K.PEERS - len(bufs))
+
+    def token_range(self, r) -> range:
+        tr = self.plan.tokens_per_rank
+        return range(min(r * tr, self.n_tokens), min((r + 1) * tr, self.n_tokens)) if self.virtual else range(self.n_tokens)
+
+    def __call__(self, x, logits, bias=None, *, out=None, check: bool = True, launch_only=None):
+        """``out``: bf16 [T, H] to write (else allocated). ``launch_only``: fault injection for
+        tests: launch only these ranks' kernels (virtual ranks); the others never arrive, and the
+        launched ones must time out naming them."""
+        if self.failed:
+            raise RuntimeError(f"MegaMoE: this layer failed earlier ({self.failed}); build a new one")
+        w1, s1, w2, s2 = self.weights
+        check_layer_args(x, logits, w1, s1, w2, s2, self.cfg, self.plan.n_ranks, not self.virtual)
+        if x.shape[0] != self.n_tokens:
+            raise ValueError(f"x: expected {self.n_tokens} tokens (this layer's plan), got {x.shape[0]}")
+        capturing = torch.cuda.is_current_stream_capturing()
+        if not getattr(self, "_warmed", False):
+            if capturing:
+                raise RuntimeError("MegaMoE: call the layer once before capturing it (kernels compile on the first call)")
+            self._warm(x, logits)
+            self._warmed = True
+        if out is None:
+            out = torch.empty_like(x)
+        elif out.dtype != torch.bfloat16 or out.shape != x.shape or not out.is_contiguous() or out.device != x.device:
+            raise ValueError(f"out: expected a contiguous bf16 tensor of shape {tuple(x.shape)} on {x.device}, got "
+                             f"{out.dtype} of shape {tuple(out.shape)} on {out.device}")
+        caller = torch.cuda.current_stream()
+        for r in self.my_ranks:
+            for s in self.streams[r]:
+                s.wait_stream(caller)
+        ranks = self.my_ranks if launch_only is None else [r for r in self.my_ranks if r in launch_only]
+        state = {r: {} for r in ranks}
+        # Phases in rank order, so that no rank's launches wait behind another rank's on the host.
+        for r in ranks:
+            self._publish(r, x, logits, bias, state[r])
+        for r in ranks:
+            self._exchange_and_route(r)
+        for r in ranks:
+            self._waves(r)
+        for r in ranks:
+            self._combine(r, out, state[r])
+        for r in ranks:
+            for s in self.streams[r]:
+                caller.wait_stream(s)
+        if check and not capturing:
+            self.check()
+        return out
+
+    def _publish(self, r, x, logits, bias, st):
+        from kernels.moe.gating import gating
+        from kernels.quant.group_cast import per_token_group_cast
+
+        cfg, rk = self.cfg, self.ranks[r]
+        toks = self.token_range(r)
+        with torch.cuda.stream(self.streams[r][0]):
+            if len(toks):
+                sl = slice(toks.start, toks.stop)
+                ids, weights = gating(logits[sl], bias, cfg.topk, cfg.score_func, cfg.n_groups, cfg.topk_groups,
+                                      cfg.renormalize, cfg.routed_scaling)
+                xq, xs = per_token_group_cast(x[sl], group=GROUP)
+                n = len(toks)
+                rk.sym["xq"][:n].copy_(xq)
+                rk.sym["xs"][:n].copy_(xs)
+                rk.sym["ids"][:n].copy_(ids)
+                st["ids"], st["weights"] = ids, weights
+
+    def _exchange_and_route(self, r):
+        p, rk, k = self.plan, self.ranks[r], self._kernels
+        compute, comm = self.streams[r]
+        with torch.cuda.stream(compute):
+            k["exchange"].launch(*self._slots(r, "flags"), rk.sym["flags"], r, self.timeout_ns)
+            k["gather"].launch(*self._slots(r, "ids"), rk.gids)
+            meta = routing_metadata(rk.gids, p.n_experts, r, p.n_ranks, out=rk.meta)
+            rk.sym["row_of"].copy_(meta["row_of"])
+            be = meta["block_expert"]
+            if p.n_waves == 1:
+                rk.block_waves, rk.row_waves = be[None], meta["entry_of_row"][None]
+            else:
+                wave_of_block = torch.div(be, p.wave_experts, rounding_mode="floor")  # -1 stays -1
+                mine = wave_of_block[None] == rk.waves
+                rk.block_waves = torch.where(mine, be[None], -1)
+                rk.row_waves = torch.where(mine.repeat_interleave(128, dim=1), meta["entry_of_row"][None], -1)
+        comm.wait_stream(compute)
+        with torch.cuda.stream(comm):
+            k["dispatch"].launch(*self._slots(r, "xq"), *self._slots(r, "xs"), rk.sym["flags"], meta["entry_of_row"],
+                          meta["offsets"], rk.xp, rk.sp)
+
+    def _waves(self, r):
+        from kernels.quant.group_cast import swiglu_cast
+
+        p, rk, k = self.plan, self.ranks[r], self._kernels
+        w1, s1, w2, s2 = self.weights
+        mine = slice(r * p.n_local, (r + 1) * p.n_local)
+        with torch.cuda.stream(self.streams[r][0]):
+            hid = torch.empty(p.rows, 2 * p.inter, dtype=torch.bfloat16, device=w1.device)
+            for w in range(p.n_waves):
+                k["step"].launch(rk.sym["flags"], w - 1, w, p.dispatch_ctas, r, self.timeout_ns)
+                k["l1"].launch(rk.xp, rk.sp, w1[mine], s1[mine], rk.block_waves[w], hid)
+                hq, hs = swiglu_cast(hid, clamp=self.cfg.clamp, group=GROUP, rows=rk.row_waves[w])
+                k["l2"].launch(hq, hs, w2[mine], s2[mine], rk.block_waves[w], rk.sym["y"])
+            k["step"].launch(rk.sym["flags"], p.n_waves - 1, -1, p.dispatch_ctas, r, self.timeout_ns)
+
+    def _combine(self, r, out, st):
+        p, rk, k = self.plan, self.ranks[r], self._kernels
+        compute = self.streams[r][0]
+        compute.wait_stream(self.streams[r][1])  # the dispatch has finished (it did, or DONE could not be set)
+        toks = self.token_range(r)
+        with torch.cuda.stream(compute):
+            k["gate"].launch(*self._slots(r, "flags"), rk.sym["flags"], r, self.timeout_ns)
+            if len(toks):
+                dst = out[toks.start:toks.stop] if self.virtual else out
+                k["combine"].launch(*self._slots(r, "y"), *self._slots(r, "row_of"), st["ids"], st["weights"], dst,
+                             r * p.tokens_per_rank)
+
+    def status(self) -> dict:
+        """rank -> (code, rank, wave, peer) of its first failed wait in the last call (code 0: none); syncs."""
+        words = torch.stack([self.ranks[r].sym["flags"][K.STATUS:K.STATUS + 4] for r in self.my_ranks]).cpu().tolist()
+        return dict(zip(self.my_ranks, map(tuple, words)))
+
+    def check(self):
+        """Raise ``MegaMoETimeout`` if a wait of the last call gave up (the first failing rank's record)."""
+        for r, (code, rank, wave, peer) in self.status().items():
+            if code:
+                self.failed = failure_message(code, rank, wave, peer, self.timeout_s)
+                raise MegaMoETimeout(self.failed)
+
+
+_LAYERS: dict = {}
+
+
+def mega_moe(x, logits, w1, s1, w2, s2, cfg: MoEConfig, bias=None, *, group=None, n_virtual_ranks: int | None = None,
+             waves: int | None = None, timeout_s: float = 5.0, out=None, check: bool = True):
+    """``moe_layer``'s routed experts, expert-parallel over ``n_virtual_ranks`` ranks on this GPU or
+    over ``group`` (one GPU per rank; x, logits and the result are this rank's tokens); bitwise equal
+    to ``moe_layer(x, logits, w1, s1, w2, s2, cfg, bias, n_ranks=n)`` on the same (gathered) tokens.
+
+    The layer state (buffers, streams, kernels) is kept per weights, token count, ranks and waves;
+    ``check`` reads the ranks' status words after the call (one host sync) and raises
+    ``MegaMoETimeout`` if a rank timed out; it is skipped under CUDA-graph capture (call
+    ``layer_for(...).check()`` after a replay)."""
+    if (group is None) == (n_virtual_ranks is None):
+        raise ValueError("group / n_virtual_ranks: expected exactly one of them, got "
+                         f"{'both' if group is not None else 'neither'}")
+    n = n_virtual_ranks if group is None else group.size()
+    if not isinstance(n, int) or isinstance(n, bool):
+        raise ValueError(f"n_virtual_ranks: expected an int, got {type(n).__name__}")
+    check_layer_args(x, logits, w1, s1, w2, s2, cfg, n, group is not None)
+    layer = layer_for(x, w1, s1, w2, s2, cfg, group=group, n_virtual_ranks=n_virtual_ranks, waves=waves,
+                      timeout_s=timeout_s)
+    return layer(x, logits, bias, out=out, check=check)
+
+
+def layer_for(x, w1, s1, w2, s2, cfg: MoEConfig, *, group=None, n_virtual_ranks=None, waves=None, timeout_s=5.0):
+    """The cached ``MegaMoE`` that ``mega_moe`` uses for these arguments."""
+    if not isinstance(x, torch.Tensor) or x.dim() != 2:
+        raise ValueError(f"x: expected a 2-D bf16 tensor, got {getattr(x, 'shape', type(x))}")
+    if not isinstance(w1, torch.Tensor) or w1.dim() != 3:
+        raise ValueError(f"w1: expected e4m3 [E, 2I, H], got {getattr(w1, 'shape', type(w1))}")
+    key = (tuple(t.data_ptr() for t in (w1, s1, w2, s2)), tuple(w1.shape), x.shape[0], cfg, id(group), n_virtual_ranks,
+           waves, timeout_s)
+    layer = _LAYERS.get(key)
+    if layer is None or layer.failed:
+        if len(_LAYERS) >= 8:
+            _LAYERS.pop(next(iter(_LAYERS)))
+        layer = _LAYERS[key] = MegaMoE(w1, s1, w2, s2, cfg, x.shape[0], group=group, n_virtual_ranks=n_virtual_ranks,
+                                       waves=waves, timeout_s=timeout_s)
+    return layer

@@ -1,0 +1,341 @@
+"""MegaMoE (kernels/moe/mega): plans, wave schedule, argument checks and kernel builds (CPU);
+bitwise equality with ``moe_layer(..., n_ranks=n)``, skewed routing, repeatability, batch
+invariance, CUDA-graph capture and the timeout of a rank that never arrives (GPU)."""
+
+import time
+
+import pytest
+import torch
+
+from kernels.moe.mega import MegaMoETimeout, kernels as K, layer_for, make_plan, mega_moe
+from kernels.moe.mega.layer import check_layer_args, failure_message
+from kernels.moe.metadata import max_rows
+from kernels.moe.pipeline import V4_FLASH, V4_PRO, MoEConfig, moe_layer
+
+CUDA = "cuda"
+FLASH = dict(hidden=4096, inter=2048, n_experts=256, topk=6)
+PRO = dict(hidden=7168, inter=3072, n_experts=384, topk=6)
+
+
+# ---- CPU: plans and the wave schedule ---------------------------------------------------
+
+@pytest.mark.parametrize("dims", [FLASH, PRO], ids=["flash", "pro"])
+@pytest.mark.parametrize("n", [1, 2, 4, 8])
+@pytest.mark.parametrize("waves", [None, 1, 3, 16])
+def test_wave_schedule_covers_each_local_expert_once_in_order(dims, n, waves):
+    plan = make_plan(n, 64, sms=132, waves=waves, **dims)
+    experts = [e for w in plan.waves() for e in w]
+    assert experts == list(range(dims["n_experts"] // n))
+    assert all(len(w) > 0 for w in plan.waves()) and len(plan.waves()) == plan.n_waves <= K.MAX_WAVES
+    assert plan.n_waves == (waves or (1 if n == 1 else 2))
+    assert plan.rows == max_rows(n * 64, 6, dims["n_experts"] // n)
+
+
+@pytest.mark.parametrize("n", [1, 2, 4, 8])
+def test_virtual_ranks_share_the_sms_and_group_ranks_take_all(n):
+    virtual = make_plan(n, 8, sms=132, **FLASH)
+    assert virtual.gemm_sms % 2 == 0 and n * virtual.gemm_sms <= 132 and virtual.gemm_sms >= 132 // n - 1
+    assert make_plan(n, 8, sms=132, virtual=False, **FLASH).gemm_sms == 132
+
+
+def test_symmetric_bytes_count_every_peer_visible_buffer():
+    p = make_plan(2, 8, sms=132, **FLASH)
+    expect = 4 * K.FLAG_WORDS + 8 * 4096 + 8 * 32 * 4 + 8 * 6 * 4 + p.rows * 4096 * 2 + 16 * 6 * 4
+    assert p.symmetric_bytes() == expect
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(n_ranks=0), "n_ranks: expected 1 to 8"),
+    (dict(n_ranks=9), "n_ranks: expected 1 to 8"),
+    (dict(n_ranks=3), "n_ranks: expected a divisor of the 256 experts"),
+    (dict(tokens_per_rank=0), "tokens_per_rank"),
+    (dict(hidden=4096 + 512), "hidden: expected a multiple of 1024"),
+    (dict(inter=2048 + 64), "inter: expected a multiple of 128"),
+    (dict(waves=0), "waves: expected 1 to 16"),
+    (dict(n_ranks=8, waves=33), "waves: expected 1 to 16"),
+    (dict(n_ranks=8, sms=8), "leave 1 SMs each"),
+])
+def test_plan_rejects_bad_arguments(kwargs, match):
+    args = dict(n_ranks=2, tokens_per_rank=8, sms=132, **FLASH)
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=match):
+        make_plan(**args)
+
+
+def test_flag_words_do_not_overlap():
+    words = [K.EPOCH, K.READY, *range(K.STATUS, K.STATUS + 4), *range(K.COUNT, K.COUNT + K.MAX_WAVES),
+             *range(K.DONE, K.DONE + K.MAX_WAVES)]
+    assert len(set(words)) == len(words) and max(words) < K.FLAG_WORDS
+
+
+def test_failure_message_names_rank_peer_and_wave():
+    msg = failure_message(K.WAIT_RESULTS, 3, 1, 5, 0.5)
+    assert "rank 3" in msg and "rank 5" in msg and "wave 1" in msg and "0.5 s" in msg
+    msg = failure_message(K.WAIT_TOKENS, 0, 0, 1, 2.0)
+    assert msg.startswith("MegaMoE: rank 0 timed out") and "rank 1" in msg and "wave 0" in msg
+
+
+# ---- CPU: argument checks ---------------------------------------------------------------
+
+def _small(t=3, e=4, h=1024, i=128, device="cpu"):
+    cfg = MoEConfig(e, 2)
+    w1 = torch.zeros(e, 2 * i, h, dtype=torch.float8_e4m3fn, device=device)
+    s1 = torch.ones(e, 2 * i // 128, h // 128, device=device)
+    w2 = torch.zeros(e, h, i, dtype=torch.float8_e4m3fn, device=device)
+    s2 = torch.ones(e, h // 128, i // 128, device=device)
+    x = torch.zeros(t, h, dtype=torch.bfloat16, device=device)
+    return x, torch.zeros(t, e, device=device), w1, s1, w2, s2, cfg
+
+
+@pytest.mark.parametrize("change, match", [
+    (lambda a: a.update(x=a["x"].float()), "x: expected bf16"),
+    (lambda a: a.update(x=a["x"][:, :512]), "x: expected bf16"),
+    (lambda a: a.update(logits=a["logits"][:, :3]), "logits: expected float32 \\[3, 4\\]"),
+    (lambda a: a.update(logits=a["logits"].double()), "logits: expected float32"),
+    (lambda a: a.update(w1=a["w1"].float()), "w1: expected e4m3"),
+    (lambda a: a.update(s1=a["s1"][:, :1]), "s1: expected"),
+    (lambda a: a.update(w2=a["w2"][:, :512]), "w2: expected"),
+    (lambda a: a.update(s2=a["s2"].double()), "s2: expected"),
+    (lambda a: a.update(cfg=MoEConfig(8, 2)), "w1: expected 8 experts"),
+    (lambda a: a.update(x=a["x"][:0], logits=a["logits"][:0]), "x: expected at least one token"),
+    (lambda a: a.update(x="x"), "x: expected a torch.Tensor"),
+    (lambda a: None, "x: expected a tensor on w1's CUDA device"),  # all on the CPU
+])
+def test_mega_moe_names_the_bad_argument(change, match):
+    x, logits, w1, s1, w2, s2, cfg = _small()
+    args = dict(x=x, logits=logits, w1=w1, s1=s1, w2=w2, s2=s2, cfg=cfg)
+    change(args)
+    with pytest.raises((ValueError, TypeError), match=match):
+        mega_moe(args["x"], args["logits"], args["w1"], args["s1"], args["w2"], args["s2"], args["cfg"], n_virtual_ranks=2)
+
+
+def test_mega_moe_wants_exactly_one_of_group_and_virtual_ranks():
+    args = _small()
+    with pytest.raises(ValueError, match="expected exactly one of them, got neither"):
+        mega_moe(*args)
+    with pytest.raises(ValueError, match="got both"):
+        mega_moe(*args, group=object(), n_virtual_ranks=2)
+    with pytest.raises(ValueError, match="n_ranks: expected 1 to 8 ranks dividing 4 experts, got 3"):
+        mega_moe(*args, n_virtual_ranks=3)
+    with pytest.raises(ValueError, match="n_virtual_ranks: expected an int"):
+        mega_moe(*args, n_virtual_ranks=2.0)
+
+
+class _FakeGroup:
+    """What mega_moe asks of a process group before any GPU work: its size and this rank."""
+
+    def __init__(self, size, rank=0):
+        self._size, self._rank = size, rank
+
+    def size(self):
+        return self._size
+
+    def rank(self):
+        return self._rank
+
+
+def test_group_mode_checks_the_group_size_and_local_tokens():
+    x, logits, w1, s1, w2, s2, cfg = _small()
+    with pytest.raises(ValueError, match="n_ranks: expected 1 to 8 ranks dividing 4 experts, got 16"):
+        mega_moe(x, logits, w1, s1, w2, s2, cfg, group=_FakeGroup(16))
+    with pytest.raises(ValueError, match="n_ranks: expected 1 to 8 ranks dividing 4 experts, got 3"):
+        mega_moe(x, logits, w1, s1, w2, s2, cfg, group=_FakeGroup(3))
+    # a rank with no tokens of its own is legal in group mode (it still serves its experts): the
+    # checks get past the token count to the device (these tensors are on the CPU)
+    with pytest.raises(ValueError, match="x: expected a tensor on w1's CUDA device"):
+        check_layer_args(x[:0], logits[:0], w1, s1, w2, s2, cfg, 2, local=True)
+    with pytest.raises(ValueError, match="x: expected at least one token"):
+        check_layer_args(x[:0], logits[:0], w1, s1, w2, s2, cfg, 2, local=False)
+
+
+# ---- CPU: every kernel builds for sm_90a --------------------------------------------------
+
+BUILDS = {
+    "exchange_n1": lambda: K.exchange_kernel(1),
+    "exchange_n8": lambda: K.exchange_kernel(8),
+    "step": lambda: K.step_kernel(),
+    "gate_n8_w2": lambda: K.gate_kernel(8, 2),
+    "gather_n8": lambda: K.gather_ids_kernel(8, 6),
+    "dispatch_flash_n1": lambda: K.dispatch_kernel(1, 4096, 6, 1, 256, 256, 132),
+    "dispatch_flash_n8": lambda: K.dispatch_kernel(8, 4096, 6, 2, 16, 32, 16),
+    "dispatch_pro_n8": lambda: K.dispatch_kernel(8, 7168, 6, 2, 24, 48, 16),
+    "combine_flash_n8": lambda: K.combine_kernel(8, 4096, 6, 32),
+    "combine_pro_n8": lambda: K.combine_kernel(8, 7168, 6, 48),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BUILDS))
+def test_mega_kernel_builds_for_sm90a(name):
+    kernel = BUILDS[name]()
+    src = kernel.device_source
+    body = src.split("__global__", 1)[1]
+    assert "__global__" in src
+    if name.startswith(("exchange", "gate")):
+        assert "tlx_wait_flag_sys(" in body and "tlx_mega_record_failure(" in body
+    if name.startswith("exchange"):
+        assert "tlx_release_store_sys(" in body
+    if name.startswith("dispatch"):
+        assert "tlx_release_add_sys(" in body and "fp8_e4_16_t" in body  # 16-byte row words
+        n = int(name.rsplit("n", 1)[1])
+        assert body.count("if (src == ") >= n  # a branch per source rank
+    if name.startswith("combine"):
+        assert "__fmaf_rn(ws[" in body  # the fma chain of permute.combine
+    if name.startswith(("exchange", "gate", "step")):
+        assert kernel.metadata["launches"][0]["block"] == ["32", "1", "1"]  # one warp waits, no more
+
+
+# ---- GPU --------------------------------------------------------------------------------
+
+def make_layer(model, seed=0):
+    g = torch.Generator(device=CUDA).manual_seed(seed)
+    e, h, i = model["n_experts"], model["hidden"], model["inter"]
+
+    def weight(n, k):
+        w = torch.empty(e, n, k, device=CUDA, dtype=torch.float8_e4m3fn)
+        for j in range(e):
+            w[j] = (torch.randn(n, k, device=CUDA, generator=g, dtype=torch.bfloat16) * 2).clamp(-8, 8).to(w.dtype)
+        s = (torch.rand(e, n // 128, k // 128, device=CUDA, generator=g) + 0.5) / (2 * k**0.5)
+        return w, s
+
+    return (*weight(2 * i, h), *weight(h, i))
+
+
+def make_inputs(model, t, seed):
+    g = torch.Generator(device=CUDA).manual_seed(seed)
+    x = torch.randn(t, model["hidden"], device=CUDA, generator=g).to(torch.bfloat16)
+    logits = torch.randn(t, model["n_experts"], device=CUDA, generator=g)
+    return x, logits
+
+
+@pytest.fixture(scope="module")
+def flash():
+    return make_layer(V4_FLASH)
+
+
+@pytest.fixture(scope="module")
+def pro():
+    return make_layer(V4_PRO, seed=1)
+
+
+def poisoned(x):
+    return torch.full_like(x, float("nan"))
+
+
+def assert_bits(a, b, what):
+    assert a.shape == b.shape, what
+    diff = (a.view(torch.int16) != b.view(torch.int16)).any(dim=1)
+    assert not diff.any(), f"{what}: {int(diff.sum())} of {a.shape[0]} tokens differ, first {int(diff.nonzero()[0])}"
+
+
+def run_both(model, layer, t_total, n, seed, logits=None, waves=None):
+    x, lg = make_inputs(model, t_total, seed)
+    if logits is not None:
+        lg = logits
+    ref = moe_layer(x, lg, *layer, model["cfg"], n_ranks=n)
+    out = mega_moe(x, lg, *layer, model["cfg"], n_virtual_ranks=n, waves=waves, out=poisoned(x))
+    torch.cuda.synchronize()
+    return out, ref
+
+
+# T is tokens per rank: the batch is n * T tokens.
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [1, 2, 4, 8])
+@pytest.mark.parametrize("t", [1, 8, 64, 512])
+def test_flash_bitwise_equal_to_unfused(flash, n, t):
+    out, ref = run_both(V4_FLASH, flash, n * t, n, seed=t + n)
+    assert torch.isfinite(out.float()).all()
+    assert_bits(out, ref, f"V4-Flash n={n} T={t}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n, t", [(1, 4001), (1, 8192), (2, 4001), (2, 8192)])
+def test_flash_bitwise_equal_to_unfused_large(flash, n, t):
+    out, ref = run_both(V4_FLASH, flash, n * t, n, seed=t + n)
+    assert_bits(out, ref, f"V4-Flash n={n} T={t}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n, t", [(1, 8), (8, 8), (1, 512), (8, 64), (2, 4001)])
+def test_pro_bitwise_equal_to_unfused(pro, n, t):
+    out, ref = run_both(V4_PRO, pro, n * t, n, seed=t + n)
+    assert_bits(out, ref, f"V4-Pro n={n} T={t}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("waves", [1, 4, 16])
+def test_wave_count_does_not_change_bits(flash, waves):
+    out, ref = run_both(V4_FLASH, flash, 4 * 64, 4, seed=5, waves=waves)
+    assert_bits(out, ref, f"waves={waves}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [2, 8])
+def test_all_tokens_to_the_same_experts(flash, n):
+    """Every token picks experts 0..5: one rank gets all rows, the others (and most experts) none."""
+    t_total = 8 * 64
+    _, lg = make_inputs(V4_FLASH, t_total, 11)
+    lg[:, :6] += 100.0
+    out, ref = run_both(V4_FLASH, flash, t_total, n, seed=11, logits=lg)
+    assert_bits(out, ref, f"skewed n={n}")
+
+
+@pytest.mark.gpu
+def test_ranks_without_tokens(flash):
+    """3 tokens over 8 ranks: ranks 3..7 send nothing (and Tr = 1)."""
+    out, ref = run_both(V4_FLASH, flash, 3, 8, seed=3)
+    assert_bits(out, ref, "3 tokens, 8 ranks")
+
+
+@pytest.mark.gpu
+def test_same_bits_in_100_runs_and_batch_invariance(flash):
+    cfg = V4_FLASH["cfg"]
+    x, lg = make_inputs(V4_FLASH, 4 * 64, 21)
+    first = mega_moe(x, lg, *flash, cfg, n_virtual_ranks=4)
+    for i in range(100):
+        again = mega_moe(x, lg, *flash, cfg, n_virtual_ranks=4, out=poisoned(x), check=(i % 10 == 9))
+        assert_bits(again, first, f"run {i}")
+    # a token's result does not depend on the other tokens of the batch (nor on its rank)
+    few = mega_moe(x[:5].contiguous(), lg[:5].contiguous(), *flash, cfg, n_virtual_ranks=4)
+    assert_bits(few, first[:5], "first 5 tokens alone")
+
+
+@pytest.mark.gpu
+def test_cuda_graph_replay_matches_eager(flash):
+    cfg = V4_FLASH["cfg"]
+    x, lg = make_inputs(V4_FLASH, 4 * 64, 31)
+    eager = mega_moe(x, lg, *flash, cfg, n_virtual_ranks=4)
+    out = poisoned(x)
+    graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        mega_moe(x, lg, *flash, cfg, n_virtual_ranks=4, out=out)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_bits(out, eager, "graph replay")
+    layer_for(x, *flash, cfg, n_virtual_ranks=4).check()
+    # new inputs in place: the replay follows them
+    x2, lg2 = make_inputs(V4_FLASH, 4 * 64, 32)
+    x.copy_(x2)
+    lg.copy_(lg2)
+    out.fill_(float("nan"))
+    for _ in range(3):
+        graph.replay()
+    torch.cuda.synchronize()
+    assert_bits(out, moe_layer(x2, lg2, *flash, cfg, n_ranks=4), "graph replay, new inputs")
+    layer_for(x, *flash, cfg, n_virtual_ranks=4).check()
+
+
+@pytest.mark.gpu
+def test_rank_that_never_arrives_times_out_naming_rank_and_wave(flash):
+    cfg = V4_FLASH["cfg"]
+    x, lg = make_inputs(V4_FLASH, 16, 41)
+    layer = layer_for(x, *flash, cfg, n_virtual_ranks=2, timeout_s=0.25)
+    layer(x, lg)  # a healthy call first (compiles, and the epochs advance together)
+    t0 = time.perf_counter()
+    with pytest.raises(MegaMoETimeout, match=r"rank 0 timed out after 0.25 s waiting for the tokens and routing "
+                                             r"of rank 1 \(wave 0, exchange\)"):
+        layer(x, lg, launch_only={0})
+    assert time.perf_counter() - t0 < 5.0
+    with pytest.raises(RuntimeError, match="failed earlier"):
+        layer(x, lg)
