@@ -239,7 +239,13 @@ class MegaMoE:
     """A layer's state for one token count: plans, buffers, streams, compiled kernels.
 
     ``n_virtual_ranks=n`` runs all n ranks on this GPU; ``group=`` runs this process's rank of a
-    process group (one GPU each). ``__call__`` has ``moe_layer``'s arguments."""
+    process group (one GPU each). ``__call__`` has ``moe_layer``'s arguments.
+
+    ``timeline``: set to ``{}`` before an eager call to get, per rank, CUDA events (timing
+    enabled) at the dispatch's start and end (communication stream) and where wave 0 is ready
+    (compute stream); ``bench/mega_moe.py`` reads the overlap of communication and compute from it."""
+
+    timeline = None
 
     def __init__(self, w1, s1, w2, s2, cfg: MoEConfig, n_tokens: int, *, group=None, n_virtual_ranks: int | None = None,
                  waves: int | None = None, timeout_s: float = 5.0):
@@ -417,8 +423,10 @@ class MegaMoE:
                 rk.row_waves = torch.where(mine.repeat_interleave(128, dim=1), meta["entry_of_row"][None], -1)
         comm.wait_stream(compute)
         with torch.cuda.stream(comm):
+            self._mark(r, "dispatch_start")
             k["dispatch"].launch(*self._slots(r, "xq"), *self._slots(r, "xs"), rk.sym["flags"], meta["entry_of_row"],
                           meta["offsets"], rk.xp, rk.sp)
+            self._mark(r, "dispatch_end")
 
     def _waves(self, r):
         from kernels.quant.group_cast import swiglu_cast
@@ -430,6 +438,8 @@ class MegaMoE:
             hid = torch.empty(p.rows, 2 * p.inter, dtype=torch.bfloat16, device=w1.device)
             for w in range(p.n_waves):
                 k["step"].launch(rk.sym["flags"], w - 1, w, p.dispatch_ctas, r, self.timeout_ns)
+                if w == 0:
+                    self._mark(r, "wave0_ready")
                 k["l1"].launch(rk.xp, rk.sp, w1[mine], s1[mine], rk.block_waves[w], hid)
                 hq, hs = swiglu_cast(hid, clamp=self.cfg.clamp, group=GROUP, rows=rk.row_waves[w])
                 k["l2"].launch(hq, hs, w2[mine], s2[mine], rk.block_waves[w], rk.sym["y"])
@@ -446,6 +456,13 @@ class MegaMoE:
                 dst = out[toks.start:toks.stop] if self.virtual else out
                 k["combine"].launch(*self._slots(r, "y"), *self._slots(r, "row_of"), st["ids"], st["weights"], dst,
                              r * p.tokens_per_rank)
+
+    def _mark(self, r, name):
+        """Record event ``name`` of rank r on the current stream when a timeline is requested."""
+        if self.timeline is not None and not torch.cuda.is_current_stream_capturing():
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            self.timeline.setdefault(r, {})[name] = ev
 
     def status(self) -> dict:
         """rank -> (code, rank, wave, peer) of its first failed wait in the last call (code 0: none); syncs."""

@@ -15,7 +15,7 @@ in its CUDA templates); a flag written by one GPU and read by a peer over NVLink
   non-zero, or until ``%globaltimer`` has advanced by ``timeout_ns``. They return 1 when the
   flag arrived, 0 otherwise: a wait never hangs.
 
-``tests/kernels/moe/mega/test_sysflags.py`` checks the PTX that each helper emits (CPU) and the
+``tests/kernels/moe/mega/test_mega_sysflags.py`` checks the PTX that each helper emits (CPU) and the
 protocol on its own on the GPU (a producer block and a consumer block, a missing producer that
 times out).
 """

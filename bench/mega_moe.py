@@ -1,0 +1,269 @@
+"""MegaMoE against the unfused layer on one GPU, side by side in one run, both replayed from CUDA graphs.
+
+Rows (printed as measured, so a timeout still leaves the earlier ones):
+* ceilings measured in this run: device copy bandwidth (``bench.timing.large_copy_ms``, read +
+  write) and the dense FP8 ``torch._scaled_mm`` rate (per-tensor scales, M = 8192, the L1 and L2
+  shapes of each model; the faster of the two);
+* per model and T (tokens per rank), n = 1: fused (``mega_moe``) and unfused (``moe_layer``) time
+  as CUDA-graph replays timed in turn (``interleaved_ms``), the roofline
+  max(expert weight bytes read / copy bandwidth, routed GEMM FLOPs / _scaled_mm rate) and each
+  time over it. Weight bytes: the e4m3 weights and fp32 block scales of the experts that the
+  routing of this input activates (each read once); FLOPs: 2 * T * k * (2I * H + H * I);
+* n virtual ranks on the GPU: fused against ``moe_layer(..., n_ranks=n)``, both as graph replays,
+  and the share of the dispatch (pull) time that overlaps the rank's compute, from CUDA events on
+  the ranks' streams in one eager call: (dispatch end - wave 0 ready) / dispatch time, clamped
+  to [0, 1], averaged over ranks (wave 0 must arrive before any compute starts, so the part of
+  the dispatch after it runs under the GEMMs of earlier waves).
+
+Every fused output is compared bit for bit with the unfused one before it is timed (graph replay
+into a NaN-poisoned buffer). ``--precompile`` builds every kernel of the run (and of
+tests/kernels/moe/mega) in parallel processes first, so that no compile lands inside a timing or a wait.
+Usage: python bench/mega_moe.py [--out FILE.json] [--reps N] [--models V4-Flash,V4-Pro]
+       [--tokens 8,512,8192] [--ranks 2,4,8] [--rank-tokens 64,512] [--precompile] [--precompile-tests]
+(``--tokens '' --ranks '' --precompile-tests``: only build the tests' kernels.)
+"""
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+SMS = 132  # H200; --precompile builds for this count (the run checks it)
+MODELS = {"V4-Flash": dict(hidden=4096, inter=2048, n_experts=256, topk=6, scaling=1.5),
+          "V4-Pro": dict(hidden=7168, inter=3072, n_experts=384, topk=6, scaling=2.5)}
+ROWS = []
+
+
+def _build(spec):
+    """Build one kernel in this (worker) process: ``spec`` = (module, factory, args, kwargs)."""
+    import importlib
+
+    module, name, args, kwargs = spec
+    t0 = time.time()
+    getattr(importlib.import_module(module), name)(*args, **kwargs)
+    return f"{name}{args}", time.time() - t0
+
+
+# (model, ranks, waves) layers of tests/kernels/moe/mega (None: the plan's default waves)
+TEST_LAYERS = ([("V4-Flash", n, None) for n in (1, 2, 4, 8)] + [("V4-Flash", 4, w) for w in (1, 4, 16)]
+               + [("V4-Pro", n, None) for n in (1, 2, 8)])
+
+
+def kernel_specs(layers):
+    """Every kernel that the (model, ranks, waves) layers and their unfused baselines launch (up to
+    16896 tokens in all, one metadata chunk size)."""
+    from kernels.moe.mega.layer import make_plan
+
+    specs = {("kernels.moe.mega.kernels", "step_kernel", (), ())}
+    for name, n, waves in layers:
+        m = MODELS[name]
+        h, i, e, k = m["hidden"], m["inter"], m["n_experts"], m["topk"]
+        p = make_plan(n, 8, h, i, e, k, SMS, waves=waves)
+        specs |= {("kernels.moe.gating", "gating_kernel", (e, k, "sqrtsoftplus", 1, 1, True, m["scaling"]), ()),
+                  ("kernels.quant.group_cast", "group_cast_kernel", (h, 128, "plain", "bfloat16", "e4m3", "fp32", False), ()),
+                  ("kernels.quant.group_cast", "group_cast_kernel",
+                   (i, 128, "swiglu", "bfloat16", "e4m3", "fp32", False, 10.0, False, True), ()),
+                  ("kernels.moe.permute", "permute_fp8_kernel", (h, k), ()),
+                  ("kernels.moe.permute", "combine_kernel", (h, k), ()),
+                  ("kernels.moe.metadata", "metadata_kernel", (k, e // n, 128, 128), ()),
+                  ("kernels.moe.mega.kernels", "exchange_kernel", (n,), ()),
+                  ("kernels.moe.mega.kernels", "gather_ids_kernel", (n, k), ()),
+                  ("kernels.moe.mega.kernels", "combine_kernel", (n, h, k, e // n), ()),
+                  ("kernels.moe.mega.kernels", "gate_kernel", (n, p.n_waves), ()),
+                  ("kernels.moe.mega.kernels", "dispatch_kernel",
+                   (n, h, k, p.n_waves, p.wave_experts, p.n_local, p.dispatch_ctas), ())}
+        for sms in {p.gemm_sms, SMS}:
+            specs |= {("kernels.moe.grouped_gemm", "grouped_gemm_contiguous_kernel", (2 * i, h), (("num_sms", sms),)),
+                      ("kernels.moe.grouped_gemm", "grouped_gemm_contiguous_kernel", (h, i), (("num_sms", sms),))}
+    return sorted(specs, key=lambda s: (s[1] != "grouped_gemm_contiguous_kernel", str(s)))  # slowest first
+
+
+def precompile(layers):
+    specs = [(m, f, a, dict(kw)) for m, f, a, kw in kernel_specs(layers)]
+    t0 = time.time()
+    with ProcessPoolExecutor(max_workers=min(len(specs), os.cpu_count() or 1)) as pool:
+        for what, took in pool.map(_build, specs):
+            print(f"# built {what} in {took:.0f} s", flush=True)
+    print(f"# {len(specs)} kernels built in {time.time() - t0:.0f} s", flush=True)
+
+
+def emit(**row):
+    ROWS.append(row)
+    cells = [str(row.get(k, "")) for k in ("model", "what", "n", "T", "fused_us", "unfused_us", "roof_us", "note")]
+    print("| " + " | ".join(cells) + " |", flush=True)
+
+
+def make_layer(m, seed):
+    import torch
+
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    e, h, i = m["n_experts"], m["hidden"], m["inter"]
+
+    def weight(n, k):
+        w = torch.empty(e, n, k, device="cuda", dtype=torch.float8_e4m3fn)
+        for j in range(e):
+            w[j] = (torch.randn(n, k, device="cuda", generator=g, dtype=torch.bfloat16) * 2).clamp(-8, 8).to(w.dtype)
+        s = (torch.rand(e, n // 128, k // 128, device="cuda", generator=g) + 0.5) / (2 * k**0.5)
+        return w, s
+
+    return (*weight(2 * i, h), *weight(h, i))
+
+
+def scaled_mm_tflops(m, reps):
+    """Dense FP8 rate of torch._scaled_mm (per-tensor scales) at M = 8192 on the L1 and L2 shapes: the faster."""
+    import torch
+
+    from bench.timing import median_ms
+
+    best = 0.0
+    for n, k in ((2 * m["inter"], m["hidden"]), (m["hidden"], m["inter"])):
+        a = (torch.randn(8192, k, device="cuda") * 2).clamp(-8, 8).to(torch.float8_e4m3fn)
+        b = (torch.randn(n, k, device="cuda") * 2).clamp(-8, 8).to(torch.float8_e4m3fn)
+        one = torch.tensor(1.0, device="cuda")
+        out = torch._scaled_mm(a, b.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+        assert torch.isfinite(out.float()).all()
+        ms = median_ms(lambda: torch._scaled_mm(a, b.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16), reps)
+        best = max(best, 2 * 8192 * n * k / ms / 1e9)
+    return best
+
+
+def captured(fn):
+    """(graph, output) of ``fn()`` captured on a side stream; the output is poisoned before the first replay."""
+    import torch
+
+    graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        out = fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    out.fill_(float("nan"))
+    return graph, out
+
+
+def overlap_share(layer, x, logits):
+    """Mean over ranks of the share of the dispatch that runs after wave 0 is ready (under compute)."""
+    import torch
+
+    layer.timeline = {}
+    layer(x, logits)
+    torch.cuda.synchronize()
+    shares = []
+    for ev in layer.timeline.values():
+        pull = ev["dispatch_start"].elapsed_time(ev["dispatch_end"])
+        under = ev["wave0_ready"].elapsed_time(ev["dispatch_end"])
+        shares.append(min(max(under, 0.0), pull) / pull if pull > 0 else 0.0)
+    layer.timeline = None
+    return sum(shares) / len(shares)
+
+
+def compare(name, m, layer_w, cfg, n, t, copy_gbs, tflops, reps):
+    """One row: fused vs unfused over n ranks at T tokens per rank, graph replays in turn."""
+    import torch
+
+    from bench.timing import interleaved_ms
+    from kernels.moe.mega import layer_for, mega_moe
+    from kernels.moe.pipeline import moe_layer
+
+    total = n * t
+    g = torch.Generator(device="cuda").manual_seed(1000 + total)
+    x = torch.randn(total, m["hidden"], device="cuda", generator=g).to(torch.bfloat16)
+    logits = torch.randn(total, m["n_experts"], device="cuda", generator=g)
+    ref, ids, _ = moe_layer(x, logits, *layer_w, cfg, n_ranks=n, return_routing=True)
+    mega_moe(x, logits, *layer_w, cfg, n_virtual_ranks=n)  # compiles nothing (precompiled), warms the layer
+    g_fused, out_fused = captured(lambda: mega_moe(x, logits, *layer_w, cfg, n_virtual_ranks=n, check=False))
+    g_unfused, out_unfused = captured(lambda: moe_layer(x, logits, *layer_w, cfg, n_ranks=n))
+    g_fused.replay()
+    g_unfused.replay()
+    torch.cuda.synchronize()
+    layer = layer_for(x, *layer_w, cfg, n_virtual_ranks=n)
+    layer.check()
+    if not (torch.equal(out_fused.view(torch.int16), ref.view(torch.int16))
+            and torch.equal(out_unfused.view(torch.int16), ref.view(torch.int16))):
+        raise AssertionError(f"{name} n={n} T={t}: a graph replay differs from the eager unfused layer")
+    ms = interleaved_ms({"fused": g_fused.replay, "unfused": g_unfused.replay}, reps)
+    layer.check()
+    h, i = m["hidden"], m["inter"]
+    active = int(torch.unique(ids).numel())
+    weight_bytes = active * (3 * i * h + (2 * i // 128) * (h // 128) * 4 + (h // 128) * (i // 128) * 4)
+    flops = 2 * total * m["topk"] * 3 * i * h
+    roof_us = max(weight_bytes / (copy_gbs * 1e3), flops / (tflops * 1e6))
+    fused_us, unfused_us = ms["fused"] * 1e3, ms["unfused"] * 1e3
+    note = (f"fused {fused_us / roof_us:.2f}x roof, unfused {unfused_us / roof_us:.2f}x; {active} experts active, "
+            f"{weight_bytes / 1e9:.2f} GB weights, {flops / 1e12:.2f} TFLOP")
+    row = dict(model=name, what="layer, graph replay", n=n, T=t, fused_us=f"{fused_us:.0f}", unfused_us=f"{unfused_us:.0f}",
+               roof_us=f"{roof_us:.0f}", note=note, fused_over_roof=fused_us / roof_us,
+               speedup=unfused_us / fused_us, active_experts=active)
+    if n > 1:
+        row["overlap"] = overlap_share(layer, x, logits)
+        row["note"] += f"; dispatch under compute {row['overlap']:.0%}"
+    emit(**row)
+    del g_fused, g_unfused
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", help="write the rows as JSON here")
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--models", default="V4-Flash")
+    ap.add_argument("--tokens", default="8,512,8192", help="T (tokens per rank) of the n = 1 rows")
+    ap.add_argument("--ranks", default="2,4,8", help="virtual rank counts of the EP rows ('' for none)")
+    ap.add_argument("--rank-tokens", default="64,512", help="T (tokens per rank) of the EP rows")
+    ap.add_argument("--precompile", action="store_true", help="build every kernel of the run first, in parallel processes")
+    ap.add_argument("--precompile-tests", action="store_true",
+                    help="also build the kernels of tests/kernels/moe/mega; with --tokens '' only that")
+    args = ap.parse_args()
+    models = args.models.split(",")
+    if set(models) - set(MODELS):
+        ap.error(f"--models: expected a subset of {','.join(MODELS)}, got {args.models}")
+    ranks = [int(r) for r in args.ranks.split(",") if r]
+    tokens = [int(v) for v in args.tokens.split(",") if v]
+    layers = [(name, n, None) for name in models for n in ({1} if tokens else set()) | set(ranks)]
+    if args.precompile or args.precompile_tests:
+        precompile(layers + (TEST_LAYERS if args.precompile_tests else []))
+    if not tokens and not ranks:
+        return
+    import torch
+
+    from bench.timing import large_copy_ms
+    from kernels.moe.pipeline import V4_FLASH, V4_PRO
+
+    if not torch.cuda.is_available():
+        sys.exit("bench/mega_moe.py needs a CUDA GPU")
+    if torch.cuda.get_device_properties(0).multi_processor_count != SMS and args.precompile:
+        print(f"# note: {torch.cuda.get_device_properties(0).multi_processor_count} SMs, precompiled for {SMS}")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(124))  # a timeout still writes --out
+    print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    t0 = time.time()
+    try:
+        copy_ms, moved = large_copy_ms(args.reps)
+        copy_gbs = moved / copy_ms / 1e6
+        emit(what="copy d2d (read + write)", note=f"{copy_gbs:.0f} GB/s")
+        print("| model | what | n | T | fused us | unfused us | roofline us | note |")
+        print("| --- | --- | --- | --- | --- | --- | --- | --- |", flush=True)
+        for name in models:
+            m = MODELS[name]
+            cfg = (V4_FLASH if name == "V4-Flash" else V4_PRO)["cfg"]
+            tflops = scaled_mm_tflops(m, args.reps)
+            emit(model=name, what="dense FP8 torch._scaled_mm, M=8192", note=f"{tflops:.0f} TFLOP/s")
+            layer_w = make_layer(m, seed=1)
+            for t in tokens:
+                compare(name, m, layer_w, cfg, 1, t, copy_gbs, tflops, args.reps)
+            for n in ranks:
+                for t in (int(v) for v in args.rank_tokens.split(",")):
+                    compare(name, m, layer_w, cfg, n, t, copy_gbs, tflops, args.reps)
+            del layer_w
+            torch.cuda.empty_cache()
+    finally:
+        if args.out:
+            Path(args.out).write_text(json.dumps({"rows": ROWS, "seconds": round(time.time() - t0, 1)}, indent=1))
+    print(f"# done in {time.time() - t0:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
