@@ -6,10 +6,10 @@ The online softmax works in base 2 with the softmax scale folded into one multip
 scaled) and running sum ``l``, one key block with raw scores ``s`` does, per row, in this order:
 
 1. ``m_new = max(m, max_j s_j)`` (row max: exact, so its reduction order does not matter);
-2. ``m_scaled = m_new * scale_log2``, or 0 when ``m_new`` is -inf (a row that has seen only
-   masked keys: every ``p`` below is then exp2(-inf) = 0 instead of NaN);
-3. ``alpha = exp2(m * scale_log2 - m_scaled)`` (the rescale of the old sum and output;
-   written ``exp2(fma(m, scale_log2, -m_scaled))``);
+2. ``m_scaled = m_new * scale_log2`` (one rounded multiply), or 0 when ``m_new`` is -inf (a row
+   that has seen only masked keys: every ``p`` below is then exp2(-inf) = 0 instead of NaN);
+3. ``alpha = exp2(m_scaled_old - m_scaled)`` (the rescale of the old sum and output: exactly 1
+   while the max stands), 0 while the old max is -inf;
 4. ``p_j = exp2(fma(s_j, scale_log2, -m_scaled))``;
 5. ``l = l * alpha + rowsum(p)`` (``rowsum`` is TileLang's reduce_sum; its order is what the CUDA
    baselines repeat, see each kernel's docstring);
@@ -17,7 +17,7 @@ scaled) and running sum ``l``, one key block with raw scores ``s`` does, per row
 
 At the end ``o / l`` (one IEEE division; rows with ``l == 0`` give 0) and the log-sum-exp in
 natural-log units, ``lse = (m_scaled + log2(l)) * ln 2`` (-inf for a row with no keys).
-The explicit fma calls fix the contraction, so the CUDA baselines can repeat it bit for bit.
+The explicit fma / rounded multiply calls fix the contraction, so the CUDA baselines can repeat it bit for bit.
 """
 
 from __future__ import annotations
@@ -130,8 +130,10 @@ def softmax_step(acc_s, m, m_prev, m_scaled, alpha, l, row_sum, scale_log2: floa
     T.copy(m, m_prev)
     T.reduce_max(acc_s, m, dim=1, clear=False)
     for i in T.Parallel(rows):
-        m_scaled[i] = T.if_then_else(m[i] == neg_inf(), T.float32(0), m[i] * T.float32(scale_log2))
-        alpha[i] = T.exp2(T.ieee_fmaf(m_prev[i], T.float32(scale_log2), -m_scaled[i]))
+        # alpha from the old m_scaled (same rounding: exactly 1 while the max stands); 0 while
+        # the row had no keys (l and o are 0 then; exp2 of a huge difference would be inf)
+        alpha[i] = T.if_then_else(m_prev[i] == neg_inf(), T.float32(0), T.exp2(T.ieee_sub(m_scaled[i], T.if_then_else(m[i] == neg_inf(), T.float32(0), T.ieee_mul(m[i], T.float32(scale_log2))))))
+        m_scaled[i] = T.if_then_else(m[i] == neg_inf(), T.float32(0), T.ieee_mul(m[i], T.float32(scale_log2)))
     for i, j in T.Parallel(rows, cols):
         acc_s[i, j] = T.exp2(T.ieee_fmaf(acc_s[i, j], T.float32(scale_log2), -m_scaled[i]))
     T.reduce_sum(acc_s, row_sum, dim=1)

@@ -1,0 +1,250 @@
+"""Dense attention backward (dQ, dK, dV) for training, deterministic, on sm_90a.
+
+Takes the forward's inputs, its output ``o``, its log-sum-exp ``lse`` and the output gradient
+``do`` (layouts and causal rule of ``dense_fwd.py``, fixed-length or varlen, MHA / GQA / MQA)
+and returns the input gradients. Three kernels, none with atomics:
+
+1. ``delta[h, t] = sum_d o * do`` in fp32 (d ascending, per thread, then TileLang's reduction);
+2. dK, dV: one CTA per (64-key tile, kv head, sequence) loops over the query heads of its group
+   in ascending order and, for each, over 64-query blocks in ascending order, accumulating
+   ``dV += P^T dO`` and ``dK += dS^T Q`` in registers (wgmma, m64nDk16);
+3. dQ: one CTA per (64-query tile, head, sequence) loops over 64-key blocks in ascending order,
+   recomputing ``P`` and ``dP`` and accumulating ``dQ += dS K``.
+
+with ``P = exp2(fma(q.k, scale * log2 e, -lse * log2 e))`` (0 where masked) and
+``dS = P * (dP - delta)`` rounded to the input dtype. Every gradient element is summed by one
+thread in a fixed order, so the same inputs give the same bits on every run (dQ recomputes
+``P``: two more GEMMs than an atomic dQ, the price of determinism). Head dims 64 and 128.
+"""
+
+import math
+
+import torch
+import tilelang.language as T
+
+import tlx
+
+from kernels.attention import common as C
+from kernels.attention.dense_fwd import _check, uniform_offsets
+
+SUPPORTED_DIMS = (64, 128)
+BLOCK = 64  # query and key tile
+
+total_q = T.dynamic("TQ")
+total_k = T.dynamic("TK")
+n_offsets = T.dynamic("NB")
+heads = T.dynamic("H")
+kv_heads = T.dynamic("HK")
+
+
+@tlx.jit(target=C.TARGET)
+def bwd_delta_kernel(dim: int, dtype: str = "bfloat16"):
+    """``Delta [H, TQ] = rowsum(O * dO)`` in fp32 (O, dO [TQ, H, D])."""
+    C.check_head_dim("dim", dim, SUPPORTED_DIMS)
+    rows = 64
+
+    @T.prim_func
+    def main(O: T.Tensor((total_q, heads, dim), dtype), dO: T.Tensor((total_q, heads, dim), dtype),
+             Delta: T.Tensor((heads, total_q), "float32")):
+        with T.Kernel(T.ceildiv(total_q, rows), heads, threads=128) as (bx, by):
+            prod = T.alloc_fragment((rows, dim), "float32")
+            delta = T.alloc_fragment((rows,), "float32")
+            for i, j in T.Parallel(rows, dim):
+                r = bx * rows + i
+                prod[i, j] = T.if_then_else(r < total_q, T.Cast("float32", O[T.min(r, total_q - 1), by, j]) * T.Cast("float32", dO[T.min(r, total_q - 1), by, j]), T.float32(0))
+            T.reduce_sum(prod, delta, dim=1)
+            for i in T.Parallel(rows):
+                if bx * rows + i < total_q:
+                    Delta[by, bx * rows + i] = delta[i]
+
+    return main
+
+
+def _valid(causal, row, col, len_q, len_k):
+    """Query ``row`` sees key ``col`` (bottom-right causal alignment)."""
+    if causal:
+        return T.And(T.And(row < len_q, col < len_k), col <= row + len_k - len_q)
+    return T.And(row < len_q, col < len_k)
+
+
+@tlx.jit(target=C.TARGET, assume=["1 <= HK", "HK <= H", "H % HK == 0"])
+def bwd_dkdv_kernel(dim: int, causal: bool, scale_log2: float, softmax_scale: float, dtype: str = "bfloat16"):
+    """dK, dV [TK, HK, D] (grid: k_tiles x HK x (NB - 1), k_tiles >= ceil(max len_k / 64))."""
+    C.check_head_dim("dim", dim, SUPPORTED_DIMS)
+    bm = bn = BLOCK
+    f32 = "float32"
+
+    @T.prim_func
+    def main(Q: T.Tensor((total_q, heads, dim), dtype), K: T.Tensor((total_k, kv_heads, dim), dtype),
+             V: T.Tensor((total_k, kv_heads, dim), dtype), dO: T.Tensor((total_q, heads, dim), dtype),
+             LSE: T.Tensor((heads, total_q), f32), Delta: T.Tensor((heads, total_q), f32),
+             cu_q: T.Tensor((n_offsets,), "int32"), cu_k: T.Tensor((n_offsets,), "int32"),
+             dK: T.Tensor((total_k, kv_heads, dim), dtype), dV: T.Tensor((total_k, kv_heads, dim), dtype),
+             k_tiles: T.int32):
+        with T.Kernel(k_tiles, kv_heads, n_offsets - 1, threads=128) as (bx, by, bz):
+            K_s = T.alloc_shared((bn, dim), dtype)
+            V_s = T.alloc_shared((bn, dim), dtype)
+            Q_s = T.alloc_shared((bm, dim), dtype)
+            dO_s = T.alloc_shared((bm, dim), dtype)
+            lse_s = T.alloc_shared((bm,), f32)
+            delta_s = T.alloc_shared((bm,), f32)
+            out_s = T.alloc_shared((bn, dim), dtype)
+            s_t = T.alloc_fragment((bn, bm), f32)
+            dp_t = T.alloc_fragment((bn, bm), f32)
+            p_t = T.alloc_fragment((bn, bm), dtype)
+            ds_t = T.alloc_fragment((bn, bm), dtype)
+            dv = T.alloc_fragment((bn, dim), f32)
+            dk = T.alloc_fragment((bn, dim), f32)
+
+            q0 = cu_q[bz]
+            len_q = cu_q[bz + 1] - q0
+            k0 = cu_k[bz]
+            len_k = cu_k[bz + 1] - k0
+            col0 = bx * bn
+            groups = heads // kv_heads
+            # causal: the first query block with a row that sees this tile's first key
+            first = T.max(col0 - (len_k - len_q), 0) // bm if causal else 0
+            n_qb = T.if_then_else(col0 < len_k, T.ceildiv(len_q, bm), 0)
+
+            T.copy(K[k0 + col0:k0 + col0 + bn, by, :], K_s)
+            T.copy(V[k0 + col0:k0 + col0 + bn, by, :], V_s)
+            T.fill(dv, 0)
+            T.fill(dk, 0)
+            for g in T.serial(groups):
+                hq = by * groups + g
+                for qb in T.Pipelined(first, T.max(n_qb, first), num_stages=2):
+                    T.copy(Q[q0 + qb * bm:q0 + (qb + 1) * bm, hq, :], Q_s)
+                    T.copy(dO[q0 + qb * bm:q0 + (qb + 1) * bm, hq, :], dO_s)
+                    for j in T.Parallel(bm):
+                        r = T.min(q0 + qb * bm + j, total_q - 1)
+                        lse_s[j] = T.ieee_mul(LSE[hq, r], T.float32(C.LOG2E))
+                        delta_s[j] = Delta[hq, r]
+                    T.gemm(K_s, Q_s, s_t, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
+                    T.gemm(V_s, dO_s, dp_t, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
+                    for i, j in T.Parallel(bn, bm):
+                        s_t[i, j] = T.if_then_else(_valid(causal, qb * bm + j, col0 + i, len_q, len_k),
+                                                   T.exp2(T.ieee_fmaf(s_t[i, j], T.float32(scale_log2), -lse_s[j])), T.float32(0))
+                    T.copy(s_t, p_t)
+                    T.gemm(p_t, dO_s, dv, policy=T.GemmWarpPolicy.FullRow)
+                    for i, j in T.Parallel(bn, bm):
+                        ds_t[i, j] = s_t[i, j] * (dp_t[i, j] - delta_s[j])
+                    T.gemm(ds_t, Q_s, dk, policy=T.GemmWarpPolicy.FullRow)
+            for i, j in T.Parallel(bn, dim):
+                dk[i, j] = dk[i, j] * T.float32(softmax_scale)
+            T.copy(dk, out_s)
+            for i, j in T.Parallel(bn, dim):
+                if col0 + i < len_k:
+                    dK[k0 + col0 + i, by, j] = out_s[i, j]
+            T.copy(dv, out_s)
+            for i, j in T.Parallel(bn, dim):
+                if col0 + i < len_k:
+                    dV[k0 + col0 + i, by, j] = out_s[i, j]
+
+    return main
+
+
+@tlx.jit(target=C.TARGET, assume=["1 <= HK", "HK <= H", "H % HK == 0"])
+def bwd_dq_kernel(dim: int, causal: bool, scale_log2: float, softmax_scale: float, dtype: str = "bfloat16"):
+    """dQ [TQ, H, D] (grid: q_tiles x H x (NB - 1), q_tiles >= ceil(max len_q / 64))."""
+    C.check_head_dim("dim", dim, SUPPORTED_DIMS)
+    bm = bn = BLOCK
+    f32 = "float32"
+
+    @T.prim_func
+    def main(Q: T.Tensor((total_q, heads, dim), dtype), K: T.Tensor((total_k, kv_heads, dim), dtype),
+             V: T.Tensor((total_k, kv_heads, dim), dtype), dO: T.Tensor((total_q, heads, dim), dtype),
+             LSE: T.Tensor((heads, total_q), f32), Delta: T.Tensor((heads, total_q), f32),
+             cu_q: T.Tensor((n_offsets,), "int32"), cu_k: T.Tensor((n_offsets,), "int32"),
+             dQ: T.Tensor((total_q, heads, dim), dtype), q_tiles: T.int32):
+        with T.Kernel(q_tiles, heads, n_offsets - 1, threads=128) as (bx, by, bz):
+            Q_s = T.alloc_shared((bm, dim), dtype)
+            dO_s = T.alloc_shared((bm, dim), dtype)
+            K_s = T.alloc_shared((bn, dim), dtype)
+            V_s = T.alloc_shared((bn, dim), dtype)
+            out_s = T.alloc_shared((bm, dim), dtype)
+            s = T.alloc_fragment((bm, bn), f32)
+            dp = T.alloc_fragment((bm, bn), f32)
+            ds = T.alloc_fragment((bm, bn), dtype)
+            dq = T.alloc_fragment((bm, dim), f32)
+            lse_r = T.alloc_fragment((bm,), f32)
+            delta_r = T.alloc_fragment((bm,), f32)
+
+            q0 = cu_q[bz]
+            len_q = cu_q[bz + 1] - q0
+            k0 = cu_k[bz]
+            len_k = cu_k[bz + 1] - k0
+            row0 = bx * bm
+            kvh = by // (heads // kv_heads)
+            seen = T.min(len_k, row0 + bm + len_k - len_q) if causal else len_k
+            n_kb = T.if_then_else(row0 < len_q, T.ceildiv(T.max(seen, 0), bn), 0)
+
+            T.copy(Q[q0 + row0:q0 + row0 + bm, by, :], Q_s)
+            T.copy(dO[q0 + row0:q0 + row0 + bm, by, :], dO_s)
+            for i in T.Parallel(bm):
+                r = T.min(q0 + row0 + i, total_q - 1)
+                lse_r[i] = T.ieee_mul(LSE[by, r], T.float32(C.LOG2E))
+                delta_r[i] = Delta[by, r]
+            T.fill(dq, 0)
+            for kb in T.Pipelined(n_kb, num_stages=2):
+                T.copy(K[k0 + kb * bn:k0 + (kb + 1) * bn, kvh, :], K_s)
+                T.copy(V[k0 + kb * bn:k0 + (kb + 1) * bn, kvh, :], V_s)
+                T.gemm(Q_s, K_s, s, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
+                T.gemm(dO_s, V_s, dp, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
+                for i, j in T.Parallel(bm, bn):
+                    p = T.if_then_else(_valid(causal, row0 + i, kb * bn + j, len_q, len_k),
+                                       T.exp2(T.ieee_fmaf(s[i, j], T.float32(scale_log2), -lse_r[i])), T.float32(0))
+                    ds[i, j] = p * (dp[i, j] - delta_r[i])
+                T.gemm(ds, K_s, dq, policy=T.GemmWarpPolicy.FullRow)
+            for i, j in T.Parallel(bm, dim):
+                dq[i, j] = dq[i, j] * T.float32(softmax_scale)
+            T.copy(dq, out_s)
+            for i, j in T.Parallel(bm, dim):
+                if row0 + i < len_q:
+                    dQ[q0 + row0 + i, by, j] = out_s[i, j]
+
+    return main
+
+
+def dense_attention_backward(do, q, k, v, o, lse, *, causal: bool = False, softmax_scale: float | None = None,
+                             cu_seqlens_q=None, cu_seqlens_k=None):
+    """``(dq, dk, dv)`` of ``dense_fwd.dense_attention`` (same argument forms; ``lse`` as that
+    returns it: [b, h, s_q] or [h, total_q]). Deterministic: the same inputs give the same bits."""
+    varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
+    if varlen and (cu_seqlens_q is None or cu_seqlens_k is None):
+        raise ValueError("cu_seqlens_q, cu_seqlens_k: expected both or neither")
+    _check(q, k, v, varlen)
+    C.check_head_dim("q", q.shape[-1], SUPPORTED_DIMS)
+    for name, t in (("do", do), ("o", o)):
+        C.check_tensor(name, t, (q.dtype,), q.dim())
+        if tuple(t.shape) != tuple(q.shape):
+            raise ValueError(f"{name}: expected the shape of q {tuple(q.shape)}, got {tuple(t.shape)}")
+    d, h = q.shape[-1], q.shape[-2]
+    scale = 1.0 / math.sqrt(d) if softmax_scale is None else float(softmax_scale)
+    if varlen:
+        host_q = C.check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0])
+        host_k = C.check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0])
+        max_q, max_k = int((host_q[1:] - host_q[:-1]).max()), int((host_k[1:] - host_k[:-1]).max())
+        cu_q, cu_k = cu_seqlens_q, cu_seqlens_k
+        lse_p = lse
+    else:
+        b, max_q, max_k = q.shape[0], q.shape[1], k.shape[1]
+        cu_q, cu_k = uniform_offsets(b, max_q, q.device), uniform_offsets(b, max_k, q.device)
+        lse_p = lse.permute(1, 0, 2).reshape(h, b * max_q) if lse.dim() == 3 else lse
+    if lse_p.dtype != torch.float32 or tuple(lse_p.shape) != (h, q.numel() // (h * d)):
+        raise ValueError(f"lse: expected fp32 [h, total_q] or [b, h, s_q], got {lse.dtype} {tuple(lse.shape)}")
+    lse_p = lse_p.contiguous()
+    C.check_cuda(q=q, k=k, v=v, o=o, do=do, lse=lse)
+    hk = k.shape[-2]
+    qp, kp, vp = q.reshape(-1, h, d), k.reshape(-1, hk, d), v.reshape(-1, hk, d)
+    op, dop = o.reshape(-1, h, d), do.reshape(-1, h, d)
+    dt = C.TORCH_DTYPES[q.dtype]
+    dq, dk, dv = torch.empty_like(qp), torch.empty_like(kp), torch.empty_like(vp)
+    if qp.shape[0] and kp.shape[0]:
+        delta = torch.empty((h, qp.shape[0]), dtype=torch.float32, device=q.device)
+        bwd_delta_kernel(d, dt)(op, dop, delta)
+        args = (qp, kp, vp, dop, lse_p, delta, cu_q, cu_k)
+        bwd_dkdv_kernel(d, bool(causal), scale * C.LOG2E, scale, dt)(*args, dk, dv, max(1, -(-max_k // BLOCK)))
+        bwd_dq_kernel(d, bool(causal), scale * C.LOG2E, scale, dt)(*args, dq, max(1, -(-max_q // BLOCK)))
+    else:
+        dq.zero_(), dk.zero_(), dv.zero_()
+    return dq.view(q.shape), dk.view(k.shape), dv.view(v.shape)

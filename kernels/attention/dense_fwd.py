@@ -1,0 +1,202 @@
+"""Dense attention forward (FlashAttention-style) for prefill and training, on sm_90a.
+
+``o = softmax(scale * q k^T + mask) v`` per query head, with the log-sum-exp as a second
+output. bf16 or fp16, head dim 64, 128 or 256, MHA / GQA / MQA (query head ``h`` reads kv head
+``h // (heads / kv_heads)``), causal or not, fixed-length ``[b, s, h, d]`` or packed varlen
+``[total, h, d]`` with ``cu_seqlens``. Causal masking is aligned to the bottom right: query ``i``
+of a sequence with ``len_q`` queries and ``len_k`` keys sees keys ``j <= i + len_k - len_q``
+(the usual convention for ``len_q != len_k``); a query that sees no key gets 0 and lse -inf.
+
+Work split: one CTA per (128-query tile, query head, sequence); two consumer warpgroups of 64
+query rows each plus a TMA producer warpgroup (TileLang's warp specialization of the
+pipelined key loop). Every tile of a sequence starts at the sequence's first row, so a
+sequence's bits do not depend on the other sequences of the batch (batch invariance).
+
+Fixed orders (the contract with ``dense_fwd.cu``, which must give the same bits):
+
+* keys in blocks of ``block_n`` (128 for d <= 128, 64 for d = 256) in ascending order, from
+  block 0 to the last block the tile's rows can see;
+* ``S = Q K^T``: one fp32 wgmma chain per warpgroup, m64n{block_n}k16, K (= d) ascending in
+  steps of 16, starting from zero; masked entries are then replaced by -inf;
+* the online-softmax update of ``kernels/attention/common.py`` (row max, ``m_scaled``,
+  ``alpha = exp2(fma(m_old, c, -m_scaled))``, ``p = exp2(fma(s, c, -m_scaled))`` with
+  ``c = scale * log2(e)`` folded at compile time, ``l = fma(l, alpha, rowsum(p))``);
+  ``rowsum`` adds a thread's own entries of a row in register order (for the m64nNk16
+  accumulator: columns 0, 1, 8, 9, 16, 17, ... of its quad lane) and then across the quad
+  with shuffles (xor 2, then xor 1);
+* ``O = O * alpha + P V``: P rounded to the input dtype (RNE), one wgmma chain
+  m64n{d}k16 with P from registers, keys ascending in steps of 16, onto the rescaled O;
+* ``o = O / l`` (IEEE division) rounded to the input dtype; ``lse = (m_scaled + log2(l)) * ln 2``.
+"""
+
+import functools
+import math
+
+import torch
+import tilelang.language as T
+
+import tlx
+
+from kernels.attention import common as C
+
+SUPPORTED_DIMS = (64, 128, 256)
+BLOCK_M = 128
+
+total_q = T.dynamic("TQ")
+total_k = T.dynamic("TK")
+n_offsets = T.dynamic("NB")  # batch + 1
+heads = T.dynamic("H")
+kv_heads = T.dynamic("HK")  # divides H (checked by the wrapper)
+
+
+def block_n_for(dim: int) -> int:
+    """Keys per block: 128, or 64 at d = 256 (the shared-memory budget of two K/V stages)."""
+    return 64 if dim == 256 else 128
+
+
+@tlx.jit(target=C.TARGET, assume=["1 <= HK", "HK <= H", "H % HK == 0"])
+def dense_fwd_kernel(dim: int, causal: bool, scale_log2: float, dtype: str = "bfloat16", num_stages: int = 2):
+    """The kernel for one configuration: parameters ``Q [TQ, H, D], K, V [TK, HK, D],
+    cu_q, cu_k [NB] int32, O [TQ, H, D], LSE [H, TQ] fp32, q_tiles`` (grid: q_tiles x H x (NB-1);
+    q_tiles >= ceil(max len_q / 128))."""
+    C.check_head_dim("dim", dim, SUPPORTED_DIMS)
+    if dtype not in ("bfloat16", "float16"):
+        raise ValueError(f"dtype: expected 'bfloat16' or 'float16', got {dtype!r}")
+    block_m, block_n = BLOCK_M, block_n_for(dim)
+    f32 = "float32"
+
+    @T.prim_func
+    def main(Q: T.Tensor((total_q, heads, dim), dtype), K: T.Tensor((total_k, kv_heads, dim), dtype),
+             V: T.Tensor((total_k, kv_heads, dim), dtype), cu_q: T.Tensor((n_offsets,), "int32"),
+             cu_k: T.Tensor((n_offsets,), "int32"), O: T.Tensor((total_q, heads, dim), dtype),
+             LSE: T.Tensor((heads, total_q), f32), q_tiles: T.int32):
+        with T.Kernel(q_tiles, heads, n_offsets - 1, threads=256) as (bx, by, bz):
+            Q_s = T.alloc_shared((block_m, dim), dtype)
+            K_s = T.alloc_shared((block_n, dim), dtype)
+            V_s = T.alloc_shared((block_n, dim), dtype)
+            O_s = T.alloc_shared((block_m, dim), dtype)
+            acc_s = T.alloc_fragment((block_m, block_n), f32)
+            p = T.alloc_fragment((block_m, block_n), dtype)
+            acc_o = T.alloc_fragment((block_m, dim), f32)
+            m = T.alloc_fragment((block_m,), f32)
+            m_prev = T.alloc_fragment((block_m,), f32)
+            m_scaled = T.alloc_fragment((block_m,), f32)
+            alpha = T.alloc_fragment((block_m,), f32)
+            l = T.alloc_fragment((block_m,), f32)
+            row_sum = T.alloc_fragment((block_m,), f32)
+            lse_rows = T.alloc_fragment((block_m,), f32)
+
+            q0 = cu_q[bz]
+            len_q = cu_q[bz + 1] - q0
+            k0 = cu_k[bz]
+            len_k = cu_k[bz + 1] - k0
+            row0 = bx * block_m
+            # keys the tile's last row can see (bottom-right causal alignment)
+            seen = T.min(len_k, row0 + block_m + len_k - len_q) if causal else len_k
+            n_blocks = T.if_then_else(row0 < len_q, T.ceildiv(T.max(seen, 0), block_n), 0)
+
+            T.copy(Q[q0 + row0:q0 + row0 + block_m, by, :], Q_s)
+            C.init_softmax(m, m_scaled, l, acc_o)
+            for kb in T.Pipelined(n_blocks, num_stages=num_stages):
+                T.copy(K[k0 + kb * block_n:k0 + (kb + 1) * block_n, by // (heads // kv_heads), :], K_s)
+                T.gemm(Q_s, K_s, acc_s, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
+                # only blocks past the sequence's end or crossing the diagonal need the mask
+                last_col = (kb + 1) * block_n - 1
+                if last_col >= len_k or (causal and last_col > row0 + len_k - len_q):
+                    for i, j in T.Parallel(block_m, block_n):
+                        col = kb * block_n + j
+                        if causal:
+                            acc_s[i, j] = T.if_then_else(col < len_k and col <= row0 + i + len_k - len_q, acc_s[i, j], C.neg_inf())
+                        else:
+                            acc_s[i, j] = T.if_then_else(col < len_k, acc_s[i, j], C.neg_inf())
+                C.softmax_step(acc_s, m, m_prev, m_scaled, alpha, l, row_sum, scale_log2, block_m, block_n)
+                T.copy(acc_s, p)
+                C.rescale_rows(acc_o, alpha, block_m, dim)
+                T.copy(V[k0 + kb * block_n:k0 + (kb + 1) * block_n, by // (heads // kv_heads), :], V_s)
+                T.gemm(p, V_s, acc_o, policy=T.GemmWarpPolicy.FullRow)
+            C.finish_rows(acc_o, l, m_scaled, lse_rows, block_m, dim)
+            T.copy(acc_o, O_s)
+            for i, j in T.Parallel(block_m, dim):
+                if row0 + i < len_q:
+                    O[q0 + row0 + i, by, j] = O_s[i, j]
+            for i in T.Parallel(block_m):
+                if row0 + i < len_q:
+                    LSE[by, q0 + row0 + i] = lse_rows[i]
+
+    return main
+
+
+@functools.lru_cache(maxsize=64)
+def uniform_offsets(batch: int, seqlen: int, device) -> torch.Tensor:
+    """``cu_seqlens`` of ``batch`` sequences of ``seqlen`` rows (cached: no allocation per call)."""
+    return torch.arange(0, batch + 1, dtype=torch.int32, device=device) * seqlen
+
+
+def _check(q, k, v, varlen: bool):
+    nd = 3 if varlen else 4
+    C.check_tensor("q", q, C.TORCH_DTYPES, nd)
+    C.check_tensor("k", k, C.TORCH_DTYPES, nd)
+    C.check_tensor("v", v, C.TORCH_DTYPES, nd)
+    C.check_same_dtype(q=q, k=k, v=v)
+    d = q.shape[-1]
+    C.check_head_dim("q", d, SUPPORTED_DIMS)
+    C.check_dim("k", k, -1, d, "the head dim of q")
+    C.check_dim("v", v, -1, d, "the head dim of q")
+    if tuple(v.shape) != tuple(k.shape):
+        raise ValueError(f"v: expected the shape of k {tuple(k.shape)}, got {tuple(v.shape)}")
+    C.check_heads(q.shape[-2], k.shape[-2])
+    if not varlen:
+        C.check_dim("k", k, 0, q.shape[0], "the batch of q")
+
+
+def dense_attention(q, k, v, *, causal: bool = False, softmax_scale: float | None = None,
+                    cu_seqlens_q=None, cu_seqlens_k=None, out=None):
+    """Attention forward: returns ``(o, lse)``.
+
+    Fixed length: ``q [b, s_q, h, d]``, ``k, v [b, s_k, hk, d]`` -> ``o [b, s_q, h, d]``,
+    ``lse [b, h, s_q]`` (fp32, natural log; a strided view). Varlen: ``q [total_q, h, d]``,
+    ``k, v [total_k, hk, d]`` and int32 ``cu_seqlens_q``, ``cu_seqlens_k`` [batch + 1] ->
+    ``o [total_q, h, d]``, ``lse [h, total_q]``. ``softmax_scale`` defaults to ``1 / sqrt(d)``.
+    ``out=(o, lse)`` writes into given buffers: ``o`` of q's shape and dtype, ``lse`` fp32
+    ``[h, total_q]`` (both forms); the returned tensors are then views of them.
+    """
+    varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
+    if varlen and (cu_seqlens_q is None or cu_seqlens_k is None):
+        raise ValueError("cu_seqlens_q, cu_seqlens_k: expected both or neither")
+    _check(q, k, v, varlen)
+    d = q.shape[-1]
+    scale = 1.0 / math.sqrt(d) if softmax_scale is None else float(softmax_scale)
+    if not math.isfinite(scale) or scale <= 0:
+        raise ValueError(f"softmax_scale: expected a positive finite number, got {softmax_scale}")
+    if varlen:
+        host_q = C.check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0])
+        host_k = C.check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0])
+        if host_q.numel() != host_k.numel():
+            raise ValueError(f"cu_seqlens_k: expected {host_q.numel()} offsets (as cu_seqlens_q), got {host_k.numel()}")
+        max_q = int((host_q[1:] - host_q[:-1]).max())
+        qp, kp, vp, cu_q, cu_k = q, k, v, cu_seqlens_q, cu_seqlens_k
+    else:
+        b, s_q, h, _ = q.shape
+        s_k = k.shape[1]
+        max_q = s_q
+        qp, kp, vp = q.view(b * s_q, h, d), k.view(b * s_k, k.shape[2], d), v.view(b * s_k, k.shape[2], d)
+        cu_q, cu_k = uniform_offsets(b, s_q, q.device), uniform_offsets(b, s_k, q.device)
+    C.check_cuda(q=q, k=k, v=v, cu_q=cu_q, cu_k=cu_k)
+    h = qp.shape[1]
+    kernel = dense_fwd_kernel(d, bool(causal), scale * C.LOG2E, C.TORCH_DTYPES[q.dtype])
+    if out is None:
+        o, lse = torch.empty_like(qp), torch.empty((h, qp.shape[0]), dtype=torch.float32, device=q.device)
+    else:
+        o, lse = out
+        C.check_tensor("out[0]", o, (q.dtype,), q.dim())
+        if tuple(o.shape) != tuple(q.shape):
+            raise ValueError(f"out[0]: expected shape {tuple(q.shape)}, got {tuple(o.shape)}")
+        C.check_tensor("out[1]", lse, (torch.float32,), 2)
+        if tuple(lse.shape) != (h, qp.shape[0]):
+            raise ValueError(f"out[1]: expected shape {(h, qp.shape[0])}, got {tuple(lse.shape)}")
+        o = o.view(qp.shape)
+    if qp.shape[0] and cu_q.numel() > 1:
+        kernel(qp, kp, vp, cu_q, cu_k, o, lse, max(1, -(-max_q // BLOCK_M)))
+    if varlen:
+        return o, lse
+    return o.view(q.shape), lse.view(h, q.shape[0], q.shape[1]).permute(1, 0, 2)
