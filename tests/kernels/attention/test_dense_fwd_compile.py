@@ -73,7 +73,7 @@ def test_bad_arguments_are_named():
     with pytest.raises(TypeError, match="k: expected dtype torch.bfloat16 \\(the dtype of q\\), got torch.float16"):
         dense_attention(q, k.half(), v)
     with pytest.raises(ValueError, match="v: expected the shape of k"):
-        dense_attention(q, k, v[:, :8])
+        dense_attention(q, k, v[:, :8].contiguous())
     with pytest.raises(ValueError, match="softmax_scale"):
         dense_attention(q, k, v, softmax_scale=-1.0)
     with pytest.raises(ValueError, match="dim: head dim expected one of"):
