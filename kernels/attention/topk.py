@@ -1,0 +1,202 @@
+"""Top-k selection over the lightning indexer's logits: for each row of ``x [R, N]`` fp32, the
+indices of its ``k`` largest values, ties to the lower index: the set a stable descending sort
+puts first. Indices are returned in ascending order (the order sparse attention reads KV in).
+
+Radix select, one CTA of 1024 threads per row, so a row's result never depends on the other rows
+(batch invariant) and no step depends on timing (deterministic: counts are integers, the output
+order is the index order):
+
+1. Each value becomes a 32-bit key ordered like the values (``ordered_key``: -0 is +0, every NaN
+   is above +inf, as in torch's sort).
+2. Three histogram passes over the row (11, 11 and 10 bits of the key, high bits first) find the
+   threshold key ``t`` and ``need``: every key above ``t`` is taken, and the first ``need`` keys
+   equal to ``t`` in index order.
+3. A collection pass walks the row in index order, 16 consecutive values per thread; one block
+   scan per 16384 values gives each thread the count of taken values before its own, so each
+   index is written to its place in ascending order.
+
+The row is read four times; at 64 rows x 65536 (16 MiB) it stays in L2 after the first pass.
+"""
+
+import torch
+import tilelang.language as T
+
+import tlx
+
+TARGET = {"kind": "cuda", "arch": "sm_90a"}
+THREADS = 1024
+WARPS = THREADS // 32
+PASS_BITS = (11, 11, 10)  # key bits each histogram pass resolves, high bits first
+BINS = 1 << max(PASS_BITS)
+PER_THREAD = 16  # consecutive values a thread takes in the collection pass
+KS = (512, 1024, 2048)
+MAX_N = 1 << 17
+
+
+def ordered_key(x):
+    """uint32 key of an fp32 value: larger value, larger key; -0 maps to +0's key, every NaN to
+    the largest key (torch's sort treats NaN as the largest value)."""
+    u = T.reinterpret(x, T.uint32)
+    mag = u & T.uint32(0x7FFFFFFF)
+    key = T.if_then_else(u >> T.uint32(31) != T.uint32(0), ~u, u | T.uint32(0x80000000))
+    key = T.if_then_else(mag == T.uint32(0), T.uint32(0x80000000), key)
+    return T.if_then_else(mag > T.uint32(0x7F800000), T.uint32(0xFFFFFFFF), key)
+
+
+@tlx.jit(target=TARGET, assume=["1 <= N4", f"N4 <= {MAX_N // 4}"])
+def topk_kernel(k: int):
+    """``Idx [R, k]`` int32: the top-k indices of each row of ``X [R, N4, 4]`` (a row of
+    ``4 * N4`` values, viewed in fours so that every load is one 16-byte vector), ascending."""
+    rows = T.dynamic("R")
+    n4 = T.dynamic("N4")
+
+    @T.macro
+    def block_scan(value, warp_sums, lane, warp, result):
+        """``result[0]``: the inclusive prefix sum of ``value`` over the CTA's threads in thread
+        order; the CTA's total is left in ``warp_sums[WARPS - 1]``."""
+        T.sync_threads()  # the previous scan's readers are done with warp_sums
+        result[0] = value
+        for d in T.unroll(5):
+            up = T.shfl_up(result[0], 1 << d)
+            if lane >= (1 << d):
+                result[0] = result[0] + up
+        if lane == 31:
+            warp_sums[warp] = result[0]
+        T.sync_threads()
+        if warp == 0:
+            total = T.alloc_var("int32")
+            total = warp_sums[lane]
+            for d in T.unroll(5):
+                up = T.shfl_up(total, 1 << d)
+                if lane >= (1 << d):
+                    total = total + up
+            warp_sums[lane] = total
+        T.sync_threads()
+        if warp > 0:
+            result[0] = result[0] + warp_sums[warp - 1]
+
+    @T.macro
+    def histogram_pass(X, row, tx, lane, warp, hist, warp_sums, found, xs, counts, scan, prefix: T.Ref,
+                       need: T.Ref, done: int, bits: int):
+        """Extend ``prefix`` (the threshold key's ``done`` high bits) by ``bits`` bits and lower
+        ``need`` by the count of keys above the new prefix."""
+        bins = 1 << bits
+        per = bins // THREADS
+        shift = 32 - done - bits
+        for j in T.unroll(BINS // THREADS):
+            hist[j * THREADS + tx] = 0
+        T.sync_threads()
+        for it in T.serial(T.ceildiv(n4, THREADS)):
+            q = it * THREADS + tx
+            if q < n4:
+                for v in T.vectorized(4):
+                    xs[v] = X[row, q, v]
+                for v in T.unroll(4):
+                    key = ordered_key(xs[v])
+                    if done == 0:
+                        T.atomic_add(hist[T.Cast("int32", key >> T.uint32(shift))], 1)
+                    elif key >> T.uint32(32 - done) == prefix:
+                        T.atomic_add(hist[T.Cast("int32", (key >> T.uint32(shift)) & T.uint32(bins - 1))], 1)
+        T.sync_threads()
+        # thread tx owns bins bins-1-per*tx .. bins-per*(tx+1), highest first, so the scan over
+        # threads counts the keys at or above each thread's bins
+        own = T.alloc_var("int32")
+        own = 0
+        for j in T.unroll(per):
+            counts[j] = hist[bins - 1 - (per * tx + j)]
+            own = own + counts[j]
+        block_scan(own, warp_sums, lane, warp, scan)
+        above = T.alloc_var("int32")
+        above = scan[0] - own
+        for j in T.unroll(per):
+            if above < need and above + counts[j] >= need:
+                found[0] = bins - 1 - (per * tx + j)
+                found[1] = above
+            above = above + counts[j]
+        T.sync_threads()
+        prefix = (prefix << T.uint32(bits)) | T.Cast("uint32", found[0])
+        need = need - found[1]
+
+    @T.prim_func
+    def kernel(X: T.Tensor((rows, n4, 4), "float32"), Idx: T.Tensor((rows, k), "int32")):
+        with T.Kernel(rows, threads=THREADS) as row:
+            tx = T.get_thread_binding()
+            lane = tx % 32
+            warp = tx // 32
+            hist = T.alloc_shared((BINS,), "int32")
+            warp_sums = T.alloc_shared((WARPS,), "int32")
+            found = T.alloc_shared((2,), "int32")  # the threshold bin, the count of keys above it
+            xs = T.alloc_local((PER_THREAD,), "float32")
+            keys = T.alloc_local((PER_THREAD,), "uint32")
+            counts = T.alloc_local((BINS // THREADS,), "int32")
+            scan = T.alloc_local((1,), "int32")
+            prefix = T.alloc_var("uint32")
+            need = T.alloc_var("int32")
+            prefix = T.uint32(0)
+            need = k
+            histogram_pass(X, row, tx, lane, warp, hist, warp_sums, found, xs, counts, scan, prefix, need,
+                           0, PASS_BITS[0])
+            histogram_pass(X, row, tx, lane, warp, hist, warp_sums, found, xs, counts, scan, prefix, need,
+                           PASS_BITS[0], PASS_BITS[1])
+            histogram_pass(X, row, tx, lane, warp, hist, warp_sums, found, xs, counts, scan, prefix, need,
+                           PASS_BITS[0] + PASS_BITS[1], PASS_BITS[2])
+            # prefix is now the threshold key t; take every key above t and the first `need` equal to t
+            greater = T.alloc_var("int32")
+            equal = T.alloc_var("int32")
+            greater = 0
+            equal = 0
+            for c in T.serial(T.ceildiv(n4, THREADS * PER_THREAD // 4)):
+                q0 = (c * THREADS + tx) * (PER_THREAD // 4)
+                for j in T.unroll(PER_THREAD // 4):
+                    if q0 + j < n4:
+                        for v in T.vectorized(4):
+                            xs[j * 4 + v] = X[row, q0 + j, v]
+                packed = T.alloc_var("int32")
+                packed = 0  # keys above t in the low 16 bits, keys equal to t in the high 16
+                for j in T.unroll(PER_THREAD):
+                    keys[j] = T.if_then_else(q0 + j // 4 < n4, ordered_key(xs[j]), T.uint32(0))
+                    if q0 + j // 4 < n4:
+                        if keys[j] > prefix:
+                            packed = packed + 1
+                        elif keys[j] == prefix:
+                            packed = packed + (1 << 16)
+                block_scan(packed, warp_sums, lane, warp, scan)
+                g = T.alloc_var("int32")
+                e = T.alloc_var("int32")
+                g = greater + ((scan[0] - packed) & 0xFFFF)
+                e = equal + ((scan[0] - packed) >> 16)
+                for j in T.unroll(PER_THREAD):
+                    if q0 + j // 4 < n4:
+                        if keys[j] > prefix:
+                            if g + T.min(e, need) < k:
+                                Idx[row, g + T.min(e, need)] = q0 * 4 + j
+                            g = g + 1
+                        elif keys[j] == prefix:
+                            if e < need and g + e < k:
+                                Idx[row, g + e] = q0 * 4 + j
+                            e = e + 1
+                greater = greater + (warp_sums[WARPS - 1] & 0xFFFF)
+                equal = equal + (warp_sums[WARPS - 1] >> 16)
+
+    return kernel
+
+
+def topk_indices(x: torch.Tensor, k: int) -> torch.Tensor:
+    """int32 ``[R, k]``: the indices of the ``k`` largest values of each row of ``x [R, N]``
+    (fp32, contiguous, CUDA, ``N % 4 == 0``, ``k <= N <= 131072``), ties to the lower index,
+    in ascending order."""
+    if k not in KS:
+        raise ValueError(f"k: expected one of {KS}, got {k}")
+    if not isinstance(x, torch.Tensor) or x.dtype != torch.float32 or x.dim() != 2:
+        raise TypeError(f"x: expected a 2-d float32 tensor, got {getattr(x, 'dtype', type(x))} "
+                        f"with {getattr(x, 'dim', lambda: '?')()} dims")
+    r, n = x.shape
+    if n % 4 or not k <= n <= MAX_N:
+        raise ValueError(f"x: expected N a multiple of 4 with {k} <= N <= {MAX_N}, got N = {n}")
+    if not x.is_cuda or not x.is_contiguous():
+        raise ValueError(f"x: expected a contiguous CUDA tensor, got device {x.device}, "
+                         f"contiguous {x.is_contiguous()}")
+    out = torch.empty((r, k), dtype=torch.int32, device=x.device)
+    if r:
+        topk_kernel(k)(x.view(r, n // 4, 4), out)
+    return out
