@@ -54,6 +54,20 @@ def block_n_for(dim: int) -> int:
     return 64 if dim == 256 else 128
 
 
+@T.macro
+def mask_block(acc_s, kb, row0, len_q, len_k, causal: bool, block_m: int, block_n: int):
+    """-inf for the scores of key block ``kb`` past the sequence or right of the diagonal; only
+    blocks that cross the end or the diagonal are touched."""
+    last_col = (kb + 1) * block_n - 1
+    if last_col >= len_k or (causal and last_col > row0 + len_k - len_q):
+        for i, j in T.Parallel(block_m, block_n):
+            col = kb * block_n + j
+            if causal:
+                acc_s[i, j] = T.if_then_else(col < len_k and col <= row0 + i + len_k - len_q, acc_s[i, j], C.neg_inf())
+            else:
+                acc_s[i, j] = T.if_then_else(col < len_k, acc_s[i, j], C.neg_inf())
+
+
 @tlx.jit(target=C.TARGET, assume=["1 <= HK", "HK <= H", "H % HK == 0"])
 def dense_fwd_kernel(dim: int, causal: bool, scale_log2: float, dtype: str = "bfloat16", num_stages: int = 2):
     """The kernel for one configuration: parameters ``Q [TQ, H, D], K, V [TK, HK, D],
@@ -100,15 +114,7 @@ def dense_fwd_kernel(dim: int, causal: bool, scale_log2: float, dtype: str = "bf
             for kb in T.Pipelined(n_blocks, num_stages=num_stages):
                 T.copy(K[k0 + kb * block_n:k0 + (kb + 1) * block_n, by // (heads // kv_heads), :], K_s)
                 T.gemm(Q_s, K_s, acc_s, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
-                # only blocks past the sequence's end or crossing the diagonal need the mask
-                last_col = (kb + 1) * block_n - 1
-                if last_col >= len_k or (causal and last_col > row0 + len_k - len_q):
-                    for i, j in T.Parallel(block_m, block_n):
-                        col = kb * block_n + j
-                        if causal:
-                            acc_s[i, j] = T.if_then_else(col < len_k and col <= row0 + i + len_k - len_q, acc_s[i, j], C.neg_inf())
-                        else:
-                            acc_s[i, j] = T.if_then_else(col < len_k, acc_s[i, j], C.neg_inf())
+                mask_block(acc_s, kb, row0, len_q, len_k, causal, block_m, block_n)
                 C.softmax_step(acc_s, m, m_prev, m_scaled, alpha, l, row_sum, scale_log2, block_m, block_n)
                 T.copy(acc_s, p)
                 C.rescale_rows(acc_o, alpha, block_m, dim)
@@ -132,6 +138,113 @@ def uniform_offsets(batch: int, seqlen: int, device) -> torch.Tensor:
     return torch.arange(0, batch + 1, dtype=torch.int32, device=device) * seqlen
 
 
+@tlx.jit(target=C.TARGET, assume=["1 <= HK", "HK <= H", "H % HK == 0"],
+         pass_configs={"tl.disable_warp_specialized": True, "tl.disable_thread_storage_sync": True})
+def dense_fwd_overlap_kernel(dim: int, causal: bool, scale_log2: float, dtype: str = "bfloat16", num_stages: int = 2):
+    """``dense_fwd_kernel``'s computation (same parameters, same bits) scheduled by hand:
+    a TMA producer warpgroup and two consumer warpgroups that overlap block ``kb``'s softmax
+    with block ``kb - 1``'s ``P V`` on the tensor cores (issue ``S_kb = Q K_kb^T`` and
+    ``O += P_(kb-1) V_(kb-1)`` asynchronously, wait for ``S_kb`` only, run the softmax, then
+    wait for ``P V``). The arithmetic and its order are those of the module docstring."""
+    C.check_head_dim("dim", dim, SUPPORTED_DIMS)
+    if dtype not in ("bfloat16", "float16"):
+        raise ValueError(f"dtype: expected 'bfloat16' or 'float16', got {dtype!r}")
+    block_m, block_n = BLOCK_M, block_n_for(dim)
+    f32 = "float32"
+    S = num_stages
+
+    @T.prim_func
+    def main(Q: T.Tensor((total_q, heads, dim), dtype), K: T.Tensor((total_k, kv_heads, dim), dtype),
+             V: T.Tensor((total_k, kv_heads, dim), dtype), cu_q: T.Tensor((n_offsets,), "int32"),
+             cu_k: T.Tensor((n_offsets,), "int32"), O: T.Tensor((total_q, heads, dim), dtype),
+             LSE: T.Tensor((heads, total_q), f32), q_tiles: T.int32):
+        with T.Kernel(q_tiles, heads, n_offsets - 1, threads=384) as (bx, by, bz):
+            Q_s = T.alloc_shared((block_m, dim), dtype)
+            K_s = T.alloc_shared((S, block_n, dim), dtype)
+            V_s = T.alloc_shared((S, block_n, dim), dtype)
+            acc_s = T.alloc_fragment((block_m, block_n), f32)
+            p = T.alloc_fragment((block_m, block_n), dtype)
+            acc_o = T.alloc_fragment((block_m, dim), f32)
+            m = T.alloc_fragment((block_m,), f32)
+            m_prev = T.alloc_fragment((block_m,), f32)
+            m_scaled = T.alloc_fragment((block_m,), f32)
+            alpha = T.alloc_fragment((block_m,), f32)
+            l = T.alloc_fragment((block_m,), f32)
+            row_sum = T.alloc_fragment((block_m,), f32)
+            lse_rows = T.alloc_fragment((block_m,), f32)
+            q_full = T.alloc_barrier(128)
+            k_full = T.alloc_barrier([128] * S)
+            v_full = T.alloc_barrier([128] * S)
+            k_empty = T.alloc_barrier([256] * S)
+            v_empty = T.alloc_barrier([256] * S)
+
+            q0 = cu_q[bz]
+            len_q = cu_q[bz + 1] - q0
+            k0 = cu_k[bz]
+            len_k = cu_k[bz + 1] - k0
+            row0 = bx * block_m
+            seen = T.min(len_k, row0 + block_m + len_k - len_q) if causal else len_k
+            n_blocks = T.if_then_else(row0 < len_q, T.ceildiv(T.max(seen, 0), block_n), 0)
+            kvh = by // (heads // kv_heads)
+            tx = T.get_thread_binding()
+
+            if tx >= 256:
+                T.set_max_nreg(24, 0)
+                T.tma_copy(Q[q0 + row0:q0 + row0 + block_m, by, :], Q_s, barrier=q_full)
+                T.mbarrier_arrive(q_full)
+                for kb in T.serial(n_blocks):
+                    T.mbarrier_wait_parity(k_empty[kb % S], ((kb // S) & 1) ^ 1)
+                    T.tma_copy(K[k0 + kb * block_n:k0 + (kb + 1) * block_n, kvh, :], K_s[kb % S, :, :], barrier=k_full[kb % S])
+                    T.mbarrier_arrive(k_full[kb % S])
+                    T.mbarrier_wait_parity(v_empty[kb % S], ((kb // S) & 1) ^ 1)
+                    T.tma_copy(V[k0 + kb * block_n:k0 + (kb + 1) * block_n, kvh, :], V_s[kb % S, :, :], barrier=v_full[kb % S])
+                    T.mbarrier_arrive(v_full[kb % S])
+            else:
+                T.set_max_nreg(240, 1)
+                C.init_softmax(m, m_scaled, l, acc_o)
+                T.mbarrier_wait_parity(q_full, 0)
+                if n_blocks > 0:
+                    T.mbarrier_wait_parity(k_full[0], 0)
+                    T.gemm(Q_s, K_s[0, :, :], acc_s, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
+                    T.mbarrier_arrive(k_empty[0])
+                    mask_block(acc_s, 0, row0, len_q, len_k, causal, block_m, block_n)
+                    C.softmax_step(acc_s, m, m_prev, m_scaled, alpha, l, row_sum, scale_log2, block_m, block_n)
+                    T.copy(acc_s, p)
+                # S_kb and then P_(kb-1) V_(kb-1) on the tensor cores; block kb's softmax overlaps the latter
+                for kb in T.serial(1, T.max(n_blocks, 1)):
+                    T.mbarrier_wait_parity(k_full[kb % S], (kb // S) & 1)
+                    T.wgmma_gemm(Q_s, K_s[kb % S, :, :], acc_s, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
+                    T.mbarrier_wait_parity(v_full[(kb - 1) % S], ((kb - 1) // S) & 1)
+                    C.rescale_rows(acc_o, alpha, block_m, dim)
+                    T.wgmma_gemm(p, V_s[(kb - 1) % S, :, :], acc_o, policy=T.GemmWarpPolicy.FullRow)
+                    T.wait_wgmma(1)
+                    T.mbarrier_arrive(k_empty[kb % S])
+                    mask_block(acc_s, kb, row0, len_q, len_k, causal, block_m, block_n)
+                    C.softmax_step(acc_s, m, m_prev, m_scaled, alpha, l, row_sum, scale_log2, block_m, block_n)
+                    T.wait_wgmma(0)
+                    T.mbarrier_arrive(v_empty[(kb - 1) % S])
+                    T.copy(acc_s, p)
+                if n_blocks > 0:
+                    T.mbarrier_wait_parity(v_full[(n_blocks - 1) % S], ((n_blocks - 1) // S) & 1)
+                    C.rescale_rows(acc_o, alpha, block_m, dim)
+                    T.gemm(p, V_s[(n_blocks - 1) % S, :, :], acc_o, policy=T.GemmWarpPolicy.FullRow)
+                    T.mbarrier_arrive(v_empty[(n_blocks - 1) % S])
+                C.finish_rows(acc_o, l, m_scaled, lse_rows, block_m, dim)
+                T.copy(acc_o, Q_s)  # each warpgroup overwrites only its own rows of Q, read by its own gemms
+                T.sync_threads(1, 256)
+                for i, j in T.Parallel(block_m, dim):
+                    if row0 + i < len_q:
+                        O[q0 + row0 + i, by, j] = Q_s[i, j]
+                for i in T.Parallel(block_m):
+                    if row0 + i < len_q:
+                        LSE[by, q0 + row0 + i] = lse_rows[i]
+
+    return main
+
+
+SCHEDULES = {"pipelined": dense_fwd_kernel, "overlap": dense_fwd_overlap_kernel}
+
+
 def _check(q, k, v, varlen: bool):
     nd = 3 if varlen else 4
     C.check_tensor("q", q, C.TORCH_DTYPES, nd)
@@ -150,7 +263,7 @@ def _check(q, k, v, varlen: bool):
 
 
 def dense_attention(q, k, v, *, causal: bool = False, softmax_scale: float | None = None,
-                    cu_seqlens_q=None, cu_seqlens_k=None, out=None):
+                    cu_seqlens_q=None, cu_seqlens_k=None, out=None, schedule: str = "pipelined"):
     """Attention forward: returns ``(o, lse)``.
 
     Fixed length: ``q [b, s_q, h, d]``, ``k, v [b, s_k, hk, d]`` -> ``o [b, s_q, h, d]``,
@@ -158,8 +271,12 @@ def dense_attention(q, k, v, *, causal: bool = False, softmax_scale: float | Non
     ``k, v [total_k, hk, d]`` and int32 ``cu_seqlens_q``, ``cu_seqlens_k`` [batch + 1] ->
     ``o [total_q, h, d]``, ``lse [h, total_q]``. ``softmax_scale`` defaults to ``1 / sqrt(d)``.
     ``out=(o, lse)`` writes into given buffers: ``o`` of q's shape and dtype, ``lse`` fp32
-    ``[h, total_q]`` (both forms); the returned tensors are then views of them.
+    ``[h, total_q]`` (both forms); the returned tensors are then views of them. ``schedule``
+    picks the kernel: "pipelined" (TileLang's warp specialization) or "overlap" (hand-scheduled
+    softmax / tensor-core overlap); both give the same bits.
     """
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule: expected one of {sorted(SCHEDULES)}, got {schedule!r}")
     varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
     if varlen and (cu_seqlens_q is None or cu_seqlens_k is None):
         raise ValueError("cu_seqlens_q, cu_seqlens_k: expected both or neither")
@@ -183,7 +300,7 @@ def dense_attention(q, k, v, *, causal: bool = False, softmax_scale: float | Non
         cu_q, cu_k = uniform_offsets(b, s_q, q.device), uniform_offsets(b, s_k, q.device)
     C.check_cuda(q=q, k=k, v=v, cu_q=cu_q, cu_k=cu_k)
     h = qp.shape[1]
-    kernel = dense_fwd_kernel(d, bool(causal), scale * C.LOG2E, C.TORCH_DTYPES[q.dtype])
+    kernel = SCHEDULES[schedule](d, bool(causal), scale * C.LOG2E, C.TORCH_DTYPES[q.dtype])
     if out is None:
         o, lse = torch.empty_like(qp), torch.empty((h, qp.shape[0]), dtype=torch.float32, device=q.device)
     else:

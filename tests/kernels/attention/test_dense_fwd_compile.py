@@ -10,7 +10,7 @@ import torch
 
 from kernels.attention import common as C
 from kernels.attention import reference as R
-from kernels.attention.dense_fwd import dense_attention, dense_fwd_kernel
+from kernels.attention.dense_fwd import dense_attention, dense_fwd_kernel, dense_fwd_overlap_kernel
 
 KDIR = Path(R.__file__).parent
 
@@ -26,6 +26,15 @@ def test_kernel_compiles_for_sm90a(dim, causal):
     # the softmax arithmetic the baseline repeats: exp2 of an explicit fma, rounded max scaling
     assert "exp2f(__fmaf_rn(acc_s" in src and "__fmul_rn(m[" in src and "exp2f(__fsub_rn(m_scaled" in src
     assert "tl::AllReduce<tl::SumOp, 4, 1" in src
+
+
+def test_overlap_kernel_compiles_for_sm90a():
+    """The hand-scheduled forward: S = Q K^T issued, then P V, and only S waited for before the
+    softmax (wait_wgmma<1>), P V waited for after it."""
+    src = dense_fwd_overlap_kernel(128, True, C.LOG2E / math.sqrt(128)).device_source
+    assert src.index("tl::wait_wgmma<1>()") < src.index("tl::wait_wgmma<0>()")
+    assert "tl::wgmma_rs<tl::DataType::kBFloat16, tl::DataType::kBFloat16, tl::DataType::kFloat32, 64, 128, 16, false, true" in src
+    assert "exp2f(__fmaf_rn(acc_s" in src and "tl::AllReduce<tl::SumOp, 4, 1" in src
 
 
 def test_baseline_compiles(tmp_path):
@@ -78,6 +87,8 @@ def test_bad_arguments_are_named():
         dense_attention(q, k, v, softmax_scale=-1.0)
     with pytest.raises(ValueError, match="dim: head dim expected one of"):
         dense_fwd_kernel(80, False, 1.0)
+    with pytest.raises(ValueError, match="schedule: expected one of"):
+        dense_attention(q, k, v, schedule="fast")
     qp, kp, vp = q.view(32, 8, 128), k.view(32, 2, 128), v.view(32, 2, 128)
     ok = torch.tensor([0, 16, 32], dtype=torch.int32)
     with pytest.raises(ValueError, match=r"cu_seqlens_q: expected non-decreasing offsets, got cu_seqlens_q\[1\] = 20 > cu_seqlens_q\[2\] = 12"):

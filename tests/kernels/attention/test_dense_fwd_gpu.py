@@ -73,8 +73,8 @@ def check_reference(o, lse, q, k, v, causal, softmax_scale=None, cu_seqlens_q=No
     torch.testing.assert_close(lse[fin], ref_lse[fin], rtol=0, atol=2e-3)
 
 
-def check_all(base, q, k, v, causal, **kw):
-    o, lse = run(q, k, v, causal=causal, **kw)
+def check_all(base, q, k, v, causal, schedule="pipelined", **kw):
+    o, lse = run(q, k, v, causal=causal, schedule=schedule, **kw)
     check_reference(o, lse, q, k, v, causal, **kw)
     bo, blse = run_baseline(base, q, k, v, causal, **kw)
     assert_bitwise(o, bo, name="o vs baseline")
@@ -86,10 +86,11 @@ def check_all(base, q, k, v, causal, **kw):
     (torch.bfloat16, 64, False), (torch.bfloat16, 64, True), (torch.bfloat16, 128, False),
     (torch.bfloat16, 128, True), (torch.bfloat16, 256, False), (torch.bfloat16, 256, True),
     (torch.float16, 128, False), (torch.float16, 128, True)])
-def test_matches_reference_and_baseline(attention_baseline, dtype, d, causal):
+@pytest.mark.parametrize("schedule", ["pipelined", "overlap"])
+def test_matches_reference_and_baseline(attention_baseline, dtype, d, causal, schedule):
     b, s, h, hk = 2, 1000, 8, 2  # GQA, a partial last tile
     q, k, v = randn((b, s, h, d), dtype, 1), randn((b, s, hk, d), dtype, 2), randn((b, s, hk, d), dtype, 3)
-    check_all(attention_baseline, q, k, v, causal)
+    check_all(attention_baseline, q, k, v, causal, schedule=schedule)
 
 
 @pytest.mark.parametrize("h,hk", [(4, 4), (8, 1), (16, 4)])  # MHA, MQA, GQA
@@ -98,10 +99,11 @@ def test_head_layouts(attention_baseline, h, hk):
     check_all(attention_baseline, q, k, v, False)
 
 
+@pytest.mark.parametrize("schedule", ["pipelined", "overlap"])
 @pytest.mark.parametrize("s_q,s_k", [(1, 1), (127, 127), (4001, 4001), (127, 300), (300, 127), (1, 4001)])
-def test_awkward_lengths_causal(attention_baseline, s_q, s_k):
+def test_awkward_lengths_causal(attention_baseline, s_q, s_k, schedule):
     q, k, v = randn((1, s_q, 4, 128), torch.bfloat16, 7), randn((1, s_k, 2, 128), torch.bfloat16, 8), randn((1, s_k, 2, 128), torch.bfloat16, 9)
-    check_all(attention_baseline, q, k, v, True)
+    check_all(attention_baseline, q, k, v, True, schedule=schedule)
 
 
 def test_long_sequence(attention_baseline):
@@ -129,12 +131,13 @@ def varlen_inputs(lens_q, lens_k, h, hk, d, seed):
     return q, k, v, cu_q, cu_k
 
 
+@pytest.mark.parametrize("schedule", ["pipelined", "overlap"])
 @pytest.mark.parametrize("causal", [False, True])
-def test_varlen_with_empty_sequences(attention_baseline, causal):
+def test_varlen_with_empty_sequences(attention_baseline, causal, schedule):
     lens_q = [0, 5, 0, 300, 129, 0, 1000, 1]
     lens_k = [3, 5, 0, 300, 200, 0, 900, 64]
     q, k, v, cu_q, cu_k = varlen_inputs(lens_q, lens_k, 8, 2, 128, 20)
-    check_all(attention_baseline, q, k, v, causal, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
+    check_all(attention_baseline, q, k, v, causal, schedule, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -152,12 +155,13 @@ def test_batch_invariance(causal):
         assert_bitwise(lse1, lse[:, a:e].contiguous(), name=f"lse of sequence {i}")
 
 
-def test_deterministic_100_runs():
+@pytest.mark.parametrize("schedule", ["pipelined", "overlap"])
+def test_deterministic_100_runs(schedule):
     q, k, v = randn((2, 1024, 8, 128), torch.bfloat16, 30), randn((2, 1024, 2, 128), torch.bfloat16, 31), randn((2, 1024, 2, 128), torch.bfloat16, 32)
-    o0, lse0 = dense_attention(q, k, v, causal=True)
+    o0, lse0 = dense_attention(q, k, v, causal=True, schedule=schedule)
     o0, lse0 = o0.clone(), lse0.clone()
     for _ in range(100):
-        o, lse = dense_attention(q, k, v, causal=True)
+        o, lse = dense_attention(q, k, v, causal=True, schedule=schedule)
         assert torch.equal(o.view(torch.int16), o0.view(torch.int16)) and torch.equal(lse.view(torch.int32), lse0.view(torch.int32))
 
 
