@@ -60,7 +60,7 @@ def kernel_specs(layers):
     16896 tokens in all, one metadata chunk size)."""
     from kernels.moe.mega.layer import make_plan
 
-    specs = {("kernels.moe.mega.kernels", "step_kernel", (), ())}
+    specs = {("kernels.moe.mega.protocol", "step_kernel", (), ())}
     for name, n, waves in layers:
         m = MODELS[name]
         h, i, e, k = m["hidden"], m["inter"], m["n_experts"], m["topk"]
@@ -72,11 +72,11 @@ def kernel_specs(layers):
                   ("kernels.moe.permute", "permute_fp8_kernel", (h, k), ()),
                   ("kernels.moe.permute", "combine_kernel", (h, k), ()),
                   ("kernels.moe.metadata", "metadata_kernel", (k, e // n, 128, 128), ()),
-                  ("kernels.moe.mega.kernels", "exchange_kernel", (n,), ()),
-                  ("kernels.moe.mega.kernels", "gather_ids_kernel", (n, k), ()),
-                  ("kernels.moe.mega.kernels", "combine_kernel", (n, h, k, e // n), ()),
-                  ("kernels.moe.mega.kernels", "gate_kernel", (n, p.n_waves), ()),
-                  ("kernels.moe.mega.kernels", "dispatch_kernel",
+                  ("kernels.moe.mega.protocol", "exchange_kernel", (n,), ()),
+                  ("kernels.moe.mega.protocol", "gather_ids_kernel", (n, k), ()),
+                  ("kernels.moe.mega.protocol", "combine_kernel", (n, h, k, e // n), ()),
+                  ("kernels.moe.mega.protocol", "gate_kernel", (n, p.n_waves), ()),
+                  ("kernels.moe.mega.protocol", "dispatch_kernel",
                    (n, h, k, p.n_waves, p.wave_experts, p.n_local, p.dispatch_ctas), ())}
         for sms in {p.gemm_sms, SMS}:
             specs |= {("kernels.moe.grouped_gemm", "grouped_gemm_contiguous_kernel", (2 * i, h), (("num_sms", sms),)),

@@ -8,7 +8,7 @@ requant and L2, and writes results back, wave by wave. This version implements t
 and the *wave schedule* of that design with the project's existing compute kernels; the compute
 steps are not fused into one kernel yet:
 
-* **New kernels** (``kernels.py``, ``@tlx.jit``): ``exchange`` (epoch, READY publish, acquire of
+* **New kernels** (``protocol.py``, ``@tlx.jit``): ``exchange`` (epoch, READY publish, acquire of
   every peer's READY), ``gather_ids`` (every rank's routing), ``dispatch`` (a persistent pull of
   each row's e4m3 token and scales from its source rank, wave by wave, a release-add per wave:
   the permute of the unfused layer, done over the peers), ``step`` (between waves: release the
@@ -29,7 +29,7 @@ Ranks and buffers
 -----------------
 Rank r owns experts ``[r * El, (r + 1) * El)`` (El = E / n) and sends ``Tr`` tokens (x rows).
 Every rank holds, in buffers every rank can address ("symmetric"): ``flags`` [F] int32 (layout in
-``kernels.py``), its send buffers ``xq`` [Tr, H] e4m3, ``xs`` [Tr, H/128] fp32 and ``ids`` [Tr, k]
+``protocol.py``), its send buffers ``xq`` [Tr, H] e4m3, ``xs`` [Tr, H/128] fp32 and ``ids`` [Tr, k]
 (-1 for unused token slots), its L2 output ``y`` [R, H] bf16 and its ``row_of`` [n * Tr, k] (the row
 of each global token's entries in ``y``). Global token ``g = s * Tr + t`` is token t of rank s.
 
@@ -91,12 +91,11 @@ output bit depends on.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
 
-from kernels.moe.mega import kernels as K
+from kernels.moe.mega import protocol as K
 from kernels.moe.metadata import max_rows, metadata_buffers, routing_metadata
 from kernels.moe.pipeline import MoEConfig
 
@@ -263,7 +262,7 @@ class MegaMoE:
             raise ValueError(f"{'n_virtual_ranks' if self.virtual else 'group'}: expected a divisor of {e} experts, got {n}")
         device = w1.device
         sms = torch.cuda.get_device_properties(device).multi_processor_count
-        tr = max(1, -(-n_tokens // n)) if self.virtual else n_tokens
+        tr = max(1, -(-n_tokens // n) if self.virtual else n_tokens)  # every rank passes the same T in group mode
         self.plan = make_plan(n, tr, h, two_i // 2, e, cfg.topk, sms, waves, self.virtual)
         self.cfg, self.weights, self.n_tokens = cfg, (w1, s1, w2, s2), n_tokens
         self.timeout_ns = int(timeout_s * 1e9)

@@ -7,7 +7,8 @@ import time
 import pytest
 import torch
 
-from kernels.moe.mega import MegaMoETimeout, kernels as K, layer_for, make_plan, mega_moe
+from kernels.moe.mega import MegaMoETimeout, layer_for, make_plan, mega_moe
+from kernels.moe.mega import protocol as K
 from kernels.moe.mega.layer import check_layer_args, failure_message
 from kernels.moe.metadata import max_rows
 from kernels.moe.pipeline import V4_FLASH, V4_PRO, MoEConfig, moe_layer
@@ -164,9 +165,24 @@ BUILDS = {
 }
 
 
+def shape_preconditions(kernel) -> set:
+    """The shape preconditions (derived by the bounds verifier) that the launcher checks."""
+    lines = [ln for ln in kernel.host_source.splitlines() if "shape precondition" in ln]
+    return {ln.split('precondition " + "', 1)[1].split('"', 1)[0] for ln in lines}
+
+
+def refuses_no_real_size(preconditions) -> bool:
+    """Each precondition is an upper bound of 2^27 or more on a size (rows, tokens) or "Tr >= 1"
+    (send buffers have a row at least): none refuses a real layer (a bound like "T <= 1", from an
+    int32 overflow of an index sum, would)."""
+    bounds = [p.split(" <= ") for p in preconditions - {"Tr >= 1"}]
+    return all(len(b) == 2 and b[1].isdigit() and int(b[1]) >= 1 << 27 for b in bounds)
+
+
 @pytest.mark.parametrize("name", sorted(BUILDS))
 def test_mega_kernel_builds_for_sm90a(name):
     kernel = BUILDS[name]()
+    assert refuses_no_real_size(shape_preconditions(kernel)), shape_preconditions(kernel)
     src = kernel.device_source
     body = src.split("__global__", 1)[1]
     assert "__global__" in src

@@ -147,7 +147,7 @@ def gate_kernel(n_ranks: int, n_waves: int):
     return main
 
 
-@tlx.jit(target=TARGET)
+@tlx.jit(target=TARGET, assume=("Tr <= 268435456",))
 def gather_ids_kernel(n_ranks: int, topk: int, threads: int = 256):
     """``(ids0..ids7 [Tr, k], gids [n * Tr, k])``: every rank's routing, rank-major (plain copy; the
     exchange before it in stream order has acquired the peers' READY)."""
@@ -171,7 +171,7 @@ def gather_ids_kernel(n_ranks: int, topk: int, threads: int = 256):
     return main
 
 
-@tlx.jit(target=TARGET, assume=("R <= 1073741824",))
+@tlx.jit(target=TARGET, assume=("R <= 1073741824", "Tr >= 1"))
 def dispatch_kernel(n_ranks: int, hidden: int, topk: int, n_waves: int, wave_experts: int, n_local: int,
                     ctas: int, threads: int = 256):
     """``(xq0..xq7 [Tr, H] e4m3, xs0..xs7 [Tr, H/128] f32, mine [F], entry_of_row [R], offsets [El+1],
@@ -289,7 +289,8 @@ def combine_kernel(n_ranks: int, hidden: int, topk: int, n_local: int, threads: 
             owner = T.alloc_local((topk,), "int32")
             ws = T.alloc_local((topk,), "float32")
             g = T.alloc_var("int32")
-            g = T.min(T.max(first_token + t, 0), gtok - 1)
+            # in int64: first_token + t must not wrap (the verifier would bound T instead)
+            g = T.cast(T.min(T.max(T.cast(first_token, "int64") + t, 0), T.cast(gtok, "int64") - 1), "int32")
             for j in T.unroll(topk):
                 owner[j] = ids[t, j] // n_local
                 ws[j] = weights[t, j]
