@@ -1,0 +1,289 @@
+"""MLA decode over a paged latent KV cache, batch invariant.
+
+Shapes (DeepSeek MLA, absorbed): q ``[B, T, H, 576]`` bf16 (T = 1..4 query tokens per sequence,
+H query heads sharing one latent KV head), the cache ``[P, 64, 576]`` (pages of 64 tokens; the
+first 512 dims are also V) in bf16 or e4m3 with fp32 scales ``[P, 64, 9]`` (one per 1 x 64
+group, the project's quantization layout), a block table ``[B, MP]`` int32 and ``seq_lens [B]``
+int32 (clamped to ``MP * 64``). Token t of sequence b sees keys ``j <= seq_lens[b] - T + t``.
+Output ``o [B, T, H, 512]`` bf16 and ``lse [B, T, H]`` fp32 (natural log, -inf for no keys).
+
+Batch invariance: a sequence is cut into splits of ``SPLIT_PAGES`` pages (1024 tokens), a count
+that depends on its own length only, never on the batch or the SM count; each split is one CTA
+per 64 query rows (token-major rows ``t * H + h``) that writes its normalised partial output and
+log-sum-exp, and a second kernel combines the splits in ascending order. No atomics, no
+persistent scheduling: the bits of a sequence are the same alone, in any batch, on any grid.
+
+FP8: each page is dequantized in shared memory before the matrix products, by the project's
+rule (``float(q) * scale``, one fp32 multiply, rounded to bf16), so an FP8 cache gives the bits
+of the bf16 cache holding the dequantized values.
+
+Guard (documented, no launcher check: the table is device data): a block-table entry outside
+``[0, P)`` is never read; the rows of its sequence become NaN. Entries past the sequence's pages
+are not read at all.
+
+Per split the online softmax is ``kernels/attention/common.py``'s (its docstring gives the
+order); the combine is, per row, over the sequence's splits i ascending:
+``m = max lse_i``; ``w_i = exp2((lse_i - m) * log2 e)``; ``s = Σ w_i``; ``o = Σ (w_i / s) o_i``
+(fma, splits ascending) rounded to bf16; ``lse = m + log(s)``.
+"""
+
+import math
+
+import torch
+import tilelang.language as T
+
+import tlx
+from kernels.attention import common as C
+
+D_QK = 576
+D_V = 512
+D_PE = D_QK - D_V
+PAGE = 64
+ROWS = 64  # query rows (token, head) per CTA
+SPLIT_PAGES = 16  # pages per split: the split count is ceil(seq_len / 1024)
+GROUP = 64  # FP8 scale group (1 x 64 of a token's 576 values)
+KV_DTYPES = {torch.bfloat16: "bfloat16", torch.float8_e4m3fn: "float8_e4m3"}
+MAX_PAGES = 1 << 16
+LOG2E = C.LOG2E
+
+
+def nan():
+    return T.reinterpret(T.uint32(0x7FC00000), T.float32)
+
+
+def splits_of(max_pages):
+    return T.ceildiv(max_pages, SPLIT_PAGES)
+
+
+@tlx.jit(target=C.TARGET, assume=["1 <= P", "1 <= MP", f"MP <= {MAX_PAGES}", "B <= 65535"])
+def mla_split_kernel(tokens: int, heads: int, kv_dtype: str, softmax_scale: float, num_stages: int = 1):
+    """Partial attention of each (64-row block, split, sequence): ``OP [B, NS, T*H, 512]`` fp32
+    normalised, ``LP [B, NS, T*H]`` fp32 log-sum-exp (NS = ceil(MP / 16); splits past the
+    sequence are not written)."""
+    rows = tokens * heads
+    row_blocks = -(-rows // ROWS)
+    fp8 = kv_dtype == "float8_e4m3"
+    scale_log2 = softmax_scale * LOG2E
+    batch, pages, max_pages = T.dynamic("B"), T.dynamic("P"), T.dynamic("MP")
+    f32 = "float32"
+    bf16 = "bfloat16"
+
+    @T.prim_func
+    def kernel(Q: T.Tensor((batch, tokens, heads, D_QK), bf16), KV: T.Tensor((pages, PAGE, D_QK), kv_dtype),
+               KVS: T.Tensor((pages if fp8 else 1, PAGE, D_QK // GROUP), f32), BT: T.Tensor((batch, max_pages), "int32"),
+               SL: T.Tensor((batch,), "int32"), OP: T.Tensor((batch, splits_of(max_pages), rows, D_V), f32),
+               LP: T.Tensor((batch, splits_of(max_pages), rows), f32)):
+        with T.Kernel(row_blocks, splits_of(max_pages), batch, threads=256) as (rb, sp, b):
+            Q_s = T.alloc_shared((ROWS, D_V), bf16)
+            QP_s = T.alloc_shared((ROWS, D_PE), bf16)
+            KV_s = T.alloc_shared((PAGE, D_V), bf16)
+            KP_s = T.alloc_shared((PAGE, D_PE), bf16)
+            if fp8:
+                KQ_s = T.alloc_shared((PAGE, D_V), kv_dtype)
+                KQP_s = T.alloc_shared((PAGE, D_PE), kv_dtype)
+                SC_s = T.alloc_shared((PAGE, D_QK // GROUP), f32)
+            acc_s = T.alloc_fragment((ROWS, PAGE), f32)
+            P_s = T.alloc_shared((ROWS, PAGE), bf16)  # the two warpgroups' key halves meet here
+            acc_o = T.alloc_fragment((ROWS, D_V), f32)
+            m = T.alloc_fragment((ROWS,), f32)
+            m_prev = T.alloc_fragment((ROWS,), f32)
+            m_scaled = T.alloc_fragment((ROWS,), f32)
+            alpha = T.alloc_fragment((ROWS,), f32)
+            l = T.alloc_fragment((ROWS,), f32)
+            row_sum = T.alloc_fragment((ROWS,), f32)
+            lse_rows = T.alloc_fragment((ROWS,), f32)
+            page = T.alloc_var("int32")
+            bad = T.alloc_var("int32")  # a table entry of this split lies outside [0, P)
+            seq = T.alloc_var("int32")  # keys of the sequence (past the table's pages: none)
+            count = T.alloc_var("int32")  # pages of this split that hold keys
+            seq = T.min(SL[b], max_pages * PAGE)
+            first = sp * SPLIT_PAGES
+            count = T.min(seq // PAGE + T.if_then_else(seq % PAGE > 0, 1, 0) - first, SPLIT_PAGES)
+            r0 = rb * ROWS
+            if count > 0:
+                for i, d in T.Parallel(ROWS, D_V):
+                    Q_s[i, d] = T.if_then_else(r0 + i < rows, Q[b, T.min(r0 + i, rows - 1) // heads,
+                                                                T.min(r0 + i, rows - 1) % heads, d], T.Cast(bf16, 0))
+                for i, d in T.Parallel(ROWS, D_PE):
+                    QP_s[i, d] = T.if_then_else(r0 + i < rows, Q[b, T.min(r0 + i, rows - 1) // heads,
+                                                                 T.min(r0 + i, rows - 1) % heads, D_V + d], T.Cast(bf16, 0))
+                C.init_softmax(m, m_scaled, l, acc_o)
+                bad = 0
+                for t in T.Pipelined(count, num_stages=num_stages):
+                    page = BT[b, first + t]
+                    if page < 0 or page >= pages:
+                        bad = 1
+                    if fp8:
+                        T.copy(KV[T.min(T.max(page, 0), pages - 1), :, 0:D_V], KQ_s)
+                        T.copy(KV[T.min(T.max(page, 0), pages - 1), :, D_V:D_QK], KQP_s)
+                        T.copy(KVS[T.min(T.max(page, 0), pages - 1), :, :], SC_s)
+                        for i, d in T.Parallel(PAGE, D_V):
+                            KV_s[i, d] = T.Cast(bf16, T.ieee_mul(T.Cast(f32, KQ_s[i, d]), SC_s[i, d // GROUP]))
+                        for i, d in T.Parallel(PAGE, D_PE):
+                            KP_s[i, d] = T.Cast(bf16, T.ieee_mul(T.Cast(f32, KQP_s[i, d]), SC_s[i, D_V // GROUP]))
+                    else:
+                        T.copy(KV[T.min(T.max(page, 0), pages - 1), :, 0:D_V], KV_s)
+                        T.copy(KV[T.min(T.max(page, 0), pages - 1), :, D_V:D_QK], KP_s)
+                    T.gemm(Q_s, KV_s, acc_s, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullCol)
+                    T.gemm(QP_s, KP_s, acc_s, transpose_B=True, policy=T.GemmWarpPolicy.FullCol)
+                    k0 = (first + t) * PAGE
+                    if k0 + PAGE > seq - tokens + (r0 // heads):
+                        for i, j in T.Parallel(ROWS, PAGE):
+                            acc_s[i, j] = T.if_then_else(k0 + j <= seq - tokens + (r0 + i) // heads, acc_s[i, j], C.neg_inf())
+                    C.softmax_step(acc_s, m, m_prev, m_scaled, alpha, l, row_sum, scale_log2, ROWS, PAGE)
+                    T.copy(acc_s, P_s)
+                    C.rescale_rows(acc_o, alpha, ROWS, D_V)
+                    T.gemm(P_s, KV_s, acc_o, policy=T.GemmWarpPolicy.FullCol)
+                C.finish_rows(acc_o, l, m_scaled, lse_rows, ROWS, D_V)
+                for i, d in T.Parallel(ROWS, D_V):
+                    if r0 + i < rows:
+                        OP[b, sp, r0 + i, d] = T.if_then_else(bad == 0, acc_o[i, d], nan())
+                for i in T.Parallel(ROWS):
+                    if r0 + i < rows:
+                        LP[b, sp, r0 + i] = T.if_then_else(bad == 0, lse_rows[i], nan())
+
+    return kernel
+
+
+@tlx.jit(target=C.TARGET, assume=["1 <= MP", f"MP <= {MAX_PAGES}", "B <= 65535"])
+def mla_combine_kernel(tokens: int, heads: int):
+    """``O [B, T, H, 512]`` bf16 and ``LSE [B, T, H]`` from the splits of each sequence (the
+    module docstring's order). One CTA per (sequence, token): 128 threads x 4 output columns."""
+    rows = tokens * heads
+    batch, max_pages = T.dynamic("B"), T.dynamic("MP")
+    f32 = "float32"
+
+    @T.prim_func
+    def kernel(BT: T.Tensor((batch, max_pages), "int32"), SL: T.Tensor((batch,), "int32"),
+               OP: T.Tensor((batch, splits_of(max_pages), rows, D_V), f32),
+               LP: T.Tensor((batch, splits_of(max_pages), rows), f32),
+               O: T.Tensor((batch, tokens, heads, D_V), "bfloat16"), LSE: T.Tensor((batch, tokens, heads), f32)):
+        with T.Kernel(rows, batch, threads=128) as (r, b):
+            tx = T.get_thread_binding()
+            mx = T.alloc_var(f32)
+            s = T.alloc_var(f32)
+            acc = T.alloc_local((4,), f32)
+            seq_pages = T.alloc_var("int32")
+            n = T.alloc_var("int32")  # the sequence's splits
+            seq_pages = T.max(T.min(SL[b], max_pages * PAGE), 0)
+            seq_pages = seq_pages // PAGE + T.if_then_else(seq_pages % PAGE > 0, 1, 0)
+            n = seq_pages // SPLIT_PAGES + T.if_then_else(seq_pages % SPLIT_PAGES > 0, 1, 0)
+            bad = T.alloc_var("int32")  # a split of a bad table entry: the row is NaN
+            mx = C.neg_inf()
+            bad = 0
+            for i in T.serial(n):
+                mx = T.if_then_else(LP[b, i, r] > mx, LP[b, i, r], mx)
+                bad = T.if_then_else(LP[b, i, r] != LP[b, i, r], 1, bad)
+            s = T.float32(0)
+            for i in T.serial(n):
+                s = T.ieee_add(s, T.exp2(T.ieee_mul(T.ieee_sub(LP[b, i, r], mx), T.float32(LOG2E))))
+            for c in T.unroll(4):
+                acc[c] = T.float32(0)
+            for i in T.serial(n):
+                wgt = T.ieee_fdiv(T.exp2(T.ieee_mul(T.ieee_sub(LP[b, i, r], mx), T.float32(LOG2E))), s)
+                for c in T.unroll(4):
+                    acc[c] = T.ieee_fmaf(wgt, OP[b, i, r, tx * 4 + c], acc[c])
+            for c in T.vectorized(4):
+                O[b, r // heads, r % heads, tx * 4 + c] = T.Cast("bfloat16", T.if_then_else(
+                    bad == 1, nan(), T.if_then_else(mx == C.neg_inf(), T.float32(0), acc[c])))
+            if tx == 0:
+                LSE[b, r // heads, r % heads] = T.if_then_else(
+                    bad == 1, nan(), T.if_then_else(mx == C.neg_inf(), C.neg_inf(), T.ieee_add(mx, T.log(s))))
+
+    return kernel
+
+
+def _check(q, kv_cache, kv_scales, block_table, seq_lens):
+    C.check_tensor("q", q, (torch.bfloat16,), 4)
+    b, t, h, d = q.shape
+    if d != D_QK or not 1 <= t <= 4 or h not in (16, 32, 64, 128):
+        raise ValueError(f"q: expected [B, 1..4, 16|32|64|128, {D_QK}], got {tuple(q.shape)}")
+    C.check_tensor("kv_cache", kv_cache, tuple(KV_DTYPES), 3)
+    if tuple(kv_cache.shape[1:]) != (PAGE, D_QK) or kv_cache.shape[0] < 1:
+        raise ValueError(f"kv_cache: expected [P >= 1, {PAGE}, {D_QK}], got {tuple(kv_cache.shape)}")
+    fp8 = kv_cache.dtype == torch.float8_e4m3fn
+    if fp8:
+        if kv_scales is None:
+            raise ValueError("kv_scales: an e4m3 kv_cache needs its fp32 scales [P, 64, 9]")
+        C.check_tensor("kv_scales", kv_scales, (torch.float32,), 3)
+        if tuple(kv_scales.shape) != (kv_cache.shape[0], PAGE, D_QK // GROUP):
+            raise ValueError(f"kv_scales: expected shape {(kv_cache.shape[0], PAGE, D_QK // GROUP)}, got {tuple(kv_scales.shape)}")
+    elif kv_scales is not None:
+        raise ValueError("kv_scales: expected None for a bf16 kv_cache")
+    C.check_tensor("block_table", block_table, (torch.int32,), 2)
+    if block_table.shape[0] != b or not 1 <= block_table.shape[1] <= MAX_PAGES:
+        raise ValueError(f"block_table: expected [{b}, 1..{MAX_PAGES}], got {tuple(block_table.shape)}")
+    C.check_tensor("seq_lens", seq_lens, (torch.int32,), 1)
+    if seq_lens.shape[0] != b:
+        raise ValueError(f"seq_lens: expected shape ({b},), got {tuple(seq_lens.shape)}")
+    if b > 65535:
+        raise ValueError(f"q: batch expected <= 65535, got {b}")
+    tensors = dict(q=q, kv_cache=kv_cache, block_table=block_table, seq_lens=seq_lens)
+    if fp8:
+        tensors["kv_scales"] = kv_scales
+    C.check_cuda(**tensors)
+    return fp8
+
+
+_NO_SCALES = {}
+
+
+def mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
+               softmax_scale: float | None = None, kv_scales: torch.Tensor | None = None):
+    """(o ``[B, T, H, 512]`` bf16, lse ``[B, T, H]`` fp32) of MLA decode over the paged cache
+    (module docstring); ``softmax_scale`` defaults to ``576 ** -0.5``."""
+    fp8 = _check(q, kv_cache, kv_scales, block_table, seq_lens)
+    b, t, h, _ = q.shape
+    mp = block_table.shape[1]
+    scale = float(D_QK ** -0.5 if softmax_scale is None else softmax_scale)
+    if not (math.isfinite(scale) and scale > 0):
+        raise ValueError(f"softmax_scale: expected a positive finite number, got {softmax_scale}")
+    rows, splits = t * h, -(-mp // SPLIT_PAGES)
+    dev = q.device
+    o = torch.empty((b, t, h, D_V), dtype=torch.bfloat16, device=dev)
+    lse = torch.empty((b, t, h), dtype=torch.float32, device=dev)
+    if b == 0:
+        return o, lse
+    if not fp8:
+        if dev not in _NO_SCALES:
+            _NO_SCALES[dev] = torch.zeros((1, PAGE, D_QK // GROUP), dtype=torch.float32, device=dev)
+        kv_scales = _NO_SCALES[dev]
+    part_o = torch.empty((b, splits, rows, D_V), dtype=torch.float32, device=dev)
+    part_lse = torch.empty((b, splits, rows), dtype=torch.float32, device=dev)
+    mla_split_kernel(t, h, KV_DTYPES[kv_cache.dtype], scale)(q, kv_cache, kv_scales, block_table, seq_lens,
+                                                               part_o, part_lse)
+    mla_combine_kernel(t, h)(block_table, seq_lens, part_o, part_lse, o, lse)
+    return o, lse
+
+
+def dequant_cache(kv_cache: torch.Tensor, kv_scales: torch.Tensor) -> torch.Tensor:
+    """The bf16 cache an e4m3 cache stands for: ``float(q) * scale`` (one fp32 multiply) -> bf16."""
+    p = kv_cache.shape[0]
+    x = kv_cache.float().view(p, PAGE, D_QK // GROUP, GROUP) * kv_scales[..., None]
+    return x.view(p, PAGE, D_QK).to(torch.bfloat16)
+
+
+def reference_mla_decode(q, kv_cache, block_table, seq_lens, softmax_scale=None, kv_scales=None):
+    """fp32 torch reference (o fp32 [B, T, H, 512], lse [B, T, H]); an e4m3 cache is dequantized
+    first by the project's rule; no keys: o = 0, lse = -inf."""
+    cache = dequant_cache(kv_cache, kv_scales) if kv_cache.dtype == torch.float8_e4m3fn else kv_cache
+    b, t, h, _ = q.shape
+    mp = block_table.shape[1]
+    scale = D_QK ** -0.5 if softmax_scale is None else softmax_scale
+    o = torch.zeros((b, t, h, D_V), dtype=torch.float32, device=q.device)
+    lse = torch.full((b, t, h), float("-inf"), dtype=torch.float32, device=q.device)
+    for i in range(b):
+        seq = max(min(int(seq_lens[i]), mp * PAGE), 0)
+        if seq == 0:
+            continue
+        pages = block_table[i, :-(-seq // PAGE)].long()
+        keys = cache[pages].reshape(-1, D_QK)[:seq].float()
+        s = torch.einsum("thd,nd->thn", q[i].float(), keys) * scale
+        limit = torch.arange(t, device=q.device) + seq - t
+        visible = torch.arange(seq, device=q.device)[None, :] <= limit[:, None]
+        s = s.masked_fill(~visible[:, None, :], float("-inf"))
+        row_lse = torch.logsumexp(s, dim=-1)
+        p = torch.exp(s - row_lse[..., None]).nan_to_num(0.0)
+        o[i] = torch.einsum("thn,nd->thd", p, keys[:, :D_V])
+        lse[i] = row_lse
+    return o, lse
