@@ -109,7 +109,10 @@ def dense_fwd_kernel(dim: int, causal: bool, scale_log2: float, dtype: str = "bf
             seen = T.min(len_k, row0 + block_m + len_k - len_q) if causal else len_k
             n_blocks = T.if_then_else(row0 < len_q, T.ceildiv(T.max(seen, 0), block_n), 0)
 
-            T.copy(Q[q0 + row0:q0 + row0 + block_m, by, :], Q_s)
+            # loaded only when waited for (TileLang waits inside the key loop): a TMA load still in
+            # flight when the CTA exits could land in the next CTA's shared memory
+            if n_blocks > 0:
+                T.copy(Q[q0 + row0:q0 + row0 + block_m, by, :], Q_s)
             C.init_softmax(m, m_scaled, l, acc_o)
             for kb in T.Pipelined(n_blocks, num_stages=num_stages):
                 T.copy(K[k0 + kb * block_n:k0 + (kb + 1) * block_n, by // (heads // kv_heads), :], K_s)
