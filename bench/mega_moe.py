@@ -60,7 +60,7 @@ def kernel_specs(layers):
     16896 tokens in all, one metadata chunk size)."""
     from kernels.moe.mega.layer import make_plan
 
-    specs = {("kernels.moe.mega.protocol", "step_kernel", (), ())}
+    specs = {("kernels.moe.mega.protocol", "step_kernel", (), ()), ("kernels.moe.mega.protocol", "announce_kernel", (), ())}
     for name, n, waves in layers:
         m = MODELS[name]
         h, i, e, k = m["hidden"], m["inter"], m["n_experts"], m["topk"]

@@ -8,8 +8,8 @@ requant and L2, and writes results back, wave by wave. This version implements t
 and the *wave schedule* of that design with the project's existing compute kernels; the compute
 steps are not fused into one kernel yet:
 
-* **New kernels** (``protocol.py``, ``@tlx.jit``): ``exchange`` (epoch, READY publish, acquire of
-  every peer's READY), ``gather_ids`` (every rank's routing), ``dispatch`` (a persistent pull of
+* **New kernels** (``protocol.py``, ``@tlx.jit``): ``announce`` (epoch, READY publish),
+  ``exchange`` (acquire of every rank's READY), ``gather_ids`` (every rank's routing), ``dispatch`` (a persistent pull of
   each row's e4m3 token and scales from its source rank, wave by wave, a release-add per wave:
   the permute of the unfused layer, done over the peers), ``step`` (between waves: release the
   finished wave's DONE, acquire the next wave's dispatch count), ``gate`` (acquire every rank's
@@ -46,9 +46,9 @@ of each global token's entries in ``y``). Global token ``g = s * Tr + t`` is tok
 Protocol of one call (epoch e = the rank's call counter, kept in device memory so that a CUDA
 graph replays it; flags are compared for equality with e, so nobody resets them)
 ------------------------------------------------------------------------------------------------
-1. compute stream: gating, FP8 cast of the rank's tokens, copies into ``xq / xs / ids``.
-2. ``exchange``: e += 1, status cleared, READY = e (st.release.sys); acquire READY == e of every
-   rank (ld.acquire.sys).
+1. compute stream: gating, FP8 cast of the rank's tokens, copies into ``xq / xs / ids``;
+   ``announce``: e += 1, status cleared, READY = e (st.release.sys).
+2. ``exchange``: acquire READY == e of every rank (ld.acquire.sys).
 3. ``gather_ids`` -> ``routing_metadata`` over all ranks' tokens for the rank's experts; ``row_of``
    copied into the symmetric buffer; per-wave block and row masks (torch ops).
 4. communication stream (after an event): ``dispatch`` pulls the rows of wave 0, 1, ... from the
@@ -56,7 +56,8 @@ graph replays it; flags are compared for equality with e, so nobody resets them)
 5. compute stream, per wave w: ``step`` (release DONE + w-1 = e; acquire COUNT + w == CTAs, reset
    it), L1 GEMM, SwiGLU cast, L2 GEMM into ``y`` (wave w's rows). While wave w computes, the
    dispatch pulls wave w+1 (it never waits), and peers may already read wave w-1's results.
-6. ``step`` releases the last DONE; ``gate`` acquires DONE == e of every wave of every rank;
+   A last ``step`` releases the last wave's DONE.
+6. ``gate`` acquires DONE == e of every wave of every rank;
    ``combine`` pulls each token's k rows from their owners' ``y`` (row from the owner's
    ``row_of``) and sums them in k order.
 
@@ -69,9 +70,19 @@ e-1 or e while a rank waits for e, and equality is exact. The reads of peer data
 kernels that follow the acquiring kernel in stream order (never in the kernel that waited), so
 no stale line of a non-coherent cache can be read.
 
+Launch order (``launch_order``): the host enqueues each phase for every rank before the next
+phase (1 for all ranks, then 2-4, then 5 wave by wave, then 6), so every flag a kernel waits for
+is set by a kernel enqueued before it (``flags_set`` / ``flags_awaited``; a CPU test checks it for
+every rank count and wave count). That matters on one GPU: streams share a few hardware queues
+(CUDA_DEVICE_MAX_CONNECTIONS, 8 by default), where a kernel can sit behind any earlier kernel
+of another stream; when ``exchange`` also published READY, rank 0's waiting exchange held rank
+1's publish behind it (H200, 2026-12-01: every 8-rank test and some 2- and 4-rank ones timed out
+after 5 s). Publishing in a separate ``announce`` restores the order; it has not run on the GPU
+yet. On several GPUs each rank has its own queues.
+
 Co-residency: only ``exchange``, ``step`` and ``gate`` wait, each one warp of one CTA on the
 rank's compute stream, so n ranks hold at most n waiting warps. Everything they wait for
-(peers' exchanges, dispatches, GEMMs) waits on nothing that a waiting warp holds: persistent
+(peers' announces, dispatches, GEMMs) waits on nothing that a waiting warp holds: persistent
 GEMM CTAs that find no free SM start when another CTA of any kernel finishes. So no rank waits
 on one that cannot be scheduled, whatever the ranks' relative speed.
 
@@ -185,6 +196,40 @@ def make_plan(n_ranks: int, tokens_per_rank: int, hidden: int, inter: int, n_exp
         raise ValueError(f"n_ranks: {n_ranks} virtual ranks leave {share} SMs each of {sms}; a GEMM needs 2")
     return MegaPlan(n_ranks, tokens_per_rank, hidden, inter, n_experts, topk, -(-el // per_wave), per_wave,
                     gemm_sms, gemm_sms)
+
+
+def launch_order(plan: MegaPlan, ranks) -> list[tuple[str, int, int]]:
+    """``(step, rank, wave)`` in the order the host enqueues them, a phase for every rank before the
+    next phase (module docstring, launch order): ``publish`` (gating, casts, ``announce``),
+    ``route`` (``exchange``, ids, metadata, ``dispatch``), ``wave`` (``step``, L1, SwiGLU cast, L2;
+    wave-major so the ranks' waves interleave; wave ``n_waves`` is the ``step`` that releases the
+    last DONE), ``finish`` (``gate``, ``combine``)."""
+    order = [("publish", r, -1) for r in ranks] + [("route", r, -1) for r in ranks]
+    order += [("wave", r, w) for w in range(plan.n_waves + 1) for r in ranks]  # wave n_waves: the last DONE
+    return order + [("finish", r, -1) for r in ranks]
+
+
+def flags_set(plan: MegaPlan, step: str, r: int, w: int) -> list[tuple]:
+    """The flags (``("READY", rank)``, ``("COUNT", rank, wave)``, ``("DONE", rank, wave)``) that a
+    step's kernels set."""
+    if step == "publish":
+        return [("READY", r)]
+    if step == "route":
+        return [("COUNT", r, v) for v in range(plan.n_waves)]
+    if step == "wave":
+        return [("DONE", r, w - 1)] if w > 0 else []
+    return []
+
+
+def flags_awaited(plan: MegaPlan, step: str, r: int, w: int) -> list[tuple]:
+    """The flags that a step's kernels wait for (with a timeout)."""
+    if step == "route":
+        return [("READY", s) for s in range(plan.n_ranks)]
+    if step == "wave":
+        return [("COUNT", r, w)] if w < plan.n_waves else []
+    if step == "finish":
+        return [("DONE", s, v) for s in range(plan.n_ranks) for v in range(plan.n_waves)]
+    return []
 
 
 def check_layer_args(x, logits, w1, s1, w2, s2, cfg: MoEConfig, n_ranks: int, local: bool):
@@ -313,7 +358,8 @@ class MegaMoE:
         p = self.plan
         h, i2 = p.hidden, 2 * p.inter
         return {
-            "exchange": K.exchange_kernel(p.n_ranks), "step": K.step_kernel(), "gate": K.gate_kernel(p.n_ranks, p.n_waves),
+            "announce": K.announce_kernel(), "exchange": K.exchange_kernel(p.n_ranks), "step": K.step_kernel(),
+            "gate": K.gate_kernel(p.n_ranks, p.n_waves),
             "gather": K.gather_ids_kernel(p.n_ranks, p.topk),
             "dispatch": K.dispatch_kernel(p.n_ranks, h, p.topk, p.n_waves, p.wave_experts, p.n_local, p.dispatch_ctas),
             "combine": K.combine_kernel(p.n_ranks, h, p.topk, p.n_local),
@@ -370,15 +416,15 @@ class MegaMoE:
                 s.wait_stream(caller)
         ranks = self.my_ranks if launch_only is None else [r for r in self.my_ranks if r in launch_only]
         state = {r: {} for r in ranks}
-        # Phases in rank order, so that no rank's launches wait behind another rank's on the host.
-        for r in ranks:
-            self._publish(r, x, logits, bias, state[r])
-        for r in ranks:
-            self._exchange_and_route(r)
-        for r in ranks:
-            self._waves(r)
-        for r in ranks:
-            self._combine(r, out, state[r])
+        for step, r, w in launch_order(self.plan, ranks):
+            if step == "publish":
+                self._publish(r, x, logits, bias, state[r])
+            elif step == "route":
+                self._route(r, state[r])
+            elif step == "wave":
+                self._wave(r, w, state[r])
+            else:
+                self._finish(r, out, state[r])
         for r in ranks:
             for s in self.streams[r]:
                 caller.wait_stream(s)
@@ -403,11 +449,13 @@ class MegaMoE:
                 rk.sym["xs"][:n].copy_(xs)
                 rk.sym["ids"][:n].copy_(ids)
                 st["ids"], st["weights"] = ids, weights
+            self._kernels["announce"].launch(rk.sym["flags"])
 
-    def _exchange_and_route(self, r):
+    def _route(self, r, st):
         p, rk, k = self.plan, self.ranks[r], self._kernels
         compute, comm = self.streams[r]
         with torch.cuda.stream(compute):
+            st["hid"] = torch.empty(p.rows, 2 * p.inter, dtype=torch.bfloat16, device=rk.xp.device)
             k["exchange"].launch(*self._slots(r, "flags"), rk.sym["flags"], r, self.timeout_ns)
             k["gather"].launch(*self._slots(r, "ids"), rk.gids)
             meta = routing_metadata(rk.gids, p.n_experts, r, p.n_ranks, out=rk.meta)
@@ -424,27 +472,27 @@ class MegaMoE:
         with torch.cuda.stream(comm):
             self._mark(r, "dispatch_start")
             k["dispatch"].launch(*self._slots(r, "xq"), *self._slots(r, "xs"), rk.sym["flags"], meta["entry_of_row"],
-                          meta["offsets"], rk.xp, rk.sp)
+                                 meta["offsets"], rk.xp, rk.sp)
             self._mark(r, "dispatch_end")
 
-    def _waves(self, r):
+    def _wave(self, r, w, st):
         from kernels.quant.group_cast import swiglu_cast
 
         p, rk, k = self.plan, self.ranks[r], self._kernels
         w1, s1, w2, s2 = self.weights
         mine = slice(r * p.n_local, (r + 1) * p.n_local)
         with torch.cuda.stream(self.streams[r][0]):
-            hid = torch.empty(p.rows, 2 * p.inter, dtype=torch.bfloat16, device=w1.device)
-            for w in range(p.n_waves):
-                k["step"].launch(rk.sym["flags"], w - 1, w, p.dispatch_ctas, r, self.timeout_ns)
-                if w == 0:
-                    self._mark(r, "wave0_ready")
-                k["l1"].launch(rk.xp, rk.sp, w1[mine], s1[mine], rk.block_waves[w], hid)
-                hq, hs = swiglu_cast(hid, clamp=self.cfg.clamp, group=GROUP, rows=rk.row_waves[w])
-                k["l2"].launch(hq, hs, w2[mine], s2[mine], rk.block_waves[w], rk.sym["y"])
-            k["step"].launch(rk.sym["flags"], p.n_waves - 1, -1, p.dispatch_ctas, r, self.timeout_ns)
+            if w == p.n_waves:  # the last wave's L2 rows are written: release its DONE
+                k["step"].launch(rk.sym["flags"], w - 1, -1, p.dispatch_ctas, r, self.timeout_ns)
+                return
+            k["step"].launch(rk.sym["flags"], w - 1, w, p.dispatch_ctas, r, self.timeout_ns)
+            if w == 0:
+                self._mark(r, "wave0_ready")
+            k["l1"].launch(rk.xp, rk.sp, w1[mine], s1[mine], rk.block_waves[w], st["hid"])
+            hq, hs = swiglu_cast(st["hid"], clamp=self.cfg.clamp, group=GROUP, rows=rk.row_waves[w])
+            k["l2"].launch(hq, hs, w2[mine], s2[mine], rk.block_waves[w], rk.sym["y"])
 
-    def _combine(self, r, out, st):
+    def _finish(self, r, out, st):
         p, rk, k = self.plan, self.ranks[r], self._kernels
         compute = self.streams[r][0]
         compute.wait_stream(self.streams[r][1])  # the dispatch has finished (it did, or DONE could not be set)
@@ -454,7 +502,7 @@ class MegaMoE:
             if len(toks):
                 dst = out[toks.start:toks.stop] if self.virtual else out
                 k["combine"].launch(*self._slots(r, "y"), *self._slots(r, "row_of"), st["ids"], st["weights"], dst,
-                             r * p.tokens_per_rank)
+                                    r * p.tokens_per_rank)
 
     def _mark(self, r, name):
         """Record event ``name`` of rank r on the current stream when a timeline is requested."""

@@ -8,7 +8,8 @@ buffers; on several they are the tensors ``torch.distributed._symmetric_memory``
 
 Only ``exchange_kernel``, ``step_kernel`` and ``gate_kernel`` wait, each in one warp of one CTA:
 a rank has at most one waiting CTA at a time (they are on its compute stream), so n ranks hold at
-most n small CTAs while waiting and every kernel they wait on can always be scheduled.
+most n small CTAs while waiting and every kernel they wait on can always be scheduled. Each waits
+only for flags that kernels enqueued before it (on the host) set: see ``exchange_kernel``.
 """
 
 
@@ -69,11 +70,36 @@ def _check_ranks(n_ranks: int):
 
 
 @tlx.jit(target=TARGET)
+def announce_kernel():
+    """``(mine [F])``: one thread. Advances the rank's epoch, clears its status and publishes
+    READY = epoch (the stream order puts the rank's send buffers before it). It waits for nothing:
+    see ``exchange_kernel`` for why publishing and waiting are two launches."""
+
+    @T.prim_func
+    def main(mine: T.Tensor((FLAG_WORDS,), "int32")):
+        with T.Kernel(1, threads=WARP, prelude=PRELUDE):
+            epoch = T.alloc_var("int32")
+            if T.get_thread_binding() == 0:
+                epoch = mine[EPOCH] % EPOCH_WRAP + 1
+                mine[EPOCH] = epoch
+                for i in T.unroll(4):
+                    mine[STATUS + i] = 0
+                release_store(mine[READY], epoch)
+
+    return main
+
+
+@tlx.jit(target=TARGET)
 def exchange_kernel(n_ranks: int):
-    """``(fl0..fl7 [F], mine [F], rank, timeout_ns)``: one warp. Advances the rank's epoch, clears
-    its status, publishes READY = epoch (the stream order puts the rank's send buffers before it),
-    then acquires every rank's READY of this epoch; a peer that does not arrive within
-    ``timeout_ns`` is recorded (WAIT_TOKENS, wave 0, the peer) instead of waited for."""
+    """``(fl0..fl7 [F], mine [F], rank, timeout_ns)``: one warp. Acquires every rank's READY of
+    this epoch (the rank's own ``announce_kernel`` has advanced it); a peer that does not arrive
+    within ``timeout_ns`` is recorded (WAIT_TOKENS, wave 0, the peer) instead of waited for.
+
+    Publishing and waiting are separate launches, and every rank's announce is enqueued before any
+    rank's exchange: streams share the GPU's few hardware queues (CUDA_DEVICE_MAX_CONNECTIONS,
+    8 by default), in which a kernel can wait behind any kernel enqueued earlier on another stream.
+    With both in one kernel, rank 0's waiting exchange held up rank 1's announce behind it in a
+    shared queue: 5 s timeouts in every 8-rank test on the H200 (16 streams)."""
     _check_ranks(n_ranks)
 
     @T.prim_func
@@ -84,15 +110,9 @@ def exchange_kernel(n_ranks: int):
              mine: T.Tensor((FLAG_WORDS,), "int32"), rank: T.int32, timeout_ns: T.int64):
         with T.Kernel(1, threads=WARP, prelude=PRELUDE + RECORD_PRELUDE):
             flags = [fl0, fl1, fl2, fl3, fl4, fl5, fl6, fl7]
-            epoch = T.alloc_var("int32")
             if T.get_thread_binding() == 0:
-                epoch = mine[EPOCH] % EPOCH_WRAP + 1
-                mine[EPOCH] = epoch
-                for i in T.unroll(4):
-                    mine[STATUS + i] = 0
-                release_store(mine[READY], epoch)
                 for p in list(range(n_ranks)):
-                    if wait_equal(flags[p][READY], epoch, mine[STATUS], timeout_ns) == 0:
+                    if wait_equal(flags[p][READY], mine[EPOCH], mine[STATUS], timeout_ns) == 0:
                         record_failure(mine[STATUS], WAIT_TOKENS, rank, 0, p)
 
     return main

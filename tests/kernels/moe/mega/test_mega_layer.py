@@ -9,7 +9,7 @@ import torch
 
 from kernels.moe.mega import MegaMoETimeout, layer_for, make_plan, mega_moe
 from kernels.moe.mega import protocol as K
-from kernels.moe.mega.layer import check_layer_args, failure_message
+from kernels.moe.mega.layer import check_layer_args, failure_message, flags_awaited, flags_set, launch_order
 from kernels.moe.metadata import max_rows
 from kernels.moe.pipeline import V4_FLASH, V4_PRO, MoEConfig, moe_layer
 
@@ -30,6 +30,47 @@ def test_wave_schedule_covers_each_local_expert_once_in_order(dims, n, waves):
     assert all(len(w) > 0 for w in plan.waves()) and len(plan.waves()) == plan.n_waves <= K.MAX_WAVES
     assert plan.n_waves == (waves or (1 if n == 1 else 2))
     assert plan.rows == max_rows(n * 64, 6, dims["n_experts"] // n)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 8])
+@pytest.mark.parametrize("waves", [1, 2, 5, 16])
+def test_every_awaited_flag_is_set_by_an_earlier_launch(n, waves):
+    """The no-deadlock rule on one GPU: streams share hardware queues, so a kernel may wait behind
+    any kernel enqueued before it; a wait for a flag that only a later launch sets could then never
+    end. Every awaited flag has exactly one setter, enqueued strictly earlier."""
+    plan = make_plan(n, 8, sms=132, waves=waves, hidden=4096, inter=2048, n_experts=384, topk=6)
+    waves = plan.n_waves  # the plan's count (ceil(El / waves) experts a wave)
+    order = launch_order(plan, range(n))
+    setter = {}
+    for i, (step, r, w) in enumerate(order):
+        for flag in flags_set(plan, step, r, w):
+            assert flag not in setter, f"{flag} set twice"
+            setter[flag] = i
+    waits = 0
+    for i, (step, r, w) in enumerate(order):
+        for flag in flags_awaited(plan, step, r, w):
+            assert flag in setter and setter[flag] < i, f"{step} of rank {r}, wave {w} waits for {flag}"
+            waits += 1
+    # every rank waits for every READY and every DONE, and for its own dispatch once per wave
+    assert waits == n * n + n * waves + n * n * waves
+    assert sorted(setter) == sorted([("READY", r) for r in range(n)] + [("COUNT", r, w) for r in range(n) for w in range(waves)]
+                                    + [("DONE", r, w) for r in range(n) for w in range(waves)])
+
+
+def test_a_missing_rank_leaves_the_first_wait_of_the_others_unset():
+    """launch_only={0} of 2 ranks: rank 0's first unset wait is rank 1's READY (the exchange of
+    wave 0), which the timeout test on the GPU expects in the message."""
+    plan = make_plan(2, 8, sms=132, hidden=4096, inter=2048, n_experts=16, topk=6)
+    order = launch_order(plan, [0])
+    done = set()
+    for step, r, w in order:
+        missing = [f for f in flags_awaited(plan, step, r, w) if f not in done]
+        if missing:
+            assert (step, missing) == ("route", [("READY", 1)])
+            break
+        done.update(flags_set(plan, step, r, w))
+    else:
+        raise AssertionError("no wait of rank 0 depends on rank 1")
 
 
 @pytest.mark.parametrize("n", [1, 2, 4, 8])
@@ -152,6 +193,7 @@ def test_group_mode_checks_the_group_size_and_local_tokens():
 # ---- CPU: every kernel builds for sm_90a --------------------------------------------------
 
 BUILDS = {
+    "announce": lambda: K.announce_kernel(),
     "exchange_n1": lambda: K.exchange_kernel(1),
     "exchange_n8": lambda: K.exchange_kernel(8),
     "step": lambda: K.step_kernel(),
@@ -188,15 +230,17 @@ def test_mega_kernel_builds_for_sm90a(name):
     assert "__global__" in src
     if name.startswith(("exchange", "gate")):
         assert "tlx_wait_flag_sys(" in body and "tlx_mega_record_failure(" in body
+    if name.startswith("announce"):
+        assert "tlx_release_store_sys(" in body and "tlx_wait_flag_sys(" not in body  # publishes, never waits
     if name.startswith("exchange"):
-        assert "tlx_release_store_sys(" in body
+        assert "tlx_release_store_sys(" not in body
     if name.startswith("dispatch"):
         assert "tlx_release_add_sys(" in body and "fp8_e4_16_t" in body  # 16-byte row words
         n = int(name.rsplit("n", 1)[1])
         assert body.count("if (src == ") >= n  # a branch per source rank
     if name.startswith("combine"):
         assert "__fmaf_rn(ws[" in body  # the fma chain of permute.combine
-    if name.startswith(("exchange", "gate", "step")):
+    if name.startswith(("announce", "exchange", "gate", "step")):
         assert kernel.metadata["launches"][0]["block"] == ["32", "1", "1"]  # one warp waits, no more
 
 
