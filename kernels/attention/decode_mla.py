@@ -34,6 +34,7 @@ import tilelang.language as T
 
 import tlx
 from kernels.attention import common as C
+from kernels.attention.indexer import clamped_page, table_entry
 
 D_QK = 576
 D_V = 512
@@ -92,7 +93,6 @@ def mla_split_kernel(tokens: int, heads: int, kv_dtype: str, softmax_scale: floa
             l = T.alloc_fragment((ROWS,), f32)
             row_sum = T.alloc_fragment((ROWS,), f32)
             lse_rows = T.alloc_fragment((ROWS,), f32)
-            page = T.alloc_var("int32")
             bad = T.alloc_var("int32")  # a table entry of this split lies outside [0, P)
             seq = T.alloc_var("int32")  # keys of the sequence (past the table's pages: none)
             count = T.alloc_var("int32")  # pages of this split that hold keys
@@ -110,20 +110,21 @@ def mla_split_kernel(tokens: int, heads: int, kv_dtype: str, softmax_scale: floa
                 C.init_softmax(m, m_scaled, l, acc_o)
                 bad = 0
                 for t in T.Pipelined(count, num_stages=num_stages):
-                    page = BT[b, first + t]
-                    if page < 0 or page >= pages:
+                    # the table entry is read where it is used (not kept in a variable): the
+                    # copies run in TileLang's producer warps, which do not see the consumers' variables
+                    if table_entry(BT, b, first + t) < 0 or table_entry(BT, b, first + t) >= pages:
                         bad = 1
                     if fp8:
-                        T.copy(KV[T.min(T.max(page, 0), pages - 1), :, 0:D_V], KQ_s)
-                        T.copy(KV[T.min(T.max(page, 0), pages - 1), :, D_V:D_QK], KQP_s)
-                        T.copy(KVS[T.min(T.max(page, 0), pages - 1), :, :], SC_s)
+                        T.copy(KV[clamped_page(BT, b, first + t, pages), :, 0:D_V], KQ_s)
+                        T.copy(KV[clamped_page(BT, b, first + t, pages), :, D_V:D_QK], KQP_s)
+                        T.copy(KVS[clamped_page(BT, b, first + t, pages), :, :], SC_s)
                         for i, d in T.Parallel(PAGE, D_V):
                             KV_s[i, d] = T.Cast(bf16, T.ieee_mul(T.Cast(f32, KQ_s[i, d]), SC_s[i, d // GROUP]))
                         for i, d in T.Parallel(PAGE, D_PE):
                             KP_s[i, d] = T.Cast(bf16, T.ieee_mul(T.Cast(f32, KQP_s[i, d]), SC_s[i, D_V // GROUP]))
                     else:
-                        T.copy(KV[T.min(T.max(page, 0), pages - 1), :, 0:D_V], KV_s)
-                        T.copy(KV[T.min(T.max(page, 0), pages - 1), :, D_V:D_QK], KP_s)
+                        T.copy(KV[clamped_page(BT, b, first + t, pages), :, 0:D_V], KV_s)
+                        T.copy(KV[clamped_page(BT, b, first + t, pages), :, D_V:D_QK], KP_s)
                     T.gemm(Q_s, KV_s, acc_s, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullCol)
                     T.gemm(QP_s, KP_s, acc_s, transpose_B=True, policy=T.GemmWarpPolicy.FullCol)
                     k0 = (first + t) * PAGE

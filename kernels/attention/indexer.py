@@ -47,6 +47,18 @@ PAGES_PER_CTA = 16  # decode: the pages (1024 keys) one CTA scores
 INDEX_HEADS = 64
 
 
+def table_entry(BT, b, slot):
+    """``BT[b, slot]`` for a slot the caller keeps below the table's width (clamped once more,
+    for the bounds proof: the caller's bound comes from a variable the prover does not track)."""
+    return BT[b, T.min(slot, BT.shape[1] - 1)]
+
+
+def clamped_page(BT, b, slot, pages):
+    """Block-table entry ``BT[b, slot]`` clamped into ``[0, pages)``: a page that may be read
+    (an entry outside is flagged by the caller, its data never used)."""
+    return T.min(T.max(table_entry(BT, b, slot), 0), pages - 1)
+
+
 @T.macro
 def head_sum(S_s, W_s, q, j, heads: int, acc: T.Ref):
     """Steps 2-3 of the module docstring for query ``q`` of the tile and key ``j``:
@@ -138,7 +150,6 @@ def indexer_paged_kernel(tokens: int, dim: int, num_stages: int = 2):
             S_f = T.alloc_fragment((rows, PAGE), "float32")
             acc = T.alloc_var("float32")
             scored = T.alloc_var("int32")  # pages of this CTA that hold keys of the sequence
-            page = T.alloc_var("int32")
             p0 = cx * PAGES_PER_CTA
             seq = T.min(SL[b], max_pages * PAGE)  # keys past the block table's pages do not exist
             for i, d in T.Parallel(rows, dim):
@@ -147,8 +158,9 @@ def indexer_paged_kernel(tokens: int, dim: int, num_stages: int = 2):
                 W_s[q, h] = W[b, q, h]
             scored = T.max(T.min(seq // PAGE + T.if_then_else(seq % PAGE > 0, 1, 0) - p0, PAGES_PER_CTA), 0)
             for t in T.Pipelined(scored, num_stages=num_stages):
-                page = BT[b, p0 + t]
-                T.copy(KC[T.min(T.max(page, 0), pages - 1), :, :], K_s)
+                # the table entry is read where it is used (not kept in a variable): the copy
+                # runs in TileLang's producer warps, which do not see the consumers' variables
+                T.copy(KC[clamped_page(BT, b, p0 + t, pages), :, :], K_s)
                 T.gemm(Q_s, K_s, S_f, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
                 for i, j in T.Parallel(rows, PAGE):
                     S_s[i, j] = S_f[i, j]
@@ -157,9 +169,9 @@ def indexer_paged_kernel(tokens: int, dim: int, num_stages: int = 2):
                 if q < tokens:
                     head_sum(S_s, W_s, q, j, heads, acc)
                     Logits[b, q, (p0 + t) * PAGE + j] = T.if_then_else(
-                        0 <= page and page < pages,
+                        0 <= table_entry(BT, b, p0 + t) and table_entry(BT, b, p0 + t) < pages,
                         T.if_then_else((p0 + t) * PAGE + j <= seq - tokens + q,
-                                       T.ieee_mul(acc, KSC[T.min(T.max(page, 0), pages - 1), j]),
+                                       T.ieee_mul(acc, KSC[clamped_page(BT, b, p0 + t, pages), j]),
                                        -T.infinity("float32")),
                         T.reinterpret(T.uint32(0x7FC00000), T.float32))
             # the CTA's pages past the sequence: -inf without reading them
