@@ -252,11 +252,12 @@ def main():
             tflops = scaled_mm_tflops(m, args.reps)
             emit(model=name, what="dense FP8 torch._scaled_mm, M=8192", note=f"{tflops:.0f} TFLOP/s")
             layer_w = make_layer(m, seed=1)
-            for t in tokens:
-                compare(name, m, layer_w, cfg, 1, t, copy_gbs, tflops, args.reps)
-            for n in ranks:
-                for t in (int(v) for v in args.rank_tokens.split(",")):
+            rows = [(1, t) for t in tokens] + [(n, int(t)) for n in ranks for t in args.rank_tokens.split(",") if t]
+            for n, t in rows:
+                try:
                     compare(name, m, layer_w, cfg, n, t, copy_gbs, tflops, args.reps)
+                except (AssertionError, RuntimeError) as exc:  # a wrong or timed-out row: say so, go on
+                    emit(model=name, what="layer, graph replay", n=n, T=t, note=f"FAILED: {exc}"[:200], failed=True)
             del layer_w
             torch.cuda.empty_cache()
     finally:

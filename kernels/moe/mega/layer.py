@@ -9,12 +9,12 @@ and the *wave schedule* of that design with the project's existing compute kerne
 steps are not fused into one kernel yet:
 
 * **New kernels** (``protocol.py``, ``@tlx.jit``): ``announce`` (epoch, READY publish),
-  ``exchange`` (acquire of every rank's READY), ``gather_ids`` (every rank's routing), ``dispatch`` (a persistent pull of
-  each row's e4m3 token and scales from its source rank, wave by wave, a release-add per wave:
-  the permute of the unfused layer, done over the peers), ``step`` (between waves: release the
-  finished wave's DONE, acquire the next wave's dispatch count), ``gate`` (acquire every rank's
-  DONE of every wave) and ``combine`` (pull each token's k rows from their owners, the same fma
-  chain as ``permute.combine``). System-scope release / acquire is ``sysflags.py``.
+  ``exchange`` (acquire of every rank's READY), ``gather_ids`` (every rank's routing),
+  ``dispatch`` (a persistent pull of each row's e4m3 token and scales from its source rank, wave
+  by wave, a release-add per wave: the permute of the unfused layer, done over the peers),
+  ``step`` (between waves: release the finished wave's DONE, acquire the next wave's dispatch
+  count), ``gate`` (acquire every rank's DONE of every wave) and ``combine`` (pull each token's k
+  rows from their owners, the same fma chain as ``permute.combine``). System-scope release / acquire is ``sysflags.py``.
 * **Reused, unchanged**: ``gating``, the per-token FP8 cast (``kernels.quant``), ``routing_metadata``,
   the contiguous grouped GEMM (L1 and L2, run per wave on the wave's row blocks only, with the
   rank's SM share as its persistent grid) and the SwiGLU + e4m3 cast (``kernels.quant``, per wave
