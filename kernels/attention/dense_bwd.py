@@ -25,7 +25,7 @@ import tilelang.language as T
 import tlx
 
 from kernels.attention import common as C
-from kernels.attention.dense_fwd import _check, uniform_offsets
+from kernels.attention.dense_fwd import _check, sequence_rows, uniform_offsets
 
 SUPPORTED_DIMS = (64, 128)
 BLOCK = 64  # query and key tile
@@ -67,7 +67,8 @@ def _valid(causal, row, col, len_q, len_k):
     return T.And(row < len_q, col < len_k)
 
 
-@tlx.jit(target=C.TARGET, assume=["1 <= HK", "HK <= H", "H % HK == 0"])
+@tlx.jit(target=C.TARGET, assume=["1 <= HK", "HK <= H", "H % HK == 0", "1 <= k_tiles", "k_tiles * 64 <= TK + 63",
+                                   "TQ <= 1073741568", "TK <= 1073741568"])
 def bwd_dkdv_kernel(dim: int, causal: bool, scale_log2: float, softmax_scale: float, dtype: str = "bfloat16"):
     """dK, dV [TK, HK, D] (grid: k_tiles x HK x (NB - 1), k_tiles >= ceil(max len_k / 64))."""
     C.check_head_dim("dim", dim, SUPPORTED_DIMS)
@@ -96,10 +97,8 @@ def bwd_dkdv_kernel(dim: int, causal: bool, scale_log2: float, softmax_scale: fl
             dv = T.alloc_fragment((bn, dim), f32)
             dk = T.alloc_fragment((bn, dim), f32)
 
-            q0 = cu_q[bz]
-            len_q = cu_q[bz + 1] - q0
-            k0 = cu_k[bz]
-            len_k = cu_k[bz + 1] - k0
+            q0, len_q = sequence_rows(cu_q, bz, total_q)
+            k0, len_k = sequence_rows(cu_k, bz, total_k)
             col0 = bx * bn
             groups = heads // kv_heads
             # causal: the first query block with a row that sees this tile's first key
@@ -143,7 +142,8 @@ def bwd_dkdv_kernel(dim: int, causal: bool, scale_log2: float, softmax_scale: fl
     return main
 
 
-@tlx.jit(target=C.TARGET, assume=["1 <= HK", "HK <= H", "H % HK == 0"])
+@tlx.jit(target=C.TARGET, assume=["1 <= HK", "HK <= H", "H % HK == 0", "1 <= q_tiles", "q_tiles * 64 <= TQ + 63",
+                                   "TQ <= 1073741568", "TK <= 1073741568"])
 def bwd_dq_kernel(dim: int, causal: bool, scale_log2: float, softmax_scale: float, dtype: str = "bfloat16"):
     """dQ [TQ, H, D] (grid: q_tiles x H x (NB - 1), q_tiles >= ceil(max len_q / 64))."""
     C.check_head_dim("dim", dim, SUPPORTED_DIMS)
@@ -169,10 +169,8 @@ def bwd_dq_kernel(dim: int, causal: bool, scale_log2: float, softmax_scale: floa
             lse_r = T.alloc_fragment((bm,), f32)
             delta_r = T.alloc_fragment((bm,), f32)
 
-            q0 = cu_q[bz]
-            len_q = cu_q[bz + 1] - q0
-            k0 = cu_k[bz]
-            len_k = cu_k[bz + 1] - k0
+            q0, len_q = sequence_rows(cu_q, bz, total_q)
+            k0, len_k = sequence_rows(cu_k, bz, total_k)
             row0 = bx * bm
             kvh = by // (heads // kv_heads)
             seen = T.min(len_k, row0 + bm + len_k - len_q) if causal else len_k

@@ -114,7 +114,9 @@ __global__ void __launch_bounds__(128) fwd_kernel(const Elem* q, const Elem* k, 
   uint8_t* k_s = q_s + kRows * D * 2;
   uint8_t* v_s = k_s + BN * D * 2;
   const int head = blockIdx.y, kv_head = head / (heads / kv_heads), b = blockIdx.z;
-  const int q0 = cu_q[b], len_q = cu_q[b + 1] - q0, k0 = cu_k[b], len_k = cu_k[b + 1] - k0;
+  // offsets clamped into [0, total] as the TileLang kernel does (a no-op for valid offsets)
+  const int q0 = min(max(cu_q[b], 0), total_q), len_q = min(max(cu_q[b + 1], q0), total_q) - q0;
+  const int k0 = min(max(cu_k[b], 0), total_k), len_k = min(max(cu_k[b + 1], k0), total_k) - k0;
   const int row0 = blockIdx.x * kRows;
   if (row0 >= len_q) return;
   const int tile0 = row0 / 128 * 128;  // the TileLang kernel's 128-row tile decides the key blocks

@@ -54,6 +54,14 @@ def block_n_for(dim: int) -> int:
     return 64 if dim == 256 else 128
 
 
+def sequence_rows(cu, b, total):
+    """(first row, row count) of sequence ``b`` from its offsets, clamped into ``[0, total]``: a
+    no-op for the offsets the wrapper accepts (``check_cu_seqlens``), and what lets every access
+    be proven in bounds without reading the offsets (data) at compile time."""
+    start = T.min(T.max(cu[b], 0), total)
+    return start, T.min(T.max(cu[b + 1], start), total) - start
+
+
 @T.macro
 def mask_block(acc_s, kb, row0, len_q, len_k, causal: bool, block_m: int, block_n: int):
     """-inf for the scores of key block ``kb`` past the sequence or right of the diagonal; only
@@ -68,7 +76,13 @@ def mask_block(acc_s, kb, row0, len_q, len_k, causal: bool, block_m: int, block_
                 acc_s[i, j] = T.if_then_else(col < len_k, acc_s[i, j], C.neg_inf())
 
 
-@tlx.jit(target=C.TARGET, assume=["1 <= HK", "HK <= H", "H % HK == 0"])
+# Host-checked preconditions (the wrapper meets them): heads grouped evenly, a grid that covers
+# the longest sequence without running past the packed rows, row sums (TQ + TK) within int32.
+FWD_ASSUME = ["1 <= HK", "HK <= H", "H % HK == 0", "1 <= q_tiles", "q_tiles * 128 <= TQ + 127",
+              "TQ <= 1073741568", "TK <= 1073741568"]
+
+
+@tlx.jit(target=C.TARGET, assume=FWD_ASSUME)
 def dense_fwd_kernel(dim: int, causal: bool, scale_log2: float, dtype: str = "bfloat16", num_stages: int = 2):
     """The kernel for one configuration: parameters ``Q [TQ, H, D], K, V [TK, HK, D],
     cu_q, cu_k [NB] int32, O [TQ, H, D], LSE [H, TQ] fp32, q_tiles`` (grid: q_tiles x H x (NB-1);
@@ -100,10 +114,8 @@ def dense_fwd_kernel(dim: int, causal: bool, scale_log2: float, dtype: str = "bf
             row_sum = T.alloc_fragment((block_m,), f32)
             lse_rows = T.alloc_fragment((block_m,), f32)
 
-            q0 = cu_q[bz]
-            len_q = cu_q[bz + 1] - q0
-            k0 = cu_k[bz]
-            len_k = cu_k[bz + 1] - k0
+            q0, len_q = sequence_rows(cu_q, bz, total_q)
+            k0, len_k = sequence_rows(cu_k, bz, total_k)
             row0 = bx * block_m
             # keys the tile's last row can see (bottom-right causal alignment)
             seen = T.min(len_k, row0 + block_m + len_k - len_q) if causal else len_k
@@ -141,7 +153,7 @@ def uniform_offsets(batch: int, seqlen: int, device) -> torch.Tensor:
     return torch.arange(0, batch + 1, dtype=torch.int32, device=device) * seqlen
 
 
-@tlx.jit(target=C.TARGET, assume=["1 <= HK", "HK <= H", "H % HK == 0"],
+@tlx.jit(target=C.TARGET, assume=FWD_ASSUME,
          pass_configs={"tl.disable_warp_specialized": True, "tl.disable_thread_storage_sync": True})
 def dense_fwd_overlap_kernel(dim: int, causal: bool, scale_log2: float, dtype: str = "bfloat16", num_stages: int = 2):
     """``dense_fwd_kernel``'s computation (same parameters, same bits) scheduled by hand:
@@ -181,10 +193,8 @@ def dense_fwd_overlap_kernel(dim: int, causal: bool, scale_log2: float, dtype: s
             k_empty = T.alloc_barrier([256] * S)
             v_empty = T.alloc_barrier([256] * S)
 
-            q0 = cu_q[bz]
-            len_q = cu_q[bz + 1] - q0
-            k0 = cu_k[bz]
-            len_k = cu_k[bz + 1] - k0
+            q0, len_q = sequence_rows(cu_q, bz, total_q)
+            k0, len_k = sequence_rows(cu_k, bz, total_k)
             row0 = bx * block_m
             seen = T.min(len_k, row0 + block_m + len_k - len_q) if causal else len_k
             n_blocks = T.if_then_else(row0 < len_q, T.ceildiv(T.max(seen, 0), block_n), 0)

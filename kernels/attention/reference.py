@@ -48,3 +48,24 @@ def dense_attention_ref(q, k, v, causal=False, softmax_scale=None, cu_seqlens_q=
         o[cq[b]:cq[b + 1]] = ob
         lse[:, cq[b]:cq[b + 1]] = lb
     return o, lse
+
+
+def sparse_attention_ref(q, kv, indices, sink, softmax_scale=None, window_kv=None, window_indices=None):
+    """Reference of ``sparse_fwd.sparse_attention`` in fp32: gather the selected rows (masked
+    slots: index outside ``[0, n)``), softmax over [scores, sink], sum over the selected rows."""
+    b, s, h, d = q.shape
+    scale = 1.0 / math.sqrt(d) if softmax_scale is None else softmax_scale
+    branches = [(kv, indices)] + ([(window_kv, window_indices)] if window_kv is not None else [])
+    keys, masks = [], []
+    for src, idx in branches:
+        ok = (idx >= 0) & (idx < src.shape[1])
+        rows = torch.gather(src.float(), 1, idx.clamp(0, src.shape[1] - 1).long().reshape(b, -1, 1).expand(-1, -1, d))
+        keys.append(rows.reshape(b, s, idx.shape[2], d))
+        masks.append(ok)
+    keys, ok = torch.cat(keys, dim=2), torch.cat(masks, dim=2)  # [b, s, t, d], [b, s, t]
+    scores = torch.einsum("bshd,bstd->bsht", q.float(), keys) * scale
+    scores = scores.masked_fill(~ok[:, :, None, :], float("-inf"))
+    logits = torch.cat([scores, sink.float()[None, None, :, None].expand(b, s, h, 1)], dim=-1)
+    lse = torch.logsumexp(logits, dim=-1)
+    p = torch.exp(logits - lse[..., None])[..., :-1]
+    return torch.einsum("bsht,bstd->bshd", p, keys), lse

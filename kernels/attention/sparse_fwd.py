@@ -1,0 +1,150 @@
+"""DeepSeek-V4 sparse attention forward (prefill), on sm_90a.
+
+Per token ``(b, s)`` and head ``h``: attention over the ``k`` entries of one shared
+(MQA-style) ``kv [b, n, 512]`` named by ``indices[b, s, :]`` (int32; -1, or any index outside
+``[0, n)``, marks a masked slot), the value being the key row itself, plus a learned per-head
+attention sink: a logit ``sink[h]`` (natural-log units, not scaled) that joins the softmax's
+denominator and has no value. Optionally a sliding-window branch: ``window_indices [b, s, w]``
+into a second ``window_kv [b, n_w, 512]``, whose keys join the same softmax (the online-softmax
+merge of the two branches is the merge of their partial results by LSE). Outputs
+``o [b, s, h, 512]`` and ``lse [b, s, h]`` (natural log, the sink included: a token whose slots
+are all masked gets ``o = 0`` and ``lse = sink``).
+
+One CTA per (token, 64 heads): the 64 heads share every gathered key, so ``S = Q KV^T`` is a
+64 x 64 block per step (two warpgroups, 32 keys each) and ``O += P KV`` a 64 x 512 block (two
+warpgroups, 256 columns each, P through shared memory). Keys in blocks of 64 slots in index-list
+order, then the window's; the online softmax of ``common.py``; the sink enters the sum last,
+``l += exp2(fma(sink, log2 e, -m_scaled))``. Correctness first: the gather is plain loads
+(no TMA), pipelined by TileLang; there is no CUDA baseline yet.
+"""
+
+import math
+
+import torch
+import tilelang.language as T
+
+import tlx
+
+from kernels.attention import common as C
+
+DIM = 512
+HEADS_PER_CTA = 64
+BLOCK_K = 64
+SUPPORTED_HEADS = (64, 128)
+SUPPORTED_TOPK = (512, 1024, 2048)
+
+batch = T.dynamic("B")
+seq = T.dynamic("S")
+n_kv = T.dynamic("N")
+n_window_kv = T.dynamic("NW")
+
+
+@tlx.jit(target=C.TARGET, assume=["1 <= N", "N <= 1073741824", "1 <= NW", "NW <= 1073741824"])
+def sparse_fwd_kernel(heads: int, topk: int, window: int, scale_log2: float, dtype: str = "bfloat16"):
+    """Parameters ``Q [B, S, H, 512], KV [B, N, 512], Idx [B, S, topk] int32, Sink [H] fp32,
+    WKV [B, NW, 512], WIdx [B, S, max(window, 1)] int32, O [B, S, H, 512], LSE [B, S, H] fp32``
+    (``window`` 0: the window tensors are not read)."""
+    if heads not in SUPPORTED_HEADS:
+        raise ValueError(f"heads: expected one of {SUPPORTED_HEADS}, got {heads}")
+    if topk % BLOCK_K or topk <= 0:
+        raise ValueError(f"topk: expected a positive multiple of {BLOCK_K}, got {topk}")
+    if window % BLOCK_K or window < 0:
+        raise ValueError(f"window: expected 0 or a multiple of {BLOCK_K}, got {window}")
+    hb, bk, f32 = HEADS_PER_CTA, BLOCK_K, "float32"
+    n_top, n_blocks = topk // bk, (topk + window) // bk
+
+    @T.prim_func
+    def main(Q: T.Tensor((batch, seq, heads, DIM), dtype), KV: T.Tensor((batch, n_kv, DIM), dtype),
+             Idx: T.Tensor((batch, seq, topk), "int32"), Sink: T.Tensor((heads,), f32),
+             WKV: T.Tensor((batch, n_window_kv, DIM), dtype), WIdx: T.Tensor((batch, seq, max(window, 1)), "int32"),
+             O: T.Tensor((batch, seq, heads, DIM), dtype), LSE: T.Tensor((batch, seq, heads), f32)):
+        with T.Kernel(seq, heads // hb, batch, threads=256) as (bx, by, bz):
+            Q_s = T.alloc_shared((hb, DIM), dtype)
+            KV_s = T.alloc_shared((bk, DIM), dtype)
+            P_s = T.alloc_shared((hb, bk), dtype)
+            valid = T.alloc_shared((bk,), "int32")
+            acc_s = T.alloc_fragment((hb, bk), f32)
+            acc_o = T.alloc_fragment((hb, DIM), f32)
+            m = T.alloc_fragment((hb,), f32)
+            m_prev = T.alloc_fragment((hb,), f32)
+            m_scaled = T.alloc_fragment((hb,), f32)
+            alpha = T.alloc_fragment((hb,), f32)
+            l = T.alloc_fragment((hb,), f32)
+            row_sum = T.alloc_fragment((hb,), f32)
+            lse_rows = T.alloc_fragment((hb,), f32)
+
+            T.copy(Q[bz, bx, by * hb:(by + 1) * hb, :], Q_s)
+            C.init_softmax(m, m_scaled, l, acc_o)
+            for kb in T.Pipelined(n_blocks, num_stages=2):
+                for j in T.Parallel(bk):
+                    if kb < n_top:
+                        valid[j] = T.if_then_else(T.And(Idx[bz, bx, kb * bk + j] >= 0, Idx[bz, bx, kb * bk + j] < n_kv), 1, 0)
+                    else:
+                        valid[j] = T.if_then_else(T.And(WIdx[bz, bx, T.max(kb - n_top, 0) * bk + j] >= 0,
+                                                        WIdx[bz, bx, T.max(kb - n_top, 0) * bk + j] < n_window_kv), 1, 0)
+                for j, d in T.Parallel(bk, DIM):
+                    if kb < n_top:
+                        KV_s[j, d] = KV[bz, T.min(T.max(Idx[bz, bx, kb * bk + j], 0), n_kv - 1), d]
+                    else:
+                        KV_s[j, d] = WKV[bz, T.min(T.max(WIdx[bz, bx, T.max(kb - n_top, 0) * bk + j], 0), n_window_kv - 1), d]
+                T.gemm(Q_s, KV_s, acc_s, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullCol)
+                for i, j in T.Parallel(hb, bk):
+                    acc_s[i, j] = T.if_then_else(valid[j] == 1, acc_s[i, j], C.neg_inf())
+                C.softmax_step(acc_s, m, m_prev, m_scaled, alpha, l, row_sum, scale_log2, hb, bk)
+                T.copy(acc_s, P_s)
+                C.rescale_rows(acc_o, alpha, hb, DIM)
+                T.gemm(P_s, KV_s, acc_o, policy=T.GemmWarpPolicy.FullCol)
+            for i in T.Parallel(hb):
+                l[i] = l[i] + T.exp2(T.ieee_fmaf(Sink[by * hb + i], T.float32(C.LOG2E), -m_scaled[i]))
+            C.finish_rows(acc_o, l, m_scaled, lse_rows, hb, DIM)
+            T.copy(acc_o, O[bz, bx, by * hb:(by + 1) * hb, :])
+            T.copy(lse_rows, LSE[bz, bx, by * hb:(by + 1) * hb])
+
+    return main
+
+
+def sparse_attention(q, kv, indices, sink, *, softmax_scale: float | None = None, window_kv=None, window_indices=None):
+    """``(o, lse)`` of DeepSeek-V4 sparse attention (module docstring): ``q [b, s, h, 512]``
+    (bf16), ``kv [b, n, 512]``, ``indices [b, s, k]`` int32, ``sink [h]`` fp32; optional window
+    ``window_kv [b, n_w, 512]`` with ``window_indices [b, s, w]``. ``softmax_scale`` defaults to
+    ``1 / sqrt(512)``."""
+    C.check_tensor("q", q, (torch.bfloat16,), 4)
+    C.check_tensor("kv", kv, (torch.bfloat16,), 3)
+    if not isinstance(indices, torch.Tensor) or indices.dtype != torch.int32:
+        raise TypeError(f"indices: expected an int32 tensor, got {getattr(indices, 'dtype', type(indices).__name__)}")
+    C.check_tensor("indices", indices, (torch.int32,), 3)
+    C.check_tensor("sink", sink, (torch.float32,), 1)
+    b, s, h, d = q.shape
+    if d != DIM:
+        raise ValueError(f"q: head dim expected {DIM}, got {d}")
+    if h not in SUPPORTED_HEADS:
+        raise ValueError(f"q: head count expected one of {SUPPORTED_HEADS}, got {h}")
+    C.check_dim("kv", kv, 0, b, "the batch of q")
+    C.check_dim("kv", kv, 2, DIM, "the head dim")
+    C.check_dim("indices", indices, 0, b, "the batch of q")
+    C.check_dim("indices", indices, 1, s, "the tokens of q")
+    if indices.shape[2] not in SUPPORTED_TOPK:
+        raise ValueError(f"indices: top-k expected one of {SUPPORTED_TOPK}, got {indices.shape[2]}")
+    C.check_dim("sink", sink, 0, h, "the head count of q")
+    if (window_kv is None) != (window_indices is None):
+        raise ValueError("window_kv, window_indices: expected both or neither")
+    if window_kv is not None:
+        C.check_tensor("window_kv", window_kv, (torch.bfloat16,), 3)
+        if not isinstance(window_indices, torch.Tensor) or window_indices.dtype != torch.int32:
+            raise TypeError(f"window_indices: expected an int32 tensor, got {getattr(window_indices, 'dtype', type(window_indices).__name__)}")
+        C.check_tensor("window_indices", window_indices, (torch.int32,), 3)
+        C.check_dim("window_kv", window_kv, 0, b, "the batch of q")
+        C.check_dim("window_kv", window_kv, 2, DIM, "the head dim")
+        if tuple(window_indices.shape[:2]) != (b, s) or window_indices.shape[2] % BLOCK_K:
+            raise ValueError(f"window_indices: expected [{b}, {s}, a multiple of {BLOCK_K}], got {tuple(window_indices.shape)}")
+        window = window_indices.shape[2]
+    else:
+        window = 0
+        window_kv, window_indices = kv, indices[:, :, :1].contiguous()  # shapes only: not read
+    scale = 1.0 / math.sqrt(DIM) if softmax_scale is None else float(softmax_scale)
+    C.check_cuda(q=q, kv=kv, indices=indices, sink=sink, window_kv=window_kv, window_indices=window_indices)
+    o = torch.empty_like(q)
+    lse = torch.empty((b, s, h), dtype=torch.float32, device=q.device)
+    if b and s and kv.shape[1] and window_kv.shape[1]:
+        sparse_fwd_kernel(h, indices.shape[2], window, scale * C.LOG2E)(q, kv, indices, sink, window_kv, window_indices, o, lse)
+    return o, lse
