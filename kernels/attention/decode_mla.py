@@ -147,17 +147,23 @@ def mla_split_kernel(tokens: int, heads: int, kv_dtype: str, softmax_scale: floa
 
 
 @tlx.jit(target=C.TARGET, assume=["1 <= MP", f"MP <= {MAX_PAGES}", "B <= 65535"])
-def mla_combine_kernel(tokens: int, heads: int):
+def mla_combine_kernel(tokens: int, heads: int, fixed_splits: int = 0, with_sink: bool = False):
     """``O [B, T, H, 512]`` bf16 and ``LSE [B, T, H]`` from the splits of each sequence (the
-    module docstring's order). One CTA per (sequence, token): 128 threads x 4 output columns."""
+    module docstring's order). One CTA per (sequence, token): 128 threads x 4 output columns.
+
+    ``fixed_splits`` > 0: every row has that many splits (sparse decode) instead of the count
+    from its sequence's length. ``with_sink``: ``SINK [H]`` (natural-log units) joins each
+    row's softmax as one more logit without a value: ``m`` starts at the sink and ``s`` at
+    ``exp2((sink - m) * log2 e)``; otherwise SINK is not read."""
     rows = tokens * heads
     batch, max_pages = T.dynamic("B"), T.dynamic("MP")
     f32 = "float32"
+    ns = fixed_splits if fixed_splits else splits_of(max_pages)
 
     @T.prim_func
     def kernel(BT: T.Tensor((batch, max_pages), "int32"), SL: T.Tensor((batch,), "int32"),
-               OP: T.Tensor((batch, splits_of(max_pages), rows, D_V), f32),
-               LP: T.Tensor((batch, splits_of(max_pages), rows), f32),
+               OP: T.Tensor((batch, ns, rows, D_V), f32), LP: T.Tensor((batch, ns, rows), f32),
+               SINK: T.Tensor((heads,), f32),
                O: T.Tensor((batch, tokens, heads, D_V), "bfloat16"), LSE: T.Tensor((batch, tokens, heads), f32)):
         with T.Kernel(rows, batch, threads=128) as (r, b):
             tx = T.get_thread_binding()
@@ -169,13 +175,15 @@ def mla_combine_kernel(tokens: int, heads: int):
             seq_pages = T.max(T.min(SL[b], max_pages * PAGE), 0)
             seq_pages = seq_pages // PAGE + T.if_then_else(seq_pages % PAGE > 0, 1, 0)
             n = seq_pages // SPLIT_PAGES + T.if_then_else(seq_pages % SPLIT_PAGES > 0, 1, 0)
+            if fixed_splits:
+                n = fixed_splits
             bad = T.alloc_var("int32")  # a split of a bad table entry: the row is NaN
-            mx = C.neg_inf()
+            mx = SINK[r % heads] if with_sink else C.neg_inf()
             bad = 0
             for i in T.serial(n):
                 mx = T.if_then_else(LP[b, i, r] > mx, LP[b, i, r], mx)
                 bad = T.if_then_else(LP[b, i, r] != LP[b, i, r], 1, bad)
-            s = T.float32(0)
+            s = T.exp2(T.ieee_mul(T.ieee_sub(SINK[r % heads], mx), T.float32(LOG2E))) if with_sink else T.float32(0)
             for i in T.serial(n):
                 s = T.ieee_add(s, T.exp2(T.ieee_mul(T.ieee_sub(LP[b, i, r], mx), T.float32(LOG2E))))
             for c in T.unroll(4):
@@ -194,7 +202,9 @@ def mla_combine_kernel(tokens: int, heads: int):
     return kernel
 
 
-def _check(q, kv_cache, kv_scales, block_table, seq_lens):
+def _check(q, kv_cache, kv_scales, block_table, seq_lens, **more):
+    """The shared argument checks of dense and sparse decode (``more``: further named tensors
+    that must sit on q's device); returns whether the cache is e4m3."""
     C.check_tensor("q", q, (torch.bfloat16,), 4)
     b, t, h, d = q.shape
     if d != D_QK or not 1 <= t <= 4 or h not in (16, 32, 64, 128):
@@ -219,14 +229,22 @@ def _check(q, kv_cache, kv_scales, block_table, seq_lens):
         raise ValueError(f"seq_lens: expected shape ({b},), got {tuple(seq_lens.shape)}")
     if b > 65535:
         raise ValueError(f"q: batch expected <= 65535, got {b}")
-    tensors = dict(q=q, kv_cache=kv_cache, block_table=block_table, seq_lens=seq_lens)
+    tensors = dict(q=q, kv_cache=kv_cache, block_table=block_table, seq_lens=seq_lens, **more)
     if fp8:
         tensors["kv_scales"] = kv_scales
     C.check_cuda(**tensors)
     return fp8
 
 
-_NO_SCALES = {}
+_ZEROS = {}
+
+
+def _zeros(device, shape):
+    """A cached fp32 zero tensor for an input a kernel variant does not read (bf16 cache scales,
+    the sink of a decode without one)."""
+    if (device, shape) not in _ZEROS:
+        _ZEROS[device, shape] = torch.zeros(shape, dtype=torch.float32, device=device)
+    return _ZEROS[device, shape]
 
 
 def mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
@@ -246,14 +264,12 @@ def mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tenso
     if b == 0:
         return o, lse
     if not fp8:
-        if dev not in _NO_SCALES:
-            _NO_SCALES[dev] = torch.zeros((1, PAGE, D_QK // GROUP), dtype=torch.float32, device=dev)
-        kv_scales = _NO_SCALES[dev]
+        kv_scales = _zeros(dev, (1, PAGE, D_QK // GROUP))
     part_o = torch.empty((b, splits, rows, D_V), dtype=torch.float32, device=dev)
     part_lse = torch.empty((b, splits, rows), dtype=torch.float32, device=dev)
     mla_split_kernel(t, h, KV_DTYPES[kv_cache.dtype], scale)(q, kv_cache, kv_scales, block_table, seq_lens,
                                                                part_o, part_lse)
-    mla_combine_kernel(t, h)(block_table, seq_lens, part_o, part_lse, o, lse)
+    mla_combine_kernel(t, h)(block_table, seq_lens, part_o, part_lse, _zeros(dev, (h,)), o, lse)
     return o, lse
 
 

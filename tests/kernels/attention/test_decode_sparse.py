@@ -1,0 +1,108 @@
+"""Sparse MLA decode (kernels/attention/decode_sparse.py).
+
+CPU: the split kernel compiles for sm_90a (bf16 / e4m3, k 512..2048) with wgmma, no atomics
+and (bf16) 16-byte cp.async gathers; bad input raises a clear error. GPU: within tolerance of the fp32
+reference with -1 slots, slots past the token's visible keys, repeated indices, an attention
+sink, every slot masked (o = 0, lse = the sink); with every visible key selected it equals dense
+decode's reference; e4m3 = bf16 of the dequantized cache bit for bit; batch invariant; a visible
+slot whose table entry lies past the cache makes that token NaN."""
+
+import pytest
+import torch
+
+from kernels.attention.decode_mla import D_QK, PAGE, dequant_cache, mla_combine_kernel, reference_mla_decode
+from kernels.attention.decode_sparse import reference_sparse_mla_decode, sparse_mla_decode, sparse_split_kernel
+
+from tests.kernels.attention.test_decode_mla import check_close, make_case
+
+
+@pytest.mark.parametrize("tokens, heads, topk, kv", [(1, 128, 2048, "bfloat16"), (2, 64, 512, "float8_e4m3"),
+                                                     (1, 16, 1024, "bfloat16")])
+def test_kernels_compile(tokens, heads, topk, kv):
+    src = sparse_split_kernel(tokens, heads, topk, kv, D_QK ** -0.5).device_source
+    assert "wgmma" in src and "atomic" not in src.lower()
+    if kv == "bfloat16":  # the gathers are 16-byte cp.async (e4m3 is dequantized on the way)
+        assert "cp_async_gs_conditional<16>" in src
+    assert "atomic" not in mla_combine_kernel(tokens, heads, topk // 512, True).device_source.lower()
+
+
+def test_rejects_bad_input():
+    q = torch.zeros(2, 1, 64, D_QK, dtype=torch.bfloat16)
+    kv = torch.zeros(4, PAGE, D_QK, dtype=torch.bfloat16)
+    bt, sl = torch.zeros(2, 3, dtype=torch.int32), torch.ones(2, dtype=torch.int32)
+    idx = torch.zeros(2, 1, 512, dtype=torch.int32)
+    with pytest.raises(ValueError, match="indices: expected"):
+        sparse_mla_decode(q, kv, bt, sl, idx[:, :, :100].contiguous())
+    with pytest.raises(TypeError, match="indices: expected dtype"):
+        sparse_mla_decode(q, kv, bt, sl, idx.long())
+    with pytest.raises(ValueError, match="sink: expected shape"):
+        sparse_mla_decode(q, kv, bt, sl, idx, sink=torch.zeros(32))
+    with pytest.raises(ValueError, match="expected a CUDA tensor"):
+        sparse_mla_decode(q, kv, bt, sl, idx, sink=torch.zeros(64))
+
+
+def random_indices(seq_lens, tokens, topk, seed):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    idx = torch.full((len(seq_lens), tokens, topk), -1, dtype=torch.int32, device="cuda")
+    for i, s in enumerate(seq_lens):
+        for t in range(tokens):
+            n = min(topk, max(s - tokens + t + 1, 0))
+            if n:
+                idx[i, t, :n] = torch.randperm(s - tokens + t + 1, device="cuda", generator=g)[:n].to(torch.int32)
+        idx[i] = idx[i][:, torch.randperm(topk, device="cuda", generator=g)]  # -1 slots anywhere
+    return idx
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fp8", [False, True])
+@pytest.mark.parametrize("tokens, topk", [(1, 2048), (2, 512)])
+def test_reference(fp8, tokens, topk):
+    seq_lens = [1, 63, 65, 4001, 0, 3000]
+    q, kv, table, sl, scales = make_case(seq_lens, tokens=tokens, heads=64, fp8=fp8, seed=topk)
+    idx = random_indices(seq_lens, tokens, topk, seed=1)
+    idx[3, 0, :5] = idx[3, 0, 5]  # a repeated index counts once per slot
+    idx[5, 0, 7] = 5000  # past the sequence: masked
+    sink = torch.randn(64, device="cuda")
+    o, lse = sparse_mla_decode(q, kv, table, sl, idx, sink=sink, kv_scales=scales)
+    check_close(o, lse, *reference_sparse_mla_decode(q, kv, table, sl, idx, sink=sink, kv_scales=scales))
+    assert torch.equal(lse[4], sink.expand_as(lse[4]))  # no keys: the sink alone
+    assert bool((o[4] == 0).all())
+
+
+@pytest.mark.gpu
+def test_all_keys_selected_equals_dense_reference():
+    seq_lens = [300, 2048]
+    q, kv, table, sl, _ = make_case(seq_lens, tokens=1, heads=16, seed=2)
+    idx = torch.full((2, 1, 2048), -1, dtype=torch.int32, device="cuda")
+    idx[0, 0, :300] = torch.arange(300, dtype=torch.int32, device="cuda")
+    idx[1, 0] = torch.arange(2048, dtype=torch.int32, device="cuda").flip(0)
+    o, lse = sparse_mla_decode(q, kv, table, sl, idx)
+    check_close(o, lse, *reference_mla_decode(q, kv, table, sl))
+
+
+@pytest.mark.gpu
+def test_fp8_equals_bf16_and_batch_invariance():
+    g = torch.Generator().manual_seed(4)
+    lens = [int(x) for x in torch.randint(1, 6000, (64,), generator=g)]
+    q, kv, table, sl, scales = make_case(lens, tokens=2, heads=16, fp8=True, seed=6)
+    idx = random_indices(lens, 2, 1024, seed=3)
+    sink = torch.randn(16, device="cuda")
+    o8, l8 = sparse_mla_decode(q, kv, table, sl, idx, sink=sink, kv_scales=scales)
+    o16, l16 = sparse_mla_decode(q, dequant_cache(kv, scales), table, sl, idx, sink=sink)
+    assert torch.equal(o8.view(torch.int16), o16.view(torch.int16))
+    assert torch.equal(l8.view(torch.int32), l16.view(torch.int32))
+    for size in (1, 7, 64):
+        o, lse = sparse_mla_decode(q[:size].contiguous(), kv, table[:size].contiguous(), sl[:size].contiguous(),
+                                   idx[:size].contiguous(), sink=sink, kv_scales=scales)
+        assert torch.equal(o[:1].view(torch.int16), o8[:1].view(torch.int16)), f"batch {size}"
+        assert torch.equal(lse[:1].view(torch.int32), l8[:1].view(torch.int32)), f"batch {size}"
+
+
+@pytest.mark.gpu
+def test_entry_past_cache_is_nan():
+    q, kv, table, sl, _ = make_case([200, 200], tokens=1, heads=16, seed=8)
+    idx = random_indices([200, 200], 1, 512, seed=5)
+    table[0, 1] = kv.shape[0]  # page of keys 64..127 of sequence 0
+    idx[0, 0, 0] = 70
+    o, lse = sparse_mla_decode(q, kv, table, sl, idx)
+    assert bool(torch.isnan(o[0]).all()) and not torch.isnan(o[1]).any()
