@@ -16,7 +16,10 @@ Rows (printed as they are measured, so a timeout still leaves the earlier ones):
   (values + scales) read, next to the copy's;
 * MLA decode (``kernels/attention/decode_mla.py``), batch 128, context 8192, bf16 and e4m3
   caches: 16 heads, T 1 (memory bound: GB/s of cache read, target >= 85% of the copy's) and
-  128 heads, T 1 / 2 (compute bound: TFLOP/s = 2 B T H ctx (576 + 512), target >= 550).
+  128 heads, T 1 / 2 (compute bound: TFLOP/s = 2 B T H ctx (576 + 512), target >= 550);
+* sparse MLA decode (``kernels/attention/decode_sparse.py``), batch 128, context 8192, k 2048,
+  128 heads, T 1, bf16 / e4m3, with a sink: TFLOP/s per selected key (2 B T H k (576 + 512)),
+  and its ratio to the dense row's rate per key (target >= 80%).
 
 Timing: ``bench.timing.interleaved_ms`` for candidates side by side, ``median_ms`` otherwise
 (CUDA events, warm-up, median); inputs random, fresh per row, rotated over 2 sets. Each tlx
@@ -38,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.timing import interleaved_ms, large_copy_ms, median_ms  # noqa: E402
 from kernels.attention.decode_mla import D_QK, D_V, GROUP, mla_decode, reference_mla_decode  # noqa: E402
+from kernels.attention.decode_sparse import reference_sparse_mla_decode, sparse_mla_decode  # noqa: E402
 from kernels.attention.indexer import E4M3, PAGE, indexer_logits, indexer_logits_paged, reference_logits  # noqa: E402
 from kernels.attention.topk import topk_indices  # noqa: E402
 
@@ -183,27 +187,33 @@ def indexer_decode_rows(reps, copy_gbps):
              pct_of_copy=round(100 * gbps / copy_gbps, 1), check="ok")
 
 
-def mla_rows(reps, copy_gbps):
-    b, ctx = 128, 8192
+def mla_case(b, ctx, heads, tokens, fp8, g):
+    """Random q, a paged cache of ``b`` full sequences of ``ctx`` tokens (e4m3 with its scales
+    when ``fp8``), a shuffled block table, the lengths."""
     mp = ctx // PAGE
+    q = torch.randn(b, tokens, heads, D_QK, device="cuda", generator=g).to(torch.bfloat16)
+    kv = torch.randn(b * mp, PAGE, D_QK, device="cuda", generator=g)
+    scales = None
+    if fp8:
+        grp = kv.view(b * mp, PAGE, D_QK // GROUP, GROUP)
+        scales = grp.abs().amax(-1).clamp_min(1e-4) / 448.0
+        kv = (grp / scales[..., None]).view(b * mp, PAGE, D_QK).to(E4M3)
+    else:
+        kv = kv.to(torch.bfloat16)
+    table = torch.randperm(b * mp, device="cuda", generator=g).to(torch.int32).view(b, mp)
+    sl = torch.full((b,), ctx, dtype=torch.int32, device="cuda")
+    return q, kv, table, sl, scales
+
+
+def mla_rows(reps, copy_gbps):
+    """MLA decode rows; returns {(heads, tokens, fp8): TFLOP/s} for the sparse rows' ratio."""
+    b, ctx = 128, 8192
+    rates = {}
     for heads, tokens in [(16, 1), (128, 1), (128, 2)]:
         for fp8 in (False, True):
             shape = f"B {b} ctx {ctx} H {heads} T {tokens} {'e4m3' if fp8 else 'bf16'}"
             g = torch.Generator(device="cuda").manual_seed(heads + tokens)
-            sets = []
-            for _ in range(2):
-                q = torch.randn(b, tokens, heads, D_QK, device="cuda", generator=g).to(torch.bfloat16)
-                kv = torch.randn(b * mp, PAGE, D_QK, device="cuda", generator=g)
-                scales = None
-                if fp8:
-                    grp = kv.view(b * mp, PAGE, D_QK // GROUP, GROUP)
-                    scales = grp.abs().amax(-1).clamp_min(1e-4) / 448.0
-                    kv = (grp / scales[..., None]).view(b * mp, PAGE, D_QK).to(E4M3)
-                else:
-                    kv = kv.to(torch.bfloat16)
-                table = torch.randperm(b * mp, device="cuda", generator=g).to(torch.int32).view(b, mp)
-                sl = torch.full((b,), ctx, dtype=torch.int32, device="cuda")
-                sets.append((q, kv, table, sl, scales))
+            sets = [mla_case(b, ctx, heads, tokens, fp8, g) for _ in range(2)]
             q, kv, table, sl, scales = sets[0]
             o, lse = mla_decode(q, kv, table, sl, kv_scales=scales)
             ref_o, _ = reference_mla_decode(q[:2], kv, table[:2], sl[:2], kv_scales=scales)
@@ -216,8 +226,37 @@ def mla_rows(reps, copy_gbps):
             flops = 2 * b * tokens * heads * ctx * (D_QK + D_V)
             emit(what="MLA decode", shape=shape, tlx_us=round(ms * 1e3, 1), GBps=round(moved / ms / 1e6),
                  pct_of_copy=round(100 * moved / ms / 1e6 / copy_gbps, 1), TFLOPs=round(flops / ms / 1e9), check="ok")
+            rates[heads, tokens, fp8] = flops / ms / 1e9
             del sets
             torch.cuda.empty_cache()
+    return rates
+
+
+def sparse_rows(reps, dense_rates):
+    b, ctx, heads, topk = 128, 8192, 128, 2048
+    for fp8 in (False, True):
+        shape = f"B {b} ctx {ctx} H {heads} T 1 k {topk} {'e4m3' if fp8 else 'bf16'}"
+        g = torch.Generator(device="cuda").manual_seed(topk)
+        sets = []
+        for _ in range(2):
+            q, kv, table, sl, scales = mla_case(b, ctx, heads, 1, fp8, g)
+            idx = torch.argsort(torch.rand(b, 1, ctx, device="cuda", generator=g), dim=-1)[..., :topk].to(torch.int32)
+            sink = torch.randn(heads, device="cuda", generator=g)
+            sets.append((q, kv, table, sl, idx, sink, scales))
+        q, kv, table, sl, idx, sink, scales = sets[0]
+        o, lse = sparse_mla_decode(q, kv, table, sl, idx, sink=sink, kv_scales=scales)
+        ref_o, _ = reference_sparse_mla_decode(q[:2], kv, table[:2], sl[:2], idx[:2], sink=sink, kv_scales=scales)
+        if torch.isnan(o).any() or not torch.allclose(o[:2].float(), ref_o, rtol=2e-2, atol=2e-2):
+            emit(what="sparse MLA decode", shape=shape, check="FAILED")
+            continue
+        del o, lse
+        ms = median_ms([lambda s=st: sparse_mla_decode(*s[:4], s[4], sink=s[5], kv_scales=s[6]) for st in sets], reps)
+        tf = 2 * b * heads * topk * (D_QK + D_V) / ms / 1e9
+        dense = dense_rates.get((heads, 1, fp8))
+        emit(what="sparse MLA decode", shape=shape, tlx_us=round(ms * 1e3, 1), TFLOPs=round(tf),
+             pct_of_dense_per_key=round(100 * tf / dense, 1) if dense else "-", check="ok")
+        del sets
+        torch.cuda.empty_cache()
 
 
 def main():
@@ -235,7 +274,7 @@ def main():
         emit(what="upstream indexer", check=f"not loaded: {type(e).__name__}: {e}")
     indexer_rows(reps, upstream, fp8)
     indexer_decode_rows(reps, copy_gbps)
-    mla_rows(reps, copy_gbps)
+    sparse_rows(reps, mla_rows(reps, copy_gbps))
     if args.out:
         Path(args.out).write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "rows": ROWS}, indent=1))
 
