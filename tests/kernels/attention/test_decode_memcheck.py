@@ -1,0 +1,72 @@
+"""The decode kernels (top-k, indexer, MLA and sparse decode) under ``compute-sanitizer --tool
+memcheck`` at tail shapes and with the inputs their guards are for: block-table entries past the
+cache and negative, -1 / out-of-sequence top-k slots, empty sequences, lengths past the table.
+Any bad access fails the test. Run as a script, this file is the workload."""
+
+import pytest
+
+
+def workload():
+    import torch
+
+    from kernels.attention.decode_mla import mla_decode
+    from kernels.attention.decode_sparse import sparse_mla_decode
+    from kernels.attention.indexer import indexer_logits, indexer_logits_paged
+    from kernels.attention.topk import topk_indices
+
+    torch.manual_seed(0)
+    dev = "cuda"
+    e4m3 = torch.float8_e4m3fn
+    ops = []
+    x = torch.randn(3, 2052, device=dev)
+    ops.append(lambda: topk_indices(x, 2048))
+    q = torch.randn(3, 64, 128, device=dev).to(e4m3)
+    k = torch.randn(130, 128, device=dev).to(e4m3)
+    pos = torch.tensor([-3, 129, 500], dtype=torch.int32, device=dev)
+    ops.append(lambda: indexer_logits(q, k, torch.rand(130, device=dev), torch.randn(3, 64, device=dev), pos))
+    pages = 5
+    table = torch.tensor([[0, 5, -1, 1 << 30], [4, 4, 4, 4], [-7, 2, 3, 1]], dtype=torch.int32, device=dev)
+    sl = torch.tensor([250, 10 ** 6, 0], dtype=torch.int32, device=dev)  # the 2nd is past the table
+    qd = torch.randn(3, 2, 64, 128, device=dev).to(e4m3)
+    kc = torch.randn(pages, 64, 128, device=dev).to(e4m3)
+    ops.append(lambda: indexer_logits_paged(qd, kc, torch.rand(pages, 64, device=dev), table, sl,
+                                            torch.randn(3, 2, 64, device=dev)))
+    qm = torch.randn(3, 2, 16, 576, device=dev, dtype=torch.bfloat16)
+    cache = torch.randn(pages, 64, 576, device=dev, dtype=torch.bfloat16)
+    cache8 = cache.to(e4m3)
+    scales = torch.rand(pages, 64, 9, device=dev)
+    ops.append(lambda: mla_decode(qm, cache, table, sl))
+    ops.append(lambda: mla_decode(qm, cache8, table, sl, kv_scales=scales))
+    idx = torch.randint(-1, 400, (3, 2, 512), dtype=torch.int32, device=dev)
+    idx[0, 0, :3] = torch.tensor([-5, 10 ** 6, 255], dtype=torch.int32)
+    ops.append(lambda: sparse_mla_decode(qm, cache, table, sl, idx, sink=torch.randn(16, device=dev)))
+    ops.append(lambda: sparse_mla_decode(qm, cache8, table, sl, idx, kv_scales=scales))
+    for op in ops:
+        op()
+    torch.cuda.synchronize()
+    print(f"ran {len(ops)} operations")
+
+
+@pytest.mark.gpu
+def test_compute_sanitizer_memcheck():
+    import os
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    tool = shutil.which("compute-sanitizer") or "/usr/local/cuda/bin/compute-sanitizer"
+    if not os.path.exists(tool):
+        pytest.skip("compute-sanitizer not installed")
+    root = Path(__file__).resolve().parents[3]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([tool, "--tool", "memcheck", "--error-exitcode", "3", sys.executable, __file__],
+                          capture_output=True, text=True, env=env, timeout=600)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-8000:]
+    assert "ERROR SUMMARY: 0 errors" in out
+    assert "ran 7 operations" in out
+
+
+if __name__ == "__main__":
+    workload()
