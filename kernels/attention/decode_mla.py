@@ -19,7 +19,8 @@ of the bf16 cache holding the dequantized values.
 
 Guard (documented, no launcher check: the table is device data): a block-table entry outside
 ``[0, P)`` is never read; the rows of its sequence become NaN. Entries past the sequence's pages
-are not read at all.
+are not read at all. Cache slots past the sequence in its last page may hold anything, NaN too:
+their values enter the products as zeros.
 
 Per split the online softmax is ``kernels/attention/common.py``'s (its docstring gives the
 order); the combine is, per row, over the sequence's splits i ascending:
@@ -82,7 +83,6 @@ def mla_split_kernel(tokens: int, heads: int, kv_dtype: str, softmax_scale: floa
             if fp8:
                 KQ_s = T.alloc_shared((PAGE, D_V), kv_dtype)
                 KQP_s = T.alloc_shared((PAGE, D_PE), kv_dtype)
-                SC_s = T.alloc_shared((PAGE, D_QK // GROUP), f32)
             acc_s = T.alloc_fragment((ROWS, PAGE), f32)
             P_s = T.alloc_shared((ROWS, PAGE), bf16)  # the two warpgroups' key halves meet here
             acc_o = T.alloc_fragment((ROWS, D_V), f32)
@@ -117,17 +117,29 @@ def mla_split_kernel(tokens: int, heads: int, kv_dtype: str, softmax_scale: floa
                     if fp8:
                         T.copy(KV[clamped_page(BT, b, first + t, pages), :, 0:D_V], KQ_s)
                         T.copy(KV[clamped_page(BT, b, first + t, pages), :, D_V:D_QK], KQP_s)
-                        T.copy(KVS[clamped_page(BT, b, first + t, pages), :, :], SC_s)
-                        for i, d in T.Parallel(PAGE, D_V):
-                            KV_s[i, d] = T.Cast(bf16, T.ieee_mul(T.Cast(f32, KQ_s[i, d]), SC_s[i, d // GROUP]))
+                        # scales straight from global memory (L1): a shared copy of them made
+                        # TileLang put a barrier into every step of the dequant loop
+                        for i, d in T.Parallel(PAGE, D_V):  # slots past the sequence: zeros (see below)
+                            KV_s[i, d] = T.if_then_else((first + t) * PAGE + i < seq, T.Cast(bf16, T.ieee_mul(
+                                T.Cast(f32, KQ_s[i, d]), KVS[clamped_page(BT, b, first + t, pages), i, d // GROUP])),
+                                T.Cast(bf16, 0))
                         for i, d in T.Parallel(PAGE, D_PE):
-                            KP_s[i, d] = T.Cast(bf16, T.ieee_mul(T.Cast(f32, KQP_s[i, d]), SC_s[i, D_V // GROUP]))
+                            KP_s[i, d] = T.Cast(bf16, T.ieee_mul(T.Cast(f32, KQP_s[i, d]),
+                                                                 KVS[clamped_page(BT, b, first + t, pages), i, D_V // GROUP]))
                     else:
                         T.copy(KV[clamped_page(BT, b, first + t, pages), :, 0:D_V], KV_s)
                         T.copy(KV[clamped_page(BT, b, first + t, pages), :, D_V:D_QK], KP_s)
+                    k0 = (first + t) * PAGE
                     T.gemm(Q_s, KV_s, acc_s, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullCol)
                     T.gemm(QP_s, KP_s, acc_s, transpose_B=True, policy=T.GemmWarpPolicy.FullCol)
-                    k0 = (first + t) * PAGE
+                    if not fp8 and k0 + PAGE > seq:
+                        # the last page's slots past the sequence may hold anything (NaN too):
+                        # their values must be zeros, or P V would give 0 * NaN (after the score
+                        # product, which waits for the copy: zeros written earlier could be
+                        # overwritten by the copy still in flight)
+                        for i, d in T.Parallel(PAGE, D_V):
+                            if k0 + i >= seq:
+                                KV_s[i, d] = T.Cast(bf16, 0)
                     if k0 + PAGE > seq - tokens + (r0 // heads):
                         for i, j in T.Parallel(ROWS, PAGE):
                             acc_s[i, j] = T.if_then_else(k0 + j <= seq - tokens + (r0 + i) // heads, acc_s[i, j], C.neg_inf())

@@ -4,8 +4,8 @@ Inputs as :func:`kernels.attention.decode_mla.mla_decode`, plus ``indices [B, T,
 (K = 512 / 1024 / 2048: key positions in the sequence, e.g. the lightning indexer's top-k) and
 ``sink [H]`` fp32 (one logit per head, natural-log units, that joins the softmax without a
 value). A slot is masked (contributes nothing) when its index is -1, or lies outside the keys
-the token may see, ``0 <= index <= seq_lens[b] - T + t``; so a masked slot never reads the
-block table or the cache. A visible index whose table entry lies outside ``[0, P)`` makes the
+the token may see, ``0 <= index <= seq_lens[b] - T + t``; a masked slot's block-table entry is
+not used and its values enter the products as zeros. A visible index whose table entry lies outside ``[0, P)`` makes the
 token's rows NaN (documented guard; that page is not read).
 
 Batch invariance: the K slots are cut into ``K / 512`` splits (a constant of the call, never
@@ -91,11 +91,14 @@ def sparse_split_kernel(tokens: int, heads: int, topk: int, kv_dtype: str, softm
                             bad = 1
                 for j, d in T.Parallel(PAGE, D_V):
                     pg = page_of(BT, IDX, b, t, s0 + j, seq)
+                    # a masked slot's values are zeros (whatever the cache holds there, NaN too)
                     if fp8:
-                        KV_s[j, d] = T.Cast(bf16, T.ieee_mul(T.Cast(f32, KV[pg, T.max(IDX[b, t, s0 + j], 0) % PAGE, d]),
-                                                             KVS[pg, T.max(IDX[b, t, s0 + j], 0) % PAGE, d // GROUP]))
+                        KV_s[j, d] = T.if_then_else(visible(IDX, b, t, s0 + j, seq), T.Cast(bf16, T.ieee_mul(
+                            T.Cast(f32, KV[pg, T.max(IDX[b, t, s0 + j], 0) % PAGE, d]),
+                            KVS[pg, T.max(IDX[b, t, s0 + j], 0) % PAGE, d // GROUP])), T.Cast(bf16, 0))
                     else:
-                        KV_s[j, d] = KV[pg, T.max(IDX[b, t, s0 + j], 0) % PAGE, d]
+                        KV_s[j, d] = T.if_then_else(visible(IDX, b, t, s0 + j, seq),
+                                                    KV[pg, T.max(IDX[b, t, s0 + j], 0) % PAGE, d], T.Cast(bf16, 0))
                 for j, d in T.Parallel(PAGE, D_PE):
                     pg = page_of(BT, IDX, b, t, s0 + j, seq)
                     if fp8:

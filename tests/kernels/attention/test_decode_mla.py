@@ -145,3 +145,18 @@ def test_entry_past_cache_is_nan_not_read():
     assert not torch.isnan(o[1:]).any()
     ref = reference_mla_decode(q[1:], kv, table[1:].clamp(0, kv.shape[0] - 1), sl[1:])
     check_close(o[1:], lse[1:], *ref)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fp8", [False, True])
+def test_slots_past_sequence_may_hold_nan(fp8):
+    """The last page's slots past the sequence hold NaN: the result is the clean cache's, bit for bit."""
+    q, kv, table, sl, scales = make_case([100, 4001], tokens=2, heads=16, fp8=fp8, seed=12)
+    clean = mla_decode(q, kv, table, sl, kv_scales=scales)
+    dirty = kv.clone()
+    nan = torch.tensor(float("nan"), device="cuda").to(kv.dtype)
+    dirty[table[0, 1].long(), 100 - PAGE:] = nan
+    dirty[table[1, 62].long(), 4001 - 62 * PAGE:] = nan
+    got = mla_decode(q, dirty, table, sl, kv_scales=scales)
+    assert torch.equal(got[0].view(torch.int16), clean[0].view(torch.int16))
+    assert torch.equal(got[1].view(torch.int32), clean[1].view(torch.int32))

@@ -106,3 +106,16 @@ def test_entry_past_cache_is_nan():
     idx[0, 0, 0] = 70
     o, lse = sparse_mla_decode(q, kv, table, sl, idx)
     assert bool(torch.isnan(o[0]).all()) and not torch.isnan(o[1]).any()
+
+
+@pytest.mark.gpu
+def test_masked_slots_may_point_at_nan():
+    """Masked slots (-1, past the sequence) whose would-be rows hold NaN change nothing."""
+    q, kv, table, sl, _ = make_case([100], tokens=1, heads=16, seed=13)
+    idx = random_indices([100], 1, 512, seed=6)
+    idx[0, 0, 0] = 120  # past the sequence, in its last page
+    clean = sparse_mla_decode(q, kv, table, sl, idx)
+    dirty = kv.clone()
+    dirty[table[0, 1].long(), 100 - PAGE:] = float("nan")
+    got = sparse_mla_decode(q, dirty, table, sl, idx)
+    assert torch.equal(got[0].view(torch.int16), clean[0].view(torch.int16))
