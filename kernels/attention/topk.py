@@ -183,19 +183,23 @@ def topk_kernel(k: int):
 
 def topk_indices(x: torch.Tensor, k: int) -> torch.Tensor:
     """int32 ``[R, k]``: the indices of the ``k`` largest values of each row of ``x [R, N]``
-    (fp32, contiguous, CUDA, ``N % 4 == 0``, ``k <= N <= 131072``), ties to the lower index,
-    in ascending order."""
+    (fp32, contiguous, CUDA, ``N % 4 == 0``, ``4 <= N <= 131072``), ties to the lower index,
+    in ascending order. A row shorter than k (N <= k) gives all its indices, then -1 (the
+    masked slot of sparse decode); no kernel runs then."""
     if k not in KS:
         raise ValueError(f"k: expected one of {KS}, got {k}")
     if not isinstance(x, torch.Tensor) or x.dtype != torch.float32 or x.dim() != 2:
         raise TypeError(f"x: expected a 2-d float32 tensor, got {getattr(x, 'dtype', type(x))} "
                         f"with {getattr(x, 'dim', lambda: '?')()} dims")
     r, n = x.shape
-    if n % 4 or not k <= n <= MAX_N:
-        raise ValueError(f"x: expected N a multiple of 4 with {k} <= N <= {MAX_N}, got N = {n}")
+    if n % 4 or not 4 <= n <= MAX_N:
+        raise ValueError(f"x: expected N a multiple of 4 with 4 <= N <= {MAX_N}, got N = {n}")
     if not x.is_cuda or not x.is_contiguous():
         raise ValueError(f"x: expected a contiguous CUDA tensor, got device {x.device}, "
                          f"contiguous {x.is_contiguous()}")
+    if n <= k:
+        row = torch.arange(k, dtype=torch.int32, device=x.device)
+        return torch.where(row < n, row, -1).expand(r, k).contiguous()
     out = torch.empty((r, k), dtype=torch.int32, device=x.device)
     if r:
         topk_kernel(k)(x.view(r, n // 4, 4), out)
