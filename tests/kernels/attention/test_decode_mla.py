@@ -5,8 +5,9 @@ wgmma and without atomics, the CUDA baseline compiles; bad input raises a clear 
 for bit equal to the CUDA baseline (decode_mla.cu); within tolerance of the fp32
 torch reference at sequence lengths 1, 63, 64, 65, 4001 and 131072, with empty sequences,
 repeated pages and fully masked rows; an e4m3 cache gives exactly the bits of the bf16 cache
-holding its dequantized values; a sequence's bits are the same alone and inside batches of
-1, 7, 64 and 128 mixed-length sequences; 100 runs identical; a table entry past the cache
+holding its dequantized values; a sequence's bits are the same alone, inside batches of 1, 7,
+64 and 128 mixed-length sequences, with a wider block table (more splits in the grid) and while
+another stream holds most SMs; 100 runs identical; a table entry past the cache
 makes that sequence NaN and nothing else."""
 
 import pytest
@@ -139,6 +140,15 @@ def test_batch_invariance(fp8):
     wide[2, :table.shape[1]] = table[0]
     o, lse = mla_decode(q[[5, 6, 0]].contiguous(), kv, wide, sl[[5, 6, 0]].contiguous(), kv_scales=scales)
     assert torch.equal(o[2:].view(torch.int16), alone[0].view(torch.int16))
+    # a restricted grid: another stream's matrix products hold most SMs while the sequence decodes
+    side, big = torch.cuda.Stream(), torch.randn(8192, 8192, device="cuda")
+    torch.cuda.synchronize()
+    with torch.cuda.stream(side):
+        for _ in range(8):
+            big = big @ big.T / 8192
+    crowded = mla_decode(q[:1].contiguous(), kv, table[:1].contiguous(), sl[:1].contiguous(), kv_scales=scales)
+    torch.cuda.synchronize()
+    assert torch.equal(crowded[0].view(torch.int16), alone[0].view(torch.int16))
     first = mla_decode(q, kv, table, sl, kv_scales=scales)
     for _ in range(100):
         again = mla_decode(q, kv, table, sl, kv_scales=scales)
