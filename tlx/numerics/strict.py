@@ -14,11 +14,10 @@ from __future__ import annotations
 
 from tlx.numerics._tir import calls, device_functions, extern_name, op_name
 from tlx.numerics.modes import nvcc_flags
-from tlx.passes import register_pass
+from tlx.passes import TlxError, exit_status
 
 __all__ = ["APPROX_EXTERNS", "APPROX_TL_OPS", "ApproximateIntrinsicError", "check_numerics", "find_approximate"]
 
-STRICT_ORDER = 900
 
 # TileLang builtin -> the CUDA function its fp32 form prints as.
 APPROX_TL_OPS: dict[str, str] = {
@@ -44,7 +43,7 @@ APPROX_EXTERNS = frozenset(
 FAST_MATH_CONFIG = "tl.enable_fast_math"
 
 
-class ApproximateIntrinsicError(ValueError):
+class ApproximateIntrinsicError(TlxError, ValueError):
     """A strict-mode kernel uses an approximate intrinsic that is not in ``allow_approx``, or
     ``allow_approx`` names something that is not an approximate intrinsic."""
 
@@ -122,11 +121,10 @@ def check_numerics(kernel, options: dict) -> dict:
         "approximate": [{k: h[k] for k in ("intrinsic", "cuda", "function", "dtype")} for h in hits],
         "allowed": sorted(allowed),
         "violations": violations,
-        "exit_code": 1 if violations else 0,
+        "exit_code": exit_status(len(violations), 0),
     }
 
 
-@register_pass("numerics_strict", STRICT_ORDER)
 def numerics_mode_pass(kernel, ctx):
     """Record the floating-point contract in every mode; enforce it in strict mode."""
     ctx.reports["numerics"] = check_numerics(kernel, ctx.options)

@@ -36,7 +36,7 @@ import z3
 
 from tilelang import tvm
 from tlx.lowering import LoweredKernel
-from tlx.passes import PassContext, register_pass, verifying_exhaustively
+from tlx.passes import PassContext
 from tlx.passes.smt import Encoder, scalar_dtype
 
 tir = tvm.tirx
@@ -629,7 +629,6 @@ PASS_BUDGET = 20_000_000
 """Z3 resource units the compile-time pass spends per kernel; ``banks_report`` alone has no cap."""
 
 
-@register_pass("banks", order=61, enabled=verifying_exhaustively)
 def banks_pass(kernel: LoweredKernel, ctx: PassContext) -> LoweredKernel:
     """Bank conflicts cost time, not correctness: reported in ``ctx.reports["bank_conflicts"]`` only."""
     ctx.reports["bank_conflicts"] = banks_report(kernel, budget=ctx.options.get("bank_budget", PASS_BUDGET), assume=ctx.options.get("assume", ()))

@@ -27,7 +27,7 @@ import tilelang  # noqa: F401
 from tilelang import tvm
 
 from tlx.lowering import LoweredKernel
-from tlx.passes import PassContext, Precondition, register_pass
+from tlx.passes import PassContext, Precondition, TlxError, raise_or_warn
 from tlx.passes.assume import parse_assumption, shape_vars
 from tlx.passes.private_arrays import candidate_arrays, initialized_by
 from tlx.passes.smt import DEFAULT_RLIMIT, PRIVATE_SCOPES, Encoder, Obligation, known_term, scalar_dtype
@@ -37,7 +37,7 @@ tir = tvm.tirx
 __all__ = ["Access", "BoundsReport", "VerificationError", "verify_kernel", "derive_preconditions"]
 
 
-class VerificationError(RuntimeError):
+class VerificationError(TlxError, RuntimeError):
     """Raised by ``verify="error"`` when an access is out of bounds for some allowed shape."""
 
 
@@ -1131,11 +1131,6 @@ def format_violation(a: Access) -> str:
     return f"{a.func}: {a.kind} {a.buffer}[{a.index}] ({a.scope}, extent {a.extent}) at {a.source}: {a.detail}; counterexample: {cex}"
 
 
-def _enabled(ctx: PassContext) -> bool:
-    return ctx.options.get("verify", "warn") != "off"
-
-
-@register_pass("bounds", order=100, enabled=_enabled)
 def bounds_pass(kernel: LoweredKernel, ctx: PassContext) -> LoweredKernel:
     """Verify all accesses; add derived preconditions; raise or warn on the rest."""
     assume = tuple(ctx.options.get("assume", ()))
@@ -1152,9 +1147,7 @@ def bounds_pass(kernel: LoweredKernel, ctx: PassContext) -> LoweredKernel:
     problems = final.violations()
     if problems:
         msg = f"kernel {kernel.name}: {len(problems)} access(es) may be out of bounds:\n" + "\n".join(format_violation(a) for a in problems)
-        if ctx.options.get("verify", "warn") == "error":
-            raise VerificationError(msg)
-        warnings.warn(msg, stacklevel=2)
+        raise_or_warn(ctx, VerificationError(msg))
     elif final.unknowns():
         # Derived preconditions are not warned about: the launcher enforces them (metadata lists them).
         warnings.warn(f"kernel {kernel.name}: {len(final.unknowns())} access(es) could not be proven in bounds (see `tlx check`)",

@@ -2,10 +2,11 @@
 
 Exit status: 0 when every access is proven (possibly under derived preconditions, which
 are listed), 1 when a violation is found, 3 when only unknowns remain. The JSON object
-has the keys of issue 3 (``kernel, accesses, proven, violations, unknown, preconditions,
-seconds``); other analyses add their own top-level sections through
+has the bounds verdict's keys (``kernel, accesses, proven, violations, unknown,
+preconditions, seconds``); the other passes' reports become top-level sections through
 :meth:`CheckResult.add_section` (e.g. ``"layouts"``, ``"bank_conflicts"``, ``"vectors"``,
-``"races"``), and a section may raise the exit status.
+``"races"``), and a section may raise the exit status. ``tlx check`` runs the compile
+pipeline with ``report_only`` set, where :func:`check_pass` takes the bounds pass's place.
 """
 
 from __future__ import annotations
@@ -18,13 +19,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tlx.lowering import LoweredKernel
+from tlx.passes import EXIT_OK, EXIT_UNKNOWN, EXIT_VIOLATION, PassContext
 from tlx.passes.bounds import Access, BoundsReport, derive_preconditions, verify_kernel
 
-__all__ = ["CheckResult", "check_kernel", "source_locator"]
+__all__ = ["CheckResult", "check_kernel", "check_pass", "source_locator"]
 
 _IDENT = re.compile(r"[A-Za-z_]\w*")
-
-EXIT_OK, EXIT_VIOLATION, EXIT_UNKNOWN = 0, 1, 3
 
 
 @dataclass
@@ -203,3 +203,9 @@ def check_kernel(kernel: LoweredKernel, options: dict | None = None) -> CheckRes
     if options.get("derive_preconditions", True) and (report.violations() or report.unknowns()):
         pre, final = derive_preconditions(kernel, report, tuple(assume), source_map=locate, **kwargs)
     return CheckResult(kernel.name, report, final, pre, time.perf_counter() - t0, source_lines=texts)
+
+
+def check_pass(kernel: LoweredKernel, ctx: PassContext) -> LoweredKernel:
+    """``tlx check``'s bounds verdict, with source lines, into ``ctx.check``."""
+    ctx.check = check_kernel(kernel, {"assume": tuple(ctx.options.get("assume", ())), "source": ctx.source})
+    return kernel

@@ -29,7 +29,7 @@ import z3
 
 from tilelang import tvm
 from tlx.lowering import LoweredKernel
-from tlx.passes import PassContext, register_pass, verifying
+from tlx.passes import PassContext, TlxError, exit_status, raise_or_warn
 from tlx.passes.smt import Encoder
 
 tir = tvm.tirx
@@ -37,7 +37,7 @@ tir = tvm.tirx
 __all__ = ["LayoutError", "check_layout", "collect_layouts", "gf2_map", "gf2_rank", "layouts_report"]
 
 
-class LayoutError(Exception):
+class LayoutError(TlxError):
     """A layout was proven wrong (collision or out of range) under ``verify="error"``."""
 
 
@@ -544,7 +544,7 @@ def layouts_report(kernel: LoweredKernel) -> dict:
         "checked": len(entries),
         "invalid": invalid,
         "unknown": unknown,
-        "exit_code": 1 if invalid else 3 if unknown else 0,  # tlx check's convention
+        "exit_code": exit_status(invalid, unknown),
         "seconds": round(time.perf_counter() - t0, 4),
     }
 
@@ -562,7 +562,6 @@ def _describe(e: dict) -> str:
     return f"layout of {e['buffer']}: Z3 and GF(2) rank disagree ({e['gf2']})"
 
 
-@register_pass("layouts", order=60, enabled=verifying)
 def layouts_pass(kernel: LoweredKernel, ctx: PassContext) -> LoweredKernel:
     """Report into ``ctx.reports["layouts"]``; a wrong layout raises or warns per ``verify``."""
     if kernel.layout_mod is None:
@@ -572,13 +571,5 @@ def layouts_pass(kernel: LoweredKernel, ctx: PassContext) -> LoweredKernel:
     ctx.reports["layouts"] = report
     bad = [_describe(e) for e in report["layouts"] if e["verdict"] in ("invalid", "error")]
     if bad:
-        _raise_or_warn(ctx, "\n".join(bad))
+        raise_or_warn(ctx, LayoutError("\n".join(bad)))
     return kernel
-
-
-def _raise_or_warn(ctx: PassContext, message: str) -> None:
-    if ctx.options.get("verify", "warn") == "error":
-        raise LayoutError(message)
-    import warnings
-
-    warnings.warn(message, stacklevel=3)

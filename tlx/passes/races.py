@@ -31,7 +31,7 @@ import z3
 
 from tilelang import tvm
 from tlx.lowering import LoweredKernel
-from tlx.passes import PassContext, register_pass, verifying_exhaustively
+from tlx.passes import PassContext, TlxError, exit_status, raise_or_warn
 from tlx.passes.banks import SHARED_SCOPES, Access, Program, _elem_bytes, _int, collect_program, kernel_encoder
 from tlx.passes.layouts import _bits_to_arith, bit_split
 from tlx.passes.smt import Encoder, Verdict
@@ -44,7 +44,7 @@ _THREAD_OPS = ("load", "store", "ptx_ldmatrix", "ptx_stmatrix", "ptx_cp_async")
 _MBARRIER_HINTS = ("mbarrier", "arrive_barrier", "ptx_arrive", "barrier_wait")
 
 
-class RaceError(Exception):
+class RaceError(TlxError):
     """A shared-memory race was found under ``verify="error"``."""
 
 
@@ -265,11 +265,10 @@ def races_report(kernel: LoweredKernel, programs: list[Program] | None = None, b
     n_races = sum(len(p["races"]) for p in per)
     n_unknown = sum(len(p["unknown"]) for p in per)
     verdict = "race" if n_races else "unknown" if n_unknown else "race-free"
-    code = {"race": 1, "unknown": 3, "race-free": 0}[verdict]  # tlx check's convention
     summary = [f"shared memory: {verdict} ({sum(p['pairs'] for p in per)} access pairs checked, {n_unknown} unknown)"]
     summary += [describe_race(r) for p in per for r in p["races"]][:5]
     summary += sorted({f"unknown: {u['reason']}" for p in per for u in p["unknown"]})[:5]
-    return {"summary": summary, "kernels": per, "races": n_races, "unknown": n_unknown, "verdict": verdict, "exit_code": code,
+    return {"summary": summary, "kernels": per, "races": n_races, "unknown": n_unknown, "verdict": verdict, "exit_code": exit_status(n_races, n_unknown),
             "rlimit_used": enc.rlimit_used, "seconds": round(time.perf_counter() - t0, 4)}
 
 
@@ -278,16 +277,10 @@ PASS_BUDGET = 20_000_000
 beyond it are unknown. ``races_report(kernel)`` without a budget checks every pair."""
 
 
-@register_pass("races", order=63, enabled=verifying_exhaustively)
 def races_pass(kernel: LoweredKernel, ctx: PassContext) -> LoweredKernel:
     """Report into ``ctx.reports["races"]``; a proven race raises or warns per ``verify``."""
     report = races_report(kernel, budget=ctx.options.get("race_budget", PASS_BUDGET), assume=ctx.options.get("assume", ()))
     ctx.reports["races"] = report
     if report["races"]:
-        lines = [describe_race(r) for p in report["kernels"] for r in p["races"]]
-        if ctx.options.get("verify", "warn") == "error":
-            raise RaceError("\n".join(lines))
-        import warnings
-
-        warnings.warn("\n".join(lines), stacklevel=2)
+        raise_or_warn(ctx, RaceError("\n".join(describe_race(r) for p in report["kernels"] for r in p["races"])))
     return kernel

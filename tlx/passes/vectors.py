@@ -20,7 +20,7 @@ import time
 
 from tilelang import tvm
 from tlx.lowering import LoweredKernel
-from tlx.passes import PassContext, register_pass, verifying
+from tlx.passes import PassContext, TlxError, exit_status, raise_or_warn
 from tlx.passes.banks import Access, Program, _elem_bytes, _int, collect_program, context_facts, kernel_encoder
 from tlx.passes.smt import Encoder
 
@@ -31,7 +31,7 @@ __all__ = ["VectorError", "vectors_report"]
 _MAX_VECTOR_BYTES = 16
 
 
-class VectorError(Exception):
+class VectorError(TlxError):
     """A misaligned or non-contiguous vector access was proven under ``verify="error"``."""
 
 
@@ -142,12 +142,11 @@ def vectors_report(kernel: LoweredKernel, programs: list[Program] | None = None,
         "checked": len(vectors),
         "misaligned": bad,
         "unknown": unknown,
-        "exit_code": 1 if bad else 3 if unknown else 0,  # tlx check's convention
+        "exit_code": exit_status(bad, unknown),
         "seconds": round(time.perf_counter() - t0, 4),
     }
 
 
-@register_pass("vectors", order=62, enabled=verifying)
 def vectors_pass(kernel: LoweredKernel, ctx: PassContext) -> LoweredKernel:
     """Report into ``ctx.reports["vectors"]``; a proven misaligned vector raises or warns per ``verify``."""
     report = vectors_report(kernel, assume=ctx.options.get("assume", ()))
@@ -155,9 +154,5 @@ def vectors_pass(kernel: LoweredKernel, ctx: PassContext) -> LoweredKernel:
     bad = [e for e in report["vectors"] if e["verdict"] == "misaligned"]
     if bad:
         msg = "\n".join(f"misaligned {e['width_bytes']}-byte vector access `{e['statement']}` at {e['counterexample']}" for e in bad)
-        if ctx.options.get("verify", "warn") == "error":
-            raise VectorError(msg)
-        import warnings
-
-        warnings.warn(msg, stacklevel=2)
+        raise_or_warn(ctx, VectorError(msg))
     return kernel
