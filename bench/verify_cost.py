@@ -29,7 +29,8 @@ warnings.simplefilter("ignore")
 from tests.passes.corpus.bugs import BUGS  # noqa: E402
 from tests.passes.corpus.correct import CORRECT  # noqa: E402
 from tlx.lowering import codegen_cuda, lower  # noqa: E402
-from tlx.passes.bounds import derive_preconditions, verify_kernel  # noqa: E402
+from tlx.passes.preconditions import derive_preconditions  # noqa: E402
+from tlx.passes.verification import verify_kernel  # noqa: E402
 from tlx.passes.guards import count_predicates, eliminate_guards  # noqa: E402
 
 # Dynamic-shape kernels and the divisibility their callers guarantee (enforced by the launcher).

@@ -158,15 +158,15 @@ def random_arguments(kernel, dims: dict[str, int]) -> list:
     """Fresh random arguments for every parameter, sized by ``dims`` for symbolic extents."""
     import torch
 
-    from tlx.kernel import _extent, _torch_dtype
+    from tlx.kernel import output_extent, torch_dtype
 
     args = []
     for p in sorted(kernel.metadata["params"], key=lambda p: p["index"]):
         if p["kind"] == "scalar":
             args.append(1.0 if p["dtype"].startswith("float") else 1)
             continue
-        shape = [_extent(d, kernel.name, p["name"])(dims) for d in p["shape"]]
-        dtype = _torch_dtype(p["dtype"])
+        shape = [output_extent(d, kernel.name, p["name"])(dims) for d in p["shape"]]
+        dtype = torch_dtype(p["dtype"])
         if dtype.is_floating_point:
             t = torch.randn(shape, device="cuda").to(dtype)
         else:

@@ -11,7 +11,8 @@ from tests.passes.corpus.correct import TARGET
 from tilelang import tvm
 from tlx.passes import PassContext
 from tlx.passes.pipeline import pass_names, run_passes
-from tlx.passes.bounds import VerificationError, bounds_pass, verify_kernel
+from tlx.passes.bounds import bounds_pass
+from tlx.passes.verification import VerificationError, verify_kernel
 
 tir = tvm.tirx
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from tilelang import tvm
 
-from tlx.numerics._tir import device_functions, extern_name, op_name
+from tlx.ir.tir import device_functions, extern_name, op_name
 
 __all__ = ["analyze", "analyze_device", "analyze_program", "declare_pure"]
 

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from tilelang import tvm
 
-from tlx.numerics._tir import calls, device_functions, extern_name, op_name
+from tlx.ir.tir import calls, device_functions, extern_name, op_name
 from tlx.lowering import lower, normalize_target
 from tlx.numerics.modes import nvcc_flags
 from tlx.passes import TlxError

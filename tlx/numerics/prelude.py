@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tilelang import tvm
 
-from tlx.numerics._tir import calls, device_functions, extern_name
+from tlx.ir.tir import calls, device_functions, extern_name
 from tlx.numerics.ieee import EXTERN_PREFIX, PRELUDE
 
 def uses_ieee_externs(func) -> bool:

@@ -12,7 +12,7 @@ built with the same flags.
 
 from __future__ import annotations
 
-from tlx.numerics._tir import calls, device_functions, extern_name, op_name
+from tlx.ir.tir import calls, device_functions, extern_name, op_name
 from tlx.numerics.modes import nvcc_flags
 from tlx.passes import TlxError, exit_status
 

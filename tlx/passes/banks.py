@@ -35,13 +35,14 @@ from typing import Any
 import z3
 
 from tilelang import tvm
+from tlx.ir.tir import const_int, elem_bytes, free_vars
 from tlx.lowering import LoweredKernel
 from tlx.passes import PassContext
-from tlx.passes.smt import Encoder, scalar_dtype
+from tlx.passes.smt import Encoder, kernel_encoder
 
 tir = tvm.tirx
 
-__all__ = ["Access", "Program", "bank_conflicts", "banks_report", "collect_program", "count_conflicts", "kernel_encoder", "predict_ncu"]
+__all__ = ["Access", "Program", "bank_conflicts", "banks_report", "collect_program", "count_conflicts", "predict_ncu"]
 
 SHARED_SCOPES = ("shared", "shared.dyn")
 _BARRIER_CALLS = ("tirx.tvm_storage_sync",)
@@ -113,20 +114,9 @@ class Program:
         return n
 
 
-def _int(x):
-    return int(x.value) if isinstance(x, tir.IntImm) else x if isinstance(x, int) else None
-
-
 def _scope_of(var) -> str:
     ta = getattr(var, "type_annotation", None)
     return str(getattr(ta, "storage_scope", "")) if ta is not None else ""
-
-
-def _elem_bytes(dtype) -> int:
-    _, bits, _ = scalar_dtype(dtype)
-    if bits == 0:
-        bits = tvm.DataType(str(dtype)).bits
-    return max(bits // 8, 1)
 
 
 def _depends_on(expr, vars_) -> bool:
@@ -221,7 +211,7 @@ class _Walker:
         elif isinstance(s, tir.AttrStmt):
             if s.attr_key == "thread_extent":
                 iv = s.node
-                tag, ext = str(iv.thread_tag), _int(s.value)
+                tag, ext = str(iv.thread_tag), const_int(s.value)
                 if tag.startswith("threadIdx"):
                     self.thread_ext[tag] = (iv.var, ext)
                 elif tag.startswith("blockIdx"):
@@ -270,7 +260,7 @@ class _Walker:
 
     def note_root(self, var, value):
         if isinstance(value, tir.Call) and hasattr(value.op, "name") and str(value.op.name) == "tirx.handle_add_byte_offset":
-            data, off = value.args[0], _int(value.args[1])
+            data, off = value.args[0], const_int(value.args[1])
             if off is not None:
                 root, base = self.root_of(data)
                 self.roots[var] = (root, base + off)
@@ -287,11 +277,11 @@ class _Walker:
             return
         index = self.sub(indices[0])
         lanes = int(index.lanes) if isinstance(index, tir.Ramp) else 1
-        if isinstance(index, tir.Ramp) and _int(index.stride) != 1:
+        if isinstance(index, tir.Ramp) and const_int(index.stride) != 1:
             lanes = 1  # a strided vector is emitted lane by lane; the Ramp is kept as one access
         root, base = self.root_of(buf.data)
         conds, loops, epoch, commits = self.context()
-        eb = _elem_bytes(buf.dtype)
+        eb = elem_bytes(buf.dtype)
         self.prog.accesses.append(
             Access(buf.name, root, scope, str(buf.dtype), index, lanes, eb * lanes, base, read, write, op, conds, loops, epoch, commits, self._next(), text[:200], exact=not _reads_memory(index))
         )
@@ -342,7 +332,7 @@ class _Walker:
             return
         if name == "tirx.ptx_wait_group":
             conds, loops, epoch, commits = self.context()
-            self.prog.waits.append(Wait(int(_int(call.args[0])), conds, loops, epoch, commits, self._next()))
+            self.prog.waits.append(Wait(int(const_int(call.args[0])), conds, loops, epoch, commits, self._next()))
             return
         self.exprs([call])
 
@@ -351,19 +341,19 @@ class _Walker:
         dtype = ptr.args[0].dtype
         root, base = self.root_of(data)
         conds, loops, epoch, commits = self.context()
-        eb = _elem_bytes(dtype)
+        eb = elem_bytes(dtype)
         offset = self.sub(offset)
-        rw = _int(mask) or 3
-        ext = _int(extent)
+        rw = const_int(mask) or 3
+        ext = const_int(extent)
         short = name.split(".")[-1]
         common = dict(conds=conds, loops=loops, epoch=epoch, commits=commits, order=self._next(), text=f"{short}(...{data.name}[{offset}]...)"[:200])
         if short in ("ptx_ldmatrix", "ptx_stmatrix"):
-            num = _int(call.args[1])
+            num = const_int(call.args[1])
             self.prog.accesses.append(
                 Access(data.name, root, _scope_of(data), str(dtype), offset, 1, 16, base, short == "ptx_ldmatrix", short == "ptx_stmatrix", short, phase_lanes=8 * (num or 4), exact=not _reads_memory(offset), extent_elems=16 // eb, **common)
             )
         elif short == "ptx_cp_async":
-            nbytes = _int(call.args[2]) if len(call.args) > 2 else None
+            nbytes = const_int(call.args[2]) if len(call.args) > 2 else None
             width = nbytes if nbytes is not None else eb * (ext or 1)
             self.prog.accesses.append(
                 Access(data.name, root, _scope_of(data), str(dtype), offset, 1, width, base, False, True, short, is_async=True, exact=not _reads_memory(offset), extent_elems=max(width // eb, 1), **common)
@@ -385,7 +375,7 @@ def _handle_args(call):
 
 
 def _is_zero(e) -> bool:
-    return _int(e) == 0
+    return const_int(e) == 0
 
 
 def _is_block_barrier(call) -> bool:
@@ -405,26 +395,13 @@ def collect_program(kernel: LoweredKernel) -> list[Program]:
             if isinstance(n, tir.AttrStmt) and n.attr_key == "thread_extent":
                 tag = str(n.node.thread_tag)
                 if tag.startswith("threadIdx"):
-                    w.thread_ext[tag] = (n.node.var, _int(n.value))
+                    w.thread_ext[tag] = (n.node.var, const_int(n.value))
 
         tir.stmt_functor.post_order_visit(fn.body, visit)
         w.finish_threads()
         w.stmt(fn.body)
         progs.append(w.prog)
     return progs
-
-
-def kernel_encoder(kernel: LoweredKernel, assume=()) -> Encoder:
-    """One encoder for ``kernel`` with its shape variables (>= 0, the user's ``assume`` strings)
-    registered the way the bounds verifier does, device parameters bound to them."""
-    from tlx.passes.bounds import _bind_params, _shape_setup
-
-    enc = Encoder()
-    variables, _ = _shape_setup(enc, kernel, tuple(assume), [])
-    for _, fn in kernel.device_mod.functions.items():
-        if isinstance(fn, tir.PrimFunc):
-            _bind_params(enc, fn, variables)
-    return enc
 
 
 # ----- per-warp encoding ------------------------------------------------------------------------
@@ -451,17 +428,6 @@ def _phase(acc) -> tuple[int, int]:
     return 8, 32
 
 
-def _free_vars(expr) -> list:
-    out = []
-
-    def visit(n):
-        if isinstance(n, tir.Var) and n not in out:
-            out.append(n)
-
-    tir.stmt_functor.post_order_visit(tir.Evaluate(expr), visit)
-    return out
-
-
 def _lane_split(prog: Program, acc: Access, ana):
     """(warp var, lane-bit vars, address expr, active expr) with thread ids rewritten per warp and lane bit.
 
@@ -483,7 +449,7 @@ def _lane_split(prog: Program, acc: Access, ana):
         sub[v] = tir.floormod(tir.floordiv(tid, stride), ext)
         stride *= ext
     index = acc.index.base if isinstance(acc.index, tir.Ramp) else acc.index
-    addr = ana.simplify(ana.simplify(tir.stmt_functor.substitute(index, sub) * _elem_bytes(acc.dtype) + acc.base_bytes))
+    addr = ana.simplify(ana.simplify(tir.stmt_functor.substitute(index, sub) * elem_bytes(acc.dtype) + acc.base_bytes))
     # word = hi * 32 + lo // 4: the bank depends on ``lo`` only, and both halves simplify further.
     hi, lo = (ana.simplify(ana.simplify(op(addr, 128))) for op in (tir.floordiv, tir.floormod))
     active = ana.simplify(tir.stmt_functor.substitute(tir.all(*acc.conds), sub)) if acc.conds else tir.const(True)
@@ -497,14 +463,14 @@ def bank_conflicts(enc: Encoder, prog: Program, acc: Access) -> dict:
     ctx = enc.ctx
     ana = tvm.arith.Analyzer()
     for v, lo, ext in acc.loops:
-        if _int(lo) is not None and _int(ext) is not None:
-            ana.bind(v, tvm.ir.Range.from_min_extent(_int(lo), _int(ext)))
+        if const_int(lo) is not None and const_int(ext) is not None:
+            ana.bind(v, tvm.ir.Range.from_min_extent(const_int(lo), const_int(ext)))
     for v, ext in prog.blocks:
-        if _int(ext) is not None:
-            ana.bind(v, tvm.ir.Range(0, _int(ext)))
+        if const_int(ext) is not None:
+            ana.bind(v, tvm.ir.Range(0, const_int(ext)))
     warp_v, bits, hi, lo, active = _lane_split(prog, acc, ana)
     warp = enc.encode(warp_v)
-    warp_bits = [enc.var(v) for v in _free_vars(warp_v)]
+    warp_bits = [enc.var(v) for v in free_vars(warp_v)]
     base = [c for b in warp_bits for c in (b >= 0, b <= 1)] + [warp * 32 < nthreads] + context_facts(enc, prog, acc)
     words_per_lane = max(acc.width // 4, 1)
     zero, one = z3.IntVal(0, ctx), z3.IntVal(1, ctx)
@@ -681,7 +647,7 @@ def count_conflicts(prog: Program, acc: Access) -> dict:
     per_phase, participating = _phase(acc)
     nthreads = prog.block_threads
     words_per_lane = max(acc.width // 4, 1)
-    dims = [(v, int(e)) for v, e in prog.blocks] + [(v, int(_int(ext))) for v, lo, ext in acc.loops if _int(lo) == 0 and _int(ext) is not None]
+    dims = [(v, int(e)) for v, e in prog.blocks] + [(v, int(const_int(ext))) for v, lo, ext in acc.loops if const_int(lo) == 0 and const_int(ext) is not None]
     if len(dims) != len(prog.blocks) + len(acc.loops):
         raise ValueError("count_conflicts: loops with symbolic bounds cannot be enumerated")
     grids = np.meshgrid(*[np.arange(n) for _, n in dims], indexing="ij") if dims else []
@@ -697,7 +663,7 @@ def count_conflicts(prog: Program, acc: Access) -> dict:
         for v, ext in prog.threads:
             env[v] = (tid // stride) % ext
             stride *= ext
-        addr = np.broadcast_to(_np_eval(index, env) * _elem_bytes(acc.dtype) + acc.base_bytes, (n_ctx, 32))
+        addr = np.broadcast_to(_np_eval(index, env) * elem_bytes(acc.dtype) + acc.base_bytes, (n_ctx, 32))
         live = np.broadcast_to(tid < nthreads, (n_ctx, 32)).copy()
         for c in acc.conds:
             live &= np.broadcast_to(np.asarray(_np_eval(c, env), dtype=bool), (n_ctx, 32))

@@ -20,7 +20,8 @@ from typing import Any
 
 from tlx.lowering import LoweredKernel
 from tlx.passes import EXIT_OK, EXIT_UNKNOWN, EXIT_VIOLATION, PassContext
-from tlx.passes.bounds import Access, BoundsReport, derive_preconditions, verify_kernel
+from tlx.passes.preconditions import derive_preconditions
+from tlx.passes.verification import Access, BoundsReport, verify_kernel
 
 __all__ = ["CheckResult", "check_kernel", "check_pass", "source_locator"]
 

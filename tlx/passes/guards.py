@@ -16,7 +16,7 @@ import re
 
 from tlx.lowering import LoweredKernel
 from tlx.passes import PassContext
-from tlx.passes.bounds import verify_kernel
+from tlx.passes.verification import verify_kernel
 
 __all__ = ["count_predicates", "eliminate_guards"]
 

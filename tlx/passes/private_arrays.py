@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from tilelang import tvm
 
-from tlx.passes.smt import PRIVATE_SCOPES, scalar_dtype
+from tlx.ir.tir import PRIVATE_SCOPES, scalar_dtype
 
 tir = tvm.tirx
 

@@ -32,9 +32,10 @@ import z3
 from tilelang import tvm
 from tlx.lowering import LoweredKernel
 from tlx.passes import PassContext, TlxError, exit_status, raise_or_warn
-from tlx.passes.banks import SHARED_SCOPES, Access, Program, _elem_bytes, _int, collect_program, kernel_encoder
-from tlx.passes.layouts import _bits_to_arith, bit_split
-from tlx.passes.smt import Encoder, Verdict
+from tlx.ir.tir import const_int, elem_bytes
+from tlx.passes.banks import SHARED_SCOPES, Access, Program, collect_program
+from tlx.passes.layouts import bit_split, bits_to_arith
+from tlx.passes.smt import Encoder, Verdict, kernel_encoder
 
 tir = tvm.tirx
 
@@ -66,17 +67,17 @@ class _Copy:
 
     def __init__(self, enc: Encoder, prog: Program, acc: Access, tag: str):
         ctx_vars = [(v, ext) for v, ext in prog.threads]
-        split_loops = [(v, ext) for v, lo, ext in acc.loops if _int(lo) == 0 and _int(ext) is not None]
-        other_loops = [(v, lo, ext) for v, lo, ext in acc.loops if not (_int(lo) == 0 and _int(ext) is not None)]
+        split_loops = [(v, ext) for v, lo, ext in acc.loops if const_int(lo) == 0 and const_int(ext) is not None]
+        other_loops = [(v, lo, ext) for v, lo, ext in acc.loops if not (const_int(lo) == 0 and const_int(ext) is not None)]
         index = acc.index.base if isinstance(acc.index, tir.Ramp) else acc.index
         extents = dict(ctx_vars + split_loops)
-        exprs = [_bits_to_arith(e, extents) for e in [index, acc.epoch, acc.commits] + list(acc.conds)]
+        exprs = [bits_to_arith(e, extents) for e in [index, acc.epoch, acc.commits] + list(acc.conds)]
         outs, inputs, recon, constraints = bit_split(exprs, ctx_vars + split_loops + [(v, None) for v, _, _ in other_loops], tag=f"@{tag}", fresh=True)
         facts = []
         for nv, ext in inputs:
-            if _int(ext) is not None:
+            if const_int(ext) is not None:
                 t = enc.var(nv)
-                facts += [t >= 0, t < _int(ext)]
+                facts += [t >= 0, t < const_int(ext)]
         for v, lo, ext in other_loops:
             t = enc.encode(recon[v])
             lo_t = enc.encode(tir.stmt_functor.substitute(lo, recon))
@@ -87,7 +88,7 @@ class _Copy:
         self.thread_env = {v: t for (v, _), (_, t) in zip(prog.threads, self.threads, strict=True)}
         index, epoch, commits, *conds = outs
         self.facts = facts + [enc.encode_bool(c) for c in list(conds) + constraints]
-        self.lo = acc.base_bytes + enc.encode(index) * _elem_bytes(acc.dtype)
+        self.lo = acc.base_bytes + enc.encode(index) * elem_bytes(acc.dtype)
         self.hi = self.lo + acc.width  # exclusive
         self.epoch = enc.encode(epoch)
         self.group = enc.encode(commits)

@@ -21,8 +21,9 @@ import time
 from tilelang import tvm
 from tlx.lowering import LoweredKernel
 from tlx.passes import PassContext, TlxError, exit_status, raise_or_warn
-from tlx.passes.banks import Access, Program, _elem_bytes, _int, collect_program, context_facts, kernel_encoder
-from tlx.passes.smt import Encoder
+from tlx.ir.tir import const_int, elem_bytes
+from tlx.passes.banks import Access, Program, collect_program, context_facts
+from tlx.passes.smt import Encoder, kernel_encoder
 
 tir = tvm.tirx
 
@@ -43,15 +44,15 @@ def _thread_facts(enc: Encoder, prog: Program) -> list:
 
 
 def _address(enc: Encoder, acc: Access, index) -> object:
-    return acc.base_bytes + enc.encode(index) * _elem_bytes(acc.dtype)
+    return acc.base_bytes + enc.encode(index) * elem_bytes(acc.dtype)
 
 
 def check_vector(enc: Encoder, prog: Program, acc: Access) -> dict:
     """Contiguity and alignment of one vector access."""
     ramp = acc.index
-    eb = _elem_bytes(acc.dtype)
+    eb = elem_bytes(acc.dtype)
     entry = {"buffer": acc.buffer, "scope": acc.scope, "op": acc.op, "statement": acc.text, "lanes": int(ramp.lanes), "width_bytes": eb * int(ramp.lanes)}
-    if _int(ramp.stride) != 1:
+    if const_int(ramp.stride) != 1:
         entry.update(contiguous=False, aligned="n/a", verdict="not contiguous", stride=str(ramp.stride))
         return entry
     width = eb * int(ramp.lanes)
@@ -89,10 +90,10 @@ def missed_vectorization(enc: Encoder, prog: Program, acc: Access) -> dict | Non
     if acc.lanes != 1 or not acc.loops or isinstance(acc.index, tir.Ramp) or acc.op not in ("load", "store"):
         return None
     v, lo, ext = acc.loops[-1]
-    n = _int(ext)
-    if n is None or n < 2 or _int(lo) != 0:
+    n = const_int(ext)
+    if n is None or n < 2 or const_int(lo) != 0:
         return None
-    eb = _elem_bytes(acc.dtype)
+    eb = elem_bytes(acc.dtype)
     step = tir.stmt_functor.substitute(acc.index, {v: v + 1}) - acc.index
     facts = _thread_facts(enc, prog) + context_facts(enc, prog, acc) + [enc.encode_bool(c) for c in acc.conds]
     iv = enc.var(v)
