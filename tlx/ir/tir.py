@@ -12,7 +12,7 @@ from tilelang import tvm
 tir = tvm.tirx
 
 __all__ = ["PRIVATE_SCOPES", "arith_only", "calls", "const_int", "device_functions", "elem_bytes", "extern_name",
-           "free_vars", "op_name", "scalar_dtype"]
+           "free_vars", "nodes", "op_name", "scalar_dtype"]
 
 PRIVATE_SCOPES = ("local", "local.var")  # a thread's own registers: only its own stores change them
 
@@ -41,16 +41,17 @@ def extern_name(call) -> str | None:
     return None
 
 
+def nodes(node, kind) -> list:
+    """Every node of type ``kind`` in statement or expression ``node``, in visit order."""
+    found = []
+    tir.stmt_functor.post_order_visit(node if isinstance(node, tir.Stmt) else tir.Evaluate(node),
+                                      lambda n: found.append(n) if isinstance(n, kind) else None)
+    return found
+
+
 def calls(func) -> list:
     """Every Call node in a PrimFunc body, in visit order."""
-    found = []
-
-    def visit(node):
-        if isinstance(node, tir.Call):
-            found.append(node)
-
-    tir.stmt_functor.post_order_visit(func.body, visit)
-    return found
+    return nodes(func.body, tir.Call)
 
 
 def const_int(x) -> int | None:
@@ -65,12 +66,9 @@ def const_int(x) -> int | None:
 def free_vars(expr) -> list:
     """The variables of ``expr``, each once, in visit order."""
     out = []
-
-    def visit(n):
-        if isinstance(n, tir.Var) and n not in out:
-            out.append(n)
-
-    tir.stmt_functor.post_order_visit(tir.Evaluate(expr), visit)
+    for v in nodes(expr, tir.Var):
+        if v not in out:
+            out.append(v)
     return out
 
 

@@ -32,8 +32,8 @@ import z3
 from tilelang import tvm
 from tlx.lowering import LoweredKernel
 from tlx.passes import PassContext, TlxError, exit_status, raise_or_warn
+from tlx.ir.program import SHARED_SCOPES, Access, Program, collect_program
 from tlx.ir.tir import const_int, elem_bytes
-from tlx.passes.banks import SHARED_SCOPES, Access, Program, collect_program
 from tlx.passes.layouts import bit_split, bits_to_arith
 from tlx.passes.smt import Encoder, Verdict, kernel_encoder
 

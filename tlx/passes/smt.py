@@ -34,12 +34,12 @@ import tilelang  # noqa: F401  (sets up the bundled TVM)
 from tilelang import tvm
 
 from tlx.ir.facts import FunctionFacts, user_name
-from tlx.ir.tir import PRIVATE_SCOPES, scalar_dtype
+from tlx.ir.tir import PRIVATE_SCOPES, op_name, scalar_dtype
 from tlx.passes.assume import parse_assumption, shape_vars
 
 tir = tvm.tirx
 
-__all__ = ["DEFAULT_RLIMIT", "Encoder", "Obligation", "Verdict", "bind_params", "dtype_range", "kernel_encoder", "shape_setup"]
+__all__ = ["DEFAULT_RLIMIT", "Encoder", "Obligation", "Verdict", "bind_params", "context_facts", "dtype_range", "kernel_encoder", "shape_setup"]
 
 DEFAULT_RLIMIT = 2_000_000
 """Z3 resource units per query: about 0.1-0.3 s of solver work, identical on every machine."""
@@ -541,7 +541,7 @@ class Encoder:
         return self._oblige(expr, v, f"{dst_kind}{dst_bits}")
 
     def _enc_Call(self, expr, env, lane):
-        name = str(expr.op.name) if hasattr(expr.op, "name") else ""
+        name = op_name(expr)
         args = expr.args
         if name == "tirx.if_then_else":
             # Lazy (a C conditional): a branch's width obligations hold only where it is taken.
@@ -743,3 +743,13 @@ def kernel_encoder(kernel, assume=()) -> Encoder:
         if isinstance(fn, tvm.tirx.PrimFunc):
             bind_params(enc, fn, variables)
     return enc
+
+
+def context_facts(enc: Encoder, prog, acc) -> list:
+    """Ranges of blocks and the loops around ``acc`` (shared by all lanes of a warp)."""
+    facts = []
+    for v, ext in prog.blocks:
+        facts += enc.range_facts(v, 0, ext)
+    for v, lo, ext in acc.loops:
+        facts += enc.range_facts(v, lo, ext)
+    return facts

@@ -21,9 +21,9 @@ import time
 from tilelang import tvm
 from tlx.lowering import LoweredKernel
 from tlx.passes import PassContext, TlxError, exit_status, raise_or_warn
+from tlx.ir.program import Access, Program, collect_program
 from tlx.ir.tir import const_int, elem_bytes
-from tlx.passes.banks import Access, Program, collect_program, context_facts
-from tlx.passes.smt import Encoder, kernel_encoder
+from tlx.passes.smt import Encoder, context_facts, kernel_encoder
 
 tir = tvm.tirx
 

@@ -28,7 +28,7 @@ import tilelang  # noqa: F401
 from tilelang import tvm
 
 from tlx.ir.facts import function_facts, param_buffers, user_name
-from tlx.ir.tir import PRIVATE_SCOPES, arith_only, device_functions, scalar_dtype
+from tlx.ir.tir import PRIVATE_SCOPES, arith_only, device_functions, op_name, scalar_dtype
 from tlx.lowering import LoweredKernel
 from tlx.passes import TlxError
 from tlx.passes.private_arrays import candidate_arrays, initialized_by
@@ -402,7 +402,7 @@ class _Walker:
             self.check_access(e.buffer, list(e.indices), "load", getattr(e, "predicate", None))
             return e
         if isinstance(e, tir.Call):
-            op = str(e.op.name) if hasattr(e.op, "name") else ""
+            op = op_name(e)
             if op == "tirx.if_then_else":
                 return self.visit_conditional_expr(e)
             if op == "tirx.tvm_access_ptr":
@@ -694,7 +694,7 @@ _CP_ASYNC = ("tl.ptx_cp_async", "tirx.ptx_cp_async")
 
 
 def _is_access_ptr(e) -> bool:
-    return isinstance(e, tir.Call) and hasattr(e.op, "name") and str(e.op.name) == "tirx.tvm_access_ptr"
+    return isinstance(e, tir.Call) and op_name(e) == "tirx.tvm_access_ptr"
 
 
 def _stored_data_vars(stmt) -> set:
@@ -707,7 +707,7 @@ def _stored_data_vars(stmt) -> set:
             out.add(n.buffer.data)
         elif isinstance(n, tir.Var) and str(n.dtype) == "handle":
             out.add(n)
-        elif (isinstance(n, tir.Call) and hasattr(n.op, "name") and str(n.op.name) == "tirx.address_of"
+        elif (isinstance(n, tir.Call) and op_name(n) == "tirx.address_of"
               and isinstance(n.args[0], tir.BufferLoad)):
             out.add(n.args[0].buffer.data)
 
