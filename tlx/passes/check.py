@@ -21,7 +21,7 @@ from typing import Any
 from tlx.lowering import LoweredKernel
 from tlx.passes import EXIT_OK, EXIT_UNKNOWN, EXIT_VIOLATION, PassContext
 from tlx.passes.preconditions import derive_preconditions
-from tlx.passes.verification import Access, BoundsReport, verify_kernel
+from tlx.passes.verification import CheckedAccess, BoundsReport, verify_kernel
 
 __all__ = ["CheckResult", "check_kernel", "check_pass", "source_locator"]
 
@@ -51,11 +51,11 @@ class CheckResult:
         self.section_exit[name] = exit_code
 
     @property
-    def violations(self) -> list[Access]:
+    def violations(self) -> list[CheckedAccess]:
         return self.final.violations()
 
     @property
-    def unknown(self) -> list[Access]:
+    def unknown(self) -> list[CheckedAccess]:
         return self.final.unknowns()
 
     @property
@@ -83,7 +83,7 @@ class CheckResult:
         out.update(self.sections)
         return out
 
-    def _needed_by(self) -> list[Access]:
+    def _needed_by(self) -> list[CheckedAccess]:
         """The accesses that failed before the preconditions (with their counterexamples)."""
         if not self.preconditions:
             return []
@@ -111,7 +111,7 @@ class CheckResult:
         lines.append(verdict)
         return "\n".join(lines)
 
-    def _describe(self, a: Access) -> list[str]:
+    def _describe(self, a: CheckedAccess) -> list[str]:
         if a.kind == "overflow":
             out = [f"{a.source}: {a.extent} overflow computing {a.index}" + (f" (for {a.buffer})" if a.buffer else "")]
         else:
@@ -128,7 +128,7 @@ class CheckResult:
 _CORE_KEYS = {"kernel", "accesses", "proven", "violations", "unknown", "preconditions", "seconds"}
 
 
-def _access_json(a: Access) -> dict:
+def _access_json(a: CheckedAccess) -> dict:
     return {
         "buffer": a.buffer,
         "scope": a.scope,

@@ -12,7 +12,7 @@ from tlx.lowering import LoweredKernel
 from tlx.passes import Precondition
 from tlx.passes.assume import shape_vars
 from tlx.passes.smt import DEFAULT_RLIMIT, Encoder, shape_setup
-from tlx.passes.verification import Access, BoundsReport, verify_kernel
+from tlx.passes.verification import CheckedAccess, BoundsReport, verify_kernel
 
 tir = tvm.tirx
 
@@ -52,7 +52,7 @@ def _upper_bound(kernel, assume, variables, name, chosen, target, rlimit, hulls)
     return tir.LE(v, tir.IntImm(v.dtype, least[0] - 1)), f"{name} <= {least[0] - 1}"
 
 
-def _vars_in(access: Access, variables: dict) -> list[str]:
+def _vars_in(access: CheckedAccess, variables: dict) -> list[str]:
     return sorted(k for k in access.counterexample if k in variables)
 
 
@@ -126,7 +126,7 @@ def _tightest_bounds(chosen):
     return out
 
 
-def _fixes(rep: BoundsReport, target: Access) -> bool:
+def _fixes(rep: BoundsReport, target: CheckedAccess) -> bool:
     """``target`` is proven in ``rep`` (an overflow entry that disappeared counts as proven)."""
     return all(a.status in ("proven", "skipped") for a in rep.accesses if a.key() == target.key())
 

@@ -36,7 +36,7 @@ from tlx.passes.smt import DEFAULT_RLIMIT, Encoder, Obligation, bind_params, kno
 
 tir = tvm.tirx
 
-__all__ = ["Access", "BoundsReport", "VerificationError", "format_violation", "verify_kernel"]
+__all__ = ["CheckedAccess", "BoundsReport", "VerificationError", "format_violation", "verify_kernel"]
 
 
 class VerificationError(TlxError, RuntimeError):
@@ -44,7 +44,7 @@ class VerificationError(TlxError, RuntimeError):
 
 
 @dataclass
-class Access:
+class CheckedAccess:
     """One checked access (or index overflow) and its verdict."""
 
     func: str
@@ -82,7 +82,7 @@ class Access:
 @dataclass
 class BoundsReport:
     kernel: str
-    accesses: list[Access]
+    accesses: list[CheckedAccess]
     seconds: float
     queries: int
     rlimit_used: int
@@ -99,10 +99,10 @@ class BoundsReport:
     def checked(self) -> int:
         return sum(a.kind != "overflow" for a in self.accesses)
 
-    def violations(self) -> list[Access]:
+    def violations(self) -> list[CheckedAccess]:
         return [a for a in self.accesses if a.status == "violation"]
 
-    def unknowns(self) -> list[Access]:
+    def unknowns(self) -> list[CheckedAccess]:
         return [a for a in self.accesses if a.status == "unknown"]
 
     def to_json(self) -> dict:
@@ -153,7 +153,7 @@ class _Walker:
         self.rewrite = rewrite
         self.source_map = source_map
         self.frames: list[_Frame] = [_Frame([], list(shape_terms.items()))]
-        self.accesses: list[Access] = []
+        self.accesses: list[CheckedAccess] = []
         self.aliases: dict[Any, tuple[Any, Any]] = {}  # handle var -> (base data var, byte offset expr)
         self.buffers: dict[Any, Any] = {}  # data var -> Buffer
         self.guards_seen = 0
@@ -201,7 +201,7 @@ class _Walker:
             out["__untracked__"] = private
         return out
 
-    def record_least(self, access: Access, verdict):
+    def record_least(self, access: CheckedAccess, verdict):
         """In focus mode: the least value of each shape variable that still violates (for upper-bound preconditions)."""
         if self.focus is None or access.key() != self.focus:
             return
@@ -231,7 +231,7 @@ class _Walker:
     def taint(self) -> list[str]:
         return [t for fr in self.frames for t in fr.tainted]
 
-    def demote(self, access: Access) -> None:
+    def demote(self, access: CheckedAccess) -> None:
         """A violation that may be spurious becomes unknown: found in a context weakened by a
         possible overflow, or relying on values the kernel computed into its own memory."""
         untracked = access.counterexample.pop("__untracked__", None)
@@ -254,7 +254,7 @@ class _Walker:
         if text in self._overflow_seen:
             return
         self._overflow_seen.add(text)
-        a = Access(self.func, subject, "", "overflow", str(bad.node) if bad else what, bad.dtype if bad else "", verdict.status)
+        a = CheckedAccess(self.func, subject, "", "overflow", str(bad.node) if bad else what, bad.dtype if bad else "", verdict.status)
         a.source = self.source_map(subject, "overflow", a.index) if subject else "unknown line"
         if self.focus is not None and a.key() != self.focus:
             a.status = "skipped"
@@ -275,7 +275,7 @@ class _Walker:
         name = user_name(buffer.name)
         scope = str(buffer.scope())
         shape = list(buffer.shape)
-        access = Access(self.func, name, scope, kind, ", ".join(str(i) for i in indices), " x ".join(str(s) for s in shape))
+        access = CheckedAccess(self.func, name, scope, kind, ", ".join(str(i) for i in indices), " x ".join(str(s) for s in shape))
         access.source = self.source_map(name, kind, access.index)
         self.accesses.append(access)
         lane = None
@@ -351,7 +351,7 @@ class _Walker:
         size = 1
         for s in buf.shape:
             size = size * s
-        access = Access(self.func, name, str(buf.scope()), "pointer", f"[{offset}, {offset} + {extent})", f"{size} x {buf.dtype}")
+        access = CheckedAccess(self.func, name, str(buf.scope()), "pointer", f"[{offset}, {offset} + {extent})", f"{size} x {buf.dtype}")
         access.source = self.source_map(name, "pointer", access.index)
         self.accesses.append(access)
         if self.focus is not None and access.key() != self.focus:
@@ -818,6 +818,6 @@ def _replace_func(mod, gv, func):
     return tvm.IRModule(funcs, attrs=mod.attrs)
 
 
-def format_violation(a: Access) -> str:
+def format_violation(a: CheckedAccess) -> str:
     cex = ", ".join(f"{k}={v}" for k, v in a.counterexample.items())
     return f"{a.func}: {a.kind} {a.buffer}[{a.index}] ({a.scope}, extent {a.extent}) at {a.source}: {a.detail}; counterexample: {cex}"
