@@ -308,9 +308,9 @@ def lower_pinned(prim_func, target: dict, pass_configs: dict, path: str, name: s
 
 def pin_pass(kernel, ctx):
     """Compare every decision of ``kernel`` (lowered by :func:`lower_pinned`) with the pin's."""
-    path = str(ctx.options["pin"])
+    path = str(ctx.options.pin)
     pin = load_pin(path)
-    actual = json.loads(json.dumps(record(kernel, ctx.options.get("numerics", "default"))))
+    actual = json.loads(json.dumps(record(kernel, ctx.options.numerics)))
     for name in pin["fragments"]:
         # A re-applied fragment prints as an annotation (absolute thread expression, no range),
         # not as inferred; LayoutInference holds annotated layouts strictly (a conflict raises

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from tlx.ir.tir import calls, device_functions, extern_name, op_name
 from tlx.numerics.modes import nvcc_flags
-from tlx.passes import TlxError, exit_status
+from tlx.passes import PassOptions, TlxError, exit_status
 
 __all__ = ["APPROX_EXTERNS", "APPROX_TL_OPS", "ApproximateIntrinsicError", "check_numerics", "find_approximate"]
 
@@ -89,13 +89,13 @@ def _is_allowed(hit: dict, allowed: set[str]) -> bool:
     return hit["name"] in allowed or hit["cuda"] in allowed
 
 
-def check_numerics(kernel, options: dict) -> dict:
+def check_numerics(kernel, options: PassOptions) -> dict:
     """The numerics report of one kernel. In strict mode a violation raises
-    ApproximateIntrinsicError, or with ``options["report_only"]`` (``tlx check``) is listed
+    ApproximateIntrinsicError, or with ``options.report_only`` (``tlx check``) is listed
     under ``violations`` with ``exit_code`` 1."""
-    mode = options.get("numerics", "default")
+    mode = options.numerics
     flags = nvcc_flags(mode)
-    allowed = _allow_set(options.get("allow_approx", ()))
+    allowed = _allow_set(options.allow_approx)
     hits = find_approximate(kernel.device_mod)
     fast_math = bool((kernel.pass_configs or {}).get(FAST_MATH_CONFIG, False))
     violations = []
@@ -112,7 +112,7 @@ def check_numerics(kernel, options: dict) -> dict:
             for hit in hits
             if not _is_allowed(hit, allowed)
         ]
-    if violations and not options.get("report_only"):
+    if violations and not options.report_only:
         raise ApproximateIntrinsicError(violations[0])
     return {
         "mode": mode,

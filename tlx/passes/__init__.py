@@ -12,10 +12,10 @@ warning according to ``verify``.
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
-__all__ = ["EXIT_OK", "EXIT_UNKNOWN", "EXIT_VIOLATION", "PassContext", "Precondition", "TlxError", "exit_status",
+__all__ = ["EXIT_OK", "EXIT_UNKNOWN", "EXIT_VIOLATION", "PassContext", "PassOptions", "Precondition", "TlxError", "exit_status",
            "raise_or_warn", "verifying", "verifying_exhaustively"]
 
 EXIT_OK, EXIT_VIOLATION, EXIT_UNKNOWN = 0, 1, 3
@@ -40,36 +40,73 @@ class Precondition:
     origin: str = ""
 
 
+@dataclass(frozen=True)
+class PassOptions:
+    """The options the passes read, typed. Built from the compile's option dict
+    (:func:`tlx.compiler.pass_options`), whose other keys (the cache key's) they do not read.
+
+    ``report_only``: ``tlx check``'s mode (report every finding, raise none); ``skip_passes``:
+    passes not to run; ``race_budget`` / ``bank_budget``: Z3 resource units for the race and
+    bank-conflict proofs per kernel (None: the pass's own default).
+    """
+
+    verify: str = "warn"
+    assume: tuple[str, ...] = ()
+    numerics: str = "default"
+    allow_approx: tuple[str, ...] = ()
+    eliminate_guards: bool = True
+    pin: str | None = None
+    report_only: bool = False
+    skip_passes: tuple[str, ...] = ()
+    race_budget: int | None = None
+    bank_budget: int | None = None
+
+    @staticmethod
+    def from_dict(options: dict) -> PassOptions:
+        names = {f.name for f in fields(PassOptions)}
+        given = {k: v for k, v in options.items() if k in names}
+        for key in ("assume", "allow_approx", "skip_passes"):
+            if key in given:
+                value = given[key]
+                given[key] = (value,) if isinstance(value, str) else tuple(value)
+        return PassOptions(**given)
+
+
 @dataclass
 class PassContext:
     """What every pass sees: the tlx options of this compile and where results go.
 
-    ``source`` is the kernel factory (for source lines in ``tlx check``); ``check`` receives
-    ``tlx check``'s bounds verdict when the options ask for a check (``report_only``).
+    ``options`` may be given as a dict and is kept as :class:`PassOptions`. ``source`` is the
+    kernel factory (for source lines in ``tlx check``); ``check`` receives ``tlx check``'s
+    bounds verdict when the options ask for a check (``report_only``).
     """
 
-    options: dict[str, Any] = field(default_factory=dict)
+    options: PassOptions = field(default_factory=PassOptions)
     reports: dict[str, Any] = field(default_factory=dict)
     preconditions: list[Precondition] = field(default_factory=list)
     nvcc_flags: list[str] = field(default_factory=list)
     source: Any = None
     check: Any = None
 
+    def __post_init__(self):
+        if isinstance(self.options, dict):
+            self.options = PassOptions.from_dict(self.options)
+
 
 def verifying(ctx: PassContext) -> bool:
     """Cheap analyses run whenever ``verify`` is not "off"."""
-    return ctx.options.get("verify", "warn") != "off"
+    return ctx.options.verify != "off"
 
 
 def verifying_exhaustively(ctx: PassContext) -> bool:
     """Costly analyses (bank conflicts, races: seconds of Z3 per kernel) run under ``verify="error"``
     and in ``tlx check``, not in every default compile."""
-    return ctx.options.get("verify") == "error" or bool(ctx.options.get("report_only"))
+    return ctx.options.verify == "error" or ctx.options.report_only
 
 
 def raise_or_warn(ctx: PassContext, error: TlxError) -> None:
     """Raise ``error`` under ``verify="error"``, else show it as a warning and go on."""
-    if ctx.options.get("verify", "warn") == "error":
+    if ctx.options.verify == "error":
         raise error
     warnings.warn(str(error), stacklevel=3)
 

@@ -222,7 +222,8 @@ PASS_BUDGET = 20_000_000
 
 def banks_pass(kernel: LoweredKernel, ctx: PassContext) -> LoweredKernel:
     """Bank conflicts cost time, not correctness: reported in ``ctx.reports["bank_conflicts"]`` only."""
-    ctx.reports["bank_conflicts"] = banks_report(kernel, budget=ctx.options.get("bank_budget", PASS_BUDGET), assume=ctx.options.get("assume", ()))
+    budget = PASS_BUDGET if ctx.options.bank_budget is None else ctx.options.bank_budget
+    ctx.reports["bank_conflicts"] = banks_report(kernel, budget=budget, assume=ctx.options.assume)
     return kernel
 
 

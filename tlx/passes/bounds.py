@@ -16,7 +16,7 @@ __all__ = ["bounds_pass"]
 
 def bounds_pass(kernel: LoweredKernel, ctx: PassContext) -> LoweredKernel:
     """Verify all accesses; add derived preconditions; raise or warn on the rest."""
-    assume = tuple(ctx.options.get("assume", ()))
+    assume = ctx.options.assume
     report, _ = verify_kernel(kernel, assume)
     pre, final = derive_preconditions(kernel, report, assume) if (report.violations() or report.unknowns()) else ([], report)
     # The proofs rely on the user's assumptions, so the launcher enforces them as well.

@@ -208,5 +208,5 @@ def check_kernel(kernel: LoweredKernel, options: dict | None = None) -> CheckRes
 
 def check_pass(kernel: LoweredKernel, ctx: PassContext) -> LoweredKernel:
     """``tlx check``'s bounds verdict, with source lines, into ``ctx.check``."""
-    ctx.check = check_kernel(kernel, {"assume": tuple(ctx.options.get("assume", ())), "source": ctx.source})
+    ctx.check = check_kernel(kernel, {"assume": ctx.options.assume, "source": ctx.source})
     return kernel

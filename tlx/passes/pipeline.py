@@ -32,11 +32,11 @@ class Pass:
 
 
 def _pinned(ctx: PassContext) -> bool:
-    return bool(ctx.options.get("pin"))
+    return bool(ctx.options.pin)
 
 
 def _checking(ctx: PassContext) -> bool:
-    return bool(ctx.options.get("report_only"))
+    return ctx.options.report_only
 
 
 def _compile_time_bounds(ctx: PassContext) -> bool:
@@ -44,7 +44,7 @@ def _compile_time_bounds(ctx: PassContext) -> bool:
 
 
 def _removing_guards(ctx: PassContext) -> bool:
-    return bool(ctx.options.get("eliminate_guards", True)) and not _checking(ctx)
+    return ctx.options.eliminate_guards and not _checking(ctx)
 
 
 PASSES: tuple[Pass, ...] = (
@@ -67,8 +67,8 @@ def pass_names() -> list[str]:
 
 
 def run_passes(kernel: LoweredKernel, ctx: PassContext, skip: tuple[str, ...] = ()) -> LoweredKernel:
-    """Run every enabled pass in order, except those named in ``skip`` or in the option ``skip_passes``."""
-    skip = (*skip, *ctx.options.get("skip_passes", ()))
+    """Run every enabled pass in order, except those named in ``skip`` or in ``ctx.options.skip_passes``."""
+    skip = (*skip, *ctx.options.skip_passes)
     unknown = set(skip) - set(pass_names())
     if unknown:
         raise ValueError(f"skip: expected pass names among {pass_names()}, got {sorted(unknown)}")
@@ -79,7 +79,7 @@ def run_passes(kernel: LoweredKernel, ctx: PassContext, skip: tuple[str, ...] = 
             except Exception as e:
                 # A pass that fails proves nothing and changes nothing: its report says so and the
                 # compile goes on with the kernel as it was, unless the user asked for verify="error".
-                if ctx.options.get("verify") == "error" or isinstance(e, TlxError):
+                if ctx.options.verify == "error" or isinstance(e, TlxError):
                     raise
                 ctx.reports[p.name] = {"status": "failed", "error": f"{type(e).__name__}: {e}"}
                 warnings.warn(f"tlx pass {p.name} failed on {kernel.name} ({type(e).__name__}: {e}); its result is unknown",

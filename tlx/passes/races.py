@@ -280,7 +280,8 @@ beyond it are unknown. ``races_report(kernel)`` without a budget checks every pa
 
 def races_pass(kernel: LoweredKernel, ctx: PassContext) -> LoweredKernel:
     """Report into ``ctx.reports["races"]``; a proven race raises or warns per ``verify``."""
-    report = races_report(kernel, budget=ctx.options.get("race_budget", PASS_BUDGET), assume=ctx.options.get("assume", ()))
+    budget = PASS_BUDGET if ctx.options.race_budget is None else ctx.options.race_budget
+    report = races_report(kernel, budget=budget, assume=ctx.options.assume)
     ctx.reports["races"] = report
     if report["races"]:
         raise_or_warn(ctx, RaceError("\n".join(describe_race(r) for p in report["kernels"] for r in p["races"])))

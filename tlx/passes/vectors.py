@@ -150,7 +150,7 @@ def vectors_report(kernel: LoweredKernel, programs: list[Program] | None = None,
 
 def vectors_pass(kernel: LoweredKernel, ctx: PassContext) -> LoweredKernel:
     """Report into ``ctx.reports["vectors"]``; a proven misaligned vector raises or warns per ``verify``."""
-    report = vectors_report(kernel, assume=ctx.options.get("assume", ()))
+    report = vectors_report(kernel, assume=ctx.options.assume)
     ctx.reports["vectors"] = report
     bad = [e for e in report["vectors"] if e["verdict"] == "misaligned"]
     if bad:
