@@ -1,4 +1,4 @@
-"""FP8 grouped GEMM variants side by side (issue 6), next to torch._scaled_mm on the dense shape.
+"""FP8 grouped GEMM variants side by side, next to torch._scaled_mm on the dense shape.
 
 Shapes (contiguous layout, rows of each expert padded to 128):
 * large groups: experts x rows per expert of one (N, K), no padding;
@@ -34,41 +34,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.timing import interleaved_ms  # noqa: E402
 from kernels.moe.grouped_gemm import grouped_gemm_contiguous_kernel  # noqa: E402
 
-# name -> keyword arguments of grouped_gemm_contiguous_kernel. Measured on the H200, session 3
-# round 2 (candidates interleaved; the board sits at its ~690 W limit, clocks 1.3-1.8 GHz), TFLOP/s
-# on big_n4096_k7168 / big_n7168_k4096: 128 x 128 tiles 1127 / 1067; two wgmma accumulators (the
-# next K block's wgmma running during the promotion) 1162 / 1107, at ncu's fixed 1.34 GHz 9% faster
-# but no better at the power limit; 128 x 192 tiles 1213 / 1170; 128 x 192 as two m64n96 halves
-# (one promoted while the other runs; A read twice) 1178 / 1081; 4-CTA clusters and banded tile
-# orders about half the rate (clusters not all resident; integer division per tile).
-# Session 4 (same shapes, then flash_l1 / flash_l2 / pro_l1 / pro_l2, computed rows): the C_s store
-# waited on only before the next epilogue, round 2: 1143 / 1057 / 991 / 960 / 988 / 934 against
-# 1106 / 995 / 929 / 896 / 969 / 893 for session 3's kernel (waiting at once; _scaled_mm 1309 / 1184
-# / 1131 / 987 / 1190 / 1073); warpgroup 1 issuing each K block's wgmma after warpgroup 0's (named
-# barrier) 1-2% slower than unordered; round 1: 5 stages with a 2 x 128 x 32 double-buffered C_s
-# 1056 / 1050 (its epilogue is 6 store rounds), 5 stages with register -> global stores (no C_s)
-# 1033 / 944, against 1121 / 1120 with the deferred wait: more stages do not pay here.
-# Session 6 (2026-11-30, four runs, big_n4096_k7168 / big_n7168_k4096, each against _scaled_mm
-# blockwise in the same run): A not multicast (cluster 1) 1139 / 1060 against 1138 / 1056 for
-# cluster 2, and 1064 / 1003 against 1066 / 1000 at 128 x 128: L2 traffic is not what limits;
-# 4-CTA clusters on 128 SMs 533 / 494 (the 32 clusters are not all resident at once); tile order in
-# bands of 8 / 16 / 32 row blocks walked column group by column group (DRAM bytes 1.84 -> 1.43 GB
-# under ncu, L2 hit rate 73 -> 81%) 1068-1074 / 1069-1070 against 1086 / 1074; warpgroup 1 issuing
-# its wgmma after warpgroup 0's (named barriers, one warpgroup's promotion under the other's tensor
-# work) 1217 / 1001 against 1251 / 1067, and 1.86 against 1.79 ms at ncu's fixed 1.34 GHz;
-# warpgroup 1 starting each tile one K block behind warpgroup 0 1098 / 1095 against 1175 / 1095
-# (1.90 against 1.80 ms at the fixed clock). The consumers' K loop unrolled over the 4 stages
-# (constant stage indices, barrier addresses and wgmma descriptors; now the default, "rolled" is
-# the loop before): 1278 / 1084 against 1151 / 1098, 1.61 against 1.80 ms at the fixed clock.
-# The producer's scales loaded one K block ahead (now the default): 1261 / 1172 against 1251 / 1044,
-# Flash L1 1123 against 1009, at the fixed clock 1.57 / 1.62 against 1.58 / 1.84 ms.
-# Session 7 (2026-11-30, one run, big_n4096_k7168 / big_n7168_k4096 / flash_l1 computed rows, all
-# bitwise equal to the baseline; patch kept out of the tree): each tile's epilogue (C_s store) run
-# under the next tile's first wgmma, and the last column tile of N = 4096 / 7168 (64 columns left)
-# computed as a 64-wide wgmma instead of 192 with B zero-filled: 1244 / 1204 / 1146 with both,
-# 1244 / 1207 / 1160 epilogue not overlapped, 1256 / 1211 / 1155 last tile full width, 1241 / 1200 /
-# 1130 with both and no cluster (CTAs not paired, so the narrow tile's CTA need not wait for its
-# partner); ncu at 1.35 GHz 1.53-1.54 / 1.54-1.59 ms for all four: neither pays.
+# name -> keyword arguments of grouped_gemm_contiguous_kernel. Other schedules were measured here
+# against "wide" and none was faster at the board's power limit (~690 W): two wgmma accumulators,
+# 128 x 192 tiles as two m64n96 halves, A not multicast, 4-CTA clusters (not all resident at once),
+# banded tile orders, the two warpgroups ordered or staggered by named barriers, 5 stages with a
+# double-buffered C_s or no C_s, the epilogue under the next tile's first wgmma, and a narrow last
+# column tile. Their figures are in the git history of this file; bench/RESULTS.md has today's.
 VARIANTS = {
     "wide": {"num_sms": 132},  # the call grouped_gemm_contiguous makes on an H200 here (128 x 192 tiles)
     "n128": {"num_sms": 132, "block_n": 128},  # 128 x 128 tiles (N whose 192-wide tiles do not pair up)

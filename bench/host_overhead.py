@@ -1,6 +1,6 @@
 """Host overhead per kernel call on one GPU: tlx vs TileLang's backends vs torch vs the C++ floor.
 
-Protocol (as in the issue): bursts of 200 calls, host time per call, median over bursts,
+Protocol: bursts of 200 calls, host time per call, median over bursts,
 synchronising between bursts. Two kernels: a plain one (an empty kernel with one pointer)
 and a GEMM with two TMA descriptors. Validation cost is measured as the time of a tlx call
 that runs every check but launches nothing (zero rows) minus a TVM-FFI no-op call with the

@@ -25,7 +25,8 @@ warnings.simplefilter("ignore")
 
 from tests.passes.layout_corpus import kernels as K  # noqa: E402
 from tlx.lowering import lower  # noqa: E402
-from tlx.passes.banks import banks_report, collect_program, predict_ncu  # noqa: E402
+from tlx.ir.program import collect_program  # noqa: E402
+from tlx.passes.banks import banks_report, predict_ncu  # noqa: E402
 from tlx.passes.layouts import layouts_report  # noqa: E402
 from tlx.passes.races import races_report  # noqa: E402
 from tlx.passes.vectors import vectors_report  # noqa: E402

@@ -1,5 +1,5 @@
 """How fast a plain stream with a given read : write byte mix runs on this GPU, at the quantization
-kernels' sizes: the ceiling against which their "% of copy" (issue 5) should be read.
+kernels' sizes: the ceiling against which their "% of copy" should be read.
 
 A stream kernel reads N 16-byte vectors and writes each to ``ratio`` output planes (``out[q * N + i]``,
 every store coalesced), or reads ``ratio`` vectors and writes their XOR (the read-heavy mix). One

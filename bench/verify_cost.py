@@ -29,7 +29,8 @@ warnings.simplefilter("ignore")
 from tests.passes.corpus.bugs import BUGS  # noqa: E402
 from tests.passes.corpus.correct import CORRECT  # noqa: E402
 from tlx.lowering import codegen_cuda, lower  # noqa: E402
-from tlx.passes.bounds import derive_preconditions, verify_kernel  # noqa: E402
+from tlx.passes.preconditions import derive_preconditions  # noqa: E402
+from tlx.passes.verification import verify_kernel  # noqa: E402
 from tlx.passes.guards import count_predicates, eliminate_guards  # noqa: E402
 
 # Dynamic-shape kernels and the divisibility their callers guarantee (enforced by the launcher).
@@ -95,7 +96,7 @@ def measure_verification(corpus, repeat: int) -> list[dict]:
 def measure_compile(names: list[str]) -> list[dict]:
     """Full compile (lower, every tlx pass, CUDA, nvcc, launcher) with verify off vs error, no cache."""
     from tlx.compiler import compile_artifacts
-    from tlx.jit import Options
+    from tlx.options import Options
 
     rows = []
     for name in names:
@@ -107,9 +108,9 @@ def measure_compile(names: list[str]) -> list[dict]:
         try:
             for mode, extra in (("off", {"verify": "off", "eliminate_guards": False}), ("error", {"verify": "error", "eliminate_guards": True})):
                 t0 = time.perf_counter()
-                _, md = compile_artifacts(prim, Options.make(**base, **extra), name=name, stop_after="cubin")
+                _, build = compile_artifacts(prim, Options.make(**base, **extra), name=name, stop_after="cubin")
                 result[f"{mode}_s"] = round(time.perf_counter() - t0, 3)
-                result[f"{mode}_passes_s"] = md["stage_seconds"].get("passes")
+                result[f"{mode}_passes_s"] = build.stage_seconds.get("passes")
         except Exception as e:  # a failure in any pass of the pipeline: record it, measure the rest
             print(f"  compile {name}: failed ({e!r})", file=sys.stderr, flush=True)
             result["error"] = repr(e)[:200]

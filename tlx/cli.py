@@ -44,7 +44,8 @@ def _parse_params(items: list[str]) -> dict[str, Any]:
 
 def load_kernel(spec: str, params: dict[str, Any]):
     """Return (prim_func, tlx Options, source object, display name) for ``FILE.py::NAME``."""
-    from tlx.jit import JITFunction, Options
+    from tlx.jit import JITFunction
+    from tlx.options import Options
 
     if "::" not in spec:
         raise SystemExit(f"tlx: expected FILE.py::NAME, got {spec!r}")
@@ -78,18 +79,15 @@ def load_kernel(spec: str, params: dict[str, Any]):
 
 
 def _with_cli_options(options, args):
-    from dataclasses import replace
-
+    """The kernel's options with the command line's target (default sm_90a) and assumptions."""
     changes = {}
-    if getattr(args, "target", None):
-        changes["target"] = (("arch", args.target), ("kind", "cuda"))
+    if args.target:
+        changes["target"] = {"kind": "cuda", "arch": args.target}
     elif options.target is None:
-        changes["target"] = (("arch", "sm_90a"), ("kind", "cuda"))
-    if getattr(args, "assume", None):
-        changes["assume"] = tuple(options.assume) + tuple(args.assume)
-    if getattr(args, "numerics_mode", None):
-        changes["numerics"] = args.numerics_mode
-    return replace(options, **changes)
+        changes["target"] = {"kind": "cuda", "arch": "sm_90a"}
+    if args.assume:
+        changes["assume"] = (*options.assume, *args.assume)
+    return options.replace(**changes)
 
 
 def _cmd_source(args, stage: str) -> int:
@@ -104,27 +102,25 @@ def _cmd_source(args, stage: str) -> int:
 
 
 def _cmd_check(args) -> int:
-    from tlx.compiler import pass_options
-    from tlx.lowering import lower, normalize_target
-    from tlx.passes import PassContext, run_passes
-    from tlx.passes.check import check_kernel
+    """The compile pipeline up to its passes, reporting instead of raising: the bounds verdict of
+    the ``check`` pass, and every other pass's report as a section."""
+    import warnings
+
+    from tlx.compiler import compile_artifacts
+    from tlx.passes.pipeline import pass_names
 
     prim, options, source, name = load_kernel(args.kernel, _parse_params(args.param))
-    options = _with_cli_options(options, args)
-    target = normalize_target(options.target_dict())
-    kernel = lower(prim, target, options.pass_config_dict(), name=name)
-    result = check_kernel(kernel, {"assume": options.assume, "source": source})
-    if not args.bounds_only:
-        ctx = PassContext(options={**pass_options(options, target), "verify": "warn", "eliminate_guards": False, "pin": None,
-                                   "report_only": True})
-        import warnings
-
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            run_passes(kernel, ctx, skip=("bounds", "eliminate_guards"))
-        for section, report in ctx.reports.items():
-            code = report.get("exit_code", 0) if isinstance(report, dict) else 0
-            result.add_section(section, report, exit_code=code)
+    skip = [p for p in pass_names() if p != "check"] if args.bounds_only else []
+    options = _with_cli_options(options, args).replace(verify="warn", eliminate_guards=False, report_only=True, skip_passes=skip)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _, build = compile_artifacts(prim, options, name=name, stop_after="passes", source=source)
+    result = build.passes.check
+    if result is None:
+        raise RuntimeError(f"tlx check: the bounds verifier failed on {name}: {build.reports.get('check', {}).get('error')}")
+    for section, report in build.reports.items():
+        code = report.get("exit_code", 0) if isinstance(report, dict) else 0
+        result.add_section(section, report, exit_code=code)
     print(json.dumps(result.to_json(), indent=1, default=str) if args.json else result.human())
     return result.exit_code
 
@@ -162,15 +158,15 @@ def random_arguments(kernel, dims: dict[str, int]) -> list:
     """Fresh random arguments for every parameter, sized by ``dims`` for symbolic extents."""
     import torch
 
-    from tlx.kernel import _extent, _torch_dtype
+    from tlx.kernel import output_extent, torch_dtype
 
     args = []
     for p in sorted(kernel.metadata["params"], key=lambda p: p["index"]):
         if p["kind"] == "scalar":
             args.append(1.0 if p["dtype"].startswith("float") else 1)
             continue
-        shape = [_extent(d, kernel.name, p["name"])(dims) for d in p["shape"]]
-        dtype = _torch_dtype(p["dtype"])
+        shape = [output_extent(d, kernel.name, p["name"])(dims) for d in p["shape"]]
+        dtype = torch_dtype(p["dtype"])
         if dtype.is_floating_point:
             t = torch.randn(shape, device="cuda").to(dtype)
         else:
@@ -217,8 +213,6 @@ def build_parser() -> argparse.ArgumentParser:
     _add_kernel_args(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--bounds-only", action="store_true", help="skip layout, numerics and other analyses")
-    p.add_argument("--layouts", action="store_true", help="(default) include the layout analyses")
-    p.add_argument("--numerics", action="store_true", help="(default) include the determinism and numerics analyses")
     p = sub.add_parser("pin", help="record the order-affecting compile decisions into a pin file beside the kernel")
     _add_kernel_args(p)
     p.add_argument("--output", default=None, help="pin file path (default: NAME.pin.json beside FILE)")

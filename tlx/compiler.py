@@ -1,13 +1,16 @@
 """Compile a TileLang program into a tlx kernel.
 
-The pipeline is an ordered dict of stages, each ``(module, metadata) -> module``:
+The pipeline is an ordered dict of stages, each ``(module, build) -> module``:
 
     tir  --lower-->  LoweredKernel  --passes-->  LoweredKernel  --cuda-->  CUDA source
          --cubin-->  device image  --launcher-->  C++ launcher source  --library-->  .so path
 
-``metadata`` is threaded through every stage and saved beside the artifacts. The whole
-result is cached on disk under one hash of everything that decides it (the program text,
-options, target, flags and tool versions); a hit loads the library without lowering.
+``build`` (a :class:`Build`) is the one record a compile keeps besides the module: the
+options, the pass configs (a pin's merged in before lowering, so TileLang, code generation
+and nvcc see the same set), the passes' reports and preconditions, and the work directory.
+Its :meth:`Build.metadata` is saved beside the artifacts. The whole result is cached on disk
+under one hash of everything that decides it (the program text, options, target, flags and
+tool versions); a hit loads the library without lowering.
 """
 
 from __future__ import annotations
@@ -21,12 +24,13 @@ import tempfile
 import time
 import warnings
 from collections import OrderedDict
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tlx.jit import Options
+from tlx.options import Options
 
-__all__ = ["STAGES", "cache_dir", "cache_key", "compile_artifacts", "compile_kernel", "pass_options"]
+__all__ = ["STAGES", "Build", "cache_dir", "cache_key", "compile_artifacts", "compile_kernel", "nvcc_command", "pass_options"]
 
 _ARTIFACTS = ("kernel.cu", "kernel.cubin", "launcher.cc", "metadata.json")
 
@@ -35,42 +39,86 @@ def cache_dir() -> Path:
     return Path(os.environ.get("TLX_CACHE_DIR", Path.home() / ".cache" / "tlx"))
 
 
+@dataclass
+class Build:
+    """One compile: what the stages read, and what each leaves for the ones after it."""
+
+    name: str
+    target: dict
+    options: dict  # what every pass sees (:func:`pass_options`)
+    pass_configs: dict  # TileLang's pass configs; the lower stage merges a pin's in
+    workdir: Path
+    source: Any = None  # the kernel factory, for source lines in ``tlx check``
+    lowered: Any = None  # the LoweredKernel after the passes (the launcher is planned from it)
+    passes: Any = None  # the PassContext the passes filled: reports, preconditions, nvcc flags
+    launcher_info: dict = field(default_factory=dict)
+    nvcc_command: list[str] = field(default_factory=list)
+    stage_seconds: dict[str, float] = field(default_factory=dict)
+    cache_key: str | None = None
+
+    @property
+    def reports(self) -> dict:
+        return self.passes.reports if self.passes else {}
+
+    @property
+    def preconditions(self) -> list:
+        return self.passes.preconditions if self.passes else []
+
+    def metadata(self) -> dict:
+        """What is saved as ``metadata.json`` and shown as ``kernel.metadata``."""
+        md: dict[str, Any] = {"name": self.name, "target": self.target, "pass_configs": self.pass_configs,
+                              "options": self.options, "stage_seconds": self.stage_seconds}
+        if self.passes:
+            md["reports"] = self.passes.reports
+            md["extra_nvcc_flags"] = list(self.passes.nvcc_flags)
+            md["preconditions"] = [{"text": p.text, "origin": p.origin} for p in self.passes.preconditions]
+        if self.nvcc_command:
+            md["nvcc_command"] = self.nvcc_command
+        md.update(self.launcher_info)
+        if self.cache_key:
+            md["cache_key"] = self.cache_key
+        return md
+
+
 # ---- stages ---------------------------------------------------------------------------
-def _stage_lower(prim_func, md: dict):
+def _stage_lower(prim_func, build: Build):
+    """TileLang's lowering, once; under a pin, with the pin's pass configs and fragment layouts."""
     from tlx.lowering import lower
+    from tlx.numerics.pin import lower_pinned
 
-    return lower(prim_func, md["target"], md["pass_configs"], name=md["name"])
-
-
-def _stage_passes(kernel, md: dict):
-    from tlx.passes import PassContext, run_passes
-
-    ctx = PassContext(options=md["options"])
-    kernel = run_passes(kernel, ctx)
-    md["reports"] = ctx.reports
-    md["extra_nvcc_flags"] = list(ctx.nvcc_flags)
-    md["_preconditions"] = [(p.expr, p.text) for p in ctx.preconditions]
-    md["preconditions"] = [{"text": p.text, "origin": p.origin} for p in ctx.preconditions]
-    md["_lowered"] = kernel
+    if build.options.get("pin"):
+        kernel = lower_pinned(prim_func, build.target, build.pass_configs, str(build.options["pin"]), build.name)
+    else:
+        kernel = lower(prim_func, build.target, build.pass_configs, name=build.name)
+    build.pass_configs = dict(kernel.pass_configs)
     return kernel
 
 
-def _stage_cuda(kernel, md: dict) -> str:
+def _stage_passes(kernel, build: Build):
+    from tlx.passes import PassContext
+    from tlx.passes.pipeline import run_passes
+
+    build.passes = PassContext(options=build.options, source=build.source)
+    build.lowered = run_passes(kernel, build.passes)
+    return build.lowered
+
+
+def _stage_cuda(kernel, build: Build) -> str:
     from tlx.lowering import codegen_cuda
 
     return codegen_cuda(kernel)
 
 
-def nvcc_command(md: dict, src: str, out: str) -> list[str]:
-    """The device compile: TileLang's usual flags, the numerics mode's, and the passes'."""
+def nvcc_command(build: Build, src: str, out: str) -> list[str]:
+    """The device compile: TileLang's usual flags, the numerics mode's, the passes' and the pass configs'."""
     from tlx.lowering import device_include_dirs
     from tlx.numerics.modes import nvcc_flags
 
-    digits = md["target"]["arch"].removeprefix("sm_")
+    digits = build.target["arch"].removeprefix("sm_")
     cmd = ["nvcc", "--cubin", "-O3", "-lineinfo", "-std=c++20", f"-gencode=arch=compute_{digits},code=sm_{digits}"]
     cmd += [f"-I{d}" for d in device_include_dirs()]
-    cmd += nvcc_flags(md["options"]["numerics"]) + md.get("extra_nvcc_flags", [])
-    cmd += _pass_config_flags(md["pass_configs"], md["options"]["numerics"])
+    cmd += nvcc_flags(build.options["numerics"]) + (list(build.passes.nvcc_flags) if build.passes else [])
+    cmd += _pass_config_flags(build.pass_configs, build.options["numerics"])
     return [*cmd, "-o", out, src]
 
 
@@ -88,31 +136,33 @@ def _pass_config_flags(pass_configs: dict, numerics: str) -> list[str]:
     return flags
 
 
-def _stage_cubin(cuda_source: str, md: dict) -> bytes:
-    work = Path(md["_workdir"])
+def _stage_cubin(cuda_source: str, build: Build) -> bytes:
+    work = build.workdir
     (work / "kernel.cu").write_text(cuda_source)
-    cmd = nvcc_command(md, str(work / "kernel.cu"), str(work / "kernel.cubin"))
-    md["nvcc_command"] = cmd
+    cmd = nvcc_command(build, str(work / "kernel.cu"), str(work / "kernel.cubin"))
+    build.nvcc_command = cmd
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
-        raise RuntimeError(f"{md['name']}: nvcc failed ({' '.join(cmd)}):\n{proc.stderr[-4000:]}")
+        raise RuntimeError(f"{build.name}: nvcc failed ({' '.join(cmd)}):\n{proc.stderr[-4000:]}")
     return (work / "kernel.cubin").read_bytes()
 
 
-def _stage_launcher(cubin: bytes, md: dict) -> str:
+def _stage_launcher(cubin: bytes, build: Build) -> str:
     from tlx.hostgen import check_shared_memory, generate_launcher
 
-    source, info = generate_launcher(md["_lowered"], md["options"]["out_idx"], md["_preconditions"], cubin_file="kernel.cubin")
-    check_shared_memory(md["name"], info["launches"], cubin, md["target"]["arch"])
-    md.update(info)
-    (Path(md["_workdir"]) / "launcher.cc").write_text(source)
+    preconditions = [(p.expr, p.text) for p in build.preconditions]
+    source, info = generate_launcher(build.lowered, build.options["out_idx"], preconditions, cubin_file="kernel.cubin")
+    check_shared_memory(build.name, info["launches"], cubin, build.target["arch"])
+    build.launcher_info = info
     return source
 
 
-def _stage_library(launcher_source: str, md: dict) -> str:
+def _stage_library(launcher_source: str, build: Build) -> str:
+    """The launcher built beside the cubin the cubin stage wrote (the C++ embeds ``kernel.cubin``)."""
     from tlx.hostgen import build_launcher
 
-    return build_launcher(Path(md["_workdir"]))
+    (build.workdir / "launcher.cc").write_text(launcher_source)
+    return build_launcher(build.workdir)
 
 
 STAGES: OrderedDict[str, Any] = OrderedDict(
@@ -199,33 +249,38 @@ def pass_options(options: Options, target: dict) -> dict:
     }
 
 
-def compile_artifacts(prim_func, options: Options, *, name: str | None = None, stop_after: str | None = None) -> tuple[Any, dict]:
-    """Run the stages without the cache; returns the last stage's output and the metadata.
+def compile_artifacts(prim_func, options: Options, *, name: str | None = None, stop_after: str | None = None,
+                      source: Any = None, keep_workdir: bool = False) -> tuple[Any, Build]:
+    """Run the stages without the cache; returns the last stage's output and the :class:`Build`.
 
-    ``stop_after`` names a stage to stop at (the CLI uses ``"launcher"`` and ``"cuda"`` to
-    show sources without building). The work directory is ``metadata["_workdir"]``.
+    ``stop_after`` names a stage to stop at (``tlx host`` uses ``"launcher"``, ``tlx device``
+    ``"cuda"``, ``tlx check`` ``"passes"``); ``source`` is the kernel factory, for source lines
+    in check reports. The work directory is removed at the end (and when a stage fails) unless
+    ``keep_workdir`` is set; then the caller owns ``build.workdir``.
     """
     from tlx.lowering import normalize_target
 
+    if stop_after is not None and stop_after not in STAGES:
+        raise ValueError(f"stop_after: expected one of {list(STAGES)}, got {stop_after!r}")
     target = normalize_target(options.target_dict())
     if name is None:
         name = str(prim_func.attrs["global_symbol"]) if prim_func.attrs and "global_symbol" in prim_func.attrs else "main"
-    md: dict[str, Any] = {
-        "name": name,
-        "target": target,
-        "pass_configs": options.pass_config_dict(),
-        "options": pass_options(options, target),
-        "stage_seconds": {},
-        "_workdir": tempfile.mkdtemp(prefix="tlx-build-", dir=_tmp_root()),
-    }
+    build = Build(name=name, target=target, options=pass_options(options, target), pass_configs=options.pass_config_dict(),
+                  workdir=Path(tempfile.mkdtemp(prefix="tlx-build-", dir=_tmp_root())), source=source)
     module: Any = prim_func
-    for stage, fn in STAGES.items():
-        t0 = time.perf_counter()
-        module = fn(module, md)
-        md["stage_seconds"][stage] = round(time.perf_counter() - t0, 4)
-        if stage == stop_after:
-            break
-    return module, md
+    try:
+        for stage, fn in STAGES.items():
+            t0 = time.perf_counter()
+            module = fn(module, build)
+            build.stage_seconds[stage] = round(time.perf_counter() - t0, 4)
+            if stage == stop_after:
+                break
+    except BaseException:
+        shutil.rmtree(build.workdir, ignore_errors=True)
+        raise
+    if not keep_workdir:
+        shutil.rmtree(build.workdir, ignore_errors=True)
+    return module, build
 
 
 def _tmp_root() -> str:
@@ -247,10 +302,10 @@ def _valid_entry(entry: Path) -> bool:
         return False
 
 
-def _publish(work: Path, md: dict, entry: Path) -> None:
+def _publish(build: Build, entry: Path) -> None:
     """Move a finished build into the cache atomically; the first process to finish wins."""
-    public = {k: v for k, v in md.items() if not k.startswith("_")}
-    (work / "metadata.json").write_text(json.dumps(public, indent=1, sort_keys=True, default=str))
+    work = build.workdir
+    (work / "metadata.json").write_text(json.dumps(build.metadata(), indent=1, sort_keys=True, default=str))
     for junk in ("build.ninja", ".ninja_log", ".ninja_deps", "lock"):
         (work / junk).unlink(missing_ok=True)
     for p in list(work.iterdir()):
@@ -294,9 +349,12 @@ def compile_kernel(program, options: Options, name: str | None = None, program_k
         shutil.rmtree(entry, ignore_errors=True)
     if prim_func is None:
         prim_func = program() if callable(program) else program
-    _, md = compile_artifacts(prim_func, options, name=name)
-    md["cache_key"] = key
-    _publish(Path(md["_workdir"]), md, entry)
+    _, build = compile_artifacts(prim_func, options, name=name, keep_workdir=True)
+    build.cache_key = key
+    try:
+        _publish(build, entry)
+    finally:
+        shutil.rmtree(build.workdir, ignore_errors=True)  # gone already once published
     if not _valid_entry(entry):
-        raise RuntimeError(f"tlx: could not publish the build of {md['name']} to {entry}")
+        raise RuntimeError(f"tlx: could not publish the build of {build.name} to {entry}")
     return Kernel.load(entry)

@@ -10,88 +10,12 @@ from __future__ import annotations
 import functools
 import os
 import inspect
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
-__all__ = ["JITFunction", "Options", "jit"]
+from tlx.options import Options
 
-VERIFY_MODES = ("error", "warn", "off")
-
-
-@dataclass(frozen=True)
-class Options:
-    """Everything besides the program that decides the compiled artifact."""
-
-    out_idx: tuple[int, ...] = ()
-    target: Any = None
-    pass_configs: tuple[tuple[str, Any], ...] = ()
-    verify: str = "warn"
-    assume: tuple[str, ...] = ()
-    numerics: str = "default"
-    eliminate_guards: bool = True
-    allow_approx: tuple[str, ...] = ()
-    pin: str | None = None
-    extra: tuple[tuple[str, Any], ...] = field(default=())
-
-    @staticmethod
-    def make(
-        out_idx: int | Sequence[int] | None = None,
-        target: Any = None,
-        pass_configs: dict | None = None,
-        verify: str = "warn",
-        assume: Sequence[str] = (),
-        numerics: str = "default",
-        eliminate_guards: bool = True,
-        allow_approx: Sequence[str] = (),
-        pin: str | None = None,
-        **extra: Any,
-    ) -> Options:
-        if verify not in VERIFY_MODES:
-            raise ValueError(f"verify: expected one of {VERIFY_MODES}, got {verify!r}")
-        from tlx.numerics.modes import NUMERICS_MODES
-
-        if numerics not in NUMERICS_MODES:
-            raise ValueError(f"numerics: expected one of {sorted(NUMERICS_MODES)}, got {numerics!r}")
-        if isinstance(assume, str):
-            assume = (assume,)
-        if out_idx is None:
-            out = ()
-        elif isinstance(out_idx, int):
-            out = (out_idx,)
-        else:
-            out = tuple(int(i) for i in out_idx)
-        return Options(
-            out_idx=out,
-            target=_freeze(target),
-            pass_configs=tuple(sorted((k, _freeze(v)) for k, v in (pass_configs or {}).items())),
-            verify=verify,
-            assume=tuple(assume),
-            numerics=numerics,
-            eliminate_guards=bool(eliminate_guards),
-            allow_approx=tuple(allow_approx),
-            pin=pin,
-            extra=tuple(sorted((k, _freeze(v)) for k, v in extra.items())),
-        )
-
-    def target_dict(self):
-        return dict(self.target) if isinstance(self.target, tuple) else self.target
-
-    def pass_config_dict(self) -> dict:
-        return {k: _thaw(v) for k, v in self.pass_configs}
-
-
-def _freeze(v):
-    if isinstance(v, dict):
-        return tuple(sorted((k, _freeze(x)) for k, x in v.items()))
-    if isinstance(v, list):
-        return tuple(_freeze(x) for x in v)
-    return v
-
-
-def _thaw(v):
-    return list(v) if isinstance(v, tuple) else v
-
+__all__ = ["JITFunction", "jit"]
 
 class JITFunction:
     """A kernel factory plus tlx options; calling it returns a compiled kernel."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-__all__ = ["Kernel"]
+__all__ = ["Kernel", "output_extent", "torch_dtype"]
 
 
 class Kernel:
@@ -34,7 +34,7 @@ class Kernel:
                                  if self._index_of[w["tensor"]] in self._inputs]
             kinds = {p["index"]: p["kind"] for p in params}
             self._device_pos = next((pos for pos, i in enumerate(self._inputs) if kinds[i] == "tensor"), 0)
-            self._out_specs = [(p["index"], p["name"], [_extent(d, self.name, p["name"]) for d in p["shape"]], _torch_dtype(p["dtype"]))
+            self._out_specs = [(p["index"], p["name"], [output_extent(d, self.name, p["name"]) for d in p["shape"]], torch_dtype(p["dtype"]))
                                for p in self._outputs]  # fmt: skip
             self._call = self._call_allocating
         else:
@@ -119,7 +119,7 @@ class Kernel:
         return f"<tlx.Kernel {self.name} ({self.directory.name})>"
 
 
-def _extent(text: str, kernel: str, output: str):
+def output_extent(text: str, kernel: str, output: str):
     """An output extent as a function of the symbolic dims bound by the inputs: an integer, a
     dim, or an expression of them (parsed once here, evaluated on every allocating call)."""
     if text.lstrip("-").isdigit():
@@ -171,7 +171,7 @@ _TORCH_DTYPES = {
 }
 
 
-def _torch_dtype(name: str):
+def torch_dtype(name: str):
     import torch
 
     return getattr(torch, _TORCH_DTYPES.get(name, name))

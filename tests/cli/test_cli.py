@@ -74,3 +74,27 @@ def test_host_accepts_tilelang_factories_and_prim_funcs(cache, spec, params, sig
     out = tlx("host", f"{ROOT / 'tests' / 'cli' / 'tilelang_kernels.py'}::{spec}", *params, cache=cache)
     assert out.returncode == 0, out.stderr
     assert f"// Signature: {signature}" in out.stdout
+
+
+def test_check_applies_the_kernels_pin(cache, tmp_path):
+    """``tlx check`` compiles as ``@tlx.jit`` does: a factory's pin is applied and its decisions checked."""
+    from tests.numerics import determinism_kernels as D
+    from tlx.numerics import pin
+    from tlx.options import Options
+
+    target = {"kind": "cuda", "arch": "sm_90a"}
+    own = pin.pin_kernel_file(D.row_sum(), Options.make(target=target, pass_configs={"tl.disable_out_of_bound_warning": True}),
+                              name="row_sum", kernel_file=tmp_path / "k.py")  # fmt: skip
+    other = pin.pin_kernel_file(D.gemm(), Options.make(target=target), name="gemm", kernel_file=tmp_path / "k.py")
+    module = tmp_path / "pinned_kernels.py"
+    module.write_text(
+        "import tlx\nfrom tests.numerics.determinism_kernels import row_sum\n\n"
+        f"@tlx.jit(target={target!r}, pin={str(own)!r})\ndef pinned():\n    return row_sum()\n\n"
+        f"@tlx.jit(target={target!r}, pin={str(other)!r})\ndef mispinned():\n    return row_sum()\n"
+    )
+    out = tlx("check", f"{module}::pinned", "--json", cache=cache)
+    assert out.returncode in (0, 3), out.stdout + out.stderr
+    report = json.loads(out.stdout)["pin"]
+    assert report["file"] == str(own) and report["reapplied_pass_configs"] == ["tl.disable_out_of_bound_warning"]
+    out = tlx("check", f"{module}::mispinned", "--json", cache=cache)
+    assert out.returncode != 0 and "PinMismatchError" in out.stderr and "no longer exist" in out.stderr

@@ -6,7 +6,7 @@ import torch
 
 from tests.numerics import determinism_kernels as D
 from tlx.compiler import compile_artifacts
-from tlx.jit import Options
+from tlx.options import Options
 from tlx.numerics.invariance import check_batch_invariance, check_determinism
 
 
@@ -16,8 +16,8 @@ def reports():
 
     def get(name):
         if name not in cache:
-            _, md = compile_artifacts(getattr(D, name)(), Options.make(target={"kind": "cuda", "arch": "sm_90a"}, verify="off"), stop_after="passes")
-            cache[name] = md["reports"]["determinism"]
+            _, build = compile_artifacts(getattr(D, name)(), Options.make(target={"kind": "cuda", "arch": "sm_90a"}, verify="off"), stop_after="passes")
+            cache[name] = build.reports["determinism"]
         return cache[name]
 
     return get

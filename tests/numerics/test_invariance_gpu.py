@@ -7,7 +7,7 @@ torch = pytest.importorskip("torch")
 
 from tests.numerics import determinism_kernels as D  # noqa: E402
 from tlx.compiler import compile_kernel  # noqa: E402
-from tlx.jit import Options  # noqa: E402
+from tlx.options import Options  # noqa: E402
 from tlx.numerics.invariance import check_batch_invariance, check_determinism  # noqa: E402
 
 pytestmark = pytest.mark.gpu

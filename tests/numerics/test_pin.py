@@ -10,7 +10,7 @@ import pytest
 
 from tests.numerics import determinism_kernels as D
 from tlx.compiler import compile_artifacts
-from tlx.jit import Options
+from tlx.options import Options
 from tlx.numerics import pin
 from tlx.numerics.pin import PinMismatchError
 
@@ -29,8 +29,8 @@ def pins(tmp_path_factory):
 
 
 def source(**options):
-    src, md = compile_artifacts(D.gemm(), Options.make(target=TARGET, verify="off", **options), stop_after="cuda")
-    return src, md
+    src, build = compile_artifacts(D.gemm(), Options.make(target=TARGET, verify="off", **options), stop_after="cuda")
+    return src, build
 
 
 def test_pin_file_records_every_decision(pins):
@@ -49,16 +49,16 @@ def test_pin_file_records_every_decision(pins):
 def test_pinned_compile_keeps_decisions_and_source_across_unrelated_change(pins):
     default, _ = pins
     free_src, _ = source()
-    pinned_src, md = source(pin=str(default), pass_configs=UNRELATED)
-    assert md["reports"]["pin"]["file"] == str(default)
+    pinned_src, build = source(pin=str(default), pass_configs=UNRELATED)
+    assert build.reports["pin"]["file"] == str(default)
     assert pinned_src == free_src
 
 
 def test_pin_reapplies_its_pass_configs(pins):
     _, mma = pins
     explicit_src, _ = source(pass_configs={"tl.disable_wgmma": True})
-    pinned_src, md = source(pin=str(mma))
-    assert md["reports"]["pin"]["reapplied_pass_configs"] == ["tl.disable_wgmma"]
+    pinned_src, build = source(pin=str(mma))
+    assert build.reports["pin"]["reapplied_pass_configs"] == ["tl.disable_wgmma"]
     assert pinned_src == explicit_src and "wgmma" not in pinned_src.split("extern \"C\" __global__")[-1]
 
 
@@ -82,10 +82,10 @@ def test_pin_reapplies_fragment_layouts(tmp_path):
         return compile_artifacts(D.row_sum(), Options.make(target=TARGET, verify="off", **options), stop_after="cuda")
 
     free_src, _ = row_sum_source()
-    pinned_src, md = row_sum_source(pin=str(annotated))
+    pinned_src, build = row_sum_source(pin=str(annotated))
     annotated_src, _ = compile_artifacts(D.row_sum(tile_layout="by_row_block"), Options.make(target=TARGET, verify="off"),
                                          stop_after="cuda")  # fmt: skip
-    assert md["reports"]["pin"]["reapplied_fragments"] == ["acc", "part", "tile"]
+    assert build.reports["pin"]["reapplied_fragments"] == ["acc", "part", "tile"]
     assert pinned_src == annotated_src != free_src
 
 

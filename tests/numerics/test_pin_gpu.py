@@ -9,7 +9,7 @@ torch = pytest.importorskip("torch")
 
 from tests.numerics import determinism_kernels as D  # noqa: E402
 from tlx.compiler import compile_kernel  # noqa: E402
-from tlx.jit import Options  # noqa: E402
+from tlx.options import Options  # noqa: E402
 from tlx.numerics import pin  # noqa: E402
 from tlx.numerics.parity import assert_bitwise  # noqa: E402
 

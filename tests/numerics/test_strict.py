@@ -5,7 +5,7 @@ import pytest
 
 from tests.numerics import strict_kernels as S
 from tlx.compiler import compile_artifacts
-from tlx.jit import Options
+from tlx.options import Options
 from tlx.numerics.modes import nvcc_flags
 from tlx.numerics.strict import ApproximateIntrinsicError
 
@@ -13,8 +13,8 @@ TARGET = {"kind": "cuda", "arch": "sm_90a"}
 
 
 def passes(prim_func, **options):
-    _, md = compile_artifacts(prim_func, Options.make(target=TARGET, verify="off", **options), stop_after="passes")
-    return md
+    _, build = compile_artifacts(prim_func, Options.make(target=TARGET, verify="off", **options), stop_after="passes")
+    return build
 
 
 def test_mode_flags():
@@ -39,7 +39,7 @@ def test_strict_rejects_every_route(factory, name):
 
 @pytest.mark.parametrize("allow", [["__exp"], ["T.__exp"], ["__expf"]])
 def test_allow_list_accepts_tilelang_or_cuda_names(allow):
-    report = passes(S.fast_exp(), numerics="strict", allow_approx=allow)["reports"]["numerics"]
+    report = passes(S.fast_exp(), numerics="strict", allow_approx=allow).reports["numerics"]
     assert report["violations"] == [] and report["approximate"][0]["cuda"] == "__expf"
 
 
@@ -54,7 +54,7 @@ def test_strict_rejects_fast_math_config():
 
 
 def test_default_mode_reports_without_rejecting():
-    report = passes(S.fast_sin_and_log())["reports"]["numerics"]
+    report = passes(S.fast_sin_and_log()).reports["numerics"]
     assert report["mode"] == "default" and report["flags"] == nvcc_flags("default")
     assert sorted(h["intrinsic"] for h in report["approximate"]) == ["T.__log", "T.__sin"]
     assert report["exit_code"] == 0
@@ -63,7 +63,8 @@ def test_default_mode_reports_without_rejecting():
 def test_report_only_lists_violations():
     """``tlx check`` runs the passes with report_only: violations become a failing report."""
     from tlx.lowering import lower
-    from tlx.passes import PassContext, run_passes
+    from tlx.passes import PassContext
+    from tlx.passes.pipeline import run_passes
 
     ctx = PassContext(options={"numerics": "strict", "report_only": True, "target": TARGET, "verify": "off"})
     run_passes(lower(S.fast_exp(), TARGET), ctx)
@@ -71,10 +72,10 @@ def test_report_only_lists_violations():
 
 
 def test_strict_exact_kernel_compiles_with_strict_flags():
-    cubin, md = compile_artifacts(S.exact(), Options.make(target=TARGET, numerics="strict"), stop_after="cubin")
+    cubin, build = compile_artifacts(S.exact(), Options.make(target=TARGET, numerics="strict"), stop_after="cubin")
     assert len(cubin) > 0
-    assert md["reports"]["numerics"]["approximate"] == [] and md["reports"]["numerics"]["flags"][0] == "--fmad=false"
-    assert "--fmad=false" in md["nvcc_command"] and "--fmad=true" not in md["nvcc_command"]
+    assert build.reports["numerics"]["approximate"] == [] and build.reports["numerics"]["flags"][0] == "--fmad=false"
+    assert "--fmad=false" in build.nvcc_command and "--fmad=true" not in build.nvcc_command
 
 
 def test_mode_baseline_builds():

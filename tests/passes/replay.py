@@ -19,7 +19,7 @@ import torch  # noqa: E402
 from tests.passes.corpus import entry, lowered  # noqa: E402
 from tilelang import tvm  # noqa: E402
 from tlx.passes.assume import shape_vars  # noqa: E402
-from tlx.passes.bounds import verify_kernel  # noqa: E402
+from tlx.passes.verification import verify_kernel  # noqa: E402
 
 tir = tvm.tirx
 

@@ -7,7 +7,8 @@ import pytest
 from tests.passes.corpus import lowered as _lowered
 from tests.passes.corpus.bugs import BUGS
 from tests.passes.corpus.correct import CORRECT
-from tlx.passes.bounds import derive_preconditions, verify_kernel
+from tlx.passes.preconditions import derive_preconditions
+from tlx.passes.verification import verify_kernel
 
 
 @functools.cache
@@ -184,7 +185,7 @@ def test_a_pointer_written_through_an_alias_is_not_read_only():
     """``A_alias = A`` then a store through ``A_alias``: A is written, B only read."""
     from tilelang import tvm
 
-    from tlx.passes.bounds import _read_only_params
+    from tlx.ir.facts import read_only_params
 
     tir = tvm.tirx
 
@@ -195,7 +196,7 @@ def test_a_pointer_written_through_an_alias_is_not_read_only():
     through_alias = tir.decl_buffer((4,), "float32", data=alias, name="A_alias_buf")
     source = tir.decl_buffer((4,), "float32", data=b, name="B_buf")
     body = tir.SeqStmt([tir.Bind(alias, a), tir.BufferStore(through_alias, tir.BufferLoad(source, [0]), [0])])
-    assert _read_only_params(tir.PrimFunc([a, b], body)) == {b}
+    assert read_only_params(tir.PrimFunc([a, b], body)) == {b}
 
 
 def _counter_overflow(step: int, loop: str = "for"):
@@ -249,7 +250,7 @@ def test_a_counter_whose_pointer_escapes_is_not_bounded():
     (even before its first use) may change it unseen, so it is not."""
     from tilelang import tvm
 
-    from tlx.passes.bounds import _counters
+    from tlx.ir.facts import counters
 
     tir = tvm.tirx
     data = tir.Var("it", tvm.ir.PointerType(tvm.ir.PrimType("int32"), "local.var"))
@@ -259,6 +260,6 @@ def test_a_counter_whose_pointer_escapes_is_not_bounded():
     loop = tir.For(tir.Var("i", "int32"), 0, n, tir.ForKind.SERIAL,
                    tir.BufferStore(it, tir.BufferLoad(it, [0]) + 1, [0]))
     escape = tir.Evaluate(tir.call_extern("int32", "touch", data))
-    counters = _counters(tir.PrimFunc([n], tir.SeqStmt([start, loop])))
-    assert [(d.name, c[0], len(c[1])) for d, c in counters.items()] == [("it", 0, 1)]
-    assert _counters(tir.PrimFunc([n], tir.SeqStmt([escape, start, loop]))) == {}
+    found = counters(tir.PrimFunc([n], tir.SeqStmt([start, loop])))
+    assert [(d.name, c[0], len(c[1])) for d, c in found.items()] == [("it", 0, 1)]
+    assert counters(tir.PrimFunc([n], tir.SeqStmt([escape, start, loop]))) == {}

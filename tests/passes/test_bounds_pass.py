@@ -9,8 +9,10 @@ import tlx
 from tests.passes.corpus import lower_jit, lowered
 from tests.passes.corpus.correct import TARGET
 from tilelang import tvm
-from tlx.passes import PassContext, registered_passes, run_passes
-from tlx.passes.bounds import VerificationError, bounds_pass, verify_kernel
+from tlx.passes import PassContext
+from tlx.passes.pipeline import pass_names, run_passes
+from tlx.passes.bounds import bounds_pass
+from tlx.passes.verification import VerificationError, verify_kernel
 
 tir = tvm.tirx
 
@@ -64,9 +66,9 @@ def test_assumptions_become_launcher_checks():
 
 
 def test_off_mode_does_not_run():
-    assert {"bounds", "eliminate_guards"} <= set(registered_passes())
+    assert {"bounds", "eliminate_guards"} <= set(pass_names())
     ctx = _ctx(verify="off", eliminate_guards=False)
-    skip = tuple(n for n in registered_passes() if n not in ("bounds", "eliminate_guards"))
+    skip = tuple(n for n in pass_names() if n not in ("bounds", "eliminate_guards"))
     run_passes(lowered("off_by_one_tail"), ctx, skip=skip)
     assert "bounds" not in ctx.reports and "eliminate_guards" not in ctx.reports
 

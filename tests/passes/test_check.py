@@ -1,4 +1,4 @@
-"""``check_kernel``: the JSON schema of issue 3, human text pointing at source lines, exit codes."""
+"""``check_kernel``: the JSON report's keys, human text pointing at source lines, exit codes."""
 
 import json
 

@@ -7,7 +7,8 @@ import pytest
 from tests.passes.corpus import lowered
 from tlx.lowering import codegen_cuda
 from tlx.passes import PassContext
-from tlx.passes.bounds import bounds_pass, verify_kernel
+from tlx.passes.bounds import bounds_pass
+from tlx.passes.verification import verify_kernel
 from tlx.passes.guards import count_predicates, eliminate_guards, eliminate_guards_pass
 
 

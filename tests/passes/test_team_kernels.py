@@ -8,7 +8,8 @@ import pytest
 
 from tests.passes.corpus import lower_jit
 from tests.passes.corpus.team import TEAM
-from tlx.passes.bounds import derive_preconditions, verify_kernel
+from tlx.passes.preconditions import derive_preconditions
+from tlx.passes.verification import verify_kernel
 
 # The grouped GEMMs take ~10 s each to lower here; bench/verify_cost.py covers them.
 FAST = [e for e in TEAM if "grouped_gemm" not in e[0]]

@@ -26,12 +26,10 @@ from __future__ import annotations
 
 from tilelang import tvm
 
-from tlx.numerics._tir import device_functions, extern_name, op_name
-from tlx.passes import register_pass
+from tlx.ir.tir import device_functions, extern_name, op_name
 
 __all__ = ["analyze", "analyze_device", "analyze_program", "declare_pure"]
 
-DETERMINISM_ORDER = 910
 
 ATOMIC_ADD_OPS = frozenset(
     f"tl.atomic_add{w}{r}_elem_op" for w in ("", "x2", "x4") for r in ("", "_ret")
@@ -293,7 +291,6 @@ def analyze(kernel) -> dict:
     }
 
 
-@register_pass("numerics_determinism", DETERMINISM_ORDER)
 def determinism_pass(kernel, ctx):
     """Report floating-point atomics, split-K accumulation and batch-dependent reduction order.
 

@@ -16,10 +16,10 @@ A pin file (``NAME.pin.json``, written by ``tlx pin FILE.py::NAME``) holds:
   device kernel), ``tma`` (TMA descriptor parameters: box, swizzle, interleave, L2 promotion)
   and ``numerics`` (the nvcc floating-point flags).
 
-A compile with ``pin=PATH`` re-lowers the kernel with the pinned fragment layouts annotated
-and the pinned pass configs (an explicit request that contradicts the pin is an error), then
-compares every decision and raises :class:`PinMismatchError` naming each one that differs,
-or naming the fragment whose layout TileLang can no longer honour. Shared-memory layouts are
+A compile with ``pin=PATH`` lowers the kernel once, with the pinned fragment layouts annotated
+and the pinned pass configs (:func:`lower_pinned`; an explicit request that contradicts the pin
+is an error), and its first pass (:func:`pin_pass`) compares every decision and raises
+:class:`PinMismatchError` naming each one that differs, or naming the fragment whose layout TileLang can no longer honour. Shared-memory layouts are
 checked, not forced: they only move addresses (the arithmetic is the same whatever the
 swizzle), and TileLang stage-expands them during lowering, so a recorded one cannot always be
 handed back to ``T.annotate_layout``.
@@ -33,18 +33,18 @@ from pathlib import Path
 
 from tilelang import tvm
 
-from tlx.numerics._tir import calls, device_functions, extern_name, op_name
+from tlx.ir.tir import calls, device_functions, extern_name, op_name
+from tlx.lowering import lower, normalize_target
 from tlx.numerics.modes import nvcc_flags
-from tlx.passes import register_pass
+from tlx.passes import TlxError
 
-__all__ = ["PIN_VERSION", "PinFileError", "PinMismatchError", "annotate_fragments", "load_pin", "pin_kernel_file", "pinned_pass_configs", "record"]
+__all__ = ["PIN_VERSION", "PinFileError", "PinMismatchError", "annotate_fragments", "load_pin", "lower_pinned", "pin_kernel_file", "pin_pass", "pinned_pass_configs", "record"]
 
 PIN_VERSION = 2
-PIN_ORDER = 5  # before any pass that rewrites the device module: the pin pass may re-lower
 DECISIONS = ("layouts", "gemm", "reduce", "pipeline", "launch", "tma", "numerics")
 
 
-class PinMismatchError(RuntimeError):
+class PinMismatchError(TlxError, RuntimeError):
     """The compiler no longer makes a pinned decision."""
 
 
@@ -223,8 +223,6 @@ def _jsonable(v):
 def pin_kernel_file(prim_func, options, *, name: str, kernel_file: Path, output: str | Path | None = None) -> Path:
     """Lower ``prim_func`` with ``options``, record its decisions and write the pin file
     (``NAME.pin.json`` beside ``kernel_file`` unless ``output`` is given); returns its path."""
-    from tlx.lowering import lower, normalize_target
-
     target = normalize_target(options.target_dict())
     pass_configs = options.pass_config_dict()
     kernel = lower(prim_func, target, pass_configs, name=name)
@@ -289,30 +287,34 @@ def _differences(pinned, actual, where: str) -> list[str]:
     return [] if pinned == actual else [f"{where}: pinned {pinned!r}, now {actual!r}"]
 
 
-@register_pass("numerics_pin", PIN_ORDER, enabled=lambda ctx: bool(ctx.options.get("pin")))
-def pin_pass(kernel, ctx):
-    """Re-lower with the pin's fragment layouts and pass configs, then verify every decision."""
-    from tlx.lowering import lower
-
-    path = str(ctx.options["pin"])
+def lower_pinned(prim_func, target: dict, pass_configs: dict, path: str, name: str):
+    """Lower ``prim_func`` under pin ``path``: its pass configs merged into ``pass_configs`` and
+    its fragment layouts annotated. Returns the lowered kernel; its ``pass_configs`` are the
+    merged ones, which code generation and nvcc then use too. ``prim_func`` stays the program
+    as written (the host launcher is generated from it)."""
     pin = load_pin(path)
-    merged = pinned_pass_configs(kernel.pass_configs or {}, pin, path)
-    if pin["fragments"] or merged != (kernel.pass_configs or {}):
-        annotated = annotate_fragments(kernel.prim_func, pin["fragments"], path)
-        try:
-            relowered = lower(annotated, ctx.options["target"], merged, name=kernel.name)
-        except tvm.error.InternalError as e:
-            lines = [line.strip() for line in str(e).strip().splitlines()]
-            conflict = next((line for line in lines if "different layout for" in line), None)
-            what = (f"fragment {conflict.rsplit(' ', 1)[-1]}: the pinned layout conflicts with the one TileLang now "
-                    f"requires ({next((line for line in lines if line.startswith('current layout')), '')})") if conflict else lines[0]  # fmt: skip
-            raise PinMismatchError(f"pin {path}: kernel {kernel.name!r} can no longer honour the pin: {what}") from None
-        kernel = dataclasses.replace(relowered, prim_func=kernel.prim_func)  # the program as written, for host codegen
-    actual = json.loads(json.dumps(record(kernel, ctx.options.get("numerics", "default"))))
+    merged = pinned_pass_configs(pass_configs, pin, path)
+    annotated = annotate_fragments(prim_func, pin["fragments"], path) if pin["fragments"] else prim_func
+    try:
+        kernel = lower(annotated, target, merged, name=name)
+    except tvm.error.InternalError as e:
+        lines = [line.strip() for line in str(e).strip().splitlines()]
+        conflict = next((line for line in lines if "different layout for" in line), None)
+        what = (f"fragment {conflict.rsplit(' ', 1)[-1]}: the pinned layout conflicts with the one TileLang now "
+                f"requires ({next((line for line in lines if line.startswith('current layout')), '')})") if conflict else lines[0]  # fmt: skip
+        raise PinMismatchError(f"pin {path}: kernel {name!r} can no longer honour the pin: {what}") from None
+    return dataclasses.replace(kernel, prim_func=prim_func)
+
+
+def pin_pass(kernel, ctx):
+    """Compare every decision of ``kernel`` (lowered by :func:`lower_pinned`) with the pin's."""
+    path = str(ctx.options.pin)
+    pin = load_pin(path)
+    actual = json.loads(json.dumps(record(kernel, ctx.options.numerics)))
     for name in pin["fragments"]:
         # A re-applied fragment prints as an annotation (absolute thread expression, no range),
         # not as inferred; LayoutInference holds annotated layouts strictly (a conflict raises
-        # above), so a present fragment is the pinned one.
+        # in lower_pinned), so a present fragment is the pinned one.
         if name in actual["layouts"] and name in pin["decisions"]["layouts"]:
             actual["layouts"][name] = pin["decisions"]["layouts"][name]
     diffs = _differences(pin["decisions"], actual, "decisions")

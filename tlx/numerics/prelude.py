@@ -4,18 +4,13 @@ from __future__ import annotations
 
 from tilelang import tvm
 
-from tlx.numerics._tir import calls, device_functions, extern_name
+from tlx.ir.tir import calls, device_functions, extern_name
 from tlx.numerics.ieee import EXTERN_PREFIX, PRELUDE
-from tlx.passes import register_pass
-
-PRELUDE_ORDER = 990
-
 
 def uses_ieee_externs(func) -> bool:
     return any((extern_name(c) or "").startswith(EXTERN_PREFIX) for c in calls(func))
 
 
-@register_pass("numerics_ieee_prelude", PRELUDE_ORDER)
 def inject_ieee_prelude(kernel, ctx):
     """Wrap each device function that calls a ``tlx_ieee_*`` helper in a ``pragma_import_c``
     attribute holding the prelude; CUDA codegen prints it before the kernels, and its include

@@ -12,13 +12,12 @@ built with the same flags.
 
 from __future__ import annotations
 
-from tlx.numerics._tir import calls, device_functions, extern_name, op_name
+from tlx.ir.tir import calls, device_functions, extern_name, op_name
 from tlx.numerics.modes import nvcc_flags
-from tlx.passes import register_pass
+from tlx.passes import PassOptions, TlxError, exit_status
 
 __all__ = ["APPROX_EXTERNS", "APPROX_TL_OPS", "ApproximateIntrinsicError", "check_numerics", "find_approximate"]
 
-STRICT_ORDER = 900
 
 # TileLang builtin -> the CUDA function its fp32 form prints as.
 APPROX_TL_OPS: dict[str, str] = {
@@ -44,7 +43,7 @@ APPROX_EXTERNS = frozenset(
 FAST_MATH_CONFIG = "tl.enable_fast_math"
 
 
-class ApproximateIntrinsicError(ValueError):
+class ApproximateIntrinsicError(TlxError, ValueError):
     """A strict-mode kernel uses an approximate intrinsic that is not in ``allow_approx``, or
     ``allow_approx`` names something that is not an approximate intrinsic."""
 
@@ -90,13 +89,13 @@ def _is_allowed(hit: dict, allowed: set[str]) -> bool:
     return hit["name"] in allowed or hit["cuda"] in allowed
 
 
-def check_numerics(kernel, options: dict) -> dict:
+def check_numerics(kernel, options: PassOptions) -> dict:
     """The numerics report of one kernel. In strict mode a violation raises
-    ApproximateIntrinsicError, or with ``options["report_only"]`` (``tlx check``) is listed
+    ApproximateIntrinsicError, or with ``options.report_only`` (``tlx check``) is listed
     under ``violations`` with ``exit_code`` 1."""
-    mode = options.get("numerics", "default")
+    mode = options.numerics
     flags = nvcc_flags(mode)
-    allowed = _allow_set(options.get("allow_approx", ()))
+    allowed = _allow_set(options.allow_approx)
     hits = find_approximate(kernel.device_mod)
     fast_math = bool((kernel.pass_configs or {}).get(FAST_MATH_CONFIG, False))
     violations = []
@@ -113,7 +112,7 @@ def check_numerics(kernel, options: dict) -> dict:
             for hit in hits
             if not _is_allowed(hit, allowed)
         ]
-    if violations and not options.get("report_only"):
+    if violations and not options.report_only:
         raise ApproximateIntrinsicError(violations[0])
     return {
         "mode": mode,
@@ -122,11 +121,10 @@ def check_numerics(kernel, options: dict) -> dict:
         "approximate": [{k: h[k] for k in ("intrinsic", "cuda", "function", "dtype")} for h in hits],
         "allowed": sorted(allowed),
         "violations": violations,
-        "exit_code": 1 if violations else 0,
+        "exit_code": exit_status(len(violations), 0),
     }
 
 
-@register_pass("numerics_strict", STRICT_ORDER)
 def numerics_mode_pass(kernel, ctx):
     """Record the floating-point contract in every mode; enforce it in strict mode."""
     ctx.reports["numerics"] = check_numerics(kernel, ctx.options)

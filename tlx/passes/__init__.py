@@ -1,22 +1,29 @@
-"""tlx's own passes over TileLang's lowered IR.
+"""tlx's own passes over TileLang's lowered IR: what every pass shares.
 
-A pass is a function ``(kernel: LoweredKernel, ctx: PassContext) -> LoweredKernel``.
-Passes are registered in a fixed order; analyses put their findings into
-``ctx.reports[name]`` and may add host-checked ``ctx.preconditions``; transforms
-return a kernel with a rewritten ``device_mod``. The compiler runs them between
-TileLang's lowering and device code generation.
+A pass is a function ``(kernel: LoweredKernel, ctx: PassContext) -> LoweredKernel``; the
+order they run in is the list in :mod:`tlx.passes.pipeline`. Analyses put their findings
+into ``ctx.reports[name]`` (a dict whose ``exit_code`` follows ``tlx check``: 0 fine, 1 a
+proven problem, 3 unknowns) and may add host-checked ``ctx.preconditions``; transforms
+return a kernel with a rewritten ``device_mod``. A verdict about the user's kernel or
+options is a :class:`TlxError`; :func:`raise_or_warn` turns one into an exception or a
+warning according to ``verify``.
 """
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
-from tlx.lowering import LoweredKernel
+__all__ = ["EXIT_OK", "EXIT_UNKNOWN", "EXIT_VIOLATION", "PassContext", "PassOptions", "Precondition", "TlxError", "exit_status",
+           "raise_or_warn", "verifying", "verifying_exhaustively"]
 
-__all__ = ["verifying", "verifying_exhaustively", "PassContext", "Precondition", "TlxPass", "register_pass", "registered_passes", "run_passes"]
+EXIT_OK, EXIT_VIOLATION, EXIT_UNKNOWN = 0, 1, 3
+
+
+class TlxError(Exception):
+    """A verdict about the user's kernel or options (never a crash of a pass): it always
+    reaches the user, whatever ``verify`` says."""
 
 
 @dataclass(frozen=True)
@@ -33,93 +40,77 @@ class Precondition:
     origin: str = ""
 
 
+@dataclass(frozen=True)
+class PassOptions:
+    """The options the passes read, typed. Built from the compile's option dict
+    (:func:`tlx.compiler.pass_options`), whose other keys (the cache key's) they do not read.
+
+    ``report_only``: ``tlx check``'s mode (report every finding, raise none); ``skip_passes``:
+    passes not to run; ``race_budget`` / ``bank_budget``: Z3 resource units for the race and
+    bank-conflict proofs per kernel (None: the pass's own default).
+    """
+
+    verify: str = "warn"
+    assume: tuple[str, ...] = ()
+    numerics: str = "default"
+    allow_approx: tuple[str, ...] = ()
+    eliminate_guards: bool = True
+    pin: str | None = None
+    report_only: bool = False
+    skip_passes: tuple[str, ...] = ()
+    race_budget: int | None = None
+    bank_budget: int | None = None
+
+    @staticmethod
+    def from_dict(options: dict) -> PassOptions:
+        names = {f.name for f in fields(PassOptions)}
+        given = {k: v for k, v in options.items() if k in names}
+        for key in ("assume", "allow_approx", "skip_passes"):
+            if key in given:
+                value = given[key]
+                given[key] = (value,) if isinstance(value, str) else tuple(value)
+        return PassOptions(**given)
+
+
 @dataclass
 class PassContext:
-    """What every pass sees: the tlx options of this compile and where results go."""
+    """What every pass sees: the tlx options of this compile and where results go.
 
-    options: dict[str, Any] = field(default_factory=dict)
+    ``options`` may be given as a dict and is kept as :class:`PassOptions`. ``source`` is the
+    kernel factory (for source lines in ``tlx check``); ``check`` receives ``tlx check``'s
+    bounds verdict when the options ask for a check (``report_only``).
+    """
+
+    options: PassOptions = field(default_factory=PassOptions)
     reports: dict[str, Any] = field(default_factory=dict)
     preconditions: list[Precondition] = field(default_factory=list)
     nvcc_flags: list[str] = field(default_factory=list)
+    source: Any = None
+    check: Any = None
 
-
-TlxPass = Callable[[LoweredKernel, PassContext], LoweredKernel]
+    def __post_init__(self):
+        if isinstance(self.options, dict):
+            self.options = PassOptions.from_dict(self.options)
 
 
 def verifying(ctx: PassContext) -> bool:
     """Cheap analyses run whenever ``verify`` is not "off"."""
-    return ctx.options.get("verify", "warn") != "off"
+    return ctx.options.verify != "off"
 
 
 def verifying_exhaustively(ctx: PassContext) -> bool:
     """Costly analyses (bank conflicts, races: seconds of Z3 per kernel) run under ``verify="error"``
     and in ``tlx check``, not in every default compile."""
-    return ctx.options.get("verify") == "error" or bool(ctx.options.get("report_only"))
+    return ctx.options.verify == "error" or ctx.options.report_only
 
 
-@dataclass(frozen=True)
-class _Entry:
-    name: str
-    order: int
-    fn: TlxPass
-    enabled: Callable[[PassContext], bool]
+def raise_or_warn(ctx: PassContext, error: TlxError) -> None:
+    """Raise ``error`` under ``verify="error"``, else show it as a warning and go on."""
+    if ctx.options.verify == "error":
+        raise error
+    warnings.warn(str(error), stacklevel=3)
 
 
-_REGISTRY: dict[str, _Entry] = {}
-
-
-def register_pass(name: str, order: int, enabled: Callable[[PassContext], bool] = lambda ctx: True):
-    """Register ``fn`` as pass ``name``; passes run by ascending ``order``."""
-
-    def wrap(fn: TlxPass) -> TlxPass:
-        _REGISTRY[name] = _Entry(name, order, fn, enabled)
-        return fn
-
-    return wrap
-
-
-def registered_passes() -> list[str]:
-    _load_builtin_passes()
-    return [e.name for e in sorted(_REGISTRY.values(), key=lambda e: e.order)]
-
-
-def run_passes(kernel: LoweredKernel, ctx: PassContext, skip: tuple[str, ...] = ()) -> LoweredKernel:
-    """Run every enabled registered pass in order, except those named in ``skip``."""
-    _load_builtin_passes()
-    for entry in sorted(_REGISTRY.values(), key=lambda e: e.order):
-        if entry.name not in skip and entry.enabled(ctx):
-            try:
-                kernel = entry.fn(kernel, ctx)
-            except Exception as e:
-                # A pass that fails proves nothing and changes nothing: its report says so and the
-                # compile goes on with the kernel as it was, unless the user asked for verify="error".
-                if ctx.options.get("verify") == "error" or _is_user_error(e):
-                    raise
-                ctx.reports[entry.name] = {"status": "failed", "error": f"{type(e).__name__}: {e}"}
-                warnings.warn(f"tlx pass {entry.name} failed on {kernel.name} ({type(e).__name__}: {e}); its result is unknown",
-                              RuntimeWarning, stacklevel=2)
-    return kernel
-
-
-def _is_user_error(e: Exception) -> bool:
-    """Errors that are verdicts about the user's kernel or options (not crashes of a pass) always propagate."""
-    from tlx.numerics.pin import PinMismatchError
-    from tlx.numerics.strict import ApproximateIntrinsicError
-    from tlx.passes.assume import AssumptionError
-    from tlx.passes.bounds import VerificationError
-    from tlx.passes.layouts import LayoutError
-    from tlx.passes.races import RaceError
-
-    return isinstance(e, (VerificationError, ApproximateIntrinsicError, PinMismatchError, AssumptionError, LayoutError, RaceError))
-
-
-def _load_builtin_passes() -> None:
-    """Import the modules whose ``register_pass`` decorators fill the registry."""
-    import importlib
-    import pkgutil
-
-    import tlx.passes as pkg
-
-    for info in pkgutil.iter_modules(pkg.__path__):
-        importlib.import_module(f"tlx.passes.{info.name}")
-    import tlx.numerics  # noqa: F401  (numerics registers its checks too)
+def exit_status(problems: int, unknown: int) -> int:
+    """``tlx check``'s exit status for a report: 1 with proven problems, else 3 with unknowns, else 0."""
+    return EXIT_VIOLATION if problems else EXIT_UNKNOWN if unknown else EXIT_OK

@@ -12,12 +12,14 @@ import ast
 import tilelang  # noqa: F401
 from tilelang import tvm
 
+from tlx.passes import TlxError
+
 tir = tvm.tirx
 
 __all__ = ["AssumptionError", "parse_assumption", "shape_vars"]
 
 
-class AssumptionError(ValueError):
+class AssumptionError(TlxError, ValueError):
     """An assumption string that is not a condition over the kernel's shape variables."""
 
 

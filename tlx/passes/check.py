@@ -2,10 +2,11 @@
 
 Exit status: 0 when every access is proven (possibly under derived preconditions, which
 are listed), 1 when a violation is found, 3 when only unknowns remain. The JSON object
-has the keys of issue 3 (``kernel, accesses, proven, violations, unknown, preconditions,
-seconds``); other analyses add their own top-level sections through
+has the bounds verdict's keys (``kernel, accesses, proven, violations, unknown,
+preconditions, seconds``); the other passes' reports become top-level sections through
 :meth:`CheckResult.add_section` (e.g. ``"layouts"``, ``"bank_conflicts"``, ``"vectors"``,
-``"races"``), and a section may raise the exit status.
+``"races"``), and a section may raise the exit status. ``tlx check`` runs the compile
+pipeline with ``report_only`` set, where :func:`check_pass` takes the bounds pass's place.
 """
 
 from __future__ import annotations
@@ -18,13 +19,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tlx.lowering import LoweredKernel
-from tlx.passes.bounds import Access, BoundsReport, derive_preconditions, verify_kernel
+from tlx.passes import EXIT_OK, EXIT_UNKNOWN, EXIT_VIOLATION, PassContext
+from tlx.passes.preconditions import derive_preconditions
+from tlx.passes.verification import CheckedAccess, BoundsReport, verify_kernel
 
-__all__ = ["CheckResult", "check_kernel", "source_locator"]
+__all__ = ["CheckResult", "check_kernel", "check_pass", "source_locator"]
 
 _IDENT = re.compile(r"[A-Za-z_]\w*")
-
-EXIT_OK, EXIT_VIOLATION, EXIT_UNKNOWN = 0, 1, 3
 
 
 @dataclass
@@ -50,11 +51,11 @@ class CheckResult:
         self.section_exit[name] = exit_code
 
     @property
-    def violations(self) -> list[Access]:
+    def violations(self) -> list[CheckedAccess]:
         return self.final.violations()
 
     @property
-    def unknown(self) -> list[Access]:
+    def unknown(self) -> list[CheckedAccess]:
         return self.final.unknowns()
 
     @property
@@ -82,7 +83,7 @@ class CheckResult:
         out.update(self.sections)
         return out
 
-    def _needed_by(self) -> list[Access]:
+    def _needed_by(self) -> list[CheckedAccess]:
         """The accesses that failed before the preconditions (with their counterexamples)."""
         if not self.preconditions:
             return []
@@ -110,7 +111,7 @@ class CheckResult:
         lines.append(verdict)
         return "\n".join(lines)
 
-    def _describe(self, a: Access) -> list[str]:
+    def _describe(self, a: CheckedAccess) -> list[str]:
         if a.kind == "overflow":
             out = [f"{a.source}: {a.extent} overflow computing {a.index}" + (f" (for {a.buffer})" if a.buffer else "")]
         else:
@@ -127,7 +128,7 @@ class CheckResult:
 _CORE_KEYS = {"kernel", "accesses", "proven", "violations", "unknown", "preconditions", "seconds"}
 
 
-def _access_json(a: Access) -> dict:
+def _access_json(a: CheckedAccess) -> dict:
     return {
         "buffer": a.buffer,
         "scope": a.scope,
@@ -203,3 +204,9 @@ def check_kernel(kernel: LoweredKernel, options: dict | None = None) -> CheckRes
     if options.get("derive_preconditions", True) and (report.violations() or report.unknowns()):
         pre, final = derive_preconditions(kernel, report, tuple(assume), source_map=locate, **kwargs)
     return CheckResult(kernel.name, report, final, pre, time.perf_counter() - t0, source_lines=texts)
+
+
+def check_pass(kernel: LoweredKernel, ctx: PassContext) -> LoweredKernel:
+    """``tlx check``'s bounds verdict, with source lines, into ``ctx.check``."""
+    ctx.check = check_kernel(kernel, {"assume": ctx.options.assume, "source": ctx.source})
+    return kernel

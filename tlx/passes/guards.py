@@ -15,8 +15,8 @@ from __future__ import annotations
 import re
 
 from tlx.lowering import LoweredKernel
-from tlx.passes import PassContext, register_pass
-from tlx.passes.bounds import verify_kernel
+from tlx.passes import PassContext
+from tlx.passes.verification import verify_kernel
 
 __all__ = ["count_predicates", "eliminate_guards"]
 
@@ -43,7 +43,6 @@ def count_predicates(source: str) -> int:
     return len(_PREDICATE.findall(code))
 
 
-@register_pass("eliminate_guards", order=110, enabled=lambda ctx: bool(ctx.options.get("eliminate_guards", True)))
 def eliminate_guards_pass(kernel: LoweredKernel, ctx: PassContext) -> LoweredKernel:
     """Remove proven guards, using as facts only the preconditions the launcher enforces.
 

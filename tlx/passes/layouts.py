@@ -28,8 +28,9 @@ from typing import Any
 import z3
 
 from tilelang import tvm
+from tlx.ir.tir import const_int
 from tlx.lowering import LoweredKernel
-from tlx.passes import PassContext, register_pass, verifying
+from tlx.passes import PassContext, TlxError, exit_status, raise_or_warn
 from tlx.passes.smt import Encoder
 
 tir = tvm.tirx
@@ -37,7 +38,7 @@ tir = tvm.tirx
 __all__ = ["LayoutError", "check_layout", "collect_layouts", "gf2_map", "gf2_rank", "layouts_report"]
 
 
-class LayoutError(Exception):
+class LayoutError(TlxError):
     """A layout was proven wrong (collision or out of range) under ``verify="error"``."""
 
 
@@ -107,14 +108,6 @@ def _as_map(used: UsedLayout) -> _Map:
         outputs.insert(0, (lay.forward_thread, lay.get_thread_size()))
         names.insert(0, "thread")
     return _Map(inputs, outputs, names)
-
-
-def _int(x) -> int | None:
-    if isinstance(x, int):
-        return x
-    if isinstance(x, tir.IntImm):
-        return int(x.value)
-    return None
 
 
 # ----- Z3 proof -------------------------------------------------------------------------------
@@ -200,7 +193,7 @@ def _bit_split(m: _Map) -> _Split:
     Inputs whose extent is not a constant power of two stay whole.
     """
     extents = dict(m.inputs)
-    outs, inputs, recon, constraints = bit_split([_bits_to_arith(o, extents) for o, _ in m.outputs], m.inputs)
+    outs, inputs, recon, constraints = bit_split([bits_to_arith(o, extents) for o, _ in m.outputs], m.inputs)
     return _Split(inputs, list(zip(outs, [e for _, e in m.outputs], strict=True)), recon, constraints)
 
 
@@ -217,14 +210,14 @@ def bit_split(exprs: list, ranges: list, tag: str = "", fresh: bool = False):
     ana = tvm.arith.Analyzer()
     inputs, recon, constraints = [], {}, []
     for v, ext in ranges:
-        n = _int(ext)
+        n = const_int(ext)
         k = None if n is None or n < 1 else (n - 1).bit_length()
         if k is None:
             nv = tir.Var(f"{v.name}{tag}", v.dtype) if fresh else v
             inputs.append((nv, ext))
             recon[v] = nv
-            if _int(ext) is not None:
-                ana.bind(nv, tvm.ir.Range(0, _int(ext)))
+            if const_int(ext) is not None:
+                ana.bind(nv, tvm.ir.Range(0, const_int(ext)))
             continue
         whole = tir.IntImm(v.dtype, 0)
         for i in range(k):
@@ -240,7 +233,7 @@ def bit_split(exprs: list, ranges: list, tag: str = "", fresh: bool = False):
 
 
 
-def _bits_to_arith(expr, extents: dict):
+def bits_to_arith(expr, extents: dict):
     """Rewrite bitwise and/or/xor of bounded non-negative operands into div/mod arithmetic.
 
     ``a ^ b`` on k-bit values equals ``sum_i 2^i * ((a_i + b_i) % 2)`` with
@@ -251,8 +244,8 @@ def _bits_to_arith(expr, extents: dict):
     """
     ana = tvm.arith.Analyzer()
     for v, ext in extents.items():
-        if _int(ext) is not None:
-            ana.bind(v, tvm.ir.Range(0, _int(ext)))
+        if const_int(ext) is not None:
+            ana.bind(v, tvm.ir.Range(0, const_int(ext)))
 
     def rewrite(e):
         if not (isinstance(e, tir.Call) and hasattr(e.op, "name")):
@@ -328,8 +321,8 @@ def _uncovered(used: UsedLayout) -> dict | None:
 
 
 def _same_extent(a, b) -> bool:
-    if _int(a) is not None or _int(b) is not None:
-        return _int(a) == _int(b)
+    if const_int(a) is not None or const_int(b) is not None:
+        return const_int(a) == const_int(b)
     return bool(tvm.ir.structural_equal(a, b))
 
 
@@ -403,7 +396,7 @@ def _const(c: int):
 
 
 def _pow2(c) -> int | None:
-    c = _int(c)
+    c = const_int(c)
     return c.bit_length() - 1 if c is not None and c > 0 and c & (c - 1) == 0 else None
 
 
@@ -418,9 +411,9 @@ def _bits_of(expr, env) -> list:
         return _add(_bits_of(expr.a, env), _bits_of(expr.b, env))
     if isinstance(expr, tir.Mul):
         a, b = expr.a, expr.b
-        if _int(a) is not None:
+        if const_int(a) is not None:
             a, b = b, a
-        c = _int(b)
+        c = const_int(b)
         if c is None or c < 0:
             raise _NotLinear("product of two variables")
         val, acc = _bits_of(a, env), []
@@ -448,8 +441,8 @@ def _bits_of(expr, env) -> list:
             if name == "tirx.bitwise_and":
                 return _trim([_pmul(_bit(a, i), _bit(b, i)) for i in range(n)])
             return _trim([_padd(_bit(a, i), _bit(b, i), _pmul(_bit(a, i), _bit(b, i))) for i in range(n)])
-        if name in ("tirx.shift_left", "tirx.shift_right") and _int(expr.args[1]) is not None:
-            a, k = _bits_of(expr.args[0], env), _int(expr.args[1])
+        if name in ("tirx.shift_left", "tirx.shift_right") and const_int(expr.args[1]) is not None:
+            a, k = _bits_of(expr.args[0], env), const_int(expr.args[1])
             return _trim([_ZERO] * k + a) if name == "tirx.shift_left" else a[k:]
     raise _NotLinear(f"unsupported node {type(expr).__name__}")
 
@@ -504,8 +497,8 @@ def gf2_rank(rows: list[int]) -> int:
 
 
 def _gf2_cross_check(m: _Map, result: dict) -> dict:
-    ins = [(v, _int(e)) for v, e in m.inputs]
-    outs = [(o, _int(e)) for o, e in m.outputs]
+    ins = [(v, const_int(e)) for v, e in m.inputs]
+    outs = [(o, const_int(e)) for o, e in m.outputs]
     if any(e is None for _, e in ins + outs):
         return {"applicable": False, "reason": "symbolic extents"}
     try:
@@ -544,7 +537,7 @@ def layouts_report(kernel: LoweredKernel) -> dict:
         "checked": len(entries),
         "invalid": invalid,
         "unknown": unknown,
-        "exit_code": 1 if invalid else 3 if unknown else 0,  # tlx check's convention
+        "exit_code": exit_status(invalid, unknown),
         "seconds": round(time.perf_counter() - t0, 4),
     }
 
@@ -562,7 +555,6 @@ def _describe(e: dict) -> str:
     return f"layout of {e['buffer']}: Z3 and GF(2) rank disagree ({e['gf2']})"
 
 
-@register_pass("layouts", order=60, enabled=verifying)
 def layouts_pass(kernel: LoweredKernel, ctx: PassContext) -> LoweredKernel:
     """Report into ``ctx.reports["layouts"]``; a wrong layout raises or warns per ``verify``."""
     if kernel.layout_mod is None:
@@ -572,13 +564,5 @@ def layouts_pass(kernel: LoweredKernel, ctx: PassContext) -> LoweredKernel:
     ctx.reports["layouts"] = report
     bad = [_describe(e) for e in report["layouts"] if e["verdict"] in ("invalid", "error")]
     if bad:
-        _raise_or_warn(ctx, "\n".join(bad))
+        raise_or_warn(ctx, LayoutError("\n".join(bad)))
     return kernel
-
-
-def _raise_or_warn(ctx: PassContext, message: str) -> None:
-    if ctx.options.get("verify", "warn") == "error":
-        raise LayoutError(message)
-    import warnings
-
-    warnings.warn(message, stacklevel=3)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from tilelang import tvm
 
-from tlx.passes.smt import PRIVATE_SCOPES, scalar_dtype
+from tlx.ir.tir import PRIVATE_SCOPES, op_name, scalar_dtype
 
 tir = tvm.tirx
 
@@ -58,7 +58,7 @@ def candidate_arrays(f) -> dict:
             consider(n.buffer, n.indices, scalar_dtype(n.dtype)[2] == 1)
         elif isinstance(n, tir.Var) and str(n.dtype) == "handle":
             excluded.add(n)  # the storage itself appears: a pointer escapes
-        elif (isinstance(n, tir.Call) and hasattr(n.op, "name") and str(n.op.name) == "tirx.address_of"
+        elif (isinstance(n, tir.Call) and op_name(n) == "tirx.address_of"
               and isinstance(n.args[0], tir.BufferLoad)):
             excluded.add(n.args[0].buffer.data)
 

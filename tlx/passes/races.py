@@ -31,10 +31,11 @@ import z3
 
 from tilelang import tvm
 from tlx.lowering import LoweredKernel
-from tlx.passes import PassContext, register_pass, verifying_exhaustively
-from tlx.passes.banks import SHARED_SCOPES, Access, Program, _elem_bytes, _int, collect_program, kernel_encoder
-from tlx.passes.layouts import _bits_to_arith, bit_split
-from tlx.passes.smt import Encoder, Verdict
+from tlx.passes import PassContext, TlxError, exit_status, raise_or_warn
+from tlx.ir.program import SHARED_SCOPES, Access, Program, collect_program
+from tlx.ir.tir import const_int, elem_bytes
+from tlx.passes.layouts import bit_split, bits_to_arith
+from tlx.passes.smt import Encoder, Verdict, kernel_encoder
 
 tir = tvm.tirx
 
@@ -44,7 +45,7 @@ _THREAD_OPS = ("load", "store", "ptx_ldmatrix", "ptx_stmatrix", "ptx_cp_async")
 _MBARRIER_HINTS = ("mbarrier", "arrive_barrier", "ptx_arrive", "barrier_wait")
 
 
-class RaceError(Exception):
+class RaceError(TlxError):
     """A shared-memory race was found under ``verify="error"``."""
 
 
@@ -66,17 +67,17 @@ class _Copy:
 
     def __init__(self, enc: Encoder, prog: Program, acc: Access, tag: str):
         ctx_vars = [(v, ext) for v, ext in prog.threads]
-        split_loops = [(v, ext) for v, lo, ext in acc.loops if _int(lo) == 0 and _int(ext) is not None]
-        other_loops = [(v, lo, ext) for v, lo, ext in acc.loops if not (_int(lo) == 0 and _int(ext) is not None)]
+        split_loops = [(v, ext) for v, lo, ext in acc.loops if const_int(lo) == 0 and const_int(ext) is not None]
+        other_loops = [(v, lo, ext) for v, lo, ext in acc.loops if not (const_int(lo) == 0 and const_int(ext) is not None)]
         index = acc.index.base if isinstance(acc.index, tir.Ramp) else acc.index
         extents = dict(ctx_vars + split_loops)
-        exprs = [_bits_to_arith(e, extents) for e in [index, acc.epoch, acc.commits] + list(acc.conds)]
+        exprs = [bits_to_arith(e, extents) for e in [index, acc.epoch, acc.commits] + list(acc.conds)]
         outs, inputs, recon, constraints = bit_split(exprs, ctx_vars + split_loops + [(v, None) for v, _, _ in other_loops], tag=f"@{tag}", fresh=True)
         facts = []
         for nv, ext in inputs:
-            if _int(ext) is not None:
+            if const_int(ext) is not None:
                 t = enc.var(nv)
-                facts += [t >= 0, t < _int(ext)]
+                facts += [t >= 0, t < const_int(ext)]
         for v, lo, ext in other_loops:
             t = enc.encode(recon[v])
             lo_t = enc.encode(tir.stmt_functor.substitute(lo, recon))
@@ -87,7 +88,7 @@ class _Copy:
         self.thread_env = {v: t for (v, _), (_, t) in zip(prog.threads, self.threads, strict=True)}
         index, epoch, commits, *conds = outs
         self.facts = facts + [enc.encode_bool(c) for c in list(conds) + constraints]
-        self.lo = acc.base_bytes + enc.encode(index) * _elem_bytes(acc.dtype)
+        self.lo = acc.base_bytes + enc.encode(index) * elem_bytes(acc.dtype)
         self.hi = self.lo + acc.width  # exclusive
         self.epoch = enc.encode(epoch)
         self.group = enc.encode(commits)
@@ -265,11 +266,10 @@ def races_report(kernel: LoweredKernel, programs: list[Program] | None = None, b
     n_races = sum(len(p["races"]) for p in per)
     n_unknown = sum(len(p["unknown"]) for p in per)
     verdict = "race" if n_races else "unknown" if n_unknown else "race-free"
-    code = {"race": 1, "unknown": 3, "race-free": 0}[verdict]  # tlx check's convention
     summary = [f"shared memory: {verdict} ({sum(p['pairs'] for p in per)} access pairs checked, {n_unknown} unknown)"]
     summary += [describe_race(r) for p in per for r in p["races"]][:5]
     summary += sorted({f"unknown: {u['reason']}" for p in per for u in p["unknown"]})[:5]
-    return {"summary": summary, "kernels": per, "races": n_races, "unknown": n_unknown, "verdict": verdict, "exit_code": code,
+    return {"summary": summary, "kernels": per, "races": n_races, "unknown": n_unknown, "verdict": verdict, "exit_code": exit_status(n_races, n_unknown),
             "rlimit_used": enc.rlimit_used, "seconds": round(time.perf_counter() - t0, 4)}
 
 
@@ -278,16 +278,11 @@ PASS_BUDGET = 20_000_000
 beyond it are unknown. ``races_report(kernel)`` without a budget checks every pair."""
 
 
-@register_pass("races", order=63, enabled=verifying_exhaustively)
 def races_pass(kernel: LoweredKernel, ctx: PassContext) -> LoweredKernel:
     """Report into ``ctx.reports["races"]``; a proven race raises or warns per ``verify``."""
-    report = races_report(kernel, budget=ctx.options.get("race_budget", PASS_BUDGET), assume=ctx.options.get("assume", ()))
+    budget = PASS_BUDGET if ctx.options.race_budget is None else ctx.options.race_budget
+    report = races_report(kernel, budget=budget, assume=ctx.options.assume)
     ctx.reports["races"] = report
     if report["races"]:
-        lines = [describe_race(r) for p in report["kernels"] for r in p["races"]]
-        if ctx.options.get("verify", "warn") == "error":
-            raise RaceError("\n".join(lines))
-        import warnings
-
-        warnings.warn("\n".join(lines), stacklevel=2)
+        raise_or_warn(ctx, RaceError("\n".join(describe_race(r) for p in report["kernels"] for r in p["races"])))
     return kernel

@@ -25,7 +25,6 @@ Typical use::
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,17 +33,19 @@ import z3
 import tilelang  # noqa: F401  (sets up the bundled TVM)
 from tilelang import tvm
 
+from tlx.ir.facts import FunctionFacts, user_name
+from tlx.ir.tir import PRIVATE_SCOPES, op_name, scalar_dtype
+from tlx.passes.assume import parse_assumption, shape_vars
+
 tir = tvm.tirx
 
-__all__ = ["DEFAULT_RLIMIT", "Encoder", "Obligation", "Verdict", "dtype_range", "scalar_dtype"]
+__all__ = ["DEFAULT_RLIMIT", "Encoder", "Obligation", "Verdict", "bind_params", "context_facts", "dtype_range", "kernel_encoder", "shape_setup"]
 
 DEFAULT_RLIMIT = 2_000_000
 """Z3 resource units per query: about 0.1-0.3 s of solver work, identical on every machine."""
 
-_DTYPE_RE = re.compile(r"^(bool|int|uint|float|bfloat|handle|float8_\w+|float4_\w+|float6_\w+)(\d*)(?:x(\d+))?$")
 
 
-PRIVATE_SCOPES = ("local", "local.var")  # a thread's own registers: only its own stores change them
 
 
 def _private_element(load, kinds) -> bool:
@@ -62,20 +63,6 @@ def _private_int_scalar(load) -> bool:
 def _private_int_element(load) -> bool:
     """A load of one element, at a computed index, of a thread-private integer array."""
     return _private_element(load, ("int", "uint")) and not isinstance(load.indices[0], (tir.IntImm, tir.Ramp))
-
-
-def scalar_dtype(dtype) -> tuple[str, int, int]:
-    """``"int32x4"`` -> ``("int", 32, 4)``; ``"bool"`` -> ``("bool", 1, 1)``."""
-    s = str(dtype)
-    m = _DTYPE_RE.match(s)
-    if not m:
-        return ("other", 0, 1)
-    kind, bits, lanes = m.group(1), m.group(2), m.group(3)
-    if kind == "bool":
-        return ("bool", 1, int(lanes or 1))
-    if kind in ("int", "uint"):
-        return (kind, int(bits or 32), int(lanes or 1))
-    return ("other", int(bits) if bits else 0, int(lanes or 1))
 
 
 def dtype_range(dtype) -> tuple[int, int] | None:
@@ -172,9 +159,9 @@ class Encoder:
         self.known_loads: dict = {}  # (buffer data var, constant index) -> Z3 term of the value it holds
         self.content_ranges: dict = {}  # private array's data var -> (lo, hi) of every element (private_arrays)
         self.opaque_loads: dict[str, tuple[str, str]] = {}  # fresh variable name -> (load text "ids[i]", buffer scope)
-        self.read_only: set = set()  # data vars of inputs the kernel never writes (see bounds._read_only_params)
+        self.read_only: set = set()  # data vars of inputs the function never writes (see know())
         self._read_only_loads: dict = {}  # (data var, simplified index terms) -> the value loaded there
-        # Counters (see bounds._counters): data var -> (start, [(step, [loop extents]), ...]).
+        # Counters (see know()): data var -> (start, [(step, [loop extents]), ...]).
         self.counters: dict = {}
         self.queries = 0
         self.rlimit_used = 0
@@ -184,6 +171,15 @@ class Encoder:
         n = self._names.get(name, 0)
         self._names[name] = n + 1
         return name if n == 0 else f"{name}#{n}"
+
+    def know(self, facts: FunctionFacts) -> None:
+        """Use what the code of the device function about to be encoded says (tlx.ir.facts)."""
+        self.read_only = facts.read_only
+        self.counters = facts.counters
+
+    def bind(self, v, to) -> None:
+        """Encode TIR variable ``v`` as the same term as ``to`` (a device parameter that is a shape variable)."""
+        self._vars[v] = self._var(to)
 
     def var(self, v) -> Any:
         """The Z3 term of TIR variable ``v`` (registered on first use with its dtype's range)."""
@@ -545,7 +541,7 @@ class Encoder:
         return self._oblige(expr, v, f"{dst_kind}{dst_bits}")
 
     def _enc_Call(self, expr, env, lane):
-        name = str(expr.op.name) if hasattr(expr.op, "name") else ""
+        name = op_name(expr)
         args = expr.args
         if name == "tirx.if_then_else":
             # Lazy (a C conditional): a branch's width obligations hold only where it is taken.
@@ -705,3 +701,55 @@ def _rlimit_count(solver) -> int:
         if k == "rlimit count":
             return int(st.get_key_value(k))
     return 0
+
+
+# ----- a kernel's shape variables -------------------------------------------------
+
+
+def shape_setup(enc: Encoder, kernel, assume: tuple[str, ...] | list[str], extra: list):
+    """Register shape variables (>= 0), the user's assumptions and extra TIR conditions."""
+    variables = shape_vars(kernel.prim_func)
+    terms = {}
+    for name, v in variables.items():
+        t = enc.var(v)
+        enc.add_fact(t >= 0)
+        terms[name] = t
+    for text in assume:
+        cond = parse_assumption(text, variables)
+        enc.add_fact(enc.encode_bool(cond))
+        enc.take_obligations()
+    for cond in extra:
+        enc.add_fact(enc.encode_bool(cond))
+        enc.take_obligations()
+    return variables, terms
+
+
+def bind_params(enc: Encoder, f, variables):
+    """Device parameters are the user's shape variables (lowering may rename ``T`` to ``T_1``)."""
+    for p in f.params:
+        if not str(p.dtype).startswith(("int", "uint")):
+            continue
+        name = p.name if p.name in variables else user_name(p.name)
+        if name in variables:
+            enc.bind(p, variables[name])
+
+
+def kernel_encoder(kernel, assume=()) -> Encoder:
+    """One encoder for ``kernel`` with its shape variables (>= 0, the user's ``assume`` strings)
+    registered the way the bounds verifier does, device parameters bound to them."""
+    enc = Encoder()
+    variables, _ = shape_setup(enc, kernel, tuple(assume), [])
+    for _, fn in kernel.device_mod.functions.items():
+        if isinstance(fn, tvm.tirx.PrimFunc):
+            bind_params(enc, fn, variables)
+    return enc
+
+
+def context_facts(enc: Encoder, prog, acc) -> list:
+    """Ranges of blocks and the loops around ``acc`` (shared by all lanes of a warp)."""
+    facts = []
+    for v, ext in prog.blocks:
+        facts += enc.range_facts(v, 0, ext)
+    for v, lo, ext in acc.loops:
+        facts += enc.range_facts(v, lo, ext)
+    return facts

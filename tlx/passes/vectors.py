@@ -20,9 +20,10 @@ import time
 
 from tilelang import tvm
 from tlx.lowering import LoweredKernel
-from tlx.passes import PassContext, register_pass, verifying
-from tlx.passes.banks import Access, Program, _elem_bytes, _int, collect_program, context_facts, kernel_encoder
-from tlx.passes.smt import Encoder
+from tlx.passes import PassContext, TlxError, exit_status, raise_or_warn
+from tlx.ir.program import Access, Program, collect_program
+from tlx.ir.tir import const_int, elem_bytes
+from tlx.passes.smt import Encoder, context_facts, kernel_encoder
 
 tir = tvm.tirx
 
@@ -31,7 +32,7 @@ __all__ = ["VectorError", "vectors_report"]
 _MAX_VECTOR_BYTES = 16
 
 
-class VectorError(Exception):
+class VectorError(TlxError):
     """A misaligned or non-contiguous vector access was proven under ``verify="error"``."""
 
 
@@ -43,15 +44,15 @@ def _thread_facts(enc: Encoder, prog: Program) -> list:
 
 
 def _address(enc: Encoder, acc: Access, index) -> object:
-    return acc.base_bytes + enc.encode(index) * _elem_bytes(acc.dtype)
+    return acc.base_bytes + enc.encode(index) * elem_bytes(acc.dtype)
 
 
 def check_vector(enc: Encoder, prog: Program, acc: Access) -> dict:
     """Contiguity and alignment of one vector access."""
     ramp = acc.index
-    eb = _elem_bytes(acc.dtype)
+    eb = elem_bytes(acc.dtype)
     entry = {"buffer": acc.buffer, "scope": acc.scope, "op": acc.op, "statement": acc.text, "lanes": int(ramp.lanes), "width_bytes": eb * int(ramp.lanes)}
-    if _int(ramp.stride) != 1:
+    if const_int(ramp.stride) != 1:
         entry.update(contiguous=False, aligned="n/a", verdict="not contiguous", stride=str(ramp.stride))
         return entry
     width = eb * int(ramp.lanes)
@@ -89,10 +90,10 @@ def missed_vectorization(enc: Encoder, prog: Program, acc: Access) -> dict | Non
     if acc.lanes != 1 or not acc.loops or isinstance(acc.index, tir.Ramp) or acc.op not in ("load", "store"):
         return None
     v, lo, ext = acc.loops[-1]
-    n = _int(ext)
-    if n is None or n < 2 or _int(lo) != 0:
+    n = const_int(ext)
+    if n is None or n < 2 or const_int(lo) != 0:
         return None
-    eb = _elem_bytes(acc.dtype)
+    eb = elem_bytes(acc.dtype)
     step = tir.stmt_functor.substitute(acc.index, {v: v + 1}) - acc.index
     facts = _thread_facts(enc, prog) + context_facts(enc, prog, acc) + [enc.encode_bool(c) for c in acc.conds]
     iv = enc.var(v)
@@ -142,22 +143,17 @@ def vectors_report(kernel: LoweredKernel, programs: list[Program] | None = None,
         "checked": len(vectors),
         "misaligned": bad,
         "unknown": unknown,
-        "exit_code": 1 if bad else 3 if unknown else 0,  # tlx check's convention
+        "exit_code": exit_status(bad, unknown),
         "seconds": round(time.perf_counter() - t0, 4),
     }
 
 
-@register_pass("vectors", order=62, enabled=verifying)
 def vectors_pass(kernel: LoweredKernel, ctx: PassContext) -> LoweredKernel:
     """Report into ``ctx.reports["vectors"]``; a proven misaligned vector raises or warns per ``verify``."""
-    report = vectors_report(kernel, assume=ctx.options.get("assume", ()))
+    report = vectors_report(kernel, assume=ctx.options.assume)
     ctx.reports["vectors"] = report
     bad = [e for e in report["vectors"] if e["verdict"] == "misaligned"]
     if bad:
         msg = "\n".join(f"misaligned {e['width_bytes']}-byte vector access `{e['statement']}` at {e['counterexample']}" for e in bad)
-        if ctx.options.get("verify", "warn") == "error":
-            raise VectorError(msg)
-        import warnings
-
-        warnings.warn(msg, stacklevel=2)
+        raise_or_warn(ctx, VectorError(msg))
     return kernel

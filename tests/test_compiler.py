@@ -1,0 +1,46 @@
+"""The compile pipeline on the CPU: one set of pass configs from lowering to nvcc, and no work
+directory left behind."""
+
+import pytest
+
+from tests.numerics import determinism_kernels as D
+from tlx.compiler import compile_artifacts
+from tlx.numerics import pin
+from tlx.options import Options
+from tlx.passes.verification import VerificationError
+
+TARGET = {"kind": "cuda", "arch": "sm_90a"}
+PROBE = "-DTLX_PINNED_PROBE=1"
+
+
+def test_pinned_pass_config_reaches_nvcc(tmp_path):
+    """A pin's ``tl.device_compile_flags`` is in the nvcc command of a compile that only names the pin."""
+    path = pin.pin_kernel_file(D.row_sum(), Options.make(target=TARGET, pass_configs={"tl.device_compile_flags": [PROBE]}),
+                               name="row_sum", kernel_file=tmp_path / "k.py")  # fmt: skip
+    cubin, build = compile_artifacts(D.row_sum(), Options.make(target=TARGET, verify="off", pin=str(path)), stop_after="cubin")
+    assert len(cubin) > 0
+    assert build.reports["pin"]["reapplied_pass_configs"] == ["tl.device_compile_flags"]
+    assert build.pass_configs["tl.device_compile_flags"] == [PROBE]
+    assert PROBE in build.nvcc_command
+    unpinned = compile_artifacts(D.row_sum(), Options.make(target=TARGET, verify="off"), stop_after="cubin")[1]
+    assert PROBE not in unpinned.nvcc_command
+
+
+def _work_dirs(cache):
+    return sorted((cache / "tmp").glob("tlx-build-*")) if (cache / "tmp").exists() else []
+
+
+def test_work_directories_are_removed(tmp_path, monkeypatch):
+    monkeypatch.setenv("TLX_CACHE_DIR", str(tmp_path))
+    compile_artifacts(D.row_sum(), Options.make(target=TARGET, verify="off"), stop_after="cubin")
+    assert _work_dirs(tmp_path) == []
+    from tests.passes.corpus.bugs import off_by_one_tail
+
+    with pytest.raises(VerificationError):
+        compile_artifacts(off_by_one_tail.get_tir(), off_by_one_tail.options.replace(verify="error"), stop_after="cuda")
+    assert _work_dirs(tmp_path) == []
+
+
+def test_stop_after_names_a_stage():
+    with pytest.raises(ValueError, match=r"stop_after: expected one of \['lower', 'passes'.*got 'pass'"):
+        compile_artifacts(D.row_sum(), Options.make(target=TARGET), stop_after="pass")

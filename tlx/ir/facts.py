@@ -1,0 +1,166 @@
+"""What a device function's code says about its shapes and values, derived once and handed to
+the SMT encoder as an explicit :class:`FunctionFacts`: which device parameters are the user's
+shape variables, which pointer parameters are read-only, and which private scalars are counters."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tilelang import tvm
+
+from tlx.ir.tir import PRIVATE_SCOPES, arith_only, scalar_dtype
+
+tir = tvm.tirx
+
+__all__ = ["FunctionFacts", "counters", "function_facts", "param_buffers", "read_only_params", "user_name"]
+
+
+@dataclass
+class FunctionFacts:
+    """``read_only``: data vars of inputs the function never writes; ``counters``: data var ->
+    (start, [(step, [loop extents] or None), ...]) (see :func:`counters`)."""
+
+    read_only: set = field(default_factory=set)
+    counters: dict = field(default_factory=dict)
+
+
+def function_facts(f) -> FunctionFacts:
+    return FunctionFacts(read_only_params(f), counters(f))
+
+
+def user_name(name: str) -> str:
+    """``C_1`` (a re-declaration made by lowering) -> ``C``."""
+    base, _, suffix = name.rpartition("_")
+    return base if base and suffix.isdigit() else name
+
+
+def param_buffers(kernel, f) -> dict:
+    """Device pointer parameter -> the user's declared buffer of that name (for pointer accesses
+    such as ``cp.async`` sources, which have no ``decl_buffer`` in the device code)."""
+    declared = {}
+    for buf in kernel.prim_func.buffer_map.values():
+        declared[buf.data.name] = buf
+        declared.setdefault(buf.name, buf)
+    return {p: declared[p.name] for p in f.params if str(p.dtype) == "handle" and p.name in declared}
+
+
+def read_only_params(f) -> set:
+    """Device pointer parameters the function never writes through: no store, no ``address_of``
+    (atomics), and no use of the pointer itself but as a read-only ``tvm_access_ptr`` (a bare use
+    anywhere else, e.g. a let alias or another call, counts as a write). TileLang declares them
+    ``const __restrict__``, so their elements keep one value for the whole kernel."""
+    handles = {p for p in f.params if str(p.dtype) == "handle"}
+    written: set = set()
+    uses: dict = {}  # handle -> bare occurrences
+    read_ptrs: dict = {}  # handle -> occurrences as a read-only tvm_access_ptr's data
+
+    def visit(node):
+        if isinstance(node, tir.BufferStore):
+            written.add(node.buffer.data)
+        elif isinstance(node, tir.Var) and node in handles:
+            uses[node] = uses.get(node, 0) + 1
+        elif isinstance(node, tir.Call):
+            name = str(node.op.name) if hasattr(node.op, "name") else ""
+            if name == "tirx.address_of" and isinstance(node.args[0], tir.BufferLoad):
+                written.add(node.args[0].buffer.data)
+            elif name == "tirx.tvm_access_ptr" and node.args[1] in handles:
+                mask = node.args[4]
+                if isinstance(mask, tir.IntImm) and mask.value & 2 == 0:
+                    read_ptrs[node.args[1]] = read_ptrs.get(node.args[1], 0) + 1
+
+    tir.stmt_functor.post_order_visit(f.body, visit)
+    written |= {v for v, n in uses.items() if n > read_ptrs.get(v, 0)}
+    return handles - written
+
+
+def counters(f) -> dict:
+    """Thread-private integer scalars used as counters (a pipeline's stage/phase counter
+    ``it = it + 1``): set once to a constant, outside every loop and branch and before any other
+    use, then only incremented by non-negative constants, and never addressed by pointer. Their
+    value is then at least the start and, where every increment sits in loops whose trip counts
+    depend only on the kernel's parameters and thread indices, at most the start plus each step
+    times those trip counts (see ``Encoder.counters``). Returns data var -> (start, [(step,
+    [loop extents] or None where a loop around the increment has no such trip count), ...])."""
+    fixed = {p for p in f.params if not str(p.dtype) == "handle"}
+    state: dict = {}  # data var -> {"start": int | None, "sites": [...], "ok": bool}
+
+    def scalar(buf) -> bool:
+        shape = list(buf.shape)
+        return (str(buf.scope()) in PRIVATE_SCOPES and scalar_dtype(buf.dtype)[0] in ("int", "uint")
+                and len(shape) == 1 and isinstance(shape[0], tir.IntImm) and shape[0].value == 1)
+
+    def entry(buf):
+        return state.setdefault(buf.data, {"start": None, "sites": [], "ok": True})
+
+    def scan(expr):
+        """Loads: one before the start disqualifies."""
+        def visit(n):
+            if isinstance(n, tir.BufferLoad) and scalar(n.buffer):
+                e = entry(n.buffer)
+                e["ok"] &= e["start"] is not None
+        tir.stmt_functor.post_order_visit(expr, visit)
+
+    def step_of(value, data):
+        """c for ``data[0] + c`` (or ``c + data[0]``) with a constant c >= 0, else None."""
+        if not isinstance(value, tir.Add):
+            return None
+        for load, c in ((value.a, value.b), (value.b, value.a)):
+            if isinstance(load, tir.BufferLoad) and load.buffer.data.same_as(data) and isinstance(c, tir.IntImm) and c.value >= 0:
+                return int(c.value)
+        return None
+
+    def invariant(ext) -> bool:
+        """A trip count fixed for the thread: arithmetic over parameters and thread indices only."""
+        names = []
+        tir.stmt_functor.post_order_visit(ext, lambda n: names.append(n) if isinstance(n, tir.Var) else None)
+        return arith_only(ext) and all(v in fixed for v in names)
+
+    def walk(s, loops, nested):
+        if isinstance(s, tir.AttrStmt) and s.attr_key == "thread_extent" and isinstance(s.node, tir.IterVar):
+            fixed.add(s.node.var)
+        for attr in ("value", "condition", "min", "extent"):
+            sub = getattr(s, attr, None)
+            if isinstance(sub, tvm.ir.PrimExpr):
+                scan(sub)
+        if isinstance(s, tir.BufferStore):
+            for i in s.indices:
+                scan(i)
+            if scalar(s.buffer):
+                e = entry(s.buffer)
+                step = step_of(s.value, s.buffer.data)
+                if e["start"] is None and isinstance(s.value, tir.IntImm) and not nested:
+                    e["start"] = int(s.value.value)
+                elif step is not None and e["start"] is not None:
+                    e["sites"].append((step, None if loops is None else list(loops)))
+                else:
+                    e["ok"] = False
+            return
+        if isinstance(s, tir.For):
+            trip_known = loops is not None and invariant(s.extent) and (
+                getattr(s, "step", None) is None or (isinstance(s.step, tir.IntImm) and s.step.value == 1))
+            walk(s.body, loops + [s.extent] if trip_known else None, True)
+            return
+        if isinstance(s, tir.While):
+            walk(s.body, None, True)  # no trip count: increments inside leave the counter unbounded above
+            return
+        if isinstance(s, tir.SeqStmt):
+            for x in s.seq:
+                walk(x, loops, nested)
+            return
+        branch = isinstance(s, tir.IfThenElse)
+        for attr in ("then_case", "else_case", "body"):
+            sub = getattr(s, attr, None)
+            if isinstance(sub, tir.Stmt):
+                walk(sub, loops, nested or branch)
+
+    walk(f.body, [], False)
+
+    def pointer_use(n):
+        """A bare use of the data pointer or an ``address_of`` anywhere: the value may change unseen."""
+        if isinstance(n, tir.Var) and n in state:
+            state[n]["ok"] = False
+        elif isinstance(n, tir.Call) and hasattr(n.op, "name") and str(n.op.name) == "tirx.address_of":
+            if isinstance(n.args[0], tir.BufferLoad) and n.args[0].buffer.data in state:
+                state[n.args[0].buffer.data]["ok"] = False
+    tir.stmt_functor.post_order_visit(f.body, pointer_use)
+    return {d: (e["start"], e["sites"]) for d, e in state.items() if e["ok"] and e["start"] is not None}

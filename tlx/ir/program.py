@@ -1,0 +1,381 @@
+"""The device program as the layout analyses see it: every memory access of the device kernels
+with its thread, loop and condition context and, for shared memory, its byte address in the
+block's shared space; plus barriers and ``cp.async`` waits. Bank conflicts, races and vector
+legality (``tlx/passes``) all read this one model (:func:`collect_program`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from tilelang import tvm
+
+from tlx.ir.tir import const_int, elem_bytes, op_name
+from tlx.lowering import LoweredKernel
+
+tir = tvm.tirx
+
+__all__ = ["SHARED_SCOPES", "Access", "Program", "Wait", "collect_program"]
+
+SHARED_SCOPES = ("shared", "shared.dyn")
+_BARRIER_CALLS = ("tirx.tvm_storage_sync",)
+
+
+@dataclass
+class Access:
+    """One memory access statement of a device kernel, in its context.
+
+    ``index`` is in elements of ``dtype`` (possibly a ``Ramp``), ``width`` the bytes one
+    lane touches, ``base_bytes`` the byte offset of the buffer inside its root
+    allocation (``root``), so ``base_bytes + index * elem_bytes`` is comparable between
+    buffers carved out of one merged shared allocation.
+    """
+
+    buffer: str
+    root: Any
+    scope: str
+    dtype: str
+    index: Any
+    lanes: int
+    width: int
+    base_bytes: int
+    read: bool
+    write: bool
+    op: str
+    conds: list
+    loops: list
+    epoch: Any
+    commits: Any
+    order: int
+    text: str
+    is_async: bool = False
+    phase_lanes: int | None = None  # ldmatrix-style: lanes that supply addresses
+    exact: bool = True  # False when the index reads memory or calls something opaque
+    extent_elems: int = 1  # elements touched per lane (for pointer-style accesses)
+
+
+@dataclass
+class Wait:
+    """``cp.async.wait_group(n)``: every commit group but the newest ``n`` has landed."""
+
+    n: int
+    conds: list
+    loops: list
+    epoch: Any
+    commits: Any
+    order: int
+
+
+@dataclass
+class Program:
+    """Everything the layout analyses need from one device kernel."""
+
+    name: str
+    threads: list  # (var, extent) for threadIdx.x/y/z, in that order
+    blocks: list  # (var, extent) for blockIdx.*
+    accesses: list[Access] = field(default_factory=list)
+    waits: list[Wait] = field(default_factory=list)
+    opaque: list[str] = field(default_factory=list)  # shared accesses no analysis can see
+    divergent_barriers: list[str] = field(default_factory=list)
+    calls: set = field(default_factory=set)  # every intrinsic called, for sync primitives no model covers
+
+    @property
+    def block_threads(self) -> int:
+        n = 1
+        for _, e in self.threads:
+            n *= e
+        return n
+
+
+def _scope_of(var) -> str:
+    ta = getattr(var, "type_annotation", None)
+    return str(getattr(ta, "storage_scope", "")) if ta is not None else ""
+
+
+def _depends_on(expr, vars_) -> bool:
+    found = False
+    names = set(vars_)
+
+    def visit(n):
+        nonlocal found
+        if isinstance(n, tir.Var) and n in names:
+            found = True
+
+    tir.stmt_functor.post_order_visit(tir.Evaluate(expr) if isinstance(expr, tir.PrimExpr) else expr, visit)
+    return found
+
+
+def _reads_memory(expr) -> bool:
+    found = False
+
+    def visit(n):
+        nonlocal found
+        if isinstance(n, tir.BufferLoad):
+            found = True
+        elif isinstance(n, tir.Call) and hasattr(n.op, "name"):
+            if str(n.op.name) not in ("tirx.if_then_else", "tirx.likely", "tirx.bitwise_and", "tirx.bitwise_or", "tirx.bitwise_xor", "tirx.shift_left", "tirx.shift_right", "tirx.bitwise_not"):
+                found = True
+
+    tir.stmt_functor.post_order_visit(tir.Evaluate(expr), visit)
+    return found
+
+
+class _Walker:
+    """Program-order walk that tracks threads, loops, conditions, bindings and barrier counts."""
+
+    def __init__(self, name: str):
+        self.prog = Program(name, [], [])
+        self.thread_ext: dict[str, tuple[Any, int]] = {}
+        self.lets: dict = {}
+        self.roots: dict = {}  # data var -> (root var, byte offset)
+        self.loops: list = []
+        self.conds: list = []
+        self.epoch = tir.IntImm("int32", 0)
+        self.commits = tir.IntImm("int32", 0)
+        self.order = 0
+
+    # -- helpers
+    def sub(self, e):
+        return tir.stmt_functor.substitute(e, self.lets) if self.lets else e
+
+    def thread_vars(self):
+        return [v for v, _ in self.prog.threads]
+
+    def root_of(self, data):
+        return self.roots.get(data, (data, 0))
+
+    def _next(self):
+        self.order += 1
+        return self.order
+
+    # -- counting barriers / commits of a statement (for loop bodies and branches)
+    def count(self, stmt) -> tuple[Any, Any]:
+        syncs, commits = tir.IntImm("int32", 0), tir.IntImm("int32", 0)
+        if isinstance(stmt, tir.SeqStmt):
+            for s in stmt.seq:
+                a, b = self.count(s)
+                syncs, commits = syncs + a, commits + b
+            return syncs, commits
+        if isinstance(stmt, tir.For):
+            a, b = self.count(stmt.body)
+            return a * stmt.extent, b * stmt.extent
+        if isinstance(stmt, tir.IfThenElse):
+            a1, b1 = self.count(stmt.then_case)
+            a2, b2 = self.count(stmt.else_case) if stmt.else_case is not None else (syncs, commits)
+            c = self.sub(stmt.condition)
+            if _depends_on(c, self.thread_vars()) and not (_is_zero(a1) and _is_zero(a2)):
+                self.prog.divergent_barriers.append(str(stmt.condition))
+            return tir.Select(c, a1, a2), tir.Select(c, b1, b2)
+        if isinstance(stmt, tir.Evaluate) and isinstance(stmt.value, tir.Call) and hasattr(stmt.value.op, "name"):
+            name = str(stmt.value.op.name)
+            if name in _BARRIER_CALLS and _is_block_barrier(stmt.value):
+                return tir.IntImm("int32", 1), commits
+            if name == "tirx.ptx_commit_group":
+                return syncs, tir.IntImm("int32", 1)
+        if hasattr(stmt, "body") and isinstance(getattr(stmt, "body"), tir.Stmt):
+            return self.count(stmt.body)
+        return syncs, commits
+
+    # -- statements
+    def stmt(self, s):
+        if isinstance(s, tir.SeqStmt):
+            for x in s.seq:
+                self.stmt(x)
+        elif isinstance(s, tir.AttrStmt):
+            if s.attr_key == "thread_extent":
+                iv = s.node
+                tag, ext = str(iv.thread_tag), const_int(s.value)
+                if tag.startswith("threadIdx"):
+                    self.thread_ext[tag] = (iv.var, ext)
+                elif tag.startswith("blockIdx"):
+                    self.prog.blocks.append((iv.var, ext if ext is not None else s.value))
+            self.stmt(s.body)
+        elif isinstance(s, tir.Bind):
+            self.lets[s.var] = self.sub(s.value)
+            self.note_root(s.var, s.value)
+        elif isinstance(s, tir.For):
+            base_e, base_c = self.epoch, self.commits
+            body_e, body_c = self.count(s.body)
+            it = s.loop_var - s.min
+            self.loops.append((s.loop_var, self.sub(s.min), self.sub(s.extent)))
+            self.epoch, self.commits = base_e + it * body_e, base_c + it * body_c
+            self.stmt(s.body)
+            self.loops.pop()
+            self.epoch, self.commits = base_e + s.extent * body_e, base_c + s.extent * body_c
+        elif isinstance(s, tir.IfThenElse):
+            c = self.sub(s.condition)
+            self.exprs([c])
+            base_e, base_c = self.epoch, self.commits
+            self.conds.append(c)
+            self.stmt(s.then_case)
+            self.conds.pop()
+            if s.else_case is not None:
+                self.epoch, self.commits = base_e, base_c
+                self.conds.append(tir.Not(c))
+                self.stmt(s.else_case)
+                self.conds.pop()
+            a1, b1 = self.count(s.then_case)
+            a2, b2 = self.count(s.else_case) if s.else_case is not None else (tir.IntImm("int32", 0),) * 2
+            self.epoch, self.commits = base_e + tir.Select(c, a1, a2), base_c + tir.Select(c, b1, b2)
+        elif isinstance(s, tir.BufferStore):
+            self.exprs([s.value] + list(s.indices))
+            self.buffer_access(s.buffer, s.indices, s.value.dtype, read=False, write=True, op="store", text=f"{s.buffer.name}[{', '.join(map(str, s.indices))}] = {s.value}")
+        elif isinstance(s, tir.Evaluate):
+            self.evaluate(s.value)
+        elif isinstance(s, tir.While):
+            self.prog.opaque.append("while loop (not modelled)")
+        elif isinstance(s, (tir.AllocBuffer, tir.DeclBuffer)):
+            buf = s.buffer
+            if buf.data not in self.roots:
+                self.roots.setdefault(buf.data, self.root_of(buf.data))
+        elif hasattr(s, "body") and isinstance(getattr(s, "body"), tir.Stmt):
+            self.stmt(s.body)
+
+    def note_root(self, var, value):
+        if isinstance(value, tir.Call) and op_name(value) == "tirx.handle_add_byte_offset":
+            data, off = value.args[0], const_int(value.args[1])
+            if off is not None:
+                root, base = self.root_of(data)
+                self.roots[var] = (root, base + off)
+
+    def finish_threads(self):
+        self.prog.threads = [self.thread_ext[t] for t in ("threadIdx.x", "threadIdx.y", "threadIdx.z") if t in self.thread_ext]
+
+    def context(self):
+        return list(self.conds), list(self.loops), self.epoch, self.commits
+
+    def buffer_access(self, buf, indices, dtype, read, write, op, text):
+        scope = buf.scope()
+        if len(indices) != 1:
+            return
+        index = self.sub(indices[0])
+        lanes = int(index.lanes) if isinstance(index, tir.Ramp) else 1
+        if isinstance(index, tir.Ramp) and const_int(index.stride) != 1:
+            lanes = 1  # a strided vector is emitted lane by lane; the Ramp is kept as one access
+        root, base = self.root_of(buf.data)
+        conds, loops, epoch, commits = self.context()
+        eb = elem_bytes(buf.dtype)
+        self.prog.accesses.append(
+            Access(buf.name, root, scope, str(buf.dtype), index, lanes, eb * lanes, base, read, write, op, conds, loops, epoch, commits, self._next(), text[:200], exact=not _reads_memory(index))
+        )
+
+    def exprs(self, es):
+        """Loads inside expressions are reads; calls inside them handed shared pointers are accesses too."""
+        loads, calls = [], []
+
+        def visit(n):
+            if isinstance(n, tir.BufferLoad):
+                loads.append(n)
+            elif isinstance(n, tir.Call) and hasattr(n.op, "name") and str(n.op.name) != "tirx.tvm_access_ptr":
+                calls.append(n)
+
+        for e in es:
+            tir.stmt_functor.post_order_visit(tir.Evaluate(e), visit)
+        for ld in loads:
+            self.buffer_access(ld.buffer, ld.indices, ld.dtype, read=True, write=False, op="load", text=str(ld))
+        for c in calls:
+            self.call_pointers(c)
+
+    def call_pointers(self, call):
+        name = str(call.op.name)
+        self.prog.calls.add(name)
+        if name == "tirx.call_extern" and call.args and isinstance(call.args[0], tir.StringImm):
+            name = str(call.args[0].value)
+        ptrs = [a for a in call.args if isinstance(a, tir.Call) and op_name(a) == "tirx.tvm_access_ptr"]
+        shared_ptrs = [p for p in ptrs if _scope_of(p.args[1]) in SHARED_SCOPES]
+        for p in shared_ptrs:
+            self.pointer_access(name, call, p)
+        if not shared_ptrs and any(_scope_of(a) in SHARED_SCOPES for a in _handle_args(call)):
+            self.prog.opaque.append(f"{name} touches shared memory through a descriptor or raw handle")
+
+    def evaluate(self, call):
+        if not isinstance(call, tir.Call) or not hasattr(call.op, "name"):
+            self.exprs([call])
+            return
+        name = str(call.op.name)
+        self.prog.calls.add(name)
+        if name in _BARRIER_CALLS:
+            if _is_block_barrier(call):
+                self.epoch = self.epoch + 1
+            else:
+                self.prog.opaque.append(f"partial barrier {call} (not modelled)")
+            return
+        if name == "tirx.ptx_commit_group":
+            self.commits = self.commits + 1
+            return
+        if name == "tirx.ptx_wait_group":
+            conds, loops, epoch, commits = self.context()
+            self.prog.waits.append(Wait(int(const_int(call.args[0])), conds, loops, epoch, commits, self._next()))
+            return
+        self.exprs([call])
+
+    def pointer_access(self, name, call, ptr):
+        _, data, offset, extent, mask = ptr.args
+        dtype = ptr.args[0].dtype
+        root, base = self.root_of(data)
+        conds, loops, epoch, commits = self.context()
+        eb = elem_bytes(dtype)
+        offset = self.sub(offset)
+        rw = const_int(mask) or 3
+        ext = const_int(extent)
+        short = name.split(".")[-1]
+        common = dict(conds=conds, loops=loops, epoch=epoch, commits=commits, order=self._next(), text=f"{short}(...{data.name}[{offset}]...)"[:200])
+        if short in ("ptx_ldmatrix", "ptx_stmatrix"):
+            num = const_int(call.args[1])
+            self.prog.accesses.append(
+                Access(data.name, root, _scope_of(data), str(dtype), offset, 1, 16, base, short == "ptx_ldmatrix", short == "ptx_stmatrix", short, phase_lanes=8 * (num or 4), exact=not _reads_memory(offset), extent_elems=16 // eb, **common)
+            )
+        elif short == "ptx_cp_async":
+            nbytes = const_int(call.args[2]) if len(call.args) > 2 else None
+            width = nbytes if nbytes is not None else eb * (ext or 1)
+            self.prog.accesses.append(
+                Access(data.name, root, _scope_of(data), str(dtype), offset, 1, width, base, False, True, short, is_async=True, exact=not _reads_memory(offset), extent_elems=max(width // eb, 1), **common)
+            )
+        else:
+            # Any other call handed a shared pointer (library collectives, TMA, ...): it may read and
+            # write its whole range from every thread, and no bank model applies.
+            self.prog.accesses.append(
+                Access(data.name, root, _scope_of(data), str(dtype), offset, 1, eb * (ext or 1), base, bool(rw & 1), bool(rw & 2), short, is_async=short.startswith("tma") or "bulk" in short, exact=False, extent_elems=ext or 1, **common)
+            )
+
+
+def _handle_args(call):
+    out = []
+    for a in call.args:
+        if isinstance(a, tir.Var):
+            out.append(a)
+    return out
+
+
+def _is_zero(e) -> bool:
+    return const_int(e) == 0
+
+
+def _is_block_barrier(call) -> bool:
+    """``tvm_storage_sync("shared")`` with no barrier id/count is ``__syncthreads()``."""
+    return len(call.args) == 1
+
+
+def collect_program(kernel: LoweredKernel) -> list[Program]:
+    """Walk every device function of ``kernel`` into a :class:`Program`."""
+    progs = []
+    for gv, fn in kernel.device_mod.functions.items():
+        if not isinstance(fn, tir.PrimFunc):
+            continue
+        w = _Walker(gv.name_hint)
+        # thread extents are known before the body is walked: collect them first
+        def visit(n):
+            if isinstance(n, tir.AttrStmt) and n.attr_key == "thread_extent":
+                tag = str(n.node.thread_tag)
+                if tag.startswith("threadIdx"):
+                    w.thread_ext[tag] = (n.node.var, const_int(n.value))
+
+        tir.stmt_functor.post_order_visit(fn.body, visit)
+        w.finish_threads()
+        w.stmt(fn.body)
+        progs.append(w.prog)
+    return progs
+
+
+# ----- per-warp encoding ------------------------------------------------------------------------

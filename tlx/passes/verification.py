@@ -1,0 +1,823 @@
+"""Bounds verification: every buffer access of the device kernels, proven in bounds for all shapes or refuted.
+
+The device kernels in ``kernel.device_mod`` are what runs on the GPU (flattened
+buffers, vector ``Ramp`` indices, TileLang's inserted guards), so they are what is
+verified. For each access the verifier asks Z3, under the access's context (block and
+thread indices with their launch extents, loop variables with their ranges,
+enclosing conditions, bindings, shape variables >= 0 and the user's assumptions),
+whether the index can leave ``[0, extent)``; and whether any integer operation of
+the index can overflow its dtype. Verdicts: ``proven``, ``violation`` with a concrete
+counterexample, or ``unknown`` when the rlimit budget runs out.
+
+TMA copies address global memory through descriptors and the hardware clips
+out-of-bounds boxes, so only their shared-memory side (a ``tvm_access_ptr``) is an
+access here. The same walk, with ``rewrite``, drops the guards it proves (used by
+:mod:`tlx.passes.guards`); :mod:`tlx.passes.preconditions` derives the shape conditions
+that prove what stays unproven, and :mod:`tlx.passes.bounds` is the compile-time pass.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import z3
+
+import tilelang  # noqa: F401
+from tilelang import tvm
+
+from tlx.ir.facts import function_facts, param_buffers, user_name
+from tlx.ir.tir import PRIVATE_SCOPES, arith_only, device_functions, op_name, scalar_dtype
+from tlx.lowering import LoweredKernel
+from tlx.passes import TlxError
+from tlx.passes.private_arrays import candidate_arrays, initialized_by
+from tlx.passes.smt import DEFAULT_RLIMIT, Encoder, Obligation, bind_params, known_term, shape_setup
+
+tir = tvm.tirx
+
+__all__ = ["CheckedAccess", "BoundsReport", "VerificationError", "format_violation", "verify_kernel"]
+
+
+class VerificationError(TlxError, RuntimeError):
+    """Raised by ``verify="error"`` when an access is out of bounds for some allowed shape."""
+
+
+@dataclass
+class CheckedAccess:
+    """One checked access (or index overflow) and its verdict."""
+
+    func: str
+    buffer: str
+    scope: str
+    kind: str  # "load" | "store" | "pointer" | "overflow"
+    index: str
+    extent: str
+    status: str = "unknown"  # "proven" | "violation" | "unknown"
+    counterexample: dict[str, int] = field(default_factory=dict)
+    detail: str = ""
+    source: str = "unknown line"
+    least: dict[str, int] = field(default_factory=dict)  # smallest violating shape values (focus mode)
+    data_dependent: bool = False  # the counterexample needs particular values in input memory
+
+    def key(self) -> tuple:
+        return (self.func, self.buffer, self.kind, self.index)
+
+    def to_json(self) -> dict:
+        return {
+            "func": self.func,
+            "buffer": self.buffer,
+            "scope": self.scope,
+            "kind": self.kind,
+            "index": self.index,
+            "extent": self.extent,
+            "status": self.status,
+            "counterexample": dict(self.counterexample),
+            "detail": self.detail,
+            "source": self.source,
+            "data_dependent": self.data_dependent,
+        }
+
+
+@dataclass
+class BoundsReport:
+    kernel: str
+    accesses: list[CheckedAccess]
+    seconds: float
+    queries: int
+    rlimit_used: int
+    guards: dict = field(default_factory=dict)
+    # function -> private array -> (lo, hi) of its stored values: valid under any further
+    # conditions, so later walks of the same kernel reuse them (``verify_kernel(hulls=)``)
+    hulls: dict = field(default_factory=dict)
+
+    @property
+    def proven(self) -> int:
+        return sum(a.status == "proven" for a in self.accesses if a.kind != "overflow")
+
+    @property
+    def checked(self) -> int:
+        return sum(a.kind != "overflow" for a in self.accesses)
+
+    def violations(self) -> list[CheckedAccess]:
+        return [a for a in self.accesses if a.status == "violation"]
+
+    def unknowns(self) -> list[CheckedAccess]:
+        return [a for a in self.accesses if a.status == "unknown"]
+
+    def to_json(self) -> dict:
+        return {
+            "kernel": self.kernel,
+            "accesses": self.checked,
+            "proven": self.proven,
+            "violations": [a.to_json() for a in self.violations()],
+            "unknown": [a.to_json() for a in self.unknowns()],
+            "seconds": round(self.seconds, 4),
+            "queries": self.queries,
+            "rlimit_used": self.rlimit_used,
+        }
+
+
+# --------------------------------------------------------------------------------------
+# The walk
+# --------------------------------------------------------------------------------------
+
+_BINARY = (tir.Add, tir.Sub, tir.Mul, tir.Div, tir.Mod, tir.FloorDiv, tir.FloorMod, tir.Min, tir.Max,
+           tir.EQ, tir.NE, tir.LT, tir.LE, tir.GT, tir.GE, tir.And, tir.Or)
+
+
+@dataclass
+class _Frame:
+    facts: list
+    names: list  # (name, z3 term) shown in counterexamples
+    tainted: list = field(default_factory=list)  # facts dropped because their arithmetic may overflow
+
+
+class _Walker:
+    """Visits one device function, checks every access, and (optionally) drops proven guards."""
+
+    def __init__(self, enc: Encoder, func_name: str, shape_terms: dict[str, Any], rewrite: bool, source_map, focus=None,
+                 least_of=None, arrays: dict | None = None, hulls: dict | None = None):
+        self.enc = enc
+        # Private arrays (see private_arrays): without ``hulls`` the walk collects the hull of each
+        # one's stored values (None once unbounded); with them, loads after a full initialization
+        # are known to lie in it.
+        self.arrays = arrays or {}
+        self.hulls = hulls
+        self.collected: dict = {}
+        self.initialized: frozenset = frozenset()
+        self.focus = focus
+        self.least_of = least_of
+        self.func = func_name
+        self.shape_terms = shape_terms
+        self.rewrite = rewrite
+        self.source_map = source_map
+        self.frames: list[_Frame] = [_Frame([], list(shape_terms.items()))]
+        self.accesses: list[CheckedAccess] = []
+        self.aliases: dict[Any, tuple[Any, Any]] = {}  # handle var -> (base data var, byte offset expr)
+        self.buffers: dict[Any, Any] = {}  # data var -> Buffer
+        self.guards_seen = 0
+        self.guards_removed = 0
+        self._overflow_seen: set[str] = set()
+
+    # ----- context ----------------------------------------------------------------
+    def context(self) -> list:
+        return [f for fr in self.frames for f in fr.facts]
+
+    def push(self, facts=(), names=()):
+        self.frames.append(_Frame(list(facts), list(names)))
+
+    def pop(self):
+        self.frames.pop()
+
+    def add_fact(self, fact):
+        self.frames[-1].facts.append(fact)
+
+    def add_name(self, name, term):
+        self.frames[-1].names.append((name, term))
+
+    def counterexample(self, model, extra: dict) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for fr in self.frames:
+            for name, term in fr.names:
+                v = self.enc.model_value(model, term)
+                if isinstance(v, bool):
+                    v = int(v)
+                if v is not None:
+                    out[name] = v
+        for name, term in extra.items():
+            v = self.enc.model_value(model, term)
+            if v is not None:
+                out[name] = int(v)
+        # Data-dependent indices: the loaded values that make the access fail.
+        loaded = self.enc.loaded_values(model, list(extra.values()))
+        out.update({k: v for k, (v, _) in loaded.items()})
+        private = sorted(k for k, (_, scope) in loaded.items() if scope != "global")
+        if loaded:
+            out["__data__"] = sorted(loaded)
+        if private:
+            # Values the kernel itself computed into shared/local memory are not tracked, so
+            # this assignment may be impossible: the caller reports "unknown", not a violation.
+            out["__untracked__"] = private
+        return out
+
+    def record_least(self, access: CheckedAccess, verdict):
+        """In focus mode: the least value of each shape variable that still violates (for upper-bound preconditions)."""
+        if self.focus is None or access.key() != self.focus:
+            return
+        for name, term in self.shape_terms.items():
+            if name != self.least_of:
+                continue
+            low = self.enc.minimize(term, verdict.formulas, lo=0)
+            if low is not None:
+                access.least[name] = low
+
+    def reliable(self, expr, what: str, as_bool=False, subject: str = ""):
+        """Encode ``expr``; if its fixed-width arithmetic may overflow, report that and return None.
+
+        ``what`` describes where the expression sits; ``subject`` names the variable or
+        buffer its value lands in (the ``buffer`` of the overflow entry)."""
+        term = self.enc.encode_bool(expr) if as_bool else self.enc.encode(expr)
+        obs = self.enc.take_obligations()
+        if not obs:
+            return term
+        verdict, bad = self.enc.prove_obligations(obs, self.context())
+        if verdict.proven:
+            return term
+        self.report_overflow(verdict, bad, what, subject)
+        self.frames[-1].tainted.append(what)
+        return None
+
+    def taint(self) -> list[str]:
+        return [t for fr in self.frames for t in fr.tainted]
+
+    def demote(self, access: CheckedAccess) -> None:
+        """A violation that may be spurious becomes unknown: found in a context weakened by a
+        possible overflow, or relying on values the kernel computed into its own memory."""
+        untracked = access.counterexample.pop("__untracked__", None)
+        data = access.counterexample.pop("__data__", None)
+        if access.status == "violation" and data:
+            access.data_dependent = True
+            access.detail += f" when the input holds {', '.join(f'{k} = {access.counterexample[k]}' for k in data)}"
+        if access.status == "violation" and untracked:
+            access.status = "unknown"
+            access.detail = f"not proven; depends on {', '.join(untracked)}, whose contents the verifier does not track"
+            return
+        taint = self.taint()
+        if access.status == "violation" and taint:
+            access.status = "unknown"
+            access.counterexample = {}
+            access.detail = f"not proven; depends on {taint[0]}, which may overflow (reported separately)"
+
+    def report_overflow(self, verdict, bad: Obligation | None, what: str, subject: str = ""):
+        text = bad.text() if bad is not None else what
+        if text in self._overflow_seen:
+            return
+        self._overflow_seen.add(text)
+        a = CheckedAccess(self.func, subject, "", "overflow", str(bad.node) if bad else what, bad.dtype if bad else "", verdict.status)
+        a.source = self.source_map(subject, "overflow", a.index) if subject else "unknown line"
+        if self.focus is not None and a.key() != self.focus:
+            a.status = "skipped"
+        if a.status == "skipped":
+            pass
+        elif verdict.status == "violation" and bad is not None:
+            a.counterexample = self.counterexample(verdict.model, {"value": bad.term})
+            self.record_least(a, verdict)
+            a.detail = f"in {what}: {bad.node} leaves {bad.dtype} [{bad.lo}, {bad.hi}]"
+            self.demote(a)
+        else:
+            a.detail = f"in {what}: overflow check {verdict.reason or 'ran out of budget'}"
+        self.accesses.append(a)
+
+    # ----- accesses -----------------------------------------------------------------
+    def check_access(self, buffer, indices, kind: str, predicate=None):
+        lanes = max(scalar_dtype(i.dtype)[2] for i in indices) if indices else 1
+        name = user_name(buffer.name)
+        scope = str(buffer.scope())
+        shape = list(buffer.shape)
+        access = CheckedAccess(self.func, name, scope, kind, ", ".join(str(i) for i in indices), " x ".join(str(s) for s in shape))
+        access.source = self.source_map(name, kind, access.index)
+        self.accesses.append(access)
+        lane = None
+        ctx_extra = []
+        extra_names = {}
+        if lanes > 1:
+            lane = z3.Int(f"lane!{len(self.accesses)}", self.enc.ctx)
+            ctx_extra += [lane >= 0, lane < lanes]
+            extra_names["lane"] = lane
+        if len(indices) != len(shape):
+            access.status, access.detail = "unknown", f"{len(indices)} indices for a {len(shape)}-d buffer"
+            return
+        offset = buffer.elem_offset
+        if offset is not None and not (isinstance(offset, tir.IntImm) and offset.value == 0):
+            # A view into a larger allocation: its own shape does not bound the real one.
+            access.status, access.detail = "unknown", f"buffer view at element offset {offset}; its allocation is not known here"
+            return
+        # Extents are allocation sizes computed on the host in 64 bits, not device arithmetic.
+        self.enc.take_obligations()
+        extents = [self.enc.encode(ext) for ext in shape]
+        self.enc.take_obligations()
+        if self.focus is not None and access.key() != self.focus:
+            access.status = "skipped"
+            return
+        goals = []
+        for i, (idx, e) in enumerate(zip(indices, extents)):
+            t = self.enc.encode(idx, lane=lane)
+            goals.append(z3.And(t >= 0, t < e))
+            extra_names[f"index{i}" if len(indices) > 1 else "index"] = t
+            extra_names[f"extent{i}" if len(indices) > 1 else "extent"] = e
+        if predicate is not None and lane is not None:
+            ctx_extra.append(self.enc.encode_bool(predicate, lane=lane))
+        obs = self.enc.take_obligations()
+        context = self.context() + ctx_extra
+        if obs:
+            v, bad = self.enc.prove_obligations(obs, context)
+            if not v.proven:
+                access.status = v.status if v.status == "unknown" else "violation"
+                if v.status == "violation" and bad is not None:
+                    extra_names["overflowing value"] = bad.term
+                    access.counterexample = self.counterexample(v.model, extra_names)
+                    self.record_least(access, v)
+                    access.detail = f"index arithmetic overflows {bad.dtype}: {bad.node}"
+                    self.demote(access)
+                else:
+                    access.detail = f"overflow check: {v.reason or 'budget exhausted'}"
+                return
+        v = self.enc.prove(z3.And(goals) if len(goals) > 1 else goals[0], context)
+        access.status = v.status
+        if v.status == "violation":
+            access.counterexample = self.counterexample(v.model, extra_names)
+            access.detail = "index outside [0, extent)"
+            self.record_least(access, v)
+            self.demote(access)
+        elif v.status == "unknown":
+            access.detail = v.reason or "budget exhausted"
+
+    def check_pointer(self, call, extent_override=None):
+        """``tvm_access_ptr(type, data, offset, extent, rw)``: elements [offset, offset+extent) of ``data``
+        (``extent_override`` elements when the consumer says how many it really touches)."""
+        _, data, offset, extent, _ = call.args
+        if extent_override is not None:
+            extent = extent_override
+        elem_bytes = max(scalar_dtype(call.args[0].dtype)[1] // 8, 1)
+        base, byte_off = data, 0
+        if data in self.aliases:
+            base, byte_off = self.aliases[data]
+        buf = self.buffers.get(base)
+        if buf is None:
+            return
+        name = user_name(data.name)
+        buf_bytes = max(scalar_dtype(buf.dtype)[1] // 8, 1)
+        size = 1
+        for s in buf.shape:
+            size = size * s
+        access = CheckedAccess(self.func, name, str(buf.scope()), "pointer", f"[{offset}, {offset} + {extent})", f"{size} x {buf.dtype}")
+        access.source = self.source_map(name, "pointer", access.index)
+        self.accesses.append(access)
+        if self.focus is not None and access.key() != self.focus:
+            access.status = "skipped"
+            return
+        # The allocation's size is computed on the host in 64 bits, not device arithmetic.
+        self.enc.take_obligations()
+        cap = self.enc.encode(size) * buf_bytes
+        self.enc.take_obligations()
+        lo = self.enc.encode(byte_off) + self.enc.encode(offset) * elem_bytes
+        hi = lo + self.enc.encode(extent) * elem_bytes
+        obs = self.enc.take_obligations()
+        if obs:
+            v, _ = self.enc.prove_obligations(obs, self.context())
+            if not v.proven:
+                access.status, access.detail = "unknown", "pointer arithmetic may overflow"
+                return
+        v = self.enc.prove(z3.And(lo >= 0, hi <= cap), self.context())
+        access.status = v.status
+        if v.status == "violation":
+            access.counterexample = self.counterexample(v.model, {"first byte": lo, "end byte": hi, "bytes": cap})
+            access.detail = "pointer range outside the allocation"
+            self.record_least(access, v)
+            self.demote(access)
+
+    def check_cp_async(self, call, op):
+        """``ptx_cp_async(dst_ptr, src_ptr, n[, predicate])``: n elements (TileLang) or bytes (TVM)
+        land in ``dst``; ``src`` is read only where the predicate holds (else the copy zero-fills)."""
+        dst, src, count = call.args[0], call.args[1], call.args[2]
+        for a in list(dst.args[2:4]) + list(src.args[2:4]) + list(call.args[2:]):
+            self.visit_expr(a)
+        n = count
+        if op == "tirx.ptx_cp_async":
+            elem_bytes = max(scalar_dtype(dst.args[0].dtype)[1] // 8, 1)
+            n = tir.floordiv(count, elem_bytes)
+        self.check_pointer(dst, n)
+        pred = self.reliable(call.args[3], "cp.async predicate", as_bool=True) if len(call.args) > 3 else None
+        self.push([pred] if pred is not None else [])
+        self.check_pointer(src, n)
+        self.pop()
+
+    # ----- expressions ----------------------------------------------------------------
+    def visit_expr(self, e):
+        """Check the accesses inside ``e``; returns ``e`` with proven ``if_then_else`` guards dropped."""
+        if isinstance(e, tir.BufferLoad):
+            for i in e.indices:
+                self.visit_expr(i)
+            self.check_access(e.buffer, list(e.indices), "load", getattr(e, "predicate", None))
+            return e
+        if isinstance(e, tir.Call):
+            op = op_name(e)
+            if op == "tirx.if_then_else":
+                return self.visit_conditional_expr(e)
+            if op == "tirx.tvm_access_ptr":
+                for a in e.args[2:4]:
+                    self.visit_expr(a)
+                self.check_pointer(e)
+                return e
+            if op in _CP_ASYNC and all(_is_access_ptr(a) for a in e.args[:2]):
+                self.check_cp_async(e, op)
+                return e
+            args = [self.visit_expr(a) for a in e.args]
+            if self.rewrite and any(not a.same_as(b) for a, b in zip(args, e.args)):
+                return tir.Call(e.dtype, e.op, args)
+            return e
+        if isinstance(e, tir.Let):
+            self.visit_expr(e.value)
+            t = self.reliable(e.value, f"let {e.var.name}", subject=e.var.name)
+            self.push()
+            if t is not None:
+                self.add_fact(self.enc.var(e.var) == t)
+            self.visit_expr(e.body)
+            self.pop()
+            return e
+        if isinstance(e, _BINARY):
+            self.visit_expr(e.a)
+            self.visit_expr(e.b)
+            return e
+        for attr in ("a", "value", "condition", "true_value", "false_value", "base", "stride"):
+            sub = getattr(e, attr, None) if not isinstance(e, (tir.IntImm, tir.FloatImm, tir.StringImm, tir.Var)) else None
+            if sub is not None and isinstance(sub, tvm.ir.PrimExpr):
+                self.visit_expr(sub)
+        return e
+
+    def visit_conditional_expr(self, e):
+        cond, a, b = e.args
+        self.visit_expr(cond)
+        c = self.reliable(cond, f"condition {cond}", as_bool=True)
+        self.push([c] if c is not None else [])
+        new_a = self.visit_expr(a)
+        self.pop()
+        self.push([z3.Not(c)] if c is not None else [])
+        new_b = self.visit_expr(b)
+        self.pop()
+        guard = _is_bound_guard(cond, a)
+        self.guards_seen += guard
+        if self.rewrite and guard and c is not None and self.enc.prove(c, self.context()).proven:
+            self.guards_removed += 1
+            return new_a
+        if self.rewrite and (not new_a.same_as(a) or not new_b.same_as(b)):
+            return tir.Call(e.dtype, e.op, [cond, new_a, new_b])
+        return e
+
+    # ----- statements ----------------------------------------------------------------
+    def visit(self, s):
+        method = getattr(self, "visit_" + type(s).__name__, None)
+        if method is None:
+            raise NotImplementedError(f"bounds verifier: statement {type(s).__name__} is not handled")
+        return method(s)
+
+    # ----- thread-private scalars (T.alloc_local((1,)) / T.alloc_var) --------------------
+    def track_local(self, s):
+        """Remember ``buf[c] = v`` for thread-private integer buffers so later loads of ``buf[c]`` mean ``v``."""
+        data = s.buffer.data
+        known = self.enc.known_loads
+        private = str(s.buffer.scope()) in PRIVATE_SCOPES and scalar_dtype(s.buffer.dtype)[0] in ("int", "uint", "bool")
+        if private and len(s.indices) == 1 and isinstance(s.indices[0], tir.IntImm) and scalar_dtype(s.value.dtype)[2] == 1:
+            name = user_name(s.buffer.name)
+            t = self.reliable(s.value, f"{name}[{s.indices[0]}] = {s.value}", as_bool=str(s.buffer.dtype) == "bool", subject=name)
+            key = (data, int(s.indices[0].value))
+            if t is None:
+                known.pop(key, None)
+            else:
+                known[key] = t
+            return
+        self.forget(data)
+
+    # ----- private arrays (see private_arrays) --------------------------------------------
+    def set_initialized(self, arrays) -> None:
+        """Record which private arrays are fully initialized here; in the second walk, loads
+        of those are known to lie in their hull."""
+        self.initialized = frozenset(arrays)
+        if self.hulls is not None:
+            self.enc.content_ranges = {d: self.hulls[d] for d in self.initialized if d in self.hulls}
+
+    def collect_content(self, s) -> None:
+        """Widen the hull of the array's stored values by this store's value (first walk). A value
+        that may lie outside +-2^20, or whose arithmetic may overflow, leaves the array unbounded."""
+        data = s.buffer.data
+        if data in self.collected and self.collected[data] is None:
+            return
+        if isinstance(s.value, tir.IntImm):
+            lo = hi = int(s.value.value)
+        else:
+            term = self.enc.encode(s.value)
+            ctx = self.context()
+            verdict, _ = self.enc.prove_obligations(self.enc.take_obligations(), ctx)
+            far = 1 << 20
+            if not verdict.proven or any(self.enc.check(ctx + [out]).status != "proven" for out in (term < -far, term > far)):
+                self.collected[data] = None
+                return
+            lo = self.enc.minimize(term, ctx, lo=-far)
+            if lo is None:  # the store cannot run
+                return
+            hi = -self.enc.minimize(-term, ctx, lo=-far)
+        old = self.collected.get(data)
+        self.collected[data] = (lo, hi) if old is None else (min(old[0], lo), max(old[1], hi))
+
+    def forget(self, data_vars):
+        if not isinstance(data_vars, (set, list, tuple)):
+            data_vars = {data_vars}
+        known = self.enc.known_loads
+        for key in [k for k in known if any(k[0].same_as(d) for d in data_vars)]:
+            del known[key]
+
+    def visit_SeqStmt(self, s):
+        self.push()
+        out = [self.visit(x) for x in s.seq]
+        self.pop()
+        if self.rewrite and any(not a.same_as(b) for a, b in zip(out, s.seq)):
+            return tir.SeqStmt(out)
+        return s
+
+    def visit_AttrStmt(self, s):
+        self.push()
+        if s.attr_key == "thread_extent" and isinstance(s.node, tir.IterVar):
+            v = s.node.var
+            ext = self.reliable(s.value, f"launch extent of {v.name}", subject=v.name)
+            t = self.enc.var(v)
+            self.add_fact(t >= 0)
+            if ext is not None:
+                self.add_fact(t < ext)
+            self.add_name(v.name, t)
+        else:
+            self.visit_expr(s.value) if isinstance(s.value, tvm.ir.PrimExpr) else None
+        body = self.visit(s.body)
+        self.pop()
+        if self.rewrite and not body.same_as(s.body):
+            return tir.AttrStmt(s.node, s.attr_key, s.value, body)
+        return s
+
+    def visit_For(self, s):
+        self.visit_expr(s.min)
+        self.visit_expr(s.extent)
+        stored = _stored_data_vars(s.body)
+        self.forget(stored)
+        self.push()
+        v = self.enc.var(s.loop_var)
+        lo = self.reliable(s.min, f"loop start of {s.loop_var.name}", subject=s.loop_var.name)
+        ext = self.reliable(s.extent, f"loop extent of {s.loop_var.name}", subject=s.loop_var.name)
+        if lo is not None:
+            self.add_fact(v >= lo)
+            if ext is not None:
+                self.add_fact(v < lo + ext)
+        step = getattr(s, "step", None)
+        if step is not None and not (isinstance(step, tir.IntImm) and step.value == 1) and lo is not None:
+            k = z3.Int(f"{s.loop_var.name}!iter", self.enc.ctx)
+            st = self.reliable(step, f"loop step of {s.loop_var.name}", subject=s.loop_var.name)
+            if st is not None:
+                self.add_fact(k >= 0)
+                self.add_fact(v == lo + k * st)
+        self.add_name(s.loop_var.name, v)
+        outside = self.initialized
+        body = self.visit(s.body)
+        self.pop()
+        self.forget(stored)
+        self.set_initialized(outside | set(initialized_by(s, self.arrays)))
+        if self.rewrite and not body.same_as(s.body):
+            return tir.For(s.loop_var, s.min, s.extent, s.kind, body, s.thread_binding, s.annotations, step)
+        return s
+
+    def visit_IfThenElse(self, s):
+        self.visit_expr(s.condition)
+        c = self.reliable(s.condition, f"condition {s.condition}", as_bool=True)
+        before = dict(self.enc.known_loads)
+        outside = self.initialized
+        self.push([c] if c is not None else [])
+        then = self.visit(s.then_case)
+        self.pop()
+        self.set_initialized(outside)
+        after_then = self.enc.known_loads
+        self.enc.known_loads = dict(before)
+        other = None
+        if s.else_case is not None:
+            self.push([z3.Not(c)] if c is not None else [])
+            other = self.visit(s.else_case)
+            self.pop()
+            self.set_initialized(outside)
+        after_else = self.enc.known_loads
+        self.enc.known_loads = before
+        stored = _stored_data_vars(s.then_case) | (_stored_data_vars(s.else_case) if s.else_case is not None else set())
+        self.forget(stored)
+        if c is not None:
+            self.join_branches(c, stored, after_then, after_else)
+        guard = _is_bound_guard(s.condition, s.then_case)
+        self.guards_seen += guard
+        if self.rewrite and guard and c is not None and self.enc.prove(c, self.context()).proven:
+            self.guards_removed += 1
+            return then
+        if self.rewrite and (not then.same_as(s.then_case) or (other is not None and not other.same_as(s.else_case))):
+            return tir.IfThenElse(s.condition, then, other)
+        return s
+
+    def join_branches(self, cond, stored, after_then: dict, after_else: dict) -> None:
+        """After an ``if``, a private scalar that a branch stored holds ``If(cond, its value at the
+        end of the then branch, its value at the end of the else branch)``; a branch at whose end
+        it is not tracked leaves some fixed unknown value (a fresh term, as for an untracked load)."""
+        for key in set(after_then) | set(after_else):
+            data, index = key
+            buf = self.buffers.get(data)
+            if buf is None or not isinstance(index, int) or not any(data.same_as(d) for d in stored):
+                continue
+            sides = [None if known.get(key) is None else known_term(known[key]) for known in (after_then, after_else)]
+            if None in sides:
+                if scalar_dtype(buf.dtype)[0] == "bool":
+                    continue
+                unknown = lambda: self.enc.opaque_load(tir.BufferLoad(buf, [tir.IntImm("int32", index)])).term  # noqa: E731
+                sides = [v if v is not None else unknown() for v in sides]
+            if sides[0].sort() == sides[1].sort():
+                self.enc.known_loads[key] = z3.If(cond, sides[0], sides[1])
+
+    def visit_While(self, s):
+        stored = _stored_data_vars(s.body)
+        self.forget(stored)
+        self.visit_expr(s.condition)
+        c = self.reliable(s.condition, "while condition", as_bool=True)
+        outside = self.initialized
+        self.push([c] if c is not None else [])
+        body = self.visit(s.body)
+        self.pop()
+        self.set_initialized(outside)
+        self.forget(stored)
+        if self.rewrite and not body.same_as(s.body):
+            return tir.While(s.condition, body)
+        return s
+
+    def visit_Bind(self, s):
+        if str(s.var.dtype) == "handle":
+            v = s.value
+            if isinstance(v, tir.Call) and str(v.op.name) == "tirx.handle_add_byte_offset":
+                base, off = v.args[0], v.args[1]
+                if base in self.aliases:
+                    root, off0 = self.aliases[base]
+                    self.aliases[s.var] = (root, off0 + off)
+                else:
+                    self.aliases[s.var] = (base, off)
+            return s
+        self.visit_expr(s.value)
+        t = self.reliable(s.value, f"binding of {s.var.name}", subject=s.var.name)
+        if t is not None and not z3.is_bool(t) == (str(s.var.dtype) == "bool"):
+            self.add_fact(self.enc.var(s.var) == t)
+        return s
+
+    def visit_AssertStmt(self, s):
+        self.visit_expr(s.condition)
+        c = self.reliable(s.condition, "assert condition", as_bool=True)
+        if c is not None:
+            self.add_fact(c)
+        return s
+
+    def visit_DeclBuffer(self, s):
+        self.buffers.setdefault(s.buffer.data, s.buffer)
+        return s
+
+    def visit_AllocBuffer(self, s):
+        self.buffers[s.buffer.data] = s.buffer
+        return s
+
+    def visit_Evaluate(self, s):
+        v = self.visit_expr(s.value)
+        self.forget(_stored_data_vars(s))
+        if self.rewrite and not v.same_as(s.value):
+            return tir.Evaluate(v)
+        return s
+
+    def visit_BufferStore(self, s):
+        for i in s.indices:
+            self.visit_expr(i)
+        value = self.visit_expr(s.value)
+        self.check_access(s.buffer, list(s.indices), "store", s.predicate)
+        self.track_local(s)
+        if self.hulls is None and s.buffer.data in self.arrays:
+            self.collect_content(s)
+        if self.rewrite and not value.same_as(s.value):
+            return tir.BufferStore(s.buffer, value, list(s.indices), s.predicate)
+        return s
+
+
+_CP_ASYNC = ("tl.ptx_cp_async", "tirx.ptx_cp_async")
+
+
+def _is_access_ptr(e) -> bool:
+    return isinstance(e, tir.Call) and op_name(e) == "tirx.tvm_access_ptr"
+
+
+def _stored_data_vars(stmt) -> set:
+    """Data variables of buffers stored to, or passed by pointer (a handle, or ``address_of`` an
+    element), anywhere in ``stmt``."""
+    out = set()
+
+    def visit(n):
+        if isinstance(n, tir.BufferStore):
+            out.add(n.buffer.data)
+        elif isinstance(n, tir.Var) and str(n.dtype) == "handle":
+            out.add(n)
+        elif (isinstance(n, tir.Call) and op_name(n) == "tirx.address_of"
+              and isinstance(n.args[0], tir.BufferLoad)):
+            out.add(n.args[0].buffer.data)
+
+    tir.stmt_functor.post_order_visit(stmt, visit)
+    return out
+
+
+def _is_bound_guard(cond, guarded) -> bool:
+    """A bound-check guard: pure arithmetic ordering tests (``<``, ``<=``, ``>``, ``>=``, ``and``)
+    around code that touches global memory (what ``LegalizeSafeMemoryAccess`` inserts).
+    Equality tests and warp-role tests without global accesses are not guards."""
+    if not arith_only(cond):
+        return False
+    ordered = [True]
+
+    def visit_cond(n):
+        if isinstance(n, (tir.EQ, tir.NE, tir.Or, tir.Not)):
+            ordered[0] = False
+
+    tir.stmt_functor.post_order_visit(tir.Evaluate(cond), visit_cond)
+    if not ordered[0]:
+        return False
+    touches = [False]
+
+    def visit_body(n):
+        if isinstance(n, (tir.BufferLoad, tir.BufferStore)) and str(n.buffer.scope()) == "global":
+            touches[0] = True
+
+    body = guarded if isinstance(guarded, tir.Stmt) else tir.Evaluate(guarded)
+    tir.stmt_functor.post_order_visit(body, visit_body)
+    return touches[0]
+
+
+# --------------------------------------------------------------------------------------
+# Entry points
+# --------------------------------------------------------------------------------------
+
+
+def verify_kernel(
+    kernel: LoweredKernel,
+    assume=(),
+    extra_conditions=(),
+    rlimit: int = DEFAULT_RLIMIT,
+    rewrite: bool = False,
+    source_map=None,
+    focus: tuple | None = None,
+    least_of: str | None = None,
+    hulls: dict | None = None,
+):
+    """Verify every access of ``kernel``'s device functions.
+
+    ``assume`` are the user's condition strings; ``extra_conditions`` are TIR conditions
+    (derived preconditions). With ``rewrite`` the device module is returned with proven
+    guards dropped as the second element; otherwise it is ``None``. ``hulls``: an earlier
+    report's ``hulls`` of the same kernel (saves the walk that collects them).
+    """
+    t0 = time.perf_counter()
+    source_map = source_map or (lambda name, kind, index="": "unknown line")
+    walk = lambda hulls: _walk_kernel(kernel, assume, extra_conditions, rlimit, rewrite, source_map, focus, least_of, hulls)  # noqa: E731
+    queries = used = 0
+    walked = hulls is None
+    if walked:
+        enc, walkers, bodies = walk(None)
+        hulls = {name: {d: h for d, h in w.collected.items() if h is not None} for name, w in walkers.items()}
+        queries, used = enc.queries, enc.rlimit_used
+    if any(hulls.values()) or not walked:
+        # (Again) from a fresh solver, knowing where the bounded private arrays' elements lie:
+        # the same queries as a single walk, plus those facts.
+        enc, walkers, bodies = walk(hulls)
+        enc.queries += queries
+        enc.rlimit_used += used
+    accesses = [a for w in walkers.values() for a in w.accesses]
+    seen = sum(w.guards_seen for w in walkers.values())
+    removed = sum(w.guards_removed for w in walkers.values())
+    report = BoundsReport(kernel.name, accesses, time.perf_counter() - t0, enc.queries, enc.rlimit_used,
+                          {"seen": seen, "removed": removed}, hulls)
+    new_mod = None
+    if rewrite:
+        new_mod = kernel.device_mod
+        for gv in list(new_mod.functions.keys()):
+            if gv.name_hint in bodies:
+                new_mod = _replace_func(new_mod, gv, bodies[gv.name_hint])
+    return report, new_mod
+
+
+def _walk_kernel(kernel, assume, extra_conditions, rlimit, rewrite, source_map, focus, least_of, hulls):
+    """One walk over every device function with a fresh encoder. ``hulls`` (function name ->
+    private array -> (lo, hi)) is None in the first walk, which collects them."""
+    enc = Encoder(rlimit=rlimit)
+    variables, terms = shape_setup(enc, kernel, tuple(assume), list(extra_conditions))
+    walkers, bodies = {}, {}
+    for name, f in device_functions(kernel.device_mod):
+        bind_params(enc, f, variables)
+        enc.know(function_facts(f))
+        w = _Walker(enc, name, terms, rewrite, source_map, focus, least_of, candidate_arrays(f),
+                    None if hulls is None else hulls.get(name, {}))
+        w.buffers.update(param_buffers(kernel, f))
+        body = w.visit(f.body)
+        enc.content_ranges = {}
+        walkers[name] = w
+        if rewrite and not body.same_as(f.body):
+            bodies[name] = f.with_body(body)
+    return enc, walkers, bodies
+
+
+def _replace_func(mod, gv, func):
+    funcs = {g: (func if g.same_as(gv) else f) for g, f in mod.functions.items()}
+    return tvm.IRModule(funcs, attrs=mod.attrs)
+
+
+def format_violation(a: CheckedAccess) -> str:
+    cex = ", ".join(f"{k}={v}" for k, v in a.counterexample.items())
+    return f"{a.func}: {a.kind} {a.buffer}[{a.index}] ({a.scope}, extent {a.extent}) at {a.source}: {a.detail}; counterexample: {cex}"
