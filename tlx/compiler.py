@@ -62,30 +62,15 @@ def _stage_cuda(kernel, md: dict) -> str:
 
 
 def nvcc_command(md: dict, src: str, out: str) -> list[str]:
-    """The device compile: TileLang's usual flags, the numerics mode's, and the passes'."""
+    """The device compile: TileLang's own command (same flags, same order), then the flags of
+    the numerics mode (none in "default") and of the passes."""
     from tlx.lowering import device_include_dirs
-    from tlx.numerics.modes import nvcc_flags
+    from tlx.numerics.modes import device_flags
 
-    digits = md["target"]["arch"].removeprefix("sm_")
-    cmd = ["nvcc", "--cubin", "-O3", "-lineinfo", "-std=c++20", f"-gencode=arch=compute_{digits},code=sm_{digits}"]
+    cmd = ["nvcc", "--cubin", "-O3", "-lineinfo", f"-arch={md['target']['arch']}", "-std=c++20"]
     cmd += [f"-I{d}" for d in device_include_dirs()]
-    cmd += nvcc_flags(md["options"]["numerics"]) + md.get("extra_nvcc_flags", [])
-    cmd += _pass_config_flags(md["pass_configs"], md["options"]["numerics"])
+    cmd += device_flags(md["options"]["numerics"], md["pass_configs"]) + md.get("extra_nvcc_flags", [])
     return [*cmd, "-o", out, src]
-
-
-def _pass_config_flags(pass_configs: dict, numerics: str) -> list[str]:
-    flags: list[str] = []
-    if pass_configs.get("tl.enable_fast_math"):
-        if numerics == "strict":
-            raise ValueError("pass_configs: tl.enable_fast_math=True contradicts numerics='strict'")
-        flags.append("--use_fast_math")
-    extra = pass_configs.get("tl.device_compile_flags")
-    if extra:
-        import shlex
-
-        flags += shlex.split(extra) if isinstance(extra, str) else [str(f) for f in extra]
-    return flags
 
 
 def _stage_cubin(cuda_source: str, md: dict) -> bytes:

@@ -90,7 +90,7 @@ def test_metadata_describes_params_and_launches(add):
     assert md["symbolic_dims"] == {"M": {"tensor": "A", "dim": 0}}
     assert md["params"][2]["output"] and not md["params"][0]["output"]
     assert md["launches"][0]["block"][0] == "128"
-    assert "--fmad=true" in md["nvcc_command"]
+    assert md["nvcc_command"][:5] == ["nvcc", "--cubin", "-O3", "-lineinfo", "-arch=sm_90a"]
 
 
 @pytest.mark.parametrize(
