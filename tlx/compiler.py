@@ -256,8 +256,9 @@ def _publish(work: Path, md: dict, entry: Path) -> None:
 def compile_kernel(program, options: Options, name: str | None = None, program_key: str | None = None):
     """Compile (or load from the disk cache) a program and return a :class:`tlx.kernel.Kernel`.
 
-    ``program`` is a ``PrimFunc``, or a zero-argument callable building one; with a
-    ``program_key`` (a fingerprint of the factory's source and arguments) a cache hit never
+    ``program`` is a ``PrimFunc``, or a zero-argument callable building one (or returning
+    ``(prim_func, options)`` when the program itself refines the options); with a
+    ``program_key`` (a fingerprint of the factory's program and arguments) a cache hit never
     builds the TIR, so a cached kernel loads in milliseconds.
     """
     from tlx.kernel import Kernel
@@ -266,7 +267,7 @@ def compile_kernel(program, options: Options, name: str | None = None, program_k
     target = normalize_target(options.target_dict())
     prim_func = None
     if program_key is None:
-        prim_func = program() if callable(program) else program
+        prim_func, options = _build(program, options)
         program_key = prim_func.script()
     # pass_configs steer TileLang's lowering: two builds differing only there are two kernels
     key = cache_key(program_key, {**pass_options(options, target), "name": name,
@@ -278,10 +279,15 @@ def compile_kernel(program, options: Options, name: str | None = None, program_k
         warnings.warn(f"tlx: cache entry {entry} is corrupted; rebuilding it", RuntimeWarning, stacklevel=3)
         shutil.rmtree(entry, ignore_errors=True)
     if prim_func is None:
-        prim_func = program() if callable(program) else program
+        prim_func, options = _build(program, options)
     _, md = compile_artifacts(prim_func, options, name=name)
     md["cache_key"] = key
     _publish(Path(md["_workdir"]), md, entry)
     if not _valid_entry(entry):
         raise RuntimeError(f"tlx: could not publish the build of {md['name']} to {entry}")
     return Kernel.load(entry)
+
+
+def _build(program, options: Options):
+    built = program() if callable(program) else program
+    return built if isinstance(built, tuple) else (built, options)
