@@ -1,9 +1,9 @@
 """tlx: a compiler extension for TileLang (see README.md)."""
 
-from tlx.jit import jit
+from tlx.jit import compile, jit
 from tlx.numerics import ieee
 
-__all__ = ["autotune", "jit"]
+__all__ = ["autotune", "compile", "jit"]
 __version__ = "0.1.0"
 
 

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["JITFunction", "Options", "jit"]
+__all__ = ["JITFunction", "Options", "compile", "jit"]
 
 VERIFY_MODES = ("error", "warn", "off")
 
@@ -153,21 +153,7 @@ class JITFunction(_tilelang_jit_impl()):
         return self._source_hash
 
     def _options_for(self, prim_func) -> Options:
-        """This compile's options: the decorator's, with what the program itself declares
-        (``T.empty`` outputs, function-level pass configs), as ``tilelang.compile`` merges them."""
-        import dataclasses
-
-        attrs = prim_func.attrs or {}
-        out_idx = self.options.out_idx
-        if "tilelang_out_idx" in attrs:
-            if out_idx:
-                raise ValueError("out_idx: the decorator names outputs and the program returns T.empty tensors; use one")
-            out_idx = tuple(int(i) for i in attrs["tilelang_out_idx"])
-        pass_configs = {str(k): v for k, v in attrs["tilelang_pass_configs"].items()} if "tilelang_pass_configs" in attrs else {}
-        pass_configs.update(self.pass_configs or {})  # the decorator's (or the autotuner's) win
-        if "tilelang_compile_flags" in attrs:
-            pass_configs = _with_compile_flags(pass_configs, [str(f) for f in attrs["tilelang_compile_flags"]])
-        return dataclasses.replace(self.options, out_idx=out_idx, pass_configs=_freeze_configs(pass_configs))
+        return _program_options(self.options, prim_func, self.pass_configs or {})
 
     def compile(self, *args, **kwargs):
         """Build (or load from the disk cache) the kernel for these arguments; like
@@ -270,6 +256,35 @@ def _frontend(factory: Callable):
         return _LazyFactory(factory), "lazy"
 
 
+def _program_options(options: Options, prim_func, pass_configs: dict) -> Options:
+    """One compile's options: the decorator's, with what the program itself declares
+    (``T.empty`` outputs, function-level pass configs and flags), merged as ``tilelang.compile``
+    does; ``pass_configs`` (the decorator's, or an autotuner's) win over the program's."""
+    import dataclasses
+
+    attrs = prim_func.attrs or {}
+    out_idx = options.out_idx
+    if "tilelang_out_idx" in attrs:
+        if out_idx:
+            raise ValueError("out_idx: the decorator names outputs and the program returns T.empty tensors; use one")
+        out_idx = tuple(int(i) for i in attrs["tilelang_out_idx"])
+    merged = {str(k): v for k, v in attrs["tilelang_pass_configs"].items()} if "tilelang_pass_configs" in attrs else {}
+    merged.update(pass_configs)
+    if "tilelang_compile_flags" in attrs:
+        merged = _with_compile_flags(merged, [str(f) for f in attrs["tilelang_compile_flags"]])
+    return dataclasses.replace(options, out_idx=out_idx, pass_configs=_freeze_configs(merged))
+
+
+def compile(func, out_idx=None, target=None, pass_configs: dict | None = None, compile_flags=None, **options: Any):
+    """``tilelang.compile`` through tlx: a ``PrimFunc`` in, a :class:`tlx.kernel.Kernel` out.
+    Takes ``tilelang.compile``'s arguments (``execution_backend``, ``target_host`` and
+    ``verbose`` are ignored, as by :func:`jit`) and tlx's options."""
+    from tlx.compiler import compile_kernel
+
+    opts = _jit_options(dict(options, out_idx=out_idx, target=target, pass_configs=pass_configs), compile_flags)
+    return compile_kernel(func, _program_options(opts, func, opts.pass_config_dict()))
+
+
 def _keyable(v) -> bool:
     """An argument that ``_param_key`` identifies by value (not a tensor or other object)."""
     if isinstance(v, (list, tuple)):
@@ -320,14 +335,7 @@ def jit(fn: Callable | None = None, *, compile_flags: str | Sequence[str] | None
     ``eliminate_guards``, ``allow_approx`` (approximate intrinsics allowed in strict mode),
     ``pin`` (a pin file re-applied at compile time).
     """
-    for name in _IGNORED_TILELANG_OPTIONS:
-        options.pop(name, None)
-    if options.get("target") in ("auto", "cuda"):
-        options["target"] = None
-    pass_configs = {str(getattr(k, "value", k)): v for k, v in (options.pop("pass_configs", None) or {}).items()}
-    if compile_flags:
-        pass_configs = _with_compile_flags(pass_configs, compile_flags)
-    opts = Options.make(pass_configs=pass_configs, **options)
+    opts = _jit_options(options, compile_flags)
 
     def decorate(f: Callable) -> JITFunction:
         jf = JITFunction(f, opts)
@@ -335,6 +343,17 @@ def jit(fn: Callable | None = None, *, compile_flags: str | Sequence[str] | None
         return jf
 
     return decorate if fn is None else decorate(fn)
+
+
+def _jit_options(options: dict, compile_flags) -> Options:
+    """``Options`` from ``tilelang.jit``/``tilelang.compile`` keywords plus tlx's."""
+    options = {k: v for k, v in options.items() if k not in _IGNORED_TILELANG_OPTIONS}
+    if options.get("target") in ("auto", "cuda"):
+        options["target"] = None
+    pass_configs = {str(getattr(k, "value", k)): v for k, v in (options.pop("pass_configs", None) or {}).items()}
+    if compile_flags:
+        pass_configs = _with_compile_flags(pass_configs, compile_flags)
+    return Options.make(pass_configs=pass_configs, **options)
 
 
 def _with_compile_flags(pass_configs: dict, compile_flags) -> dict:
