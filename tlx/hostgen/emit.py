@@ -2,10 +2,13 @@
 
 The launcher is one exported TVM-FFI C-ABI function. It checks, in this order: the
 argument count; per tensor the type, dtype, ndim, shape (constants and one consistent
-binding per symbolic dimension), strides; scalar types and ranges; the kernel's shape
-preconditions; then device placement and data-pointer alignment; and finally encodes TMA
-descriptors (cached) and launches on the caller's stream. Every failure raises a Python
-exception naming the kernel, the argument, the expected and the actual value.
+binding per symbolic dimension), strides; scalar types and ranges (a bool is no int, a finite
+float past float32's range is no float32); the kernel's shape preconditions; every grid
+dimension computable from shapes and scalars against CUDA's limits; then device placement and
+data-pointer alignment; and finally encodes TMA descriptors (cached) and launches on the
+caller's stream. Every failure raises a Python exception naming the kernel, the argument, the
+expected and the actual value. A call in which a tensor argument has no elements is a no-op
+(nothing is encoded or launched).
 """
 
 from __future__ import annotations
@@ -27,6 +30,9 @@ _SCALAR_RANGES = {
     "uint32": (0, 2**32 - 1),
     "bool": (0, 1),
 }
+_FLOAT_MAX = {"float32": "3.4028234663852886e38", "float64": "1.7976931348623157e308"}
+# CUDA's grid limits per axis (compute capability >= 3.0).
+_GRID_LIMITS = (("x", 2**31 - 1), ("y", 65535), ("z", 65535))
 _C_TYPES = {
     "int8": "int8_t",
     "int16": "int16_t",
@@ -70,6 +76,7 @@ class _Emitter:
         self.sym = cubin_symbol
         self.lines: list[str] = []
         self.known: set[str] = set()
+        self.checked_grid: set[tuple[str, str]] = set()  # (axis, expression) checked up front
         self.renamed: dict = {}  # host variable -> its C name, where its readable name was taken
         self.kernel_index = {k: i for i, k in enumerate(plan.kernels)}
 
@@ -157,8 +164,8 @@ class _Emitter:
                 lo, hi = _SCALAR_RANGES[s.dtype]
                 lo_c = "INT64_MIN" if lo == -(2**63) else f"int64_t({lo})"
                 self.out(f"const int64_t {c_name(s.var)} = tlx::int_arg(kKernel, args, {s.index}, {n}, {lo_c}, int64_t({hi}), {_cstr(s.dtype)});")
-            elif s.dtype in ("float32", "float64"):
-                self.out(f"const double {c_name(s.var)} = tlx::float_arg(kKernel, args, {s.index}, {n}, {_cstr(s.dtype)});")
+            elif s.dtype in _FLOAT_MAX:
+                self.out(f"const double {c_name(s.var)} = tlx::float_arg(kKernel, args, {s.index}, {n}, {_cstr(s.dtype)}, {_FLOAT_MAX[s.dtype]});")
             else:
                 raise HostgenError(f"{self.plan.name}: scalar argument {s.name} has unsupported dtype {s.dtype}")
             self.known.add(c_name(s.var))
@@ -175,6 +182,41 @@ class _Emitter:
             )
             self.out("}")
 
+    def grid_limits(self) -> None:
+        """Check, before anything touches the GPU, every grid dimension computable from the
+        shape variables and scalars alone; a constant one past the limit fails the compile.
+        (A dimension that depends on host let-bindings is checked just before its launch.)"""
+        seen = set()
+        for s in walk_steps(self.plan.steps):
+            if s.kind != "launch":
+                continue
+            for (axis, limit), g in zip(_GRID_LIMITS, s.launch.grid):
+                if isinstance(g, (int, tirx.IntImm)):
+                    if int(g) > limit:
+                        raise HostgenError(f"{self.plan.name}: kernel {s.launch.kernel} has grid.{axis} = {int(g)}, past the CUDA limit {limit}")
+                    continue
+                if all(c_name(v) in self.known for v in free_vars(g)) and (axis, str(g)) not in seen:
+                    seen.add((axis, str(g)))
+                    self.grid_check(axis, limit, g, 1)
+                    self.checked_grid.add((axis, str(g)))
+
+    def grid_check(self, axis: str, limit: int, g, indent: int) -> None:
+        values = " + \", \" + ".join(f'"{v.name} = " + std::to_string({self.expr(v)})' for v in _unique(free_vars(g))) or '""'
+        self.out(f"if (__builtin_expect(({self.expr(g)}) > {limit}, 0)) {{", indent)
+        self.out(f"tlx::grid_too_large(kKernel, {_cstr(axis)}, {self.expr(g)}, {limit}, {_cstr(str(g))}, {values});", indent + 1)
+        self.out("}", indent)
+
+    def empty_problem(self) -> None:
+        """A call in which a tensor argument has no elements launches nothing (documented
+        no-op): every argument has been checked (placement and alignment included), and nothing
+        is encoded or launched, so a
+        zero dynamic dimension behaves the same with or without TMA."""
+        tensors = self.plan.tensors
+        if not any(not isinstance(d, int) for t in tensors for d in t.shape):
+            return  # static shapes: an empty tensor was already refused by the shape checks
+        empty = " || ".join(f"tlx::num_elements(t_{t.name}) == 0" for t in tensors)
+        self.out(f"if (__builtin_expect({empty}, 0)) return 0;  // empty problem: a no-op")
+
     def placement(self) -> None:
         p = self.plan
         first = p.tensors[0].name if p.tensors else None
@@ -189,6 +231,7 @@ class _Emitter:
             if t.align > 1:
                 why = "the kernel's TMA copies" if t.align == 16 and _uses_tma(p, t) else f"the kernel's {t.align}-byte vector accesses"
                 self.out(f"tlx::check_align(kKernel, {_cstr(t.name)}, {c_name(t.data_var)}, {t.align}, {_cstr(why)});")
+        self.empty_problem()
         self.out("CUfunction const* fn = g_module.enter(kKernel, device_id);")
         self.out("CUstream stream = static_cast<CUstream>(TVMFFIEnvGetStream(kDLCUDA, device_id));")
 
@@ -248,6 +291,9 @@ class _Emitter:
         params = ", ".join(f"const_cast<void*>(static_cast<const void*>(&p{j}))" for j in range(len(lc.args)))
         self.out(f"void* params[] = {{{params}}};" if lc.args else "void** params = nullptr;", i)
         self.out(f"const int64_t g[3] = {{{', '.join(dims[:3])}}};", i)
+        for (axis, limit), g in zip(_GRID_LIMITS, lc.grid):
+            if not isinstance(g, (int, tirx.IntImm)) and (axis, str(g)) not in self.checked_grid:
+                self.grid_check(axis, limit, g, i)
         self.out("if (g[0] > 0 && g[1] > 0 && g[2] > 0) {", i)
         if not isinstance(lc.dyn_smem, tirx.IntImm):
             self.out(f"g_module.ensure_smem(kKernel, device_id, {k}, {smem});", i + 1)
@@ -305,6 +351,7 @@ def emit_launcher(plan: LaunchPlan, cubin_path: str, cubin_symbol: str = "tlx_cu
     e.tensors()
     e.scalars()
     e.preconditions()
+    e.grid_limits()
     e.placement()
     e.steps(plan.steps)
     e.footer()
