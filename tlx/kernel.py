@@ -17,10 +17,11 @@ class Kernel:
     argument): the lowest-overhead way to call.
     """
 
-    def __init__(self, directory: Path, metadata: dict, launch):
+    def __init__(self, directory: Path, metadata: dict, launch, check_inputs=None):
         self.directory = directory
         self.metadata = metadata
         self.launch = launch
+        self._check_inputs = check_inputs  # the launcher's checks on the inputs alone (outputs None)
         self.name = metadata["name"]
         params = sorted(metadata["params"], key=lambda p: p["index"])
         self._num_params = len(params)
@@ -47,7 +48,8 @@ class Kernel:
 
         metadata = json.loads((directory / "metadata.json").read_text())
         module = tvm_ffi.load_module(str(directory / "launcher.so"))
-        return cls(directory, metadata, module[metadata["entry"]])
+        check = metadata.get("check_inputs_entry")
+        return cls(directory, metadata, module[metadata["entry"]], module[check] if check else None)
 
     def __call__(self, *args):
         return self._call(*args)
@@ -67,9 +69,12 @@ class Kernel:
         except (AttributeError, IndexError):
             self.launch(*full)  # an input is not a tensor: the launcher names it (outputs are still None)
             raise TypeError(f"{self.name}: the inputs do not determine the output shapes") from None
+        shapes = [[extent(env) for extent in extents] for _, _, extents, _ in self._out_specs]
+        if self._check_inputs is not None and _bytes(shapes, self._out_specs) >= _CHECK_FIRST_BYTES:
+            self._check_inputs(*full)  # a large allocation only for inputs the launcher accepts
         outs = []
-        for index, _, extents, dtype in self._out_specs:
-            t = torch.empty([extent(env) for extent in extents], dtype=dtype, device=device)
+        for (index, _, _, dtype), shape in zip(self._out_specs, shapes):
+            t = torch.empty(shape, dtype=dtype, device=device)
             full[index] = t
             outs.append(t)
         self.launch(*full)
@@ -187,6 +192,23 @@ class Kernel:
 
     def __repr__(self) -> str:
         return f"<tlx.Kernel {self.name} ({self.directory.name})>"
+
+
+# Outputs at least this large are allocated only after the launcher has checked the inputs
+# (``check_inputs``): an invalid call (a huge stride-0 input, say) then raises the launcher's
+# ValueError instead of asking for terabytes. Smaller ones are allocated first, saving that
+# call, and the launch refuses the same inputs before anything runs.
+_CHECK_FIRST_BYTES = 1 << 26
+
+
+def _bytes(shapes: list, specs: list) -> int:
+    total = 0
+    for shape, (_, _, _, dtype) in zip(shapes, specs):
+        n = dtype.itemsize
+        for d in shape:
+            n *= max(int(d), 0)
+        total += n
+    return total
 
 
 def _kernel_params(params: list[dict]) -> list:

@@ -255,3 +255,13 @@ def test_empty_problem_launches_nothing_on_the_gpu(rows, gemm):
     b = torch.randn(1024, 1024, dtype=torch.float16, device="cuda")
     assert gemm(a, b).shape == (0, 1024)  # TMA kernel: no descriptor encoded for the empty A
     torch.cuda.synchronize()
+
+
+def test_the_allocating_call_checks_inputs_before_a_large_allocation(add):
+    assert "int check_inputs(" in add.host_source and add.metadata["check_inputs_entry"] == "check_inputs"
+    huge = torch.zeros(1, 1024).expand(1 << 30, 1024)  # stride 0: a 4 TiB output if sized first
+    with pytest.raises(ValueError, match=r"add: argument A.stride\(0\) expected 1024"):
+        add(huge, huge)
+    with pytest.raises(ValueError, match=r"add: argument B.shape\[1\] expected 1024, got 1000"):
+        add._check_inputs(torch.zeros(4, 1024), torch.zeros(4, 1000), None)
+    add._check_inputs(torch.zeros(4, 1024), torch.zeros(4, 1024), None)  # inputs alone pass: devices are the launch's concern

@@ -18,7 +18,7 @@ from tvm import tirx
 from tlx.hostgen.cexpr import c_name, cexpr, pyexpr
 from tlx.hostgen.plan import HostgenError, LaunchPlan, Step, TensorArg, free_vars, walk_steps
 
-__all__ = ["EXPORT_NAME", "emit_launcher"]
+__all__ = ["CHECK_INPUTS_NAME", "EXPORT_NAME", "emit_launcher"]
 
 _SCALAR_RANGES = {
     "int8": (-(2**7), 2**7 - 1),
@@ -50,6 +50,7 @@ _C_TYPES = {
 
 # The TVM-FFI function every launcher library exports (one kernel per library).
 EXPORT_NAME = "launch"
+CHECK_INPUTS_NAME = "check_inputs"  # the inputs-only checks (see _check_inputs_function)
 
 
 def _dims(shape) -> str:
@@ -70,8 +71,10 @@ def _cstr(s: str) -> str:
 
 
 class _Emitter:
-    def __init__(self, plan: LaunchPlan, cubin_path: str, cubin_symbol: str):
+    def __init__(self, plan: LaunchPlan, cubin_path: str, cubin_symbol: str, inputs_only: bool = False):
         self.plan = plan
+        # The tensors whose checks this function emits: every one, or the inputs alone (check_inputs)
+        self.checked = [t for t in plan.tensors if not (inputs_only and t.is_output)]
         self.cubin_path = cubin_path
         self.sym = cubin_symbol
         self.lines: list[str] = []
@@ -132,7 +135,7 @@ class _Emitter:
 
     def tensors(self) -> None:
         p = self.plan
-        for t in p.tensors:
+        for t in self.checked:
             n = _cstr(t.name)
             self.out(f"// {t.name}: {t.dtype}[{_dims(t.shape)}]")
             self.out(f"const DLTensor* t_{t.name} = tlx::tensor_arg(kKernel, args, {t.index}, {n});")
@@ -141,7 +144,7 @@ class _Emitter:
         for name, (var, tensor, dim) in p.shape_vars.items():
             self.out(f"const int64_t {c_name(var)} = tlx::bind_dim(kKernel, {_cstr(tensor)}, t_{tensor}, {dim}, {_cstr(name)});")
             self.known.add(c_name(var))
-        for t in p.tensors:
+        for t in self.checked:
             for d, s in enumerate(t.shape):
                 if isinstance(s, tirx.Var) and p.shape_vars[s.name][1:] == (t.name, d):
                     continue
@@ -153,7 +156,7 @@ class _Emitter:
                 else:
                     what = str(s)
                 self.out(f"tlx::check_dim(kKernel, {_cstr(t.name)}, t_{t.name}, {d}, {self.expr(s)}, {_cstr(what)});")
-        for t in p.tensors:
+        for t in self.checked:
             for d, s in enumerate(t.strides):
                 self.out(f"tlx::check_stride(kKernel, {_cstr(t.name)}, t_{t.name}, {d}, {self.expr(s)});")
 
@@ -311,8 +314,10 @@ class _Emitter:
 
     def footer(self) -> None:
         self.out("return 0;")
+        self.lines.append("}")
+        checks = _check_inputs_function(self.plan)
+        self.lines += checks
         self.lines += [
-            "}",
             "}  // namespace",
             "",
             f"// TVM-FFI C ABI entry: tvm_ffi.load_module(lib).{EXPORT_NAME}(...)",
@@ -329,6 +334,41 @@ class _Emitter:
             "}",
             "",
         ]
+        if checks:
+            self.lines += [
+                f'extern "C" __attribute__((visibility("default"))) int __tvm_ffi_{CHECK_INPUTS_NAME}(',
+                "    void*, const TVMFFIAny* args, int32_t num_args, TVMFFIAny* result) {",
+                "  try {",
+                "    result->type_index = kTVMFFINone;",
+                "    result->v_int64 = 0;",
+                "    return check_inputs(args, num_args);",
+                "  } catch (const tlx::Error& e) {",
+                "    TVMFFIErrorSetRaisedFromCStr(e.kind, e.message.c_str());",
+                "    return -1;",
+                "  }",
+                "}",
+                "",
+            ]
+
+
+def _check_inputs_function(plan: LaunchPlan) -> list[str]:
+    """``check_inputs``: the launcher's checks of the inputs and scalars alone (outputs may be
+    None), so that a caller allocating the outputs checks first and allocates second. Emitted
+    only for kernels with outputs whose every shape variable is bound by an input."""
+    outputs = {t.name for t in plan.tensors if t.is_output}
+    if not outputs or any(tensor in outputs for _, tensor, _ in plan.shape_vars.values()):
+        return []
+    c = _Emitter(plan, "", "", inputs_only=True)
+    c.lines = ["", "// The checks of call() on the inputs and scalars alone: run before the outputs are allocated.",
+               "int check_inputs(const TVMFFIAny* args, int32_t num_args) {"]
+    c.out(f"tlx::check_num_args(kKernel, num_args, {plan.num_args}, kSignature);")
+    c.tensors()
+    c.scalars()
+    c.preconditions()
+    c.grid_limits()
+    c.out("return 0;")
+    c.lines.append("}")
+    return c.lines
 
 
 def _unique(vs):
