@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 __all__ = ["Kernel"]
@@ -37,6 +38,7 @@ class Kernel:
             self._device_pos = next((pos for pos, i in enumerate(self._inputs) if kinds[i] == "tensor"), 0)
             self._out_specs = [(p["index"], p["name"], [_extent(d, self.name, p["name"]) for d in p["shape"]], _torch_dtype(p["dtype"]))
                                for p in self._outputs]  # fmt: skip
+            self._widest_output = max(dtype.itemsize for *_, dtype in self._out_specs)  # a bound on the bytes to allocate
             self._call = self._call_allocating
         else:
             self._call = launch
@@ -70,7 +72,7 @@ class Kernel:
             self.launch(*full)  # an input is not a tensor: the launcher names it (outputs are still None)
             raise TypeError(f"{self.name}: the inputs do not determine the output shapes") from None
         shapes = [[extent(env) for extent in extents] for _, _, extents, _ in self._out_specs]
-        if self._check_inputs is not None and _bytes(shapes, self._out_specs) >= _CHECK_FIRST_BYTES:
+        if self._check_inputs is not None and sum(map(math.prod, shapes)) * self._widest_output >= _CHECK_FIRST_BYTES:
             self._check_inputs(*full)  # a large allocation only for inputs the launcher accepts
         outs = []
         for (index, _, _, dtype), shape in zip(self._out_specs, shapes):
@@ -199,16 +201,6 @@ class Kernel:
 # ValueError instead of asking for terabytes. Smaller ones are allocated first, saving that
 # call, and the launch refuses the same inputs before anything runs.
 _CHECK_FIRST_BYTES = 1 << 26
-
-
-def _bytes(shapes: list, specs: list) -> int:
-    total = 0
-    for shape, (_, _, _, dtype) in zip(shapes, specs):
-        n = dtype.itemsize
-        for d in shape:
-            n *= max(int(d), 0)
-        total += n
-    return total
 
 
 def _kernel_params(params: list[dict]) -> list:
