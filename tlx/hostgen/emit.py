@@ -317,38 +317,30 @@ class _Emitter:
         self.lines.append("}")
         checks = _check_inputs_function(self.plan)
         self.lines += checks
-        self.lines += [
-            "}  // namespace",
-            "",
-            f"// TVM-FFI C ABI entry: tvm_ffi.load_module(lib).{EXPORT_NAME}(...)",
-            f'extern "C" __attribute__((visibility("default"))) int __tvm_ffi_{EXPORT_NAME}(',
-            "    void*, const TVMFFIAny* args, int32_t num_args, TVMFFIAny* result) {",
-            "  try {",
-            "    result->type_index = kTVMFFINone;",
-            "    result->v_int64 = 0;",
-            "    return call(args, num_args);",
-            "  } catch (const tlx::Error& e) {",
-            "    TVMFFIErrorSetRaisedFromCStr(e.kind, e.message.c_str());",
-            "    return -1;",
-            "  }",
-            "}",
-            "",
-        ]
+        self.lines += ["}  // namespace", ""]
+        self.lines += _export(EXPORT_NAME, "call")
         if checks:
-            self.lines += [
-                f'extern "C" __attribute__((visibility("default"))) int __tvm_ffi_{CHECK_INPUTS_NAME}(',
-                "    void*, const TVMFFIAny* args, int32_t num_args, TVMFFIAny* result) {",
-                "  try {",
-                "    result->type_index = kTVMFFINone;",
-                "    result->v_int64 = 0;",
-                "    return check_inputs(args, num_args);",
-                "  } catch (const tlx::Error& e) {",
-                "    TVMFFIErrorSetRaisedFromCStr(e.kind, e.message.c_str());",
-                "    return -1;",
-                "  }",
-                "}",
-                "",
-            ]
+            self.lines += _export(CHECK_INPUTS_NAME, "check_inputs")
+
+
+def _export(name: str, function: str) -> list[str]:
+    """A TVM-FFI C-ABI entry point (``tvm_ffi.load_module(lib).NAME(...)``) around ``function``,
+    turning a ``tlx::Error`` into the Python exception it names."""
+    return [
+        f"// TVM-FFI C ABI entry: tvm_ffi.load_module(lib).{name}(...)",
+        f'extern "C" __attribute__((visibility("default"))) int __tvm_ffi_{name}(',
+        "    void*, const TVMFFIAny* args, int32_t num_args, TVMFFIAny* result) {",
+        "  try {",
+        "    result->type_index = kTVMFFINone;",
+        "    result->v_int64 = 0;",
+        f"    return {function}(args, num_args);",
+        "  } catch (const tlx::Error& e) {",
+        "    TVMFFIErrorSetRaisedFromCStr(e.kind, e.message.c_str());",
+        "    return -1;",
+        "  }",
+        "}",
+        "",
+    ]
 
 
 def _check_inputs_function(plan: LaunchPlan) -> list[str]:
