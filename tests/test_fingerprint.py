@@ -8,7 +8,6 @@ import sys
 import textwrap
 from pathlib import Path
 
-import pytest
 
 from tlx.fingerprint import program_fingerprint
 

@@ -1,8 +1,6 @@
 """``@tlx.jit`` as a drop-in for ``@tilelang.jit``: the forms TileLang 0.1.15 accepts (lazy,
-eager, ``.compile``, ``get_tir``, ``par_compile``, ``get_kernel_source``, autotuners stacked on
-top) each compile through tlx and give a tlx kernel with JITKernel's methods."""
-
-import json
+eager, ``.compile``, ``get_tir``, ``par_compile``, ``get_kernel_source``) each compile through
+tlx and give a tlx kernel with JITKernel's methods (autotuners: tests/test_tuning.py)."""
 
 import pytest
 import tilelang
@@ -74,28 +72,6 @@ def test_debug_root_path_gets_the_sources(tmp_path):
     assert "T.prim_func" in (tmp_path / "dbg" / "tilelang_jit_program_scale.py").read_text()
 
 
-def test_tilelang_autotune_stacks_on_tlx_jit():
-    tuned = tilelang.autotune(configs=J.TUNING_CONFIGS)(J.tunable_scale)
-    kernel = tuned(512, block=64)  # every tunable given: TileLang's tuner compiles it directly, no benchmark
-    assert isinstance(kernel, Kernel) and kernel.params[0].shape == [512]
-
-
-def test_tlx_autotune_reuses_the_pinned_choice_without_tuning(tmp_path):
-    from tlx.tuning import call_key
-
-    pin = tmp_path / "scale.pin.json"
-    pin.write_text(json.dumps({"version": 2, "autotune": {call_key(J.tunable_scale, (512,), {}): {"config": {"block": 64}}}}))
-    tuned = tlx.autotune(configs=J.TUNING_CONFIGS, pin=pin)(J.tunable_scale)
-    kernel = tuned(512)  # on a machine without a GPU: tuning would fail, the pinned choice compiles
-    assert kernel.config == {"block": 64}
-    assert kernel.metadata["launches"][0]["block"][0] == "64"
-
-
-def test_tlx_autotune_rejects_other_functions():
-    with pytest.raises(TypeError, match="tlx.autotune: expected a @tlx.jit function, got function"):
-        tlx.autotune(configs=[{}])(lambda: None)
-
-
 @pytest.mark.gpu
 def test_eager_call_launches_and_returns_output():
     a, b = torch.randn(100, 200, device="cuda"), torch.randn(100, 200, device="cuda")
@@ -109,14 +85,3 @@ def test_profiler_checks_and_times_a_tlx_kernel():
     profiler = kernel.get_profiler(tilelang.TensorSupplyType.Randn)
     profiler.assert_allclose(lambda x: x * 2.0, rtol=0, atol=0)
     assert profiler.do_bench(n_warmup=2, n_repeat=5) > 0
-
-
-@pytest.mark.gpu
-def test_tlx_autotune_records_the_choice_in_the_pin_file(tmp_path):
-    pin = tmp_path / "tuned.pin.json"
-    tuned = tlx.autotune(configs=J.TUNING_CONFIGS, pin=pin, warmup=1, rep=3)(J.tunable_scale)
-    kernel = tuned(1 << 16)
-    entry = next(iter(json.loads(pin.read_text())["autotune"].values()))
-    assert entry["config"] in J.TUNING_CONFIGS and entry["config"] == kernel.config
-    again = tlx.autotune(configs=J.TUNING_CONFIGS, pin=pin)(J.tunable_scale)(1 << 16)
-    assert again.directory == kernel.directory  # the recorded choice, compiled without tuning
