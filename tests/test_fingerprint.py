@@ -161,6 +161,19 @@ def test_closures_defaults_and_module_attributes_are_covered():
         return N + block
 
     assert program_fingerprint(g) != program_fingerprint(h)
+
+    class Config:
+        def __init__(self, block):
+            self.block = block
+
+    def with_config(cfg):
+        def f(N):
+            return N + cfg.block
+
+        return f
+
+    assert program_fingerprint(with_config(Config(64))) != program_fingerprint(with_config(Config(128)))
+    assert program_fingerprint(with_config(Config(64))) == program_fingerprint(with_config(Config(64)))
     src = "def k(N):\n    return N + 1\n"
     ns = {}
     exec(src, ns)  # no file, no linecache entry

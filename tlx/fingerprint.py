@@ -106,6 +106,13 @@ class _Walker:
             self.function(v)
         elif isinstance(v, types.BuiltinFunctionType):
             self.put("builtin", v.__module__, v.__qualname__)
+        elif _user_instance(v):
+            # An instance of a class of the user's (a config object, say): its attributes.
+            self.put("instance")
+            self.value(type(v))
+            if id(v) not in self.seen:
+                self.seen.add(id(v))
+                self.value(vars(v))
         else:
             # Other objects (dtypes, tensors, enums, TVM nodes): their type and printed form.
             self.put("object", type(v).__module__, type(v).__qualname__, _printed(v))
@@ -121,6 +128,15 @@ class _Walker:
                 self.seen.add((id(mod), name))
                 self.put("attr", name)
                 self.value(vars(mod)[name])
+
+
+def _user_instance(v) -> bool:
+    """An object with attributes whose class is the user's (defined in ``__main__``, a cell or a
+    file outside the installed packages), not a builtin or library type."""
+    name = type(v).__module__
+    if name == "builtins" or not hasattr(v, "__dict__"):
+        return False
+    return not _installed(getattr(sys.modules.get(name), "__file__", None) or "")
 
 
 def _unwrap(fn):
