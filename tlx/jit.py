@@ -106,7 +106,9 @@ class JITFunction(_tilelang_jit_impl()):
     accepts works unchanged: lazy factories returning a ``@T.prim_func``, the eager style
     (``T.const``/``T.empty``, called with tensors: compiles, launches and returns the outputs),
     ``.compile``, ``get_tir``, ``par_compile``, ``get_kernel_source`` and
-    ``@tilelang.autotune`` stacked on top. Each returns or runs a :class:`tlx.kernel.Kernel`.
+    ``@tilelang.autotune`` stacked on top (``@tlx.autotune`` is the same tuner without TileLang's
+    source-keyed result cache, and pins its choice: see ``tlx.tuning``). Each returns or runs a
+    :class:`tlx.kernel.Kernel`.
     """
 
     def __init__(self, factory: Callable, options: Options):
@@ -136,13 +138,9 @@ class JITFunction(_tilelang_jit_impl()):
     __eq__ = object.__eq__
 
     def _key(self, args, kwargs) -> tuple:
-        bound = self._signature.bind(*args, **kwargs)
+        bound = self.signature.bind(*args, **kwargs)
         bound.apply_defaults()
         return tuple((k, _param_key(v)) for k, v in bound.arguments.items())
-
-    @property
-    def _signature(self) -> inspect.Signature:
-        return self.signature
 
     def _fingerprint(self) -> str:
         """The factory's program: its code and everything it reaches (``tlx.fingerprint``), once per process."""
