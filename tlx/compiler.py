@@ -110,30 +110,15 @@ def _stage_cuda(kernel, build: Build) -> str:
 
 
 def nvcc_command(build: Build, src: str, out: str) -> list[str]:
-    """The device compile: TileLang's usual flags, the numerics mode's, the passes' and the pass configs'."""
+    """The device compile: TileLang's own command (same flags, same order), then the flags of
+    the numerics mode (none in "default"), of the pass configs and of the passes."""
     from tlx.lowering import device_include_dirs
-    from tlx.numerics.modes import nvcc_flags
+    from tlx.numerics.modes import device_flags
 
-    digits = build.target["arch"].removeprefix("sm_")
-    cmd = ["nvcc", "--cubin", "-O3", "-lineinfo", "-std=c++20", f"-gencode=arch=compute_{digits},code=sm_{digits}"]
+    cmd = ["nvcc", "--cubin", "-O3", "-lineinfo", f"-arch={build.target['arch']}", "-std=c++20"]
     cmd += [f"-I{d}" for d in device_include_dirs()]
-    cmd += nvcc_flags(build.options["numerics"]) + (list(build.passes.nvcc_flags) if build.passes else [])
-    cmd += _pass_config_flags(build.pass_configs, build.options["numerics"])
+    cmd += device_flags(build.options["numerics"], build.pass_configs) + (list(build.passes.nvcc_flags) if build.passes else [])
     return [*cmd, "-o", out, src]
-
-
-def _pass_config_flags(pass_configs: dict, numerics: str) -> list[str]:
-    flags: list[str] = []
-    if pass_configs.get("tl.enable_fast_math"):
-        if numerics == "strict":
-            raise ValueError("pass_configs: tl.enable_fast_math=True contradicts numerics='strict'")
-        flags.append("--use_fast_math")
-    extra = pass_configs.get("tl.device_compile_flags")
-    if extra:
-        import shlex
-
-        flags += shlex.split(extra) if isinstance(extra, str) else [str(f) for f in extra]
-    return flags
 
 
 def _stage_cubin(cuda_source: str, build: Build) -> bytes:
@@ -326,8 +311,9 @@ def _publish(build: Build, entry: Path) -> None:
 def compile_kernel(program, options: Options, name: str | None = None, program_key: str | None = None):
     """Compile (or load from the disk cache) a program and return a :class:`tlx.kernel.Kernel`.
 
-    ``program`` is a ``PrimFunc``, or a zero-argument callable building one; with a
-    ``program_key`` (a fingerprint of the factory's source and arguments) a cache hit never
+    ``program`` is a ``PrimFunc``, or a zero-argument callable building one (or returning
+    ``(prim_func, options)`` when the program itself refines the options); with a
+    ``program_key`` (a fingerprint of the factory's program and arguments) a cache hit never
     builds the TIR, so a cached kernel loads in milliseconds.
     """
     from tlx.kernel import Kernel
@@ -336,7 +322,7 @@ def compile_kernel(program, options: Options, name: str | None = None, program_k
     target = normalize_target(options.target_dict())
     prim_func = None
     if program_key is None:
-        prim_func = program() if callable(program) else program
+        prim_func, options = _build(program, options)
         program_key = prim_func.script()
     # pass_configs steer TileLang's lowering: two builds differing only there are two kernels
     key = cache_key(program_key, {**pass_options(options, target), "name": name,
@@ -348,7 +334,7 @@ def compile_kernel(program, options: Options, name: str | None = None, program_k
         warnings.warn(f"tlx: cache entry {entry} is corrupted; rebuilding it", RuntimeWarning, stacklevel=3)
         shutil.rmtree(entry, ignore_errors=True)
     if prim_func is None:
-        prim_func = program() if callable(program) else program
+        prim_func, options = _build(program, options)
     _, build = compile_artifacts(prim_func, options, name=name, keep_workdir=True)
     build.cache_key = key
     try:
@@ -358,3 +344,8 @@ def compile_kernel(program, options: Options, name: str | None = None, program_k
     if not _valid_entry(entry):
         raise RuntimeError(f"tlx: could not publish the build of {build.name} to {entry}")
     return Kernel.load(entry)
+
+
+def _build(program, options: Options):
+    built = program() if callable(program) else program
+    return built if isinstance(built, tuple) else (built, options)

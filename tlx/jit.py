@@ -10,91 +10,222 @@ from __future__ import annotations
 import functools
 import os
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from tlx.options import Options
+from tlx.options import Options, freeze
 
-__all__ = ["JITFunction", "jit"]
+__all__ = ["JITFunction", "Options", "compile", "jit", "param_key"]
 
-class JITFunction:
-    """A kernel factory plus tlx options; calling it returns a compiled kernel."""
+
+def _tilelang_jit_impl():
+    from tilelang.jit import JITImpl
+
+    return JITImpl
+
+
+class JITFunction(_tilelang_jit_impl()):
+    """A kernel factory plus tlx options; calling it returns a compiled kernel.
+
+    It is a TileLang ``JITImpl`` whose compile step is tlx's, so everything ``tilelang.jit``
+    accepts works unchanged: lazy factories returning a ``@T.prim_func``, the eager style
+    (``T.const``/``T.empty``, called with tensors: compiles, launches and returns the outputs),
+    ``.compile``, ``get_tir``, ``par_compile``, ``get_kernel_source`` and
+    ``@tilelang.autotune`` stacked on top (``@tlx.autotune`` is the same tuner without TileLang's
+    source-keyed result cache, and pins its choice: see ``tlx.tuning``). Each returns or runs a
+    :class:`tlx.kernel.Kernel`.
+    """
 
     def __init__(self, factory: Callable, options: Options):
+        frontend, mode = _frontend(factory)
+        super().__init__(
+            out_idx=list(options.out_idx) if options.out_idx else None,
+            execution_backend=None,
+            target=options.target_dict(),
+            target_host=None,
+            verbose=None,
+            pass_configs=options.pass_config_dict() or None,
+            debug_root_path=None,
+            compile_flags=None,
+            func_source="",
+            signature=inspect.signature(factory),
+            mode=mode,
+            func=frontend,
+        )
         self.factory = factory
         self.options = options
-        self._signature = inspect.signature(factory)
         self._kernels: dict[tuple, Any] = {}
         self._by_call: dict[tuple, Any] = {}  # raw (args, kwargs) -> kernel, for repeat calls
         self._source_hash: str | None = None
         functools.update_wrapper(self, factory)
 
+    __hash__ = object.__hash__  # identity, as for any function (the dataclass base sets None)
+    __eq__ = object.__eq__
+
     def _key(self, args, kwargs) -> tuple:
-        bound = self._signature.bind(*args, **kwargs)
+        bound = self.signature.bind(*args, **kwargs)
         bound.apply_defaults()
-        return tuple((k, _param_key(v)) for k, v in bound.arguments.items())
+        return tuple((k, param_key(v)) for k, v in bound.arguments.items())
 
     def _fingerprint(self) -> str:
-        """The factory's source files, and those of user code it refers to, hashed (cached per process).
-
-        Installed packages (TileLang, torch, tlx itself) are covered by the versions in the
-        cache key, so only files outside site-packages are read.
-        """
+        """The factory's program: its code and everything it reaches (``tlx.fingerprint``), once per process."""
         if self._source_hash is None:
-            import hashlib
-            import sys
-            import types
+            from tlx.fingerprint import program_fingerprint
 
-            files = {inspect.getsourcefile(self.factory)}
-            for name in self.factory.__code__.co_names:
-                obj = self.factory.__globals__.get(name)
-                if isinstance(obj, (types.FunctionType, type, types.ModuleType, JITFunction)):
-                    try:
-                        files.add(inspect.getsourcefile(getattr(obj, "factory", obj)))
-                    except TypeError:
-                        pass
-            prefixes = tuple(p for p in sys.path if "site-packages" in p or "dist-packages" in p)
-            h = hashlib.sha256()
-            for f in sorted(f for f in files if f and not f.startswith(prefixes)):
-                h.update(os.path.basename(f).encode())  # not the directory: a checkout elsewhere hits the same entry
-                with open(f, "rb") as fh:
-                    h.update(fh.read())
-            self._source_hash = f"{self.factory.__module__}.{self.factory.__qualname__}:{h.hexdigest()}"
+            self._source_hash = f"{self.factory.__module__}.{self.factory.__qualname__}:{program_fingerprint(self.factory)}"
         return self._source_hash
 
-    def get_tir(self, *args, **kwargs):
-        """The ``@T.prim_func`` the factory builds for these parameters."""
-        return self.factory(*args, **kwargs)
+    def _options_for(self, prim_func) -> Options:
+        return _program_options(self.options, prim_func, self.pass_configs or {})
+
+    def compile(self, *args, **kwargs):
+        """Build (or load from the disk cache) the kernel for these arguments; like
+        ``tilelang.jit(...).compile`` but returns a :class:`tlx.kernel.Kernel`.
+
+        A lazy factory with plain arguments is keyed by its fingerprint and arguments, so a hit
+        in a fresh process never builds the TIR; otherwise (eager style, tensors among the
+        arguments, pass configs set by an autotuner) the key is the TIR text itself.
+        """
+        from tlx.compiler import compile_kernel
+
+        self.initialize_jit_mode(*args, **kwargs)
+        options = self.options if (self.pass_configs or None) == (self.options.pass_config_dict() or None) else None
+        if self.mode == "lazy" and options is not None and not self.debug_root_path and all(_keyable(v) for v in (*args, *kwargs.values())):
+            program_key = self._fingerprint() + repr(self._key(args, kwargs))
+            return compile_kernel(lambda: self._tir_and_options(args, kwargs), options, name=self.factory.__name__, program_key=program_key)
+        prim_func, options = self._tir_and_options(args, kwargs)
+        kernel = compile_kernel(prim_func, options, name=self.factory.__name__)
+        kernel.prim_func = prim_func
+        if self.debug_root_path:
+            os.makedirs(self.debug_root_path, exist_ok=True)
+            with open(os.path.join(self.debug_root_path, f"tilelang_jit_kernel_{self.factory.__name__}.c"), "w") as f:
+                f.write(kernel.get_kernel_source())
+            with open(os.path.join(self.debug_root_path, f"tilelang_jit_program_{self.factory.__name__}.py"), "w") as f:
+                f.write(prim_func.script())
+        return kernel
+
+    def par_compile(self, configs, num_workers: int | None = None, ignore_error: bool = False) -> list:
+        """Compile each configuration (a dict of keyword arguments or a tuple of positional ones),
+        like ``tilelang.jit(...).par_compile``. One at a time: tlx's analyses share one Z3
+        context, which is not thread-safe (``num_workers`` is accepted for compatibility).
+        With ``ignore_error`` a failed configuration gives ``None`` and a warning."""
+        import warnings
+
+        kernels = []
+        for cfg in configs:
+            if not isinstance(cfg, (tuple, dict)):
+                raise ValueError(f"par_compile: expected a tuple or dict per configuration, got {type(cfg).__name__}")
+            try:
+                kernels.append(self.compile(*cfg) if isinstance(cfg, tuple) else self.compile(**cfg))
+            except Exception as e:
+                if not ignore_error:
+                    raise
+                warnings.warn(f"{self.factory.__name__}: configuration {cfg!r} failed: {e}", RuntimeWarning, stacklevel=2)
+                kernels.append(None)
+        return kernels
+
+    def _tir_and_options(self, args, kwargs):
+        prim_func = self.get_tir(*args, **kwargs)
+        return prim_func, self._options_for(prim_func)
 
     def __call__(self, *args, **kwargs):
-        # Hot path: a repeat call with plain values (ints, strings, ...) is one dict lookup, no
-        # signature binding; other arguments (symbolic dims, lists) take the general path.
+        # Hot path: a repeat lazy call with plain values (ints, strings, ...) is one dict lookup,
+        # no signature binding; other arguments (symbolic dims, lists) take the general path.
         call = (args, tuple(sorted(kwargs.items()))) if kwargs else (args, ())
         plain = all(type(v) in _PLAIN for v in args) and all(type(v) in _PLAIN for v in kwargs.values())
         kernel = self._by_call.get(call) if plain else None
         if kernel is not None:
             return kernel
+        if "__tune_params" in kwargs or "__return_compile_arguments" in kwargs or self.initialize_jit_mode(*args, **kwargs) == "eager":
+            return super().__call__(*args, **kwargs)  # TileLang's own call: parse tensors, compile, launch
         key = self._key(args, kwargs)
         kernel = self._kernels.get(key)
         if kernel is None:
-            from tlx.compiler import compile_kernel
-
-            kernel = compile_kernel(
-                lambda: self.get_tir(*args, **kwargs),
-                self.options,
-                name=self.factory.__name__,
-                program_key=self._fingerprint() + repr(key),
-            )
-            self._kernels[key] = kernel
+            kernel = self._kernels[key] = self.compile(*args, **kwargs)
         if plain:
             self._by_call[call] = kernel
         return kernel
 
 
+class _LazyFactory:
+    """The front end for a factory whose source TileLang cannot read (``python -c``, stdin,
+    ``exec`` without ``linecache``): it can only be lazy, calling the factory for its
+    ``@T.prim_func`` (itself defined where source exists)."""
+
+    tensor_args: dict = {}
+
+    def __init__(self, factory: Callable):
+        self.orig_func = factory
+
+    def __call__(self, *args, **kwargs):
+        return self.orig_func(*args, **kwargs)
+
+    def set_mode(self, mode: str) -> None:
+        if mode != "lazy":
+            raise ValueError(f"{self.orig_func.__qualname__}: the eager style needs the function's source, which Python cannot find")
+
+    def parse_args(self, *args, **kwargs):
+        return (args, tuple(sorted(kwargs.items()))), {}
+
+
+def _frontend(factory: Callable):
+    """TileLang's front end for ``factory`` (it reads the source to tell lazy from eager),
+    or the lazy-only stand-in where there is no source to read."""
+    from tilelang.language.eager import prim_func
+
+    try:
+        return prim_func(factory, eager_jit=True), "auto"
+    except (OSError, TypeError):
+        return _LazyFactory(factory), "lazy"
+
+
+def _program_options(options: Options, prim_func, pass_configs: dict) -> Options:
+    """One compile's options: the decorator's, with what the program itself declares
+    (``T.empty`` outputs, function-level pass configs and flags), merged as ``tilelang.compile``
+    does; ``pass_configs`` (the decorator's, or an autotuner's) win over the program's."""
+    import dataclasses
+
+    attrs = prim_func.attrs or {}
+    out_idx = options.out_idx
+    if "tilelang_out_idx" in attrs:
+        if out_idx:
+            raise ValueError("out_idx: the decorator names outputs and the program returns T.empty tensors; use one")
+        out_idx = tuple(int(i) for i in attrs["tilelang_out_idx"])
+    merged = {str(k): v for k, v in attrs["tilelang_pass_configs"].items()} if "tilelang_pass_configs" in attrs else {}
+    merged.update(pass_configs)
+    if "tilelang_compile_flags" in attrs:
+        merged = _with_compile_flags(merged, [str(f) for f in attrs["tilelang_compile_flags"]])
+    return dataclasses.replace(options, out_idx=out_idx, pass_configs=_freeze_configs(merged))
+
+
+def compile(func, out_idx=None, target=None, pass_configs: dict | None = None, compile_flags=None, **options: Any):
+    """``tilelang.compile`` through tlx: a ``PrimFunc`` in, a :class:`tlx.kernel.Kernel` out.
+    Takes ``tilelang.compile``'s arguments (``execution_backend``, ``target_host`` and
+    ``verbose`` are ignored, as by :func:`jit`) and tlx's options."""
+    from tlx.compiler import compile_kernel
+
+    opts = _jit_options(dict(options, out_idx=out_idx, target=target, pass_configs=pass_configs), compile_flags)
+    return compile_kernel(func, _program_options(opts, func, opts.pass_config_dict()))
+
+
+def _keyable(v) -> bool:
+    """An argument that ``param_key`` identifies by value (not a tensor or other object)."""
+    if isinstance(v, (list, tuple)):
+        return all(_keyable(x) for x in v)
+    if isinstance(v, dict):
+        return all(_keyable(x) for x in v.values())
+    key = param_key(v)
+    return not isinstance(key, str) or isinstance(v, str)
+
+
+def _freeze_configs(pass_configs: dict) -> tuple:
+    return tuple(sorted((k, freeze(v)) for k, v in pass_configs.items()))
+
+
 _PLAIN = (int, float, str, bool, type(None))
 
 
-def _param_key(v):
+def param_key(v):
     """A hashable, printable stand-in for one factory argument (symbolic dims by name)."""
     try:
         from tilelang import tvm
@@ -104,21 +235,55 @@ def _param_key(v):
     except Exception:
         pass
     if isinstance(v, (list, tuple)):
-        return tuple(_param_key(x) for x in v)
+        return tuple(param_key(x) for x in v)
     if isinstance(v, dict):
-        return tuple(sorted((k, _param_key(x)) for k, x in v.items()))
+        return tuple(sorted((k, param_key(x)) for k, x in v.items()))
     return v if isinstance(v, (int, float, str, bool, type(None))) else repr(v)
 
 
-def jit(fn: Callable | None = None, **options: Any):
+# tilelang.jit options with no meaning for tlx: its own launcher replaces TileLang's execution
+# backends (and their host target), and it logs nothing extra. Accepted so code runs unchanged.
+_IGNORED_TILELANG_OPTIONS = ("execution_backend", "target_host", "verbose")
+
+
+def jit(fn: Callable | None = None, *, compile_flags: str | Sequence[str] | None = None, debug_root_path: str | None = None, **options: Any):
     """Decorate a TileLang kernel factory; accepts ``tilelang.jit``'s options plus tlx's.
 
+    TileLang's: ``out_idx``, ``target`` (a dict, ``"sm_90a"``, ``"cuda"``/``"auto"`` for the
+    current GPU), ``pass_configs``, ``compile_flags`` (appended to ``tl.device_compile_flags``
+    as TileLang does), ``debug_root_path`` (the CUDA source of each compile is written there);
+    ``execution_backend``, ``target_host`` and ``verbose`` are accepted and ignored.
     tlx options: ``verify`` ("error" | "warn" | "off"), ``assume`` (conditions on shape
     variables, e.g. ``"M % 128 == 0"``), ``numerics`` ("default" | "strict"),
     ``eliminate_guards``, ``allow_approx`` (approximate intrinsics allowed in strict mode),
     ``pin`` (a pin file re-applied at compile time).
     """
-    opts = Options.make(**options)
-    if fn is None:
-        return lambda f: JITFunction(f, opts)
-    return JITFunction(fn, opts)
+    opts = _jit_options(options, compile_flags)
+
+    def decorate(f: Callable) -> JITFunction:
+        jf = JITFunction(f, opts)
+        jf.debug_root_path = debug_root_path
+        return jf
+
+    return decorate if fn is None else decorate(fn)
+
+
+def _jit_options(options: dict, compile_flags) -> Options:
+    """``Options`` from ``tilelang.jit``/``tilelang.compile`` keywords plus tlx's."""
+    options = {k: v for k, v in options.items() if k not in _IGNORED_TILELANG_OPTIONS}
+    if options.get("target") in ("auto", "cuda"):
+        options["target"] = None
+    pass_configs = {str(getattr(k, "value", k)): v for k, v in (options.pop("pass_configs", None) or {}).items()}
+    if compile_flags:
+        pass_configs = _with_compile_flags(pass_configs, compile_flags)
+    return Options.make(pass_configs=pass_configs, **options)
+
+
+def _with_compile_flags(pass_configs: dict, compile_flags) -> dict:
+    """``compile_flags`` appended to ``tl.device_compile_flags``, as ``tilelang.jit`` does."""
+    from tlx.numerics.modes import DEVICE_FLAGS_CONFIG
+
+    current = pass_configs.get(DEVICE_FLAGS_CONFIG) or []
+    current = [current] if isinstance(current, str) else list(current)
+    added = [compile_flags] if isinstance(compile_flags, str) else list(compile_flags)
+    return {**pass_configs, DEVICE_FLAGS_CONFIG: [*current, *added]}

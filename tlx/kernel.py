@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 __all__ = ["Kernel", "output_extent", "torch_dtype"]
@@ -17,10 +18,11 @@ class Kernel:
     argument): the lowest-overhead way to call.
     """
 
-    def __init__(self, directory: Path, metadata: dict, launch):
+    def __init__(self, directory: Path, metadata: dict, launch, check_inputs=None):
         self.directory = directory
         self.metadata = metadata
         self.launch = launch
+        self._check_inputs = check_inputs  # the launcher's checks on the inputs alone (outputs None)
         self.name = metadata["name"]
         params = sorted(metadata["params"], key=lambda p: p["index"])
         self._num_params = len(params)
@@ -36,6 +38,7 @@ class Kernel:
             self._device_pos = next((pos for pos, i in enumerate(self._inputs) if kinds[i] == "tensor"), 0)
             self._out_specs = [(p["index"], p["name"], [output_extent(d, self.name, p["name"]) for d in p["shape"]], torch_dtype(p["dtype"]))
                                for p in self._outputs]  # fmt: skip
+            self._widest_output = max(dtype.itemsize for *_, dtype in self._out_specs)  # a bound on the bytes to allocate
             self._call = self._call_allocating
         else:
             self._call = launch
@@ -47,7 +50,8 @@ class Kernel:
 
         metadata = json.loads((directory / "metadata.json").read_text())
         module = tvm_ffi.load_module(str(directory / "launcher.so"))
-        return cls(directory, metadata, module[metadata["entry"]])
+        check = metadata.get("check_inputs_entry")
+        return cls(directory, metadata, module[metadata["entry"]], module[check] if check else None)
 
     def __call__(self, *args):
         return self._call(*args)
@@ -67,9 +71,12 @@ class Kernel:
         except (AttributeError, IndexError):
             self.launch(*full)  # an input is not a tensor: the launcher names it (outputs are still None)
             raise TypeError(f"{self.name}: the inputs do not determine the output shapes") from None
+        shapes = [[extent(env) for extent in extents] for _, _, extents, _ in self._out_specs]
+        if self._check_inputs is not None and sum(map(math.prod, shapes)) * self._widest_output >= _CHECK_FIRST_BYTES:
+            self._check_inputs(*full)  # a large allocation only for inputs the launcher accepts
         outs = []
-        for index, _, extents, dtype in self._out_specs:
-            t = torch.empty([extent(env) for extent in extents], dtype=dtype, device=device)
+        for (index, _, _, dtype), shape in zip(self._out_specs, shapes):
+            t = torch.empty(shape, dtype=dtype, device=device)
             full[index] = t
             outs.append(t)
         self.launch(*full)
@@ -115,8 +122,119 @@ class Kernel:
     def host_source(self) -> str:
         return (self.directory / "launcher.cc").read_text()
 
+    # ---- TileLang's JITKernel surface, backed by tlx's artifacts ------------------------
+    execution_backend = "tlx"
+    prim_func = None  # set when the kernel was built in this process (a cache hit builds no TIR)
+    latency = config = ref_latency = None  # set by an autotuner through update_tuner_result
+
+    @property
+    def kernel_source(self) -> str:
+        return self.device_source
+
+    def get_kernel_source(self, kernel_only: bool = True) -> str:
+        """The CUDA source tlx compiled (it holds only the device code, so ``kernel_only`` changes nothing)."""
+        return self.device_source
+
+    def get_host_source(self) -> str:
+        """The generated C++ launcher."""
+        return self.host_source
+
+    @property
+    def out_idx(self) -> list[int]:
+        return [p["index"] for p in self._outputs]
+
+    @property
+    def params(self) -> list:
+        """Each parameter as a TileLang ``KernelParam`` (dtype, shape with symbolic dims as
+        ``tir.Var``), what TileLang's profiler and autotuner read to make inputs."""
+        if getattr(self, "_kernel_params", None) is None:
+            self._kernel_params = _kernel_params(self.metadata["params"])
+        return self._kernel_params
+
+    def get_profiler(self, tensor_supply_type=None):
+        """A TileLang ``Profiler`` over this kernel (``assert_allclose``, ``do_bench``, ``run_once``)."""
+        from tilelang.profiler import Profiler
+        from tilelang.utils.tensor import TensorSupplyType
+
+        supply = TensorSupplyType.Auto if tensor_supply_type is None else tensor_supply_type
+        return Profiler(self.params, self.out_idx, supply).with_default_adapter(self)
+
+    def run_once(self, func=None):
+        return self.get_profiler().run_once(func)
+
+    def show_source(self, which: str = "kernel") -> None:
+        print(self._sources(which))
+
+    def print_source_code(self, which: str = "kernel", file: str | None = None) -> None:
+        if file is None:
+            self.show_source(which)
+        else:
+            Path(file).write_text(self._sources(which))
+
+    def export_sources(self, kernel_path: str | None = None, host_path: str | None = None) -> None:
+        if kernel_path:
+            Path(kernel_path).write_text(self.device_source)
+        if host_path:
+            Path(host_path).write_text(self.host_source)
+
+    def _sources(self, which: str) -> str:
+        parts = {"kernel": [self.device_source], "host": [self.host_source], "both": [self.device_source, self.host_source]}
+        if which not in parts:
+            raise ValueError(f"which: expected 'kernel', 'host' or 'both', got {which!r}")
+        return "\n".join(parts[which])
+
+    def update_tuner_result(self, latency: float, config: dict, ref_latency: float) -> Kernel:
+        self.latency, self.config, self.ref_latency = latency, config, ref_latency
+        return self
+
+    def get_tuner_result(self) -> dict:
+        if self.latency is None:
+            raise ValueError(f"{self.name}: no tuning result (the kernel was not tuned)")
+        return {"latency": self.latency, "config": self.config, "ref_latency": self.ref_latency}
+
     def __repr__(self) -> str:
         return f"<tlx.Kernel {self.name} ({self.directory.name})>"
+
+
+# Outputs at least this large are allocated only after the launcher has checked the inputs
+# (``check_inputs``): an invalid call (a huge stride-0 input, say) then raises the launcher's
+# ValueError instead of asking for terabytes. Smaller ones are allocated first, saving that
+# call, and the launch refuses the same inputs before anything runs.
+_CHECK_FIRST_BYTES = 1 << 26
+
+
+def _kernel_params(params: list[dict]) -> list:
+    """TileLang ``KernelParam``s from the launcher metadata: extents are integers, symbolic
+    dims (one ``tir.Var`` per name, shared across tensors) or expressions of them."""
+    from tilelang import tvm
+    from tilelang.engine.param import KernelParam
+
+    dims: dict = {}
+
+    def var(name):
+        return dims.setdefault(name, tvm.tirx.Var(name, "int32"))
+
+    out = []
+    for p in sorted(params, key=lambda p: p["index"]):
+        dtype = tvm.DataType(p["dtype"])
+        if p["kind"] != "tensor":
+            out.append(KernelParam(dtype, []))
+            continue
+        shape = []
+        for text in p["shape"]:
+            if text.lstrip("-").isdigit():
+                shape.append(int(text))
+            else:
+                import ast
+
+                try:
+                    tree = ast.parse(text, mode="eval").body
+                    names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+                    shape.append(_eval_ast(tree, {n: var(n) for n in names}))
+                except (SyntaxError, ValueError, TypeError):
+                    shape.append(var(text))  # an extent the profiler can only treat as symbolic
+        out.append(KernelParam(dtype, shape))
+    return out
 
 
 def output_extent(text: str, kernel: str, output: str):

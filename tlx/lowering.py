@@ -45,6 +45,10 @@ def normalize_target(target) -> dict:
         major, minor = torch.cuda.get_device_capability()
         suffix = "a" if major >= 9 else ""
         return {"kind": "cuda", "arch": f"sm_{major}{minor}{suffix}"}
+    if isinstance(target, str) and target in ("auto", "cuda"):
+        return normalize_target(None)
+    if type(target).__name__ == "Target" and str(getattr(target.kind, "name", "")) == "cuda" and "arch" in target.attrs:
+        return {"kind": "cuda", "arch": str(target.attrs["arch"])}
     if isinstance(target, str):
         if target.startswith("sm_"):
             return {"kind": "cuda", "arch": target}

@@ -12,7 +12,7 @@ from typing import Any
 
 from tlx.numerics.modes import NUMERICS_MODES
 
-__all__ = ["Options", "VERIFY_MODES"]
+__all__ = ["Options", "VERIFY_MODES", "freeze"]
 
 VERIFY_MODES = ("error", "warn", "off")
 
@@ -59,15 +59,15 @@ class Options:
             out = tuple(int(i) for i in out_idx)
         return Options(
             out_idx=out,
-            target=_freeze(target),
-            pass_configs=tuple(sorted((k, _freeze(v)) for k, v in (pass_configs or {}).items())),
+            target=freeze(target),
+            pass_configs=tuple(sorted((k, freeze(v)) for k, v in (pass_configs or {}).items())),
             verify=verify,
             assume=tuple(assume),
             numerics=numerics,
             eliminate_guards=bool(eliminate_guards),
             allow_approx=tuple(allow_approx),
             pin=pin,
-            extra=tuple(sorted((k, _freeze(v)) for k, v in extra.items())),
+            extra=tuple(sorted((k, freeze(v)) for k, v in extra.items())),
         )
 
     def replace(self, **changes: Any) -> Options:
@@ -84,11 +84,12 @@ class Options:
         return {k: _thaw(v) for k, v in self.pass_configs}
 
 
-def _freeze(v):
+def freeze(v):
+    """A hashable form of an option value (dicts and lists become sorted tuples)."""
     if isinstance(v, dict):
-        return tuple(sorted((k, _freeze(x)) for k, x in v.items()))
+        return tuple(sorted((k, freeze(x)) for k, x in v.items()))
     if isinstance(v, list):
-        return tuple(_freeze(x) for x in v)
+        return tuple(freeze(x) for x in v)
     return v
 
 

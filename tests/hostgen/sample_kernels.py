@@ -93,3 +93,17 @@ def staged(N, stage_bytes=1024, stages=2):
             T.copy(S[stages - 1, :], B[bx, :])
 
     return main
+
+
+@tlx.jit(target=SM90)
+def scaled_rows(M, block=32):
+    """Scalars of both kinds and a grid whose y extent grows with a dynamic M."""
+
+    @T.prim_func
+    def main(A: T.Tensor((M,), "float32"), B: T.Tensor((M,), "float32"), bias: T.int32, scale: T.float32):
+        with T.Kernel(1, T.ceildiv(M, block), threads=block) as (bx, by):
+            for i in T.Parallel(block):
+                if by * block + i < M:
+                    B[by * block + i] = A[by * block + i] * scale + T.Cast("float32", bias)
+
+    return main

@@ -90,7 +90,7 @@ def test_metadata_describes_params_and_launches(add):
     assert md["symbolic_dims"] == {"M": {"tensor": "A", "dim": 0}}
     assert md["params"][2]["output"] and not md["params"][0]["output"]
     assert md["launches"][0]["block"][0] == "128"
-    assert "--fmad=true" in md["nvcc_command"]
+    assert md["nvcc_command"][:5] == ["nvcc", "--cubin", "-O3", "-lineinfo", "-arch=sm_90a"]
 
 
 @pytest.mark.parametrize(
@@ -213,3 +213,55 @@ def test_repeat_call_with_plain_arguments_is_a_dict_lookup(cache):
         sk.axpy(4096, block=128)
     per_call = (time.perf_counter() - t0) / 1000
     assert per_call < 20e-6, f"jit lookup took {per_call * 1e6:.1f} us"
+
+
+@pytest.fixture(scope="module")
+def rows(cache):
+    return sk.scaled_rows(T.dynamic("M"))
+
+
+def test_scalars_are_checked_as_strictly_as_tensors(rows):
+    x = torch.zeros(64)
+    with pytest.raises(TypeError, match=r"scaled_rows: argument bias \(#2\) expected int32, got bool"):
+        rows.launch(x, x, True, 1.0)
+    with pytest.raises(ValueError, match=r"scaled_rows: argument scale expected a finite float32 .* got 1e\+300"):
+        rows.launch(x, x, 1, 1e300)
+    for fine in (float("inf"), float("nan"), -3.4e38, 7):  # representable in float32: reaches the device check
+        with pytest.raises(ValueError, match="CUDA tensor"):
+            rows.launch(x, x, 1, fine)
+
+
+def test_grid_past_the_cuda_limit_names_axis_expression_and_shape(rows):
+    m = 65535 * 32 + 1  # grid.y = ceildiv(M, 32) = 65536
+    x = torch.zeros(m)
+    with pytest.raises(ValueError, match=r"scaled_rows: grid.y = .* = 65536 exceeds the CUDA limit of 65535 \(M = 2097121\)"):
+        rows.launch(x, x, 0, 1.0)
+    with pytest.raises(ValueError, match="CUDA tensor"):  # one row fewer: within the limit
+        rows.launch(torch.zeros(m - 1), torch.zeros(m - 1), 0, 1.0)
+
+
+def test_empty_problem_is_a_documented_no_op(rows, gemm):
+    for kernel in (rows, gemm):
+        assert "empty problem: a no-op" in kernel.host_source
+        src = kernel.host_source
+        assert src.index("empty problem") < src.index("g_module.enter")  # before any encoding or launch
+
+
+@pytest.mark.gpu
+def test_empty_problem_launches_nothing_on_the_gpu(rows, gemm):
+    empty = torch.empty(0, device="cuda")
+    rows.launch(empty, empty, 0, 1.0)  # no error, nothing launched
+    a = torch.randn(0, 1024, dtype=torch.float16, device="cuda")
+    b = torch.randn(1024, 1024, dtype=torch.float16, device="cuda")
+    assert gemm(a, b).shape == (0, 1024)  # TMA kernel: no descriptor encoded for the empty A
+    torch.cuda.synchronize()
+
+
+def test_the_allocating_call_checks_inputs_before_a_large_allocation(add):
+    assert "int check_inputs(" in add.host_source and add.metadata["check_inputs_entry"] == "check_inputs"
+    huge = torch.zeros(1, 1024).expand(1 << 30, 1024)  # stride 0: a 4 TiB output if sized first
+    with pytest.raises(ValueError, match=r"add: argument A.stride\(0\) expected 1024"):
+        add(huge, huge)
+    with pytest.raises(ValueError, match=r"add: argument B.shape\[1\] expected 1024, got 1000"):
+        add._check_inputs(torch.zeros(4, 1024), torch.zeros(4, 1000), None)
+    add._check_inputs(torch.zeros(4, 1024), torch.zeros(4, 1024), None)  # inputs alone pass: devices are the launch's concern

@@ -2,10 +2,13 @@
 
 The launcher is one exported TVM-FFI C-ABI function. It checks, in this order: the
 argument count; per tensor the type, dtype, ndim, shape (constants and one consistent
-binding per symbolic dimension), strides; scalar types and ranges; the kernel's shape
-preconditions; then device placement and data-pointer alignment; and finally encodes TMA
-descriptors (cached) and launches on the caller's stream. Every failure raises a Python
-exception naming the kernel, the argument, the expected and the actual value.
+binding per symbolic dimension), strides; scalar types and ranges (a bool is no int, a finite
+float past float32's range is no float32); the kernel's shape preconditions; every grid
+dimension computable from shapes and scalars against CUDA's limits; then device placement and
+data-pointer alignment; and finally encodes TMA descriptors (cached) and launches on the
+caller's stream. Every failure raises a Python exception naming the kernel, the argument, the
+expected and the actual value. A call in which a tensor argument has no elements is a no-op
+(nothing is encoded or launched).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from tvm import tirx
 from tlx.hostgen.cexpr import c_name, cexpr, pyexpr
 from tlx.hostgen.plan import HostgenError, LaunchPlan, Step, TensorArg, free_vars, walk_steps
 
-__all__ = ["EXPORT_NAME", "emit_launcher"]
+__all__ = ["CHECK_INPUTS_NAME", "EXPORT_NAME", "emit_launcher"]
 
 _SCALAR_RANGES = {
     "int8": (-(2**7), 2**7 - 1),
@@ -27,6 +30,9 @@ _SCALAR_RANGES = {
     "uint32": (0, 2**32 - 1),
     "bool": (0, 1),
 }
+_FLOAT_MAX = {"float32": "3.4028234663852886e38", "float64": "1.7976931348623157e308"}
+# CUDA's grid limits per axis (compute capability >= 3.0).
+_GRID_LIMITS = (("x", 2**31 - 1), ("y", 65535), ("z", 65535))
 _C_TYPES = {
     "int8": "int8_t",
     "int16": "int16_t",
@@ -44,6 +50,7 @@ _C_TYPES = {
 
 # The TVM-FFI function every launcher library exports (one kernel per library).
 EXPORT_NAME = "launch"
+CHECK_INPUTS_NAME = "check_inputs"  # the inputs-only checks (see _check_inputs_function)
 
 
 def _dims(shape) -> str:
@@ -64,12 +71,15 @@ def _cstr(s: str) -> str:
 
 
 class _Emitter:
-    def __init__(self, plan: LaunchPlan, cubin_path: str, cubin_symbol: str):
+    def __init__(self, plan: LaunchPlan, cubin_path: str, cubin_symbol: str, inputs_only: bool = False):
         self.plan = plan
+        # The tensors whose checks this function emits: every one, or the inputs alone (check_inputs)
+        self.checked = [t for t in plan.tensors if not (inputs_only and t.is_output)]
         self.cubin_path = cubin_path
         self.sym = cubin_symbol
         self.lines: list[str] = []
         self.known: set[str] = set()
+        self.checked_grid: set[tuple[str, str]] = set()  # (axis, expression) checked up front
         self.renamed: dict = {}  # host variable -> its C name, where its readable name was taken
         self.kernel_index = {k: i for i, k in enumerate(plan.kernels)}
 
@@ -125,7 +135,7 @@ class _Emitter:
 
     def tensors(self) -> None:
         p = self.plan
-        for t in p.tensors:
+        for t in self.checked:
             n = _cstr(t.name)
             self.out(f"// {t.name}: {t.dtype}[{_dims(t.shape)}]")
             self.out(f"const DLTensor* t_{t.name} = tlx::tensor_arg(kKernel, args, {t.index}, {n});")
@@ -134,7 +144,7 @@ class _Emitter:
         for name, (var, tensor, dim) in p.shape_vars.items():
             self.out(f"const int64_t {c_name(var)} = tlx::bind_dim(kKernel, {_cstr(tensor)}, t_{tensor}, {dim}, {_cstr(name)});")
             self.known.add(c_name(var))
-        for t in p.tensors:
+        for t in self.checked:
             for d, s in enumerate(t.shape):
                 if isinstance(s, tirx.Var) and p.shape_vars[s.name][1:] == (t.name, d):
                     continue
@@ -146,7 +156,7 @@ class _Emitter:
                 else:
                     what = str(s)
                 self.out(f"tlx::check_dim(kKernel, {_cstr(t.name)}, t_{t.name}, {d}, {self.expr(s)}, {_cstr(what)});")
-        for t in p.tensors:
+        for t in self.checked:
             for d, s in enumerate(t.strides):
                 self.out(f"tlx::check_stride(kKernel, {_cstr(t.name)}, t_{t.name}, {d}, {self.expr(s)});")
 
@@ -157,8 +167,8 @@ class _Emitter:
                 lo, hi = _SCALAR_RANGES[s.dtype]
                 lo_c = "INT64_MIN" if lo == -(2**63) else f"int64_t({lo})"
                 self.out(f"const int64_t {c_name(s.var)} = tlx::int_arg(kKernel, args, {s.index}, {n}, {lo_c}, int64_t({hi}), {_cstr(s.dtype)});")
-            elif s.dtype in ("float32", "float64"):
-                self.out(f"const double {c_name(s.var)} = tlx::float_arg(kKernel, args, {s.index}, {n}, {_cstr(s.dtype)});")
+            elif s.dtype in _FLOAT_MAX:
+                self.out(f"const double {c_name(s.var)} = tlx::float_arg(kKernel, args, {s.index}, {n}, {_cstr(s.dtype)}, {_FLOAT_MAX[s.dtype]});")
             else:
                 raise HostgenError(f"{self.plan.name}: scalar argument {s.name} has unsupported dtype {s.dtype}")
             self.known.add(c_name(s.var))
@@ -175,6 +185,41 @@ class _Emitter:
             )
             self.out("}")
 
+    def grid_limits(self) -> None:
+        """Check, before anything touches the GPU, every grid dimension computable from the
+        shape variables and scalars alone; a constant one past the limit fails the compile.
+        (A dimension that depends on host let-bindings is checked just before its launch.)"""
+        seen = set()
+        for s in walk_steps(self.plan.steps):
+            if s.kind != "launch":
+                continue
+            for (axis, limit), g in zip(_GRID_LIMITS, s.launch.grid):
+                if isinstance(g, (int, tirx.IntImm)):
+                    if int(g) > limit:
+                        raise HostgenError(f"{self.plan.name}: kernel {s.launch.kernel} has grid.{axis} = {int(g)}, past the CUDA limit {limit}")
+                    continue
+                if all(c_name(v) in self.known for v in free_vars(g)) and (axis, str(g)) not in seen:
+                    seen.add((axis, str(g)))
+                    self.grid_check(axis, limit, g, 1)
+                    self.checked_grid.add((axis, str(g)))
+
+    def grid_check(self, axis: str, limit: int, g, indent: int) -> None:
+        values = " + \", \" + ".join(f'"{v.name} = " + std::to_string({self.expr(v)})' for v in _unique(free_vars(g))) or '""'
+        self.out(f"if (__builtin_expect(({self.expr(g)}) > {limit}, 0)) {{", indent)
+        self.out(f"tlx::grid_too_large(kKernel, {_cstr(axis)}, {self.expr(g)}, {limit}, {_cstr(str(g))}, {values});", indent + 1)
+        self.out("}", indent)
+
+    def empty_problem(self) -> None:
+        """A call in which a tensor argument has no elements launches nothing (documented
+        no-op): every argument has been checked (placement and alignment included), and nothing
+        is encoded or launched, so a
+        zero dynamic dimension behaves the same with or without TMA."""
+        tensors = self.plan.tensors
+        if not any(not isinstance(d, int) for t in tensors for d in t.shape):
+            return  # static shapes: an empty tensor was already refused by the shape checks
+        empty = " || ".join(f"tlx::num_elements(t_{t.name}) == 0" for t in tensors)
+        self.out(f"if (__builtin_expect({empty}, 0)) return 0;  // empty problem: a no-op")
+
     def placement(self) -> None:
         p = self.plan
         first = p.tensors[0].name if p.tensors else None
@@ -189,6 +234,7 @@ class _Emitter:
             if t.align > 1:
                 why = "the kernel's TMA copies" if t.align == 16 and _uses_tma(p, t) else f"the kernel's {t.align}-byte vector accesses"
                 self.out(f"tlx::check_align(kKernel, {_cstr(t.name)}, {c_name(t.data_var)}, {t.align}, {_cstr(why)});")
+        self.empty_problem()
         self.out("CUfunction const* fn = g_module.enter(kKernel, device_id);")
         self.out("CUstream stream = static_cast<CUstream>(TVMFFIEnvGetStream(kDLCUDA, device_id));")
 
@@ -248,6 +294,9 @@ class _Emitter:
         params = ", ".join(f"const_cast<void*>(static_cast<const void*>(&p{j}))" for j in range(len(lc.args)))
         self.out(f"void* params[] = {{{params}}};" if lc.args else "void** params = nullptr;", i)
         self.out(f"const int64_t g[3] = {{{', '.join(dims[:3])}}};", i)
+        for (axis, limit), g in zip(_GRID_LIMITS, lc.grid):
+            if not isinstance(g, (int, tirx.IntImm)) and (axis, str(g)) not in self.checked_grid:
+                self.grid_check(axis, limit, g, i)
         self.out("if (g[0] > 0 && g[1] > 0 && g[2] > 0) {", i)
         if not isinstance(lc.dyn_smem, tirx.IntImm):
             self.out(f"g_module.ensure_smem(kKernel, device_id, {k}, {smem});", i + 1)
@@ -265,24 +314,53 @@ class _Emitter:
 
     def footer(self) -> None:
         self.out("return 0;")
-        self.lines += [
-            "}",
-            "}  // namespace",
-            "",
-            f"// TVM-FFI C ABI entry: tvm_ffi.load_module(lib).{EXPORT_NAME}(...)",
-            f'extern "C" __attribute__((visibility("default"))) int __tvm_ffi_{EXPORT_NAME}(',
-            "    void*, const TVMFFIAny* args, int32_t num_args, TVMFFIAny* result) {",
-            "  try {",
-            "    result->type_index = kTVMFFINone;",
-            "    result->v_int64 = 0;",
-            "    return call(args, num_args);",
-            "  } catch (const tlx::Error& e) {",
-            "    TVMFFIErrorSetRaisedFromCStr(e.kind, e.message.c_str());",
-            "    return -1;",
-            "  }",
-            "}",
-            "",
-        ]
+        self.lines.append("}")
+        checks = _check_inputs_function(self.plan)
+        self.lines += checks
+        self.lines += ["}  // namespace", ""]
+        self.lines += _export(EXPORT_NAME, "call")
+        if checks:
+            self.lines += _export(CHECK_INPUTS_NAME, "check_inputs")
+
+
+def _export(name: str, function: str) -> list[str]:
+    """A TVM-FFI C-ABI entry point (``tvm_ffi.load_module(lib).NAME(...)``) around ``function``,
+    turning a ``tlx::Error`` into the Python exception it names."""
+    return [
+        f"// TVM-FFI C ABI entry: tvm_ffi.load_module(lib).{name}(...)",
+        f'extern "C" __attribute__((visibility("default"))) int __tvm_ffi_{name}(',
+        "    void*, const TVMFFIAny* args, int32_t num_args, TVMFFIAny* result) {",
+        "  try {",
+        "    result->type_index = kTVMFFINone;",
+        "    result->v_int64 = 0;",
+        f"    return {function}(args, num_args);",
+        "  } catch (const tlx::Error& e) {",
+        "    TVMFFIErrorSetRaisedFromCStr(e.kind, e.message.c_str());",
+        "    return -1;",
+        "  }",
+        "}",
+        "",
+    ]
+
+
+def _check_inputs_function(plan: LaunchPlan) -> list[str]:
+    """``check_inputs``: the launcher's checks of the inputs and scalars alone (outputs may be
+    None), so that a caller allocating the outputs checks first and allocates second. Emitted
+    only for kernels with outputs whose every shape variable is bound by an input."""
+    outputs = {t.name for t in plan.tensors if t.is_output}
+    if not outputs or any(tensor in outputs for _, tensor, _ in plan.shape_vars.values()):
+        return []
+    c = _Emitter(plan, "", "", inputs_only=True)
+    c.lines = ["", "// The checks of call() on the inputs and scalars alone: run before the outputs are allocated.",
+               "int check_inputs(const TVMFFIAny* args, int32_t num_args) {"]
+    c.out(f"tlx::check_num_args(kKernel, num_args, {plan.num_args}, kSignature);")
+    c.tensors()
+    c.scalars()
+    c.preconditions()
+    c.grid_limits()
+    c.out("return 0;")
+    c.lines.append("}")
+    return c.lines
 
 
 def _unique(vs):
@@ -305,6 +383,7 @@ def emit_launcher(plan: LaunchPlan, cubin_path: str, cubin_symbol: str = "tlx_cu
     e.tensors()
     e.scalars()
     e.preconditions()
+    e.grid_limits()
     e.placement()
     e.steps(plan.steps)
     e.footer()

@@ -238,6 +238,10 @@ def pin_kernel_file(prim_func, options, *, name: str, kernel_file: Path, output:
         "decisions": record(kernel, options.numerics),
     }
     path = Path(output) if output is not None else Path(kernel_file).parent / f"{name}.pin.json"
+    if path.is_file():  # keep the configurations tlx.autotune recorded in the same file
+        previous = json.loads(path.read_text())
+        if isinstance(previous, dict) and "autotune" in previous:
+            data["autotune"] = previous["autotune"]
     path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
     return path
 

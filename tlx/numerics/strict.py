@@ -13,7 +13,7 @@ built with the same flags.
 from __future__ import annotations
 
 from tlx.ir.tir import calls, device_functions, extern_name, op_name
-from tlx.numerics.modes import nvcc_flags
+from tlx.numerics.modes import FAST_MATH_CONFIG, nvcc_flags, strict_conflicts
 from tlx.passes import PassOptions, TlxError, exit_status
 
 __all__ = ["APPROX_EXTERNS", "APPROX_TL_OPS", "ApproximateIntrinsicError", "check_numerics", "find_approximate"]
@@ -40,7 +40,6 @@ APPROX_EXTERNS = frozenset(
     }
 )  # fmt: skip
 
-FAST_MATH_CONFIG = "tl.enable_fast_math"
 
 
 class ApproximateIntrinsicError(TlxError, ValueError):
@@ -97,14 +96,15 @@ def check_numerics(kernel, options: PassOptions) -> dict:
     flags = nvcc_flags(mode)
     allowed = _allow_set(options.allow_approx)
     hits = find_approximate(kernel.device_mod)
-    fast_math = bool((kernel.pass_configs or {}).get(FAST_MATH_CONFIG, False))
+    pass_configs = kernel.pass_configs or {}
+    fast_math = bool(pass_configs.get(FAST_MATH_CONFIG, False))
     violations = []
     if mode == "strict":
-        if fast_math:
-            violations.append(
-                f"numerics='strict': kernel {kernel.name!r} sets pass config {FAST_MATH_CONFIG}=True "
-                f"(nvcc --use_fast_math, which no allow-list can make exact); drop it or use numerics='default'"
-            )
+        violations += [
+            f"numerics='strict': kernel {kernel.name!r} sets pass config {conflict} "
+            f"(fast math, which no allow-list can make exact); drop it or use numerics='default'"
+            for conflict in strict_conflicts(pass_configs)
+        ]
         violations += [
             f"numerics='strict': kernel {kernel.name!r} calls approximate intrinsic {hit['intrinsic']} "
             f"(CUDA {hit['cuda']}, {hit['dtype']}) in device function {hit['function']!r}; use the exact "

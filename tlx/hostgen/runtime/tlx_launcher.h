@@ -130,6 +130,12 @@ inline void check_stride(const char* kernel, const char* name, const DLTensor* t
   }
 }
 
+inline int64_t num_elements(const DLTensor* t) {
+  int64_t n = 1;
+  for (int32_t i = 0; i < t->ndim; ++i) n *= t->shape[i];
+  return n;
+}
+
 inline void* data_ptr(const DLTensor* t) { return static_cast<char*>(t->data) + t->byte_offset; }
 
 inline void check_cuda_device(const char* kernel, const char* name, const DLTensor* t, int32_t device_id) {
@@ -152,9 +158,12 @@ inline void check_align(const char* kernel, const char* name, const void* p, uin
   }
 }
 
+// An integer scalar: a Python int in the type's range (a bool only for a bool parameter: True is
+// no int32 a caller means to pass).
 inline int64_t int_arg(const char* kernel, const TVMFFIAny* args, int i, const char* name, int64_t lo, int64_t hi, const char* type) {
   const TVMFFIAny& a = args[i];
-  if (__builtin_expect(a.type_index != kTVMFFIInt && a.type_index != kTVMFFIBool, 0)) {
+  const bool is_bool_param = std::strcmp(type, "bool") == 0;
+  if (__builtin_expect(a.type_index != kTVMFFIInt && !(a.type_index == kTVMFFIBool && is_bool_param), 0)) {
     raise("TypeError", std::string(kernel) + ": argument " + name + " (#" + std::to_string(i) + ") expected " + type + ", got " +
                            type_index_name(a.type_index));
   }
@@ -165,12 +174,35 @@ inline int64_t int_arg(const char* kernel, const TVMFFIAny* args, int i, const c
   return a.v_int64;
 }
 
-inline double float_arg(const char* kernel, const TVMFFIAny* args, int i, const char* name, const char* type) {
+// A floating-point scalar: a Python float or int. A finite value past the type's largest finite
+// value (1e300 for float32) is refused rather than rounded to infinity; inf and nan pass as such.
+inline double float_arg(const char* kernel, const TVMFFIAny* args, int i, const char* name, const char* type, double max_finite) {
   const TVMFFIAny& a = args[i];
-  if (__builtin_expect(a.type_index == kTVMFFIFloat, 1)) return a.v_float64;
-  if (a.type_index == kTVMFFIInt) return static_cast<double>(a.v_int64);
-  raise("TypeError", std::string(kernel) + ": argument " + name + " (#" + std::to_string(i) + ") expected " + type + ", got " +
-                         type_index_name(a.type_index));
+  double v;
+  if (__builtin_expect(a.type_index == kTVMFFIFloat, 1)) {
+    v = a.v_float64;
+  } else if (a.type_index == kTVMFFIInt) {
+    v = static_cast<double>(a.v_int64);
+  } else {
+    raise("TypeError", std::string(kernel) + ": argument " + name + " (#" + std::to_string(i) + ") expected " + type + ", got " +
+                           type_index_name(a.type_index));
+  }
+  if (__builtin_expect((v > max_finite || v < -max_finite) && v - v == 0.0, 0)) {  // finite and out of range
+    char got[40], max[40];
+    std::snprintf(got, sizeof got, "%.9g", v);
+    std::snprintf(max, sizeof max, "%.9g", max_finite);
+    raise("ValueError", std::string(kernel) + ": argument " + name + " expected a finite " + type + " (|value| <= " + max +
+                            ") or inf/nan, got " + got);
+  }
+  return v;
+}
+
+// A grid dimension past the CUDA limit (x: 2^31 - 1, y and z: 65535), named with the expression
+// it comes from and the values of its variables; the driver would only say "invalid argument".
+[[gnu::cold, gnu::noinline]] inline void grid_too_large(const char* kernel, const char* axis, int64_t value, int64_t limit,
+                                                        const char* expr, const std::string& values) {
+  raise("ValueError", std::string(kernel) + ": grid." + axis + " = " + expr + " = " + std::to_string(value) +
+                          " exceeds the CUDA limit of " + std::to_string(limit) + (values.empty() ? "" : " (" + values + ")"));
 }
 
 // Integer helpers with TVM's semantics (floor division rounds toward negative infinity).

@@ -1,0 +1,92 @@
+"""Cold compile time of one kernel through ``tlx.jit`` and through ``tilelang.compile(...,
+execution_backend="tvm_ffi")``, side by side on this machine (no GPU needed).
+
+    python3 bench/compile_time.py [--reps 3]
+
+The kernel is the project's pipelined GEMM (tests/tiled_gemm.py) with a dynamic M, for sm_90a
+(TMA and wgmma). Each compile runs in a fresh Python process with empty caches (a new
+``TLX_CACHE_DIR``; ``TILELANG_CACHE_DIR`` and TileLang's disabled cache), the two alternating;
+the figure is the compile call alone (imports excluded), median over the repetitions, with
+tlx's stage times from the build's metadata.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+_CHILD = {
+    "tlx": """
+import json, time
+import tilelang.language as T
+import tlx
+from tests.tiled_gemm import tiled_gemm
+jf = tlx.jit(out_idx=[-1], target={"kind": "cuda", "arch": "sm_90a"}, verify="off")(tiled_gemm)
+t0 = time.perf_counter()
+k = jf(T.dynamic("M"), 1024, 1024)
+print(json.dumps({"seconds": time.perf_counter() - t0, "stages": k.metadata["stage_seconds"]}))
+""",
+    "tlx+verify": """
+import json, time
+import tilelang.language as T
+import tlx
+from tests.tiled_gemm import tiled_gemm
+jf = tlx.jit(out_idx=[-1], target={"kind": "cuda", "arch": "sm_90a"})(tiled_gemm)
+t0 = time.perf_counter()
+k = jf(T.dynamic("M"), 1024, 1024)
+print(json.dumps({"seconds": time.perf_counter() - t0, "stages": k.metadata["stage_seconds"]}))
+""",
+    "tilelang": """
+import json, time
+import tilelang, tilelang.language as T
+from tests.tiled_gemm import tiled_gemm
+prim = tiled_gemm(T.dynamic("M"), 1024, 1024)
+t0 = time.perf_counter()
+k = tilelang.compile(prim, out_idx=[-1], target={"kind": "cuda", "arch": "sm_90a"}, execution_backend="tvm_ffi")
+print(json.dumps({"seconds": time.perf_counter() - t0}))
+""",
+}
+
+
+def run(arm: str) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        env = {**os.environ, "TLX_CACHE_DIR": f"{tmp}/tlx", "TILELANG_CACHE_DIR": f"{tmp}/tl", "TILELANG_DISABLE_CACHE": "1",
+               "PYTHONPATH": str(ROOT)}
+        out = subprocess.run([sys.executable, "-c", _CHILD[arm]], env=env, capture_output=True, text=True, cwd=ROOT, timeout=600)
+        if out.returncode != 0:
+            raise RuntimeError(f"{arm}: {out.stderr[-2000:]}")
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--arms", default="tilelang,tlx,tlx+verify")
+    args = parser.parse_args()
+    arms = args.arms.split(",")
+    results = {arm: [] for arm in arms}
+    for _ in range(args.reps):
+        for arm in arms:
+            results[arm].append(run(arm))
+    base = statistics.median(r["seconds"] for r in results["tilelang"]) if "tilelang" in results else None
+    for arm, runs in results.items():
+        med = statistics.median(r["seconds"] for r in runs)
+        ratio = f" ({med / base:.2f}x tilelang)" if base and arm != "tilelang" else ""
+        stages = ""
+        if "stages" in runs[0]:
+            names = runs[0]["stages"]
+            stages = "  stages: " + ", ".join(f"{s} {statistics.median(r['stages'][s] for r in runs):.2f}" for s in names)
+        each = ", ".join(f"{r['seconds']:.2f}" for r in runs)
+        print(f"{arm:11s} {med:.2f} s{ratio}  [{each}]{stages}")
+
+
+if __name__ == "__main__":
+    main()
