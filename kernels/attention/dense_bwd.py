@@ -67,7 +67,7 @@ def _valid(causal, row, col, len_q, len_k):
     return T.And(row < len_q, col < len_k)
 
 
-@tlx.jit(target=C.TARGET, assume=["1 <= HK", "HK <= H", "H % HK == 0", "1 <= k_tiles", "k_tiles * 64 <= TK + 63",
+@tlx.jit(target=C.TARGET, assume=["2 <= NB", "1 <= HK", "HK <= H", "H % HK == 0", "1 <= k_tiles", "k_tiles * 64 <= TK + 63",
                                    "TQ <= 1073741568", "TK <= 1073741568"])
 def bwd_dkdv_kernel(dim: int, causal: bool, scale_log2: float, softmax_scale: float, dtype: str = "bfloat16"):
     """dK, dV [TK, HK, D] (grid: k_tiles x HK x (NB - 1), k_tiles >= ceil(max len_k / 64))."""
@@ -142,7 +142,7 @@ def bwd_dkdv_kernel(dim: int, causal: bool, scale_log2: float, softmax_scale: fl
     return main
 
 
-@tlx.jit(target=C.TARGET, assume=["1 <= HK", "HK <= H", "H % HK == 0", "1 <= q_tiles", "q_tiles * 64 <= TQ + 63",
+@tlx.jit(target=C.TARGET, assume=["2 <= NB", "1 <= HK", "HK <= H", "H % HK == 0", "1 <= q_tiles", "q_tiles * 64 <= TQ + 63",
                                    "TQ <= 1073741568", "TK <= 1073741568"])
 def bwd_dq_kernel(dim: int, causal: bool, scale_log2: float, softmax_scale: float, dtype: str = "bfloat16"):
     """dQ [TQ, H, D] (grid: q_tiles x H x (NB - 1), q_tiles >= ceil(max len_q / 64))."""

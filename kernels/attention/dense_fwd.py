@@ -27,6 +27,13 @@ Fixed orders (the contract with ``dense_fwd.cu``, which must give the same bits)
 * ``O = O * alpha + P V``: P rounded to the input dtype (RNE), one wgmma chain
   m64n{d}k16 with P from registers, keys ascending in steps of 16, onto the rescaled O;
 * ``o = O / l`` (IEEE division) rounded to the input dtype; ``lse = (m_scaled + log2(l)) * ln 2``.
+
+Bounds: each sequence's offsets are clamped into ``[0, total]`` in the kernel (a no-op for the
+offsets the wrapper accepts), stores are guarded by the clamped length and TMA zero-fills rows
+past a tensor, so no offset values reach memory out of range. ``tlx check`` proves the accesses
+that do not depend on values read from ``cu_seqlens`` and leaves those that do "unknown" (the
+verifier does not bound values loaded from memory); ``2 <= NB`` in the assume list keeps its
+precondition search from settling on an empty grid.
 """
 
 import functools
@@ -62,23 +69,39 @@ def sequence_rows(cu, b, total):
     return start, T.min(T.max(cu[b + 1], start), total) - start
 
 
+def diagonal(len_q, len_k):
+    """``len_k - len_q`` in int64: query ``i`` sees keys ``j <= i + diagonal`` (causal)."""
+    return T.Cast("int64", len_k) - T.Cast("int64", len_q)
+
+
+def keys_seen(row0, rows: int, len_q, len_k, causal: bool):
+    """Keys the rows ``row0 .. row0 + rows - 1`` of a sequence can see, in ``[0, len_k]``; the
+    diagonal arithmetic runs in int64, so no int32 sum of offsets can overflow (what the bounds
+    proofs need, whatever the offsets hold)."""
+    if not causal:
+        return len_k
+    return T.Cast("int32", T.max(T.min(T.Cast("int64", len_k), T.Cast("int64", row0 + rows) + diagonal(len_q, len_k)), T.int64(0)))
+
+
 @T.macro
 def mask_block(acc_s, kb, row0, len_q, len_k, causal: bool, block_m: int, block_n: int):
     """-inf for the scores of key block ``kb`` past the sequence or right of the diagonal; only
-    blocks that cross the end or the diagonal are touched."""
+    blocks that cross the end or the diagonal are touched (diagonal offsets in int64, see
+    ``keys_seen``)."""
     last_col = (kb + 1) * block_n - 1
-    if last_col >= len_k or (causal and last_col > row0 + len_k - len_q):
+    if last_col >= len_k or (causal and T.Cast("int64", last_col) > T.Cast("int64", row0) + diagonal(len_q, len_k)):
         for i, j in T.Parallel(block_m, block_n):
             col = kb * block_n + j
             if causal:
-                acc_s[i, j] = T.if_then_else(col < len_k and col <= row0 + i + len_k - len_q, acc_s[i, j], C.neg_inf())
+                acc_s[i, j] = T.if_then_else(col < len_k and T.Cast("int64", col) <= T.Cast("int64", row0 + i) + diagonal(len_q, len_k),
+                                             acc_s[i, j], C.neg_inf())
             else:
                 acc_s[i, j] = T.if_then_else(col < len_k, acc_s[i, j], C.neg_inf())
 
 
-# Host-checked preconditions (the wrapper meets them): heads grouped evenly, a grid that covers
+# Host-checked preconditions (the wrapper meets them): at least one sequence, heads grouped evenly, a grid that covers
 # the longest sequence without running past the packed rows, row sums (TQ + TK) within int32.
-FWD_ASSUME = ["1 <= HK", "HK <= H", "H % HK == 0", "1 <= q_tiles", "q_tiles * 128 <= TQ + 127",
+FWD_ASSUME = ["2 <= NB", "1 <= HK", "HK <= H", "H % HK == 0", "1 <= q_tiles", "q_tiles * 128 <= TQ + 127",
               "TQ <= 1073741568", "TK <= 1073741568"]
 
 
@@ -118,8 +141,7 @@ def dense_fwd_kernel(dim: int, causal: bool, scale_log2: float, dtype: str = "bf
             k0, len_k = sequence_rows(cu_k, bz, total_k)
             row0 = bx * block_m
             # keys the tile's last row can see (bottom-right causal alignment)
-            seen = T.min(len_k, row0 + block_m + len_k - len_q) if causal else len_k
-            n_blocks = T.if_then_else(row0 < len_q, T.ceildiv(T.max(seen, 0), block_n), 0)
+            n_blocks = T.if_then_else(row0 < len_q, T.ceildiv(keys_seen(row0, block_m, len_q, len_k, causal), block_n), 0)
 
             # loaded only when waited for (TileLang waits inside the key loop): a TMA load still in
             # flight when the CTA exits could land in the next CTA's shared memory
@@ -196,8 +218,7 @@ def dense_fwd_overlap_kernel(dim: int, causal: bool, scale_log2: float, dtype: s
             q0, len_q = sequence_rows(cu_q, bz, total_q)
             k0, len_k = sequence_rows(cu_k, bz, total_k)
             row0 = bx * block_m
-            seen = T.min(len_k, row0 + block_m + len_k - len_q) if causal else len_k
-            n_blocks = T.if_then_else(row0 < len_q, T.ceildiv(T.max(seen, 0), block_n), 0)
+            n_blocks = T.if_then_else(row0 < len_q, T.ceildiv(keys_seen(row0, block_m, len_q, len_k, causal), block_n), 0)
             kvh = by // (heads // kv_heads)
             tx = T.get_thread_binding()
 
