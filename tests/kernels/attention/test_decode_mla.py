@@ -91,12 +91,16 @@ def check_close(o, lse, ref_o, ref_lse):
     torch.testing.assert_close(lse[fin], ref_lse[fin], rtol=1e-4, atol=1e-4)
 
 
+# (tokens, heads) of the GPU tests: few kernel variants, so a fresh machine compiles few
+SHAPES = [(1, 128), (2, 16)]
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("fp8", [False, True])
-@pytest.mark.parametrize("tokens", [1, 2])
-def test_reference_edge_lengths(fp8, tokens):
+@pytest.mark.parametrize("tokens, heads", SHAPES)
+def test_reference_edge_lengths(fp8, tokens, heads):
     seq_lens = [1, 63, 64, 65, 4001, 0, 200]
-    q, kv, table, sl, scales = make_case(seq_lens, tokens=tokens, fp8=fp8, seed=tokens)
+    q, kv, table, sl, scales = make_case(seq_lens, tokens=tokens, heads=heads, fp8=fp8, seed=tokens)
     table[6, :] = table[6, 0]  # every page of the sequence is one page
     o, lse = mla_decode(q, kv, table, sl, kv_scales=scales)
     ref_o, ref_lse = reference_mla_decode(q, kv, table, sl, kv_scales=scales)
@@ -108,15 +112,15 @@ def test_reference_edge_lengths(fp8, tokens):
 
 @pytest.mark.gpu
 def test_reference_long_sequence():
-    q, kv, table, sl, scales = make_case([131072], tokens=1, heads=16, seed=3)
+    q, kv, table, sl, scales = make_case([131072], tokens=2, heads=16, seed=3)
     o, lse = mla_decode(q, kv, table, sl)
     check_close(o, lse, *reference_mla_decode(q, kv, table, sl))
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("tokens", [1, 3])
-def test_fp8_equals_bf16_of_dequantized_cache(tokens):
-    q, kv, table, sl, scales = make_case([70, 1500, 3000], tokens=tokens, heads=64, fp8=True, seed=5)
+@pytest.mark.parametrize("tokens, heads", SHAPES)
+def test_fp8_equals_bf16_of_dequantized_cache(tokens, heads):
+    q, kv, table, sl, scales = make_case([70, 1500, 3000], tokens=tokens, heads=heads, fp8=True, seed=5)
     o8, l8 = mla_decode(q, kv, table, sl, kv_scales=scales)
     o16, l16 = mla_decode(q, dequant_cache(kv, scales), table, sl)
     assert torch.equal(o8.view(torch.int16), o16.view(torch.int16))
@@ -157,7 +161,7 @@ def test_batch_invariance(fp8):
 
 @pytest.mark.gpu
 def test_entry_past_cache_is_nan_not_read():
-    q, kv, table, sl, _ = make_case([200, 200, 100], tokens=1, heads=16, seed=9)
+    q, kv, table, sl, _ = make_case([200, 200, 100], tokens=2, heads=16, seed=9)
     table[0, 2] = kv.shape[0]  # one past the cache
     table[2, 3] = 1 << 30  # past the sequence's 2 pages: not read
     o, lse = mla_decode(q, kv, table, sl)
@@ -184,7 +188,7 @@ def test_slots_past_sequence_may_hold_nan(fp8):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("fp8", [False, True])
-@pytest.mark.parametrize("tokens, heads", [(1, 128), (2, 16), (3, 64)])
+@pytest.mark.parametrize("tokens, heads", SHAPES)
 def test_bitwise_equal_to_baseline(attention_baseline, fp8, tokens, heads):
     from kernels.attention.common import LOG2E
     from kernels.attention.decode_mla import _zeros
@@ -195,8 +199,8 @@ def test_bitwise_equal_to_baseline(attention_baseline, fp8, tokens, heads):
     table[1, 0] = kv.shape[0] + 3  # a bad entry: sequence 1 is NaN in both
     nan = torch.tensor(float("nan"), device="cuda").to(kv.dtype)
     kv[table[3, 1].long(), 1:] = nan  # slots past sequence 3
-    scale = 0.1
-    o, lse = mla_decode(q, kv, table, sl, softmax_scale=scale, kv_scales=scales)
+    scale = D_QK ** -0.5
+    o, lse = mla_decode(q, kv, table, sl, kv_scales=scales)
     bo = torch.full_like(o, float("nan"))
     blse = torch.full_like(lse, float("nan"))
     attention_baseline("decode_mla").mla_decode(q, kv, scales if fp8 else _zeros(q.device, (1, PAGE, D_QK // GROUP)),

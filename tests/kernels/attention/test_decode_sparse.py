@@ -55,14 +55,14 @@ def random_indices(seq_lens, tokens, topk, seed):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("fp8", [False, True])
-@pytest.mark.parametrize("tokens, topk", [(1, 2048), (2, 512)])
-def test_reference(fp8, tokens, topk):
+@pytest.mark.parametrize("tokens, heads, topk", [(1, 128, 2048), (2, 16, 512)])
+def test_reference(fp8, tokens, heads, topk):
     seq_lens = [1, 63, 65, 4001, 0, 3000]
-    q, kv, table, sl, scales = make_case(seq_lens, tokens=tokens, heads=64, fp8=fp8, seed=topk)
+    q, kv, table, sl, scales = make_case(seq_lens, tokens=tokens, heads=heads, fp8=fp8, seed=topk)
     idx = random_indices(seq_lens, tokens, topk, seed=1)
     idx[3, 0, :5] = idx[3, 0, 5]  # a repeated index counts once per slot
     idx[5, 0, 7] = 5000  # past the sequence: masked
-    sink = torch.randn(64, device="cuda")
+    sink = torch.randn(heads, device="cuda")
     o, lse = sparse_mla_decode(q, kv, table, sl, idx, sink=sink, kv_scales=scales)
     check_close(o, lse, *reference_sparse_mla_decode(q, kv, table, sl, idx, sink=sink, kv_scales=scales))
     assert torch.equal(lse[4], sink.expand_as(lse[4]))  # no keys: the sink alone
@@ -72,7 +72,7 @@ def test_reference(fp8, tokens, topk):
 @pytest.mark.gpu
 def test_all_keys_selected_equals_dense_reference():
     seq_lens = [300, 2048]
-    q, kv, table, sl, _ = make_case(seq_lens, tokens=1, heads=16, seed=2)
+    q, kv, table, sl, _ = make_case(seq_lens, tokens=1, heads=128, seed=2)
     idx = torch.full((2, 1, 2048), -1, dtype=torch.int32, device="cuda")
     idx[0, 0, :300] = torch.arange(300, dtype=torch.int32, device="cuda")
     idx[1, 0] = torch.arange(2048, dtype=torch.int32, device="cuda").flip(0)
@@ -85,7 +85,7 @@ def test_fp8_equals_bf16_and_batch_invariance():
     g = torch.Generator().manual_seed(4)
     lens = [int(x) for x in torch.randint(1, 6000, (64,), generator=g)]
     q, kv, table, sl, scales = make_case(lens, tokens=2, heads=16, fp8=True, seed=6)
-    idx = random_indices(lens, 2, 1024, seed=3)
+    idx = random_indices(lens, 2, 512, seed=3)
     sink = torch.randn(16, device="cuda")
     o8, l8 = sparse_mla_decode(q, kv, table, sl, idx, sink=sink, kv_scales=scales)
     o16, l16 = sparse_mla_decode(q, dequant_cache(kv, scales), table, sl, idx, sink=sink)
@@ -100,8 +100,8 @@ def test_fp8_equals_bf16_and_batch_invariance():
 
 @pytest.mark.gpu
 def test_entry_past_cache_is_nan():
-    q, kv, table, sl, _ = make_case([200, 200], tokens=1, heads=16, seed=8)
-    idx = random_indices([200, 200], 1, 512, seed=5)
+    q, kv, table, sl, _ = make_case([200, 200], tokens=2, heads=16, seed=8)
+    idx = random_indices([200, 200], 2, 512, seed=5)
     table[0, 1] = kv.shape[0]  # page of keys 64..127 of sequence 0
     idx[0, 0, 0] = 70
     o, lse = sparse_mla_decode(q, kv, table, sl, idx)
@@ -111,8 +111,8 @@ def test_entry_past_cache_is_nan():
 @pytest.mark.gpu
 def test_masked_slots_may_point_at_nan():
     """Masked slots (-1, past the sequence) whose would-be rows hold NaN change nothing."""
-    q, kv, table, sl, _ = make_case([100], tokens=1, heads=16, seed=13)
-    idx = random_indices([100], 1, 512, seed=6)
+    q, kv, table, sl, _ = make_case([100], tokens=2, heads=16, seed=13)
+    idx = random_indices([100], 2, 512, seed=6)
     idx[0, 0, 0] = 120  # past the sequence, in its last page
     clean = sparse_mla_decode(q, kv, table, sl, idx)
     dirty = kv.clone()
