@@ -10,7 +10,7 @@ from tilelang import tvm
 from tlx.ir.tir import device_functions
 from tlx.lowering import LoweredKernel
 from tlx.passes import Precondition
-from tlx.passes.assume import shape_vars
+from tlx.passes.assume import dimension_vars, shape_vars
 from tlx.passes.smt import DEFAULT_RLIMIT, Encoder, shape_setup
 from tlx.passes.verification import CheckedAccess, BoundsReport, verify_kernel
 
@@ -41,6 +41,17 @@ def _divisibility_candidates(variables: dict, names, consts):
             yield tir.EQ(tir.floormod(v, tir.IntImm(v.dtype, c)), tir.IntImm(v.dtype, 0)), f"{name} % {c} == 0"
 
 
+def _nonnegative(v, name: str):
+    return tir.GE(v, tir.IntImm(v.dtype, 0)), f"{name} >= 0"
+
+
+def _breaks_when_negative(kernel, assume, chosen, v, target, rlimit, hulls) -> bool:
+    """Some negative value of scalar ``v`` still breaks ``target`` under ``chosen``."""
+    rep, _ = verify_kernel(kernel, assume, [c for c, _ in chosen] + [tir.LT(v, tir.IntImm(v.dtype, 0))], rlimit,
+                           focus=target.key(), hulls=hulls)
+    return not _fixes(rep, target)
+
+
 def _upper_bound(kernel, assume, variables, name, chosen, target, rlimit, hulls):
     """``name <= B`` with B one below the least value of ``name`` that still breaks ``target``."""
     v = variables[name]
@@ -59,7 +70,8 @@ def _vars_in(access: CheckedAccess, variables: dict) -> list[str]:
 def derive_preconditions(kernel: LoweredKernel, report: BoundsReport, assume=(), rlimit: int = DEFAULT_RLIMIT, max_conditions: int = 8, source_map=None):
     """Weak conditions on shape variables, from a fixed candidate family, that prove failing accesses.
 
-    One failing access at a time (greedy; overflows first): the largest upper bound
+    One failing access at a time (greedy; overflows first): ``v >= 0`` for a scalar parameter
+    that is negative in its counterexample (only tensor dimensions are known to be >= 0), then the largest upper bound
     ``v <= B`` on a shape variable of its counterexample (int32 limits, static
     allocations indexed by a shape); for other refutations then ``v >= 1`` and
     ``v % c == 0`` for the kernel's constants, smallest ``c`` first. A
@@ -68,6 +80,7 @@ def derive_preconditions(kernel: LoweredKernel, report: BoundsReport, assume=(),
     Returns ``(preconditions, report under them)``; the report may still hold failures.
     """
     variables = shape_vars(kernel.prim_func)
+    dims = dimension_vars(kernel.prim_func)
     consts = _tile_constants(kernel)
     chosen: list[tuple[Any, str]] = []
     current = report
@@ -80,8 +93,18 @@ def derive_preconditions(kernel: LoweredKernel, report: BoundsReport, assume=(),
             break
         target = min(bad, key=lambda a: a.kind != "overflow")
         names = _vars_in(target, variables) or sorted(variables)
+        # A scalar parameter that is negative in the counterexample: its sign first (the launcher
+        # then checks it). It need not prove the access alone: the upper bound, if one is needed,
+        # comes with the next counterexample.
+        sign = next((cand for n in names if n not in dims and f"{n} >= 0" not in {c[1] for c in chosen}
+                     for cand in [_nonnegative(variables[n], n)]
+                     if _breaks_when_negative(kernel, assume, chosen, variables[n], target, rlimit, report.hulls)), None)
+        if sign is not None and _satisfiable(kernel, assume, chosen + [sign]):
+            chosen.append(sign)
+            current, _ = verify_kernel(kernel, assume, [c for c, _ in chosen], rlimit, source_map=source_map, hulls=report.hulls)
+            continue
         fixed = None
-        # Upper bounds first (int32 limits; static allocations indexed by a shape variable);
+        # Upper bounds next (int32 limits; static allocations indexed by a shape variable);
         # a bound that leaves no shape >= 1 (e.g. a tail bug, broken from N = 1) is rejected.
         for name in names:
             cand = _upper_bound(kernel, assume, variables, name, chosen, target, rlimit, report.hulls)
@@ -107,7 +130,19 @@ def derive_preconditions(kernel: LoweredKernel, report: BoundsReport, assume=(),
             continue
         chosen.append(fixed)
         current = trial
+    chosen, current = _drop_unneeded_signs(kernel, assume, chosen, current, rlimit, source_map, report.hulls)
     return [Precondition(c, text, "bounds") for c, text in _tightest_bounds(chosen)], current
+
+
+def _drop_unneeded_signs(kernel, assume, chosen, current, rlimit, source_map, hulls):
+    """A sign condition that proves nothing in the end (its access needed more than the family
+    offers) would only refuse calls: drop it."""
+    for cond in [c for c in chosen if c[1].endswith(" >= 0")]:
+        rest = [c for c in chosen if c is not cond]
+        trial, _ = verify_kernel(kernel, assume, [c for c, _ in rest], rlimit, source_map=source_map, hulls=hulls)
+        if trial.proven >= current.proven:
+            chosen, current = rest, trial
+    return chosen, current
 
 
 def _tightest_bounds(chosen):

@@ -35,7 +35,7 @@ from tilelang import tvm
 
 from tlx.ir.facts import FunctionFacts, user_name
 from tlx.ir.tir import PRIVATE_SCOPES, op_name, scalar_dtype
-from tlx.passes.assume import parse_assumption, shape_vars
+from tlx.passes.assume import dimension_vars, parse_assumption, shape_vars
 
 tir = tvm.tirx
 
@@ -707,12 +707,16 @@ def _rlimit_count(solver) -> int:
 
 
 def shape_setup(enc: Encoder, kernel, assume: tuple[str, ...] | list[str], extra: list):
-    """Register shape variables (>= 0), the user's assumptions and extra TIR conditions."""
+    """Register shape variables (tensor dimensions >= 0; scalar parameters only their dtype's
+    range, as the launcher guarantees nothing more), the user's assumptions and extra TIR
+    conditions."""
     variables = shape_vars(kernel.prim_func)
+    dims = dimension_vars(kernel.prim_func)
     terms = {}
     for name, v in variables.items():
         t = enc.var(v)
-        enc.add_fact(t >= 0)
+        if name in dims:
+            enc.add_fact(t >= 0)
         terms[name] = t
     for text in assume:
         cond = parse_assumption(text, variables)

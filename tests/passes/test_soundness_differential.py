@@ -1,0 +1,191 @@
+"""Differential soundness: the bounds verifier against concrete evaluation.
+
+For small kernels with scalar parameters (offsets, strides, windows, shifts, unsigned values,
+negative steps) the verifier's verdict and derived preconditions are compared with every index
+the lowered device code computes (``tests/passes/concrete.py``) over a grid of parameter values
+that includes each precondition's boundary. A kernel reported proven must have no out-of-bounds
+index at any value the launcher accepts: its dtype's range and every derived precondition.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import tilelang.language as T
+
+from tests.passes.concrete import evaluate, out_of_bounds
+from tlx.lowering import lower, normalize_target
+from tlx.passes.check import check_kernel
+
+TARGET = normalize_target({"kind": "cuda", "arch": "sm_90a"})
+THREADS = 32
+
+
+def offset_read():
+    @T.prim_func
+    def main(A: T.Tensor((256,), "float32"), B: T.Tensor((THREADS,), "float32"), off: T.int32):
+        with T.Kernel(1, threads=THREADS):
+            S = T.alloc_shared((256,), "float32")
+            tx = T.get_thread_binding()
+            for i in T.Parallel(256):
+                S[i] = A[i]
+            B[tx] = S[tx + off]
+
+    return main
+
+
+def strided_read():
+    @T.prim_func
+    def main(A: T.Tensor((256,), "float32"), B: T.Tensor((THREADS,), "float32"), stride: T.int32):
+        with T.Kernel(1, threads=THREADS):
+            S = T.alloc_shared((256,), "float32")
+            tx = T.get_thread_binding()
+            for i in T.Parallel(256):
+                S[i] = A[i]
+            B[tx] = S[tx * stride]
+
+    return main
+
+
+def window_sum():
+    @T.prim_func
+    def main(A: T.Tensor((128,), "float32"), B: T.Tensor((THREADS,), "float32"), w: T.int32):
+        with T.Kernel(1, threads=THREADS):
+            S = T.alloc_shared((128,), "float32")
+            acc = T.alloc_var("float32")
+            tx = T.get_thread_binding()
+            for i in T.Parallel(128):
+                S[i] = A[i]
+            acc = 0.0
+            for i in T.serial(w):
+                acc += S[tx + i]
+            B[tx] = acc
+
+    return main
+
+
+def shifted_offset():
+    @T.prim_func
+    def main(A: T.Tensor((256,), "float32"), B: T.Tensor((THREADS,), "float32"), off: T.int32):
+        with T.Kernel(1, threads=THREADS):
+            S = T.alloc_shared((256,), "float32")
+            tx = T.get_thread_binding()
+            for i in T.Parallel(256):
+                S[i] = A[i]
+            B[tx] = S[T.shift_right(off, 2) + tx]
+
+    return main
+
+
+def unsigned_offset():
+    @T.prim_func
+    def main(A: T.Tensor((256,), "float32"), B: T.Tensor((THREADS,), "float32"), off: T.uint32):
+        with T.Kernel(1, threads=THREADS):
+            S = T.alloc_shared((256,), "float32")
+            tx = T.get_thread_binding()
+            for i in T.Parallel(256):
+                S[i] = A[i]
+            B[tx] = S[T.Cast("int32", off) + tx]
+
+    return main
+
+
+def backwards_walk():
+    @T.prim_func
+    def main(A: T.Tensor((128,), "float32"), B: T.Tensor((THREADS,), "float32"), start: T.int32, n: T.int32):
+        with T.Kernel(1, threads=THREADS):
+            S = T.alloc_shared((128,), "float32")
+            acc = T.alloc_var("float32")
+            tx = T.get_thread_binding()
+            for i in T.Parallel(128):
+                S[i] = A[i]
+            acc = 0.0
+            for i in T.serial(n):
+                acc += S[start - i]
+            B[tx] = acc
+
+    return main
+
+
+KERNELS = [offset_read, strided_read, window_sum, shifted_offset, unsigned_offset, backwards_walk]
+GRID = (-300, -129, -5, -2, -1, 0, 1, 2, 3, 4, 5, 31, 32, 33, 95, 96, 97, 127, 128, 129, 224, 225, 255, 256, 257)
+PAIR_GRID = (-129, -2, -1, 0, 1, 2, 31, 32, 33, 96, 97, 127, 128, 129)  # two parameters: fewer points each
+DTYPE_RANGE = {"int32": (-(2**31), 2**31 - 1), "uint32": (0, 2**32 - 1), "int64": (-(2**63), 2**63 - 1)}
+
+
+def _scalar_params(prim_func):
+    return [p for p in prim_func.params if p not in prim_func.buffer_map]
+
+
+def _candidates(prim_func, preconditions) -> dict[str, list[int]]:
+    """GRID plus every integer constant in the preconditions and its neighbours, within the dtype."""
+    constants = set()
+
+    def collect(e):
+        if hasattr(e, "value") and isinstance(getattr(e, "value"), int):
+            constants.add(int(e.value))
+
+    from tilelang import tvm
+
+    for p in preconditions:
+        tvm.tirx.stmt_functor.post_order_visit(tvm.tirx.Evaluate(p.expr), collect)
+    scalars = _scalar_params(prim_func)
+    values = sorted(set(GRID if len(scalars) == 1 else PAIR_GRID) | {c + d for c in constants for d in (-1, 0, 1)})
+    out = {}
+    for p in scalars:
+        lo, hi = DTYPE_RANGE[str(p.dtype)]
+        out[p.name] = [v for v in values if lo <= v <= hi]
+    return out
+
+
+@pytest.mark.parametrize("factory", KERNELS, ids=lambda f: f.__name__)
+def test_proven_kernels_have_no_reachable_out_of_bounds_index(factory):
+    prim = factory()
+    kernel = lower(prim, TARGET, {}, name=factory.__name__)
+    result = check_kernel(kernel)
+    proven = not result.violations and not result.unknown
+    device_funcs = [f for f in kernel.device_mod.functions.values() if hasattr(f, "body")]
+    grid = _candidates(prim, result.preconditions)
+    params = {p.name: p for p in _scalar_params(prim)}
+    accepted = 0
+    for combo in itertools.product(*grid.values()):
+        values = dict(zip(grid, combo, strict=True))
+        env = {params[k]: v for k, v in values.items()}
+        if not all(evaluate(p.expr, env) for p in result.preconditions):
+            continue  # the launcher refuses these values
+        accepted += 1
+        bad = [oob for f in device_funcs for oob in out_of_bounds(f, values, first=True)]
+        if proven:
+            assert not bad, (
+                f"{factory.__name__}: verifier says proven under {[p.text for p in result.preconditions]}, "
+                f"but {values} (accepted by the launcher) reaches {bad[0]}"
+            )
+    assert accepted, f"{factory.__name__}: no grid point satisfies the preconditions; the test checked nothing"
+    for violation in result.violations:  # the other direction: every reported violation is real
+        values = {k: v for k, v in violation.counterexample.items() if k in params}
+        assert any(out_of_bounds(f, values, first=True) for f in device_funcs), (
+            f"{factory.__name__}: counterexample {violation.counterexample} reaches no out-of-bounds index"
+        )
+
+
+def test_the_evaluator_sees_the_planted_out_of_bounds_read():
+    """The oracle itself: a negative offset reaches S[-1], a large one S[256]."""
+    kernel = lower(offset_read(), TARGET, {}, name="offset_read")
+    (f,) = [f for f in kernel.device_mod.functions.values() if hasattr(f, "body")]
+    assert [o.index for o in out_of_bounds(f, {"off": -1})] == [(-1,)]
+    assert out_of_bounds(f, {"off": 0}) == []
+    assert out_of_bounds(f, {"off": 256 - THREADS}) == []
+    assert {o.index for o in out_of_bounds(f, {"off": 256 - THREADS + 1})} == {(256,)}
+    assert len(out_of_bounds(f, {"off": -2}, first=True)) == 1 < len(out_of_bounds(f, {"off": -2}))
+
+
+def test_the_launcher_enforces_a_derived_sign_condition():
+    """``off >= 0`` is no assumption: it is a precondition, and the generated launcher checks it."""
+    from tlx.compiler import compile_artifacts
+    from tlx.options import Options
+
+    source, build = compile_artifacts(offset_read(), Options.make(target=dict(TARGET)), name="offset_read", stop_after="launcher")
+    texts = [p.text for p in build.preconditions]
+    assert "off >= 0" in texts and f"off <= {256 - THREADS}" in texts
+    assert '"off >= 0"' in source and "(v_off >= int64_t(0))" in source
