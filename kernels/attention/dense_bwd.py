@@ -223,14 +223,15 @@ def dense_attention_backward(do, q, k, v, o, lse, *, causal: bool = False, softm
         host_k = C.check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0])
         max_q, max_k = int((host_q[1:] - host_q[:-1]).max()), int((host_k[1:] - host_k[:-1]).max())
         cu_q, cu_k = cu_seqlens_q, cu_seqlens_k
-        lse_p = lse
     else:
         b, max_q, max_k = q.shape[0], q.shape[1], k.shape[1]
         cu_q, cu_k = uniform_offsets(b, max_q, q.device), uniform_offsets(b, max_k, q.device)
-        lse_p = lse.permute(1, 0, 2).reshape(h, b * max_q) if lse.dim() == 3 else lse
-    if lse_p.dtype != torch.float32 or tuple(lse_p.shape) != (h, q.numel() // (h * d)):
-        raise ValueError(f"lse: expected fp32 [h, total_q] or [b, h, s_q], got {lse.dtype} {tuple(lse.shape)}")
-    lse_p = lse_p.contiguous()
+    total_q = q.numel() // (h * d)
+    shapes = [(h, total_q)] if varlen else [(b, h, max_q), (h, total_q)]
+    if not isinstance(lse, torch.Tensor) or lse.dtype != torch.float32 or tuple(lse.shape) not in shapes:
+        raise ValueError(f"lse: expected fp32 of shape {' or '.join(map(str, shapes))}, got "
+                         f"{getattr(lse, 'dtype', type(lse).__name__)} {tuple(getattr(lse, 'shape', ()))}")
+    lse_p = (lse.permute(1, 0, 2).reshape(h, total_q) if lse.dim() == 3 else lse).contiguous()
     C.check_cuda(q=q, k=k, v=v, o=o, do=do, lse=lse)
     hk = k.shape[-2]
     qp, kp, vp = q.reshape(-1, h, d), k.reshape(-1, hk, d), v.reshape(-1, hk, d)

@@ -16,8 +16,10 @@ KDIR = Path(R.__file__).parent
 
 
 @pytest.mark.parametrize("dim,causal", [(128, True), (256, False)])
-def test_kernel_compiles_for_sm90a(dim, causal):
-    src = dense_fwd_kernel(dim, causal, C.LOG2E / math.sqrt(dim)).device_source
+def test_kernel_compiles_for_sm90a(dim, causal, derived_preconditions):
+    kernel = dense_fwd_kernel(dim, causal, C.LOG2E / math.sqrt(dim))
+    assert derived_preconditions(kernel) == []
+    src = kernel.device_source
     block_n = 64 if dim == 256 else 128
     # S = Q K^T and O += P V: one wgmma chain per consumer warpgroup, P from registers
     assert f"kBFloat16, tl::DataType::kFloat32, 64, {block_n}, 16, false, false" in src
@@ -28,10 +30,12 @@ def test_kernel_compiles_for_sm90a(dim, causal):
     assert "tl::AllReduce<tl::SumOp, 4, 1" in src
 
 
-def test_overlap_kernel_compiles_for_sm90a():
+def test_overlap_kernel_compiles_for_sm90a(derived_preconditions):
     """The hand-scheduled forward: S = Q K^T issued, then P V, and only S waited for before the
     softmax (wait_wgmma<1>), P V waited for after it."""
-    src = dense_fwd_overlap_kernel(128, True, C.LOG2E / math.sqrt(128)).device_source
+    kernel = dense_fwd_overlap_kernel(128, True, C.LOG2E / math.sqrt(128))
+    assert derived_preconditions(kernel) == []
+    src = kernel.device_source
     assert src.index("tl::wait_wgmma<1>()") < src.index("tl::wait_wgmma<0>()")
     assert "tl::wgmma_rs<tl::DataType::kBFloat16, tl::DataType::kBFloat16, tl::DataType::kFloat32, 64, 128, 16, false, true" in src
     assert "exp2f(__fmaf_rn(acc_s" in src and "tl::AllReduce<tl::SumOp, 4, 1" in src
