@@ -15,6 +15,9 @@ candidate in turn, warm-up, median); inputs random normal, fresh per row. Before
 tlx output (poisoned with NaN first) is checked against SDPA's (relative error < 1e-2, no NaN);
 a failed check is reported in the row and that row is not timed.
 Usage: python bench/attention_prefill.py [--out FILE.json] [--reps N]
+       python bench/attention_prefill.py --precompile [WORKERS]   (no GPU needed: compiles every
+       kernel configuration the attention GPU tests and this benchmark use, WORKERS processes at
+       once, into $TLX_CACHE_DIR, so that a fresh GPU machine spends its time running, not compiling)
 """
 
 import json
@@ -72,7 +75,52 @@ def dense_row(b, h, s, d, causal, reps, seed):
                  sdpa_TFLOPs=round(tf["sdpa"]), ratio="-", check=checks[schedule])
 
 
+def compile_config(cfg):
+    """Compile one kernel configuration of ``CONFIGS`` (runs in a worker process)."""
+    import math
+    import time
+
+    from kernels.attention.common import LOG2E
+
+    t0 = time.time()
+    kind, args = cfg[0], cfg[1:]
+    if kind in SCHEDULES:
+        dtype, d, causal, *scale = args
+        SCHEDULES[kind](d, causal, (scale[0] if scale else 1 / math.sqrt(d)) * LOG2E, dtype)
+    elif kind == "backward":
+        from kernels.attention.dense_bwd import bwd_delta_kernel, bwd_dkdv_kernel, bwd_dq_kernel
+
+        d, causal = args
+        s = 1 / math.sqrt(d)
+        bwd_delta_kernel(d)
+        bwd_dkdv_kernel(d, causal, s * LOG2E, s)
+        bwd_dq_kernel(d, causal, s * LOG2E, s)
+    else:
+        from kernels.attention.sparse_fwd import sparse_fwd_kernel
+
+        sparse_fwd_kernel(*args, LOG2E / math.sqrt(512))
+    return f"{cfg}: {time.time() - t0:.0f} s"
+
+
+CONFIGS = ([(sc, "bfloat16", d, c) for sc in SCHEDULES for d in (64, 128, 256) for c in (False, True)]
+           + [(sc, "float16", 128, c) for sc in SCHEDULES for c in (False, True)]
+           + [("pipelined", "bfloat16", 64, False, 0.3)]
+           + [("backward", d, c) for d in (64, 128) for c in (False, True)]
+           + [("sparse", h, k, w) for h, k, w in ((64, 512, 0), (128, 1024, 0), (128, 2048, 0), (64, 512, 128))])
+
+
+def precompile(workers: int):
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(workers) as pool:
+        for line in pool.map(compile_config, CONFIGS):
+            print(line, flush=True)
+
+
 def main():
+    if len(sys.argv) > 1 and sys.argv[1] == "--precompile":
+        precompile(int(sys.argv[2]) if len(sys.argv) > 2 else 8)
+        return
     args = gpu_bench_args(__doc__, "bench/attention_prefill.py", reps=20)
     print(f"GPU: {torch.cuda.get_device_name()}")
     print("| what | shape | tlx ms | tlx TFLOP/s | SDPA ms | SDPA TFLOP/s | tlx / SDPA | check |")
