@@ -8,8 +8,9 @@ of a sequence with ``len_q`` queries and ``len_k`` keys sees keys ``j <= i + len
 (the usual convention for ``len_q != len_k``); a query that sees no key gets 0 and lse -inf.
 
 Work split: one CTA per (128-query tile, query head, sequence); two consumer warpgroups of 64
-query rows each plus a TMA producer warpgroup (TileLang's warp specialization of the
-pipelined key loop). Every tile of a sequence starts at the sequence's first row, so a
+query rows each plus a TMA producer warpgroup, either by TileLang's warp specialization of the
+pipelined key loop (``dense_fwd_kernel``) or scheduled by hand with the softmax overlapping the
+tensor cores (``dense_fwd_overlap_kernel``); both compute the same bits. Every tile of a sequence starts at the sequence's first row, so a
 sequence's bits do not depend on the other sequences of the batch (batch invariance).
 
 Fixed orders (the contract with ``dense_fwd.cu``, which must give the same bits):
@@ -18,12 +19,12 @@ Fixed orders (the contract with ``dense_fwd.cu``, which must give the same bits)
   block 0 to the last block the tile's rows can see;
 * ``S = Q K^T``: one fp32 wgmma chain per warpgroup, m64n{block_n}k16, K (= d) ascending in
   steps of 16, starting from zero; masked entries are then replaced by -inf;
-* the online-softmax update of ``kernels/attention/common.py`` (row max, ``m_scaled``,
-  ``alpha = exp2(fma(m_old, c, -m_scaled))``, ``p = exp2(fma(s, c, -m_scaled))`` with
-  ``c = scale * log2(e)`` folded at compile time, ``l = fma(l, alpha, rowsum(p))``);
-  ``rowsum`` adds a thread's own entries of a row in register order (for the m64nNk16
-  accumulator: columns 0, 1, 8, 9, 16, 17, ... of its quad lane) and then across the quad
-  with shuffles (xor 2, then xor 1);
+* the online-softmax update of ``kernels/attention/common.py`` (row max; ``m_scaled = m * c``
+  rounded, ``c = scale * log2(e)`` folded at compile time; ``alpha = exp2(m_scaled_old -
+  m_scaled)``, 0 while the old max is -inf; ``p = exp2(fma(s, c, -m_scaled))``;
+  ``l = fma(l, alpha, rowsum(p))``); ``rowsum`` starts from 0 and adds the thread's own entries
+  of the row: first the even column of each 8-column group (columns ``8 t + 2 (lane % 4)``,
+  ``t`` ascending), then the odd ones, then across the quad with shuffles (xor 2, then xor 1);
 * ``O = O * alpha + P V``: P rounded to the input dtype (RNE), one wgmma chain
   m64n{d}k16 with P from registers, keys ascending in steps of 16, onto the rescaled O;
 * ``o = O / l`` (IEEE division) rounded to the input dtype; ``lse = (m_scaled + log2(l)) * ln 2``.
