@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tlx.hostgen.cexpr import pyexpr
-from tlx.hostgen.emit import CHECK_INPUTS_NAME, EXPORT_NAME, emit_launcher
+from tlx.hostgen.emit import ALLOCATING_NAME, EXPORT_NAME, emit_launcher
 from tlx.hostgen.image import SharedMemoryError, check_shared_memory
 from tlx.hostgen.plan import HostgenError, LaunchPlan, plan_launcher, walk_steps
 
@@ -26,7 +26,7 @@ def describe(plan: LaunchPlan, source: str) -> dict:
     """JSON-able launch metadata: the library's entry point, parameters, symbolic dims, launches."""
     return {
         "entry": EXPORT_NAME,
-        "check_inputs_entry": CHECK_INPUTS_NAME if f"__tvm_ffi_{CHECK_INPUTS_NAME}" in source else None,
+        "allocating_entry": ALLOCATING_NAME if f"__tvm_ffi_{ALLOCATING_NAME}" in source else None,
         "params": [
             {"index": t.index, "name": t.name, "kind": "tensor", "dtype": t.dtype, "shape": [pyexpr(d) for d in t.shape],
              "strides": [pyexpr(s) for s in t.strides], "align": t.align, "output": t.is_output}

@@ -158,6 +158,64 @@ inline void check_align(const char* kernel, const char* name, const void* p, uin
   }
 }
 
+// An error TVM-FFI has already raised (an allocator's, for instance): the entry returns -1 and
+// leaves it in place for the caller.
+struct Raised {};
+
+// The outputs of an allocating call, allocated through TVM-FFI's environment allocator: the
+// caller's framework's (torch's caching allocator when called with torch tensors, on the
+// caller's device and stream). Held here until handed to the caller, so a call that fails
+// after allocating frees them.
+template <int N>
+class Outputs {
+ public:
+  ~Outputs() {
+    for (TVMFFIObjectHandle h : handles_) {
+      if (h) TVMFFIObjectDecRef(h);
+    }
+  }
+
+  // A contiguous tensor of `shape` (ndim extents), as the TVM-FFI argument that passes it.
+  TVMFFIAny allocate(int i, DLDataType dtype, DLDevice device, int32_t ndim, int64_t* shape) {
+    DLTensor prototype{};
+    prototype.device = device;
+    prototype.ndim = ndim;
+    prototype.dtype = dtype;
+    prototype.shape = shape;
+    if (__builtin_expect(TVMFFIEnvTensorAlloc(&prototype, &handles_[i]) != 0, 0)) throw Raised{};
+    TVMFFIAny a{};
+    a.type_index = kTVMFFITensor;
+    a.v_obj = static_cast<TVMFFIObject*>(handles_[i]);
+    return a;
+  }
+
+  // Hand the outputs to the caller: the tensor itself, or an ffi.Array of them.
+  void release(TVMFFIAny* result) {
+    if (N == 1) {
+      result->type_index = kTVMFFITensor;
+      result->v_obj = static_cast<TVMFFIObject*>(handles_[0]);
+      handles_[0] = nullptr;
+      return;
+    }
+    static TVMFFIObjectHandle make_array = [] {
+      TVMFFIObjectHandle f = nullptr;
+      const TVMFFIByteArray name{"ffi.Array", 9};
+      if (TVMFFIFunctionGetGlobal(&name, &f) != 0 || f == nullptr) raise("RuntimeError", "tlx launcher: TVM-FFI has no ffi.Array");
+      return f;
+    }();
+    TVMFFIAny items[N];
+    for (int i = 0; i < N; ++i) {
+      items[i] = TVMFFIAny{};
+      items[i].type_index = kTVMFFITensor;
+      items[i].v_obj = static_cast<TVMFFIObject*>(handles_[i]);
+    }
+    if (TVMFFIFunctionCall(make_array, items, N, result) != 0) throw Raised{};  // the array holds its own references
+  }
+
+ private:
+  TVMFFIObjectHandle handles_[N] = {};
+};
+
 // An integer scalar: a Python int in the type's range (a bool only for a bool parameter: True is
 // no int32 a caller means to pass).
 inline int64_t int_arg(const char* kernel, const TVMFFIAny* args, int i, const char* name, int64_t lo, int64_t hi, const char* type) {
