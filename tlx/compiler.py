@@ -170,15 +170,12 @@ def _stage_cubin(cuda_source: str, build: Build) -> Background:
 def _stage_launcher(nvcc: Background, build: Build) -> str:
     """Generate the launcher and start compiling it to assembly, then join nvcc and check the
     launches' shared memory against the cubin (the library stage joins the compile)."""
-    from tlx.hostgen import check_shared_memory, generate_launcher, launcher_compile_command, runtime_support
+    from tlx.hostgen import check_shared_memory, generate_launcher, launcher_compile_command
 
     preconditions = [(p.expr, p.text) for p in build.preconditions]
     source, info = generate_launcher(build.lowered, build.options["out_idx"], preconditions, cubin_file="kernel.cubin")
     (build.workdir / "launcher.cc").write_text(source)
-    runtime, build_runtime = runtime_support()
-    if build_runtime:  # the first compile on this machine: the precompiled header builds beside it, for later ones
-        build.background["runtime"] = Background.start("c++ runtime header", build_runtime)
-    build.background["launcher"] = Background.start("c++ launcher", launcher_compile_command(build.workdir, runtime))
+    build.background["launcher"] = Background.start("c++ launcher", launcher_compile_command(build.workdir))
     nvcc.join(build)
     check_shared_memory(build.name, info["launches"], (build.workdir / "kernel.cubin").read_bytes(), build.target["arch"])
     build.launcher_info = info
@@ -187,12 +184,9 @@ def _stage_launcher(nvcc: Background, build: Build) -> str:
 
 def _stage_library(launcher_source: str, build: Build) -> str:
     """Join the launcher's compile, then assemble it (the assembly embeds ``kernel.cubin``) and link."""
-    from tlx.hostgen import launcher_link_command, publish_runtime_support
+    from tlx.hostgen import launcher_link_command
 
     build.background["launcher"].join(build)
-    if "runtime" in build.background:
-        build.background["runtime"].join(build)
-        publish_runtime_support(build.background["runtime"].command)
     link = launcher_link_command(build.workdir)
     proc = subprocess.run(link, capture_output=True, text=True)
     if proc.returncode != 0:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from tlx.hostgen.cexpr import pyexpr
@@ -11,8 +10,7 @@ from tlx.hostgen.image import SharedMemoryError, check_shared_memory
 from tlx.hostgen.plan import HostgenError, LaunchPlan, plan_launcher, walk_steps
 
 __all__ = ["HostgenError", "LaunchPlan", "SharedMemoryError", "check_shared_memory", "EXPORT_NAME", "generate_launcher",
-           "launcher_compile_command", "launcher_link_command", "plan_launcher", "publish_runtime_support", "RUNTIME_DIR",
-           "runtime_cache_dir", "runtime_support"]
+           "launcher_compile_command", "launcher_link_command", "plan_launcher", "RUNTIME_DIR"]
 
 RUNTIME_DIR = Path(__file__).parent / "runtime"
 
@@ -44,13 +42,16 @@ def describe(plan: LaunchPlan, source: str) -> dict:
     }
 
 
-def launcher_compile_command(workdir: Path, runtime: Path | None = None) -> list[str]:
+def launcher_compile_command(workdir: Path) -> list[str]:
     """Compile ``workdir/launcher.cc`` to assembly (``launcher.s``). This is the expensive half of
     the build, and it does not need the cubin (the ``.incbin`` directive is resolved only when
-    the assembly is assembled), so it can run while nvcc builds the cubin. ``runtime`` is the
-    directory of the precompiled runtime header (:func:`runtime_support`), searched first."""
-    first = [f"-I{runtime}"] if runtime else []
-    return [_CXX, *_CXXFLAGS, *first, *_include_flags(), "-S", str(workdir / "launcher.cc"), "-o", str(workdir / "launcher.s")]
+    the assembly is assembled), so it can run while nvcc builds the cubin."""
+    from tvm_ffi.libinfo import find_dlpack_include_path, find_include_path
+
+    from tlx.lowering import cuda_include_dir
+
+    includes = dict.fromkeys([find_include_path(), find_dlpack_include_path(), str(RUNTIME_DIR), cuda_include_dir()])
+    return [_CXX, *_CXXFLAGS, *(f"-I{d}" for d in includes), "-S", str(workdir / "launcher.cc"), "-o", str(workdir / "launcher.s")]
 
 
 def launcher_link_command(workdir: Path) -> list[str]:
@@ -60,49 +61,6 @@ def launcher_link_command(workdir: Path) -> list[str]:
     lib = Path(find_libtvm_ffi())
     return [_CXX, "-shared", "-fPIC", f"-Wa,-I{workdir}", str(workdir / "launcher.s"), f"-L{lib.parent}", "-ltvm_ffi", "-ldl",
             "-o", str(workdir / "launcher.so")]
-
-
-def runtime_support() -> tuple[Path, list[str] | None]:
-    """The launchers' runtime header, precompiled once per machine (a GCC precompiled header:
-    parsing it is a third of a launcher's compile). Returns its directory and, when it is not
-    built yet, the command that builds it there (as ``tlx_launcher.h.gch.partial``, which
-    :func:`publish_runtime_support` then moves into place). The directory is named by the hash
-    of the header, the flags, the include paths and the compiler, and GCC itself ignores a
-    precompiled header that does not match a compile (the header beside it is used then)."""
-    import hashlib
-    import shutil
-
-    header = RUNTIME_DIR / "tlx_launcher.h"
-    cxx = Path(shutil.which(_CXX) or _CXX).resolve()
-    stat = cxx.stat()
-    key = hashlib.sha256(b"\0".join([header.read_bytes(), *(f.encode() for f in (*_CXXFLAGS, *_include_flags())),
-                                      f"{cxx}:{stat.st_size}:{stat.st_mtime_ns}".encode()])).hexdigest()[:16]
-    where = runtime_cache_dir() / key
-    if (where / "tlx_launcher.h.gch").is_file():
-        return where, None
-    where.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(header, where / "tlx_launcher.h")
-    out = where / f"tlx_launcher.h.gch.partial{os.getpid()}"
-    return where, [_CXX, *_CXXFLAGS, *_include_flags(), "-x", "c++-header", str(where / "tlx_launcher.h"), "-o", str(out)]
-
-
-def publish_runtime_support(command: list[str]) -> None:
-    """Move a finished precompiled header (built by ``command``) into place; the last one wins."""
-    partial = Path(command[-1])
-    os.replace(partial, partial.parent / "tlx_launcher.h.gch")
-
-
-def runtime_cache_dir() -> Path:
-    """Per-machine build products shared by every kernel cache (``TLX_RUNTIME_CACHE_DIR``)."""
-    return Path(os.environ.get("TLX_RUNTIME_CACHE_DIR", Path.home() / ".cache" / "tlx-runtime"))
-
-
-def _include_flags() -> list[str]:
-    from tvm_ffi.libinfo import find_dlpack_include_path, find_include_path
-
-    from tlx.lowering import cuda_include_dir
-
-    return [f"-I{d}" for d in dict.fromkeys([find_include_path(), find_dlpack_include_path(), str(RUNTIME_DIR), cuda_include_dir()])]
 
 
 _CXX = "c++"
