@@ -23,35 +23,46 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
+# CPU seconds of the process and of the tools it ran (nvcc, c++): on a shared 2-core machine
+# the wall time depends on the other load, the CPU time far less.
+_CPU = """
+def _cpu():
+    return sum(getattr(resource.getrusage(who), f) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
+               for f in ("ru_utime", "ru_stime"))
+"""
+
 _CHILD = {
     "tlx": """
-import json, time
+import json, resource, time
 import tilelang.language as T
 import tlx
 from tests.tiled_gemm import tiled_gemm
 jf = tlx.jit(out_idx=[-1], target={"kind": "cuda", "arch": "sm_90a"}, verify="off")(tiled_gemm)
+cpu0 = _cpu()
 t0 = time.perf_counter()
 k = jf(T.dynamic("M"), 1024, 1024)
-print(json.dumps({"seconds": time.perf_counter() - t0, "stages": k.metadata["stage_seconds"]}))
+print(json.dumps({"seconds": time.perf_counter() - t0, "cpu": _cpu() - cpu0, "stages": k.metadata["stage_seconds"]}))
 """,
     "tlx+verify": """
-import json, time
+import json, resource, time
 import tilelang.language as T
 import tlx
 from tests.tiled_gemm import tiled_gemm
 jf = tlx.jit(out_idx=[-1], target={"kind": "cuda", "arch": "sm_90a"})(tiled_gemm)
+cpu0 = _cpu()
 t0 = time.perf_counter()
 k = jf(T.dynamic("M"), 1024, 1024)
-print(json.dumps({"seconds": time.perf_counter() - t0, "stages": k.metadata["stage_seconds"]}))
+print(json.dumps({"seconds": time.perf_counter() - t0, "cpu": _cpu() - cpu0, "stages": k.metadata["stage_seconds"]}))
 """,
     "tilelang": """
-import json, time
+import json, resource, time
 import tilelang, tilelang.language as T
 from tests.tiled_gemm import tiled_gemm
 prim = tiled_gemm(T.dynamic("M"), 1024, 1024)
+cpu0 = _cpu()
 t0 = time.perf_counter()
 k = tilelang.compile(prim, out_idx=[-1], target={"kind": "cuda", "arch": "sm_90a"}, execution_backend="tvm_ffi")
-print(json.dumps({"seconds": time.perf_counter() - t0}))
+print(json.dumps({"seconds": time.perf_counter() - t0, "cpu": _cpu() - cpu0}))
 """,
 }
 
@@ -60,7 +71,7 @@ def run(arm: str) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         env = {**os.environ, "TLX_CACHE_DIR": f"{tmp}/tlx", "TILELANG_CACHE_DIR": f"{tmp}/tl", "TILELANG_DISABLE_CACHE": "1",
                "PYTHONPATH": str(ROOT)}
-        out = subprocess.run([sys.executable, "-c", _CHILD[arm]], env=env, capture_output=True, text=True, cwd=ROOT, timeout=600)
+        out = subprocess.run([sys.executable, "-c", _CPU + _CHILD[arm]], env=env, capture_output=True, text=True, cwd=ROOT, timeout=600)
         if out.returncode != 0:
             raise RuntimeError(f"{arm}: {out.stderr[-2000:]}")
         return json.loads(out.stdout.strip().splitlines()[-1])
@@ -77,6 +88,7 @@ def main() -> None:
         for arm in arms:
             results[arm].append(run(arm))
     base = statistics.median(r["seconds"] for r in results["tilelang"]) if "tilelang" in results else None
+    base_cpu = statistics.median(r["cpu"] for r in results["tilelang"]) if "tilelang" in results else None
     for arm, runs in results.items():
         med = statistics.median(r["seconds"] for r in runs)
         ratio = f" ({med / base:.2f}x tilelang)" if base and arm != "tilelang" else ""
@@ -85,7 +97,9 @@ def main() -> None:
             names = runs[0]["stages"]
             stages = "  stages: " + ", ".join(f"{s} {statistics.median(r['stages'][s] for r in runs):.2f}" for s in names)
         each = ", ".join(f"{r['seconds']:.2f}" for r in runs)
-        print(f"{arm:11s} {med:.2f} s{ratio}  [{each}]{stages}")
+        cpu = statistics.median(r["cpu"] for r in runs)
+        cpu_ratio = f" ({cpu / base_cpu:.2f}x tilelang)" if base_cpu and arm != "tilelang" else ""
+        print(f"{arm:11s} {med:.2f} s{ratio}  [{each}]  CPU {cpu:.2f} s{cpu_ratio}{stages}")
 
 
 if __name__ == "__main__":

@@ -44,3 +44,26 @@ def test_work_directories_are_removed(tmp_path, monkeypatch):
 def test_stop_after_names_a_stage():
     with pytest.raises(ValueError, match=r"stop_after: expected one of \['lower', 'passes'.*got 'pass'"):
         compile_artifacts(D.row_sum(), Options.make(target=TARGET), stop_after="pass")
+
+
+def test_launcher_compiles_while_nvcc_runs_and_nothing_is_left_running(tmp_path, monkeypatch):
+    """The launcher stage starts the launcher's compile before it joins nvcc (both recorded in
+    the Build); a compile stopped there ends that compile instead of leaving it behind."""
+    monkeypatch.setenv("TLX_CACHE_DIR", str(tmp_path))
+    source, build = compile_artifacts(D.row_sum(), Options.make(target=TARGET, verify="off"), stop_after="launcher")
+    assert "tlx_cubin" in source and set(build.background) == {"nvcc", "launcher"}
+    nvcc, launcher = build.background["nvcc"], build.background["launcher"]
+    assert nvcc.process.returncode == 0 and launcher.started < build.background_seconds["nvcc"] + nvcc.started
+    assert launcher.process.returncode is not None  # ended, joined or not
+    assert "-S" in launcher.command and "nvcc" in build.background_seconds
+    assert _work_dirs(tmp_path) == []
+
+
+def test_a_failing_nvcc_names_itself_and_leaves_nothing(tmp_path, monkeypatch):
+    import tlx.compiler as compiler
+
+    monkeypatch.setenv("TLX_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(compiler, "nvcc_command", lambda build, src, out: ["nvcc", "--no-such-flag", "-o", out, src])
+    with pytest.raises(RuntimeError, match=r"row_sum.*: nvcc failed \(nvcc --no-such-flag"):
+        compile_artifacts(D.row_sum(), Options.make(target=TARGET, verify="off"), name="row_sum")
+    assert _work_dirs(tmp_path) == []

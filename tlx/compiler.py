@@ -3,7 +3,13 @@
 The pipeline is an ordered dict of stages, each ``(module, build) -> module``:
 
     tir  --lower-->  LoweredKernel  --passes-->  LoweredKernel  --cuda-->  CUDA source
-         --cubin-->  device image  --launcher-->  C++ launcher source  --library-->  .so path
+         --cubin-->  nvcc under way  --launcher-->  C++ launcher source  --library-->  .so path
+
+Two stages start work that a later stage joins, so that the launcher builds while nvcc runs:
+the cubin stage starts nvcc and returns it as a :class:`Background`; the launcher stage starts
+the compile of the launcher to assembly (which needs no cubin), then joins nvcc; the library
+stage joins that compile, then assembles (embedding the cubin) and links. ``build.background``
+records each; a compile that stops early or fails ends what is still running.
 
 ``build`` (a :class:`Build`) is the one record a compile keeps besides the module: the
 options, the pass configs (a pin's merged in before lowering, so TileLang, code generation
@@ -40,6 +46,34 @@ def cache_dir() -> Path:
 
 
 @dataclass
+class Background:
+    """A tool a stage started and a later stage joins: its command, process and start time."""
+
+    what: str
+    command: list[str]
+    process: subprocess.Popen
+    started: float
+
+    @classmethod
+    def start(cls, what: str, command: list[str]) -> Background:
+        proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        return cls(what, command, proc, time.perf_counter())
+
+    def join(self, build: Build) -> None:
+        """Wait for the tool; record its wall time in ``build``; raise with its errors if it failed."""
+        _, stderr = self.process.communicate()
+        build.background_seconds.setdefault(self.what, round(time.perf_counter() - self.started, 4))
+        if self.process.returncode != 0:
+            raise RuntimeError(f"{build.name}: {self.what} failed ({' '.join(self.command)}):\n{stderr[-4000:]}")
+
+    def cancel(self) -> None:
+        """End the tool if nobody joined it (a compile that stopped early or failed)."""
+        if self.process.returncode is None:
+            self.process.kill()
+            self.process.communicate()
+
+
+@dataclass
 class Build:
     """One compile: what the stages read, and what each leaves for the ones after it."""
 
@@ -54,6 +88,8 @@ class Build:
     launcher_info: dict = field(default_factory=dict)
     nvcc_command: list[str] = field(default_factory=list)
     stage_seconds: dict[str, float] = field(default_factory=dict)
+    background: dict[str, Background] = field(default_factory=dict)  # work a stage started, by what it makes
+    background_seconds: dict[str, float] = field(default_factory=dict)  # each one's wall time, start to join
     cache_key: str | None = None
 
     @property
@@ -67,7 +103,8 @@ class Build:
     def metadata(self) -> dict:
         """What is saved as ``metadata.json`` and shown as ``kernel.metadata``."""
         md: dict[str, Any] = {"name": self.name, "target": self.target, "pass_configs": self.pass_configs,
-                              "options": self.options, "stage_seconds": self.stage_seconds}
+                              "options": self.options, "stage_seconds": self.stage_seconds,
+                              "background_seconds": self.background_seconds}
         if self.passes:
             md["reports"] = self.passes.reports
             md["extra_nvcc_flags"] = list(self.passes.nvcc_flags)
@@ -121,33 +158,40 @@ def nvcc_command(build: Build, src: str, out: str) -> list[str]:
     return [*cmd, "-o", out, src]
 
 
-def _stage_cubin(cuda_source: str, build: Build) -> bytes:
+def _stage_cubin(cuda_source: str, build: Build) -> Background:
+    """Start nvcc; the launcher stage joins it (``kernel.cubin``) once the launcher compiles."""
     work = build.workdir
     (work / "kernel.cu").write_text(cuda_source)
-    cmd = nvcc_command(build, str(work / "kernel.cu"), str(work / "kernel.cubin"))
-    build.nvcc_command = cmd
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{build.name}: nvcc failed ({' '.join(cmd)}):\n{proc.stderr[-4000:]}")
-    return (work / "kernel.cubin").read_bytes()
+    build.nvcc_command = nvcc_command(build, str(work / "kernel.cu"), str(work / "kernel.cubin"))
+    build.background["nvcc"] = Background.start("nvcc", build.nvcc_command)
+    return build.background["nvcc"]
 
 
-def _stage_launcher(cubin: bytes, build: Build) -> str:
-    from tlx.hostgen import check_shared_memory, generate_launcher
+def _stage_launcher(nvcc: Background, build: Build) -> str:
+    """Generate the launcher and start compiling it to assembly, then join nvcc and check the
+    launches' shared memory against the cubin (the library stage joins the compile)."""
+    from tlx.hostgen import check_shared_memory, generate_launcher, launcher_compile_command
 
     preconditions = [(p.expr, p.text) for p in build.preconditions]
     source, info = generate_launcher(build.lowered, build.options["out_idx"], preconditions, cubin_file="kernel.cubin")
-    check_shared_memory(build.name, info["launches"], cubin, build.target["arch"])
+    (build.workdir / "launcher.cc").write_text(source)
+    build.background["launcher"] = Background.start("c++ launcher", launcher_compile_command(build.workdir))
+    nvcc.join(build)
+    check_shared_memory(build.name, info["launches"], (build.workdir / "kernel.cubin").read_bytes(), build.target["arch"])
     build.launcher_info = info
     return source
 
 
 def _stage_library(launcher_source: str, build: Build) -> str:
-    """The launcher built beside the cubin the cubin stage wrote (the C++ embeds ``kernel.cubin``)."""
-    from tlx.hostgen import build_launcher
+    """Join the launcher's compile, then assemble it (the assembly embeds ``kernel.cubin``) and link."""
+    from tlx.hostgen import launcher_link_command
 
-    (build.workdir / "launcher.cc").write_text(launcher_source)
-    return build_launcher(build.workdir)
+    build.background["launcher"].join(build)
+    link = launcher_link_command(build.workdir)
+    proc = subprocess.run(link, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{build.name}: linking the launcher failed ({' '.join(link)}):\n{proc.stderr[-4000:]}")
+    return str(build.workdir / "launcher.so")
 
 
 STAGES: OrderedDict[str, Any] = OrderedDict(
@@ -260,12 +304,22 @@ def compile_artifacts(prim_func, options: Options, *, name: str | None = None, s
             build.stage_seconds[stage] = round(time.perf_counter() - t0, 4)
             if stage == stop_after:
                 break
+        if isinstance(module, Background):  # stopped at the cubin stage: its result is the cubin
+            module.join(build)
+            module = (build.workdir / "kernel.cubin").read_bytes()
     except BaseException:
+        _cancel_background(build)
         shutil.rmtree(build.workdir, ignore_errors=True)
         raise
+    _cancel_background(build)  # what a stop before the library stage left running
     if not keep_workdir:
         shutil.rmtree(build.workdir, ignore_errors=True)
     return module, build
+
+
+def _cancel_background(build: Build) -> None:
+    for work in build.background.values():
+        work.cancel()
 
 
 def _tmp_root() -> str:
@@ -296,7 +350,7 @@ def _publish(build: Build, entry: Path) -> None:
     for p in list(work.iterdir()):
         if p.is_dir():
             shutil.rmtree(p, ignore_errors=True)
-        elif p.suffix == ".o":
+        elif p.suffix in (".o", ".s"):
             p.unlink()
     (work / "MANIFEST").write_text(json.dumps(_manifest(work), sort_keys=True))
     entry.parent.mkdir(parents=True, exist_ok=True)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 __all__ = ["Kernel", "output_extent", "torch_dtype"]
@@ -12,75 +11,53 @@ __all__ = ["Kernel", "output_extent", "torch_dtype"]
 class Kernel:
     """A kernel loaded from a tlx build directory (a disk-cache entry).
 
-    ``kernel(*inputs)`` launches on the current torch stream; with ``out_idx`` the outputs
-    are allocated here and returned, otherwise every argument is passed by the caller.
-    ``kernel.launch`` is the generated launcher itself (a ``tvm_ffi.Function`` taking every
-    argument): the lowest-overhead way to call.
+    ``kernel(*inputs)`` launches on the current torch stream; with ``out_idx`` it takes the
+    inputs alone and returns the outputs, which the generated launcher allocates itself (its
+    ``allocate_and_launch`` entry: inputs checked first, outputs from torch's caching
+    allocator second, no Python in between). Otherwise every argument is passed by the
+    caller. ``kernel.launch`` is the generated launcher itself (a ``tvm_ffi.Function`` taking
+    every argument): the lowest-overhead way to call.
     """
 
-    def __init__(self, directory: Path, metadata: dict, launch, check_inputs=None):
+    def __init__(self, directory: Path, metadata: dict, launch, allocating=None):
         self.directory = directory
         self.metadata = metadata
         self.launch = launch
-        self._check_inputs = check_inputs  # the launcher's checks on the inputs alone (outputs None)
         self.name = metadata["name"]
         params = sorted(metadata["params"], key=lambda p: p["index"])
-        self._num_params = len(params)
         self._outputs = [p for p in params if p.get("output")]
-        if self._outputs:
-            self._inputs = [p["index"] for p in params if not p.get("output")]
-            self._dims = metadata["symbolic_dims"]
-            self._index_of = {p["name"]: p["index"] for p in params}
-            # Where each symbolic dim is read from: (position among the inputs, dim).
-            self._dim_sources = [(var, self._inputs.index(self._index_of[w["tensor"]]), w["dim"]) for var, w in self._dims.items()
-                                 if self._index_of[w["tensor"]] in self._inputs]
-            kinds = {p["index"]: p["kind"] for p in params}
-            self._device_pos = next((pos for pos, i in enumerate(self._inputs) if kinds[i] == "tensor"), 0)
-            self._out_specs = [(p["index"], p["name"], [output_extent(d, self.name, p["name"]) for d in p["shape"]], torch_dtype(p["dtype"]))
-                               for p in self._outputs]  # fmt: skip
-            self._widest_output = max(dtype.itemsize for *_, dtype in self._out_specs)  # a bound on the bytes to allocate
-            self._call = self._call_allocating
-        else:
+        if not self._outputs:
             self._call = launch
+            return
+        self._inputs = [p["index"] for p in params if not p.get("output")]
+        self._dims = metadata["symbolic_dims"]
+        self._index_of = {p["name"]: p["index"] for p in params}
+        self._out_specs = [(p["index"], p["name"], [output_extent(d, self.name, p["name"]) for d in p["shape"]], torch_dtype(p["dtype"]))
+                           for p in self._outputs]  # fmt: skip
+        if allocating is None:
+            self._call = self._unsized_outputs
+        elif len(self._outputs) == 1:
+            self._call = allocating  # returns the output tensor itself
+        else:
+            self._call = lambda *inputs: tuple(allocating(*inputs))  # an ffi.Array of the outputs
 
     @classmethod
     def load(cls, directory: Path) -> Kernel:
-        """The artifact alone (metadata.json names the entry point), so a cache hit imports no code generator."""
+        """The artifact alone (metadata.json names the entry points), so a cache hit imports no code generator."""
         import tvm_ffi
 
         metadata = json.loads((directory / "metadata.json").read_text())
         module = tvm_ffi.load_module(str(directory / "launcher.so"))
-        check = metadata.get("check_inputs_entry")
-        return cls(directory, metadata, module[metadata["entry"]], module[check] if check else None)
+        allocating = metadata.get("allocating_entry")
+        return cls(directory, metadata, module[metadata["entry"]], module[allocating] if allocating else None)
 
     def __call__(self, *args):
         return self._call(*args)
 
-    def _call_allocating(self, *inputs):
-        import torch
-
-        if len(inputs) != len(self._inputs):
-            names = [p["name"] for p in sorted(self.metadata["params"], key=lambda p: p["index"]) if not p.get("output")]
-            raise TypeError(f"{self.name}: expected {len(self._inputs)} inputs ({', '.join(names)}), got {len(inputs)}")
-        full: list = [None] * self._num_params
-        for i, value in zip(self._inputs, inputs):
-            full[i] = value
-        try:
-            env = {var: inputs[pos].shape[dim] for var, pos, dim in self._dim_sources}
-            device = inputs[self._device_pos].device
-        except (AttributeError, IndexError):
-            self.launch(*full)  # an input is not a tensor: the launcher names it (outputs are still None)
-            raise TypeError(f"{self.name}: the inputs do not determine the output shapes") from None
-        shapes = [[extent(env) for extent in extents] for _, _, extents, _ in self._out_specs]
-        if self._check_inputs is not None and sum(map(math.prod, shapes)) * self._widest_output >= _CHECK_FIRST_BYTES:
-            self._check_inputs(*full)  # a large allocation only for inputs the launcher accepts
-        outs = []
-        for (index, _, _, dtype), shape in zip(self._out_specs, shapes):
-            t = torch.empty(shape, dtype=dtype, device=device)
-            full[index] = t
-            outs.append(t)
-        self.launch(*full)
-        return outs[0] if len(outs) == 1 else tuple(outs)
+    def _unsized_outputs(self, *inputs):
+        bound_by_outputs = sorted(v for v, w in self._dims.items() if self._index_of[w["tensor"]] not in self._inputs)
+        raise TypeError(f"{self.name}: the inputs do not determine the output shapes ({', '.join(bound_by_outputs)} bound by "
+                        "an output only); call kernel.launch with every argument")
 
     def as_torch_op(self, qualname: str | None = None):
         """Register this kernel as a ``torch.library`` custom op (so it works under ``torch.compile``).
@@ -101,7 +78,7 @@ class Kernel:
         lib_name, op_name = qualname.split("::")
         lib = torch.library.Library(lib_name, "FRAGMENT")
         lib.define(f"{op_name}({schema_args}) -> {ret}")
-        lib.impl(op_name, lambda *xs: self._call_allocating(*xs), "CUDA")
+        lib.impl(op_name, lambda *xs: self._call(*xs), "CUDA")
 
         def fake(*xs):
             env = {}
@@ -194,13 +171,6 @@ class Kernel:
 
     def __repr__(self) -> str:
         return f"<tlx.Kernel {self.name} ({self.directory.name})>"
-
-
-# Outputs at least this large are allocated only after the launcher has checked the inputs
-# (``check_inputs``): an invalid call (a huge stride-0 input, say) then raises the launcher's
-# ValueError instead of asking for terabytes. Smaller ones are allocated first, saving that
-# call, and the launch refuses the same inputs before anything runs.
-_CHECK_FIRST_BYTES = 1 << 26
 
 
 def _kernel_params(params: list[dict]) -> list:

@@ -97,7 +97,7 @@ def test_metadata_describes_params_and_launches(add):
     "make, exc, words",
     [
         (lambda: (torch.zeros(4, 1024, dtype=torch.float16), torch.zeros(4, 1024)), TypeError, ["add", "A", "float32", "float16"]),
-        (lambda: (torch.zeros(4, 1024),), TypeError, ["add", "expected 2 inputs"]),
+        (lambda: (torch.zeros(4, 1024),), TypeError, ["add(A: float32[M, 1024], B: float32[M, 1024])", "expected 2 arguments, got 1"]),
         (lambda: (torch.zeros(4, 1000), torch.zeros(4, 1000)), ValueError, ["add", "A.shape[1]", "1024", "1000"]),
         (lambda: (torch.zeros(4, 1024), torch.zeros(5, 1024)), ValueError, ["add", "B.shape[0]", "M", "4", "5"]),
         (lambda: (torch.zeros(1024, 4).t(), torch.zeros(4, 1024)), ValueError, ["add", "A.stride(0)", "1024"]),
@@ -257,11 +257,41 @@ def test_empty_problem_launches_nothing_on_the_gpu(rows, gemm):
     torch.cuda.synchronize()
 
 
-def test_the_allocating_call_checks_inputs_before_a_large_allocation(add):
-    assert "int check_inputs(" in add.host_source and add.metadata["check_inputs_entry"] == "check_inputs"
+def test_the_allocating_call_checks_inputs_before_it_allocates(add):
+    """The launcher's allocating entry checks every input (placement included) before it asks
+    the environment allocator for the outputs: a huge stride-0 input raises the launcher's
+    ValueError, never an out-of-memory error."""
+    src = add.host_source
+    assert add.metadata["allocating_entry"] == "allocate_and_launch"
+    body = src[src.index("int allocate_and_launch("):src.index("}  // namespace")]
+    first_alloc = body.index("outputs.allocate(")
+    for check in ("check_stride(kKernel, \"A\"", "check_dim(kKernel, \"B\"", "grid_too_large", "check_cuda_device(kKernel, \"B\""):
+        assert body.index(check) < first_alloc, check
+    assert "int64_t shape_C[] = {v_M, int64_t(1024)};" in body  # C: float32[M, 1024], M from A.shape[0]
+    assert "outputs.allocate(0, DLDataType{2, 32, 1}, device, 2, shape_C)" in body
     huge = torch.zeros(1, 1024).expand(1 << 30, 1024)  # stride 0: a 4 TiB output if sized first
     with pytest.raises(ValueError, match=r"add: argument A.stride\(0\) expected 1024"):
         add(huge, huge)
     with pytest.raises(ValueError, match=r"add: argument B.shape\[1\] expected 1024, got 1000"):
-        add._check_inputs(torch.zeros(4, 1024), torch.zeros(4, 1000), None)
-    add._check_inputs(torch.zeros(4, 1024), torch.zeros(4, 1024), None)  # inputs alone pass: devices are the launch's concern
+        add(torch.zeros(4, 1024), torch.zeros(4, 1000))
+    with pytest.raises(ValueError, match="add: argument A expected a CUDA tensor, got one on cpu"):
+        add(torch.zeros(4, 1024), torch.zeros(4, 1024))  # valid but for the device: still nothing allocated
+    with pytest.raises(TypeError, match=r"add\(A: float32\[M, 1024\], B: float32\[M, 1024\]\): expected 2 arguments, got 3"):
+        add(torch.zeros(4, 1024), torch.zeros(4, 1024), torch.zeros(4, 1024))
+    with pytest.raises(TypeError, match=r"add: argument B \(#1\) expected a tensor, got int"):
+        add(torch.zeros(4, 1024), 3)
+
+
+def test_kernels_without_outputs_have_no_allocating_entry(rows):
+    assert rows.metadata["allocating_entry"] is None and "allocate_and_launch" not in rows.host_source
+
+
+def test_two_outputs_are_allocated_in_order(cache):
+    """Each output gets its dtype and its shape from the inputs' dims, in parameter order."""
+    kernel = sk.two_boxes(T.dynamic("M"))
+    body = kernel.host_source[kernel.host_source.index("int allocate_and_launch("):]
+    assert "tlx::Outputs<2> outputs;" in body
+    assert "int64_t shape_B[] = {v_M, int64_t(64)};" in body and "int64_t shape_C[] = {v_M, int64_t(32)};" in body
+    assert "args[1] = outputs.allocate(0, DLDataType{2, 32, 1}, device, 2, shape_B);" in body
+    assert "args[2] = outputs.allocate(1, DLDataType{2, 32, 1}, device, 2, shape_C);" in body
+    assert body.index("outputs.allocate(1,") < body.index("call(args, 3);") < body.index("outputs.release(result);")

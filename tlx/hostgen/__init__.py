@@ -5,12 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from tlx.hostgen.cexpr import pyexpr
-from tlx.hostgen.emit import CHECK_INPUTS_NAME, EXPORT_NAME, emit_launcher
+from tlx.hostgen.emit import ALLOCATING_NAME, EXPORT_NAME, emit_launcher
 from tlx.hostgen.image import SharedMemoryError, check_shared_memory
 from tlx.hostgen.plan import HostgenError, LaunchPlan, plan_launcher, walk_steps
 
-__all__ = ["HostgenError", "LaunchPlan", "SharedMemoryError", "build_launcher", "check_shared_memory", "EXPORT_NAME",
-           "generate_launcher", "plan_launcher", "RUNTIME_DIR"]
+__all__ = ["HostgenError", "LaunchPlan", "SharedMemoryError", "check_shared_memory", "EXPORT_NAME", "generate_launcher",
+           "launcher_compile_command", "launcher_link_command", "plan_launcher", "RUNTIME_DIR"]
 
 RUNTIME_DIR = Path(__file__).parent / "runtime"
 
@@ -26,7 +26,7 @@ def describe(plan: LaunchPlan, source: str) -> dict:
     """JSON-able launch metadata: the library's entry point, parameters, symbolic dims, launches."""
     return {
         "entry": EXPORT_NAME,
-        "check_inputs_entry": CHECK_INPUTS_NAME if f"__tvm_ffi_{CHECK_INPUTS_NAME}" in source else None,
+        "allocating_entry": ALLOCATING_NAME if f"__tvm_ffi_{ALLOCATING_NAME}" in source else None,
         "params": [
             {"index": t.index, "name": t.name, "kind": "tensor", "dtype": t.dtype, "shape": [pyexpr(d) for d in t.shape],
              "strides": [pyexpr(s) for s in t.strides], "align": t.align, "output": t.is_output}
@@ -42,17 +42,27 @@ def describe(plan: LaunchPlan, source: str) -> dict:
     }
 
 
-def build_launcher(workdir: Path) -> str:
-    """Build ``workdir/launcher.cc`` (which embeds ``workdir/kernel.cubin``) into a shared library."""
-    import tvm_ffi.cpp
+def launcher_compile_command(workdir: Path) -> list[str]:
+    """Compile ``workdir/launcher.cc`` to assembly (``launcher.s``). This is the expensive half of
+    the build, and it does not need the cubin (the ``.incbin`` directive is resolved only when
+    the assembly is assembled), so it can run while nvcc builds the cubin."""
+    from tvm_ffi.libinfo import find_dlpack_include_path, find_include_path
 
     from tlx.lowering import cuda_include_dir
 
-    return tvm_ffi.cpp.build(
-        name="launcher",
-        cpp_files=[str(workdir / "launcher.cc")],
-        extra_cflags=["-O2", f"-Wa,-I{workdir}", "-fvisibility=hidden"],
-        extra_ldflags=["-ldl"],
-        extra_include_paths=[str(RUNTIME_DIR), cuda_include_dir()],
-        build_directory=str(workdir),
-    )
+    includes = dict.fromkeys([find_include_path(), find_dlpack_include_path(), str(RUNTIME_DIR), cuda_include_dir()])
+    return [_CXX, *_CXXFLAGS, *(f"-I{d}" for d in includes), "-S", str(workdir / "launcher.cc"), "-o", str(workdir / "launcher.s")]
+
+
+def launcher_link_command(workdir: Path) -> list[str]:
+    """Assemble ``workdir/launcher.s`` (embedding ``workdir/kernel.cubin``) and link the library."""
+    from tvm_ffi.libinfo import find_libtvm_ffi
+
+    lib = Path(find_libtvm_ffi())
+    return [_CXX, "-shared", "-fPIC", f"-Wa,-I{workdir}", str(workdir / "launcher.s"), f"-L{lib.parent}", "-ltvm_ffi", "-ldl",
+            "-o", str(workdir / "launcher.so")]
+
+
+_CXX = "c++"
+# TVM-FFI's own extension flags (tvm_ffi.cpp.build), with the launcher's exported symbols alone visible.
+_CXXFLAGS = ("-std=c++17", "-fPIC", "-O2", "-fvisibility=hidden")

@@ -18,7 +18,7 @@ from tvm import tirx
 from tlx.hostgen.cexpr import c_name, cexpr, pyexpr
 from tlx.hostgen.plan import HostgenError, LaunchPlan, Step, TensorArg, free_vars, walk_steps
 
-__all__ = ["CHECK_INPUTS_NAME", "EXPORT_NAME", "emit_launcher"]
+__all__ = ["ALLOCATING_NAME", "EXPORT_NAME", "emit_launcher"]
 
 _SCALAR_RANGES = {
     "int8": (-(2**7), 2**7 - 1),
@@ -50,20 +50,22 @@ _C_TYPES = {
 
 # The TVM-FFI function every launcher library exports (one kernel per library).
 EXPORT_NAME = "launch"
-CHECK_INPUTS_NAME = "check_inputs"  # the inputs-only checks (see _check_inputs_function)
+ALLOCATING_NAME = "allocate_and_launch"  # the call with the inputs alone (see _allocating_function)
 
 
 def _dims(shape) -> str:
     return ", ".join(pyexpr(d) for d in shape)
 
 
-def _signature(plan: LaunchPlan) -> str:
+def _signature(plan: LaunchPlan, outputs: bool = True) -> str:
+    """The parameters as text, in order; without ``outputs``, those of the allocating call."""
     parts: list[str] = [""] * plan.num_args
     for t in plan.tensors:
-        parts[t.index] = f"{t.name}: {t.dtype}[{_dims(t.shape)}]"
+        if outputs or not t.is_output:
+            parts[t.index] = f"{t.name}: {t.dtype}[{_dims(t.shape)}]"
     for s in plan.scalars:
         parts[s.index] = f"{s.name}: {s.dtype}"
-    return ", ".join(parts)
+    return ", ".join(p for p in parts if p)
 
 
 def _cstr(s: str) -> str:
@@ -73,7 +75,7 @@ def _cstr(s: str) -> str:
 class _Emitter:
     def __init__(self, plan: LaunchPlan, cubin_path: str, cubin_symbol: str, inputs_only: bool = False):
         self.plan = plan
-        # The tensors whose checks this function emits: every one, or the inputs alone (check_inputs)
+        # The tensors whose checks this function emits: every one, or the inputs alone (allocate_and_launch)
         self.checked = [t for t in plan.tensors if not (inputs_only and t.is_output)]
         self.cubin_path = cubin_path
         self.sym = cubin_symbol
@@ -315,17 +317,20 @@ class _Emitter:
     def footer(self) -> None:
         self.out("return 0;")
         self.lines.append("}")
-        checks = _check_inputs_function(self.plan)
-        self.lines += checks
+        allocating = _allocating_function(self.plan)
+        self.lines += allocating
         self.lines += ["}  // namespace", ""]
         self.lines += _export(EXPORT_NAME, "call")
-        if checks:
-            self.lines += _export(CHECK_INPUTS_NAME, "check_inputs")
+        if allocating:
+            self.lines += _export(ALLOCATING_NAME, "allocate_and_launch", returns=True)
 
 
-def _export(name: str, function: str) -> list[str]:
+def _export(name: str, function: str, returns: bool = False) -> list[str]:
     """A TVM-FFI C-ABI entry point (``tvm_ffi.load_module(lib).NAME(...)``) around ``function``,
-    turning a ``tlx::Error`` into the Python exception it names."""
+    turning a ``tlx::Error`` into the Python exception it names; a ``function`` that ``returns``
+    fills the result itself, and may pass on an error TVM-FFI raised (``tlx::Raised``)."""
+    call = f"{function}(args, num_args, result)" if returns else f"{function}(args, num_args)"
+    passed_on = ["  } catch (const tlx::Raised&) {", "    return -1;"] if returns else []
     return [
         f"// TVM-FFI C ABI entry: tvm_ffi.load_module(lib).{name}(...)",
         f'extern "C" __attribute__((visibility("default"))) int __tvm_ffi_{name}(',
@@ -333,31 +338,49 @@ def _export(name: str, function: str) -> list[str]:
         "  try {",
         "    result->type_index = kTVMFFINone;",
         "    result->v_int64 = 0;",
-        f"    return {function}(args, num_args);",
+        f"    return {call};",
         "  } catch (const tlx::Error& e) {",
         "    TVMFFIErrorSetRaisedFromCStr(e.kind, e.message.c_str());",
         "    return -1;",
+        *passed_on,
         "  }",
         "}",
         "",
     ]
 
 
-def _check_inputs_function(plan: LaunchPlan) -> list[str]:
-    """``check_inputs``: the launcher's checks of the inputs and scalars alone (outputs may be
-    None), so that a caller allocating the outputs checks first and allocates second. Emitted
-    only for kernels with outputs whose every shape variable is bound by an input."""
-    outputs = {t.name for t in plan.tensors if t.is_output}
-    if not outputs or any(tensor in outputs for _, tensor, _ in plan.shape_vars.values()):
+def _allocating_function(plan: LaunchPlan) -> list[str]:
+    """``allocate_and_launch``: the call with the inputs alone. It runs the launcher's checks of
+    the inputs and scalars (placement included), then allocates the outputs through TVM-FFI's
+    environment allocator (torch's caching allocator for torch callers), then launches and
+    returns them: check first, allocate second, with no Python in between. Emitted only for
+    kernels with outputs whose every shape variable is bound by an input tensor."""
+    outputs = [t for t in plan.tensors if t.is_output]
+    inputs = [t for t in plan.tensors if not t.is_output]
+    if not outputs or not inputs or any(tensor in {t.name for t in outputs} for _, tensor, _ in plan.shape_vars.values()):
         return []
+    positions = sorted([t.index for t in inputs] + [s.index for s in plan.scalars])
     c = _Emitter(plan, "", "", inputs_only=True)
-    c.lines = ["", "// The checks of call() on the inputs and scalars alone: run before the outputs are allocated.",
-               "int check_inputs(const TVMFFIAny* args, int32_t num_args) {"]
-    c.out(f"tlx::check_num_args(kKernel, num_args, {plan.num_args}, kSignature);")
+    c.lines = ["", "// The call with the inputs alone: check them, allocate the outputs, launch, return the outputs.",
+               "int allocate_and_launch(const TVMFFIAny* inputs, int32_t num_inputs, TVMFFIAny* result) {"]
+    c.out(f"tlx::check_num_args(kKernel, num_inputs, {len(positions)}, {_cstr(_signature(plan, outputs=False))});")
+    c.out(f"TVMFFIAny args[{plan.num_args}] = {{}};")
+    for j, i in enumerate(positions):
+        c.out(f"args[{i}] = inputs[{j}];")
     c.tensors()
     c.scalars()
     c.preconditions()
     c.grid_limits()
+    c.out(f"const DLDevice device = t_{inputs[0].name}->device;")
+    for t in inputs:
+        c.out(f"tlx::check_cuda_device(kKernel, {_cstr(t.name)}, t_{t.name}, device.device_id);")
+    c.out(f"tlx::Outputs<{len(outputs)}> outputs;")
+    for k, t in enumerate(outputs):
+        c.out(f"int64_t shape_{t.name}[] = {{{', '.join(c.expr(d) for d in t.shape)}}};")
+        c.out(f"args[{t.index}] = outputs.allocate({k}, DLDataType{{{t.dl_code}, {t.dl_bits}, {t.dl_lanes}}}, device, "
+              f"{len(t.shape)}, shape_{t.name});")
+    c.out(f"call(args, {plan.num_args});")
+    c.out("outputs.release(result);")
     c.out("return 0;")
     c.lines.append("}")
     return c.lines

@@ -69,11 +69,20 @@ struct Error {
   return "device(type=" + std::to_string(d.device_type) + ", id=" + std::to_string(d.device_id) + ")";
 }
 
+// Each check below is inline and tiny; its message is built out of line (cold), so the many
+// checks of a launcher cost little code, and little compile time.
+[[noreturn, gnu::cold, gnu::noinline]] inline void fail_num_args(const char* kernel, int32_t got, int32_t expected, const char* signature) {
+  raise("TypeError", std::string(kernel) + "(" + signature + "): expected " + std::to_string(expected) + " arguments, got " +
+                         std::to_string(got));
+}
+
 inline void check_num_args(const char* kernel, int32_t got, int32_t expected, const char* signature) {
-  if (__builtin_expect(got != expected, 0)) {
-    raise("TypeError", std::string(kernel) + "(" + signature + "): expected " + std::to_string(expected) +
-                           " arguments, got " + std::to_string(got));
-  }
+  if (__builtin_expect(got != expected, 0)) fail_num_args(kernel, got, expected, signature);
+}
+
+[[noreturn, gnu::cold, gnu::noinline]] inline void fail_arg_type(const char* kernel, const char* name, int i, const char* expected, int32_t got) {
+  raise("TypeError", std::string(kernel) + ": argument " + name + " (#" + std::to_string(i) + ") expected " + expected + ", got " +
+                         type_index_name(got));
 }
 
 inline const DLTensor* tensor_arg(const char* kernel, const TVMFFIAny* args, int i, const char* name) {
@@ -82,52 +91,63 @@ inline const DLTensor* tensor_arg(const char* kernel, const TVMFFIAny* args, int
     return reinterpret_cast<const DLTensor*>(reinterpret_cast<const char*>(a.v_obj) + sizeof(TVMFFIObject));
   }
   if (a.type_index == kTVMFFIDLTensorPtr) return static_cast<const DLTensor*>(a.v_ptr);
-  raise("TypeError", std::string(kernel) + ": argument " + name + " (#" + std::to_string(i) + ") expected a tensor, got " +
-                         type_index_name(a.type_index));
+  fail_arg_type(kernel, name, i, "a tensor", a.type_index);
+}
+
+[[noreturn, gnu::cold, gnu::noinline]] inline void fail_dtype(const char* kernel, const char* name, const DLTensor* t, DLDataType expected) {
+  raise("TypeError", std::string(kernel) + ": argument " + name + " expected dtype " + dtype_name(expected) + ", got " +
+                         dtype_name(t->dtype));
 }
 
 inline void check_dtype(const char* kernel, const char* name, const DLTensor* t, uint8_t code, uint8_t bits, uint16_t lanes) {
   if (__builtin_expect(t->dtype.code != code || t->dtype.bits != bits || t->dtype.lanes != lanes, 0)) {
-    raise("TypeError", std::string(kernel) + ": argument " + name + " expected dtype " + dtype_name(DLDataType{code, bits, lanes}) +
-                           ", got " + dtype_name(t->dtype));
+    fail_dtype(kernel, name, t, DLDataType{code, bits, lanes});
   }
+}
+
+[[noreturn, gnu::cold, gnu::noinline]] inline void fail_ndim(const char* kernel, const char* name, const DLTensor* t, int32_t ndim) {
+  raise("ValueError", std::string(kernel) + ": argument " + name + " expected " + std::to_string(ndim) + " dimensions, got " +
+                          std::to_string(t->ndim));
 }
 
 inline void check_ndim(const char* kernel, const char* name, const DLTensor* t, int32_t ndim) {
-  if (__builtin_expect(t->ndim != ndim, 0)) {
-    raise("ValueError", std::string(kernel) + ": argument " + name + " expected " + std::to_string(ndim) + " dimensions, got " +
-                            std::to_string(t->ndim));
-  }
+  if (__builtin_expect(t->ndim != ndim, 0)) fail_ndim(kernel, name, t, ndim);
 }
 
 // shape[d] must equal `expected`; `what` says where the expectation comes from ("1024", "M (bound by A.shape[0])").
+[[noreturn, gnu::cold, gnu::noinline]] inline void fail_dim(const char* kernel, const char* name, const DLTensor* t, int d, int64_t expected, const char* what) {
+  std::string want = std::to_string(expected);
+  if (want != what) want = std::string(what) + " = " + want;
+  raise("ValueError", std::string(kernel) + ": argument " + name + ".shape[" + std::to_string(d) + "] expected " + want + ", got " +
+                          std::to_string(t->shape[d]));
+}
+
 inline void check_dim(const char* kernel, const char* name, const DLTensor* t, int d, int64_t expected, const char* what) {
-  if (__builtin_expect(t->shape[d] != expected, 0)) {
-    std::string want = std::to_string(expected);
-    if (want != what) want = std::string(what) + " = " + want;
-    raise("ValueError", std::string(kernel) + ": argument " + name + ".shape[" + std::to_string(d) + "] expected " + want +
-                            ", got " + std::to_string(t->shape[d]));
-  }
+  if (__builtin_expect(t->shape[d] != expected, 0)) fail_dim(kernel, name, t, d, expected, what);
+}
+
+[[noreturn, gnu::cold, gnu::noinline]] inline void fail_bind_dim(const char* kernel, const char* name, int d, const char* var, int64_t v) {
+  raise("ValueError", std::string(kernel) + ": " + var + " = " + name + ".shape[" + std::to_string(d) + "] = " + std::to_string(v) +
+                          " exceeds the int32 range the kernel indexes with");
 }
 
 // A dimension bound to a symbolic variable must fit the variable's int32 type.
 inline int64_t bind_dim(const char* kernel, const char* name, const DLTensor* t, int d, const char* var) {
   int64_t v = t->shape[d];
-  if (__builtin_expect(v > INT32_MAX, 0)) {
-    raise("ValueError", std::string(kernel) + ": " + var + " = " + name + ".shape[" + std::to_string(d) + "] = " + std::to_string(v) +
-                            " exceeds the int32 range the kernel indexes with");
-  }
+  if (__builtin_expect(v > INT32_MAX, 0)) fail_bind_dim(kernel, name, d, var, v);
   return v;
+}
+
+[[noreturn, gnu::cold, gnu::noinline]] inline void fail_stride(const char* kernel, const char* name, int d, int64_t expected, int64_t got) {
+  raise("ValueError", std::string(kernel) + ": argument " + name + ".stride(" + std::to_string(d) + ") expected " +
+                          std::to_string(expected) + " (the layout the kernel was compiled for), got " + std::to_string(got) +
+                          "; pass a contiguous tensor (.contiguous())");
 }
 
 // strides[d] must equal `expected` unless the dimension has extent 1 (any stride is then equivalent).
 inline void check_stride(const char* kernel, const char* name, const DLTensor* t, int d, int64_t expected) {
   int64_t got = t->strides ? t->strides[d] : expected;
-  if (__builtin_expect(got != expected && t->shape[d] != 1, 0)) {
-    raise("ValueError", std::string(kernel) + ": argument " + name + ".stride(" + std::to_string(d) + ") expected " +
-                            std::to_string(expected) + " (the layout the kernel was compiled for), got " + std::to_string(got) +
-                            "; pass a contiguous tensor (.contiguous())");
-  }
+  if (__builtin_expect(got != expected && t->shape[d] != 1, 0)) fail_stride(kernel, name, d, expected, got);
 }
 
 inline int64_t num_elements(const DLTensor* t) {
@@ -138,24 +158,93 @@ inline int64_t num_elements(const DLTensor* t) {
 
 inline void* data_ptr(const DLTensor* t) { return static_cast<char*>(t->data) + t->byte_offset; }
 
+[[noreturn, gnu::cold, gnu::noinline]] inline void fail_cuda_device(const char* kernel, const char* name, const DLTensor* t, int32_t device_id) {
+  if (t->device.device_type != kDLCUDA) {
+    raise("ValueError", std::string(kernel) + ": argument " + name + " expected a CUDA tensor, got one on " + device_name(t->device));
+  }
+  raise("ValueError", std::string(kernel) + ": argument " + name + " expected device cuda:" + std::to_string(device_id) +
+                          " (that of the first tensor), got " + device_name(t->device));
+}
+
 inline void check_cuda_device(const char* kernel, const char* name, const DLTensor* t, int32_t device_id) {
   if (__builtin_expect(t->device.device_type != kDLCUDA || t->device.device_id != device_id, 0)) {
-    if (t->device.device_type != kDLCUDA) {
-      raise("ValueError", std::string(kernel) + ": argument " + name + " expected a CUDA tensor, got one on " + device_name(t->device));
-    }
-    raise("ValueError", std::string(kernel) + ": argument " + name + " expected device cuda:" + std::to_string(device_id) +
-                            " (that of the first tensor), got " + device_name(t->device));
+    fail_cuda_device(kernel, name, t, device_id);
   }
 }
 
+[[noreturn, gnu::cold, gnu::noinline]] inline void fail_align(const char* kernel, const char* name, const void* p, uintptr_t align, const char* why) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%p", p);
+  raise("ValueError", std::string(kernel) + ": argument " + name + " data pointer expected " + std::to_string(align) +
+                          "-byte alignment (" + why + "), got " + buf + " (offset " +
+                          std::to_string(reinterpret_cast<uintptr_t>(p) % align) + ")");
+}
+
 inline void check_align(const char* kernel, const char* name, const void* p, uintptr_t align, const char* why) {
-  if (__builtin_expect(reinterpret_cast<uintptr_t>(p) % align != 0, 0)) {
-    char buf[32];
-    std::snprintf(buf, sizeof buf, "%p", p);
-    raise("ValueError", std::string(kernel) + ": argument " + name + " data pointer expected " + std::to_string(align) +
-                            "-byte alignment (" + why + "), got " + buf + " (offset " +
-                            std::to_string(reinterpret_cast<uintptr_t>(p) % align) + ")");
+  if (__builtin_expect(reinterpret_cast<uintptr_t>(p) % align != 0, 0)) fail_align(kernel, name, p, align, why);
+}
+
+// An error TVM-FFI has already raised (an allocator's, for instance): the entry returns -1 and
+// leaves it in place for the caller.
+struct Raised {};
+
+// The outputs of an allocating call, allocated through TVM-FFI's environment allocator: the
+// caller's framework's (torch's caching allocator when called with torch tensors, on the
+// caller's device and stream). Held here until handed to the caller, so a call that fails
+// after allocating frees them.
+template <int N>
+class Outputs {
+ public:
+  ~Outputs() {
+    for (TVMFFIObjectHandle h : handles_) {
+      if (h) TVMFFIObjectDecRef(h);
+    }
   }
+
+  // A contiguous tensor of `shape` (ndim extents), as the TVM-FFI argument that passes it.
+  TVMFFIAny allocate(int i, DLDataType dtype, DLDevice device, int32_t ndim, int64_t* shape) {
+    DLTensor prototype{};
+    prototype.device = device;
+    prototype.ndim = ndim;
+    prototype.dtype = dtype;
+    prototype.shape = shape;
+    if (__builtin_expect(TVMFFIEnvTensorAlloc(&prototype, &handles_[i]) != 0, 0)) throw Raised{};
+    TVMFFIAny a{};
+    a.type_index = kTVMFFITensor;
+    a.v_obj = static_cast<TVMFFIObject*>(handles_[i]);
+    return a;
+  }
+
+  // Hand the outputs to the caller: the tensor itself, or an ffi.Array of them.
+  void release(TVMFFIAny* result) {
+    if (N == 1) {
+      result->type_index = kTVMFFITensor;
+      result->v_obj = static_cast<TVMFFIObject*>(handles_[0]);
+      handles_[0] = nullptr;
+      return;
+    }
+    static TVMFFIObjectHandle make_array = [] {
+      TVMFFIObjectHandle f = nullptr;
+      const TVMFFIByteArray name{"ffi.Array", 9};
+      if (TVMFFIFunctionGetGlobal(&name, &f) != 0 || f == nullptr) raise("RuntimeError", "tlx launcher: TVM-FFI has no ffi.Array");
+      return f;
+    }();
+    TVMFFIAny items[N];
+    for (int i = 0; i < N; ++i) {
+      items[i] = TVMFFIAny{};
+      items[i].type_index = kTVMFFITensor;
+      items[i].v_obj = static_cast<TVMFFIObject*>(handles_[i]);
+    }
+    if (TVMFFIFunctionCall(make_array, items, N, result) != 0) throw Raised{};  // the array holds its own references
+  }
+
+ private:
+  TVMFFIObjectHandle handles_[N] = {};
+};
+
+[[noreturn, gnu::cold, gnu::noinline]] inline void fail_int_range(const char* kernel, const char* name, int64_t lo, int64_t hi, const char* type, int64_t got) {
+  raise("ValueError", std::string(kernel) + ": argument " + name + " expected a value in the " + type + " range [" + std::to_string(lo) +
+                          ", " + std::to_string(hi) + "], got " + std::to_string(got));
 }
 
 // An integer scalar: a Python int in the type's range (a bool only for a bool parameter: True is
@@ -164,14 +253,18 @@ inline int64_t int_arg(const char* kernel, const TVMFFIAny* args, int i, const c
   const TVMFFIAny& a = args[i];
   const bool is_bool_param = std::strcmp(type, "bool") == 0;
   if (__builtin_expect(a.type_index != kTVMFFIInt && !(a.type_index == kTVMFFIBool && is_bool_param), 0)) {
-    raise("TypeError", std::string(kernel) + ": argument " + name + " (#" + std::to_string(i) + ") expected " + type + ", got " +
-                           type_index_name(a.type_index));
+    fail_arg_type(kernel, name, i, type, a.type_index);
   }
-  if (__builtin_expect(a.v_int64 < lo || a.v_int64 > hi, 0)) {
-    raise("ValueError", std::string(kernel) + ": argument " + name + " expected a value in the " + type + " range [" +
-                            std::to_string(lo) + ", " + std::to_string(hi) + "], got " + std::to_string(a.v_int64));
-  }
+  if (__builtin_expect(a.v_int64 < lo || a.v_int64 > hi, 0)) fail_int_range(kernel, name, lo, hi, type, a.v_int64);
   return a.v_int64;
+}
+
+[[noreturn, gnu::cold, gnu::noinline]] inline void fail_float_range(const char* kernel, const char* name, const char* type, double max_finite, double v) {
+  char got[40], max[40];
+  std::snprintf(got, sizeof got, "%.9g", v);
+  std::snprintf(max, sizeof max, "%.9g", max_finite);
+  raise("ValueError", std::string(kernel) + ": argument " + name + " expected a finite " + type + " (|value| <= " + max +
+                          ") or inf/nan, got " + got);
 }
 
 // A floating-point scalar: a Python float or int. A finite value past the type's largest finite
@@ -184,15 +277,10 @@ inline double float_arg(const char* kernel, const TVMFFIAny* args, int i, const 
   } else if (a.type_index == kTVMFFIInt) {
     v = static_cast<double>(a.v_int64);
   } else {
-    raise("TypeError", std::string(kernel) + ": argument " + name + " (#" + std::to_string(i) + ") expected " + type + ", got " +
-                           type_index_name(a.type_index));
+    fail_arg_type(kernel, name, i, type, a.type_index);
   }
   if (__builtin_expect((v > max_finite || v < -max_finite) && v - v == 0.0, 0)) {  // finite and out of range
-    char got[40], max[40];
-    std::snprintf(got, sizeof got, "%.9g", v);
-    std::snprintf(max, sizeof max, "%.9g", max_finite);
-    raise("ValueError", std::string(kernel) + ": argument " + name + " expected a finite " + type + " (|value| <= " + max +
-                            ") or inf/nan, got " + got);
+    fail_float_range(kernel, name, type, max_finite, v);
   }
   return v;
 }
