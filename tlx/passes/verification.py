@@ -651,8 +651,12 @@ class _Walker:
             return s
         self.visit_expr(s.value)
         t = self.reliable(s.value, f"binding of {s.var.name}", subject=s.var.name)
-        if t is not None and not z3.is_bool(t) == (str(s.var.dtype) == "bool"):
+        if t is not None and z3.is_bool(t) == (str(s.var.dtype) == "bool"):
             self.add_fact(self.enc.var(s.var) == t)
+            # A value loaded through the variable (``end = cu[b + 1]``) shows in counterexamples, and
+            # one the kernel computed into its own memory still makes a refutation unknown.
+            self.enc.define(s.var, t)
+            self.add_name(s.var.name, self.enc.var(s.var))
         return s
 
     def visit_AssertStmt(self, s):
