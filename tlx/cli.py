@@ -43,9 +43,11 @@ def _parse_params(items: list[str]) -> dict[str, Any]:
 
 
 def load_kernel(spec: str, params: dict[str, Any]):
-    """Return (prim_func, tlx Options, source object, display name) for ``FILE.py::NAME``."""
+    """Return (prim_func, tlx Options, source, display name) for ``FILE.py::NAME``; the source
+    (the factory, or a prim_func's own definition) gives ``tlx check`` its source lines."""
     from tlx.jit import JITFunction
     from tlx.options import Options
+    from tlx.passes.check import KernelSource
 
     if "::" not in spec:
         raise SystemExit(f"tlx: expected FILE.py::NAME, got {spec!r}")
@@ -68,11 +70,10 @@ def load_kernel(spec: str, params: dict[str, Any]):
     if isinstance(obj, tvm.tirx.PrimFunc):
         if params:
             raise SystemExit(f"tlx: {name} is a prim_func; --param applies to kernel factories only")
-        return obj, Options.make(), None, name
-    factory = getattr(obj, "func", None) or getattr(obj, "orig_func", None)
+        return obj, Options.make(), KernelSource.named(file, name), name
     if hasattr(obj, "get_tir") and callable(obj.get_tir):
         out_idx = getattr(obj, "out_idx", None)
-        return obj.get_tir(**params), Options.make(out_idx=out_idx), factory or obj, name
+        return obj.get_tir(**params), Options.make(out_idx=out_idx), obj, name
     if callable(obj):
         return obj(**params), Options.make(), obj, name
     raise SystemExit(f"tlx: {name} is neither a prim_func nor a kernel factory")

@@ -73,3 +73,34 @@ def test_loads_and_stores_point_at_their_own_lines():
     lines = {a.kind: r.source_lines[a.source] for a in r.violations}
     assert lines["store"].strip() == "S[i * (tile + 1) + tx] = A[i, tx]"
     assert lines["load"].strip() == "B[i, tx] = S[tx * (tile + 1) + i]"
+
+
+def test_unreadable_source_names_the_device_statement_and_its_loops():
+    """Without readable source (a factory from ``python -c``), an item names the statement of the
+    device code and the loops around it instead of "unknown line"."""
+    r = _check("wrong_stride", source=None)
+    sources = {a.kind: a.source for a in r.violations}
+    assert sources["store"].startswith("main_kernel: S[") and sources["store"].endswith("(in loops over i)")
+    assert sources["load"].startswith("main_kernel: B[") and "(in loops over i)" in sources["load"]
+    assert "unknown line" not in r.human()
+
+
+def test_tilelang_factory_and_prim_func_have_source_lines():
+    """A ``@tilelang.jit`` factory (TileLang's JIT wrapper, which ``inspect`` cannot read) and a
+    bare ``@T.prim_func`` are traced back to their lines in the file."""
+    import tilelang.language as T
+
+    from tests.cli import tilelang_kernels as K
+    from tlx.lowering import lower
+    from tlx.passes.check import KernelSource, source_locator
+
+    target = {"kind": "cuda", "arch": "sm_90a"}
+    r = check_kernel(lower(K.scale.get_tir(N=T.dynamic("N")), target), {"source": K.scale})
+    items = [a for p in r.to_json()["preconditions"] for a in p["needed_by"]]
+    assert items and all(a["source"].startswith("tilelang_kernels.py:") for a in items), [a["source"] for a in items]
+    assert "Y[bx * block + i] = X[bx * block + i] * 2.0" in r.human()
+    source = KernelSource.named(K.__file__, "copy256")
+    assert source.first == 18 and source.lines[1].startswith("def copy256(")
+    locate, texts = source_locator(source)
+    assert locate("Y", "store", "bx * 128 + i") == "tilelang_kernels.py:22"
+    assert texts["tilelang_kernels.py:22"].strip() == "Y[bx * 128 + i] = X[bx * 128 + i]"

@@ -16,6 +16,7 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from tlx.lowering import LoweredKernel
@@ -23,7 +24,7 @@ from tlx.passes import EXIT_OK, EXIT_UNKNOWN, EXIT_VIOLATION, PassContext
 from tlx.passes.preconditions import derive_preconditions
 from tlx.passes.verification import CheckedAccess, BoundsReport, verify_kernel
 
-__all__ = ["CheckResult", "check_kernel", "check_pass", "source_locator"]
+__all__ = ["CheckResult", "KernelSource", "check_kernel", "check_pass", "source_locator"]
 
 _IDENT = re.compile(r"[A-Za-z_]\w*")
 
@@ -142,23 +143,67 @@ def _access_json(a: CheckedAccess) -> dict:
     }
 
 
-def source_locator(fn: Callable | None) -> tuple[Callable[..., str], dict[str, str]]:
-    """Map (buffer name, access kind, device index text) to ``file:line`` in the kernel factory's source.
+@dataclass(frozen=True)
+class KernelSource:
+    """Lines of Python that hold a kernel's statements: ``lines`` start at line ``first`` of ``path``."""
 
-    TileLang keeps no spans through lowering, so this finds the line of ``fn`` that
-    stores to (``name[...] =`` or a ``T.copy`` into ``name``) or reads ``name``, preferring
-    the line sharing most identifiers with the index; when nothing matches it says
-    "unknown line".
+    path: str
+    first: int
+    lines: tuple[str, ...]
+
+    @staticmethod
+    def of(obj: Any) -> KernelSource | None:
+        """The source of the kernel factory underneath ``obj``: a ``@tlx.jit`` object (its
+        ``factory``), a ``@tilelang.jit`` one (``func.orig_func``), a wrapper (``__wrapped__``),
+        or a plain function (or one whose ``factory`` attribute names where its kernel was
+        written); None when Python cannot read it (``python -c``, stdin)."""
+        if isinstance(obj, KernelSource) or obj is None:
+            return obj
+        seen = set()
+        while id(obj) not in seen:
+            seen.add(id(obj))
+            inner = next((getattr(obj, a) for a in ("factory", "orig_func", "func") if getattr(obj, a, None) is not None), None)
+            if inner is None and not inspect.isfunction(obj):
+                inner = getattr(obj, "__wrapped__", None)
+            if inner is None:
+                break
+            obj = inner
+        if not inspect.isfunction(obj):
+            return None
+        try:
+            lines, first = inspect.getsourcelines(obj)
+            path = inspect.getsourcefile(obj) or inspect.getfile(obj)
+        except (OSError, TypeError):
+            return None
+        return KernelSource(path, first, tuple(lines))
+
+    @staticmethod
+    def named(path: str, name: str) -> KernelSource | None:
+        """The top-level definition ``name`` in the file ``path`` (a bare ``@T.prim_func``)."""
+        import ast
+
+        text = Path(path).read_text()
+        for node in ast.parse(text).body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name:
+                first = min([node.lineno] + [d.lineno for d in node.decorator_list])
+                lines = text.splitlines(keepends=True)[first - 1:node.end_lineno]
+                return KernelSource(str(path), first, tuple(lines))
+        return None
+
+
+def source_locator(source: Any) -> tuple[Callable[..., str], dict[str, str]]:
+    """Map (buffer name, access kind, device index text) to ``file:line`` in the kernel's source.
+
+    ``source`` is anything :meth:`KernelSource.of` reads. TileLang keeps no spans through
+    lowering, so this finds the line that stores to (``name[...] =`` or a ``T.copy`` into
+    ``name``) or reads ``name``, preferring the line sharing most identifiers with the index;
+    when nothing matches it says "unknown line" (and the verifier names the device statement).
     """
-    if fn is None:
+    found = KernelSource.of(source)
+    if found is None:
         return (lambda name, kind, index="": "unknown line"), {}
-    target = getattr(fn, "factory", fn)
-    try:
-        src, first = inspect.getsourcelines(target)
-        path = inspect.getsourcefile(target) or "<unknown>"
-    except (OSError, TypeError):
-        return (lambda name, kind, index="": "unknown line"), {}
-    short = path.rsplit("/", 1)[-1]
+    src, first = found.lines, found.first
+    short = found.path.rsplit("/", 1)[-1]
     texts: dict[str, str] = {}
 
     def locate(name: str, kind: str, index: str = "") -> str:
@@ -167,7 +212,9 @@ def source_locator(fn: Callable | None) -> tuple[Callable[..., str], dict[str, s
         use = re.compile(rf"(^|[^\w.]){word}\s*[\[,)]")
         read = re.compile(rf"(?<![=!<>])=(?!=).*?(?<![\w.]){word}\s*\[|T\.copy\(\s*{word}\b")
         wanted = set(_IDENT.findall(index)) - {"T", "Cast", "int64", "int32", name}
-        patterns = [store, use] if kind in ("store", "overflow") else [read, use, store]
+        # where a variable gets its value: ``x = ...``, ``as (bx, x)``, ``for x in``
+        define = re.compile(rf"(^|[^\w.]){word}\s*(:[^=]*)?=(?!=)|\bas\b[^:]*(?<![\w.]){word}\b|\bfor\b[^:]*(?<![\w.]){word}\b[^:]*\bin\b")
+        patterns = [define, store, use] if kind == "overflow" else [store, use] if kind == "store" else [read, use, store]
         for pat in patterns:
             hits = []
             for i, line in enumerate(src):
@@ -188,7 +235,8 @@ def check_kernel(kernel: LoweredKernel, options: dict | None = None) -> CheckRes
     """Verify ``kernel`` as ``tlx check`` does.
 
     ``options``: ``assume`` (strings over shape variables), ``rlimit`` (per-query Z3
-    budget), ``source`` (the kernel factory or ``@tlx.jit`` object, for source lines),
+    budget), ``source`` (the kernel factory, ``@tlx.jit`` / ``@tilelang.jit`` object or
+    :class:`KernelSource`, for source lines),
     ``derive_preconditions`` (default True).
     """
     options = dict(options or {})

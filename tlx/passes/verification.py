@@ -159,6 +159,21 @@ class _Walker:
         self.guards_seen = 0
         self.guards_removed = 0
         self._overflow_seen: set[str] = set()
+        self.statement = None  # the statement being checked, named where no source line is found
+        self.loops: list[str] = []  # enclosing loop variables, innermost last
+
+    # ----- where --------------------------------------------------------------------
+    def locate(self, name: str, kind: str, index: str) -> str:
+        """``file:line`` of the kernel statement, else the device statement and its loops."""
+        store = _first_store(self.statement) if not name else None
+        if store is not None:  # arithmetic of an unnamed value (an index, a guard): the store it serves
+            name, kind = user_name(store.buffer.name), "store"
+            index = ", ".join(str(i) for i in store.indices)
+        found = self.source_map(name, kind, index) if name else "unknown line"
+        if found != "unknown line" or self.statement is None:
+            return found
+        where = f"{self.func}: {_statement_text(self.statement)}"
+        return where + (f" (in loops over {', '.join(self.loops)})" if self.loops else "")
 
     # ----- context ----------------------------------------------------------------
     def context(self) -> list:
@@ -255,7 +270,7 @@ class _Walker:
             return
         self._overflow_seen.add(text)
         a = CheckedAccess(self.func, subject, "", "overflow", str(bad.node) if bad else what, bad.dtype if bad else "", verdict.status)
-        a.source = self.source_map(subject, "overflow", a.index) if subject else "unknown line"
+        a.source = self.locate(subject, "overflow", a.index)
         if self.focus is not None and a.key() != self.focus:
             a.status = "skipped"
         if a.status == "skipped":
@@ -276,7 +291,7 @@ class _Walker:
         scope = str(buffer.scope())
         shape = list(buffer.shape)
         access = CheckedAccess(self.func, name, scope, kind, ", ".join(str(i) for i in indices), " x ".join(str(s) for s in shape))
-        access.source = self.source_map(name, kind, access.index)
+        access.source = self.locate(name, kind, access.index)
         self.accesses.append(access)
         lane = None
         ctx_extra = []
@@ -352,7 +367,7 @@ class _Walker:
         for s in buf.shape:
             size = size * s
         access = CheckedAccess(self.func, name, str(buf.scope()), "pointer", f"[{offset}, {offset} + {extent})", f"{size} x {buf.dtype}")
-        access.source = self.source_map(name, "pointer", access.index)
+        access.source = self.locate(name, "pointer", access.index)
         self.accesses.append(access)
         if self.focus is not None and access.key() != self.focus:
             access.status = "skipped"
@@ -526,6 +541,7 @@ class _Walker:
         return s
 
     def visit_AttrStmt(self, s):
+        self.statement = s
         self.push()
         if s.attr_key == "thread_extent" and isinstance(s.node, tir.IterVar):
             v = s.node.var
@@ -544,6 +560,7 @@ class _Walker:
         return s
 
     def visit_For(self, s):
+        self.statement = s
         self.visit_expr(s.min)
         self.visit_expr(s.extent)
         stored = _stored_data_vars(s.body)
@@ -565,7 +582,9 @@ class _Walker:
                 self.add_fact(v == lo + k * st)
         self.add_name(s.loop_var.name, v)
         outside = self.initialized
+        self.loops.append(s.loop_var.name)
         body = self.visit(s.body)
+        self.loops.pop()
         self.pop()
         self.forget(stored)
         self.set_initialized(outside | set(initialized_by(s, self.arrays)))
@@ -574,6 +593,7 @@ class _Walker:
         return s
 
     def visit_IfThenElse(self, s):
+        self.statement = s
         self.visit_expr(s.condition)
         c = self.reliable(s.condition, f"condition {s.condition}", as_bool=True)
         before = dict(self.enc.known_loads)
@@ -624,6 +644,7 @@ class _Walker:
                 self.enc.known_loads[key] = z3.If(cond, sides[0], sides[1])
 
     def visit_While(self, s):
+        self.statement = s
         stored = _stored_data_vars(s.body)
         self.forget(stored)
         self.visit_expr(s.condition)
@@ -639,6 +660,7 @@ class _Walker:
         return s
 
     def visit_Bind(self, s):
+        self.statement = s
         if str(s.var.dtype) == "handle":
             v = s.value
             if isinstance(v, tir.Call) and str(v.op.name) == "tirx.handle_add_byte_offset":
@@ -660,6 +682,7 @@ class _Walker:
         return s
 
     def visit_AssertStmt(self, s):
+        self.statement = s
         self.visit_expr(s.condition)
         c = self.reliable(s.condition, "assert condition", as_bool=True)
         if c is not None:
@@ -675,6 +698,7 @@ class _Walker:
         return s
 
     def visit_Evaluate(self, s):
+        self.statement = s
         v = self.visit_expr(s.value)
         self.forget(_stored_data_vars(s))
         if self.rewrite and not v.same_as(s.value):
@@ -682,6 +706,7 @@ class _Walker:
         return s
 
     def visit_BufferStore(self, s):
+        self.statement = s
         for i in s.indices:
             self.visit_expr(i)
         value = self.visit_expr(s.value)
@@ -695,6 +720,40 @@ class _Walker:
 
 
 _CP_ASYNC = ("tl.ptx_cp_async", "tirx.ptx_cp_async")
+
+
+def _first_store(s):
+    """``s`` if it is a store, else the first store inside it (a guard's body), else None."""
+    if s is None or isinstance(s, tir.BufferStore):
+        return s
+    found = []
+    tir.stmt_functor.post_order_visit(s, lambda n: found.append(n) if isinstance(n, tir.BufferStore) else None)
+    return found[0] if found else None
+
+
+def _statement_text(s, limit: int = 160) -> str:
+    """One line naming a device statement (a compound statement by its header only)."""
+    if isinstance(s, tir.BufferStore):
+        text = f"{s.buffer.name}[{', '.join(str(i) for i in s.indices)}] = {s.value}"
+    elif isinstance(s, tir.For):
+        text = f"for {s.loop_var.name} in range({s.min}, {s.min} + {s.extent})"
+    elif isinstance(s, tir.IfThenElse):
+        text = f"if {s.condition}"
+    elif isinstance(s, tir.While):
+        text = f"while {s.condition}"
+    elif isinstance(s, tir.AttrStmt):
+        node = s.node.var.name if isinstance(s.node, tir.IterVar) else type(s.node).__name__
+        text = f"attr {s.attr_key} of {node} = {s.value}"
+    elif isinstance(s, tir.Bind):
+        text = f"{s.var.name} = {s.value}"
+    elif isinstance(s, tir.AssertStmt):
+        text = f"assert {s.condition}"
+    elif isinstance(s, tir.Evaluate):
+        text = str(s.value)
+    else:
+        text = type(s).__name__
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _is_access_ptr(e) -> bool:
