@@ -59,24 +59,43 @@ def load_kernel(spec: str, params: dict[str, Any]):
     mod_spec = importlib.util.spec_from_file_location(file.stem, file)
     module = importlib.util.module_from_spec(mod_spec)
     sys.modules[file.stem] = module
-    mod_spec.loader.exec_module(module)
+    _user_code(f"cannot import {path}", lambda: mod_spec.loader.exec_module(module))
     if not hasattr(module, name):
         raise SystemExit(f"tlx: {path} has no attribute {name!r}")
     obj = getattr(module, name)
     from tilelang import tvm
 
+    building = f"cannot build {name}"
     if isinstance(obj, JITFunction):
-        return obj.get_tir(**params), obj.options, obj, name
+        return _user_code(building, lambda: obj.get_tir(**params)), obj.options, obj, name
     if isinstance(obj, tvm.tirx.PrimFunc):
         if params:
             raise SystemExit(f"tlx: {name} is a prim_func; --param applies to kernel factories only")
         return obj, Options.make(), KernelSource.named(file, name), name
     if hasattr(obj, "get_tir") and callable(obj.get_tir):
         out_idx = getattr(obj, "out_idx", None)
-        return obj.get_tir(**params), Options.make(out_idx=out_idx), obj, name
+        return _user_code(building, lambda: obj.get_tir(**params)), Options.make(out_idx=out_idx), obj, name
     if callable(obj):
-        return obj(**params), Options.make(), obj, name
+        return _user_code(building, lambda: obj(**params)), Options.make(), obj, name
     raise SystemExit(f"tlx: {name} is neither a prim_func nor a kernel factory")
+
+
+class KernelLoadError(Exception):
+    """The user's module or kernel factory raised: no verdict, and not a failure of tlx."""
+
+
+def _user_code(what: str, run):
+    """``run()``, with an exception from the user's code (other than a tlx verdict) turned into a
+    :class:`KernelLoadError` naming ``what`` failed."""
+    from tlx.passes import TlxError
+
+    try:
+        return run()
+    except (TlxError, SystemExit, KeyboardInterrupt):
+        raise
+    except Exception as e:  # noqa: BLE001  (whatever the user's code raises)
+        first = (str(e).strip().splitlines() or [""])[0][:300]
+        raise KernelLoadError(f"{what}: {type(e).__name__}: {first}") from e
 
 
 def _with_cli_options(options, args):
@@ -247,8 +266,9 @@ only when named):
      listed and checked by the launcher on every call)
   1  a deciding analysis found a violation (or the kernel fails a check that stops tlx, such as
      its pin)
-  2  no verdict: a deciding analysis failed, tlx raised an internal error, or bad usage
-     (a one-line message on stderr; TLX_TRACEBACK=1 prints the traceback)
+  2  no verdict: a deciding analysis failed, tlx raised an internal error, the kernel's module
+     or factory raised, or bad usage (a one-line message on stderr; TLX_TRACEBACK=1 prints
+     the traceback of an internal error)
   3  no violation, but a deciding analysis could not prove everything (unknown)
 A violation outranks an error, which outranks an unknown.
 """
@@ -285,8 +305,8 @@ class UsageError(Exception):
 def main(argv: list[str] | None = None) -> int:
     """Run one command. Its exit status is the command's own (``tlx check``: see CHECK_HELP);
     a verdict about the kernel that stops the command (a ``TlxError``, e.g. a pin mismatch) is
-    1, and bad usage or an exception inside tlx is 2 with a one-line message on stderr
-    (``TLX_TRACEBACK=1`` prints the traceback too)."""
+    1; bad usage, a kernel whose module or factory raises, or an exception inside tlx is 2, with
+    a one-line message on stderr (``TLX_TRACEBACK=1`` prints the traceback of the last)."""
     import os
 
     from tlx.passes import EXIT_VIOLATION, TlxError
@@ -302,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(e.code, file=sys.stderr)
         return EXIT_ERROR
-    except UsageError as e:
+    except (UsageError, KernelLoadError) as e:
         print(f"tlx {args.command}: {e}", file=sys.stderr)
         return EXIT_ERROR
     except TlxError as e:
