@@ -28,7 +28,7 @@ import tilelang  # noqa: F401
 from tilelang import tvm
 
 from tlx.ir.facts import function_facts, param_buffers, user_name
-from tlx.ir.tir import PRIVATE_SCOPES, arith_only, device_functions, op_name, scalar_dtype
+from tlx.ir.tir import PRIVATE_SCOPES, arith_only, device_functions, elem_bytes, op_name, scalar_dtype
 from tlx.lowering import LoweredKernel
 from tlx.passes import TlxError
 from tlx.passes.private_arrays import candidate_arrays, initialized_by
@@ -354,7 +354,7 @@ class _Walker:
         _, data, offset, extent, _ = call.args
         if extent_override is not None:
             extent = extent_override
-        elem_bytes = max(scalar_dtype(call.args[0].dtype)[1] // 8, 1)
+        ptr_bytes = elem_bytes(call.args[0].dtype)
         base, byte_off = data, 0
         if data in self.aliases:
             base, byte_off = self.aliases[data]
@@ -362,7 +362,7 @@ class _Walker:
         if buf is None:
             return
         name = user_name(data.name)
-        buf_bytes = max(scalar_dtype(buf.dtype)[1] // 8, 1)
+        buf_bytes = elem_bytes(buf.dtype)
         size = 1
         for s in buf.shape:
             size = size * s
@@ -376,8 +376,8 @@ class _Walker:
         self.enc.take_obligations()
         cap = self.enc.encode(size) * buf_bytes
         self.enc.take_obligations()
-        lo = self.enc.encode(byte_off) + self.enc.encode(offset) * elem_bytes
-        hi = lo + self.enc.encode(extent) * elem_bytes
+        lo = self.enc.encode(byte_off) + self.enc.encode(offset) * ptr_bytes
+        hi = lo + self.enc.encode(extent) * ptr_bytes
         obs = self.enc.take_obligations()
         if obs:
             v, _ = self.enc.prove_obligations(obs, self.context())
@@ -408,6 +408,25 @@ class _Walker:
         self.check_pointer(src, n)
         self.pop()
 
+    def check_matrix_move(self, call):
+        """``ptx_ldmatrix(trans, num, smem_ptr, local_ptr)`` / ``ptx_stmatrix(trans, num, smem_ptr, ...)``:
+        each lane's shared address is one 16-byte matrix row and each lane holds ``num`` 32-bit
+        registers, whatever element type the pointers carry (TileLang's extents count 16-bit
+        units, twice the real range for 32-bit elements)."""
+        num = call.args[1]
+        for arg in call.args[2:]:
+            if not _is_access_ptr(arg):
+                self.visit_expr(arg)
+                continue
+            for a in arg.args[2:4]:
+                self.visit_expr(a)
+            data = arg.args[1]
+            root = self.aliases.get(data, (data, 0))[0]
+            buf = self.buffers.get(root)
+            shared = buf is not None and str(buf.scope()).startswith("shared")
+            touched = tir.IntImm("int32", 16) if shared else num * 4
+            self.check_pointer(arg, tir.floordiv(touched, elem_bytes(arg.args[0].dtype)))
+
     # ----- expressions ----------------------------------------------------------------
     def visit_expr(self, e):
         """Check the accesses inside ``e``; returns ``e`` with proven ``if_then_else`` guards dropped."""
@@ -427,6 +446,9 @@ class _Walker:
                 return e
             if op in _CP_ASYNC and all(_is_access_ptr(a) for a in e.args[:2]):
                 self.check_cp_async(e, op)
+                return e
+            if op in _MATRIX_MOVES:
+                self.check_matrix_move(e)
                 return e
             args = [self.visit_expr(a) for a in e.args]
             if self.rewrite and any(not a.same_as(b) for a, b in zip(args, e.args)):
@@ -720,6 +742,7 @@ class _Walker:
 
 
 _CP_ASYNC = ("tl.ptx_cp_async", "tirx.ptx_cp_async")
+_MATRIX_MOVES = ("tl.ptx_ldmatrix", "tirx.ptx_ldmatrix", "tl.ptx_stmatrix", "tirx.ptx_stmatrix")
 
 
 def _first_store(s):
