@@ -6,8 +6,10 @@ Each example file runs in its own process: its ``main()`` is called with TileLan
 entry (``tilelang.jit``'s ``cached``) replaced by a trap that records the first ``PrimFunc``
 it is asked to build and stops the example there, so no GPU is needed. The recorded kernel is
 then checked exactly as a user would check it, through ``tlx check FILE::NAME --json`` on a
-two-line stub module that replays the capture. The table gives, per example, the accesses
-proven, violations, unknowns, preconditions and seconds; nothing is copied from the checkout.
+stub module that replays the capture (its ``factory`` is the example's, for source lines).
+Each row gives the overall exit status, every analysis' own verdict, the accesses proven,
+violations, unknowns (and how many hang on input data), preconditions, how many reported
+items name a line of the example, and seconds; nothing is copied from the checkout.
 """
 
 # cpu-only bench: scripts/gpu-check skips it (it needs a TileLang checkout, not a GPU)
@@ -20,6 +22,7 @@ import importlib.util
 import io
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -68,15 +71,30 @@ def _tensors_stay_on_the_cpu() -> None:
     torch.Tensor.to = to_cpu
 
 
+def _calling_jit_object():
+    """The ``tilelang.jit`` object whose compile called the trap (its factory gives tlx check the
+    example's source lines), or None."""
+    from tilelang.jit import JITImpl
+
+    frame = sys._getframe(2)
+    while frame is not None:
+        candidate = frame.f_locals.get("self")
+        if isinstance(candidate, JITImpl):
+            return candidate
+        frame = frame.f_back
+    return None
+
+
 def capture_first_kernel(example: str):
-    """The first PrimFunc that ``example``'s ``main()`` asks TileLang to compile."""
+    """(the first PrimFunc that ``example``'s ``main()`` asks TileLang to compile, the
+    ``tilelang.jit`` object that asked, or None)."""
     import tilelang.jit  # noqa: F401  (the package's ``jit`` attribute is the decorator, not this module)
 
     tj = sys.modules["tilelang.jit"]
     seen = []
 
     def trap(func=None, *args, **kwargs):
-        seen.append(func)
+        seen.append((func, _calling_jit_object()))
         raise _Captured
 
     tj.cached = trap
@@ -107,16 +125,20 @@ def _child(example: str) -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         stub = Path(tmp) / "captured.py"
+        # The stub's ``kernel`` is a factory returning the capture; its ``factory`` attribute
+        # points tlx check at the example's own source for line numbers.
         stub.write_text(
             f"import sys\nsys.path.insert(0, {str(HERE.parent)!r})\n"
-            f"from check_examples import capture_first_kernel\nkernel = capture_first_kernel({example!r})\n"
+            f"from check_examples import capture_first_kernel\n_prim, _jit = capture_first_kernel({example!r})\n\n\n"
+            "def kernel():\n    return _prim\n\n\nkernel.factory = _jit\n"
         )
-        buf = io.StringIO()
+        out, err = io.StringIO(), io.StringIO()
         t0 = time.perf_counter()
-        with contextlib.redirect_stdout(buf):
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             code = tlx_main(["check", f"{stub}::kernel", "--json"])
         seconds = time.perf_counter() - t0
-    print(json.dumps({"example": example, "exit": code, "seconds": seconds, "result": json.loads(buf.getvalue())}))
+    result = json.loads(out.getvalue()) if out.getvalue().strip() else None
+    print(json.dumps({"example": example, "exit": code, "seconds": seconds, "result": result, "stderr": err.getvalue()[-300:]}))
 
 
 def _examples(root: Path, only: str | None) -> list[Path]:
@@ -131,21 +153,68 @@ def _examples(root: Path, only: str | None) -> list[Path]:
     return files
 
 
+ANALYSES = ("bounds", "races", "layouts", "vectors", "banks", "numerics", "determinism")
+_EXIT = {0: "ok", 1: "violation", 2: "error", 3: "unknown"}
+
+
+def _items(res: dict) -> list[dict]:
+    """Every item the bounds report shows a user: violations, unknowns, and each access a
+    precondition is needed by."""
+    return res.get("violations", []) + res.get("unknown", []) + [a for p in res.get("preconditions", []) for a in p["needed_by"]]
+
+
 def _row(example: str, rec: dict) -> dict:
     if "result" not in rec:
         return {"example": example, "status": rec["status"], "detail": rec.get("detail", "")}
     res = rec["result"]
+    if res is None:
+        message = rec.get("stderr", "").strip()
+        # The example's own module or main() failed here (a missing package, no GPU): not tlx's verdict.
+        status = "not captured" if "cannot import" in message or "cannot build" in message else f"exit {rec['exit']}"
+        return {"example": example, "status": status, "detail": message[-200:]}
+    verdicts = res.get("verdicts", {})
+    items = _items(res)
     return {
         "example": example,
-        "status": {0: "proven", 1: "violation", 3: "unknown"}.get(rec["exit"], f"exit {rec['exit']}"),
+        "status": _EXIT.get(rec["exit"], f"exit {rec['exit']}"),  # the overall exit status (default deciding set)
+        **{a: verdicts.get(a, {}).get("verdict", "?") for a in ANALYSES},
         "accesses": res.get("accesses", 0),
         "proven": res.get("proven", 0),
         "violations": len(res.get("violations", [])),
         "unknown": len(res.get("unknown", [])),
+        "data_dependent": sum(a.get("data_dependent", False) for a in res.get("violations", []) + res.get("unknown", [])),
         "preconditions": [p["condition"] for p in res.get("preconditions", [])],
+        "items": len(items),
+        "items_with_line": sum(bool(re.match(r"[^:\s]+\.py:\d+$", a["source"])) for a in items),
         "seconds": round(rec["seconds"], 2),
+        "verify_seconds": res.get("seconds", 0.0),  # the bounds verdict alone (with preconditions)
         "violation_detail": res.get("violations", []),
+        "unknown_detail": res.get("unknown", []),
     }
+
+
+def _table(rows: list[dict]) -> str:
+    checked = [r for r in rows if "accesses" in r]
+    accesses = sum(r["accesses"] for r in checked)
+    proven = sum(r["proven"] for r in checked)
+    items = sum(r["items"] for r in checked)
+    lines = [
+        "| examples | checked | accesses | proven | proof rate | violations | unknown | data-dependent | items with a source line "
+        "| median s (bounds) | median s (whole tlx check) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        f"| {len(rows)} | {len(checked)} | {accesses} | {proven} | {proven / max(accesses, 1):.2%} | "
+        f"{sum(r['violations'] for r in checked)} | {sum(r['unknown'] for r in checked)} | {sum(r['data_dependent'] for r in checked)} | "
+        f"{sum(r['items_with_line'] for r in checked)}/{items} | "
+        f"{statistics.median([r['verify_seconds'] for r in checked]) if checked else 0:.2f} | "
+        f"{statistics.median([r['seconds'] for r in checked]) if checked else 0:.2f} |",
+        "",
+        "| analysis | ok | violation | unknown | error | not run |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for a in ANALYSES + ("status",):
+        counts = [sum(r.get(a) == v for r in checked) for v in ("ok", "violation", "unknown", "error", "not run")]
+        lines.append(f"| {a if a != 'status' else 'exit status (default deciding set)'} | " + " | ".join(map(str, counts)) + " |")
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -180,20 +249,14 @@ def main(argv: list[str] | None = None) -> int:
         except subprocess.TimeoutExpired:
             rec = {"status": "timeout", "detail": f"over {args.timeout} s"}
         rows.append(_row(rel, rec))
-        print(json.dumps({k: v for k, v in rows[-1].items() if k != "violation_detail"}), flush=True)
-    checked = [r for r in rows if "accesses" in r]
-    accesses = sum(r["accesses"] for r in checked)
-    proven = sum(r["proven"] for r in checked)
-    print("\n| examples | checked | accesses | proven | proof rate | violations | unknown | median s |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
-    print(f"| {len(rows)} | {len(checked)} | {accesses} | {proven} | {proven / max(accesses, 1):.1%} | "
-          f"{sum(r['violations'] for r in checked)} | {sum(r['unknown'] for r in checked)} | "
-          f"{statistics.median([r['seconds'] for r in checked]) if checked else 0:.2f} |")
+        print(json.dumps({k: v for k, v in rows[-1].items() if not k.endswith("_detail")}), flush=True)
+    print()
+    print(_table(rows))
     for r in rows:
-        if r.get("violations") or r["status"] in ("error", "timeout"):
-            print(f"- {r['example']}: {r['status']} {r.get('detail', '')}")
-            for v in r.get("violation_detail", []):
-                print(f"    {json.dumps(v)[:300]}")
+        if r.get("violations") or r.get("unknown") or r["status"] not in ("ok", "violation", "unknown"):
+            print(f"- {r['example']}: {r['status']} (bounds {r.get('bounds', '-')}) {r.get('detail', '')}")
+            for v in r.get("violation_detail", []) + r.get("unknown_detail", []):
+                print(f"    {json.dumps(v)[:400]}")
     if args.out:
         Path(args.out).write_text(json.dumps(rows, indent=1))
     return 0

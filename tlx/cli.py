@@ -43,9 +43,11 @@ def _parse_params(items: list[str]) -> dict[str, Any]:
 
 
 def load_kernel(spec: str, params: dict[str, Any]):
-    """Return (prim_func, tlx Options, source object, display name) for ``FILE.py::NAME``."""
+    """Return (prim_func, tlx Options, source, display name) for ``FILE.py::NAME``; the source
+    (the factory, or a prim_func's own definition) gives ``tlx check`` its source lines."""
     from tlx.jit import JITFunction
     from tlx.options import Options
+    from tlx.passes.check import KernelSource
 
     if "::" not in spec:
         raise SystemExit(f"tlx: expected FILE.py::NAME, got {spec!r}")
@@ -57,25 +59,43 @@ def load_kernel(spec: str, params: dict[str, Any]):
     mod_spec = importlib.util.spec_from_file_location(file.stem, file)
     module = importlib.util.module_from_spec(mod_spec)
     sys.modules[file.stem] = module
-    mod_spec.loader.exec_module(module)
+    _user_code(f"cannot import {path}", lambda: mod_spec.loader.exec_module(module))
     if not hasattr(module, name):
         raise SystemExit(f"tlx: {path} has no attribute {name!r}")
     obj = getattr(module, name)
     from tilelang import tvm
 
+    building = f"cannot build {name}"
     if isinstance(obj, JITFunction):
-        return obj.get_tir(**params), obj.options, obj, name
+        return _user_code(building, lambda: obj.get_tir(**params)), obj.options, obj, name
     if isinstance(obj, tvm.tirx.PrimFunc):
         if params:
             raise SystemExit(f"tlx: {name} is a prim_func; --param applies to kernel factories only")
-        return obj, Options.make(), None, name
-    factory = getattr(obj, "func", None) or getattr(obj, "orig_func", None)
+        return obj, Options.make(), KernelSource.named(file, name), name
     if hasattr(obj, "get_tir") and callable(obj.get_tir):
         out_idx = getattr(obj, "out_idx", None)
-        return obj.get_tir(**params), Options.make(out_idx=out_idx), factory or obj, name
+        return _user_code(building, lambda: obj.get_tir(**params)), Options.make(out_idx=out_idx), obj, name
     if callable(obj):
-        return obj(**params), Options.make(), obj, name
+        return _user_code(building, lambda: obj(**params)), Options.make(), obj, name
     raise SystemExit(f"tlx: {name} is neither a prim_func nor a kernel factory")
+
+
+class KernelLoadError(Exception):
+    """The user's module or kernel factory raised: no verdict, and not a failure of tlx."""
+
+
+def _user_code(what: str, run):
+    """``run()``, with an exception from the user's code (other than a tlx verdict) turned into a
+    :class:`KernelLoadError` naming ``what`` failed."""
+    from tlx.passes import TlxError
+
+    try:
+        return run()
+    except (TlxError, SystemExit, KeyboardInterrupt):
+        raise
+    except Exception as e:  # noqa: BLE001  (whatever the user's code raises)
+        first = (str(e).strip().splitlines() or [""])[0][:300]
+        raise KernelLoadError(f"{what}: {type(e).__name__}: {first}") from e
 
 
 def _with_cli_options(options, args):
@@ -103,26 +123,50 @@ def _cmd_source(args, stage: str) -> int:
 
 def _cmd_check(args) -> int:
     """The compile pipeline up to its passes, reporting instead of raising: the bounds verdict of
-    the ``check`` pass, and every other pass's report as a section."""
+    the ``check`` pass, every other pass's report as a section, and the exit status of the
+    analyses ``--only`` names (see :mod:`tlx.passes.check`)."""
     import warnings
 
     from tlx.compiler import compile_artifacts
-    from tlx.passes.pipeline import pass_names
+    from tlx.passes.check import ANALYSES, DECIDING_BY_DEFAULT
 
+    deciding = _only(args)
     prim, options, source, name = load_kernel(args.kernel, _parse_params(args.param))
-    skip = [p for p in pass_names() if p != "check"] if args.bounds_only else []
+    chosen = DECIDING_BY_DEFAULT if args.only is None and not args.bounds_only else deciding
+    run = set(ANALYSES) if args.only is None and not args.bounds_only else set(deciding)
+    skip = [ANALYSES[a][0] for a in ANALYSES if a not in run and a != "bounds"]
     options = _with_cli_options(options, args).replace(verify="warn", eliminate_guards=False, report_only=True, skip_passes=skip)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         _, build = compile_artifacts(prim, options, name=name, stop_after="passes", source=source)
     result = build.passes.check
     if result is None:
-        raise RuntimeError(f"tlx check: the bounds verifier failed on {name}: {build.reports.get('check', {}).get('error')}")
+        failure = build.reports.get("check", {}).get("error", "no result")
+        raise RuntimeError(f"the bounds verifier failed on {name}: {failure}")
+    result.deciding = tuple(a for a in ANALYSES if a in chosen)
+    by_pass = {pass_name: (analysis, section) for analysis, (pass_name, section) in ANALYSES.items()}
     for section, report in build.reports.items():
-        code = report.get("exit_code", 0) if isinstance(report, dict) else 0
-        result.add_section(section, report, exit_code=code)
+        if section in by_pass and isinstance(report, dict) and report.get("status") == "failed":
+            result.errors[by_pass[section][0]] = report.get("error", "failed")  # a pass that raised
+        elif section not in ("check", "bounds"):
+            result.add_section(section, report)
     print(json.dumps(result.to_json(), indent=1, default=str) if args.json else result.human())
     return result.exit_code
+
+
+def _only(args) -> tuple[str, ...]:
+    """The analyses ``--only`` (or ``--bounds-only``) names, checked against ``ANALYSES``."""
+    from tlx.passes.check import ANALYSES
+
+    if args.bounds_only:
+        return ("bounds",)
+    if args.only is None:
+        return tuple(ANALYSES)
+    names = tuple(n.strip() for n in args.only.split(",") if n.strip())
+    unknown = [n for n in names if n not in ANALYSES]
+    if unknown or not names:
+        raise UsageError(f"--only: expected a comma-separated list among {', '.join(ANALYSES)}, got {args.only!r}")
+    return names
 
 
 def _cmd_pin(args) -> int:
@@ -202,6 +246,34 @@ def _add_kernel_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--assume", action="append", default=[], metavar="EXPR", help="assumption on shape variables, e.g. 'M %% 128 == 0'")
 
 
+CHECK_HELP = """\
+Prove every access of the kernel in bounds and run tlx's other analyses over it.
+
+Each analysis gives its own verdict (text: the "verdicts:" block; JSON: "verdicts"):
+  ok, violation, unknown, error (the analysis itself failed) or not run.
+  bounds       every buffer access and index computation, for every shape the launcher accepts
+  races        shared-memory data races between threads
+  layouts      fragment layouts are bijective
+  vectors      vector accesses are aligned and contiguous
+  banks        shared-memory bank conflicts (performance)
+  numerics     the numerics mode (no fast-math or approximate intrinsics unless allowed)
+  determinism  floating-point atomics, split reductions, batch-dependent reduction order
+
+Exit status, from the analyses that decide it (default: bounds, races, layouts, vectors and
+numerics; --only A,B runs only A and B and lets only them decide; banks and determinism decide
+only when named):
+  0  every deciding analysis is ok (bounds may hold under derived preconditions, which are
+     listed and checked by the launcher on every call)
+  1  a deciding analysis found a violation (or the kernel fails a check that stops tlx, such as
+     its pin)
+  2  no verdict: a deciding analysis failed, tlx raised an internal error, the kernel's module
+     or factory raised, or bad usage (a one-line message on stderr; TLX_TRACEBACK=1 prints
+     the traceback of an internal error)
+  3  no violation, but a deciding analysis could not prove everything (unknown)
+A violation outranks an error, which outranks an unknown.
+"""
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="tlx", description="tlx: TileLang with proofs, generated launchers and exact numerics.")
     sub = ap.add_subparsers(dest="command", required=True)
@@ -209,10 +281,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add_kernel_args(p)
     p = sub.add_parser("device", help="print the CUDA source of the kernel (no GPU needed)")
     _add_kernel_args(p)
-    p = sub.add_parser("check", help="prove every access in bounds (and the other analyses) or report counterexamples")
+    p = sub.add_parser("check", help="prove every access in bounds (and the other analyses) or report counterexamples",
+                       description=CHECK_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_kernel_args(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--bounds-only", action="store_true", help="skip layout, numerics and other analyses")
+    p.add_argument("--only", default=None, metavar="A,B", help="run only these analyses, and let only them decide the exit "
+                   "status: bounds, races, layouts, vectors, banks, numerics, determinism")
+    p.add_argument("--bounds-only", action="store_true", help="the same as --only bounds")
     p = sub.add_parser("pin", help="record the order-affecting compile decisions into a pin file beside the kernel")
     _add_kernel_args(p)
     p.add_argument("--output", default=None, help="pin file path (default: NAME.pin.json beside FILE)")
@@ -223,19 +298,45 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+class UsageError(Exception):
+    """A command line that cannot be run as given (exit status 2)."""
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run one command. Its exit status is the command's own (``tlx check``: see CHECK_HELP);
+    a verdict about the kernel that stops the command (a ``TlxError``, e.g. a pin mismatch) is
+    1; bad usage, a kernel whose module or factory raises, or an exception inside tlx is 2, with
+    a one-line message on stderr (``TLX_TRACEBACK=1`` prints the traceback of the last)."""
+    import os
+
+    from tlx.passes import EXIT_VIOLATION, TlxError
+    from tlx.passes.check import EXIT_ERROR
+
     args = build_parser().parse_args(argv)
-    if args.command == "host":
-        return _cmd_source(args, "launcher")
-    if args.command == "device":
-        return _cmd_source(args, "cuda")
-    if args.command == "check":
-        return _cmd_check(args)
-    if args.command == "pin":
-        return _cmd_pin(args)
-    if args.command == "bench":
-        return _cmd_bench(args)
-    return 2
+    commands = {"host": lambda: _cmd_source(args, "launcher"), "device": lambda: _cmd_source(args, "cuda"),
+                "check": lambda: _cmd_check(args), "pin": lambda: _cmd_pin(args), "bench": lambda: _cmd_bench(args)}
+    try:
+        return commands[args.command]()
+    except SystemExit as e:
+        if not isinstance(e.code, str):
+            raise
+        print(e.code, file=sys.stderr)
+        return EXIT_ERROR
+    except (UsageError, KernelLoadError) as e:
+        print(f"tlx {args.command}: {e}", file=sys.stderr)
+        return EXIT_ERROR
+    except TlxError as e:
+        print(f"tlx {args.command}: {type(e).__name__}: {e}", file=sys.stderr)
+        return EXIT_VIOLATION
+    except Exception as e:  # noqa: BLE001  (any other exception is tlx's failure, not a verdict)
+        if os.environ.get("TLX_TRACEBACK"):
+            import traceback
+
+            traceback.print_exc()
+        first = (str(e).strip().splitlines() or [""])[0][:300]
+        print(f"tlx {args.command}: internal error on {getattr(args, 'kernel', '')}: {type(e).__name__}: {first} "
+              f"(exit {EXIT_ERROR}; TLX_TRACEBACK=1 shows the traceback)", file=sys.stderr)
+        return EXIT_ERROR
 
 
 if __name__ == "__main__":

@@ -98,3 +98,63 @@ def test_check_applies_the_kernels_pin(cache, tmp_path):
     assert report["file"] == str(own) and report["reapplied_pass_configs"] == ["tl.disable_out_of_bound_warning"]
     out = tlx("check", f"{module}::mispinned", "--json", cache=cache)
     assert out.returncode != 0 and "PinMismatchError" in out.stderr and "no longer exist" in out.stderr
+
+
+def _check_in_process(capsys, *args):
+    from tlx.cli import main
+
+    code = main(["check", f"{SAMPLES}::add", "--param", "M=dynamic", "--param", "N=1024", *args])
+    out = capsys.readouterr()
+    return code, out
+
+
+def test_check_reports_each_verdict_and_only_chooses_what_decides(capsys):
+    code, out = _check_in_process(capsys, "--json", "--only", "bounds,vectors")
+    result = json.loads(out.out)
+    verdicts = result["verdicts"]
+    assert set(verdicts) == {"bounds", "races", "layouts", "vectors", "banks", "numerics", "determinism"}
+    assert verdicts["bounds"]["verdict"] == "ok" and verdicts["bounds"]["decides"]
+    assert verdicts["races"] == {"verdict": "not run", "exit_code": 0, "decides": False, "summary": ""}
+    assert result["decided_by"] == ["bounds", "vectors"] and code == result["exit_code"] == verdicts["vectors"]["exit_code"]
+    code, out = _check_in_process(capsys)
+    lines = out.out.splitlines()
+    assert lines[-1] == f"exit {code}: " + {0: "OK", 1: "VIOLATION", 2: "ERROR", 3: "UNKNOWN"}[code]
+    assert any(line.split()[:2] == ["races", "OK"] or line.split()[:2] == ["races", "UNKNOWN"] for line in lines)
+
+
+def test_a_failing_analysis_is_an_error_verdict_with_exit_2(capsys, monkeypatch):
+    from tlx.passes import pipeline
+
+    def broken(kernel, ctx):
+        raise ValueError("a construct the race model cannot read")
+
+    passes = tuple(pipeline.Pass(p.name, broken, p.enabled) if p.name == "races" else p for p in pipeline.PASSES)
+    monkeypatch.setattr(pipeline, "PASSES", passes)
+    code, out = _check_in_process(capsys, "--json", "--only", "bounds,races")
+    races = json.loads(out.out)["verdicts"]["races"]
+    assert races["verdict"] == "error" and "race model cannot read" in races["summary"]
+    assert code == 2
+    code, out = _check_in_process(capsys, "--json", "--only", "bounds")
+    assert code == 0, "an analysis that does not decide cannot fail the check"
+
+
+def test_an_internal_error_exits_2_with_one_line(capsys, monkeypatch):
+    import tlx.compiler
+
+    def crash(*args, **kwargs):
+        raise KeyError("lowered")
+
+    monkeypatch.setattr(tlx.compiler, "compile_artifacts", crash)
+    code, out = _check_in_process(capsys)
+    assert code == 2 and out.out == ""
+    (line,) = out.err.strip().splitlines()
+    assert line.startswith("tlx check: internal error on ") and "KeyError: 'lowered'" in line
+
+
+def test_check_usage_errors_exit_2(cache):
+    out = tlx("check", f"{SAMPLES}::add", "--only", "bounds,race", cache=cache)
+    assert out.returncode == 2 and "--only: expected a comma-separated list among bounds, races" in out.stderr
+    out = tlx("check", f"{SAMPLES}::nope", cache=cache)
+    assert out.returncode == 2 and "has no attribute 'nope'" in out.stderr
+    help_text = tlx("check", "--help", cache=cache).stdout
+    assert "Exit status" in help_text and "--only" in help_text

@@ -16,7 +16,7 @@ from tlx.passes.verification import CheckedAccess, BoundsReport, verify_kernel
 
 tir = tvm.tirx
 
-__all__ = ["derive_preconditions"]
+__all__ = ["accesses_needing", "derive_preconditions"]
 
 
 def _tile_constants(kernel: LoweredKernel) -> list[int]:
@@ -171,3 +171,25 @@ def _satisfiable(kernel, assume, chosen) -> bool:
     enc = Encoder()
     variables, terms = shape_setup(enc, kernel, tuple(assume), [c for c, _ in chosen])
     return enc.check([t >= 1 for t in terms.values()]).status == "violation"
+
+
+def accesses_needing(kernel: LoweredKernel, preconditions: list[Precondition], report: BoundsReport, final: BoundsReport,
+                     assume=(), rlimit: int = DEFAULT_RLIMIT, source_map=None) -> list[list[CheckedAccess]]:
+    """For each precondition, every access (or overflow) proven under all of them that fails
+    without it, with the counterexample of that failure (from a walk under the others).
+
+    An access that fails only when several are dropped at once is listed under each of them,
+    with its counterexample from the walk without any."""
+    still = {a.key() for a in final.violations() + final.unknowns()}  # an overflow proven leaves no entry
+    before = {a.key(): a for a in report.violations() + report.unknowns() if a.key() not in still}
+    if len(preconditions) == 1:
+        return [list(before.values())]
+    lists, named = [], set()
+    for i in range(len(preconditions)):
+        others = [q.expr for j, q in enumerate(preconditions) if j != i]
+        without, _ = verify_kernel(kernel, assume, others, rlimit, source_map=source_map, hulls=report.hulls)
+        failing = [a for a in without.violations() + without.unknowns() if a.key() not in still]
+        named |= {a.key() for a in failing}
+        lists.append(failing)
+    shared = [a for key, a in before.items() if key not in named]
+    return [failing + shared for failing in lists]

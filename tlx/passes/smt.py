@@ -159,6 +159,7 @@ class Encoder:
         self.known_loads: dict = {}  # (buffer data var, constant index) -> Z3 term of the value it holds
         self.content_ranges: dict = {}  # private array's data var -> (lo, hi) of every element (private_arrays)
         self.opaque_loads: dict[str, tuple[str, str]] = {}  # fresh variable name -> (load text "ids[i]", buffer scope)
+        self.definitions: dict[str, Any] = {}  # bound variable's term name -> the term bound to it (a ``Bind``)
         self.read_only: set = set()  # data vars of inputs the function never writes (see know())
         self._read_only_loads: dict = {}  # (data var, simplified index terms) -> the value loaded there
         # Counters (see know()): data var -> (start, [(step, [loop extents]), ...]).
@@ -180,6 +181,11 @@ class Encoder:
     def bind(self, v, to) -> None:
         """Encode TIR variable ``v`` as the same term as ``to`` (a device parameter that is a shape variable)."""
         self._vars[v] = self._var(to)
+
+    def define(self, v, term) -> None:
+        """Record that TIR variable ``v`` is bound to ``term`` (a ``Bind``), so that the
+        loads behind the variable are found by :meth:`loaded_values`."""
+        self.definitions[str(self.var(v))] = term
 
     def var(self, v) -> Any:
         """The Z3 term of TIR variable ``v`` (registered on first use with its dtype's range)."""
@@ -657,7 +663,8 @@ class Encoder:
         return hi
 
     def loaded_values(self, model, terms) -> dict[str, tuple[int, str]]:
-        """Values the model gives to the memory loads that ``terms`` depend on ("ids[i]" -> (70, "global"))."""
+        """Values the model gives to the memory loads that ``terms`` depend on ("ids[i]" -> (70, "global")),
+        also through bound variables (``end = cu[b + 1]`` then ``X[end - 1]``)."""
         out: dict[str, tuple[int, str]] = {}
         seen: set = set()
         stack = list(terms)
@@ -671,6 +678,9 @@ class Encoder:
                 v = self.model_value(model, t) if desc else None
                 if desc and v is not None:
                     out[desc[0]] = (int(v), desc[1])
+                bound = self.definitions.get(t.decl().name())
+                if bound is not None:
+                    stack.append(bound)
             stack.extend(t.children())
         return out
 

@@ -28,7 +28,7 @@ import tilelang  # noqa: F401
 from tilelang import tvm
 
 from tlx.ir.facts import function_facts, param_buffers, user_name
-from tlx.ir.tir import PRIVATE_SCOPES, arith_only, device_functions, op_name, scalar_dtype
+from tlx.ir.tir import PRIVATE_SCOPES, arith_only, device_functions, elem_bytes, op_name, scalar_dtype
 from tlx.lowering import LoweredKernel
 from tlx.passes import TlxError
 from tlx.passes.private_arrays import candidate_arrays, initialized_by
@@ -159,6 +159,21 @@ class _Walker:
         self.guards_seen = 0
         self.guards_removed = 0
         self._overflow_seen: set[str] = set()
+        self.statement = None  # the statement being checked, named where no source line is found
+        self.loops: list[str] = []  # enclosing loop variables, innermost last
+
+    # ----- where --------------------------------------------------------------------
+    def locate(self, name: str, kind: str, index: str) -> str:
+        """``file:line`` of the kernel statement, else the device statement and its loops."""
+        store = _first_store(self.statement) if not name else None
+        if store is not None:  # arithmetic of an unnamed value (an index, a guard): the store it serves
+            name, kind = user_name(store.buffer.name), "store"
+            index = ", ".join(str(i) for i in store.indices)
+        found = self.source_map(name, kind, index) if name else "unknown line"
+        if found != "unknown line" or self.statement is None:
+            return found
+        where = f"{self.func}: {_statement_text(self.statement)}"
+        return where + (f" (in loops over {', '.join(self.loops)})" if self.loops else "")
 
     # ----- context ----------------------------------------------------------------
     def context(self) -> list:
@@ -255,7 +270,7 @@ class _Walker:
             return
         self._overflow_seen.add(text)
         a = CheckedAccess(self.func, subject, "", "overflow", str(bad.node) if bad else what, bad.dtype if bad else "", verdict.status)
-        a.source = self.source_map(subject, "overflow", a.index) if subject else "unknown line"
+        a.source = self.locate(subject, "overflow", a.index)
         if self.focus is not None and a.key() != self.focus:
             a.status = "skipped"
         if a.status == "skipped":
@@ -276,7 +291,7 @@ class _Walker:
         scope = str(buffer.scope())
         shape = list(buffer.shape)
         access = CheckedAccess(self.func, name, scope, kind, ", ".join(str(i) for i in indices), " x ".join(str(s) for s in shape))
-        access.source = self.source_map(name, kind, access.index)
+        access.source = self.locate(name, kind, access.index)
         self.accesses.append(access)
         lane = None
         ctx_extra = []
@@ -339,7 +354,7 @@ class _Walker:
         _, data, offset, extent, _ = call.args
         if extent_override is not None:
             extent = extent_override
-        elem_bytes = max(scalar_dtype(call.args[0].dtype)[1] // 8, 1)
+        ptr_bytes = elem_bytes(call.args[0].dtype)
         base, byte_off = data, 0
         if data in self.aliases:
             base, byte_off = self.aliases[data]
@@ -347,12 +362,12 @@ class _Walker:
         if buf is None:
             return
         name = user_name(data.name)
-        buf_bytes = max(scalar_dtype(buf.dtype)[1] // 8, 1)
+        buf_bytes = elem_bytes(buf.dtype)
         size = 1
         for s in buf.shape:
             size = size * s
         access = CheckedAccess(self.func, name, str(buf.scope()), "pointer", f"[{offset}, {offset} + {extent})", f"{size} x {buf.dtype}")
-        access.source = self.source_map(name, "pointer", access.index)
+        access.source = self.locate(name, "pointer", access.index)
         self.accesses.append(access)
         if self.focus is not None and access.key() != self.focus:
             access.status = "skipped"
@@ -361,8 +376,8 @@ class _Walker:
         self.enc.take_obligations()
         cap = self.enc.encode(size) * buf_bytes
         self.enc.take_obligations()
-        lo = self.enc.encode(byte_off) + self.enc.encode(offset) * elem_bytes
-        hi = lo + self.enc.encode(extent) * elem_bytes
+        lo = self.enc.encode(byte_off) + self.enc.encode(offset) * ptr_bytes
+        hi = lo + self.enc.encode(extent) * ptr_bytes
         obs = self.enc.take_obligations()
         if obs:
             v, _ = self.enc.prove_obligations(obs, self.context())
@@ -393,6 +408,25 @@ class _Walker:
         self.check_pointer(src, n)
         self.pop()
 
+    def check_matrix_move(self, call):
+        """``ptx_ldmatrix(trans, num, smem_ptr, local_ptr)`` / ``ptx_stmatrix(trans, num, smem_ptr, ...)``:
+        each lane's shared address is one 16-byte matrix row and each lane holds ``num`` 32-bit
+        registers, whatever element type the pointers carry (TileLang's extents count 16-bit
+        units, twice the real range for 32-bit elements)."""
+        num = call.args[1]
+        for arg in call.args[2:]:
+            if not _is_access_ptr(arg):
+                self.visit_expr(arg)
+                continue
+            for a in arg.args[2:4]:
+                self.visit_expr(a)
+            data = arg.args[1]
+            root = self.aliases.get(data, (data, 0))[0]
+            buf = self.buffers.get(root)
+            shared = buf is not None and str(buf.scope()).startswith("shared")
+            touched = tir.IntImm("int32", 16) if shared else num * 4
+            self.check_pointer(arg, tir.floordiv(touched, elem_bytes(arg.args[0].dtype)))
+
     # ----- expressions ----------------------------------------------------------------
     def visit_expr(self, e):
         """Check the accesses inside ``e``; returns ``e`` with proven ``if_then_else`` guards dropped."""
@@ -412,6 +446,9 @@ class _Walker:
                 return e
             if op in _CP_ASYNC and all(_is_access_ptr(a) for a in e.args[:2]):
                 self.check_cp_async(e, op)
+                return e
+            if op in _MATRIX_MOVES:
+                self.check_matrix_move(e)
                 return e
             args = [self.visit_expr(a) for a in e.args]
             if self.rewrite and any(not a.same_as(b) for a, b in zip(args, e.args)):
@@ -526,6 +563,7 @@ class _Walker:
         return s
 
     def visit_AttrStmt(self, s):
+        self.statement = s
         self.push()
         if s.attr_key == "thread_extent" and isinstance(s.node, tir.IterVar):
             v = s.node.var
@@ -544,6 +582,7 @@ class _Walker:
         return s
 
     def visit_For(self, s):
+        self.statement = s
         self.visit_expr(s.min)
         self.visit_expr(s.extent)
         stored = _stored_data_vars(s.body)
@@ -565,7 +604,9 @@ class _Walker:
                 self.add_fact(v == lo + k * st)
         self.add_name(s.loop_var.name, v)
         outside = self.initialized
+        self.loops.append(s.loop_var.name)
         body = self.visit(s.body)
+        self.loops.pop()
         self.pop()
         self.forget(stored)
         self.set_initialized(outside | set(initialized_by(s, self.arrays)))
@@ -574,6 +615,7 @@ class _Walker:
         return s
 
     def visit_IfThenElse(self, s):
+        self.statement = s
         self.visit_expr(s.condition)
         c = self.reliable(s.condition, f"condition {s.condition}", as_bool=True)
         before = dict(self.enc.known_loads)
@@ -624,6 +666,7 @@ class _Walker:
                 self.enc.known_loads[key] = z3.If(cond, sides[0], sides[1])
 
     def visit_While(self, s):
+        self.statement = s
         stored = _stored_data_vars(s.body)
         self.forget(stored)
         self.visit_expr(s.condition)
@@ -639,6 +682,7 @@ class _Walker:
         return s
 
     def visit_Bind(self, s):
+        self.statement = s
         if str(s.var.dtype) == "handle":
             v = s.value
             if isinstance(v, tir.Call) and str(v.op.name) == "tirx.handle_add_byte_offset":
@@ -651,11 +695,16 @@ class _Walker:
             return s
         self.visit_expr(s.value)
         t = self.reliable(s.value, f"binding of {s.var.name}", subject=s.var.name)
-        if t is not None and not z3.is_bool(t) == (str(s.var.dtype) == "bool"):
+        if t is not None and z3.is_bool(t) == (str(s.var.dtype) == "bool"):
             self.add_fact(self.enc.var(s.var) == t)
+            # A value loaded through the variable (``end = cu[b + 1]``) shows in counterexamples, and
+            # one the kernel computed into its own memory still makes a refutation unknown.
+            self.enc.define(s.var, t)
+            self.add_name(s.var.name, self.enc.var(s.var))
         return s
 
     def visit_AssertStmt(self, s):
+        self.statement = s
         self.visit_expr(s.condition)
         c = self.reliable(s.condition, "assert condition", as_bool=True)
         if c is not None:
@@ -671,6 +720,7 @@ class _Walker:
         return s
 
     def visit_Evaluate(self, s):
+        self.statement = s
         v = self.visit_expr(s.value)
         self.forget(_stored_data_vars(s))
         if self.rewrite and not v.same_as(s.value):
@@ -678,6 +728,7 @@ class _Walker:
         return s
 
     def visit_BufferStore(self, s):
+        self.statement = s
         for i in s.indices:
             self.visit_expr(i)
         value = self.visit_expr(s.value)
@@ -691,6 +742,41 @@ class _Walker:
 
 
 _CP_ASYNC = ("tl.ptx_cp_async", "tirx.ptx_cp_async")
+_MATRIX_MOVES = ("tl.ptx_ldmatrix", "tirx.ptx_ldmatrix", "tl.ptx_stmatrix", "tirx.ptx_stmatrix")
+
+
+def _first_store(s):
+    """``s`` if it is a store, else the first store inside it (a guard's body), else None."""
+    if s is None or isinstance(s, tir.BufferStore):
+        return s
+    found = []
+    tir.stmt_functor.post_order_visit(s, lambda n: found.append(n) if isinstance(n, tir.BufferStore) else None)
+    return found[0] if found else None
+
+
+def _statement_text(s, limit: int = 160) -> str:
+    """One line naming a device statement (a compound statement by its header only)."""
+    if isinstance(s, tir.BufferStore):
+        text = f"{s.buffer.name}[{', '.join(str(i) for i in s.indices)}] = {s.value}"
+    elif isinstance(s, tir.For):
+        text = f"for {s.loop_var.name} in range({s.min}, {s.min} + {s.extent})"
+    elif isinstance(s, tir.IfThenElse):
+        text = f"if {s.condition}"
+    elif isinstance(s, tir.While):
+        text = f"while {s.condition}"
+    elif isinstance(s, tir.AttrStmt):
+        node = s.node.var.name if isinstance(s.node, tir.IterVar) else type(s.node).__name__
+        text = f"attr {s.attr_key} of {node} = {s.value}"
+    elif isinstance(s, tir.Bind):
+        text = f"{s.var.name} = {s.value}"
+    elif isinstance(s, tir.AssertStmt):
+        text = f"assert {s.condition}"
+    elif isinstance(s, tir.Evaluate):
+        text = str(s.value)
+    else:
+        text = type(s).__name__
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _is_access_ptr(e) -> bool:

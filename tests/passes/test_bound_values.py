@@ -1,0 +1,89 @@
+"""Values reached through a bound variable (``end = cu[b + 1]``, ``j = S[...]``): the verifier
+uses the binding, shows the loaded value in the counterexample, marks the refutation
+data-dependent, and never turns a value it does not track into a violation."""
+
+import tilelang.language as T
+
+import tlx
+from tests.passes.corpus import lower_jit
+from tlx.passes.verification import verify_kernel
+
+TARGET = {"kind": "cuda", "arch": "sm_90a"}
+
+
+@tlx.jit(out_idx=[2], target=TARGET, verify="off")
+def ragged_end(batch=4, length=1024, threads=128):
+    """Each block reads backwards from its sequence's end offset, read from an input table."""
+
+    @T.prim_func
+    def main(cu: T.Tensor((batch + 1,), "int32"), X: T.Tensor((length,), "float32"), Y: T.Tensor((batch, threads), "float32")):
+        with T.Kernel(batch, threads=threads) as b:
+            tx = T.get_thread_binding()
+            end = cu[b + 1]
+            Y[b, tx] = X[end - 1 - tx]
+
+    return main
+
+
+@tlx.jit(out_idx=[1], target=TARGET, verify="off")
+def rotate_through_shared(threads=128):
+    """A correct kernel whose index is a value the kernel itself wrote to shared memory."""
+
+    @T.prim_func
+    def main(X: T.Tensor((threads,), "float32"), Y: T.Tensor((threads,), "float32")):
+        with T.Kernel(1, threads=threads) as b:
+            tx = T.get_thread_binding()
+            S = T.alloc_shared((threads,), "int32")
+            F = T.alloc_shared((threads,), "float32")
+            S[tx] = tx
+            F[tx] = X[tx]
+            T.sync_threads()
+            j = S[(tx + 1) % threads]
+            Y[tx] = F[j]
+
+    return main
+
+
+@tlx.jit(out_idx=[2], target=TARGET, verify="off")
+def guarded_gather(n=256, bins=64, threads=128):
+    """``k = ids[i]`` indexes a shared table (which TileLang does not guard); the guard tests the
+    input element itself, so ``k`` is in bounds only through its binding."""
+
+    @T.prim_func
+    def main(ids: T.Tensor((n,), "int32"), W: T.Tensor((bins,), "float32"), Y: T.Tensor((n,), "float32")):
+        with T.Kernel(n // threads, threads=threads) as b:
+            tx = T.get_thread_binding()
+            S = T.alloc_shared((bins,), "float32")
+            if tx < bins:
+                S[tx] = W[tx]
+            T.sync_threads()
+            k = ids[b * threads + tx]
+            if ids[b * threads + tx] >= 0 and ids[b * threads + tx] < bins:
+                Y[b * threads + tx] = S[k]
+
+    return main
+
+
+def _accesses(fn, buffer):
+    report, _ = verify_kernel(lower_jit(fn))
+    return [a for a in report.accesses if a.buffer == buffer]
+
+
+def test_loaded_end_offset_is_data_dependent_and_shown():
+    overflow = next(a for a in _accesses(ragged_end, "") if a.kind == "overflow")
+    assert overflow.status == "violation" and overflow.data_dependent
+    assert "end" in overflow.counterexample
+    assert overflow.counterexample["cu[bx + 1]"] == overflow.counterexample["end"]
+    assert "when the input holds cu[bx + 1] = " in overflow.detail
+
+
+def test_value_from_shared_memory_is_unknown_not_a_violation():
+    (load,) = [a for a in _accesses(rotate_through_shared, "F") if a.kind == "load"]
+    assert load.status == "unknown", load.detail
+    assert "does not track" in load.detail
+    assert "S[(tx + 1) % 128]" in load.counterexample, load.counterexample
+
+
+def test_binding_is_a_fact():
+    (load,) = [a for a in _accesses(guarded_gather, "S") if a.kind == "load"]
+    assert load.status == "proven", (load.detail, load.counterexample)
