@@ -27,6 +27,8 @@ import math
 import torch
 import tilelang.language as T
 
+from kernels.quant.common import check_cuda  # noqa: F401  (one device check for every kernel family)
+
 TARGET = {"kind": "cuda", "arch": "sm_90a"}
 LOG2E = math.log2(math.e)
 LN2 = math.log(2.0)
@@ -94,16 +96,6 @@ def check_cu_seqlens(name: str, cu: torch.Tensor, total: int) -> torch.Tensor:
     if int(host[-1]) != total:
         raise ValueError(f"{name}: expected the last offset to equal the {total} packed rows, got {int(host[-1])}")
     return host
-
-
-def check_cuda(**tensors) -> None:
-    """All inputs on one CUDA device (checked last, so argument errors show first)."""
-    devices = {t.device for t in tensors.values()}
-    for name, t in tensors.items():
-        if t.device.type != "cuda":
-            raise ValueError(f"{name}: expected a CUDA tensor, got device {t.device}")
-    if len(devices) > 1:
-        raise ValueError(f"expected all inputs on one device, got {sorted(map(str, devices))}")
 
 
 # --- online softmax (TileLang macros) ------------------------------------------------------------
