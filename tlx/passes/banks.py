@@ -258,6 +258,10 @@ def _np_eval(expr, env: dict):
     if isinstance(e, tir.Call) and str(e.op.name) in ("tirx.if_then_else", "tirx.likely"):
         args = [_np_eval(a, env) for a in e.args]
         return args[0] if len(args) == 1 else np.where(*args)
+    bitwise = {"tirx.bitwise_and": np.bitwise_and, "tirx.bitwise_or": np.bitwise_or, "tirx.bitwise_xor": np.bitwise_xor,
+               "tirx.shift_left": np.left_shift, "tirx.shift_right": np.right_shift}
+    if isinstance(e, tir.Call) and str(e.op.name) in bitwise:
+        return bitwise[str(e.op.name)](*(np.asarray(_np_eval(a, env), dtype=np.int64) for a in e.args))
     raise ValueError(f"count_conflicts: cannot enumerate {type(e).__name__} ({e})")
 
 
