@@ -360,9 +360,14 @@ class _Walker:
             self.exprs(list(args[3:]))
             self.pointer_access("tma_load", call, args[2], barrier=args[1])
             return True
-        if name == "tl.initialize_wgmma_descriptor" and isinstance(args[0], tir.BufferLoad) and op_name(args[1]) == "tirx.tvm_access_ptr":
+        if name == "tl.initialize_wgmma_descriptor" and isinstance(args[0], tir.BufferLoad):
+            ptr, added = args[1], tir.IntImm("int32", 0)
+            if op_name(ptr) == "tirx.handle_add_byte_offset":  # a later stage: the pointer plus bytes
+                ptr, added = ptr.args[0], self.sub(ptr.args[1])
+            if op_name(ptr) != "tirx.tvm_access_ptr":
+                return False
             layout, lbo, sbo = (const_int(a) for a in args[2:5])
-            self.descriptors[args[0].buffer.data] = (args[1], tir.IntImm("int32", 0), layout, lbo, sbo)
+            self.descriptors[args[0].buffer.data] = (ptr, added, layout, lbo, sbo)
             return True
         if name == "tl.increase_descriptor_offset" and isinstance(args[0], tir.BufferLoad) and args[0].buffer.data in self.descriptors:
             ptr, off, *rest = self.descriptors[args[0].buffer.data]

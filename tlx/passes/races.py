@@ -551,7 +551,8 @@ def _epoch_ordered(enc, prog, first: Access, cf: "_Copy", second: Access, cs: "_
     A TMA write is never published by a block barrier; a wgmma read is over once a
     ``warpgroup_wait(0)`` of its thread precedes the barrier; a cp.async write once its group
     is retired; a generic write that an async-proxy access reads or overwrites needs a
-    ``fence.proxy.async`` of the writing thread before the barrier.
+    ``fence.proxy.async`` of the writing thread before the barrier, or of the async reader
+    after it and before its access (where TileLang places it).
     """
     false = z3.BoolVal(False, enc.ctx)
     env = dict(cf.thread_env)
@@ -565,12 +566,19 @@ def _epoch_ordered(enc, prog, first: Access, cf: "_Copy", second: Access, cs: "_
     if first.op == "wgmma":
         waits = after_first(s for s in prog.syncs if s.kind == "wgmma_wait" and const_int(s.arg) == 0)
         return z3.Or([z3.And([enc.encode_bool(c, env) for c in w.conds] + [enc.encode(w.epoch, env) < cs.epoch]) for w in waits] + [false])
-    if first.op == "ptx_cp_async":
-        return z3.Not(_not_landed(enc, prog, cf, cs))
+    published = z3.Not(_not_landed(enc, prog, cf, cs)) if first.op == "ptx_cp_async" else cf.epoch < cs.epoch
     if first.write and _async_proxy(second):
-        fences = after_first(s for s in prog.syncs if s.kind == "fence_proxy_async")
-        return z3.Or([z3.And([enc.encode_bool(c, env) for c in f.conds] + [enc.encode(f.epoch, env) == cf.epoch, cf.epoch < cs.epoch]) for f in fences] + [false])
-    return cf.epoch < cs.epoch
+        # the fence by the writer before the barrier, or (as TileLang places it) by the async
+        # reader after the barrier and before its read
+        fences = [s for s in prog.syncs if s.kind == "fence_proxy_async"]
+        env2 = dict(cs.thread_env)
+        env2.update(cs.loop_env)
+        writer = [z3.And([enc.encode_bool(c, env) for c in f.conds] + [enc.encode(f.epoch, env) == cf.epoch])
+                  for f in fences if f.order > first.order and all(v in cf.loop_env for v, _, _ in f.loops)]
+        reader = [z3.And([enc.encode_bool(c, env2) for c in f.conds] + [enc.encode(f.epoch, env2) == cs.epoch])
+                  for f in fences if f.order < second.order and all(v in cs.loop_env for v, _, _ in f.loops)]
+        return z3.And(published, z3.Or(writer + reader + [false]))
+    return published
 
 
 def _pair_query(enc, prog, a: Access, b: Access, pipeline: "_Pipeline | None" = None):
