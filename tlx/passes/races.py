@@ -36,8 +36,7 @@ from tilelang import tvm
 from tlx.lowering import LoweredKernel
 from tlx.passes import PassContext, TlxError, exit_status, raise_or_warn
 from tlx.ir.program import SHARED_SCOPES, Access, Program, collect_program
-from tlx.ir.tir import const_int, elem_bytes
-from tlx.passes.banks import _np_eval
+from tlx.ir.tir import const_int, elem_bytes, eval_numpy
 from tlx.passes.layouts import bit_split, bits_to_arith
 from tlx.passes.smt import Encoder, Verdict, kernel_encoder
 
@@ -233,7 +232,7 @@ class _Pipeline:
     def _const(self, expr, env):
         """``expr`` at the given thread / iteration values (ints or numpy arrays)."""
         try:
-            return _np_eval(expr, env)
+            return eval_numpy(expr, env)
         except ValueError:
             raise _NotModelled(f"mbarrier index, parity or condition `{expr}` is not a function of the pipeline loop and thread alone") from None
 
