@@ -2,10 +2,12 @@
 the planted pipeline bugs (tests/passes/async_corpus) each found with both accesses and a schedule."""
 
 import pytest
+import tilelang.language as T
 
 from tests.passes.async_corpus.pipelines import BUGS, tma_pipeline
 from tests.passes.layout_corpus import kernels as K
 from tests.tiled_gemm import tiled_gemm
+from tlx.ir.program import collect_program
 from tlx.lowering import lower
 from tlx.passes.races import races_report
 
@@ -100,3 +102,29 @@ def test_cp_async_into_wgmma_needs_a_proxy_fence():
         write, read = _sides(x)
         assert write["statement"].startswith("ptx_cp_async") and read["statement"].startswith("wgmma")
         assert "k" not in read["loops"], "a wgmma inside the pipelined loop is fenced"
+
+
+def _unknown_reasons(report):
+    return " ".join(u["reason"] for k in report["kernels"] for u in k["unknown"])
+
+
+def test_wrong_arrival_count_is_unknown_not_safe():
+    # full initialised for 1 arrival while 128 producer threads arrive: phases are miscounted
+    r = _report(tma_pipeline(full_count=1))
+    assert r["verdict"] == "unknown" and "do not match its count 1" in _unknown_reasons(r)
+
+
+def test_pipeline_over_a_symbolic_loop_is_unknown_not_safe():
+    r = _report(tma_pipeline(K=T.dynamic("K")))
+    assert r["verdict"] == "unknown" and "pipeline loop" in _unknown_reasons(r)
+
+
+def test_wgmma_reads_span_one_stage_of_each_operand():
+    # 128x64 fp16 tiles with 128-byte swizzle: A is read as two m64 halves of 8 KiB, B (K-major,
+    # n128) as one 16 KiB span per instruction; every span starts inside stage k % 3
+    func, configs = tma_pipeline()
+    prog = collect_program(lower(func, TARGET, configs))[0]
+    spans = {(a.buffer, a.width) for a in prog.accesses if a.op == "wgmma"}
+    assert spans == {("A_s", 8192), ("B_s", 16384)}
+    tma = {(a.buffer, a.width) for a in prog.accesses if a.op == "tma_load"}
+    assert tma == {("A_s", 16384), ("B_s", 16384)}

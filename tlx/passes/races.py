@@ -14,13 +14,30 @@ Both instances get their own loop iterations and threads; the block and shape
 variables are shared. Each pair of shared accesses to one allocation (at least one
 writing) is one Z3 query: unsat is a proof of absence; a model is a witness.
 
-Not modelled, and therefore reported as ``unknown`` rather than safe: TMA and other
-bulk-async copies, accesses through wgmma descriptors, named/partial barriers,
-barriers under thread-dependent conditions, and kernels synchronised by mbarriers
-(a race found there may be ordered by an mbarrier, so it is reported as possible).
-Calls into TileLang's collective templates (``tl::AllReduce`` and the like) are
-treated as one access of their whole workspace by every thread, synchronised inside
-the call but not with anything outside it.
+The async proxy (sm_90a, as TileLang lowers it). A TMA load writes its shared range
+asynchronously and is published only by the mbarrier it completes on; a wgmma reads the
+ranges its descriptors span until a ``warpgroup_wait(0)`` of its thread. mbarriers are
+tabulated over the pipeline loop (:class:`_Pipeline`): in iteration ``k`` a statement uses
+barrier ``index[k]`` for its ``round[k]``-th time; phase ``j`` of a barrier collects round
+``j`` (checked: the threads arriving per round equal the init count, and the TMA bytes per
+round equal the expect-tx bytes); a parity wait in round ``j`` waits for phase ``j`` or
+``j - 1``, whichever has its parity (checked: no wait skips a phase). ``X`` happens before
+``Y`` when a release of ``X`` (its own TMA completion, or a later arrive of its thread) is in
+a phase that a wait of ``Y``'s thread before ``Y`` covers, directly or through a third
+thread that waits and then arrives (two hops). That round ``j``'s arrivals all follow round
+``j - 1``'s is itself checked with these queries; where it is not shown, races found are
+still reported but absence is "unknown". A generic write read or overwritten by the async
+proxy needs ``fence.proxy.async`` (by the writer before the barrier, or by the reader after
+it). Two instances of one elected statement (``tl_shuffle_elect``) in one group are one
+thread; async-proxy accesses of one thread are not ordered by its program order.
+
+Not modelled, and therefore reported as ``unknown`` rather than safe: TMA stores, multicast
+and cluster barriers, mbarrier pipelines whose loop is not a constant range from 0 (a
+persistent kernel's counter, a symbolic K) or whose barrier index or parity depends on more
+than the loop, named/partial barriers, barriers under thread-dependent conditions, and wgmma
+descriptors this model did not see built. Calls into TileLang's collective templates
+(``tl::AllReduce`` and the like) are treated as one access of their whole workspace by every
+thread, synchronised inside the call but not with anything outside it.
 """
 
 from __future__ import annotations
@@ -36,7 +53,7 @@ from tilelang import tvm
 from tlx.lowering import LoweredKernel
 from tlx.passes import PassContext, TlxError, exit_status, raise_or_warn
 from tlx.ir.program import SHARED_SCOPES, Access, Program, collect_program
-from tlx.ir.tir import const_int, elem_bytes, eval_numpy
+from tlx.ir.tir import const_int, elem_bytes, eval_numpy, free_vars, nodes
 from tlx.passes.layouts import bit_split, bits_to_arith
 from tlx.passes.smt import Encoder, Verdict, kernel_encoder
 
@@ -158,15 +175,7 @@ class _NotModelled(Exception):
 
 
 def _has_call(expr, name: str) -> bool:
-    found = False
-
-    def visit(n):
-        nonlocal found
-        if isinstance(n, tir.Call) and getattr(n.op, "name", None) == name:
-            found = True
-
-    tir.stmt_functor.post_order_visit(tir.Evaluate(expr) if isinstance(expr, tir.PrimExpr) else expr, visit)
-    return found
+    return any(getattr(c.op, "name", None) == name for c in nodes(expr, tir.Call))
 
 
 @dataclass
@@ -281,7 +290,7 @@ class _Pipeline:
             iters = [{k: i} for i in range(const_int(ext))]
         else:
             k, iters = None, [{}]
-        if any(_depends_on_loop(c, [v for v, _, _ in loops]) for c in op.conds):
+        if any(any(v.same_as(lv) for v in free_vars(c) for lv, _, _ in loops) for c in op.conds):
             raise _NotModelled(f"{kind} under a condition that changes between iterations")
         index = [int(self._const(idx_expr, env)) for env in iters]
         seen: dict = {}
@@ -528,18 +537,6 @@ def _overlap(sets: list) -> bool:
             return True
         seen |= s
     return False
-
-
-def _depends_on_loop(expr, loop_vars) -> bool:
-    found = False
-
-    def visit(n):
-        nonlocal found
-        if isinstance(n, tir.Var) and any(n.same_as(v) for v in loop_vars):
-            found = True
-
-    tir.stmt_functor.post_order_visit(tir.Evaluate(expr), visit)
-    return found
 
 
 

@@ -16,8 +16,12 @@ import tilelang.language as T
 BUGS = ("read_before_wait", "overwrite_before_release", "wrong_phase")
 
 
-def tma_pipeline(M=256, N=256, K=512, bm=128, bn=128, bk=64, stages=3, bug=None):
-    """``C = A @ B.T`` through a ``stages``-deep TMA ring; returns ``(prim_func, pass_configs)``."""
+def tma_pipeline(M=256, N=256, K=512, bm=128, bn=128, bk=64, stages=3, bug=None, full_count=128):
+    """``C = A @ B.T`` through a ``stages``-deep TMA ring; returns ``(prim_func, pass_configs)``.
+
+    ``full_count`` is the arrival count ``full`` is initialised with: the 128 producer threads
+    arrive, so any other count makes a phase complete at the wrong time.
+    """
     if bug not in (None, *BUGS):
         raise ValueError(f"bug: expected None or one of {BUGS}, got {bug!r}")
     flip = 1 if bug == "wrong_phase" else 0
@@ -28,7 +32,7 @@ def tma_pipeline(M=256, N=256, K=512, bm=128, bn=128, bk=64, stages=3, bug=None)
             A_s = T.alloc_shared((stages, bm, bk), "float16")
             B_s = T.alloc_shared((stages, bn, bk), "float16")
             C_l = T.alloc_fragment((bm, bn), "float32")
-            full = T.alloc_barrier([128] * stages)  # every producer thread arrives; the TMA bytes too
+            full = T.alloc_barrier([full_count] * stages)  # every producer thread arrives; the TMA bytes too
             empty = T.alloc_barrier([128] * stages)
             tx = T.get_thread_binding()
             if tx >= 128:
