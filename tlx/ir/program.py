@@ -374,7 +374,13 @@ class _Walker:
             self.descriptors[args[0].buffer.data] = (ptr, off + self.sub(args[1]), *rest)
             return True
         if name == "tl.ptx_wgmma_ss":
-            return self.wgmma_reads(call)
+            a, b = args[1], args[2]
+            return self.wgmma_reads(call, [(args[6], args[7], a, "m"), (args[8], args[9], b, "n")])
+        if name == "tl.ptx_wgmma_rs":  # A from registers
+            return self.wgmma_reads(call, [(args[7], args[8], args[1], "n")])
+        if any(isinstance(x, tir.Var) and x in self.descriptors for x in args):
+            self.prog.opaque.append(f"{name} reads shared memory through a wgmma descriptor (not modelled)")
+            return True
         if name == "tl.warpgroup_wait":
             self.sync_op("wgmma_wait", None, args[0])
             return True
@@ -383,8 +389,9 @@ class _Walker:
             return True
         return name in _NO_MEMORY_OPS
 
-    def wgmma_reads(self, call) -> bool:
-        """``ptx_wgmma_ss(shape, a_k_major, b_k_major, a, b, c types, desc_a, a_off, desc_b, b_off, ...)``.
+    def wgmma_reads(self, call, operands) -> bool:
+        """The shared reads of ``ptx_wgmma_ss`` / ``ptx_wgmma_rs``: ``operands`` lists each shared
+        operand as (descriptor, offset in 16-byte units, K-major flag, "m" or "n").
 
         Each operand is read from the descriptor's start address plus ``off * 16`` bytes; its
         byte span is bounded by the descriptor's layout: ``rows / 8`` groups of 8 rows ``sbo``
@@ -394,7 +401,7 @@ class _Walker:
         shape = str(call.args[0].value) if isinstance(call.args[0], tir.StringImm) else ""
         dims = dict((d[0], int(d[1:])) for d in re.findall(r"[mnk]\d+", shape))
         spans = []
-        for desc, off, k_major, rows_key in ((call.args[6], call.args[7], call.args[1], "m"), (call.args[8], call.args[9], call.args[2], "n")):
+        for desc, off, k_major, rows_key in operands:
             info = self.descriptors.get(desc)
             if info is None or set(dims) != {"m", "n", "k"} or None in info[2:] or const_int(k_major) is None:
                 self.prog.opaque.append(f"wgmma {shape} through a descriptor this model did not see built")
