@@ -9,7 +9,8 @@ from tests.passes.layout_corpus import kernels as K
 from tests.tiled_gemm import tiled_gemm
 from tlx.ir.program import collect_program
 from tlx.lowering import lower
-from tlx.passes.races import races_report
+from tlx.passes import PassContext
+from tlx.passes.races import RaceError, races_pass, races_report
 
 TARGET = {"kind": "cuda", "arch": "sm_90a"}
 
@@ -128,3 +129,9 @@ def test_wgmma_reads_span_one_stage_of_each_operand():
     assert spans == {("A_s", 8192), ("B_s", 16384)}
     tma = {(a.buffer, a.width) for a in prog.accesses if a.op == "tma_load"}
     assert tma == {("A_s", 16384), ("B_s", 16384)}
+
+
+def test_compile_pass_raises_on_a_planted_pipeline_bug_with_its_schedule():
+    func, configs = tma_pipeline(bug="overwrite_before_release")
+    with pytest.raises(RaceError, match=r"shared-memory race on [AB]_s .*schedule: .*tma_load"):
+        races_pass(lower(func, TARGET, configs), PassContext(options={"verify": "error"}))

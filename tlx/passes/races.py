@@ -753,11 +753,14 @@ def _witness(enc, model, a, b, ca, cb, pipeline=None) -> dict:
 
 
 def describe_race(r: dict) -> str:
-    return (
+    text = (
         f"shared-memory race on {r['buffer']} byte {r['byte_address']}: thread {r['first']['thread']} "
         f"{'writes' if r['first']['write'] else 'reads'} in `{r['first']['statement']}` and thread {r['second']['thread']} "
         f"{'writes' if r['second']['write'] else 'reads'} in `{r['second']['statement']}` with no barrier between"
     )
+    if r.get("schedule"):
+        text += "; schedule: " + "; ".join(r["schedule"])
+    return text
 
 
 def races_report(kernel: LoweredKernel, programs: list[Program] | None = None, budget: int | None = None, assume=()) -> dict:
