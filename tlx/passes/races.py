@@ -372,12 +372,15 @@ class _Pipeline:
         for st in self.sites:
             if st.kind != "arrive" or st.order <= ev.order or not self._same_loop(st, ev):
                 continue
-            if _is_wgmma(ev.op) and not any(ev.order < w.order < st.order and self._same_loop_op(w, ev) for w in self.wgmma_waits):
-                continue
-            if need_fence and not any(ev.order < f.order < st.order and self._same_loop_op(f, ev) for f in self.fences):
-                continue
             k = self._iteration(st, ev)
             cond = self._conds(st.op, ev.env(st.loop, k))
+            # a wgmma read is over only after a warpgroup_wait(0) of its thread; a generic write
+            # reaches the async proxy only through a fence of its thread, both before the arrive
+            for needed, ops in ((_is_wgmma(ev.op), self.wgmma_waits), (need_fence, self.fences)):
+                if needed and cond is not None:
+                    between = [self._conds(w, ev.env()) for w in ops if ev.order < w.order < st.order and self._same_loop_op(w, ev)]
+                    between = [c for c in between if c is not None]
+                    cond = z3.And(cond, z3.Or(between)) if between else None
             if cond is not None:
                 out.append((cond, st.barrier, self._table(st.index, k), self._table(st.round, k)))
         return out
