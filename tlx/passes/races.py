@@ -71,7 +71,9 @@ _MODELLED_CALLS = {
     "tirx.ptx_arrive_barrier_expect_tx", "tl.mbarrier_wait_parity", "tl.tma_load", "tl.ptx_wgmma_ss",
     "tl.initialize_wgmma_descriptor", "tl.increase_descriptor_offset", "tl.warpgroup_wait", "tl.fence_proxy_async",
     "tl.prefetch_tma_descriptor", "tl.ptx_fence_barrier_init", "tl.warpgroup_arrive", "tl.warpgroup_commit_batch",
-    "tl.warpgroup_fence_operand",
+    "tl.warpgroup_fence_operand", "tl.ptx_wgmma_rs",
+    # generic shared accesses (thread accesses of the program model) whose names look async
+    "tl.ptx_stmatrix", "tl.ptx_ldmatrix", "tirx.ptx_stmatrix", "tirx.ptx_ldmatrix",
 }
 _ASYNC_HINTS = ("barrier", "arrive", "tma", "cluster", "wgmma", "warpgroup", "fence", "bulk", "mbarrier")
 _ELECT = "tl.tl_shuffle_elect"
