@@ -2,10 +2,16 @@
 with its thread, loop and condition context and, for shared memory, its byte address in the
 block's shared space; plus barriers and ``cp.async`` waits. Bank conflicts, races and vector
 legality (``tlx/passes``) all read this one model (:func:`collect_program`).
+
+The async proxy is modelled as TileLang 0.1.15 lowers it for sm_90a: ``tl.tma_load`` writes a
+shared range and completes on an mbarrier (:attr:`Access.barrier`); ``tl.ptx_wgmma_ss`` reads
+the shared ranges its two wgmma descriptors span (``op="wgmma"``); mbarrier init, expect-tx,
+arrive and parity waits, ``warpgroup_wait`` and ``fence.proxy.async`` are :class:`SyncOp` s.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,7 +22,7 @@ from tlx.lowering import LoweredKernel
 
 tir = tvm.tirx
 
-__all__ = ["SHARED_SCOPES", "Access", "Program", "Wait", "collect_program"]
+__all__ = ["SHARED_SCOPES", "Access", "Program", "SyncOp", "Wait", "collect_program"]
 
 SHARED_SCOPES = ("shared", "shared.dyn")
 _BARRIER_CALLS = ("tirx.tvm_storage_sync",)
@@ -53,6 +59,26 @@ class Access:
     phase_lanes: int | None = None  # ldmatrix-style: lanes that supply addresses
     exact: bool = True  # False when the index reads memory or calls something opaque
     extent_elems: int = 1  # elements touched per lane (for pointer-style accesses)
+    barrier: tuple | None = None  # (mbarrier data var, index): a TMA load completes on it
+
+
+@dataclass
+class SyncOp:
+    """An mbarrier or async-proxy ordering statement in its context.
+
+    ``kind``: ``init`` (``arg`` the arrival count), ``expect_tx`` (``arg`` bytes), ``arrive``
+    (``arg`` the bytes it also expects, or 0), ``wait`` (``arg`` the phase parity),
+    ``wgmma_wait`` (``arg`` the batches left in flight), ``fence_proxy_async``.
+    """
+
+    kind: str
+    barrier: Any  # data var of the mbarrier buffer, None for fences and wgmma waits
+    index: Any
+    arg: Any
+    conds: list
+    loops: list
+    epoch: Any
+    order: int
 
 
 @dataclass
@@ -76,6 +102,7 @@ class Program:
     blocks: list  # (var, extent) for blockIdx.*
     accesses: list[Access] = field(default_factory=list)
     waits: list[Wait] = field(default_factory=list)
+    syncs: list[SyncOp] = field(default_factory=list)
     opaque: list[str] = field(default_factory=list)  # shared accesses no analysis can see
     divergent_barriers: list[str] = field(default_factory=list)
     calls: set = field(default_factory=set)  # every intrinsic called, for sync primitives no model covers
@@ -129,6 +156,7 @@ class _Walker:
         self.thread_ext: dict[str, tuple[Any, int]] = {}
         self.lets: dict = {}
         self.roots: dict = {}  # data var -> (root var, byte offset)
+        self.descriptors: dict = {}  # wgmma descriptor data var -> (pointer, byte offset added, layout, lbo, sbo)
         self.loops: list = []
         self.conds: list = []
         self.epoch = tir.IntImm("int32", 0)
@@ -308,9 +336,98 @@ class _Walker:
             conds, loops, epoch, commits = self.context()
             self.prog.waits.append(Wait(int(const_int(call.args[0])), conds, loops, epoch, commits, self._next()))
             return
+        if self.async_proxy(name, call):
+            return
         self.exprs([call])
 
-    def pointer_access(self, name, call, ptr):
+    def sync_op(self, kind, barrier_load, arg):
+        conds, loops, epoch, _ = self.context()
+        barrier, index = None, None
+        if barrier_load is not None:
+            barrier, index = barrier_load.buffer.data, self.sub(barrier_load.indices[0])
+        self.prog.syncs.append(SyncOp(kind, barrier, index, self.sub(arg) if isinstance(arg, tir.PrimExpr) else arg, conds, loops, epoch, self._next()))
+
+    def async_proxy(self, name, call) -> bool:
+        """Model one mbarrier / TMA / wgmma / fence statement; False for anything else."""
+        args = call.args
+        if name in _MBARRIER_OPS:
+            kind, arg_at = _MBARRIER_OPS[name]
+            if not (isinstance(args[0], tir.BufferLoad) and len(args[0].indices) == 1):
+                return False
+            self.sync_op(kind, args[0], args[arg_at] if arg_at is not None else tir.IntImm("int32", 0))
+            return True
+        if name == "tl.tma_load" and len(args) > 2 and isinstance(args[1], tir.BufferLoad) and op_name(args[2]) == "tirx.tvm_access_ptr":
+            self.exprs(list(args[3:]))
+            self.pointer_access("tma_load", call, args[2], barrier=args[1])
+            return True
+        if name == "tl.initialize_wgmma_descriptor" and isinstance(args[0], tir.BufferLoad):
+            ptr, added = args[1], tir.IntImm("int32", 0)
+            if op_name(ptr) == "tirx.handle_add_byte_offset":  # a later stage: the pointer plus bytes
+                ptr, added = ptr.args[0], self.sub(ptr.args[1])
+            if op_name(ptr) != "tirx.tvm_access_ptr":
+                return False
+            layout, lbo, sbo = (const_int(a) for a in args[2:5])
+            self.descriptors[args[0].buffer.data] = (ptr, added, layout, lbo, sbo)
+            return True
+        if name == "tl.increase_descriptor_offset" and isinstance(args[0], tir.BufferLoad) and args[0].buffer.data in self.descriptors:
+            ptr, off, *rest = self.descriptors[args[0].buffer.data]
+            self.descriptors[args[0].buffer.data] = (ptr, off + self.sub(args[1]), *rest)
+            return True
+        if name == "tl.ptx_wgmma_ss":
+            a, b = args[1], args[2]
+            return self.wgmma_reads(call, [(args[6], args[7], a, "m"), (args[8], args[9], b, "n")])
+        if name == "tl.ptx_wgmma_rs":  # A from registers
+            return self.wgmma_reads(call, [(args[7], args[8], args[1], "n")])
+        if any(isinstance(x, tir.Var) and x in self.descriptors for x in args):
+            self.prog.opaque.append(f"{name} reads shared memory through a wgmma descriptor (not modelled)")
+            return True
+        if name == "tl.warpgroup_wait":
+            self.sync_op("wgmma_wait", None, args[0])
+            return True
+        if name == "tl.fence_proxy_async":
+            self.sync_op("fence_proxy_async", None, tir.IntImm("int32", 0))
+            return True
+        return name in _NO_MEMORY_OPS
+
+    def wgmma_reads(self, call, operands) -> bool:
+        """The shared reads of ``ptx_wgmma_ss`` / ``ptx_wgmma_rs``: ``operands`` lists each shared
+        operand as (descriptor, offset in 16-byte units, K-major flag, "m" or "n").
+
+        Each operand is read from the descriptor's start address plus ``off * 16`` bytes; its
+        byte span is bounded by the descriptor's layout: ``rows / 8`` groups of 8 rows ``sbo``
+        apart, each row ``swizzle`` bytes wide, ``lbo`` apart across row chunks. A descriptor
+        this walk did not see initialised makes the call opaque.
+        """
+        shape = str(call.args[0].value) if isinstance(call.args[0], tir.StringImm) else ""
+        dims = dict((d[0], int(d[1:])) for d in re.findall(r"[mnk]\d+", shape))
+        spans = []
+        for desc, off, k_major, rows_key in operands:
+            info = self.descriptors.get(desc)
+            if info is None or set(dims) != {"m", "n", "k"} or None in info[2:] or const_int(k_major) is None:
+                self.prog.opaque.append(f"wgmma {shape} through a descriptor this model did not see built")
+                return True
+            ptr, added, layout, lbo, sbo = info
+            swizzle = _SWIZZLE_BYTES.get(layout)
+            if swizzle is None:
+                self.prog.opaque.append(f"wgmma descriptor layout {layout} not modelled")
+                return True
+            eb = elem_bytes(ptr.args[0].dtype)
+            row_elems, other = (dims["k"], dims[rows_key]) if const_int(k_major) else (dims[rows_key], dims["k"])
+            chunks = -(-row_elems * eb // swizzle)
+            span = (chunks - 1) * lbo * 16 + (other // 8 - 1) * sbo * 16 + 8 * swizzle
+            start = self.sub(ptr.args[2]) * eb + added + self.sub(off) * 16
+            spans.append((ptr, tir.floordiv(start, swizzle) * swizzle, span))
+        for ptr, start, span in spans:
+            data = ptr.args[1]
+            root, base = self.root_of(data)
+            conds, loops, epoch, commits = self.context()
+            self.prog.accesses.append(
+                Access(data.name, root, _scope_of(data), "uint8", start, 1, span, base, True, False, "wgmma", conds, loops, epoch, commits,
+                       self._next(), f"wgmma(...{data.name} bytes [{start}, +{span})...)"[:200], is_async=True, exact=not _reads_memory(start), extent_elems=span)
+            )
+        return True
+
+    def pointer_access(self, name, call, ptr, barrier=None):
         _, data, offset, extent, mask = ptr.args
         dtype = ptr.args[0].dtype
         root, base = self.root_of(data)
@@ -321,7 +438,12 @@ class _Walker:
         ext = const_int(extent)
         short = name.split(".")[-1]
         common = dict(conds=conds, loops=loops, epoch=epoch, commits=commits, order=self._next(), text=f"{short}(...{data.name}[{offset}]...)"[:200])
-        if short in ("ptx_ldmatrix", "ptx_stmatrix"):
+        if barrier is not None and ext is not None:
+            self.prog.accesses.append(
+                Access(data.name, root, _scope_of(data), str(dtype), offset, 1, eb * ext, base, False, True, short, is_async=True, exact=not _reads_memory(offset),
+                       extent_elems=ext, barrier=(barrier.buffer.data, self.sub(barrier.indices[0])), **common)
+            )
+        elif short in ("ptx_ldmatrix", "ptx_stmatrix"):
             num = const_int(call.args[1])
             self.prog.accesses.append(
                 Access(data.name, root, _scope_of(data), str(dtype), offset, 1, 16, base, short == "ptx_ldmatrix", short == "ptx_stmatrix", short, phase_lanes=8 * (num or 4), exact=not _reads_memory(offset), extent_elems=16 // eb, **common)
@@ -338,6 +460,18 @@ class _Walker:
             self.prog.accesses.append(
                 Access(data.name, root, _scope_of(data), str(dtype), offset, 1, eb * (ext or 1), base, bool(rw & 1), bool(rw & 2), short, is_async=short.startswith("tma") or "bulk" in short, exact=False, extent_elems=ext or 1, **common)
             )
+
+
+_MBARRIER_OPS = {  # name -> (SyncOp kind, index of the argument it carries)
+    "tirx.ptx_init_barrier_thread_count": ("init", 1),
+    "tl.mbarrier_expect_tx": ("expect_tx", 1),
+    "tirx.ptx_arrive_barrier": ("arrive", None),
+    "tirx.ptx_arrive_barrier_expect_tx": ("arrive", 1),
+    "tl.mbarrier_wait_parity": ("wait", 1),
+}
+_SWIZZLE_BYTES = {0: 16, 1: 128, 2: 64, 3: 32}  # wgmma descriptor layout type -> swizzle row bytes
+# Calls that order nothing the race model needs and touch no shared memory.
+_NO_MEMORY_OPS = ("tl.prefetch_tma_descriptor", "tl.ptx_fence_barrier_init", "tl.warpgroup_arrive", "tl.warpgroup_commit_batch", "tl.warpgroup_fence_operand")
 
 
 def _handle_args(call):

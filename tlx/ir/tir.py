@@ -11,7 +11,7 @@ from tilelang import tvm
 
 tir = tvm.tirx
 
-__all__ = ["PRIVATE_SCOPES", "arith_only", "calls", "const_int", "device_functions", "elem_bytes", "extern_name",
+__all__ = ["PRIVATE_SCOPES", "arith_only", "calls", "const_int", "device_functions", "elem_bytes", "eval_numpy", "extern_name",
            "free_vars", "nodes", "op_name", "scalar_dtype"]
 
 PRIVATE_SCOPES = ("local", "local.var")  # a thread's own registers: only its own stores change them
@@ -104,3 +104,42 @@ def elem_bytes(dtype) -> int:
     if bits == 0:
         bits = tvm.DataType(str(dtype)).bits
     return max(bits // 8, 1)
+
+
+def eval_numpy(expr, env: dict):
+    """Evaluate an integer/boolean TIR expression on numpy arrays (TVM floor semantics = numpy's).
+
+    ``env`` maps variables to ints or arrays; anything else (a load, an opaque call, a free
+    variable) raises ``ValueError``. Bank-conflict totals and the mbarrier tables use it.
+    """
+    import numpy as np
+
+    e = expr
+    if isinstance(e, tir.IntImm):
+        return int(e.value)
+    if isinstance(e, tir.Var):
+        if e not in env:
+            raise ValueError(f"{e.name} has no known value; only constant-extent kernels can be enumerated")
+        return env[e]
+    ops = {
+        tir.Add: np.add, tir.Sub: np.subtract, tir.Mul: np.multiply, tir.FloorDiv: np.floor_divide, tir.FloorMod: np.mod,
+        tir.Min: np.minimum, tir.Max: np.maximum, tir.EQ: np.equal, tir.NE: np.not_equal, tir.LT: np.less,
+        tir.LE: np.less_equal, tir.GT: np.greater, tir.GE: np.greater_equal, tir.And: np.logical_and, tir.Or: np.logical_or,
+    }
+    for cls, fn in ops.items():
+        if isinstance(e, cls):
+            return fn(eval_numpy(e.a, env), eval_numpy(e.b, env))
+    if isinstance(e, tir.Not):
+        return np.logical_not(eval_numpy(e.a, env))
+    if isinstance(e, tir.Select):
+        return np.where(eval_numpy(e.condition, env), eval_numpy(e.true_value, env), eval_numpy(e.false_value, env))
+    if isinstance(e, tir.Cast):
+        return eval_numpy(e.value, env)
+    if isinstance(e, tir.Call) and str(e.op.name) in ("tirx.if_then_else", "tirx.likely"):
+        args = [eval_numpy(a, env) for a in e.args]
+        return args[0] if len(args) == 1 else np.where(*args)
+    bitwise = {"tirx.bitwise_and": np.bitwise_and, "tirx.bitwise_or": np.bitwise_or, "tirx.bitwise_xor": np.bitwise_xor,
+               "tirx.shift_left": np.left_shift, "tirx.shift_right": np.right_shift}
+    if isinstance(e, tir.Call) and str(e.op.name) in bitwise:
+        return bitwise[str(e.op.name)](*(np.asarray(eval_numpy(a, env), dtype=np.int64) for a in e.args))
+    raise ValueError(f"cannot enumerate {type(e).__name__} ({e})")

@@ -33,7 +33,7 @@ import z3
 
 from tilelang import tvm
 from tlx.ir.program import SHARED_SCOPES, Access, Program, collect_program
-from tlx.ir.tir import const_int, elem_bytes, free_vars
+from tlx.ir.tir import const_int, elem_bytes, eval_numpy, free_vars
 from tlx.lowering import LoweredKernel
 from tlx.passes import PassContext
 from tlx.passes.smt import Encoder, context_facts, kernel_encoder
@@ -230,37 +230,6 @@ def banks_pass(kernel: LoweredKernel, ctx: PassContext) -> LoweredKernel:
 # ----- totals for Nsight Compute comparison ---------------------------------------------------
 
 
-def _np_eval(expr, env: dict):
-    """Evaluate an integer/boolean TIR expression on numpy arrays (TVM floor semantics = numpy's)."""
-    import numpy as np
-
-    e = expr
-    if isinstance(e, tir.IntImm):
-        return int(e.value)
-    if isinstance(e, tir.Var):
-        if e not in env:
-            raise ValueError(f"count_conflicts: {e.name} has no known range; only constant-extent kernels can be enumerated")
-        return env[e]
-    ops = {
-        tir.Add: np.add, tir.Sub: np.subtract, tir.Mul: np.multiply, tir.FloorDiv: np.floor_divide, tir.FloorMod: np.mod,
-        tir.Min: np.minimum, tir.Max: np.maximum, tir.EQ: np.equal, tir.NE: np.not_equal, tir.LT: np.less,
-        tir.LE: np.less_equal, tir.GT: np.greater, tir.GE: np.greater_equal, tir.And: np.logical_and, tir.Or: np.logical_or,
-    }
-    for cls, fn in ops.items():
-        if isinstance(e, cls):
-            return fn(_np_eval(e.a, env), _np_eval(e.b, env))
-    if isinstance(e, tir.Not):
-        return np.logical_not(_np_eval(e.a, env))
-    if isinstance(e, tir.Select):
-        return np.where(_np_eval(e.condition, env), _np_eval(e.true_value, env), _np_eval(e.false_value, env))
-    if isinstance(e, tir.Cast):
-        return _np_eval(e.value, env)
-    if isinstance(e, tir.Call) and str(e.op.name) in ("tirx.if_then_else", "tirx.likely"):
-        args = [_np_eval(a, env) for a in e.args]
-        return args[0] if len(args) == 1 else np.where(*args)
-    raise ValueError(f"count_conflicts: cannot enumerate {type(e).__name__} ({e})")
-
-
 def count_conflicts(prog: Program, acc: Access) -> dict:
     """Exact totals over every block, warp and loop iteration: executed warp instructions and
     extra phases (``sum(degree - 1)`` per phase), which is what Nsight Compute's bank-conflict
@@ -289,10 +258,10 @@ def count_conflicts(prog: Program, acc: Access) -> dict:
         for v, ext in prog.threads:
             env[v] = (tid // stride) % ext
             stride *= ext
-        addr = np.broadcast_to(_np_eval(index, env) * elem_bytes(acc.dtype) + acc.base_bytes, (n_ctx, 32))
+        addr = np.broadcast_to(eval_numpy(index, env) * elem_bytes(acc.dtype) + acc.base_bytes, (n_ctx, 32))
         live = np.broadcast_to(tid < nthreads, (n_ctx, 32)).copy()
         for c in acc.conds:
-            live &= np.broadcast_to(np.asarray(_np_eval(c, env), dtype=bool), (n_ctx, 32))
+            live &= np.broadcast_to(np.asarray(eval_numpy(c, env), dtype=bool), (n_ctx, 32))
         live[:, participating:] = False
         for row in range(n_ctx):
             if not live[row].any():

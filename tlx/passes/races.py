@@ -14,26 +14,46 @@ Both instances get their own loop iterations and threads; the block and shape
 variables are shared. Each pair of shared accesses to one allocation (at least one
 writing) is one Z3 query: unsat is a proof of absence; a model is a witness.
 
-Not modelled, and therefore reported as ``unknown`` rather than safe: TMA and other
-bulk-async copies, accesses through wgmma descriptors, named/partial barriers,
-barriers under thread-dependent conditions, and kernels synchronised by mbarriers
-(a race found there may be ordered by an mbarrier, so it is reported as possible).
-Calls into TileLang's collective templates (``tl::AllReduce`` and the like) are
-treated as one access of their whole workspace by every thread, synchronised inside
-the call but not with anything outside it.
+The async proxy (sm_90a, as TileLang lowers it). A TMA load writes its shared range
+asynchronously and is published only by the mbarrier it completes on; a wgmma reads the
+ranges its descriptors span until a ``warpgroup_wait(0)`` of its thread. mbarriers are
+tabulated over the pipeline loop (:class:`_Pipeline`): in iteration ``k`` a statement uses
+barrier ``index[k]`` for its ``round[k]``-th time; phase ``j`` of a barrier collects round
+``j`` (checked: the threads arriving per round equal the init count, and the TMA bytes per
+round equal the expect-tx bytes); a parity wait in round ``j`` waits for phase ``j`` or
+``j - 1``, whichever has its parity (checked: no wait skips a phase). ``X`` happens before
+``Y`` when a release of ``X`` (its own TMA completion, or a later arrive of its thread) is in
+a phase that a wait of ``Y``'s thread before ``Y`` covers, directly or through a third
+thread that waits and then arrives (two hops). That round ``j``'s arrivals all follow round
+``j - 1``'s is itself checked with these queries; where it is not shown, races found are
+still reported but absence is "unknown". A generic write read or overwritten by the async
+proxy needs ``fence.proxy.async`` (by the writer before the barrier, or by the reader after
+it). Two instances of one elected statement (``tl_shuffle_elect``) in one group are one
+thread; async-proxy accesses of one thread are not ordered by its program order.
+
+Not modelled, and therefore reported as ``unknown`` rather than safe: TMA stores, multicast
+and cluster barriers, mbarrier pipelines whose loop is not a constant range from 0 (a
+persistent kernel's counter, a symbolic K) or whose barrier index or parity depends on more
+than the loop, named/partial barriers, barriers under thread-dependent conditions, and wgmma
+descriptors this model did not see built. Calls into TileLang's collective templates
+(``tl::AllReduce`` and the like) are treated as one access of their whole workspace by every
+thread, synchronised inside the call but not with anything outside it.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
+from typing import Any
 
+import numpy as np
 import z3
 
 from tilelang import tvm
 from tlx.lowering import LoweredKernel
 from tlx.passes import PassContext, TlxError, exit_status, raise_or_warn
 from tlx.ir.program import SHARED_SCOPES, Access, Program, collect_program
-from tlx.ir.tir import const_int, elem_bytes
+from tlx.ir.tir import const_int, elem_bytes, eval_numpy, free_vars, nodes
 from tlx.passes.layouts import bit_split, bits_to_arith
 from tlx.passes.smt import Encoder, Verdict, kernel_encoder
 
@@ -42,7 +62,22 @@ tir = tvm.tirx
 __all__ = ["RaceError", "find_races", "races_report"]
 
 _THREAD_OPS = ("load", "store", "ptx_ldmatrix", "ptx_stmatrix", "ptx_cp_async")
+_ASYNC_PROXY_OPS = ("tma_load", "wgmma")  # ordered only through mbarriers (and proxy fences)
 _MBARRIER_HINTS = ("mbarrier", "arrive_barrier", "ptx_arrive", "barrier_wait")
+# The sync calls the mbarrier model understands (tlx.ir.program turns them into SyncOps / accesses);
+# any other call that looks like an mbarrier, TMA, cluster or wgmma primitive leaves it unmodelled.
+_MODELLED_CALLS = {
+    "tirx.ptx_init_barrier_thread_count", "tl.mbarrier_expect_tx", "tirx.ptx_arrive_barrier",
+    "tirx.ptx_arrive_barrier_expect_tx", "tl.mbarrier_wait_parity", "tl.tma_load", "tl.ptx_wgmma_ss",
+    "tl.initialize_wgmma_descriptor", "tl.increase_descriptor_offset", "tl.warpgroup_wait", "tl.fence_proxy_async",
+    "tl.prefetch_tma_descriptor", "tl.ptx_fence_barrier_init", "tl.warpgroup_arrive", "tl.warpgroup_commit_batch",
+    "tl.warpgroup_fence_operand", "tl.ptx_wgmma_rs",
+    # generic shared accesses (thread accesses of the program model) whose names look async
+    "tl.ptx_stmatrix", "tl.ptx_ldmatrix", "tirx.ptx_stmatrix", "tirx.ptx_ldmatrix",
+}
+_ASYNC_HINTS = ("barrier", "arrive", "tma", "cluster", "wgmma", "warpgroup", "fence", "bulk", "mbarrier")
+_ELECT = "tl.tl_shuffle_elect"
+_TABLE_LIMIT = 1024  # iterations of a pipeline loop the mbarrier model tabulates
 
 
 class RaceError(TlxError):
@@ -55,6 +90,10 @@ def _collective(acc: Access) -> bool:
 
 def _modelled(acc: Access) -> bool:
     return acc.op in _THREAD_OPS or _collective(acc)
+
+
+def _async_proxy(acc: Access) -> bool:
+    return acc.op in _ASYNC_PROXY_OPS and (acc.op != "tma_load" or acc.barrier is not None)
 
 
 class _Copy:
@@ -133,14 +172,438 @@ def _not_landed(enc: Encoder, prog: Program, ca: _Copy, other: _Copy) -> object:
     return z3.Not(z3.Or(landed)) if landed else z3.BoolVal(True, enc.ctx)
 
 
-def _pair_query(enc, prog, a: Access, b: Access):
+class _NotModelled(Exception):
+    """The kernel's mbarrier use falls outside what :class:`_Pipeline` can decide."""
+
+
+def _has_call(expr, name: str) -> bool:
+    return any(getattr(c.op, "name", None) == name for c in nodes(expr, tir.Call))
+
+
+@dataclass
+class _Site:
+    """One mbarrier statement (or TMA load) tabulated over the iterations of its pipeline loop.
+
+    ``index[k]`` is the barrier it uses in iteration ``k``, ``round[k]`` how many earlier
+    iterations used that barrier, and for a wait ``phase[k]`` the phase whose completion it
+    waits for: its parity names one of ``round`` and ``round - 1`` (``-1``: none, it returns
+    at once). ``threads`` are the linear thread ids that run it (one per group when elected).
+    """
+
+    op: Any
+    kind: str
+    barrier: Any
+    loop: Any  # the pipeline loop's variable, None outside loops
+    index: list
+    round: list
+    phase: list | None
+    threads: frozenset
+    elected: bool
+    runners: frozenset  # the threads it may run in: ``threads``, or every thread of each group when elected
+    bytes: int  # TMA: bytes per iteration (all inner-loop copies); expect-tx / arrive: bytes expected
+
+    @property
+    def order(self) -> int:
+        return self.op.order
+
+
+class _Pipeline:
+    """The mbarrier protocol of one device function: rounds, phases and their checks.
+
+    Phase ``j`` of a barrier is taken to collect round ``j`` of its arrivals: every arriving
+    thread once (their number equals the init count) and TMA bytes equal to the bytes it was
+    told to expect. ``incomplete`` says why that identity is not established for every round
+    (then a race found is still reported, but no proof of absence is claimed).
+    """
+
+    def __init__(self, enc: Encoder, prog: Program):
+        self.enc, self.prog = enc, prog
+        self.incomplete: str | None = None
+        self.nthreads = prog.block_threads
+        self.exts = [e for _, e in prog.threads]
+        foreign = sorted(c for c in prog.calls if c not in _MODELLED_CALLS and any(h in c for h in _ASYNC_HINTS) and c != "tirx.tvm_storage_sync")
+        if foreign:
+            raise _NotModelled(f"{', '.join(foreign)} not modelled")
+        if any("partial barrier" in o for o in prog.opaque) or prog.divergent_barriers:
+            raise _NotModelled("named/partial or divergent block barriers next to mbarriers")
+        self.inits = {}
+        for s in prog.syncs:
+            if s.kind == "init":
+                i, n = const_int(s.index), const_int(s.arg)
+                if s.loops or i is None or n is None:
+                    raise _NotModelled("mbarrier init inside a loop or with a computed index or count")
+                self.inits[(s.barrier, i)] = n
+        self.sites = [self._site(s, s.kind) for s in prog.syncs if s.barrier is not None and s.kind != "init"]
+        self.sites += [self._site(a, "tma") for a in prog.accesses if a.barrier is not None]
+        self.fences = [s for s in prog.syncs if s.kind == "fence_proxy_async"]
+        self.wgmma_waits = [s for s in prog.syncs if s.kind == "wgmma_wait" and const_int(s.arg) == 0]
+        self._check_rounds()
+
+    # -- tabulation
+    def _const(self, expr, env):
+        """``expr`` at the given thread / iteration values (ints or numpy arrays)."""
+        try:
+            return eval_numpy(expr, env)
+        except ValueError:
+            raise _NotModelled(f"mbarrier index, parity or condition `{expr}` is not a function of the pipeline loop and thread alone") from None
+
+    def _thread_env(self) -> dict:
+        """Every thread of the block at once: each thread variable as an array over linear ids."""
+        t, env, stride = np.arange(self.nthreads), {}, 1
+        for v, ext in self.prog.threads:
+            env[v] = (t // stride) % ext
+            stride *= ext
+        return env
+
+    def _threads(self, conds) -> tuple[frozenset, bool, frozenset]:
+        plain = [c for c in conds if not _has_call(c, _ELECT)]
+        elects = [c for c in conds if _has_call(c, _ELECT)]
+        groups = []
+        for c in elects:
+            if not (isinstance(c, tir.Call) and len(c.args) == 1 and const_int(c.args[0]) is not None):
+                raise _NotModelled(f"condition `{c}` mixes an election with other terms")
+            groups.append(const_int(c.args[0]) or self.nthreads)
+        live = np.ones(self.nthreads, dtype=bool)
+        for c in plain:
+            live &= np.broadcast_to(np.asarray(self._const(c, self._thread_env()), dtype=bool), live.shape)
+        members = [int(t) for t in np.nonzero(live)[0]]
+        if not groups:
+            return frozenset(members), False, frozenset(members)
+        size = min(groups)
+        chosen = {}
+        for t in members:
+            chosen.setdefault(t // size, []).append(t)
+        if any(len(ts) != min(size, self.nthreads) for ts in chosen.values()):
+            raise _NotModelled("an elected thread is chosen from a group only part of which runs the statement")
+        return frozenset(min(ts) for ts in chosen.values()), True, frozenset(members)
+
+    def _site(self, op, kind) -> _Site:
+        loops = op.loops
+        bar, idx_expr = (op.barrier, op.index) if kind != "tma" else op.barrier
+        trips = 1
+        if loops:
+            k, lo, ext = loops[0]
+            if const_int(lo) != 0 or const_int(ext) is None or const_int(ext) > _TABLE_LIMIT:
+                raise _NotModelled(f"pipeline loop `{k}` is not a constant range from 0 of at most {_TABLE_LIMIT} iterations")
+            for _, ilo, iext in loops[1:]:
+                if kind != "tma" or const_int(iext) is None:
+                    raise _NotModelled(f"{kind} inside a nested loop")
+                trips *= const_int(iext)
+            iters = [{k: i} for i in range(const_int(ext))]
+        else:
+            k, iters = None, [{}]
+        if any(any(v.same_as(lv) for v in free_vars(c) for lv, _, _ in loops) for c in op.conds):
+            raise _NotModelled(f"{kind} under a condition that changes between iterations")
+        index = [int(self._const(idx_expr, env)) for env in iters]
+        seen: dict = {}
+        rounds = []
+        for b in index:
+            rounds.append(seen.get(b, 0))
+            seen[b] = seen.get(b, 0) + 1
+        phase = None
+        if kind == "wait":
+            phase = [r if int(self._const(op.arg, env)) % 2 == r % 2 else r - 1 for r, env in zip(rounds, iters, strict=True)]
+        threads, elected, runners = self._threads(op.conds)
+        if kind == "tma":
+            nbytes = op.width * trips
+        else:
+            nbytes = const_int(op.arg) if kind in ("expect_tx", "arrive") else 0
+            if nbytes is None:
+                raise _NotModelled(f"{kind} of a computed byte count")
+        return _Site(op, kind, bar, k, index, rounds, phase, threads, elected, runners, nbytes)
+
+    def _check_rounds(self):
+        """Arrivals per round equal the init count, TMA bytes the expected bytes, waits step one phase at a time."""
+        used = {}
+        for st in self.sites:
+            for b in set(st.index):
+                used.setdefault((st.barrier, b), []).append(st)
+        for key, sts in used.items():
+            if key not in self.inits:
+                raise _NotModelled(f"mbarrier {key[0].name}[{key[1]}] used but never initialised")
+            count = self.inits[key]
+            arrives = [st for st in sts if st.kind == "arrive"]
+            if sum(len(st.threads) for st in arrives) != count or _overlap([st.threads for st in arrives]):
+                raise _NotModelled(f"{key[0].name}[{key[1]}]: the threads arriving per round do not match its count {count}")
+            nrounds = {st.index.count(key[1]) for st in arrives}
+            if len(nrounds) != 1:
+                raise _NotModelled(f"{key[0].name}[{key[1]}]: its arrivals run different numbers of rounds")
+            for j in range(nrounds.pop()):
+                def per_round(kinds, j=j):
+                    return sum(st.bytes * len(st.threads)
+                               for st in sts if st.kind in kinds for i, b in enumerate(st.index) if b == key[1] and st.round[i] == j)
+                if per_round(("tma",)) != per_round(("expect_tx", "arrive")):
+                    raise _NotModelled(f"{key[0].name}[{key[1]}] round {j}: TMA bytes differ from the bytes expected")
+            waits = [st for st in sts if st.kind == "wait"]
+            if _overlap([st.threads for st in waits]):
+                raise _NotModelled(f"{key[0].name}[{key[1]}]: a thread waits on it from two statements")
+            for st in waits:
+                phases = [p for b, p in zip(st.index, st.phase, strict=True) if b == key[1]]
+                if any(p > q + 1 for q, p in zip([-1] + phases, phases)):
+                    raise _NotModelled(f"{key[0].name}[{key[1]}]: a wait skips a phase (its parity cannot tell them apart)")
+
+    # -- happens-before through mbarriers
+    def _table(self, values: list, k_term):
+        """``values[k]`` as a Z3 term of the iteration ``k_term``."""
+        term = z3.IntVal(values[-1], self.enc.ctx)
+        for i in range(len(values) - 2, -1, -1):
+            term = z3.If(k_term == i, values[i], term)
+        return term
+
+    def _conds(self, op, env):
+        if any(_has_call(c, _ELECT) for c in op.conds):
+            return None  # which thread an election picks is not known: no ordering through it
+        return z3.And([self.enc.encode_bool(c, env) for c in op.conds] + [z3.BoolVal(True, self.enc.ctx)])
+
+    def _iteration(self, site: _Site, ev: "_Event"):
+        """Z3 term of ``site``'s iteration when run by ``ev``'s thread in ``ev``'s iteration (same loop)."""
+        if site.loop is None:
+            return z3.IntVal(0, self.enc.ctx)
+        return ev.loops.get(site.loop)
+
+    def releases(self, ev: "_Event", need_fence: bool) -> list:
+        """(condition, barrier, index, round): arrivals that publish ``ev``'s access (its own TMA completion, or a later arrive of its thread)."""
+        own = [st for st in self.sites if st.op is ev.op and st.kind in ("tma", "arrive")]
+        if own:
+            st = own[0]
+            k = self._iteration(st, ev)
+            return [(z3.BoolVal(True, self.enc.ctx), st.barrier, self._table(st.index, k), self._table(st.round, k))]
+        if isinstance(ev.op, Access) and ev.op.op in ("tma_load", "ptx_cp_async"):
+            return []  # a TMA write is published only by its own barrier, a cp.async one by its wait_group
+        out = []
+        for st in self.sites:
+            if st.kind != "arrive" or st.order <= ev.order or not self._same_loop(st, ev):
+                continue
+            k = self._iteration(st, ev)
+            cond = self._conds(st.op, ev.env(st.loop, k))
+            # a wgmma read is over only after a warpgroup_wait(0) of its thread; a generic write
+            # reaches the async proxy only through a fence of its thread, both before the arrive
+            for needed, ops in ((_is_wgmma(ev.op), self.wgmma_waits), (need_fence, self.fences)):
+                if needed and cond is not None:
+                    between = [self._conds(w, ev.env()) for w in ops if ev.order < w.order < st.order and self._same_loop_op(w, ev)]
+                    between = [c for c in between if c is not None]
+                    cond = z3.And(cond, z3.Or(between)) if between else None
+            if cond is not None:
+                out.append((cond, st.barrier, self._table(st.index, k), self._table(st.round, k)))
+        return out
+
+    def acquires(self, ev: "_Event") -> list:
+        """(condition, barrier, index, phase): waits of ``ev``'s thread before it in its iteration."""
+        out = []
+        for st in self.sites:
+            if st.kind != "wait" or st.order >= ev.order or not self._same_loop(st, ev):
+                continue
+            k = self._iteration(st, ev)
+            cond = self._conds(st.op, ev.env(st.loop, k))
+            if cond is not None:
+                out.append((cond, st.barrier, self._table(st.index, k), self._table(st.phase, k)))
+        return out
+
+    def _same_loop(self, st: _Site, ev: "_Event") -> bool:
+        return st.loop is None and not ev.loops or st.loop is not None and st.loop in ev.loops
+
+    def _same_loop_op(self, op, ev: "_Event") -> bool:
+        return all(v in ev.loops for v, _, _ in op.loops)
+
+    @staticmethod
+    def _match(rel, acq):
+        if not rel[1].same_as(acq[1]):
+            return None
+        return z3.And(rel[0], acq[0], rel[2] == acq[2], acq[3] >= rel[3])
+
+    def ordered(self, first: "_Event", second: "_Event", need_fence: bool = False):
+        """Z3 condition under which ``first`` happens before ``second`` through one or two mbarrier hops."""
+        rels, acqs = self.releases(first, need_fence), self.acquires(second)
+        hb = [m for r in rels for a in acqs if (m := self._match(r, a)) is not None]
+        # two hops: a third thread waits for first's release, then arrives on a barrier second waits
+        # on. Its thread and iteration are enumerated (the tables are concrete), so the condition
+        # stays quantifier-free and can be negated.
+        true = z3.BoolVal(True, self.enc.ctx)
+        for w in (st for st in self.sites if st.kind == "wait"):
+            for r2 in (st for st in self.sites if st.kind == "arrive"):
+                if w.loop is None or r2.loop is None or not w.loop.same_as(r2.loop) or w.order >= r2.order:
+                    continue
+                if not _one_thread_runs_both(w, r2):
+                    continue
+                for km in range(len(w.index)):
+                    acq1 = (true, w.barrier, z3.IntVal(w.index[km], self.enc.ctx), z3.IntVal(w.phase[km], self.enc.ctx))
+                    hop1 = [m for r in rels if (m := self._match(r, acq1)) is not None]
+                    if hop1:
+                        rel2 = (z3.Or(hop1), r2.barrier, z3.IntVal(r2.index[km], self.enc.ctx), z3.IntVal(r2.round[km], self.enc.ctx))
+                        hb += [m for a in acqs if (m := self._match(rel2, a)) is not None]
+        self.enc.take_obligations()
+        return z3.Or(hb) if hb else z3.BoolVal(False, self.enc.ctx)
+
+    def check_induction(self):
+        """Every arrival, expect-tx and TMA of round ``j`` follows every arrival of round ``j - 1`` on its barrier.
+
+        Without that, a thread's next arrival could count towards the phase still open, and a
+        phase could complete early: then races found are still reported, but absence is not.
+        """
+        arrives = [st for st in self.sites if st.kind == "arrive"]
+        for later in (st for st in self.sites if st.kind in ("arrive", "expect_tx", "tma")):
+            for earlier in arrives:
+                if not earlier.barrier.same_as(later.barrier):
+                    continue
+                e1 = _Event.fresh(self.enc, self.prog, earlier.op, "i1")
+                e2 = _Event.fresh(self.enc, self.prog, later.op, "i2")
+                k1, k2 = self._iteration(earlier, e1), self._iteration(later, e2)
+                same_thread = z3.And([x == y for x, y in zip(e1.threads, e2.threads, strict=True)] + [z3.BoolVal(True, self.enc.ctx)])
+                program_order = z3.And(same_thread, k1 < k2) if earlier.loop is not None and later.loop is not None and earlier.loop.same_as(later.loop) else z3.BoolVal(False, self.enc.ctx)
+                cons = e1.facts + e2.facts + [self.enc.encode_bool(c, e1.env()) for c in earlier.op.conds] + [self.enc.encode_bool(c, e2.env()) for c in later.op.conds]
+                cons += [self._table(earlier.index, k1) == self._table(later.index, k2), self._table(earlier.round, k1) + 1 == self._table(later.round, k2)]
+                cons += [z3.Not(program_order), z3.Not(self.ordered(e1, e2))]
+                if _solve(self.enc, cons).status != "proven":
+                    self.incomplete = (f"round order of {earlier.barrier.name}: an arrival of one round is not shown to precede "
+                                       f"the next round's {later.kind} (statement {later.order})")
+                    return
+
+
+    def schedule(self, op, loops: dict, thread: dict, verb: str) -> list[str]:
+        """Concrete steps of one witness instance: the waits its thread passed, the access, its publication."""
+        steps = []
+        for st in self.sites:
+            same = st.loop is not None and str(st.loop.name) in loops or st.loop is None
+            if not same:
+                continue
+            k = loops.get(str(st.loop.name), 0) if st.loop is not None else 0
+            if k is None or not 0 <= k < len(st.index):
+                continue
+            bar = f"{st.barrier.name}[{st.index[k]}]"
+            if st.kind == "wait" and st.order < op.order and self._thread_runs(st, thread):
+                ph = st.phase[k]
+                steps.append(f"thread {thread} iteration {loops}: waits on {bar} for phase {ph}" + (" (returns at once)" if ph < 0 else ""))
+            if st.op is op:
+                steps.append(f"thread {thread} iteration {loops}: {verb} `{op.text}`, published when {bar} completes phase {st.round[k]}")
+                return steps
+        steps.append(f"thread {thread} iteration {loops}: {verb} `{op.text}`")
+        return steps
+
+    def _thread_runs(self, st: _Site, thread: dict) -> bool:
+        t, mult = 0, 1
+        for (v, _), ext in zip(self.prog.threads, self.exts, strict=True):
+            t += (thread.get(str(v.name)) or 0) * mult
+            mult *= ext
+        return t in st.threads or st.elected
+
+class _Event:
+    """One instance of a statement for the happens-before queries: its thread and loop iterations as Z3 terms."""
+
+    def __init__(self, op, threads: list, thread_env: dict, loops: dict, facts: list):
+        self.op, self.threads, self.thread_env, self.loops, self.facts = op, threads, thread_env, loops, facts
+
+    @property
+    def order(self) -> int:
+        return self.op.order
+
+    def env(self, loop=None, k=None) -> dict:
+        env = dict(self.thread_env)
+        env.update(self.loops)
+        if loop is not None and k is not None:
+            env[loop] = k
+        return env
+
+    @classmethod
+    def of_copy(cls, acc: Access, copy: "_Copy") -> "_Event":
+        return cls(acc, [t for _, t in copy.threads], copy.thread_env, dict(copy.loop_env), [])
+
+    @classmethod
+    def fresh(cls, enc: Encoder, prog: Program, op, tag: str) -> "_Event":
+        facts, thread_env, loops = [], {}, {}
+        for v, ext in prog.threads:
+            t = z3.Int(f"{v.name}@{tag}", enc.ctx)
+            facts += [t >= 0, t < ext]
+            thread_env[v] = t
+        for v, lo, ext in op.loops:
+            t = z3.Int(f"{v.name}@{tag}", enc.ctx)
+            facts += [t >= const_int(lo), t < const_int(ext)] if const_int(lo) is not None and const_int(ext) is not None else []
+            loops[v] = t
+        return cls(op, list(thread_env.values()), thread_env, loops, facts)
+
+
+def _is_wgmma(op) -> bool:
+    return isinstance(op, Access) and op.op == "wgmma"
+
+
+def _one_thread_runs_both(a: _Site, b: _Site) -> bool:
+    """Some thread certainly runs both: an elected one only when its whole group runs the other."""
+    if a.elected and b.elected:
+        return False
+    if a.elected or b.elected:
+        chosen, other = (a, b) if a.elected else (b, a)
+        return bool(chosen.threads) and chosen.runners <= other.threads
+    return bool(a.threads & b.threads)
+
+
+def _overlap(sets: list) -> bool:
+    seen = set()
+    for s in sets:
+        if seen & s:
+            return True
+        seen |= s
+    return False
+
+
+
+
+def _epoch_ordered(enc, prog, first: Access, cf: "_Copy", second: Access, cs: "_Copy"):
+    """``first`` precedes ``second`` through a block barrier, counting what the async proxy needs.
+
+    A TMA write is never published by a block barrier; a wgmma read is over once a
+    ``warpgroup_wait(0)`` of its thread precedes the barrier; a cp.async write once its group
+    is retired; a generic write that an async-proxy access reads or overwrites needs a
+    ``fence.proxy.async`` of the writing thread before the barrier, or of the async reader
+    after it and before its access (where TileLang places it).
+    """
+    false = z3.BoolVal(False, enc.ctx)
+    env = dict(cf.thread_env)
+    env.update(cf.loop_env)
+
+    def after_first(kind_ops):
+        return [s for s in kind_ops if s.order > first.order and all(v in cf.loop_env for v, _, _ in s.loops)]
+
+    if first.op == "tma_load":
+        return false
+    if first.op == "wgmma":
+        waits = after_first(s for s in prog.syncs if s.kind == "wgmma_wait" and const_int(s.arg) == 0)
+        return z3.Or([z3.And([enc.encode_bool(c, env) for c in w.conds] + [enc.encode(w.epoch, env) < cs.epoch]) for w in waits] + [false])
+    published = z3.Not(_not_landed(enc, prog, cf, cs)) if first.op == "ptx_cp_async" else cf.epoch < cs.epoch
+    if first.write and _async_proxy(second):
+        # the fence by the writer before the barrier, or (as TileLang places it) by the async
+        # reader after the barrier and before its read
+        fences = [s for s in prog.syncs if s.kind == "fence_proxy_async"]
+        env2 = dict(cs.thread_env)
+        env2.update(cs.loop_env)
+        writer = [z3.And([enc.encode_bool(c, env) for c in f.conds] + [enc.encode(f.epoch, env) == cf.epoch])
+                  for f in fences if f.order > first.order and all(v in cf.loop_env for v, _, _ in f.loops)]
+        reader = [z3.And([enc.encode_bool(c, env2) for c in f.conds] + [enc.encode(f.epoch, env2) == cs.epoch])
+                  for f in fences if f.order < second.order and all(v in cs.loop_env for v, _, _ in f.loops)]
+        return z3.And(published, z3.Or(writer + reader + [false]))
+    return published
+
+
+def _pair_query(enc, prog, a: Access, b: Access, pipeline: "_Pipeline | None" = None):
     ca, cb = _Copy(enc, prog, a, "1"), _Copy(enc, prog, b, "2")
     cons = ca.facts + cb.facts
-    cons.append(z3.Or([x != y for (_, x), (_, y) in zip(ca.threads, cb.threads, strict=True)]))
+    other_thread = z3.Or([x != y for (_, x), (_, y) in zip(ca.threads, cb.threads, strict=True)])
+    if _async_proxy(a) or _async_proxy(b):
+        # an async-proxy access is not ordered by its own thread's program order: the same
+        # thread counts too, only the very same instance does not
+        other_loop = [x != y for (_, x), (_, y) in zip(ca.loops, cb.loops, strict=True)] if a is b else [z3.BoolVal(True, enc.ctx)]
+        cons.append(z3.Or([other_thread] + other_loop))
+    else:
+        cons.append(other_thread)
+    group = _elected_group(a)
+    if group is not None and group == _elected_group(b):
+        # one elected thread per group: two instances in one group are one thread
+        la, lb = _linear(prog, ca), _linear(prog, cb)
+        cons.append(z3.Or(la / group != lb / group, z3.And([x == y for (_, x), (_, y) in zip(ca.threads, cb.threads, strict=True)])))
     cons += [ca.lo < cb.hi, cb.lo < ca.hi]
     if a is b and _collective(a):
         cons.append(z3.Or([x != y for (_, x), (_, y) in zip(ca.loops, cb.loops, strict=True)]) if ca.loops else z3.BoolVal(False, enc.ctx))
-    if a.is_async and b.is_async:
+    if _async_proxy(a) or _async_proxy(b):
+        window = z3.And(z3.Not(_epoch_ordered(enc, prog, a, ca, b, cb)), z3.Not(_epoch_ordered(enc, prog, b, cb, a, ca)))
+    elif a.is_async and b.is_async:
         window = z3.Or(
             z3.And(cb.epoch >= ca.epoch, z3.Or(cb.epoch == ca.epoch, _not_landed(enc, prog, ca, cb))),
             z3.And(ca.epoch >= cb.epoch, z3.Or(ca.epoch == cb.epoch, _not_landed(enc, prog, cb, ca))),
@@ -152,7 +615,30 @@ def _pair_query(enc, prog, a: Access, b: Access):
     else:
         window = ca.epoch == cb.epoch
     cons.append(window)
+    if pipeline is not None:
+        ea, eb = _Event.of_copy(a, ca), _Event.of_copy(b, cb)
+        cons.append(z3.Not(pipeline.ordered(ea, eb, need_fence=_generic_write(a) and _async_proxy(b))))
+        cons.append(z3.Not(pipeline.ordered(eb, ea, need_fence=_generic_write(b) and _async_proxy(a))))
     return _solve(enc, cons), ca, cb
+
+
+def _elected_group(acc: Access) -> int | None:
+    """``N`` when ``acc`` runs only in the thread ``tl_shuffle_elect(N)`` picks (``N = 0``: the block's)."""
+    for c in acc.conds:
+        if isinstance(c, tir.Call) and getattr(c.op, "name", None) == _ELECT and const_int(c.args[0]) is not None:
+            return const_int(c.args[0]) or 1 << 30
+    return None
+
+
+def _linear(prog: Program, copy: "_Copy"):
+    term, stride = 0, 1
+    for (_, t), (_, ext) in zip(copy.threads, prog.threads, strict=True):
+        term, stride = term + t * stride, stride * ext
+    return term
+
+
+def _generic_write(acc: Access) -> bool:
+    return acc.write and not acc.is_async
 
 
 def _solve(enc: Encoder, formulas: list) -> Verdict:
@@ -197,8 +683,19 @@ def find_races(enc: Encoder, prog: Program, budget: int | None = None) -> dict:
     the per-query rlimit); pairs left when it is spent are reported as unknown.
     """
     shared = [a for a in prog.accesses if a.scope in SHARED_SCOPES]
-    unmodelled = sorted({a.op for a in shared if not _modelled(a)})
-    mbarriers = any(any(h in c for h in _MBARRIER_HINTS) for c in prog.calls)
+    mbarriers = bool(prog.syncs) and any(s.barrier is not None for s in prog.syncs) or any(any(h in c for h in _MBARRIER_HINTS) for c in prog.calls)
+    pipeline, pipeline_gap = None, None
+    if mbarriers:
+        try:
+            pipeline = _Pipeline(enc, prog)
+            pipeline.check_induction()
+        except _NotModelled as e:
+            pipeline, pipeline_gap = None, f"mbarrier synchronisation not modelled: {e}"
+
+    def modelled(acc: Access) -> bool:
+        return _modelled(acc) or _async_proxy(acc) and (acc.op != "tma_load" or pipeline is not None)
+
+    unmodelled = sorted({a.op for a in shared if not modelled(a)})
     pairs, races, unknown = 0, [], []
     for i, a in enumerate(shared):
         for b in shared[i:]:
@@ -206,10 +703,11 @@ def find_races(enc: Encoder, prog: Program, budget: int | None = None) -> dict:
                 continue
             if not (a.write or b.write):
                 continue
-            if not (_modelled(a) and _modelled(b)):
+            if not (modelled(a) and modelled(b)):
                 if _disjoint(enc, prog, a, b):
                     continue
-                unknown.append({"first": a.text, "second": b.text, "reason": f"{a.op if not _modelled(a) else b.op} not modelled"})
+                op = a.op if not modelled(a) else b.op
+                unknown.append({"first": a.text, "second": b.text, "reason": pipeline_gap if op == "tma_load" and pipeline_gap else f"{op} not modelled"})
                 continue
             if budget is not None and enc.rlimit_used > budget:
                 unknown.append({"first": a.text, "second": b.text, "reason": "kernel race-analysis budget spent"})
@@ -217,45 +715,57 @@ def find_races(enc: Encoder, prog: Program, budget: int | None = None) -> dict:
             pairs += 1
             if _disjoint(enc, prog, a, b, distinct_threads=True):
                 continue
-            v, ca, cb = _pair_query(enc, prog, a, b)
+            v, ca, cb = _pair_query(enc, prog, a, b, pipeline)
             if v.status == "unknown":
                 unknown.append({"first": a.text, "second": b.text, "reason": "solver budget"})
             elif v.status == "violation":
-                races.append(_witness(enc, v.model, a, b, ca, cb))
+                races.append(_witness(enc, v.model, a, b, ca, cb, pipeline))
     reasons = []
     if prog.divergent_barriers:
         reasons.append("barrier under a thread-dependent condition")
-    if mbarriers:
-        reasons.append("mbarrier synchronisation not modelled")
+    if pipeline_gap:
+        reasons.append(pipeline_gap)
     if any("partial barrier" in o for o in prog.opaque):
         reasons.append("named/partial barriers not modelled")
     if reasons:
         # The epoch model may miss an ordering here: what it found is possible, not certain.
         unknown += [dict(r, reason="; ".join(reasons)) for r in races]
         races = []
-    return {"kernel": prog.name, "pairs": pairs, "races": races, "unknown": unknown, "unmodelled_ops": unmodelled, "notes": reasons}
+    if pipeline is not None and pipeline.incomplete and not races:
+        unknown.append({"first": "every pair ordered through mbarriers", "second": "", "reason": pipeline.incomplete})
+    # shared accesses the program model could not see (opaque descriptors, raw handles, while
+    # loops): nothing is known about them, so no pair with them is proven
+    unknown += [{"first": o, "second": "", "reason": "shared accesses not visible to the model"}
+                for o in sorted(set(prog.opaque)) if "partial barrier" not in o]
+    notes = reasons + ([f"mbarrier pipeline modelled ({len(pipeline.sites)} barrier statements)"] if pipeline is not None else [])
+    return {"kernel": prog.name, "pairs": pairs, "races": races, "unknown": unknown, "unmodelled_ops": unmodelled, "notes": notes}
 
 
-def _witness(enc, model, a, b, ca, cb) -> dict:
+def _witness(enc, model, a, b, ca, cb, pipeline=None) -> dict:
     def val(t):
         return enc.model_value(model, t)
 
     lo = max(val(ca.lo), val(cb.lo))
-    return {
-        "buffer": a.buffer if a.buffer == b.buffer else f"{a.buffer}/{b.buffer}",
-        "first": {"statement": a.text, "write": a.write, "async": a.is_async, "thread": {n: val(t) for n, t in ca.threads}, "loops": {n: val(t) for n, t in ca.loops}},
-        "second": {"statement": b.text, "write": b.write, "async": b.is_async, "thread": {n: val(t) for n, t in cb.threads}, "loops": {n: val(t) for n, t in cb.loops}},
-        "byte_address": lo,
-        "epochs": [val(ca.epoch), val(cb.epoch)],
-    }
+    first = {"statement": a.text, "write": a.write, "async": a.is_async, "thread": {n: val(t) for n, t in ca.threads}, "loops": {n: val(t) for n, t in ca.loops}}
+    second = {"statement": b.text, "write": b.write, "async": b.is_async, "thread": {n: val(t) for n, t in cb.threads}, "loops": {n: val(t) for n, t in cb.loops}}
+    out = {"buffer": a.buffer if a.buffer == b.buffer else f"{a.buffer}/{b.buffer}", "first": first, "second": second, "byte_address": lo,
+           "epochs": [val(ca.epoch), val(cb.epoch)]}
+    if pipeline is not None:
+        # Each side's waits and publication: the schedule in which neither is ordered before the other.
+        out["schedule"] = [step for acc, side in ((a, first), (b, second))
+                           for step in pipeline.schedule(acc, side["loops"], side["thread"], "writes" if acc.write else "reads")]
+    return out
 
 
 def describe_race(r: dict) -> str:
-    return (
+    text = (
         f"shared-memory race on {r['buffer']} byte {r['byte_address']}: thread {r['first']['thread']} "
         f"{'writes' if r['first']['write'] else 'reads'} in `{r['first']['statement']}` and thread {r['second']['thread']} "
         f"{'writes' if r['second']['write'] else 'reads'} in `{r['second']['statement']}` with no barrier between"
     )
+    if r.get("schedule"):
+        text += "; schedule: " + "; ".join(r["schedule"])
+    return text
 
 
 def races_report(kernel: LoweredKernel, programs: list[Program] | None = None, budget: int | None = None, assume=()) -> dict:

@@ -1,0 +1,137 @@
+"""Races through the async proxy: TMA pipelines proven race-free through their mbarriers, and
+the planted pipeline bugs (tests/passes/async_corpus) each found with both accesses and a schedule."""
+
+import pytest
+import tilelang.language as T
+
+from tests.passes.async_corpus.pipelines import BUGS, tma_pipeline
+from tests.passes.layout_corpus import kernels as K
+from tests.tiled_gemm import tiled_gemm
+from tlx.ir.program import collect_program
+from tlx.lowering import lower
+from tlx.passes import PassContext
+from tlx.passes.races import RaceError, races_pass, races_report
+
+TARGET = {"kind": "cuda", "arch": "sm_90a"}
+
+
+def _report(make):
+    func, configs = make
+    return races_report(lower(func, TARGET, configs))
+
+
+def _races(report):
+    return [r for k in report["kernels"] for r in k["races"]]
+
+
+@pytest.mark.parametrize("stages", [2, 3])
+def test_pipelined_tma_gemm_is_race_free(stages):
+    # TileLang's own warp-specialized T.Pipelined GEMM: TMA into the stages, wgmma out of them
+    r = _report((tiled_gemm(256, 256, 512, 128, 128, 64, "float16", num_stages=stages), {}))
+    assert r["verdict"] == "race-free", r["summary"]
+    kernel = r["kernels"][0]
+    assert kernel["pairs"] >= 4 and not kernel["unmodelled_ops"]
+    assert any("mbarrier pipeline modelled" in n for n in kernel["notes"])
+
+
+@pytest.mark.parametrize("stages", [2, 3])
+def test_hand_scheduled_pipeline_is_race_free(stages):
+    assert _report(tma_pipeline(stages=stages))["verdict"] == "race-free"
+
+
+def _tma_wgmma_races(bug):
+    r = _report(tma_pipeline(bug=bug))
+    assert r["verdict"] == "race", r["summary"]
+    pairs = [x for x in _races(r) if {"tma_load", "wgmma"} == {x[s]["statement"].split("(")[0] for s in ("first", "second")}]
+    assert pairs, f"{bug}: no race between a TMA write and a wgmma read in {_races(r)}"
+    for x in pairs:
+        tma, mma = (x["first"], x["second"]) if x["first"]["write"] else (x["second"], x["first"])
+        assert tma["async"] and tma["write"] and not mma["write"]
+        assert x["schedule"] and any("tma_load" in s for s in x["schedule"]) and any("wgmma" in s for s in x["schedule"])
+    return pairs
+
+
+def _sides(x):
+    return (x["first"], x["second"]) if x["first"]["write"] else (x["second"], x["first"])
+
+
+def test_read_before_wait_is_a_race_in_the_round_being_loaded():
+    pairs = _tma_wgmma_races("read_before_wait")
+    # some witness reads the very stage the producer is filling in the same round
+    assert any(_sides(x)[0]["loops"]["k"] == _sides(x)[1]["loops"]["k"] for x in pairs)
+
+
+def test_overwrite_before_release_is_a_race_with_a_later_round():
+    pairs = _tma_wgmma_races("overwrite_before_release")
+    # the producer overwrites the stage a later round (same stage: k mod 3) while it is read
+    assert any(t["loops"]["k"] > m["loops"]["k"] and t["loops"]["k"] % 3 == m["loops"]["k"] % 3 for t, m in map(_sides, pairs))
+    # and the producer waited on nothing before it
+    assert all("waits on empty" not in s for x in pairs for s in x["schedule"])
+
+
+def test_wrong_phase_bit_is_a_race_and_the_schedule_shows_the_stale_phase():
+    pairs = _tma_wgmma_races("wrong_phase")
+    # the consumer waits for phase round-1 of full[stage]: in round k // 3 it waits for phase k // 3 - 1
+    stale = [s for x in pairs for s in x["schedule"] if "waits on full" in s]
+    assert stale
+    for x in pairs:
+        t, m = _sides(x)
+        k = m["loops"]["k"]
+        assert any(f"iteration {{'k': {k}" in s and f"for phase {k // 3 - 1}" in s for s in x["schedule"]), x["schedule"]
+
+
+@pytest.mark.parametrize("bug", BUGS)
+def test_every_planted_bug_is_a_race_not_unknown(bug):
+    r = _report(tma_pipeline(bug=bug))
+    assert r["verdict"] == "race" and r["races"] >= 1 and r["exit_code"] == 1
+
+
+def test_bad_bug_name_is_refused():
+    with pytest.raises(ValueError, match="bug: expected None or one of"):
+        tma_pipeline(bug="typo")
+
+
+def test_cp_async_into_wgmma_needs_a_proxy_fence():
+    # cp.async (generic proxy) fills the stages; in the loop TileLang fences the async proxy
+    # after the barrier and before wgmma, but the epilogue's wgmma (after the loop's last
+    # wait_group + barrier) reads the last stage with no fence.proxy.async: only those races.
+    cfg = {"tl.disable_tma_lower": True, "tl.disable_warp_specialized": True}
+    func, _ = K.gemm(configs=cfg)
+    r = races_report(lower(func, TARGET, cfg))
+    assert r["verdict"] == "race"
+    for x in _races(r):
+        write, read = _sides(x)
+        assert write["statement"].startswith("ptx_cp_async") and read["statement"].startswith("wgmma")
+        assert "k" not in read["loops"], "a wgmma inside the pipelined loop is fenced"
+
+
+def _unknown_reasons(report):
+    return " ".join(u["reason"] for k in report["kernels"] for u in k["unknown"])
+
+
+def test_wrong_arrival_count_is_unknown_not_safe():
+    # full initialised for 1 arrival while 128 producer threads arrive: phases are miscounted
+    r = _report(tma_pipeline(full_count=1))
+    assert r["verdict"] == "unknown" and "do not match its count 1" in _unknown_reasons(r)
+
+
+def test_pipeline_over_a_symbolic_loop_is_unknown_not_safe():
+    r = _report(tma_pipeline(K=T.dynamic("K")))
+    assert r["verdict"] == "unknown" and "pipeline loop" in _unknown_reasons(r)
+
+
+def test_wgmma_reads_span_one_stage_of_each_operand():
+    # 128x64 fp16 tiles with 128-byte swizzle: A is read as two m64 halves of 8 KiB, B (K-major,
+    # n128) as one 16 KiB span per instruction; every span starts inside stage k % 3
+    func, configs = tma_pipeline()
+    prog = collect_program(lower(func, TARGET, configs))[0]
+    spans = {(a.buffer, a.width) for a in prog.accesses if a.op == "wgmma"}
+    assert spans == {("A_s", 8192), ("B_s", 16384)}
+    tma = {(a.buffer, a.width) for a in prog.accesses if a.op == "tma_load"}
+    assert tma == {("A_s", 16384), ("B_s", 16384)}
+
+
+def test_compile_pass_raises_on_a_planted_pipeline_bug_with_its_schedule():
+    func, configs = tma_pipeline(bug="overwrite_before_release")
+    with pytest.raises(RaceError, match=r"shared-memory race on [AB]_s .*schedule: .*tma_load"):
+        races_pass(lower(func, TARGET, configs), PassContext(options={"verify": "error"}))
