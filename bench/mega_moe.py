@@ -99,22 +99,6 @@ def emit(**row):
     print("| " + " | ".join(cells) + " |", flush=True)
 
 
-def make_layer(m, seed):
-    import torch
-
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    e, h, i = m["n_experts"], m["hidden"], m["inter"]
-
-    def weight(n, k):
-        w = torch.empty(e, n, k, device="cuda", dtype=torch.float8_e4m3fn)
-        for j in range(e):
-            w[j] = (torch.randn(n, k, device="cuda", generator=g, dtype=torch.bfloat16) * 2).clamp(-8, 8).to(w.dtype)
-        s = (torch.rand(e, n // 128, k // 128, device="cuda", generator=g) + 0.5) / (2 * k**0.5)
-        return w, s
-
-    return (*weight(2 * i, h), *weight(h, i))
-
-
 def scaled_mm_tflops(m, reps):
     """Dense FP8 rate of torch._scaled_mm (per-tensor scales) at M = 8192 on the L1 and L2 shapes: the faster."""
     import torch
@@ -232,6 +216,7 @@ def main():
 
     from bench.timing import large_copy_ms
     from kernels.moe.pipeline import V4_FLASH, V4_PRO
+    from kernels.moe.reference import random_layer
 
     if not torch.cuda.is_available():
         sys.exit("bench/mega_moe.py needs a CUDA GPU")
@@ -251,7 +236,7 @@ def main():
             cfg = (V4_FLASH if name == "V4-Flash" else V4_PRO)["cfg"]
             tflops = scaled_mm_tflops(m, args.reps)
             emit(model=name, what="dense FP8 torch._scaled_mm, M=8192", note=f"{tflops:.0f} TFLOP/s")
-            layer_w = make_layer(m, seed=1)
+            layer_w = random_layer(m, seed=1)
             rows = [(1, t) for t in tokens] + [(n, int(t)) for n in ranks for t in args.rank_tokens.split(",") if t]
             for n, t in rows:
                 try:

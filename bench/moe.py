@@ -83,20 +83,6 @@ def check(name, t):
         raise AssertionError(f"{name}: output not finite or all zero")
 
 
-def make_layer(model, seed):
-    g = torch.Generator(device=CUDA).manual_seed(seed)
-    e, h, i = model["n_experts"], model["hidden"], model["inter"]
-
-    def weight(n, k):
-        w = torch.empty(e, n, k, device=CUDA, dtype=torch.float8_e4m3fn)
-        for j in range(e):
-            w[j] = (torch.randn(n, k, device=CUDA, generator=g, dtype=torch.bfloat16) * 2).clamp(-8, 8).to(w.dtype)
-        s = (torch.rand(e, n // 128, k // 128, device=CUDA, generator=g) + 0.5) / (2 * k**0.5)
-        return w, s
-
-    return (*weight(2 * i, h), *weight(h, i))
-
-
 def copy_bandwidth(reps):
     """The yardstick every other bench reads "% of copy" against (``bench.timing.large_copy_ms``)."""
     ms, moved = large_copy_ms(reps)
@@ -225,7 +211,7 @@ def main():
             model = models[name]
             if not args.layer_only:
                 meta = memory_steps(name, model, copy_gbs, args.reps)
-            layer = make_layer(model, seed=1)
+            layer = R.random_layer(model, seed=1)
             if not args.layer_only:
                 gemm_rows(name, model, layer, meta, args.reps)
             layer_rows(name, model, layer, args.reps, tokens)

@@ -186,3 +186,20 @@ def rel_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
     den = e.norm().item()
     num = (a - e).norm().item()
     return num / den if den else num
+
+
+def random_layer(model: dict, seed: int = 0, device: str = "cuda"):
+    """Random e4m3 expert weights ``(w1, s1, w2, s2)`` for ``model`` (keys ``n_experts``, ``hidden``,
+    ``inter``), with 128 x 128 block scales sized so activations stay O(1) through the layer. The one
+    generator every MoE test and benchmark draws its weights from, so their layers are the same."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    e, h, i = model["n_experts"], model["hidden"], model["inter"]
+
+    def weight(n, k):
+        w = torch.empty(e, n, k, device=device, dtype=torch.float8_e4m3fn)
+        for j in range(e):  # one expert at a time keeps the bf16 temporaries small
+            w[j] = (torch.randn(n, k, device=device, generator=g, dtype=torch.bfloat16) * 2).clamp(-8, 8).to(w.dtype)
+        s = (torch.rand(e, n // 128, k // 128, device=device, generator=g) + 0.5) / (2 * k**0.5)
+        return w, s
+
+    return (*weight(2 * i, h), *weight(h, i))

@@ -25,23 +25,6 @@ def test_pipeline_rejects_mismatched_shapes():
         moe_layer(x, torch.zeros(3, 4), w1, s1, w2, s2, cfg, n_ranks=3)
 
 
-def make_layer(model, seed=0):
-    """Random e4m3 weights with block scales sized so activations stay O(1) through the layer."""
-    g = torch.Generator(device=CUDA).manual_seed(seed)
-    e, h, i = model["n_experts"], model["hidden"], model["inter"]
-
-    def weight(n, k):
-        w = torch.empty(e, n, k, device=CUDA, dtype=torch.float8_e4m3fn)
-        for j in range(e):  # one expert at a time keeps the bf16 temporaries small
-            w[j] = (torch.randn(n, k, device=CUDA, generator=g, dtype=torch.bfloat16) * 2).clamp(-8, 8).to(w.dtype)
-        s = (torch.rand(e, n // 128, k // 128, device=CUDA, generator=g) + 0.5) / (2 * k**0.5)
-        return w, s
-
-    w1, s1 = weight(2 * i, h)
-    w2, s2 = weight(h, i)
-    return w1, s1, w2, s2
-
-
 def make_inputs(model, t, seed):
     g = torch.Generator(device=CUDA).manual_seed(seed)
     x = torch.randn(t, model["hidden"], device=CUDA, generator=g).to(torch.bfloat16)
@@ -51,7 +34,7 @@ def make_inputs(model, t, seed):
 
 @pytest.fixture(scope="module")
 def flash():
-    return make_layer(V4_FLASH)
+    return R.random_layer(V4_FLASH)
 
 
 @pytest.mark.gpu
@@ -126,7 +109,7 @@ def test_simulated_ranks_match_one_rank(flash, n_ranks):
 
 @pytest.mark.gpu
 def test_pro_layer_runs_and_matches_reference():
-    layer = make_layer(V4_PRO, seed=4)
+    layer = R.random_layer(V4_PRO, seed=4)
     cfg = V4_PRO["cfg"]
     x, logits = make_inputs(V4_PRO, 32, seed=4)
     out = moe_layer(x, logits, *layer, cfg)

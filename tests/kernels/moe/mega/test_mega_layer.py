@@ -12,6 +12,7 @@ from kernels.moe.mega import protocol as K
 from kernels.moe.mega.layer import check_layer_args, failure_message, flags_awaited, flags_set, launch_order
 from kernels.moe.metadata import max_rows
 from kernels.moe.pipeline import V4_FLASH, V4_PRO, MoEConfig, moe_layer
+from kernels.moe.reference import random_layer
 
 CUDA = "cuda"
 FLASH = dict(hidden=4096, inter=2048, n_experts=256, topk=6)
@@ -246,20 +247,6 @@ def test_mega_kernel_builds_for_sm90a(name):
 
 # ---- GPU --------------------------------------------------------------------------------
 
-def make_layer(model, seed=0):
-    g = torch.Generator(device=CUDA).manual_seed(seed)
-    e, h, i = model["n_experts"], model["hidden"], model["inter"]
-
-    def weight(n, k):
-        w = torch.empty(e, n, k, device=CUDA, dtype=torch.float8_e4m3fn)
-        for j in range(e):
-            w[j] = (torch.randn(n, k, device=CUDA, generator=g, dtype=torch.bfloat16) * 2).clamp(-8, 8).to(w.dtype)
-        s = (torch.rand(e, n // 128, k // 128, device=CUDA, generator=g) + 0.5) / (2 * k**0.5)
-        return w, s
-
-    return (*weight(2 * i, h), *weight(h, i))
-
-
 def make_inputs(model, t, seed):
     g = torch.Generator(device=CUDA).manual_seed(seed)
     x = torch.randn(t, model["hidden"], device=CUDA, generator=g).to(torch.bfloat16)
@@ -269,12 +256,12 @@ def make_inputs(model, t, seed):
 
 @pytest.fixture(scope="module")
 def flash():
-    return make_layer(V4_FLASH)
+    return random_layer(V4_FLASH)
 
 
 @pytest.fixture(scope="module")
 def pro():
-    return make_layer(V4_PRO, seed=1)
+    return random_layer(V4_PRO, seed=1)
 
 
 def poisoned(x):
