@@ -21,6 +21,9 @@ Both layouts run one kernel scheduled by hand (``persistent_grouped_gemm``; see
 ``grouped_gemm_contiguous_kernel``): persistent CTAs, 128 x 192 tiles where N allows, A multicast
 across a 2-CTA cluster, two consumer warpgroups of 64 rows (one wgmma chain per K step) and a TMA
 producer; the layouts differ only in where a tile's rows live and which tiles a CTA takes.
+The same kernel with a SwiGLU epilogue (``grouped_gemm_swiglu_kernel``: the MoE's L1 with the
+SwiGLU + e4m3 cast fused in, bitwise equal to the two kernels it replaces) takes 128 x 128 tiles
+of gate and up columns together and writes e4m3 with 1 x 128 scales instead of bf16.
 """
 
 import functools
@@ -28,6 +31,7 @@ import functools
 import tilelang.language as T
 
 import tlx
+from kernels.quant.common import cast_e4m3, group_scale
 
 BLOCK_M = 128
 BLOCK_N = 128
@@ -59,14 +63,27 @@ def check_gemm_args(n: int, k: int):
 
 
 def persistent_grouped_gemm(n: int, k: int, masked: bool, num_stages: int, cluster: int, num_sms: int,
-                            block_n: int | None, unroll_stages: bool):
-    """The kernel of ``grouped_gemm_contiguous_kernel`` (docstring there) for either layout."""
+                            block_n: int | None, unroll_stages: bool, swiglu_clamp: float | None = None):
+    """The kernel of ``grouped_gemm_contiguous_kernel`` (docstring there) for either layout;
+    ``swiglu_clamp`` set: ``grouped_gemm_swiglu_kernel``'s epilogue (contiguous layout only)."""
     check_gemm_args(n, k)
+    swiglu = swiglu_clamp is not None
+    if swiglu:
+        if masked:
+            raise ValueError("masked: the SwiGLU epilogue serves the contiguous layout only")
+        if n % (2 * BLOCK_N):
+            raise ValueError(f"n: expected 2I with I a multiple of {BLOCK_N} (gate and up halves), got {n}")
+        if block_n not in (None, BLOCK_N):
+            raise ValueError(f"block_n: the SwiGLU epilogue takes {BLOCK_N}-wide gate and up tiles, got {block_n}")
+        block_n = BLOCK_N
     if block_n is None:
         block_n = WIDE_N if -(-n // WIDE_N) % cluster == 0 else BLOCK_N
     if block_n not in (BLOCK_N, WIDE_N):
         raise ValueError(f"block_n: expected {BLOCK_N} or {WIDE_N}, got {block_n}")
-    nt = -(-n // block_n)
+    # output columns: N, or the I = N / 2 SwiGLU columns (a tile's gate columns c0.. pair with the
+    # up columns I + c0.. of the same rows)
+    cols = n // 2 if swiglu else n
+    nt = -(-cols // block_n)
     if nt % cluster or num_sms % cluster:
         raise ValueError(f"cluster: {cluster} must divide ceil(n / {block_n}) = {nt} and num_sms = {num_sms}")
     kblocks = k // BLOCK_K
@@ -78,7 +95,7 @@ def persistent_grouped_gemm(n: int, k: int, masked: bool, num_stages: int, clust
     mblocks = T.ceildiv(mrows, BLOCK_M)
     nrb = nexp * mblocks if masked else nblocks
     groups = nt // cluster  # cluster tiles per row block
-    ncol = 2 if block_n > 128 else 1  # scale groups a tile touches
+    ncol = 2 if block_n > 128 or swiglu else 1  # scale groups a tile touches (SwiGLU: the gate's, the up's)
 
     # Cluster tile p of a CTA's loop step w; its row block and the CTA's column offset.
     def tile(w, pid):
@@ -102,6 +119,11 @@ def persistent_grouped_gemm(n: int, k: int, masked: bool, num_stages: int, clust
 
     def c_tile(C, expert, r0, c0):
         return C[expert, r0:r0 + BLOCK_M, c0:c0 + block_n] if masked else C[r0:r0 + BLOCK_M, c0:c0 + block_n]
+
+    def sb_group(c0, c):
+        """B's scale row of the tile's scale group ``c``: the next 128 columns (clipped at N), or
+        with SwiGLU the up half's group (``c`` = 1: columns I + c0..)."""
+        return c0 // 128 + c * (cols // 128) if swiglu else T.min(c0 // 128 + c, n // 128 - 1)
 
     def tiles_of(count):
         """Cluster tiles of a masked expert with ``count`` rows (clamped to 0..M)."""
@@ -144,9 +166,15 @@ def persistent_grouped_gemm(n: int, k: int, masked: bool, num_stages: int, clust
                 total[i, j] = T.ieee_fmaf(part[i, j], T.if_then_else(j < split, sf0[i], sf1[i]), total[i, j])
 
     @T.macro
-    def stage_round(split, it, full, empty, scale_s, sf0, sf1, A_s, B_s, part, total, tx):
+    def promote_one(total, part, sf):
+        """total = fma(part, sa * sb, total) with one scale group (a SwiGLU half)."""
+        for i, j in T.Parallel(BLOCK_M, block_n):
+            total[i, j] = T.ieee_fmaf(part[i, j], sf[i], total[i, j])
+
+    @T.macro
+    def stage_round(split, it, full, empty, scale_s, sf0, sf1, A_s, B_s, Bu_s, part, total, total_up, tx):
         """The consumers' next ``unroll`` K blocks, from block ``it`` of the CTA (``split``: see
-        ``promote``)."""
+        ``promote``; SwiGLU: the gate block into ``total``, then the up block into ``total_up``)."""
         for u in T.unroll(unroll):
             # unrolled, `it` is a multiple of num_stages here: stage u, one phase
             stage = u if unroll > 1 else it % num_stages
@@ -157,22 +185,49 @@ def persistent_grouped_gemm(n: int, k: int, masked: bool, num_stages: int, clust
                     sf1[i] = scale_s[stage, 1, i]
             T.gemm(A_s[stage, :, :], B_s[stage, :, :], part, transpose_B=True,
                    policy=T.GemmWarpPolicy.FullRow, clear_accum=True)
+            if swiglu:
+                promote_one(total, part, sf0)
+                T.gemm(A_s[stage, :, :], Bu_s[stage, :, :], part, transpose_B=True,
+                       policy=T.GemmWarpPolicy.FullRow, clear_accum=True)
             # lane r of every consumer warp releases the stage in the cluster's CTA r
             if tx % 32 < cluster:
                 T.mbarrier_arrive(empty[stage], cta_id=tx % 32)
-            promote(total, part, sf0, sf1, split)
+            if swiglu:
+                promote_one(total_up, part, sf1)
+            else:
+                promote(total, part, sf0, sf1, split)
 
     @T.macro
-    def body(A, SA, B, SB, route, C):
+    def swiglu_epilogue(total, total_up, amax, Q_s, S, r0, c0):
+        """``swiglu_cast`` of the tile's bf16-rounded gate and up totals (as L1 would have stored
+        them), the same fp32 operations in the same order: into ``total`` in place, then its
+        row's 1 x 128 amax, scale and e4m3 bytes into ``Q_s``; the scales straight to ``S``."""
+        for i, j in T.Parallel(BLOCK_M, block_n):
+            g = T.min(T.Cast("float32", T.Cast("bfloat16", total[i, j])), T.float32(swiglu_clamp))
+            u = T.max(T.min(T.Cast("float32", T.Cast("bfloat16", total_up[i, j])), T.float32(swiglu_clamp)),
+                      T.float32(-swiglu_clamp))
+            total[i, j] = g / T.ieee_add(T.float32(1.0), T.exp(-g), "rn") * u  # no FMA contraction into expf
+        T.reduce_absmax(total, amax, dim=1)
+        for i, j in T.Parallel(BLOCK_M, block_n):
+            Q_s[i, j] = cast_e4m3(total[i, j] * (T.float32(1.0) / group_scale(amax[i], "e4m3", False)[0]))
+        for i in T.Parallel(BLOCK_M):
+            S[r0 + i, c0 // 128] = group_scale(amax[i], "e4m3", False)[0]
+
+    @T.macro
+    def body(A, SA, B, SB, route, C, S):
         with T.ClusterKernel(num_sms, cluster_dims=(cluster, 1, 1), threads=384) as pid:
             A_s = T.alloc_shared((num_stages, BLOCK_M, BLOCK_K), "float8_e4m3")
             B_s = T.alloc_shared((num_stages, block_n, BLOCK_K), "float8_e4m3")
+            # SwiGLU: the up half's B tiles, and the e4m3 output tile instead of the bf16 one
+            Bu_s = T.alloc_shared((num_stages, block_n, BLOCK_K), "float8_e4m3") if swiglu else None
             scale_s = T.alloc_shared((num_stages, ncol, BLOCK_M), "float32")
-            C_s = T.alloc_shared((BLOCK_M, block_n), "bfloat16")
+            C_s = T.alloc_shared((BLOCK_M, block_n), "float8_e4m3" if swiglu else "bfloat16")
             sf0 = T.alloc_fragment((BLOCK_M,), "float32")
             sf1 = T.alloc_fragment((BLOCK_M,), "float32")
             part = T.alloc_fragment((BLOCK_M, block_n), "float32")
             total = T.alloc_fragment((BLOCK_M, block_n), "float32")
+            total_up = T.alloc_fragment((BLOCK_M, block_n), "float32") if swiglu else None
+            amax = T.alloc_fragment((BLOCK_M,), "float32") if swiglu else None
             full = T.alloc_barrier([128] * num_stages)  # the producer's 128 threads + the TMA bytes
             empty = T.alloc_cluster_barrier([8 * cluster] * num_stages)  # every consumer warp of the cluster
             it = T.alloc_var("int32", init=0)  # K blocks this CTA has passed: stage and phase
@@ -196,7 +251,7 @@ def persistent_grouped_gemm(n: int, k: int, masked: bool, num_stages: int, clust
                     if expert >= 0:
                         next_sa[0] = sa_at(SA, expert, r0 + tx - 256, 0)
                         for c in T.unroll(ncol):
-                            next_sb[c] = SB[expert, T.min(c0 // 128 + c, n // 128 - 1), 0]
+                            next_sb[c] = SB[expert, sb_group(c0, c), 0]
                         for kb in T.serial(kblocks):
                             T.mbarrier_wait_parity(empty[it % num_stages], ((it // num_stages) & 1) ^ 1)
                             if cluster > 1:
@@ -208,6 +263,9 @@ def persistent_grouped_gemm(n: int, k: int, masked: bool, num_stages: int, clust
                                            A_s[it % num_stages, :, :], barrier=full[it % num_stages])
                             T.tma_copy(B[expert, c0:c0 + block_n, kb * BLOCK_K:(kb + 1) * BLOCK_K],
                                        B_s[it % num_stages, :, :], barrier=full[it % num_stages])
+                            if swiglu:
+                                T.tma_copy(B[expert, cols + c0:cols + c0 + block_n, kb * BLOCK_K:(kb + 1) * BLOCK_K],
+                                           Bu_s[it % num_stages, :, :], barrier=full[it % num_stages])
                             # this K block's scales were loaded one block ago (their latency off the
                             # stage's critical path); load the next one's
                             for c in T.unroll(ncol):
@@ -215,7 +273,7 @@ def persistent_grouped_gemm(n: int, k: int, masked: bool, num_stages: int, clust
                             if kb + 1 < kblocks:
                                 next_sa[0] = sa_at(SA, expert, r0 + tx - 256, kb + 1)
                                 for c in T.unroll(ncol):
-                                    next_sb[c] = SB[expert, T.min(c0 // 128 + c, n // 128 - 1), kb + 1]
+                                    next_sb[c] = SB[expert, sb_group(c0, c), kb + 1]
                             T.mbarrier_arrive(full[it % num_stages])
                             it = it + 1
             else:
@@ -224,17 +282,24 @@ def persistent_grouped_gemm(n: int, k: int, masked: bool, num_stages: int, clust
                     next_tile(w, pid, route, walk_e, walk_rem, expert, r0, c0)
                     if expert >= 0:
                         T.clear(total)
+                        if swiglu:
+                            T.clear(total_up)
                         for kq in T.serial(kblocks // unroll):
                             # the split column is fixed per branch, so the scale choice folds away
-                            if ncol == 1 or c0 % 128 == 0:
-                                stage_round(128, it, full, empty, scale_s, sf0, sf1, A_s, B_s, part, total, tx)
+                            if ncol == 1 or swiglu or c0 % 128 == 0:
+                                stage_round(128, it, full, empty, scale_s, sf0, sf1, A_s, B_s, Bu_s, part, total,
+                                            total_up, tx)
                             else:
-                                stage_round(64, it, full, empty, scale_s, sf0, sf1, A_s, B_s, part, total, tx)
+                                stage_round(64, it, full, empty, scale_s, sf0, sf1, A_s, B_s, Bu_s, part, total,
+                                            total_up, tx)
                             it = it + unroll
                         # the previous tile's store has read C_s (a no-op in the other threads)
                         T.tma_store_wait(0)
                         T.sync_threads(1, 256)  # consumers only: the producer keeps loading
-                        T.copy(total, C_s)
+                        if swiglu:
+                            swiglu_epilogue(total, total_up, amax, C_s, S, r0, c0)
+                        else:
+                            T.copy(total, C_s)
                         T.fence_proxy_async()  # C_s's generic-proxy writes before the TMA reads them
                         T.sync_threads(1, 256)
                         T.tma_copy(C_s, c_tile(C, expert, r0, c0))
@@ -243,14 +308,19 @@ def persistent_grouped_gemm(n: int, k: int, masked: bool, num_stages: int, clust
             T.cluster_sync()
 
     A_t, SA_t, B_t, SB_t, route_t, C_t = operand_types(n, k, masked)
-    if masked:
+    if swiglu:
+        @T.prim_func
+        def main(A: A_t, SA: SA_t, B: B_t, SB: SB_t, block_expert: route_t,
+                 Q: T.Tensor((nrows, cols), "float8_e4m3"), S: T.Tensor((nrows, cols // 128), "float32")):
+            body(A, SA, B, SB, block_expert, Q, S)
+    elif masked:
         @T.prim_func
         def main(A: A_t, SA: SA_t, B: B_t, SB: SB_t, counts: route_t, C: C_t):
-            body(A, SA, B, SB, counts, C)
+            body(A, SA, B, SB, counts, C, None)
     else:
         @T.prim_func
         def main(A: A_t, SA: SA_t, B: B_t, SB: SB_t, block_expert: route_t, C: C_t):
-            body(A, SA, B, SB, block_expert, C)
+            body(A, SA, B, SB, block_expert, C, None)
     return main
 
 
@@ -314,6 +384,38 @@ def grouped_gemm_contiguous_kernel(n: int, k: int, num_stages: int = 4, cluster:
 
 @tlx.jit(target={"kind": "cuda", "arch": "sm_90a"},
          pass_configs={"tl.disable_warp_specialized": True, "tl.disable_thread_storage_sync": True},
+         assume=("NB <= 16777214",))  # as the contiguous kernel
+def grouped_gemm_swiglu_kernel(n: int, k: int, clamp: float = 10.0, num_stages: int = 4, cluster: int | None = None,
+                               num_sms: int = 132, unroll_stages: bool = True):
+    """``(A [R, K], SA [R, K/128], B [E, 2I, K], SB [E, 2I/128, K/128], block_expert [R/128],
+    Q [R, I] e4m3, S [R, I/128] fp32)``, ``n`` = 2I: the MoE's L1 GEMM with ``swiglu_cast`` as
+    its epilogue, bitwise equal to ``grouped_gemm_contiguous`` followed by ``swiglu_cast(hidden,
+    clamp=clamp)`` (unweighted, fp32 1 x 128 scales, row-major) on the computed row blocks; rows of
+    blocks with expert -1 are not written. The bf16 hidden state [R, 2I] never reaches memory.
+
+    The contiguous kernel's schedule (see there) with 128 x 128 output tiles: a tile's gate columns
+    ``c0..c0+127`` of B (rows of ``w1``: gate first, ``kernels.moe.reference.swiglu_ref``) and its up
+    columns ``I + c0..`` arrive in one stage (two B loads); per K block the consumers run the gate
+    wgmma chain, promote it, run the up chain into the same ``part`` registers and promote that
+    (part + gate total + up total = 192 fp32 registers per thread, as the 192-wide tile's part +
+    total). Each total is the L1 kernel's to the bit: the same per-element wgmma sums, the same fma
+    promotion with ``sa * sb`` of the element's own scale group, K blocks in order.
+
+    Epilogue (``swiglu_epilogue``): each total rounded to bf16 (what L1 stores) and back, the gate
+    clamped above and the up clamped both ways at ``clamp``, ``g / (1 + expf(-g)) * u`` with the IEEE
+    quotient (``swiglu_cast`` takes a quotient equal to it bit for bit, checked over every bf16 g),
+    the row's amax over its 128 values (max is exact in any order), ``scale = max(amax, C) / 448``,
+    ``q = e4m3(v * (1 / scale))``: the operations of ``swiglu_cast`` in its order, so the same
+    bits. The e4m3 tile leaves by TMA store like the bf16 one; the 128 scales by plain stores.
+
+    ``cluster``: by default 2 where the I / 128 column tiles pair up, else 1."""
+    if cluster is None:
+        cluster = 2 if n // 2 % (2 * BLOCK_N) == 0 else 1
+    return persistent_grouped_gemm(n, k, False, num_stages, cluster, num_sms, None, unroll_stages, float(clamp))
+
+
+@tlx.jit(target={"kind": "cuda", "arch": "sm_90a"},
+         pass_configs={"tl.disable_warp_specialized": True, "tl.disable_thread_storage_sync": True},
          assume=("E * ((M + 127) // 128) <= 16777214", "M <= 2147483392"))  # row blocks as NB above
 def grouped_gemm_masked_kernel(n: int, k: int, num_stages: int = 4, cluster: int = 2, num_sms: int = 132,
                                block_n: int | None = None, unroll_stages: bool = True):
@@ -346,8 +448,8 @@ def persistent_ctas(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count // 2 * 2
 
 
-def grouped_gemm_contiguous(a, sa, b, sb, block_expert, out=None):
-    """C [R, N] bf16 for the contiguous layout (see the module docstring)."""
+def _check_contiguous(a, sa, b, sb, block_expert):
+    """(R, N, K) of the contiguous layout's operands, each checked."""
     import torch
 
     r, k = a.shape
@@ -359,9 +461,34 @@ def grouped_gemm_contiguous(a, sa, b, sb, block_expert, out=None):
     _check("block_expert", block_expert, torch.int32, (r // BLOCK_M,))
     if r % BLOCK_M:
         raise ValueError(f"a: expected rows a multiple of {BLOCK_M}, got {r}")
+    return r, n, k
+
+
+def grouped_gemm_contiguous(a, sa, b, sb, block_expert, out=None):
+    """C [R, N] bf16 for the contiguous layout (see the module docstring)."""
+    import torch
+
+    r, n, k = _check_contiguous(a, sa, b, sb, block_expert)
     if out is None:
         out = torch.empty(r, n, dtype=torch.bfloat16, device=a.device)
     grouped_gemm_contiguous_kernel(n, k, num_sms=persistent_ctas(a.device.index))(a, sa, b, sb, block_expert, out)
+    return out
+
+
+def grouped_gemm_swiglu(a, sa, b, sb, block_expert, clamp: float = 10.0, out=None):
+    """(Q [R, I] e4m3, S [R, I/128] fp32) = ``swiglu_cast(grouped_gemm_contiguous(a, sa, b, sb,
+    block_expert), clamp=clamp)`` on the computed row blocks, in one kernel
+    (``grouped_gemm_swiglu_kernel``); ``out``: a (Q, S) pair to write instead."""
+    import torch
+
+    r, n, k = _check_contiguous(a, sa, b, sb, block_expert)
+    if out is None:
+        out = (torch.empty(r, n // 2, dtype=torch.float8_e4m3fn, device=a.device),
+               torch.empty(r, n // 2 // 128, dtype=torch.float32, device=a.device))
+    _check("out[0]", out[0], torch.float8_e4m3fn, (r, n // 2))
+    _check("out[1]", out[1], torch.float32, (r, n // 2 // 128))
+    grouped_gemm_swiglu_kernel(n, k, float(clamp), num_sms=persistent_ctas(a.device.index))(a, sa, b, sb, block_expert,
+                                                                                          *out)
     return out
 
 

@@ -13,6 +13,8 @@ from kernels.moe.grouped_gemm import (
     grouped_gemm_contiguous_kernel,
     grouped_gemm_masked,
     grouped_gemm_masked_kernel,
+    grouped_gemm_swiglu,
+    grouped_gemm_swiglu_kernel,
 )
 from kernels.moe.metadata import max_rows, metadata_buffers, metadata_kernel, routing_metadata
 from kernels.moe.permute import combine, combine_kernel, permute, permute_fp8_kernel, permute_kernel
@@ -32,6 +34,7 @@ COMPILES = {
     "gemm_contiguous_n128": lambda: grouped_gemm_contiguous_kernel(2048, 1024),  # 11 column tiles: 128-wide
     "gemm_contiguous_k1152": lambda: grouped_gemm_contiguous_kernel(2048, 1152),  # 9 K blocks: K loop not unrolled
     "gemm_masked": lambda: grouped_gemm_masked_kernel(4096, 2048),
+    "gemm_swiglu": lambda: grouped_gemm_swiglu_kernel(4096, 4096),  # V4-Flash L1 with the SwiGLU cast
 }
 
 
@@ -46,8 +49,18 @@ def test_kernel_compiles_for_sm90a(name):
         width = 192 if name in ("gemm_contiguous", "gemm_masked") else 128
         # the TMA store of C_s is waited on (.read) only before C_s is written again
         assert src.count("tl::tma_store_wait<0, true>()") == 2
-        assert f"kFloat8_e4m3, tl::DataType::kFloat8_e4m3, tl::DataType::kFloat32, 64, {width}, 32" in src
+        wgmma = f"kFloat8_e4m3, tl::DataType::kFloat8_e4m3, tl::DataType::kFloat32, 64, {width}, 32"
+        assert wgmma in src
         assert "__fmaf_rn(part" in src
+        if name == "gemm_swiglu":
+            # a gate chain and an up chain per K block, each promoted into its own total; the
+            # epilogue rounds both to bf16 as L1 stores them, takes the IEEE quotient of
+            # swiglu_cast and casts with the e4m3 conversion of kernels.quant, no bf16 store
+            assert src.count(wgmma) == 2 and "Bu_s" in src
+            assert "total_up[i_4] = __fmaf_rn(part" in src
+            assert "((bfloat16_t)total_up[" in src and "((bfloat16_t)total[" in src
+            assert "__fadd_rn(0x1p+0f/*1.000000e+00*/, expf(" in src
+            assert "tlx_ieee_fp8_e4m3_bits(" in src and "bfloat16_t*)C_s" not in src
     if name == "combine":
         assert "__fmaf_rn(w" in src
 
@@ -70,6 +83,13 @@ def test_bad_arguments_are_named():
         grouped_gemm_contiguous_kernel(256, 100)
     with pytest.raises(ValueError, match="block_n: expected 128 or 192"):
         grouped_gemm_contiguous_kernel(4096, 2048, block_n=256)
+    with pytest.raises(ValueError, match="n: expected 2I with I a multiple of 128"):
+        grouped_gemm_swiglu_kernel(4096 + 128, 2048)
+    with pytest.raises(ValueError, match="out\\[0\\]: expected torch.float8_e4m3fn of shape \\(128, 128\\)"):
+        e4 = torch.float8_e4m3fn
+        grouped_gemm_swiglu(torch.zeros(128, 128, dtype=e4), torch.ones(128, 1), torch.zeros(1, 256, 128, dtype=e4),
+                            torch.ones(1, 2, 1), torch.zeros(1, dtype=torch.int32),
+                            out=(torch.zeros(128, 256, dtype=e4), torch.ones(128, 1)))
     with pytest.raises(ValueError, match="ids"):
         routing_metadata(torch.zeros(4, 2, dtype=torch.int64), 8)
     with pytest.raises(ValueError, match="ids: expected a 2-D int32 tensor"):
@@ -398,3 +418,49 @@ def test_grouped_gemm_equals_cublas_blockwise_scaled_mm(e4m3, e, n, k):
             pytest.skip(f"this torch has no blockwise _scaled_mm: {exc}"[:200])
         assert_bitwise(out[rows_i], ref, name=f"grouped GEMM expert {i} vs cuBLAS blockwise")
         start += c
+
+
+# L1 shapes (local experts, N = 2I, K = H): V4-Flash, V4-Pro, and one of 9 K blocks (the K loop
+# not unrolled) whose I = 384 gives 3 column tiles (odd: no 2-CTA cluster pairs them, cluster 1)
+SWIGLU_SHAPES = [(8, 4096, 4096), (4, 6144, 7168), (4, 768, 1152)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("e,n,k", SWIGLU_SHAPES)
+@pytest.mark.parametrize("kind", ["uniform", "wide"])
+def test_grouped_gemm_swiglu_bitwise_equal_to_gemm_then_swiglu_cast(e4m3, e, n, k, kind):
+    """The fused L1 + SwiGLU cast against its two unfused kernels: the same e4m3 bytes and fp32
+    scales on every computed row; a row block of expert -1 (another wave's) is not written.
+    "wide": activation scales up to 200, so the hidden values pass the clamp (10) on both sides
+    and reach g < -87 (swiglu_cast's IEEE quotient instead of its fast one)."""
+    from kernels.quant.group_cast import swiglu_cast
+    from tlx.numerics.parity import assert_bitwise
+
+    ids = _ids("hot" if kind == "wide" else "uniform", 300, 8 * e, seed=e + n)
+    meta = routing_metadata(ids, 8 * e, 0, 8)
+    rows = meta["entry_of_row"].shape[0]
+    block_expert = meta["block_expert"].clone()
+    block_expert[1] = -1  # a block of another wave: neither path computes it
+    a = e4m3.small((rows, k), CUDA)
+    sa = torch.rand(rows, k // 128, device=CUDA) * (200 if kind == "wide" else 1) + 0.5
+    b, sb = _weights(e, n, k, e4m3)
+    q_poison = torch.full((rows, n // 2), 0x7F, dtype=torch.uint8, device=CUDA).view(torch.float8_e4m3fn)
+    s_poison = torch.full((rows, n // 256), float("nan"), device=CUDA)
+    q, s = grouped_gemm_swiglu(a, sa, b, sb, block_expert, clamp=10.0, out=(q_poison.clone(), s_poison.clone()))
+    hidden = grouped_gemm_contiguous(a, sa, b, sb, block_expert)
+    q_ref, s_ref = swiglu_cast(hidden, clamp=10.0, group=128)
+    computed = (block_expert >= 0).repeat_interleave(128)
+    used = computed.nonzero().reshape(-1)
+    assert_bitwise(q[used].view(torch.uint8), q_ref[used].view(torch.uint8), name="fused SwiGLU e4m3")
+    assert_bitwise(s[used], s_ref[used], name="fused SwiGLU scales")
+    skipped = ~computed
+    assert (q[skipped].view(torch.uint8) == 0x7F).all() and torch.isnan(s[skipped]).all()
+    h = hidden[used].float()
+    g, u = h[:, : n // 2], h[:, n // 2:]
+    if kind == "wide":  # the inputs exercise what they are meant to
+        assert (g > 10).any() and (u.abs() > 10).any() and (g < -87).any()
+    # and close to the float64 reference of the unfused steps' meaning
+    ref = R.swiglu_ref(R.grouped_gemm_contiguous_ref(a, sa, b, sb, block_expert.cpu())[used], clamp=10.0)
+    err = R.rel_error(R.dequant_rows_ref(q[used], s[used]), ref)
+    print(f"gemm+swiglu E={e} N={n} K={k} {kind}: rows {len(used)}, rel err {err:.2e}")
+    assert err < 0.07  # the e4m3 rounding: at most 2^-4 of each normal value
