@@ -57,6 +57,16 @@ def splits_of(max_pages):
     return T.ceildiv(max_pages, SPLIT_PAGES)
 
 
+def sequence_keys(SL, b, max_pages):
+    """The keys of sequence b: ``seq_lens[b]`` clamped into ``[0, MP * 64]``."""
+    return T.max(T.min(SL[b], max_pages * PAGE), 0)
+
+
+def split_pages(SL, b, sp, max_pages):
+    """The pages of split ``sp`` of sequence b that hold keys (<= 0: the split is empty)."""
+    return T.min(T.ceildiv(sequence_keys(SL, b, max_pages), PAGE) - sp * SPLIT_PAGES, SPLIT_PAGES)
+
+
 @tlx.jit(target=C.TARGET, assume=["1 <= P", "1 <= MP", f"MP <= {MAX_PAGES}", "B <= 65535"])
 def mla_split_kernel(tokens: int, heads: int, kv_dtype: str, softmax_scale: float, num_stages: int = 1):
     """Partial attention of each (64-row block, split, sequence): ``OP [B, NS, T*H, 512]`` fp32
@@ -95,12 +105,16 @@ def mla_split_kernel(tokens: int, heads: int, kv_dtype: str, softmax_scale: floa
             lse_rows = T.alloc_fragment((ROWS,), f32)
             bad = T.alloc_var("int32")  # a table entry of this split lies outside [0, P)
             seq = T.alloc_var("int32")  # keys of the sequence (past the table's pages: none)
-            count = T.alloc_var("int32")  # pages of this split that hold keys
-            seq = T.min(SL[b], max_pages * PAGE)
+            count = T.alloc_var("int32")  # pages of this split that hold keys (<= 0: none)
+            seq = sequence_keys(SL, b, max_pages)
+            count = split_pages(SL, b, sp, max_pages)
             first = sp * SPLIT_PAGES
-            count = T.min(seq // PAGE + T.if_then_else(seq % PAGE > 0, 1, 0) - first, SPLIT_PAGES)
             r0 = rb * ROWS
-            if count > 0:
+            # the guard is the expression, not the variable: TileLang's warp specialization
+            # evaluates it before the statements above (which it copies into the producer
+            # and consumer branches), so `count > 0` read the variable's initial 0 (H200,
+            # 2026-12-02: every split was skipped, the combine read uninitialised partials)
+            if split_pages(SL, b, sp, max_pages) > 0:
                 for i, d in T.Parallel(ROWS, D_V):
                     Q_s[i, d] = T.if_then_else(r0 + i < rows, Q[b, T.min(r0 + i, rows - 1) // heads,
                                                                 T.min(r0 + i, rows - 1) % heads, d], T.Cast(bf16, 0))
@@ -182,11 +196,8 @@ def mla_combine_kernel(tokens: int, heads: int, fixed_splits: int = 0, with_sink
             mx = T.alloc_var(f32)
             s = T.alloc_var(f32)
             acc = T.alloc_local((4,), f32)
-            seq_pages = T.alloc_var("int32")
             n = T.alloc_var("int32")  # the sequence's splits
-            seq_pages = T.max(T.min(SL[b], max_pages * PAGE), 0)
-            seq_pages = seq_pages // PAGE + T.if_then_else(seq_pages % PAGE > 0, 1, 0)
-            n = seq_pages // SPLIT_PAGES + T.if_then_else(seq_pages % SPLIT_PAGES > 0, 1, 0)
+            n = T.ceildiv(T.ceildiv(sequence_keys(SL, b, max_pages), PAGE), SPLIT_PAGES)
             if fixed_splits:
                 n = fixed_splits
             bad = T.alloc_var("int32")  # a split of a bad table entry: the row is NaN
@@ -194,7 +205,8 @@ def mla_combine_kernel(tokens: int, heads: int, fixed_splits: int = 0, with_sink
             bad = 0
             for i in T.serial(n):
                 mx = T.if_then_else(LP[b, i, r] > mx, LP[b, i, r], mx)
-                bad = T.if_then_else(LP[b, i, r] != LP[b, i, r], 1, bad)
+                # T.isnan, not `x != x`: TVM's simplifier folds `x != x` to false
+                bad = T.if_then_else(T.isnan(LP[b, i, r]), 1, bad)
             s = T.exp2(T.ieee_mul(T.ieee_sub(SINK[r % heads], mx), T.float32(LOG2E))) if with_sink else T.float32(0)
             for i in T.serial(n):
                 s = T.ieee_add(s, T.exp2(T.ieee_mul(T.ieee_sub(LP[b, i, r], mx), T.float32(LOG2E))))

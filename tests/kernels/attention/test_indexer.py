@@ -6,6 +6,8 @@ outputs poisoned two ways so an unwritten element cannot pass), within the state
 an fp64 torch reference, NaN for a block-table entry past the cache, repeated pages, 100 runs
 identical, and a sequence's logits the same alone and in a batch."""
 
+import math
+
 import pytest
 import torch
 
@@ -77,10 +79,10 @@ def prefill_inputs(s, n, h, d, seed, pos=None):
 
 
 def poisoned_twice(run, shape):
-    """``run(out)`` on outputs filled with 0x00 and 0xFF bytes; both results must agree."""
+    """``run(out)`` on fp32 outputs filled with 0x00 and 0xFF bytes; both results must agree."""
     outs = []
     for byte in (0x00, 0xFF):
-        out = torch.full(shape, byte, dtype=torch.uint8, device="cuda").view(torch.float32).view(shape)
+        out = torch.full((4 * math.prod(shape),), byte, dtype=torch.uint8, device="cuda").view(torch.float32).view(shape)
         run(out)
         outs.append(out)
     torch.testing.assert_close(outs[0], outs[1], rtol=0, atol=0, equal_nan=True)
