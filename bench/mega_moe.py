@@ -4,18 +4,20 @@ Rows (printed as measured, so a timeout still leaves the earlier ones):
 * ceilings measured in this run: device copy bandwidth (``bench.timing.large_copy_ms``, read +
   write) and the dense FP8 ``torch._scaled_mm`` rate (per-tensor scales, M = 8192, the L1 and L2
   shapes of each model; the faster of the two);
-* per model and T (tokens per rank), n = 1: fused (``mega_moe``) and unfused (``moe_layer``) time
-  as CUDA-graph replays timed in turn (``interleaved_ms``), the roofline
+* per model and T (tokens per rank), n = 1: ``mega_moe`` with L1 + SwiGLU fused (``fused``),
+  ``mega_moe(fusion="none")`` (the same protocol and waves, L1 / SwiGLU cast / L2 as three launches
+  a wave: ``mega_3k``) and the unfused layer ``moe_layer`` (``unfused``), as CUDA-graph replays
+  timed in turn (``interleaved_ms``), the roofline
   max(expert weight bytes read / copy bandwidth, routed GEMM FLOPs / _scaled_mm rate) and each
   time over it. Weight bytes: the e4m3 weights and fp32 block scales of the experts that the
   routing of this input activates (each read once); FLOPs: 2 * T * k * (2I * H + H * I);
-* n virtual ranks on the GPU: fused against ``moe_layer(..., n_ranks=n)``, both as graph replays,
-  and the share of the dispatch (pull) time that overlaps the rank's compute, from CUDA events on
+* n virtual ranks on the GPU: the same three against ``moe_layer(..., n_ranks=n)``, all as graph
+  replays, and the share of the dispatch (pull) time that overlaps the rank's compute, from CUDA events on
   the ranks' streams in one eager call: (dispatch end - wave 0 ready) / dispatch time, clamped
   to [0, 1], averaged over ranks (wave 0 must arrive before any compute starts, so the part of
   the dispatch after it runs under the GEMMs of earlier waves).
 
-Every fused output is compared bit for bit with the unfused one before it is timed (graph replay
+Every output is compared bit for bit with the eager unfused layer before it is timed (graph replay
 into a NaN-poisoned buffer). ``--precompile`` builds every kernel of the run (and of
 tests/kernels/moe/mega) in parallel processes first, so that no compile lands inside a timing or a wait.
 Usage: python bench/mega_moe.py [--out FILE.json] [--reps N] [--models V4-Flash,V4-Pro]
@@ -55,12 +57,32 @@ TEST_LAYERS = ([("V4-Flash", n, None) for n in (1, 2, 4, 8)] + [("V4-Flash", 4, 
                + [("V4-Pro", n, None) for n in (1, 2, 8)])
 
 
-def kernel_specs(layers):
-    """Every kernel that the (model, ranks, waves) layers and their unfused baselines launch (up to
-    16896 tokens in all, one metadata chunk size)."""
-    from kernels.moe.mega.layer import make_plan
+# (N = 2I, K = H) of test_grouped_gemm_swiglu_bitwise_equal_to_gemm_then_swiglu_cast (tests/kernels/moe)
+TEST_SWIGLU_GEMMS = ((4096, 4096), (6144, 7168), (768, 1152))
+
+
+def swiglu_test_specs():
+    """The fused L1 + SwiGLU GEMMs of tests/kernels/moe and the unfused pair each is compared with."""
+    specs = set()
+    for n, k in TEST_SWIGLU_GEMMS:
+        sms = (("num_sms", SMS),)
+        specs |= {("kernels.moe.grouped_gemm", "grouped_gemm_swiglu_kernel", (n, k, 10.0), sms),
+                  ("kernels.moe.grouped_gemm", "grouped_gemm_contiguous_kernel", (n, k), sms),
+                  ("kernels.quant.group_cast", "group_cast_kernel",
+                   (n // 2, 128, "swiglu", "bfloat16", "e4m3", "fp32", False, 10.0, False, False), ())}
+    return specs
+
+
+def kernel_specs(layers, tests=False):
+    """Every kernel that the (model, ranks, waves) layers (fused and with ``fusion="none"``) and
+    their unfused baselines launch (up to 16896 tokens in all, one metadata chunk size); ``tests``:
+    also those of ``swiglu_test_specs``."""
+    from kernels.moe.mega.layer import FUSIONS, compute_kernel_specs, make_plan
+    from kernels.moe.pipeline import V4_FLASH, V4_PRO
 
     specs = {("kernels.moe.mega.protocol", "step_kernel", (), ()), ("kernels.moe.mega.protocol", "announce_kernel", (), ())}
+    if tests:
+        specs |= swiglu_test_specs()
     for name, n, waves in layers:
         m = MODELS[name]
         h, i, e, k = m["hidden"], m["inter"], m["n_experts"], m["topk"]
@@ -78,14 +100,18 @@ def kernel_specs(layers):
                   ("kernels.moe.mega.protocol", "gate_kernel", (n, p.n_waves), ()),
                   ("kernels.moe.mega.protocol", "dispatch_kernel",
                    (n, h, k, p.n_waves, p.wave_experts, p.n_local, p.dispatch_ctas), ())}
-        for sms in {p.gemm_sms, SMS}:
-            specs |= {("kernels.moe.grouped_gemm", "grouped_gemm_contiguous_kernel", (2 * i, h), (("num_sms", sms),)),
-                      ("kernels.moe.grouped_gemm", "grouped_gemm_contiguous_kernel", (h, i), (("num_sms", sms),))}
-    return sorted(specs, key=lambda s: (s[1] != "grouped_gemm_contiguous_kernel", str(s)))  # slowest first
+        for fusion in FUSIONS:  # the layer's wave GEMMs on the rank's SM share
+            clamp = (V4_FLASH if name == "V4-Flash" else V4_PRO)["cfg"].clamp
+            specs |= {(mod, fn, args, tuple(sorted(kw.items())))
+                      for mod, fn, args, kw in compute_kernel_specs(p, clamp, fusion).values()}
+        # moe_layer's GEMMs on every SM
+        specs |= {("kernels.moe.grouped_gemm", "grouped_gemm_contiguous_kernel", (2 * i, h), (("num_sms", SMS),)),
+                  ("kernels.moe.grouped_gemm", "grouped_gemm_contiguous_kernel", (h, i), (("num_sms", SMS),))}
+    return sorted(specs, key=lambda s: (not s[1].startswith("grouped_gemm"), str(s)))  # slowest first
 
 
-def precompile(layers):
-    specs = [(m, f, a, dict(kw)) for m, f, a, kw in kernel_specs(layers)]
+def precompile(layers, tests=False):
+    specs = [(m, f, a, dict(kw)) for m, f, a, kw in kernel_specs(layers, tests)]
     t0 = time.time()
     with ProcessPoolExecutor(max_workers=min(len(specs), os.cpu_count() or 1)) as pool:
         for what, took in pool.map(_build, specs):
@@ -95,7 +121,8 @@ def precompile(layers):
 
 def emit(**row):
     ROWS.append(row)
-    cells = [str(row.get(k, "")) for k in ("model", "what", "n", "T", "fused_us", "unfused_us", "roof_us", "note")]
+    cells = [str(row.get(k, "")) for k in ("model", "what", "n", "T", "fused_us", "mega_3k_us", "unfused_us", "roof_us",
+                                            "note")]
     print("| " + " | ".join(cells) + " |", flush=True)
 
 
@@ -147,7 +174,8 @@ def overlap_share(layer, x, logits):
 
 
 def compare(name, m, layer_w, cfg, n, t, copy_gbs, tflops, reps):
-    """One row: fused vs unfused over n ranks at T tokens per rank, graph replays in turn."""
+    """One row: mega_moe fused, mega_moe with three-launch waves and moe_layer over n ranks at T
+    tokens per rank, graph replays in turn."""
     import torch
 
     from bench.timing import interleaved_ms
@@ -159,35 +187,42 @@ def compare(name, m, layer_w, cfg, n, t, copy_gbs, tflops, reps):
     x = torch.randn(total, m["hidden"], device="cuda", generator=g).to(torch.bfloat16)
     logits = torch.randn(total, m["n_experts"], device="cuda", generator=g)
     ref, ids, _ = moe_layer(x, logits, *layer_w, cfg, n_ranks=n, return_routing=True)
-    mega_moe(x, logits, *layer_w, cfg, n_virtual_ranks=n)  # compiles nothing (precompiled), warms the layer
-    g_fused, out_fused = captured(lambda: mega_moe(x, logits, *layer_w, cfg, n_virtual_ranks=n, check=False))
-    g_unfused, out_unfused = captured(lambda: moe_layer(x, logits, *layer_w, cfg, n_ranks=n))
-    g_fused.replay()
-    g_unfused.replay()
+    graphs, outs = {}, {}
+    for what, fusion in (("fused", "l1_swiglu"), ("mega_3k", "none")):
+        mega_moe(x, logits, *layer_w, cfg, n_virtual_ranks=n, fusion=fusion)  # compiles nothing (precompiled), warms
+        graphs[what], outs[what] = captured(
+            lambda f=fusion: mega_moe(x, logits, *layer_w, cfg, n_virtual_ranks=n, check=False, fusion=f))
+    graphs["unfused"], outs["unfused"] = captured(lambda: moe_layer(x, logits, *layer_w, cfg, n_ranks=n))
+    for g in graphs.values():
+        g.replay()
     torch.cuda.synchronize()
-    layer = layer_for(x, *layer_w, cfg, n_virtual_ranks=n)
-    layer.check()
-    if not (torch.equal(out_fused.view(torch.int16), ref.view(torch.int16))
-            and torch.equal(out_unfused.view(torch.int16), ref.view(torch.int16))):
-        raise AssertionError(f"{name} n={n} T={t}: a graph replay differs from the eager unfused layer")
-    ms = interleaved_ms({"fused": g_fused.replay, "unfused": g_unfused.replay}, reps)
-    layer.check()
+    layers = [layer_for(x, *layer_w, cfg, n_virtual_ranks=n, fusion=f) for f in ("l1_swiglu", "none")]
+    for lay in layers:
+        lay.check()
+    for what, out in outs.items():
+        if not torch.equal(out.view(torch.int16), ref.view(torch.int16)):
+            raise AssertionError(f"{name} n={n} T={t}: the graph replay of {what} differs from the eager unfused layer")
+    ms = interleaved_ms({what: g.replay for what, g in graphs.items()}, reps)
+    for lay in layers:
+        lay.check()
+    layer = layers[0]
     h, i = m["hidden"], m["inter"]
     active = int(torch.unique(ids).numel())
     weight_bytes = active * (3 * i * h + (2 * i // 128) * (h // 128) * 4 + (h // 128) * (i // 128) * 4)
     flops = 2 * total * m["topk"] * 3 * i * h
     roof_us = max(weight_bytes / (copy_gbs * 1e3), flops / (tflops * 1e6))
-    fused_us, unfused_us = ms["fused"] * 1e3, ms["unfused"] * 1e3
-    note = (f"fused {fused_us / roof_us:.2f}x roof, unfused {unfused_us / roof_us:.2f}x; {active} experts active, "
-            f"{weight_bytes / 1e9:.2f} GB weights, {flops / 1e12:.2f} TFLOP")
-    row = dict(model=name, what="layer, graph replay", n=n, T=t, fused_us=f"{fused_us:.0f}", unfused_us=f"{unfused_us:.0f}",
-               roof_us=f"{roof_us:.0f}", note=note, fused_over_roof=fused_us / roof_us,
-               speedup=unfused_us / fused_us, active_experts=active)
+    fused_us, mega_3k_us, unfused_us = (ms[what] * 1e3 for what in ("fused", "mega_3k", "unfused"))
+    note = (f"fused {fused_us / roof_us:.2f}x roof, mega 3-launch waves {mega_3k_us / roof_us:.2f}x, unfused "
+            f"{unfused_us / roof_us:.2f}x; {active} experts active, {weight_bytes / 1e9:.2f} GB weights, "
+            f"{flops / 1e12:.2f} TFLOP")
+    row = dict(model=name, what="layer, graph replay", n=n, T=t, fused_us=f"{fused_us:.0f}", mega_3k_us=f"{mega_3k_us:.0f}",
+               unfused_us=f"{unfused_us:.0f}", roof_us=f"{roof_us:.0f}", note=note, fused_over_roof=fused_us / roof_us,
+               speedup=unfused_us / fused_us, fusion_speedup=mega_3k_us / fused_us, active_experts=active)
     if n > 1:
         row["overlap"] = overlap_share(layer, x, logits)
         row["note"] += f"; dispatch under compute {row['overlap']:.0%}"
     emit(**row)
-    del g_fused, g_unfused
+    del graphs
 
 
 def main():
@@ -209,7 +244,7 @@ def main():
     tokens = [int(v) for v in args.tokens.split(",") if v]
     layers = [(name, n, None) for name in models for n in ({1} if tokens else set()) | set(ranks)]
     if args.precompile or args.precompile_tests:
-        precompile(layers + (TEST_LAYERS if args.precompile_tests else []))
+        precompile(layers + (TEST_LAYERS if args.precompile_tests else []), args.precompile_tests)
     if not tokens and not ranks:
         return
     import torch
@@ -229,8 +264,8 @@ def main():
         copy_ms, moved = large_copy_ms(args.reps)
         copy_gbs = moved / copy_ms / 1e6
         emit(what="copy d2d (read + write)", note=f"{copy_gbs:.0f} GB/s")
-        print("| model | what | n | T | fused us | unfused us | roofline us | note |")
-        print("| --- | --- | --- | --- | --- | --- | --- | --- |", flush=True)
+        print("| model | what | n | T | mega fused us | mega 3-launch waves us | moe_layer us | roofline us | note |")
+        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |", flush=True)
         for name in models:
             m = MODELS[name]
             cfg = (V4_FLASH if name == "V4-Flash" else V4_PRO)["cfg"]

@@ -1,12 +1,11 @@
 """MegaMoE: the expert-parallel routed-expert layer, wave-pipelined, pulling over buffers every
 rank can address, bitwise equal to ``moe_layer(..., n_ranks=n)``.
 
-What this first version is (and is not)
----------------------------------------
+What this version is (and is not)
+---------------------------------
 The target design is one persistent kernel per rank that dispatches, runs L1, SwiGLU + FP8
 requant and L2, and writes results back, wave by wave. This version implements the *protocol*
-and the *wave schedule* of that design with the project's existing compute kernels; the compute
-steps are not fused into one kernel yet:
+and the *wave schedule* of that design; of the compute steps, L1 and the SwiGLU cast are fused:
 
 * **New kernels** (``protocol.py``, ``@tlx.jit``): ``announce`` (epoch, READY publish),
   ``exchange`` (acquire of every rank's READY), ``gather_ids`` (every rank's routing),
@@ -15,15 +14,25 @@ steps are not fused into one kernel yet:
   ``step`` (between waves: release the finished wave's DONE, acquire the next wave's dispatch
   count), ``gate`` (acquire every rank's DONE of every wave) and ``combine`` (pull each token's k
   rows from their owners, the same fma chain as ``permute.combine``). System-scope release / acquire is ``sysflags.py``.
+* **Fused: L1 + SwiGLU + e4m3 requant** (``fusion="l1_swiglu"``, the default):
+  ``grouped_gemm_swiglu_kernel`` is the L1 grouped GEMM with ``swiglu_cast`` as its epilogue, so
+  the bf16 hidden state [R, 2I] (4I bytes a row, written and read again in the unfused path)
+  never reaches memory, and each wave is two launches (L1 + SwiGLU, L2) instead of
+  three. Why this step first: it is the one whose intermediate is largest (2I bf16 per row, 4x
+  the e4m3 L2 input) and whose fusion costs no synchronisation (a tile's epilogue needs only its own
+  rows and its own gate and up columns), and it computes only the wave's row blocks, where the
+  unfused cast wrote +0 rows for the rows of every other wave too.
+* **Not fused yet**: L2 is its own launch per wave (the L2 tiles of a row block need every L1 tile
+  of that row block: a fused L1 -> L2 kernel waits on per-row-block counters inside one persistent
+  grid); the dispatch and combine run as their own kernels on the rank's streams (they overlap the
+  GEMMs through the waves); gating, the cast of x and the metadata are separate kernels ahead of
+  the protocol, as in the published design (they need all of the rank's tokens, before any wave).
 * **Reused, unchanged**: ``gating``, the per-token FP8 cast (``kernels.quant``), ``routing_metadata``,
-  the contiguous grouped GEMM (L1 and L2, run per wave on the wave's row blocks only, with the
-  rank's SM share as its persistent grid) and the SwiGLU + e4m3 cast (``kernels.quant``, per wave
-  over the wave's rows: ``rows`` masks the others).
-* **Not fused**: L1, SwiGLU cast and L2 are three launches per wave on the rank's compute stream,
-  with the hidden states in global memory between them; gating, the cast of x and the metadata
-  are separate kernels ahead of the protocol (as in the published design). ``swiglu_cast`` has no
-  row range, so each wave's cast writes +0 rows for every row outside the wave: with more than one
-  wave this costs ``n_waves - 1`` extra writes of the rank's [R, I] e4m3 buffer.
+  the contiguous grouped GEMM for L2 (run per wave on the wave's row blocks only, with the rank's
+  SM share as its persistent grid). ``fusion="none"`` keeps the unfused wave for comparison: L1 by
+  the contiguous grouped GEMM into bf16, ``swiglu_cast`` over the wave's rows (``rows`` masks the
+  others: it writes +0 rows for them, ``n_waves - 1`` extra writes of the rank's [R, I] e4m3
+  buffer), then L2.
 
 Ranks and buffers
 -----------------
@@ -54,7 +63,7 @@ graph replays it; flags are compared for equality with e, so nobody resets them)
 4. communication stream (after an event): ``dispatch`` pulls the rows of wave 0, 1, ... from the
    source ranks' ``xq / xs`` and, after each wave, every CTA does red.release.sys on COUNT + w.
 5. compute stream, per wave w: ``step`` (release DONE + w-1 = e; acquire COUNT + w == CTAs, reset
-   it), L1 GEMM, SwiGLU cast, L2 GEMM into ``y`` (wave w's rows). While wave w computes, the
+   it), L1 GEMM + SwiGLU cast (one kernel; two with ``fusion="none"``), L2 GEMM into ``y`` (wave w's rows). While wave w computes, the
    dispatch pulls wave w+1 (it never waits), and peers may already read wave w-1's results.
    A last ``step`` releases the last wave's DONE.
 6. ``gate`` acquires DONE == e of every wave of every rank;
@@ -95,7 +104,10 @@ capture call ``MegaMoE.check()`` after a replay. A layer whose call failed is no
 Bitwise equality with ``moe_layer(..., n_ranks=n)``: gating, the cast, the SwiGLU cast and the
 combine compute each token / row from its own data in a fixed order; the grouped GEMM computes a
 row of a row block from that row and the expert's weights only, whichever CTA takes the tile and
-whatever rows share the block; dispatch copies bytes. So only the row placement differs (the
+whatever rows share the block; dispatch copies bytes. The fused L1 + SwiGLU kernel computes each
+row's e4m3 bytes and scale to the bit as L1 followed by ``swiglu_cast`` (its docstring says how);
+padding rows (zeros from the dispatch) give +0 hidden values either way, and the cast of a +0
+row is what the masked ``swiglu_cast`` writes for them. So only the row placement differs (the
 metadata here counts the padding token slots of short ranks, ids -1, which take no rows), which no
 output bit depends on.
 """
@@ -198,10 +210,26 @@ def make_plan(n_ranks: int, tokens_per_rank: int, hidden: int, inter: int, n_exp
                     gemm_sms, gemm_sms)
 
 
+FUSIONS = ("l1_swiglu", "none")  # what a wave's compute fuses (module docstring)
+
+
+def compute_kernel_specs(plan: MegaPlan, clamp: float, fusion: str) -> dict:
+    """name -> (module, factory, args, kwargs) of the GEMM kernels a wave launches: ``l1`` (the fused
+    L1 + SwiGLU cast, or with ``fusion="none"`` the bf16 L1) and ``l2``, on the rank's SM share.
+    ``bench/mega_moe.py --precompile`` builds the same list."""
+    if fusion not in FUSIONS:
+        raise ValueError(f"fusion: expected one of {FUSIONS}, got {fusion!r}")
+    gemm, sms = "kernels.moe.grouped_gemm", {"num_sms": plan.gemm_sms}
+    i2, h = 2 * plan.inter, plan.hidden
+    l1 = ((gemm, "grouped_gemm_swiglu_kernel", (i2, h, float(clamp)), sms) if fusion == "l1_swiglu"
+          else (gemm, "grouped_gemm_contiguous_kernel", (i2, h), sms))
+    return {"l1": l1, "l2": (gemm, "grouped_gemm_contiguous_kernel", (h, plan.inter), sms)}
+
+
 def launch_order(plan: MegaPlan, ranks) -> list[tuple[str, int, int]]:
     """``(step, rank, wave)`` in the order the host enqueues them, a phase for every rank before the
     next phase (module docstring, launch order): ``publish`` (gating, casts, ``announce``),
-    ``route`` (``exchange``, ids, metadata, ``dispatch``), ``wave`` (``step``, L1, SwiGLU cast, L2;
+    ``route`` (``exchange``, ids, metadata, ``dispatch``), ``wave`` (``step``, L1 + SwiGLU cast, L2;
     wave-major so the ranks' waves interleave; wave ``n_waves`` is the ``step`` that releases the
     last DONE), ``finish`` (``gate``, ``combine``)."""
     order = [("publish", r, -1) for r in ranks] + [("route", r, -1) for r in ranks]
@@ -292,12 +320,15 @@ class MegaMoE:
     timeline = None
 
     def __init__(self, w1, s1, w2, s2, cfg: MoEConfig, n_tokens: int, *, group=None, n_virtual_ranks: int | None = None,
-                 waves: int | None = None, timeout_s: float = 5.0):
+                 waves: int | None = None, timeout_s: float = 5.0, fusion: str = "l1_swiglu"):
         if (group is None) == (n_virtual_ranks is None):
             raise ValueError("group / n_virtual_ranks: expected exactly one of them, got "
                              f"{'both' if group is not None else 'neither'}")
         if not timeout_s > 0:
             raise ValueError(f"timeout_s: expected a positive number of seconds, got {timeout_s}")
+        if fusion not in FUSIONS:
+            raise ValueError(f"fusion: expected one of {FUSIONS}, got {fusion!r}")
+        self.fusion = fusion
         self.virtual = group is None
         n = n_virtual_ranks if self.virtual else group.size()
         if not isinstance(n, int) or not 1 <= n <= K.PEERS:
@@ -353,19 +384,20 @@ class MegaMoE:
     def _build_kernels(self) -> dict:
         """Every kernel the call launches, compiled before the first launch: a wait must never
         include a peer's compile time."""
-        from kernels.moe.grouped_gemm import grouped_gemm_contiguous_kernel
+        import importlib
 
         p = self.plan
-        h, i2 = p.hidden, 2 * p.inter
-        return {
+        h = p.hidden
+        kernels = {
             "announce": K.announce_kernel(), "exchange": K.exchange_kernel(p.n_ranks), "step": K.step_kernel(),
             "gate": K.gate_kernel(p.n_ranks, p.n_waves),
             "gather": K.gather_ids_kernel(p.n_ranks, p.topk),
             "dispatch": K.dispatch_kernel(p.n_ranks, h, p.topk, p.n_waves, p.wave_experts, p.n_local, p.dispatch_ctas),
             "combine": K.combine_kernel(p.n_ranks, h, p.topk, p.n_local),
-            "l1": grouped_gemm_contiguous_kernel(i2, h, num_sms=p.gemm_sms),
-            "l2": grouped_gemm_contiguous_kernel(h, p.inter, num_sms=p.gemm_sms),
         }
+        for name, (module, factory, args, kwargs) in compute_kernel_specs(p, self.cfg.clamp, self.fusion).items():
+            kernels[name] = getattr(importlib.import_module(module), factory)(*args, **kwargs)
+        return kernels
 
     def _warm(self, x, logits):
         """Compile the reused kernels (gating, casts, metadata) on the caller's stream, outside the protocol."""
@@ -375,8 +407,9 @@ class MegaMoE:
         cfg, p = self.cfg, self.plan
         gating(logits[:1], None, cfg.topk, cfg.score_func, cfg.n_groups, cfg.topk_groups, cfg.renormalize, cfg.routed_scaling)
         per_token_group_cast(x[:1], group=GROUP)
-        swiglu_cast(torch.zeros(1, 2 * p.inter, dtype=torch.bfloat16, device=x.device), clamp=cfg.clamp, group=GROUP,
-                    rows=torch.zeros(1, dtype=torch.int32, device=x.device))
+        if self.fusion == "none":
+            swiglu_cast(torch.zeros(1, 2 * p.inter, dtype=torch.bfloat16, device=x.device), clamp=cfg.clamp, group=GROUP,
+                        rows=torch.zeros(1, dtype=torch.int32, device=x.device))
         rk = self.ranks[self.my_ranks[0]]
         routing_metadata(rk.gids, p.n_experts, self.my_ranks[0], p.n_ranks, out=rk.meta)
 
@@ -455,19 +488,26 @@ class MegaMoE:
         p, rk, k = self.plan, self.ranks[r], self._kernels
         compute, comm = self.streams[r]
         with torch.cuda.stream(compute):
-            st["hid"] = torch.empty(p.rows, 2 * p.inter, dtype=torch.bfloat16, device=rk.xp.device)
+            dev = rk.xp.device
+            if self.fusion == "none":
+                st["hid"] = torch.empty(p.rows, 2 * p.inter, dtype=torch.bfloat16, device=dev)
+            else:  # the L2 input that the fused L1 writes wave by wave
+                st["hq"] = torch.empty(p.rows, p.inter, dtype=torch.float8_e4m3fn, device=dev)
+                st["hs"] = torch.empty(p.rows, p.inter // GROUP, dtype=torch.float32, device=dev)
             k["exchange"].launch(*self._slots(r, "flags"), rk.sym["flags"], r, self.timeout_ns)
             k["gather"].launch(*self._slots(r, "ids"), rk.gids)
             meta = routing_metadata(rk.gids, p.n_experts, r, p.n_ranks, out=rk.meta)
             rk.sym["row_of"].copy_(meta["row_of"])
             be = meta["block_expert"]
+            # per wave: its blocks' experts (-1 elsewhere) and, for the unfused SwiGLU cast, its rows
             if p.n_waves == 1:
                 rk.block_waves, rk.row_waves = be[None], meta["entry_of_row"][None]
             else:
                 wave_of_block = torch.div(be, p.wave_experts, rounding_mode="floor")  # -1 stays -1
                 mine = wave_of_block[None] == rk.waves
                 rk.block_waves = torch.where(mine, be[None], -1)
-                rk.row_waves = torch.where(mine.repeat_interleave(128, dim=1), meta["entry_of_row"][None], -1)
+                if self.fusion == "none":
+                    rk.row_waves = torch.where(mine.repeat_interleave(128, dim=1), meta["entry_of_row"][None], -1)
         comm.wait_stream(compute)
         with torch.cuda.stream(comm):
             self._mark(r, "dispatch_start")
@@ -488,8 +528,12 @@ class MegaMoE:
             k["step"].launch(rk.sym["flags"], w - 1, w, p.dispatch_ctas, r, self.timeout_ns)
             if w == 0:
                 self._mark(r, "wave0_ready")
-            k["l1"].launch(rk.xp, rk.sp, w1[mine], s1[mine], rk.block_waves[w], st["hid"])
-            hq, hs = swiglu_cast(st["hid"], clamp=self.cfg.clamp, group=GROUP, rows=rk.row_waves[w])
+            if self.fusion == "none":
+                k["l1"].launch(rk.xp, rk.sp, w1[mine], s1[mine], rk.block_waves[w], st["hid"])
+                hq, hs = swiglu_cast(st["hid"], clamp=self.cfg.clamp, group=GROUP, rows=rk.row_waves[w])
+            else:
+                hq, hs = st["hq"], st["hs"]
+                k["l1"].launch(rk.xp, rk.sp, w1[mine], s1[mine], rk.block_waves[w], hq, hs)
             k["l2"].launch(hq, hs, w2[mine], s2[mine], rk.block_waves[w], rk.sym["y"])
 
     def _finish(self, r, out, st):
@@ -528,13 +572,16 @@ _LAYERS: dict = {}
 
 
 def mega_moe(x, logits, w1, s1, w2, s2, cfg: MoEConfig, bias=None, *, group=None, n_virtual_ranks: int | None = None,
-             waves: int | None = None, timeout_s: float = 5.0, out=None, check: bool = True):
+             waves: int | None = None, timeout_s: float = 5.0, out=None, check: bool = True,
+             fusion: str = "l1_swiglu"):
     """``moe_layer``'s routed experts, expert-parallel over ``n_virtual_ranks`` ranks on this GPU or
     over ``group`` (one GPU per rank; x, logits and the result are this rank's tokens); bitwise equal
     to ``moe_layer(x, logits, w1, s1, w2, s2, cfg, bias, n_ranks=n)`` on the same (gathered) tokens.
 
-    The layer state (buffers, streams, kernels) is kept per weights, token count, ranks and waves;
-    ``check`` reads the ranks' status words after the call (one host sync) and raises
+    ``fusion``: ``"l1_swiglu"`` (L1 and the SwiGLU cast in one kernel per wave) or ``"none"`` (the
+    unfused wave: L1, SwiGLU cast, L2 as three launches; for comparison); the same bits either way.
+    The layer state (buffers, streams, kernels) is kept per weights, token count, ranks, waves and
+    fusion; ``check`` reads the ranks' status words after the call (one host sync) and raises
     ``MegaMoETimeout`` if a rank timed out; it is skipped under CUDA-graph capture (call
     ``layer_for(...).check()`` after a replay)."""
     if (group is None) == (n_virtual_ranks is None):
@@ -543,24 +590,27 @@ def mega_moe(x, logits, w1, s1, w2, s2, cfg: MoEConfig, bias=None, *, group=None
     n = n_virtual_ranks if group is None else group.size()
     if not isinstance(n, int) or isinstance(n, bool):
         raise ValueError(f"n_virtual_ranks: expected an int, got {type(n).__name__}")
+    if fusion not in FUSIONS:
+        raise ValueError(f"fusion: expected one of {FUSIONS}, got {fusion!r}")
     check_layer_args(x, logits, w1, s1, w2, s2, cfg, n, group is not None)
     layer = layer_for(x, w1, s1, w2, s2, cfg, group=group, n_virtual_ranks=n_virtual_ranks, waves=waves,
-                      timeout_s=timeout_s)
+                      timeout_s=timeout_s, fusion=fusion)
     return layer(x, logits, bias, out=out, check=check)
 
 
-def layer_for(x, w1, s1, w2, s2, cfg: MoEConfig, *, group=None, n_virtual_ranks=None, waves=None, timeout_s=5.0):
+def layer_for(x, w1, s1, w2, s2, cfg: MoEConfig, *, group=None, n_virtual_ranks=None, waves=None, timeout_s=5.0,
+              fusion="l1_swiglu"):
     """The cached ``MegaMoE`` that ``mega_moe`` uses for these arguments."""
     if not isinstance(x, torch.Tensor) or x.dim() != 2:
         raise ValueError(f"x: expected a 2-D bf16 tensor, got {getattr(x, 'shape', type(x))}")
     if not isinstance(w1, torch.Tensor) or w1.dim() != 3:
         raise ValueError(f"w1: expected e4m3 [E, 2I, H], got {getattr(w1, 'shape', type(w1))}")
     key = (tuple(t.data_ptr() for t in (w1, s1, w2, s2)), tuple(w1.shape), x.shape[0], cfg, id(group), n_virtual_ranks,
-           waves, timeout_s)
+           waves, timeout_s, fusion)
     layer = _LAYERS.get(key)
     if layer is None or layer.failed:
         if len(_LAYERS) >= 8:
             _LAYERS.pop(next(iter(_LAYERS)))
         layer = _LAYERS[key] = MegaMoE(w1, s1, w2, s2, cfg, x.shape[0], group=group, n_virtual_ranks=n_virtual_ranks,
-                                       waves=waves, timeout_s=timeout_s)
+                                       waves=waves, timeout_s=timeout_s, fusion=fusion)
     return layer

@@ -9,7 +9,10 @@ import torch
 
 from kernels.moe.mega import MegaMoETimeout, layer_for, make_plan, mega_moe
 from kernels.moe.mega import protocol as K
-from kernels.moe.mega.layer import check_layer_args, failure_message, flags_awaited, flags_set, launch_order
+from kernels.moe.mega.layer import (
+    FUSIONS, check_layer_args, compute_kernel_specs, failure_message, flags_awaited, flags_set, launch_order,
+)
+from kernels.moe.grouped_gemm import grouped_gemm_swiglu_kernel
 from kernels.moe.metadata import max_rows
 from kernels.moe.pipeline import V4_FLASH, V4_PRO, MoEConfig, moe_layer
 from kernels.moe.reference import random_layer
@@ -105,6 +108,21 @@ def test_plan_rejects_bad_arguments(kwargs, match):
         make_plan(**args)
 
 
+@pytest.mark.parametrize("n", [1, 8])
+def test_compute_kernels_of_each_fusion(n):
+    """Fused: L1 is the SwiGLU-epilogue GEMM (clamp from the config); unfused: the bf16 L1. Both on
+    the rank's SM share, L2 the same."""
+    p = make_plan(n, 8, sms=132, **FLASH)
+    fused, unfused = (compute_kernel_specs(p, 10.0, f) for f in ("l1_swiglu", "none"))
+    share = {"num_sms": p.gemm_sms}
+    assert fused["l1"][1:] == ("grouped_gemm_swiglu_kernel", (4096, 4096, 10.0), share)
+    assert unfused["l1"][1:] == ("grouped_gemm_contiguous_kernel", (4096, 4096), share)
+    assert fused["l2"] == unfused["l2"] == ("kernels.moe.grouped_gemm", "grouped_gemm_contiguous_kernel", (4096, 2048),
+                                            share)
+    with pytest.raises(ValueError, match="fusion: expected one of"):
+        compute_kernel_specs(p, 10.0, "wave")
+
+
 def test_flag_words_do_not_overlap():
     words = [K.EPOCH, K.READY, *range(K.STATUS, K.STATUS + 4), *range(K.COUNT, K.COUNT + K.MAX_WAVES),
              *range(K.DONE, K.DONE + K.MAX_WAVES)]
@@ -162,6 +180,8 @@ def test_mega_moe_wants_exactly_one_of_group_and_virtual_ranks():
         mega_moe(*args, n_virtual_ranks=3)
     with pytest.raises(ValueError, match="n_virtual_ranks: expected an int"):
         mega_moe(*args, n_virtual_ranks=2.0)
+    with pytest.raises(ValueError, match=r"fusion: expected one of \('l1_swiglu', 'none'\), got 'all'"):
+        mega_moe(*args, n_virtual_ranks=2, fusion="all")
 
 
 class _FakeGroup:
@@ -205,6 +225,7 @@ BUILDS = {
     "dispatch_pro_n8": lambda: K.dispatch_kernel(8, 7168, 6, 2, 24, 48, 16),
     "combine_flash_n8": lambda: K.combine_kernel(8, 4096, 6, 32),
     "combine_pro_n8": lambda: K.combine_kernel(8, 7168, 6, 48),
+    "l1_swiglu_flash_n8": lambda: grouped_gemm_swiglu_kernel(4096, 4096, 10.0, num_sms=16),  # a rank's SM share
 }
 
 
@@ -225,7 +246,10 @@ def refuses_no_real_size(preconditions) -> bool:
 @pytest.mark.parametrize("name", sorted(BUILDS))
 def test_mega_kernel_builds_for_sm90a(name):
     kernel = BUILDS[name]()
-    assert refuses_no_real_size(shape_preconditions(kernel)), shape_preconditions(kernel)
+    if name.startswith("l1_swiglu"):  # the grouped GEMM's int32 row bounds: 2^31 rows, in row blocks too
+        assert shape_preconditions(kernel) == {"NB <= 16777214", "R <= 2147483391"}
+    else:
+        assert refuses_no_real_size(shape_preconditions(kernel)), shape_preconditions(kernel)
     src = kernel.device_source
     body = src.split("__global__", 1)[1]
     assert "__global__" in src
@@ -243,6 +267,9 @@ def test_mega_kernel_builds_for_sm90a(name):
         assert "__fmaf_rn(ws[" in body  # the fma chain of permute.combine
     if name.startswith(("announce", "exchange", "gate", "step")):
         assert kernel.metadata["launches"][0]["block"] == ["32", "1", "1"]  # one warp waits, no more
+    if name.startswith("l1_swiglu"):
+        assert kernel.metadata["launches"][0]["grid"] == ["16", "1", "1"]  # persistent on the rank's share
+        assert "tlx_ieee_fp8_e4m3_bits(" in body and "tl::tma_store(Q_desc" in body  # e4m3 out, no bf16 hidden
 
 
 # ---- GPU --------------------------------------------------------------------------------
@@ -274,12 +301,12 @@ def assert_bits(a, b, what):
     assert not diff.any(), f"{what}: {int(diff.sum())} of {a.shape[0]} tokens differ, first {int(diff.nonzero()[0])}"
 
 
-def run_both(model, layer, t_total, n, seed, logits=None, waves=None):
+def run_both(model, layer, t_total, n, seed, logits=None, waves=None, fusion="l1_swiglu"):
     x, lg = make_inputs(model, t_total, seed)
     if logits is not None:
         lg = logits
     ref = moe_layer(x, lg, *layer, model["cfg"], n_ranks=n)
-    out = mega_moe(x, lg, *layer, model["cfg"], n_virtual_ranks=n, waves=waves, out=poisoned(x))
+    out = mega_moe(x, lg, *layer, model["cfg"], n_virtual_ranks=n, waves=waves, out=poisoned(x), fusion=fusion)
     torch.cuda.synchronize()
     return out, ref
 
@@ -299,6 +326,14 @@ def test_flash_bitwise_equal_to_unfused(flash, n, t):
 def test_wave_count_does_not_change_bits(flash, waves):
     out, ref = run_both(V4_FLASH, flash, 4 * 64, 4, seed=5, waves=waves)
     assert_bits(out, ref, f"waves={waves}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n, t, waves", [(1, 512, None), (4, 64, 4)])
+def test_unfused_waves_bitwise_equal_too(flash, n, t, waves):
+    """fusion="none" (L1, SwiGLU cast, L2 as three launches a wave), kept for comparison: the same bits."""
+    out, ref = run_both(V4_FLASH, flash, n * t, n, seed=7 + n, waves=waves, fusion="none")
+    assert_bits(out, ref, f"unfused waves n={n} T={t}")
 
 
 @pytest.mark.gpu
