@@ -6,15 +6,17 @@ and returns the input gradients. Three kernels, none with atomics:
 
 1. ``delta[h, t] = sum_d o * do`` in fp32 (d ascending, per thread, then TileLang's reduction);
 2. dK, dV: one CTA per (64-key tile, kv head, sequence) loops over the query heads of its group
-   in ascending order and, for each, over 64-query blocks in ascending order, accumulating
-   ``dV += P^T dO`` and ``dK += dS^T Q`` in registers (wgmma, m64nDk16);
+   in ascending order and, for each, over 64-query blocks in ascending order (one flat loop),
+   accumulating ``dV += P^T dO`` and ``dK += dS^T Q`` in registers (wgmma, m64nDk16). At
+   d = 256 the two fp32 accumulators (256 registers a thread) do not fit one warpgroup, so dV and
+   dK run as two kernels of the same loop, the second recomputing ``P`` (one more GEMM);
 3. dQ: one CTA per (64-query tile, head, sequence) loops over 64-key blocks in ascending order,
    recomputing ``P`` and ``dP`` and accumulating ``dQ += dS K``.
 
 with ``P = exp2(fma(q.k, scale * log2 e, -lse * log2 e))`` (0 where masked) and
 ``dS = P * (dP - delta)`` rounded to the input dtype. Every gradient element is summed by one
 thread in a fixed order, so the same inputs give the same bits on every run (dQ recomputes
-``P``: two more GEMMs than an atomic dQ, the price of determinism). Head dims 64 and 128.
+``P``: two more GEMMs than an atomic dQ, the price of determinism). Head dims 64, 128 and 256.
 """
 
 import math
@@ -27,7 +29,8 @@ import tlx
 from kernels.attention import common as C
 from kernels.attention.dense_fwd import _check, sequence_rows, uniform_offsets
 
-SUPPORTED_DIMS = (64, 128)
+SUPPORTED_DIMS = (64, 128, 256)
+SPLIT_DIMS = (256,)  # head dims whose dK and dV run as two kernels (registers)
 BLOCK = 64  # query and key tile
 
 total_q = T.dynamic("TQ")
@@ -68,10 +71,18 @@ def _valid(causal, row, col, len_q, len_k):
 
 
 @tlx.jit(target=C.TARGET, assume=["2 <= NB", "1 <= HK", "HK <= H", "H % HK == 0", "1 <= k_tiles", "k_tiles * 64 <= TK + 63",
-                                   "TQ <= 1073741568", "TK <= 1073741568"])
-def bwd_dkdv_kernel(dim: int, causal: bool, scale_log2: float, softmax_scale: float, dtype: str = "bfloat16"):
-    """dK, dV [TK, HK, D] (grid: k_tiles x HK x (NB - 1), k_tiles >= ceil(max len_k / 64))."""
+                                   "TQ <= 1073741568", "TK <= 1073741568", "H * TQ <= 33554431"])
+def bwd_dkdv_kernel(dim: int, causal: bool, scale_log2: float, softmax_scale: float, dtype: str = "bfloat16",
+                    grads: str = "dkdv"):
+    """dK, dV [TK, HK, D] (grid: k_tiles x HK x (NB - 1), k_tiles >= ceil(max len_k / 64));
+    ``H * TQ <= 33554431`` holds as q has at most 2^31 - 1 elements and d >= 64 (the steps of the
+    flat loop, heads x query blocks, stay within int32).
+    ``grads`` names what it writes: "dkdv" both, "dv" or "dk" one of them (the d = 256 split;
+    the other output is not touched)."""
     C.check_head_dim("dim", dim, SUPPORTED_DIMS)
+    if grads not in ("dkdv", "dk", "dv"):
+        raise ValueError(f"grads: expected 'dkdv', 'dk' or 'dv', got {grads!r}")
+    with_dk, with_dv = grads != "dv", grads != "dk"
     bm = bn = BLOCK
     f32 = "float32"
 
@@ -103,41 +114,56 @@ def bwd_dkdv_kernel(dim: int, causal: bool, scale_log2: float, softmax_scale: fl
             groups = heads // kv_heads
             # causal: the first query block with a row that sees this tile's first key
             first = T.max(col0 - (len_k - len_q), 0) // bm if causal else 0
-            n_qb = T.if_then_else(col0 < len_k, T.ceildiv(len_q, bm), 0)
+            n_qb = T.if_then_else(col0 < len_k, T.max(T.ceildiv(len_q, bm) - first, 0), 0)  # query blocks per head
 
-            T.copy(K[k0 + col0:k0 + col0 + bn, by, :], K_s)
-            T.copy(V[k0 + col0:k0 + col0 + bn, by, :], V_s)
-            T.fill(dv, 0)
-            T.fill(dk, 0)
-            for g in T.serial(groups):
-                hq = by * groups + g
-                for qb in T.Pipelined(first, T.max(n_qb, first), num_stages=2):
-                    T.copy(Q[q0 + qb * bm:q0 + (qb + 1) * bm, hq, :], Q_s)
-                    T.copy(dO[q0 + qb * bm:q0 + (qb + 1) * bm, hq, :], dO_s)
-                    for j in T.Parallel(bm):
-                        r = T.min(q0 + qb * bm + j, total_q - 1)
-                        lse_s[j] = T.ieee_mul(LSE[hq, r], T.float32(C.LOG2E))
+            # loaded only when waited for (TileLang waits inside the loop): a TMA load still in flight
+            # at the epilogue would land on out_s, which shares K_s's memory
+            if n_qb > 0:
+                T.copy(K[k0 + col0:k0 + col0 + bn, by, :], K_s)
+                if with_dk:
+                    T.copy(V[k0 + col0:k0 + col0 + bn, by, :], V_s)
+            if with_dv:
+                T.fill(dv, 0)
+            if with_dk:
+                T.fill(dk, 0)
+            # one flat loop over (head of the group, query block): TileLang's warp specialization
+            # re-runs the consumer's code ahead of an inner pipelined loop (the zero fill of dK, dV)
+            # on every iteration of an outer loop, which kept only the group's last head
+            for step in T.Pipelined(groups * n_qb, num_stages=2):
+                hq = by * groups + step // T.max(n_qb, 1)
+                qb = first + step % T.max(n_qb, 1)
+                T.copy(Q[q0 + qb * bm:q0 + (qb + 1) * bm, hq, :], Q_s)
+                T.copy(dO[q0 + qb * bm:q0 + (qb + 1) * bm, hq, :], dO_s)
+                for j in T.Parallel(bm):
+                    r = T.min(q0 + qb * bm + j, total_q - 1)
+                    lse_s[j] = T.ieee_mul(LSE[hq, r], T.float32(C.LOG2E))
+                    if with_dk:
                         delta_s[j] = Delta[hq, r]
-                    T.gemm(K_s, Q_s, s_t, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
+                T.gemm(K_s, Q_s, s_t, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
+                if with_dk:
                     T.gemm(V_s, dO_s, dp_t, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
-                    for i, j in T.Parallel(bn, bm):
-                        s_t[i, j] = T.if_then_else(_valid(causal, qb * bm + j, col0 + i, len_q, len_k),
-                                                   T.exp2(T.ieee_fmaf(s_t[i, j], T.float32(scale_log2), -lse_s[j])), T.float32(0))
+                for i, j in T.Parallel(bn, bm):
+                    s_t[i, j] = T.if_then_else(_valid(causal, qb * bm + j, col0 + i, len_q, len_k),
+                                               T.exp2(T.ieee_fmaf(s_t[i, j], T.float32(scale_log2), -lse_s[j])), T.float32(0))
+                if with_dv:
                     T.copy(s_t, p_t)
                     T.gemm(p_t, dO_s, dv, policy=T.GemmWarpPolicy.FullRow)
+                if with_dk:
                     for i, j in T.Parallel(bn, bm):
                         ds_t[i, j] = s_t[i, j] * (dp_t[i, j] - delta_s[j])
                     T.gemm(ds_t, Q_s, dk, policy=T.GemmWarpPolicy.FullRow)
-            for i, j in T.Parallel(bn, dim):
-                dk[i, j] = dk[i, j] * T.float32(softmax_scale)
-            T.copy(dk, out_s)
-            for i, j in T.Parallel(bn, dim):
-                if col0 + i < len_k:
-                    dK[k0 + col0 + i, by, j] = out_s[i, j]
-            T.copy(dv, out_s)
-            for i, j in T.Parallel(bn, dim):
-                if col0 + i < len_k:
-                    dV[k0 + col0 + i, by, j] = out_s[i, j]
+            if with_dk:
+                for i, j in T.Parallel(bn, dim):
+                    dk[i, j] = dk[i, j] * T.float32(softmax_scale)
+                T.copy(dk, out_s)
+                for i, j in T.Parallel(bn, dim):
+                    if col0 + i < len_k:
+                        dK[k0 + col0 + i, by, j] = out_s[i, j]
+            if with_dv:
+                T.copy(dv, out_s)
+                for i, j in T.Parallel(bn, dim):
+                    if col0 + i < len_k:
+                        dV[k0 + col0 + i, by, j] = out_s[i, j]
 
     return main
 
@@ -204,9 +230,11 @@ def bwd_dq_kernel(dim: int, causal: bool, scale_log2: float, softmax_scale: floa
 
 
 def dense_attention_backward(do, q, k, v, o, lse, *, causal: bool = False, softmax_scale: float | None = None,
-                             cu_seqlens_q=None, cu_seqlens_k=None):
+                             cu_seqlens_q=None, cu_seqlens_k=None, out=None):
     """``(dq, dk, dv)`` of ``dense_fwd.dense_attention`` (same argument forms; ``lse`` as that
-    returns it: [b, h, s_q] or [h, total_q]). Deterministic: the same inputs give the same bits."""
+    returns it: [b, h, s_q] or [h, total_q]). Deterministic: the same inputs give the same bits.
+    ``out=(dq, dk, dv)`` writes into given buffers (contiguous, of the shapes and dtype of q, k, v)
+    and returns them."""
     varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
     if varlen and (cu_seqlens_q is None or cu_seqlens_k is None):
         raise ValueError("cu_seqlens_q, cu_seqlens_k: expected both or neither")
@@ -232,17 +260,29 @@ def dense_attention_backward(do, q, k, v, o, lse, *, causal: bool = False, softm
         raise ValueError(f"lse: expected fp32 of shape {' or '.join(map(str, shapes))}, got "
                          f"{getattr(lse, 'dtype', type(lse).__name__)} {tuple(getattr(lse, 'shape', ()))}")
     lse_p = (lse.permute(1, 0, 2).reshape(h, total_q) if lse.dim() == 3 else lse).contiguous()
-    C.check_cuda(q=q, k=k, v=v, o=o, do=do, lse=lse)
+    if out is not None:
+        if not isinstance(out, (tuple, list)) or len(out) != 3:
+            raise ValueError(f"out: expected a tuple (dq, dk, dv), got {type(out).__name__}")
+        for i, (t, like) in enumerate(zip(out, (q, k, v))):
+            C.check_tensor(f"out[{i}]", t, (q.dtype,), q.dim())
+            if tuple(t.shape) != tuple(like.shape):
+                raise ValueError(f"out[{i}]: expected shape {tuple(like.shape)}, got {tuple(t.shape)}")
+    C.check_cuda(q=q, k=k, v=v, o=o, do=do, lse=lse, **{f"out[{i}]": t for i, t in enumerate(out or ())})
     hk = k.shape[-2]
     qp, kp, vp = q.reshape(-1, h, d), k.reshape(-1, hk, d), v.reshape(-1, hk, d)
     op, dop = o.reshape(-1, h, d), do.reshape(-1, h, d)
     dt = C.TORCH_DTYPES[q.dtype]
-    dq, dk, dv = torch.empty_like(qp), torch.empty_like(kp), torch.empty_like(vp)
+    if out is None:
+        dq, dk, dv = torch.empty_like(qp), torch.empty_like(kp), torch.empty_like(vp)
+    else:
+        dq, dk, dv = (t.view(p.shape) for t, p in zip(out, (qp, kp, vp)))
     if qp.shape[0] and kp.shape[0]:
         delta = torch.empty((h, qp.shape[0]), dtype=torch.float32, device=q.device)
         bwd_delta_kernel(d, dt)(op, dop, delta)
         args = (qp, kp, vp, dop, lse_p, delta, cu_q, cu_k)
-        bwd_dkdv_kernel(d, bool(causal), scale * C.LOG2E, scale, dt)(*args, dk, dv, max(1, -(-max_k // BLOCK)))
+        k_tiles = max(1, -(-max_k // BLOCK))
+        for grads in ("dv", "dk") if d in SPLIT_DIMS else ("dkdv",):
+            bwd_dkdv_kernel(d, bool(causal), scale * C.LOG2E, scale, dt, grads)(*args, dk, dv, k_tiles)
         bwd_dq_kernel(d, bool(causal), scale * C.LOG2E, scale, dt)(*args, dq, max(1, -(-max_q // BLOCK)))
     else:
         dq.zero_(), dk.zero_(), dv.zero_()

@@ -8,19 +8,23 @@ import pytest
 import torch
 
 from kernels.attention.common import LOG2E
-from kernels.attention.dense_bwd import bwd_delta_kernel, bwd_dkdv_kernel, bwd_dq_kernel, dense_attention_backward
+from kernels.attention.dense_bwd import SPLIT_DIMS, bwd_delta_kernel, bwd_dkdv_kernel, bwd_dq_kernel, dense_attention_backward
 
 
-@pytest.mark.parametrize("dim,causal", [(128, True), (64, False)])
+@pytest.mark.parametrize("dim,causal", [(128, True), (64, False), (256, True)])
 def test_kernels_compile_without_atomics(dim, causal, derived_preconditions):
     s = 1 / math.sqrt(dim)
-    dkdv, dq = bwd_dkdv_kernel(dim, causal, s * LOG2E, s), bwd_dq_kernel(dim, causal, s * LOG2E, s)
-    for kernel in (dkdv, dq):
+    parts = ("dv", "dk") if dim in SPLIT_DIMS else ("dkdv",)
+    dkdv = [bwd_dkdv_kernel(dim, causal, s * LOG2E, s, "bfloat16", grads) for grads in parts]
+    dq = bwd_dq_kernel(dim, causal, s * LOG2E, s)
+    for kernel in (*dkdv, dq):
         assert derived_preconditions(kernel) == []
         assert "atomic" not in kernel.device_source.lower()
-    # dV += P^T dO and dK += dS^T Q from registers, m64n{d}k16; dQ += dS K likewise
-    assert dkdv.device_source.count(f"tl::DataType::kFloat32, 64, {dim}, 16, false, true") == 2
-    assert f"tl::DataType::kFloat32, 64, {dim}, 16, false, true" in dq.device_source
+    # dV += P^T dO and dK += dS^T Q from registers, m64n{d}k16 (one kernel, or one each at d 256);
+    # dQ += dS K likewise
+    from_registers = f"tl::DataType::kFloat32, 64, {dim}, 16, false, true"
+    assert [k.device_source.count(from_registers) for k in dkdv] == [2 // len(parts)] * len(parts)
+    assert from_registers in dq.device_source
     assert "atomic" not in bwd_delta_kernel(dim).device_source.lower()
 
 
@@ -28,8 +32,8 @@ def test_bad_arguments_are_named():
     q = torch.randn(1, 8, 4, 128, dtype=torch.bfloat16)
     k = torch.randn(1, 8, 2, 128, dtype=torch.bfloat16)
     lse = torch.zeros(1, 4, 8)
-    with pytest.raises(ValueError, match="q: head dim expected one of \\(64, 128\\), got 256"):
-        q2, k2 = torch.randn(1, 8, 4, 256, dtype=torch.bfloat16), torch.randn(1, 8, 2, 256, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="q: head dim expected one of \\(64, 128, 256\\), got 96"):
+        q2, k2 = torch.randn(1, 8, 4, 96, dtype=torch.bfloat16), torch.randn(1, 8, 2, 96, dtype=torch.bfloat16)
         dense_attention_backward(q2, q2, k2, k2, q2, lse)
     with pytest.raises(ValueError, match="do: expected the shape of q"):
         dense_attention_backward(q[:, :4].contiguous(), q, k, k, q, lse)
@@ -37,5 +41,11 @@ def test_bad_arguments_are_named():
         dense_attention_backward(q, q, k, k, q.half(), lse)
     with pytest.raises(ValueError, match="lse: expected fp32"):
         dense_attention_backward(q, q, k, k, q, lse[:, :2])
+    with pytest.raises(ValueError, match="out: expected a tuple"):
+        dense_attention_backward(q, q, k, k, q, lse, out=(q, k))
+    with pytest.raises(ValueError, match=r"out\[1\]: expected shape \(1, 8, 2, 128\)"):
+        dense_attention_backward(q, q, k, k, q, lse, out=(q, q, k))
     with pytest.raises(ValueError, match="q: expected a CUDA tensor"):
         dense_attention_backward(q, q, k, k, q, lse)
+    with pytest.raises(ValueError, match="grads: expected 'dkdv', 'dk' or 'dv'"):
+        bwd_dkdv_kernel(128, False, 1.0, 1.0, "bfloat16", "dq")
