@@ -27,6 +27,24 @@ def test_kernels_compile(tokens, heads, kv):
     assert "atomic" not in mla_combine_kernel(tokens, heads).device_source.lower()
 
 
+@pytest.mark.parametrize("kv", ["bfloat16", "float8_e4m3"])
+def test_products_survive_nvcc(kv, tmp_path):
+    """The split kernel's PTX (after nvcc's optimiser) still holds the TMA loads and the wgmma
+    products. The first version's guard read a variable before the warp-specialized branches
+    assigned it, so nvcc removed the whole body as dead code: the CUDA source had wgmma, the
+    PTX had none, the kernel wrote nothing (every MLA GPU test failed, H200 2026-12-02)."""
+    import subprocess
+
+    kernel = mla_split_kernel(2, 16, kv, D_QK ** -0.5)
+    src = tmp_path / "split.cu"
+    src.write_text(kernel.device_source)
+    cmd = [a for a in kernel.metadata["nvcc_command"][:-3] if a != "--cubin"]  # without -o OUT SRC
+    subprocess.run([*cmd, "--ptx", "-o", str(tmp_path / "split.ptx"), str(src)], check=True, capture_output=True)
+    ptx = (tmp_path / "split.ptx").read_text()
+    assert "cp.async.bulk.tensor" in ptx
+    assert "wgmma.mma_async" in ptx
+
+
 def test_baseline_compiles():
     from pathlib import Path
 
