@@ -229,6 +229,15 @@ def bwd_dq_kernel(dim: int, causal: bool, scale_log2: float, softmax_scale: floa
     return main
 
 
+def backward_kernels(dim: int, causal: bool, softmax_scale: float, dtype: str = "bfloat16") -> list:
+    """The kernels ``dense_attention_backward`` launches, in launch order: delta, dK/dV (two at
+    the head dims of ``SPLIT_DIMS``), dQ (also what a precompile step builds)."""
+    scale_log2 = softmax_scale * C.LOG2E
+    dkdv = [bwd_dkdv_kernel(dim, bool(causal), scale_log2, softmax_scale, dtype, grads)
+            for grads in (("dv", "dk") if dim in SPLIT_DIMS else ("dkdv",))]
+    return [bwd_delta_kernel(dim, dtype), *dkdv, bwd_dq_kernel(dim, bool(causal), scale_log2, softmax_scale, dtype)]
+
+
 def dense_attention_backward(do, q, k, v, o, lse, *, causal: bool = False, softmax_scale: float | None = None,
                              cu_seqlens_q=None, cu_seqlens_k=None, out=None):
     """``(dq, dk, dv)`` of ``dense_fwd.dense_attention`` (same argument forms; ``lse`` as that
@@ -277,13 +286,13 @@ def dense_attention_backward(do, q, k, v, o, lse, *, causal: bool = False, softm
     else:
         dq, dk, dv = (t.view(p.shape) for t, p in zip(out, (qp, kp, vp)))
     if qp.shape[0] and kp.shape[0]:
+        delta_kernel, *dkdv_kernels, dq_kernel = backward_kernels(d, causal, scale, dt)
         delta = torch.empty((h, qp.shape[0]), dtype=torch.float32, device=q.device)
-        bwd_delta_kernel(d, dt)(op, dop, delta)
+        delta_kernel(op, dop, delta)
         args = (qp, kp, vp, dop, lse_p, delta, cu_q, cu_k)
-        k_tiles = max(1, -(-max_k // BLOCK))
-        for grads in ("dv", "dk") if d in SPLIT_DIMS else ("dkdv",):
-            bwd_dkdv_kernel(d, bool(causal), scale * C.LOG2E, scale, dt, grads)(*args, dk, dv, k_tiles)
-        bwd_dq_kernel(d, bool(causal), scale * C.LOG2E, scale, dt)(*args, dq, max(1, -(-max_q // BLOCK)))
+        for kernel in dkdv_kernels:
+            kernel(*args, dk, dv, max(1, -(-max_k // BLOCK)))
+        dq_kernel(*args, dq, max(1, -(-max_q // BLOCK)))
     else:
         dq.zero_(), dk.zero_(), dv.zero_()
     return dq.view(q.shape), dk.view(k.shape), dv.view(v.shape)

@@ -7,25 +7,21 @@ import math
 import pytest
 import torch
 
-from kernels.attention.common import LOG2E
-from kernels.attention.dense_bwd import SPLIT_DIMS, bwd_delta_kernel, bwd_dkdv_kernel, bwd_dq_kernel, dense_attention_backward
+from kernels.attention.dense_bwd import SPLIT_DIMS, backward_kernels, bwd_dkdv_kernel, dense_attention_backward
 
 
 @pytest.mark.parametrize("dim,causal", [(128, True), (64, False), (256, True)])
 def test_kernels_compile_without_atomics(dim, causal, derived_preconditions):
-    s = 1 / math.sqrt(dim)
-    parts = ("dv", "dk") if dim in SPLIT_DIMS else ("dkdv",)
-    dkdv = [bwd_dkdv_kernel(dim, causal, s * LOG2E, s, "bfloat16", grads) for grads in parts]
-    dq = bwd_dq_kernel(dim, causal, s * LOG2E, s)
+    delta, *dkdv, dq = backward_kernels(dim, causal, 1 / math.sqrt(dim))
     for kernel in (*dkdv, dq):
         assert derived_preconditions(kernel) == []
+    for kernel in (delta, *dkdv, dq):
         assert "atomic" not in kernel.device_source.lower()
     # dV += P^T dO and dK += dS^T Q from registers, m64n{d}k16 (one kernel, or one each at d 256);
     # dQ += dS K likewise
     from_registers = f"tl::DataType::kFloat32, 64, {dim}, 16, false, true"
-    assert [k.device_source.count(from_registers) for k in dkdv] == [2 // len(parts)] * len(parts)
+    assert [k.device_source.count(from_registers) for k in dkdv] == ([1, 1] if dim in SPLIT_DIMS else [2])
     assert from_registers in dq.device_source
-    assert "atomic" not in bwd_delta_kernel(dim).device_source.lower()
 
 
 def test_bad_arguments_are_named():
