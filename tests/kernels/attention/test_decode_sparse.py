@@ -105,7 +105,10 @@ def test_entry_past_cache_is_nan():
     table[0, 1] = kv.shape[0]  # page of keys 64..127 of sequence 0
     idx[0, 0, 0] = 70
     o, lse = sparse_mla_decode(q, kv, table, sl, idx)
-    assert bool(torch.isnan(o[0]).all()) and not torch.isnan(o[1]).any()
+    # both tokens of sequence 0 select keys of the bad page (each selects all its visible keys)
+    assert bool(torch.isnan(o[0]).all()) and bool(torch.isnan(lse[0]).all())
+    assert not torch.isnan(o[1]).any()
+    check_close(o[1:], lse[1:], *reference_sparse_mla_decode(q[1:], kv, table[1:], sl[1:], idx[1:]))
 
 
 @pytest.mark.gpu
