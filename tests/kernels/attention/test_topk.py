@@ -11,10 +11,11 @@ from kernels.attention.topk import KS, MAX_N, topk_indices, topk_kernel
 
 def reference_topk(x: torch.Tensor, k: int) -> torch.Tensor:
     """The first k indices of a stable descending sort (ties: lower index first), ascending;
-    rows shorter than k padded with -1."""
-    idx = torch.sort(x, dim=-1, descending=True, stable=True).indices[:, :k]
+    rows shorter than k padded with -1. Sorted on the CPU (a comparison sort: -0 == +0, NaN
+    above +inf), so the reference does not rest on how the GPU's radix sort orders signed zeros."""
+    idx = torch.sort(x.cpu(), dim=-1, descending=True, stable=True).indices[:, :k]
     idx = torch.sort(idx, dim=-1).values.to(torch.int32)
-    return torch.nn.functional.pad(idx, (0, k - idx.shape[1]), value=-1)
+    return torch.nn.functional.pad(idx, (0, k - idx.shape[1]), value=-1).to(x.device)
 
 
 @pytest.mark.parametrize("k", KS)
