@@ -226,9 +226,10 @@ def mla_combine_kernel(tokens: int, heads: int, fixed_splits: int = 0, with_sink
     return kernel
 
 
-def _check(q, kv_cache, kv_scales, block_table, seq_lens, **more):
-    """The shared argument checks of dense and sparse decode (``more``: further named tensors
-    that must sit on q's device); returns whether the cache is e4m3."""
+def _check(q, kv_cache, kv_scales, block_table, seq_lens, out=None, **more):
+    """The shared argument checks of dense and sparse decode (``out``: the caller's (o, lse) or
+    None; ``more``: further named tensors that must sit on q's device); returns whether the
+    cache is e4m3."""
     C.check_tensor("q", q, (torch.bfloat16,), 4)
     b, t, h, d = q.shape
     if d != D_QK or not 1 <= t <= 4 or h not in (16, 32, 64, 128):
@@ -256,8 +257,26 @@ def _check(q, kv_cache, kv_scales, block_table, seq_lens, **more):
     tensors = dict(q=q, kv_cache=kv_cache, block_table=block_table, seq_lens=seq_lens, **more)
     if fp8:
         tensors["kv_scales"] = kv_scales
+    if out is not None:
+        if not isinstance(out, (tuple, list)) or len(out) != 2:
+            raise TypeError(f"out: expected a pair (o, lse), got {type(out).__name__}")
+        for name, t, dtype, shape in (("out[0]", out[0], torch.bfloat16, (b, t, h, D_V)),
+                                      ("out[1]", out[1], torch.float32, (b, t, h))):
+            C.check_tensor(name, t, (dtype,), len(shape))
+            if tuple(t.shape) != shape:
+                raise ValueError(f"{name}: expected shape {shape}, got {tuple(t.shape)}")
+            tensors[name] = t
     C.check_cuda(**tensors)
     return fp8
+
+
+def _outputs(q, out):
+    """(o, lse): the caller's pair (checked by ``_check``) or new tensors."""
+    if out is not None:
+        return out
+    b, t, h, _ = q.shape
+    return (torch.empty((b, t, h, D_V), dtype=torch.bfloat16, device=q.device),
+            torch.empty((b, t, h), dtype=torch.float32, device=q.device))
 
 
 _ZEROS = {}
@@ -272,10 +291,11 @@ def _zeros(device, shape):
 
 
 def mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
-               softmax_scale: float | None = None, kv_scales: torch.Tensor | None = None):
+               softmax_scale: float | None = None, kv_scales: torch.Tensor | None = None, out=None):
     """(o ``[B, T, H, 512]`` bf16, lse ``[B, T, H]`` fp32) of MLA decode over the paged cache
-    (module docstring); ``softmax_scale`` defaults to ``576 ** -0.5``."""
-    fp8 = _check(q, kv_cache, kv_scales, block_table, seq_lens)
+    (module docstring); ``softmax_scale`` defaults to ``576 ** -0.5``; ``out``: an (o, lse)
+    pair to write (e.g. poisoned by a test), else new tensors."""
+    fp8 = _check(q, kv_cache, kv_scales, block_table, seq_lens, out)
     b, t, h, _ = q.shape
     mp = block_table.shape[1]
     scale = float(D_QK ** -0.5 if softmax_scale is None else softmax_scale)
@@ -283,8 +303,7 @@ def mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tenso
         raise ValueError(f"softmax_scale: expected a positive finite number, got {softmax_scale}")
     rows, splits = t * h, -(-mp // SPLIT_PAGES)
     dev = q.device
-    o = torch.empty((b, t, h, D_V), dtype=torch.bfloat16, device=dev)
-    lse = torch.empty((b, t, h), dtype=torch.float32, device=dev)
+    o, lse = _outputs(q, out)
     if b == 0:
         return o, lse
     if not fp8:

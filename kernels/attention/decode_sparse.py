@@ -22,8 +22,8 @@ import tilelang.language as T
 
 import tlx
 from kernels.attention import common as C
-from kernels.attention.decode_mla import (D_PE, D_QK, D_V, GROUP, KV_DTYPES, MAX_PAGES, PAGE, ROWS, _check, _zeros,
-                                          mla_combine_kernel, nan, reference_mla_decode)
+from kernels.attention.decode_mla import (D_PE, D_QK, D_V, GROUP, KV_DTYPES, MAX_PAGES, PAGE, ROWS, _check, _outputs,
+                                          _zeros, mla_combine_kernel, nan, reference_mla_decode)
 from kernels.attention.indexer import table_entry
 
 TOPKS = (512, 1024, 2048)
@@ -127,9 +127,10 @@ def sparse_split_kernel(tokens: int, heads: int, topk: int, kv_dtype: str, softm
 
 def sparse_mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
                       indices: torch.Tensor, sink: torch.Tensor | None = None, softmax_scale: float | None = None,
-                      kv_scales: torch.Tensor | None = None):
+                      kv_scales: torch.Tensor | None = None, out=None):
     """(o ``[B, T, H, 512]`` bf16, lse ``[B, T, H]`` fp32 including the sink) of sparse MLA
-    decode (module docstring); ``sink`` None: no sink; ``softmax_scale`` defaults to 576^-0.5."""
+    decode (module docstring); ``sink`` None: no sink; ``softmax_scale`` defaults to 576^-0.5;
+    ``out``: an (o, lse) pair to write, else new tensors."""
     C.check_tensor("q", q, (torch.bfloat16,), 4)
     b, t, h, _ = q.shape
     C.check_tensor("indices", indices, (torch.int32,), 3)
@@ -141,14 +142,13 @@ def sparse_mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torc
         if sink.shape[0] != h:
             raise ValueError(f"sink: expected shape ({h},), got {tuple(sink.shape)}")
         more["sink"] = sink
-    fp8 = _check(q, kv_cache, kv_scales, block_table, seq_lens, **more)
+    fp8 = _check(q, kv_cache, kv_scales, block_table, seq_lens, out, **more)
     k = indices.shape[2]
     scale = float(D_QK ** -0.5 if softmax_scale is None else softmax_scale)
     if not (math.isfinite(scale) and scale > 0):
         raise ValueError(f"softmax_scale: expected a positive finite number, got {softmax_scale}")
     dev = q.device
-    o = torch.empty((b, t, h, D_V), dtype=torch.bfloat16, device=dev)
-    lse = torch.empty((b, t, h), dtype=torch.float32, device=dev)
+    o, lse = _outputs(q, out)
     if b == 0:
         return o, lse
     splits = k // SPLIT_SLOTS

@@ -72,6 +72,13 @@ def test_rejects_bad_input():
         mla_decode(q, kv, bt[:1], sl)
     with pytest.raises(ValueError, match="seq_lens: expected shape"):
         mla_decode(q, kv, bt, sl[:1])
+    o, lse = torch.zeros(2, 1, 128, D_V, dtype=torch.bfloat16), torch.zeros(2, 1, 128)
+    with pytest.raises(ValueError, match=r"out\[0\]: expected shape \(2, 1, 128, 512\)"):
+        mla_decode(q, kv, bt, sl, out=(o[..., :-1].contiguous(), lse))
+    with pytest.raises(TypeError, match=r"out\[1\]: expected dtype"):
+        mla_decode(q, kv, bt, sl, out=(o, lse.double()))
+    with pytest.raises(TypeError, match="out: expected a pair"):
+        mla_decode(q, kv, bt, sl, out=o)
     with pytest.raises(ValueError, match="expected a CUDA tensor"):
         mla_decode(q, kv, bt, sl)
 
@@ -101,8 +108,16 @@ def make_case(seq_lens, tokens=1, heads=128, fp8=False, seed=0, pages=None, mp=N
     return q, kv, table, sl, scales
 
 
+def poisoned_outputs(q):
+    """(o, lse) for ``q``'s decode, filled with NaN: an element the kernels do not write fails
+    ``check_close``."""
+    b, t, h, _ = q.shape
+    return (torch.full((b, t, h, D_V), float("nan"), dtype=torch.bfloat16, device=q.device),
+            torch.full((b, t, h), float("nan"), device=q.device))
+
+
 def check_close(o, lse, ref_o, ref_lse):
-    assert not torch.isnan(o).any()
+    assert not torch.isnan(o).any() and not torch.isnan(lse).any()
     torch.testing.assert_close(o.float(), ref_o, rtol=2e-2, atol=2e-2)
     fin = torch.isfinite(ref_lse)
     assert torch.equal(torch.isfinite(lse), fin)
@@ -120,7 +135,7 @@ def test_reference_edge_lengths(fp8, tokens, heads):
     seq_lens = [1, 63, 64, 65, 4001, 0, 200]
     q, kv, table, sl, scales = make_case(seq_lens, tokens=tokens, heads=heads, fp8=fp8, seed=tokens)
     table[6, :] = table[6, 0]  # every page of the sequence is one page
-    o, lse = mla_decode(q, kv, table, sl, kv_scales=scales)
+    o, lse = mla_decode(q, kv, table, sl, kv_scales=scales, out=poisoned_outputs(q))
     ref_o, ref_lse = reference_mla_decode(q, kv, table, sl, kv_scales=scales)
     check_close(o, lse, ref_o, ref_lse)
     assert bool((o[5] == 0).all()) and bool(torch.isneginf(lse[5]).all())  # no keys at all
@@ -131,7 +146,7 @@ def test_reference_edge_lengths(fp8, tokens, heads):
 @pytest.mark.gpu
 def test_reference_long_sequence():
     q, kv, table, sl, scales = make_case([131072], tokens=2, heads=16, seed=3)
-    o, lse = mla_decode(q, kv, table, sl)
+    o, lse = mla_decode(q, kv, table, sl, out=poisoned_outputs(q))
     check_close(o, lse, *reference_mla_decode(q, kv, table, sl))
 
 

@@ -13,7 +13,7 @@ import torch
 from kernels.attention.decode_mla import D_QK, PAGE, dequant_cache, mla_combine_kernel, reference_mla_decode
 from kernels.attention.decode_sparse import reference_sparse_mla_decode, sparse_mla_decode, sparse_split_kernel
 
-from tests.kernels.attention.test_decode_mla import check_close, make_case
+from tests.kernels.attention.test_decode_mla import check_close, make_case, poisoned_outputs
 
 
 @pytest.mark.parametrize("tokens, heads, topk, kv", [(1, 128, 2048, "bfloat16"), (2, 64, 512, "float8_e4m3"),
@@ -63,7 +63,7 @@ def test_reference(fp8, tokens, heads, topk):
     idx[3, 0, :5] = idx[3, 0, 5]  # a repeated index counts once per slot
     idx[5, 0, 7] = 5000  # past the sequence: masked
     sink = torch.randn(heads, device="cuda")
-    o, lse = sparse_mla_decode(q, kv, table, sl, idx, sink=sink, kv_scales=scales)
+    o, lse = sparse_mla_decode(q, kv, table, sl, idx, sink=sink, kv_scales=scales, out=poisoned_outputs(q))
     check_close(o, lse, *reference_sparse_mla_decode(q, kv, table, sl, idx, sink=sink, kv_scales=scales))
     assert torch.equal(lse[4], sink.expand_as(lse[4]))  # no keys: the sink alone
     assert bool((o[4] == 0).all())
