@@ -10,45 +10,116 @@ Rows (printed as they are measured, so a timeout still leaves the earlier ones):
   at H 64 D 128 (the model) and H 32 D 64 (the upstream example's anchor shape), TFLOP/s =
   2 H D x visible (query, key) pairs; next to the upstream TileLang example
   (``examples/deepseek_v32/fp8_lighting_indexer.py``, loaded from ``--upstream-indexer PATH`` or
-  ``$TLX_UPSTREAM_INDEXER``, never copied; given ks = 0, ke = pos + 1: the same pairs) when given
-  (target: >= 4x its rate);
+  ``$TLX_UPSTREAM_INDEXER``, never copied into this project; given ks = 0, ke = pos + 1: the same
+  pairs) when given (target: >= 4x its rate);
 * FP8 lightning indexer, paged decode form, batch 64, context 8192, T 1 / 2: GB/s of k cache
   (values + scales) read, next to the copy's;
 * MLA decode (``kernels/attention/decode_mla.py``), batch 128, context 8192, bf16 and e4m3
-  caches: 16 heads, T 1 (memory bound: GB/s of cache read, target >= 85% of the copy's) and
-  128 heads, T 1 / 2 (compute bound: TFLOP/s = 2 B T H ctx (576 + 512), target >= 550);
+  caches: 16 heads, T 1 (memory bound: GB/s of cache read, values + scales, target >= 85% of
+  the copy's) and 128 heads, T 1 / 2 (compute bound: TFLOP/s = 2 B T H ctx (576 + 512), target
+  >= 550);
 * sparse MLA decode (``kernels/attention/decode_sparse.py``), batch 128, context 8192, k 2048,
   128 heads, T 1, bf16 / e4m3, with a sink: TFLOP/s per selected key (2 B T H k (576 + 512)),
   and its ratio to the dense row's rate per key (target >= 80%).
 
 Timing: ``bench.timing.interleaved_ms`` for candidates side by side, ``median_ms`` otherwise
-(CUDA events, warm-up, median); inputs random, fresh per row, rotated over 2 sets. Each tlx
-result is checked first (top-k: equal to torch's stable sort's first k; indexer: equal to the
-fp64 reference within the tests' tolerance, output poisoned with NaN before); a failed check is
+(CUDA events, warm-up, median); inputs random, fresh per row, rotated over 2 sets. Before timing,
+each tlx kernel writes into outputs poisoned with NaN (top-k: -1) and the result is checked:
+top-k equal to a stable sort's first k; indexer within the tests' tolerance of the fp64
+reference (sampled queries, every element written); MLA and sparse decode within the tests'
+tolerance of the fp32 reference for every sequence of the batch, no NaN. A failed check is
 reported in the row and the row is not timed.
+
+Every kernel configuration the run uses is compiled first, in parallel processes, so that the
+timed part never waits for a compile (about a minute per configuration on one core).
+
 Usage: python bench/attention_decode.py [--out FILE.json] [--reps N] [--upstream-indexer PATH]
+       python bench/attention_decode.py --precompile [WORKERS]   (no GPU needed: compiles every
+       kernel configuration of this benchmark and of the decode GPU tests, WORKERS processes at
+       once, into $TLX_CACHE_DIR, so that a fresh GPU machine spends its time running)
 """
+
+from __future__ import annotations
 
 import importlib.util
 import json
 import os
 import sys
+import time
 from pathlib import Path
-
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.timing import interleaved_ms, large_copy_ms, median_ms  # noqa: E402
-from kernels.attention.decode_mla import D_QK, D_V, GROUP, mla_decode, reference_mla_decode  # noqa: E402
-from kernels.attention.decode_sparse import reference_sparse_mla_decode, sparse_mla_decode  # noqa: E402
-from kernels.attention.indexer import E4M3, PAGE, indexer_logits, indexer_logits_paged, reference_logits  # noqa: E402
-from kernels.attention.topk import topk_indices  # noqa: E402
+from kernels.attention.decode_sparse import SPLIT_SLOTS  # noqa: E402  (no CUDA context: fork stays safe)
 
 ROWS = []
 TOL = 2.0**-9  # the indexer tests' tolerance (tests/kernels/attention/test_indexer.py)
+BATCH, CTX = 128, 8192  # MLA and sparse decode
+MLA_SHAPES = [(16, 1), (128, 1), (128, 2)]  # heads, tokens
+SPARSE_HEADS, SPARSE_TOPK = 128, 2048
+KV_DTYPES = ("bfloat16", "float8_e4m3")
+TOPK_SHAPES = [(32768, 2048), (65536, 2048), (131072, 2048), (65536, 512)]  # N, k (64 rows)
+INDEXER_SHAPES = [(64, 128), (32, 64)]  # heads, dim
+INDEXER_DECODE_TOKENS = (1, 2)
 
 
+# ---- the kernels the run and the decode GPU tests compile ---------------------------------------
+BENCH_CONFIGS = ([("topk", k) for k in sorted({k for _, k in TOPK_SHAPES})]
+                 + [("indexer", h, d) for h, d in INDEXER_SHAPES]
+                 + [("indexer_paged", t) for t in INDEXER_DECODE_TOKENS]
+                 + [("mla", t, h, kv) for h, t in MLA_SHAPES for kv in KV_DTYPES]
+                 + [("combine", t, h, 0, False) for h, t in MLA_SHAPES]
+                 + [("sparse", 1, SPARSE_HEADS, SPARSE_TOPK, kv) for kv in KV_DTYPES]
+                 + [("combine", 1, SPARSE_HEADS, SPARSE_TOPK // SPLIT_SLOTS, True)])
+TEST_CONFIGS = ([("topk", k) for k in (512, 1024, 2048)]
+                + [("indexer_paged", t) for t in (1, 2, 4)]
+                + [("mla", t, h, kv) for t, h in ((1, 128), (2, 16)) for kv in KV_DTYPES]
+                + [("combine", t, h, 0, False) for t, h in ((1, 128), (2, 16))]
+                + [("sparse", t, h, k, kv) for t, h, k in ((1, 128, 2048), (2, 16, 512)) for kv in KV_DTYPES]
+                + [("combine", t, h, k // SPLIT_SLOTS, sink) for t, h, k in ((1, 128, 2048), (2, 16, 512))
+                   for sink in (False, True)])
+
+
+def compile_config(cfg) -> str:
+    """Compile (or load from the disk cache) the kernels of one configuration; runs in a worker
+    process. The arguments are those the wrappers pass, so the wrappers then hit the cache."""
+    from kernels.attention.decode_mla import D_QK, mla_combine_kernel, mla_split_kernel
+
+    t0 = time.time()
+    kind, args = cfg[0], cfg[1:]
+    scale = float(D_QK ** -0.5)  # the wrappers' default softmax scale
+    if kind == "topk":
+        from kernels.attention.topk import topk_kernel
+
+        topk_kernel(*args)
+    elif kind == "indexer":
+        from kernels.attention.indexer import indexer_kernel
+
+        indexer_kernel(*args)
+    elif kind == "indexer_paged":
+        from kernels.attention.indexer import indexer_paged_kernel
+
+        indexer_paged_kernel(args[0], 128)
+    elif kind == "mla":
+        tokens, heads, kv = args
+        mla_split_kernel(tokens, heads, kv, scale)
+    elif kind == "combine":  # MLA decode's (fixed_splits 0, no sink) and sparse decode's
+        mla_combine_kernel(*args)
+    else:
+        from kernels.attention.decode_sparse import sparse_split_kernel
+
+        tokens, heads, topk, kv = args
+        sparse_split_kernel(tokens, heads, topk, kv, scale)
+    return f"{cfg}: {time.time() - t0:.1f} s"
+
+
+def precompile(configs, workers: int) -> None:
+    from bench.precompile import compile_in_processes
+
+    compile_in_processes(compile_config, sorted(set(configs), key=str), workers)
+
+
+# ---- rows ---------------------------------------------------------------------------------------
 def emit(**row):
     ROWS.append(row)
     print("| " + " | ".join(f"{k}={v}" for k, v in row.items()) + " |", flush=True)
@@ -57,23 +128,35 @@ def emit(**row):
 def args_parse():
     import argparse
 
+    import torch
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", help="write the rows as JSON here")
     parser.add_argument("--reps", type=int, default=30)
     parser.add_argument("--upstream-indexer", default=os.environ.get("TLX_UPSTREAM_INDEXER"),
                         help="path of TileLang's examples/deepseek_v32/fp8_lighting_indexer.py")
     args = parser.parse_args()
+    # NVML's device count, not the CUDA runtime's: the precompile workers are forked after this
+    # check, and a CUDA context in the parent would be unusable in them
+    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
     if not torch.cuda.is_available():
         sys.exit("bench/attention_decode.py needs a CUDA GPU")
     return args
 
 
 def topk_rows(reps):
-    for n, k in [(32768, 2048), (65536, 2048), (131072, 2048), (65536, 512)]:
+    import torch
+
+    from bench.timing import interleaved_ms
+    from kernels.attention.topk import topk_indices, topk_kernel
+    from tests.kernels.attention.test_topk import reference_topk
+
+    for n, k in TOPK_SHAPES:
         g = torch.Generator(device="cuda").manual_seed(n + k)
         xs = [torch.randn(64, n, device="cuda", generator=g) for _ in range(2)]
-        ref = torch.sort(torch.sort(xs[0], dim=-1, descending=True, stable=True).indices[:, :k], dim=-1).values
-        if not torch.equal(topk_indices(xs[0], k), ref.to(torch.int32)):
+        out = torch.full((64, k), -1, dtype=torch.int32, device="cuda")
+        topk_kernel(k)(xs[0].view(64, n // 4, 4), out)
+        if not torch.equal(out, reference_topk(xs[0], k)):
             emit(what="top-k", shape=f"64 x {n}, k {k}", check="FAILED")
             continue
         it = iter(range(1 << 30))
@@ -84,6 +167,11 @@ def topk_rows(reps):
 
 
 def scaled_mm_row(reps):
+    import torch
+
+    from bench.timing import median_ms
+    from kernels.attention.indexer import E4M3
+
     m, n, k = 4096, 4096, 7168
     g = torch.Generator(device="cuda").manual_seed(7)
     a = torch.randn(m, k, device="cuda", generator=g).to(E4M3)
@@ -107,6 +195,10 @@ def load_upstream(path):
 
 
 def indexer_inputs(s, n, h, d, seed):
+    import torch
+
+    from kernels.attention.indexer import E4M3
+
     g = torch.Generator(device="cuda").manual_seed(seed)
     q = (torch.randn(s, h, d, device="cuda", generator=g) * 2).to(E4M3)
     k = (torch.randn(n, d, device="cuda", generator=g) * 2).to(E4M3)
@@ -116,19 +208,35 @@ def indexer_inputs(s, n, h, d, seed):
     return q, k, ks, w, pos
 
 
+def within_reference(got, q, k, ks, w, visible) -> bool:
+    """Every logit written (no NaN), -inf exactly where not visible, the rest within the tests'
+    tolerance of the fp64 reference."""
+    import torch
+
+    from kernels.attention.indexer import reference_logits
+
+    ref, bound = reference_logits(q, k, ks, w, visible)
+    got = got.double()
+    return (not bool(torch.isnan(got).any()) and torch.equal(torch.isinf(got), ~visible)
+            and bool(((got - ref).abs()[visible] <= TOL * bound[visible] + 1e-30).all()))
+
+
 def indexer_rows(reps, upstream, fp8_tflops):
+    import torch
+
+    from bench.timing import interleaved_ms
+    from kernels.attention.indexer import indexer_kernel, indexer_logits
+
     s, n = 4096, 8192
-    for h, d in [(64, 128), (32, 64)]:
+    for h, d in INDEXER_SHAPES:
         shape = f"S {s} N {n} H {h} D {d}"
         sets = [indexer_inputs(s, n, h, d, seed) for seed in range(2)]
         q, k, ks, w, pos = sets[0]
-        got = indexer_logits(q, k, ks, w, pos)
-        rows = slice(0, s, 97)  # a sample of queries against the fp64 reference
-        visible = torch.arange(n, device="cuda")[None, :] <= pos[rows, None].long()
-        ref, bound = reference_logits(q[rows], k, ks, w[rows], visible)
-        sub = got[rows].double()
-        ok = torch.equal(torch.isinf(sub), ~visible) and bool(((sub - ref).abs()[visible] <= TOL * bound[visible] + 1e-30).all())
-        if not ok:
+        got = torch.full((s, n), float("nan"), device="cuda")
+        indexer_kernel(h, d)(q, k, ks, w, pos, got)
+        sample = slice(0, s, 97)  # a sample of queries against the fp64 reference
+        visible = torch.arange(n, device="cuda")[None, :] <= pos[sample, None].long()
+        if bool(torch.isnan(got).any()) or not within_reference(got[sample], q[sample], k, ks, w[sample], visible):
             emit(what="indexer prefill", shape=shape, check="FAILED")
             continue
         pairs = int((pos.long() + 1).clamp(0, n).sum())
@@ -142,7 +250,7 @@ def indexer_rows(reps, upstream, fp8_tflops):
                 qq, kk, kss, ww, pp = sets[next(i) % 2]
                 return upstream.mqa_attn_return_logits_interface(q=qq, kv=kk, kv_scales=kss, weights=ww,
                                                                   cu_seqlen_ks=zero, cu_seqlen_ke=pp + 1)
-            theirs = up().double()
+            theirs = up().double()  # set 0 (and the upstream kernel's compile, before any timing)
             fin = torch.isfinite(theirs)
             agree = torch.equal(fin, torch.isfinite(got)) and bool(
                 ((theirs - got.double()).abs()[fin] <= 1e-2 * (got.double().abs()[fin] + 1)).all())
@@ -158,9 +266,15 @@ def indexer_rows(reps, upstream, fp8_tflops):
 
 
 def indexer_decode_rows(reps, copy_gbps):
+    import torch
+
+    from bench.timing import median_ms
+    from kernels.attention.indexer import E4M3, PAGE, indexer_logits_paged, indexer_paged_kernel
+
     b, ctx = 64, 8192
     mp = ctx // PAGE
-    for t in (1, 2):
+    for t in INDEXER_DECODE_TOKENS:
+        shape = f"B {b} ctx {ctx} T {t}"
         g = torch.Generator(device="cuda").manual_seed(t)
         sets = []
         for _ in range(2):
@@ -172,24 +286,31 @@ def indexer_decode_rows(reps, copy_gbps):
             w = torch.randn(b, t, 64, device="cuda", generator=g)
             sets.append((q, kc, ksc, table, sl, w))
         q, kc, ksc, table, sl, w = sets[0]
-        got = indexer_logits_paged(*sets[0])
-        keys = kc[table[0].long()].reshape(-1, 128)
+        got = torch.full((b, t, ctx), float("nan"), device="cuda")
+        indexer_paged_kernel(t, 128)(q, kc, ksc, table, sl, w, got)
         visible = torch.arange(ctx, device="cuda")[None, :] <= (torch.arange(t, device="cuda") + ctx - t)[:, None]
-        ref, bound = reference_logits(q[0], keys, ksc[table[0].long()].reshape(-1), w[0], visible)
-        sub = got[0].double()
-        if not (torch.equal(torch.isinf(sub), ~visible) and bool(((sub - ref).abs()[visible] <= TOL * bound[visible] + 1e-30).all())):
-            emit(what="indexer decode", shape=f"B {b} ctx {ctx} T {t}", check="FAILED")
+        ok = not bool(torch.isnan(got).any())
+        for i in (0, b // 2, b - 1):  # a sample of sequences against the fp64 reference
+            pages = table[i].long()
+            ok = ok and within_reference(got[i], q[i], kc[pages].reshape(-1, 128), ksc[pages].reshape(-1), w[i], visible)
+        if not ok:
+            emit(what="indexer decode", shape=shape, check="FAILED")
             continue
         ms = median_ms([lambda s=st: indexer_logits_paged(*s) for st in sets], reps)
         moved = b * ctx * (128 + 4)
         gbps = moved / ms / 1e6
-        emit(what="indexer decode", shape=f"B {b} ctx {ctx} T {t}", tlx_us=round(ms * 1e3, 1), GBps=round(gbps),
+        emit(what="indexer decode", shape=shape, tlx_us=round(ms * 1e3, 1), GBps=round(gbps),
              pct_of_copy=round(100 * gbps / copy_gbps, 1), check="ok")
 
 
 def mla_case(b, ctx, heads, tokens, fp8, g):
     """Random q, a paged cache of ``b`` full sequences of ``ctx`` tokens (e4m3 with its scales
     when ``fp8``), a shuffled block table, the lengths."""
+    import torch
+
+    from kernels.attention.decode_mla import D_QK, GROUP, PAGE
+    from kernels.attention.indexer import E4M3
+
     mp = ctx // PAGE
     q = torch.randn(b, tokens, heads, D_QK, device="cuda", generator=g).to(torch.bfloat16)
     kv = torch.randn(b * mp, PAGE, D_QK, device="cuda", generator=g)
@@ -205,25 +326,43 @@ def mla_case(b, ctx, heads, tokens, fp8, g):
     return q, kv, table, sl, scales
 
 
+def checked(o, lse, ref_o, ref_lse) -> str:
+    """The decode tests' check (``check_close`` of tests/kernels/attention/test_decode_mla.py)."""
+    from tests.kernels.attention.test_decode_mla import check_close
+
+    try:
+        check_close(o, lse, ref_o, ref_lse)
+    except AssertionError as e:  # the message, or else the failing assert's own line
+        import traceback
+
+        return "FAILED: " + (" ".join(str(e).split())[:200] or traceback.extract_tb(e.__traceback__)[-1].line)
+    return "ok"
+
+
 def mla_rows(reps, copy_gbps):
     """MLA decode rows; returns {(heads, tokens, fp8): TFLOP/s} for the sparse rows' ratio."""
-    b, ctx = 128, 8192
+    import torch
+
+    from bench.timing import median_ms
+    from kernels.attention.decode_mla import D_QK, D_V, GROUP, mla_decode, reference_mla_decode
+    from tests.kernels.attention.test_decode_mla import poisoned_outputs
+
     rates = {}
-    for heads, tokens in [(16, 1), (128, 1), (128, 2)]:
+    for heads, tokens in MLA_SHAPES:
         for fp8 in (False, True):
-            shape = f"B {b} ctx {ctx} H {heads} T {tokens} {'e4m3' if fp8 else 'bf16'}"
+            shape = f"B {BATCH} ctx {CTX} H {heads} T {tokens} {'e4m3' if fp8 else 'bf16'}"
             g = torch.Generator(device="cuda").manual_seed(heads + tokens)
-            sets = [mla_case(b, ctx, heads, tokens, fp8, g) for _ in range(2)]
+            sets = [mla_case(BATCH, CTX, heads, tokens, fp8, g) for _ in range(2)]
             q, kv, table, sl, scales = sets[0]
-            o, lse = mla_decode(q, kv, table, sl, kv_scales=scales)
-            ref_o, _ = reference_mla_decode(q[:2], kv, table[:2], sl[:2], kv_scales=scales)
-            if torch.isnan(o).any() or not torch.allclose(o[:2].float(), ref_o, rtol=2e-2, atol=2e-2):
-                emit(what="MLA decode", shape=shape, check="FAILED")
+            o, lse = mla_decode(q, kv, table, sl, kv_scales=scales, out=poisoned_outputs(q))
+            check = checked(o, lse, *reference_mla_decode(q, kv, table, sl, kv_scales=scales))
+            if check != "ok":
+                emit(what="MLA decode", shape=shape, check=check)
                 continue
             del o, lse
             ms = median_ms([lambda s=st: mla_decode(s[0], s[1], s[2], s[3], kv_scales=s[4]) for st in sets], reps)
-            moved = b * ctx * D_QK * (1 if fp8 else 2) + (b * ctx * (D_QK // GROUP) * 4 if fp8 else 0)
-            flops = 2 * b * tokens * heads * ctx * (D_QK + D_V)
+            moved = BATCH * CTX * (D_QK + (D_QK // GROUP) * 4 if fp8 else D_QK * 2)
+            flops = 2 * BATCH * tokens * heads * CTX * (D_QK + D_V)
             emit(what="MLA decode", shape=shape, tlx_us=round(ms * 1e3, 1), GBps=round(moved / ms / 1e6),
                  pct_of_copy=round(100 * moved / ms / 1e6 / copy_gbps, 1), TFLOPs=round(flops / ms / 1e9), check="ok")
             rates[heads, tokens, fp8] = flops / ms / 1e9
@@ -233,26 +372,32 @@ def mla_rows(reps, copy_gbps):
 
 
 def sparse_rows(reps, dense_rates):
-    b, ctx, heads, topk = 128, 8192, 128, 2048
+    import torch
+
+    from bench.timing import median_ms
+    from kernels.attention.decode_mla import D_QK, D_V
+    from kernels.attention.decode_sparse import reference_sparse_mla_decode, sparse_mla_decode
+    from tests.kernels.attention.test_decode_mla import poisoned_outputs
+
     for fp8 in (False, True):
-        shape = f"B {b} ctx {ctx} H {heads} T 1 k {topk} {'e4m3' if fp8 else 'bf16'}"
-        g = torch.Generator(device="cuda").manual_seed(topk)
+        shape = f"B {BATCH} ctx {CTX} H {SPARSE_HEADS} T 1 k {SPARSE_TOPK} {'e4m3' if fp8 else 'bf16'}"
+        g = torch.Generator(device="cuda").manual_seed(SPARSE_TOPK)
         sets = []
         for _ in range(2):
-            q, kv, table, sl, scales = mla_case(b, ctx, heads, 1, fp8, g)
-            idx = torch.argsort(torch.rand(b, 1, ctx, device="cuda", generator=g), dim=-1)[..., :topk].to(torch.int32)
-            sink = torch.randn(heads, device="cuda", generator=g)
-            sets.append((q, kv, table, sl, idx, sink, scales))
+            q, kv, table, sl, scales = mla_case(BATCH, CTX, SPARSE_HEADS, 1, fp8, g)
+            idx = torch.argsort(torch.rand(BATCH, 1, CTX, device="cuda", generator=g), dim=-1)[..., :SPARSE_TOPK]
+            sink = torch.randn(SPARSE_HEADS, device="cuda", generator=g)
+            sets.append((q, kv, table, sl, idx.to(torch.int32).contiguous(), sink, scales))
         q, kv, table, sl, idx, sink, scales = sets[0]
-        o, lse = sparse_mla_decode(q, kv, table, sl, idx, sink=sink, kv_scales=scales)
-        ref_o, _ = reference_sparse_mla_decode(q[:2], kv, table[:2], sl[:2], idx[:2], sink=sink, kv_scales=scales)
-        if torch.isnan(o).any() or not torch.allclose(o[:2].float(), ref_o, rtol=2e-2, atol=2e-2):
-            emit(what="sparse MLA decode", shape=shape, check="FAILED")
+        o, lse = sparse_mla_decode(q, kv, table, sl, idx, sink=sink, kv_scales=scales, out=poisoned_outputs(q))
+        check = checked(o, lse, *reference_sparse_mla_decode(q, kv, table, sl, idx, sink=sink, kv_scales=scales))
+        if check != "ok":
+            emit(what="sparse MLA decode", shape=shape, check=check)
             continue
         del o, lse
-        ms = median_ms([lambda s=st: sparse_mla_decode(*s[:4], s[4], sink=s[5], kv_scales=s[6]) for st in sets], reps)
-        tf = 2 * b * heads * topk * (D_QK + D_V) / ms / 1e9
-        dense = dense_rates.get((heads, 1, fp8))
+        ms = median_ms([lambda s=st: sparse_mla_decode(*s[:5], sink=s[5], kv_scales=s[6]) for st in sets], reps)
+        tf = 2 * BATCH * SPARSE_HEADS * SPARSE_TOPK * (D_QK + D_V) / ms / 1e9
+        dense = dense_rates.get((SPARSE_HEADS, 1, fp8))
         emit(what="sparse MLA decode", shape=shape, tlx_us=round(ms * 1e3, 1), TFLOPs=round(tf),
              pct_of_dense_per_key=round(100 * tf / dense, 1) if dense else "-", check="ok")
         del sets
@@ -260,7 +405,17 @@ def sparse_rows(reps, dense_rates):
 
 
 def main():
+    if len(sys.argv) > 1 and sys.argv[1] == "--precompile":
+        precompile(BENCH_CONFIGS + TEST_CONFIGS, int(sys.argv[2]) if len(sys.argv) > 2 else os.cpu_count() or 1)
+        return
     args = args_parse()
+    precompile(BENCH_CONFIGS, os.cpu_count() or 1)  # no CUDA context yet: the forked workers only compile
+
+    import torch
+
+    from bench.timing import large_copy_ms
+
+    print(f"GPU: {torch.cuda.get_device_name()}", flush=True)
     reps = args.reps
     copy_ms, copy_bytes = large_copy_ms(reps)
     copy_gbps = copy_bytes / copy_ms / 1e6
