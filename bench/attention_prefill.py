@@ -1,127 +1,241 @@
 """Attention for prefill and training on one GPU, side by side with torch SDPA in one run.
 
-Rows (printed as they are measured, so a timeout still leaves the earlier ones): dense forward,
-bf16, MHA, non-causal and causal, at b 8 h 32 s 4096 with d 64 and 128, and b 4 h 16 s 4096
-with d 256: tlx (``kernels/attention/dense_fwd.py``) and torch SDPA
-(``scaled_dot_product_attention`` on the same [b, s, h, d] tensors, viewed [b, h, s, d]), in
-TFLOP/s (4 b h s^2 d per forward, half of it causal). Targets (issue 22): >= 650 / 580 at d 128,
-faster than SDPA at d 64 and 256.
+Rows (printed as they are measured, so a timeout still leaves the earlier ones), all bf16:
 
-Both forward schedules are timed ("pipelined": TileLang's warp specialization; "overlap": the
-hand-scheduled softmax / tensor-core overlap).
+* dense forward, MHA, non-causal and causal, at b 8 h 32 s 4096 with d 64 and 128, and b 4 h 16
+  s 4096 with d 256: tlx (``kernels/attention/dense_fwd.py``, both schedules: "pipelined",
+  TileLang's warp specialization, and "overlap", the hand-scheduled softmax / tensor-core overlap)
+  against torch SDPA (``scaled_dot_product_attention`` on the same [b, s, h, d] tensors, viewed
+  [b, h, s, d]); 4 b h s^2 d FLOPs, half of it causal;
+* dense backward at the same shapes: tlx (``dense_bwd.py``: delta, dK/dV, dQ, deterministic)
+  against SDPA's backward (``torch.autograd.grad`` of its output); 2.5 times the forward's FLOPs
+  (the usual count: five s x s GEMMs of which the forward has two);
+* DeepSeek-V4 sparse forward (``sparse_fwd.py``) at b 1 s 4096 h 128 n 8192 d 512 top-k 1024,
+  no torch counterpart (anchors in the issue); 4 b s h k 512 FLOPs.
+
+Targets (issue 22): dense forward >= 650 / 580 TFLOP/s at d 128 and faster than SDPA at d 64 and
+256; backward >= SDPA's; sparse forward >= 550.
 
 Timing: ``bench.timing.interleaved_ms`` (CUDA events around each call, one call of each
-candidate in turn, warm-up, median); inputs random normal, fresh per row. Before timing, the
-tlx output (poisoned with NaN first) is checked against SDPA's (relative error < 1e-2, no NaN);
-a failed check is reported in the row and that row is not timed.
+candidate in turn, warm-up, median); inputs random normal, fresh per row. Before timing, every
+tlx output (poisoned with NaN first) is checked: dense against SDPA (relative error < 1e-2
+forward, < 3e-2 backward per gradient, no NaN), sparse against the fp32 reference on its first
+32 tokens; a failed check is reported in the row and that candidate is not timed.
+
+Every kernel the run uses is compiled first, in parallel processes (a hit in the disk cache,
+``$TLX_CACHE_DIR``, costs milliseconds), so the timed part never waits for a compile: one kernel
+takes about a minute to build on one core, and compiled serially at first use they kept the
+first row from printing within 150 s on the H200 (2026-12-02).
+
 Usage: python bench/attention_prefill.py [--out FILE.json] [--reps N]
        python bench/attention_prefill.py --precompile [WORKERS]   (no GPU needed: compiles every
        kernel configuration the attention GPU tests and this benchmark use, WORKERS processes at
        once, into $TLX_CACHE_DIR, so that a fresh GPU machine spends its time running, not compiling)
 """
 
-import json
-import sys
-from pathlib import Path
+from __future__ import annotations
 
-import torch
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.timing import gpu_bench_args, interleaved_ms  # noqa: E402
-from kernels.attention.dense_fwd import SCHEDULES, dense_attention  # noqa: E402
-
 ROWS = []
 SHAPES = [(8, 32, 4096, 64), (8, 32, 4096, 128), (4, 16, 4096, 256)]  # b, h, s, d
+SPARSE_SHAPE = (1, 4096, 128, 8192, 1024)  # b, s, h, n, top-k (d = 512)
+SCHEDULE_NAMES = ("pipelined", "overlap")
 
 
+# ---- the kernels the run and the tests compile --------------------------------------------------
+def dense_forward_configs(dims=(64, 128, 256), dtypes=("bfloat16",)):
+    return [("forward", sc, dt, d, c) for sc in SCHEDULE_NAMES for dt in dtypes for d in dims for c in (False, True)]
+
+
+def backward_configs(dims=(64, 128, 256)):
+    return [("backward", d, c) for d in dims for c in (False, True)]
+
+
+BENCH_CONFIGS = (dense_forward_configs() + backward_configs()
+                 + [("sparse", SPARSE_SHAPE[2], SPARSE_SHAPE[4], 0)])
+TEST_CONFIGS = (dense_forward_configs(dims=(128,), dtypes=("float16",))
+                + [("forward", "pipelined", "bfloat16", 64, False, 0.3)]
+                + [("sparse", h, k, w) for h, k, w in ((64, 512, 0), (128, 2048, 0), (64, 512, 128))])
+
+
+def compile_config(cfg) -> str:
+    """Compile (or load from the disk cache) the kernels of one configuration; runs in a worker
+    process. The arguments are those the wrappers pass, so the wrappers then hit the cache."""
+    from kernels.attention.common import LOG2E
+
+    t0 = time.time()
+    kind, args = cfg[0], cfg[1:]
+    if kind == "forward":
+        from kernels.attention.dense_fwd import SCHEDULES
+
+        schedule, dtype, d, causal, *scale = args
+        SCHEDULES[schedule](d, causal, (scale[0] if scale else 1.0 / math.sqrt(d)) * LOG2E, dtype)
+    elif kind == "backward":
+        from kernels.attention.dense_bwd import backward_kernels
+
+        d, causal = args
+        backward_kernels(d, causal, 1.0 / math.sqrt(d), "bfloat16")
+    else:
+        from kernels.attention.sparse_fwd import DIM, sparse_fwd_kernel
+
+        sparse_fwd_kernel(*args, 1.0 / math.sqrt(DIM) * LOG2E)
+    return f"{cfg}: {time.time() - t0:.1f} s"
+
+
+def precompile(configs, workers: int) -> None:
+    """Compile ``configs`` in ``workers`` processes (forked before this process touches CUDA)."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    t0 = time.time()
+    with ProcessPoolExecutor(max(1, min(workers, len(configs))), mp_context=multiprocessing.get_context("fork")) as pool:
+        for line in pool.map(compile_config, configs):
+            print(f"# {line}", flush=True)
+    print(f"# {len(configs)} configurations ready in {time.time() - t0:.0f} s", flush=True)
+
+
+# ---- rows ---------------------------------------------------------------------------------------
 def emit(**row):
     ROWS.append(row)
     print("| " + " | ".join(str(v) for v in row.values()) + " |", flush=True)
 
 
-def dense_row(b, h, s, d, causal, reps, seed):
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    q, k, v = (torch.randn((b, s, h, d), generator=g, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    o = torch.full_like(q, float("nan"))
-    lse = torch.empty((h, b * s), dtype=torch.float32, device="cuda")
+def randn(shape, g, dtype):
+    import torch
 
-    def tlx_fwd(schedule):
-        return lambda: dense_attention(q, k, v, causal=causal, out=(o, lse), schedule=schedule)
+    return torch.randn(shape, generator=g, device="cuda", dtype=torch.float32).to(dtype)
 
-    def sdpa():
-        return torch.nn.functional.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=causal)
 
-    ref = sdpa().transpose(1, 2).float()
-    flops = 4 * b * h * s * s * d / (2 if causal else 1)
-    shape = f"b{b} h{h} s{s} d{d}{' causal' if causal else ''}"
-    fns, checks = {"sdpa": sdpa}, {}
-    for schedule in SCHEDULES:
-        o.fill_(float("nan"))
-        tlx_fwd(schedule)()
-        err = float((o.float() - ref).norm() / ref.norm())
-        ok = err < 1e-2 and not bool(torch.isnan(o).any())
-        checks[schedule] = f"ok ({err:.1e})" if ok else f"FAILED ({err:.2e})"
-        if ok:
-            fns[schedule] = tlx_fwd(schedule)
-    ms = interleaved_ms(fns, reps)
+def rel_err(got, ref) -> float:
+    return float((got.float() - ref.float()).norm() / ref.float().norm().clamp_min(1e-30))
+
+
+def checked(outs, refs, tol: float) -> str:
+    """"ok (worst error)" when every output is free of NaN (they were poisoned) and within ``tol``
+    of its reference, else "FAILED (...)"."""
+    import torch
+
+    errs = [rel_err(o, r) for o, r in zip(outs, refs)]
+    worst = max(errs)
+    if all(e < tol for e in errs) and not any(bool(torch.isnan(o).any()) for o in outs):
+        return f"ok ({worst:.1e})"
+    return f"FAILED ({worst:.2e})"
+
+
+def timed_rows(what, shape, flops, candidates, checks, sdpa, reps):
+    """Time the candidates that passed their check beside ``sdpa`` (None: no torch counterpart)."""
+    from bench.timing import interleaved_ms
+
+    fns = {name: fn for name, fn in candidates.items() if checks[name].startswith("ok")}
+    if sdpa is not None:
+        fns["sdpa"] = sdpa
+    ms = interleaved_ms(fns, reps) if fns else {}
     tf = {n: flops / t / 1e9 for n, t in ms.items()}
-    for schedule in SCHEDULES:
-        if schedule in ms:
-            emit(what=f"dense fwd bf16, tlx {schedule}", shape=shape, tlx_ms=round(ms[schedule], 3), tlx_TFLOPs=round(tf[schedule]),
-                 sdpa_ms=round(ms["sdpa"], 3), sdpa_TFLOPs=round(tf["sdpa"]), ratio=round(tf[schedule] / tf["sdpa"], 3), check=checks[schedule])
+    base = ("-", "-") if sdpa is None else (round(ms["sdpa"], 3), round(tf["sdpa"]))
+    for name in candidates:
+        if name in ms:
+            ratio = round(tf[name] / tf["sdpa"], 3) if sdpa is not None else "-"
+            emit(what=f"{what}, tlx {name}", shape=shape, tlx_ms=round(ms[name], 3), tlx_TFLOPs=round(tf[name]),
+                 sdpa_ms=base[0], sdpa_TFLOPs=base[1], ratio=ratio, check=checks[name])
         else:
-            emit(what=f"dense fwd bf16, tlx {schedule}", shape=shape, tlx_ms="-", tlx_TFLOPs="-", sdpa_ms=round(ms["sdpa"], 3),
-                 sdpa_TFLOPs=round(tf["sdpa"]), ratio="-", check=checks[schedule])
+            emit(what=f"{what}, tlx {name}", shape=shape, tlx_ms="-", tlx_TFLOPs="-", sdpa_ms=base[0], sdpa_TFLOPs=base[1],
+                 ratio="-", check=checks[name])
 
 
-def compile_config(cfg):
-    """Compile one kernel configuration of ``CONFIGS`` (runs in a worker process)."""
-    import math
-    import time
+def dense_rows(b, h, s, d, causal, reps, seed):
+    import torch
+    import torch.nn.functional as F
 
-    from kernels.attention.common import LOG2E
+    from kernels.attention.dense_bwd import dense_attention_backward
+    from kernels.attention.dense_fwd import dense_attention
 
-    t0 = time.time()
-    kind, args = cfg[0], cfg[1:]
-    if kind in SCHEDULES:
-        dtype, d, causal, *scale = args
-        SCHEDULES[kind](d, causal, (scale[0] if scale else 1 / math.sqrt(d)) * LOG2E, dtype)
-    elif kind == "backward":
-        from kernels.attention.dense_bwd import bwd_delta_kernel, bwd_dkdv_kernel, bwd_dq_kernel
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q, k, v, do = (randn((b, s, h, d), g, torch.bfloat16) for _ in range(4))
+    shape = f"b{b} h{h} s{s} d{d}{' causal' if causal else ''}"
+    fwd_flops = 4 * b * h * s * s * d / (2 if causal else 1)
 
-        d, causal = args
-        s = 1 / math.sqrt(d)
-        bwd_delta_kernel(d)
-        bwd_dkdv_kernel(d, causal, s * LOG2E, s)
-        bwd_dq_kernel(d, causal, s * LOG2E, s)
-    else:
-        from kernels.attention.sparse_fwd import sparse_fwd_kernel
+    # forward
+    o = torch.empty_like(q)
+    lse = torch.empty((h, b * s), dtype=torch.float32, device="cuda")
+    qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+    ref = F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal).transpose(1, 2)
+    fwd, checks = {}, {}
+    for schedule in SCHEDULE_NAMES:
+        fwd[schedule] = (lambda sc: lambda: dense_attention(q, k, v, causal=causal, out=(o, lse), schedule=sc))(schedule)
+        o.fill_(float("nan"))
+        lse.fill_(float("nan"))
+        fwd[schedule]()
+        checks[schedule] = checked([o], [ref], 1e-2) if not bool(torch.isnan(lse).any()) else "FAILED (lse NaN)"
+    timed_rows("dense fwd bf16", shape, fwd_flops, fwd, checks,
+               lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal), reps)
 
-        sparse_fwd_kernel(*args, LOG2E / math.sqrt(512))
-    return f"{cfg}: {time.time() - t0:.0f} s"
+    # backward, from the pipelined forward's o and lse
+    o_fwd, lse_fwd = dense_attention(q, k, v, causal=causal)
+    leaves = [t.transpose(1, 2).detach().requires_grad_() for t in (q, k, v)]
+    out = F.scaled_dot_product_attention(*leaves, is_causal=causal)
+    do_t = do.transpose(1, 2)
+
+    def sdpa_bwd():
+        return torch.autograd.grad(out, leaves, do_t, retain_graph=True)
+
+    refs = [r.transpose(1, 2) for r in sdpa_bwd()]
+    grads = tuple(torch.empty_like(t) for t in (q, k, v))
+
+    def tlx_bwd():
+        return dense_attention_backward(do, q, k, v, o_fwd, lse_fwd, causal=causal, out=grads)
+
+    for t in grads:
+        t.fill_(float("nan"))
+    tlx_bwd()
+    check = checked(grads, refs, 3e-2)
+    timed_rows("dense bwd bf16", shape, 2.5 * fwd_flops, {"deterministic": tlx_bwd}, {"deterministic": check}, sdpa_bwd, reps)
 
 
-CONFIGS = ([(sc, "bfloat16", d, c) for sc in SCHEDULES for d in (64, 128, 256) for c in (False, True)]
-           + [(sc, "float16", 128, c) for sc in SCHEDULES for c in (False, True)]
-           + [("pipelined", "bfloat16", 64, False, 0.3)]
-           + [("backward", d, c) for d in (64, 128) for c in (False, True)]
-           + [("sparse", h, k, w) for h, k, w in ((64, 512, 0), (128, 1024, 0), (128, 2048, 0), (64, 512, 128))])
+def sparse_row(reps, seed):
+    import torch
 
+    from kernels.attention import reference as R
+    from kernels.attention.sparse_fwd import DIM, sparse_attention
 
-def precompile(workers: int):
-    from concurrent.futures import ProcessPoolExecutor
-
-    with ProcessPoolExecutor(workers) as pool:
-        for line in pool.map(compile_config, CONFIGS):
-            print(line, flush=True)
+    b, s, h, n, topk = SPARSE_SHAPE
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q, kv = randn((b, s, h, DIM), g, torch.bfloat16), randn((b, n, DIM), g, torch.bfloat16)
+    idx = torch.randint(0, n, (b, s, topk), generator=g, device="cuda", dtype=torch.int32)
+    idx[:, :, -topk // 8:] = -1  # some masked slots
+    sink = randn((h,), g, torch.float32)
+    # the wrapper allocates its outputs: poison a first result and free it, so that the caching
+    # allocator hands the same (poisoned) blocks to the checked call; said in the row if it did not
+    o, lse = sparse_attention(q, kv, idx, sink)
+    poisoned = (o.fill_(float("nan")).data_ptr(), lse.fill_(float("nan")).data_ptr())
+    del o, lse
+    o, lse = sparse_attention(q, kv, idx, sink)
+    ref_o, ref_lse = R.sparse_attention_ref(q[:, :32], kv, idx[:, :32], sink)
+    check = checked([o[:, :32], lse[:, :32]], [ref_o, ref_lse], 1e-2)
+    if (o.data_ptr(), lse.data_ptr()) != poisoned:
+        check += ", outputs not poisoned"
+    timed_rows("sparse fwd bf16 (V4)", f"b{b} s{s} h{h} n{n} d{DIM} k{topk}", 4 * b * s * h * topk * DIM,
+               {"pipelined": lambda: sparse_attention(q, kv, idx, sink)}, {"pipelined": check}, None, reps)
 
 
 def main():
     if len(sys.argv) > 1 and sys.argv[1] == "--precompile":
-        precompile(int(sys.argv[2]) if len(sys.argv) > 2 else 8)
+        precompile(BENCH_CONFIGS + TEST_CONFIGS, int(sys.argv[2]) if len(sys.argv) > 2 else os.cpu_count() or 1)
         return
+    from bench.timing import gpu_bench_args
+
     args = gpu_bench_args(__doc__, "bench/attention_prefill.py", reps=20)
+    precompile(BENCH_CONFIGS, os.cpu_count() or 1)  # no CUDA context yet: the forked workers only compile
+
+    import torch
+
     print(f"GPU: {torch.cuda.get_device_name()}")
     print("| what | shape | tlx ms | tlx TFLOP/s | SDPA ms | SDPA TFLOP/s | tlx / SDPA | check |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
@@ -129,7 +243,9 @@ def main():
     for b, h, s, d in SHAPES:
         for causal in (False, True):
             seed += 1
-            dense_row(b, h, s, d, causal, args.reps, seed)
+            dense_rows(b, h, s, d, causal, args.reps, seed)
+            torch.cuda.empty_cache()
+    sparse_row(args.reps, seed + 1)
     if args.out:
         Path(args.out).write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "rows": ROWS}, indent=1))
 
