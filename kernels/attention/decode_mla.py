@@ -86,6 +86,10 @@ def mla_split_kernel(tokens: int, heads: int, kv_dtype: str, softmax_scale: floa
                SL: T.Tensor((batch,), "int32"), OP: T.Tensor((batch, splits_of(max_pages), rows, D_V), f32),
                LP: T.Tensor((batch, splits_of(max_pages), rows), f32)):
         with T.Kernel(row_blocks, splits_of(max_pages), batch, threads=256) as (rb, sp, b):
+            # the TMA producer gives its registers to the two consumer warpgroups (TileLang
+            # leaves the reallocation out by itself here: the producer assigns a variable)
+            T.annotate_producer_reg_dealloc(24)
+            T.annotate_consumer_reg_alloc(240)
             Q_s = T.alloc_shared((ROWS, D_V), bf16)
             QP_s = T.alloc_shared((ROWS, D_PE), bf16)
             KV_s = T.alloc_shared((PAGE, D_V), bf16)
