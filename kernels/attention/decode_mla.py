@@ -264,12 +264,12 @@ def _check(q, kv_cache, kv_scales, block_table, seq_lens, out=None, **more):
     if out is not None:
         if not isinstance(out, (tuple, list)) or len(out) != 2:
             raise TypeError(f"out: expected a pair (o, lse), got {type(out).__name__}")
-        for name, t, dtype, shape in (("out[0]", out[0], torch.bfloat16, (b, t, h, D_V)),
-                                      ("out[1]", out[1], torch.float32, (b, t, h))):
-            C.check_tensor(name, t, (dtype,), len(shape))
-            if tuple(t.shape) != shape:
-                raise ValueError(f"{name}: expected shape {shape}, got {tuple(t.shape)}")
-            tensors[name] = t
+        for name, given, dtype, shape in (("out[0]", out[0], torch.bfloat16, (b, t, h, D_V)),
+                                          ("out[1]", out[1], torch.float32, (b, t, h))):
+            C.check_tensor(name, given, (dtype,), len(shape))
+            if tuple(given.shape) != shape:
+                raise ValueError(f"{name}: expected shape {shape}, got {tuple(given.shape)}")
+            tensors[name] = given
     C.check_cuda(**tensors)
     return fp8
 
