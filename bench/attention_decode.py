@@ -35,8 +35,9 @@ timed part never waits for a compile (about a minute per configuration on one co
 
 Usage: python bench/attention_decode.py [--out FILE.json] [--reps N] [--upstream-indexer PATH]
        python bench/attention_decode.py --precompile [WORKERS]   (no GPU needed: compiles every
-       kernel configuration of this benchmark and of the decode GPU tests, WORKERS processes at
-       once, into $TLX_CACHE_DIR, so that a fresh GPU machine spends its time running)
+       kernel configuration of this benchmark and of the decode GPU tests, and the tests' CUDA
+       baselines where the CUDA driver library is installed, WORKERS processes at once, into
+       $TLX_CACHE_DIR, so that a fresh GPU machine spends its time running)
 """
 
 from __future__ import annotations
@@ -80,6 +81,15 @@ TEST_CONFIGS = ([("topk", k) for k in (512, 1024, 2048)]
                    for sink in (False, True)])
 
 
+def baseline_configs():
+    """The CUDA baselines of the bitwise GPU tests (tests/kernels/attention/conftest.py builds
+    them the same way), where the CUDA driver library is installed: linking needs it. Built
+    once here, the test workers load them instead of building the same files at once."""
+    import ctypes.util
+
+    return [("baseline", name) for name in ("decode_mla", "indexer")] if ctypes.util.find_library("cuda") else []
+
+
 def compile_config(cfg) -> str:
     """Compile (or load from the disk cache) the kernels of one configuration; runs in a worker
     process. The arguments are those the wrappers pass, so the wrappers then hit the cache."""
@@ -105,6 +115,11 @@ def compile_config(cfg) -> str:
         mla_split_kernel(tokens, heads, kv, scale)
     elif kind == "combine":  # MLA decode's (fixed_splits 0, no sink) and sparse decode's
         mla_combine_kernel(*args)
+    elif kind == "baseline":
+        import kernels.attention
+        from tlx.numerics.parity import build_baseline
+
+        build_baseline(Path(kernels.attention.__file__).parent / f"{args[0]}.cu", with_cutlass=True)
     else:
         from kernels.attention.decode_sparse import sparse_split_kernel
 
@@ -406,7 +421,8 @@ def sparse_rows(reps, dense_rates):
 
 def main():
     if len(sys.argv) > 1 and sys.argv[1] == "--precompile":
-        precompile(BENCH_CONFIGS + TEST_CONFIGS, int(sys.argv[2]) if len(sys.argv) > 2 else os.cpu_count() or 1)
+        precompile(BENCH_CONFIGS + TEST_CONFIGS + baseline_configs(),
+                   int(sys.argv[2]) if len(sys.argv) > 2 else os.cpu_count() or 1)
         return
     args = args_parse()
     precompile(BENCH_CONFIGS, os.cpu_count() or 1)  # no CUDA context yet: the forked workers only compile
