@@ -6,12 +6,13 @@ Rows (printed as measured, so a timeout still leaves the earlier ones):
   shapes of each model; the faster of the two);
 * per model and T (tokens per rank), n = 1: ``mega_moe`` with L1 + SwiGLU fused (``fused``),
   ``mega_moe(fusion="none")`` (the same protocol and waves, L1 / SwiGLU cast / L2 as three launches
-  a wave: ``mega_3k``) and the unfused layer ``moe_layer`` (``unfused``), as CUDA-graph replays
+  a wave: ``mega_3k``), ``mega_moe(fusion="wave")`` (L1 + SwiGLU and L2 in one kernel a wave:
+  ``wave``) and the unfused layer ``moe_layer`` (``unfused``), as CUDA-graph replays
   timed in turn (``interleaved_ms``), the roofline
   max(expert weight bytes read / copy bandwidth, routed GEMM FLOPs / _scaled_mm rate) and each
   time over it. Weight bytes: the e4m3 weights and fp32 block scales of the experts that the
   routing of this input activates (each read once); FLOPs: 2 * T * k * (2I * H + H * I);
-* n virtual ranks on the GPU: the same three against ``moe_layer(..., n_ranks=n)``, all as graph
+* n virtual ranks on the GPU: the same four against ``moe_layer(..., n_ranks=n)``, all as graph
   replays, and the share of the dispatch (pull) time that overlaps the rank's compute, from CUDA events on
   the ranks' streams in one eager call: (dispatch end - wave 0 ready) / dispatch time, clamped
   to [0, 1], averaged over ranks (wave 0 must arrive before any compute starts, so the part of
@@ -40,6 +41,8 @@ SMS = 132  # H200; --precompile builds for this count (the run checks it)
 MODELS = {"V4-Flash": dict(hidden=4096, inter=2048, n_experts=256, topk=6, scaling=1.5),
           "V4-Pro": dict(hidden=7168, inter=3072, n_experts=384, topk=6, scaling=2.5)}
 ROWS = []
+# the mega_moe layers of a row: (column, fusion)
+MEGA_VARIANTS = (("fused", "l1_swiglu"), ("wave", "wave"), ("mega_3k", "none"))
 
 
 def _build(spec):
@@ -121,8 +124,8 @@ def precompile(layers, tests=False):
 
 def emit(**row):
     ROWS.append(row)
-    cells = [str(row.get(k, "")) for k in ("model", "what", "n", "T", "fused_us", "mega_3k_us", "unfused_us", "roof_us",
-                                            "note")]
+    cells = [str(row.get(k, "")) for k in ("model", "what", "n", "T", "fused_us", "wave_us", "mega_3k_us", "unfused_us",
+                                            "roof_us", "note")]
     print("| " + " | ".join(cells) + " |", flush=True)
 
 
@@ -174,8 +177,8 @@ def overlap_share(layer, x, logits):
 
 
 def compare(name, m, layer_w, cfg, n, t, copy_gbs, tflops, reps):
-    """One row: mega_moe fused, mega_moe with three-launch waves and moe_layer over n ranks at T
-    tokens per rank, graph replays in turn."""
+    """One row: mega_moe fused (L1 + SwiGLU; the whole wave) and with three-launch waves, and
+    moe_layer, over n ranks at T tokens per rank, graph replays in turn."""
     import torch
 
     from bench.timing import interleaved_ms
@@ -187,39 +190,47 @@ def compare(name, m, layer_w, cfg, n, t, copy_gbs, tflops, reps):
     x = torch.randn(total, m["hidden"], device="cuda", generator=g).to(torch.bfloat16)
     logits = torch.randn(total, m["n_experts"], device="cuda", generator=g)
     ref, ids, _ = moe_layer(x, logits, *layer_w, cfg, n_ranks=n, return_routing=True)
-    graphs, outs = {}, {}
-    for what, fusion in (("fused", "l1_swiglu"), ("mega_3k", "none")):
-        mega_moe(x, logits, *layer_w, cfg, n_virtual_ranks=n, fusion=fusion)  # compiles nothing (precompiled), warms
-        graphs[what], outs[what] = captured(
-            lambda f=fusion: mega_moe(x, logits, *layer_w, cfg, n_virtual_ranks=n, check=False, fusion=f))
-    graphs["unfused"], outs["unfused"] = captured(lambda: moe_layer(x, logits, *layer_w, cfg, n_ranks=n))
-    for g in graphs.values():
-        g.replay()
+    graphs, failed, layers = {}, {}, {}
+    for what, fusion in MEGA_VARIANTS:  # a variant that fails (bits or a timeout) is named in the row, not timed
+        try:
+            mega_moe(x, logits, *layer_w, cfg, n_virtual_ranks=n, fusion=fusion)  # compiles nothing (precompiled), warms
+            graph, out = captured(
+                lambda f=fusion: mega_moe(x, logits, *layer_w, cfg, n_virtual_ranks=n, check=False, fusion=f))
+            graph.replay()
+            torch.cuda.synchronize()
+            layers[what] = layer_for(x, *layer_w, cfg, n_virtual_ranks=n, fusion=fusion)
+            layers[what].check()
+            if not torch.equal(out.view(torch.int16), ref.view(torch.int16)):
+                raise AssertionError("the graph replay differs from the eager unfused layer")
+            graphs[what] = graph
+        except (AssertionError, RuntimeError) as exc:
+            failed[what] = f"{what} FAILED: {exc}"[:160]
+    graph, out = captured(lambda: moe_layer(x, logits, *layer_w, cfg, n_ranks=n))
+    graph.replay()
     torch.cuda.synchronize()
-    layers = [layer_for(x, *layer_w, cfg, n_virtual_ranks=n, fusion=f) for f in ("l1_swiglu", "none")]
-    for lay in layers:
-        lay.check()
-    for what, out in outs.items():
-        if not torch.equal(out.view(torch.int16), ref.view(torch.int16)):
-            raise AssertionError(f"{name} n={n} T={t}: the graph replay of {what} differs from the eager unfused layer")
+    if not torch.equal(out.view(torch.int16), ref.view(torch.int16)):
+        raise AssertionError(f"{name} n={n} T={t}: the graph replay of moe_layer differs from the eager call")
+    graphs["unfused"] = graph
     ms = interleaved_ms({what: g.replay for what, g in graphs.items()}, reps)
-    for lay in layers:
-        lay.check()
-    layer = layers[0]
+    for what in graphs:
+        if what in layers:
+            layers[what].check()
     h, i = m["hidden"], m["inter"]
     active = int(torch.unique(ids).numel())
     weight_bytes = active * (3 * i * h + (2 * i // 128) * (h // 128) * 4 + (h // 128) * (i // 128) * 4)
     flops = 2 * total * m["topk"] * 3 * i * h
     roof_us = max(weight_bytes / (copy_gbs * 1e3), flops / (tflops * 1e6))
-    fused_us, mega_3k_us, unfused_us = (ms[what] * 1e3 for what in ("fused", "mega_3k", "unfused"))
-    note = (f"fused {fused_us / roof_us:.2f}x roof, mega 3-launch waves {mega_3k_us / roof_us:.2f}x, unfused "
-            f"{unfused_us / roof_us:.2f}x; {active} experts active, {weight_bytes / 1e9:.2f} GB weights, "
-            f"{flops / 1e12:.2f} TFLOP")
-    row = dict(model=name, what="layer, graph replay", n=n, T=t, fused_us=f"{fused_us:.0f}", mega_3k_us=f"{mega_3k_us:.0f}",
-               unfused_us=f"{unfused_us:.0f}", roof_us=f"{roof_us:.0f}", note=note, fused_over_roof=fused_us / roof_us,
-               speedup=unfused_us / fused_us, fusion_speedup=mega_3k_us / fused_us, active_experts=active)
-    if n > 1:
-        row["overlap"] = overlap_share(layer, x, logits)
+    us = {what: ms[what] * 1e3 for what in ms}
+    note = "; ".join([", ".join(f"{what} {us[what] / roof_us:.2f}x" for what in us) + " roof",
+                      f"{active} experts active, {weight_bytes / 1e9:.2f} GB weights, {flops / 1e12:.2f} TFLOP",
+                      *failed.values()])
+    row = dict(model=name, what="layer, graph replay", n=n, T=t, roof_us=f"{roof_us:.0f}", note=note,
+               active_experts=active, **{f"{what}_us": f"{us[what]:.0f}" for what in us},
+               **{f"{what}_over_roof": us[what] / roof_us for what in us})
+    if "fused" in us:
+        row["speedup"] = us["unfused"] / us["fused"]
+    if n > 1 and "fused" in layers:
+        row["overlap"] = overlap_share(layers["fused"], x, logits)
         row["note"] += f"; dispatch under compute {row['overlap']:.0%}"
     emit(**row)
     del graphs
@@ -264,8 +275,9 @@ def main():
         copy_ms, moved = large_copy_ms(args.reps)
         copy_gbs = moved / copy_ms / 1e6
         emit(what="copy d2d (read + write)", note=f"{copy_gbs:.0f} GB/s")
-        print("| model | what | n | T | mega fused us | mega 3-launch waves us | moe_layer us | roofline us | note |")
-        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |", flush=True)
+        print("| model | what | n | T | mega L1+SwiGLU fused us | mega wave kernel us | mega 3-launch waves us | "
+              "moe_layer us | roofline us | note |")
+        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |", flush=True)
         for name in models:
             m = MODELS[name]
             cfg = (V4_FLASH if name == "V4-Flash" else V4_PRO)["cfg"]

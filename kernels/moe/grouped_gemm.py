@@ -63,11 +63,15 @@ def check_gemm_args(n: int, k: int):
 
 
 def persistent_grouped_gemm(n: int, k: int, masked: bool, num_stages: int, cluster: int, num_sms: int,
-                            block_n: int | None, unroll_stages: bool, swiglu_clamp: float | None = None):
+                            block_n: int | None, unroll_stages: bool, swiglu_clamp: float | None = None,
+                            wave: bool = False):
     """The kernel of ``grouped_gemm_contiguous_kernel`` (docstring there) for either layout;
-    ``swiglu_clamp`` set: ``grouped_gemm_swiglu_kernel``'s epilogue (contiguous layout only)."""
+    ``swiglu_clamp`` set: ``grouped_gemm_swiglu_kernel``'s epilogue (contiguous layout only);
+    ``wave`` (with it): ``kernels.moe.mega.wave.wave_kernel``, its L1 tiles then the L2 tiles."""
     check_gemm_args(n, k)
     swiglu = swiglu_clamp is not None
+    if wave and not swiglu:
+        raise ValueError("wave: the wave kernel's L1 tiles take the SwiGLU epilogue; expected a swiglu_clamp")
     if swiglu:
         if masked:
             raise ValueError("masked: the SwiGLU epilogue serves the contiguous layout only")
@@ -87,14 +91,20 @@ def persistent_grouped_gemm(n: int, k: int, masked: bool, num_stages: int, clust
     if nt % cluster or num_sms % cluster:
         raise ValueError(f"cluster: {cluster} must divide ceil(n / {block_n}) = {nt} and num_sms = {num_sms}")
     kblocks = k // BLOCK_K
+    # wave: the L2 tiles (N = k = H, K = cols = I), 128 x 128 like the L1 ones
+    nt2, kblocks2 = k // BLOCK_N, cols // BLOCK_K
+    if wave and nt2 % cluster:
+        raise ValueError(f"cluster: {cluster} must divide the L2 column tiles k / {BLOCK_N} = {nt2}")
     # the consumers' K loop unrolled over the stages where each tile's K blocks fill whole rounds of
     # them (every tile then starts at stage 0): stage indices and barrier addresses become constants
-    unroll = num_stages if unroll_stages and kblocks % num_stages == 0 else 1
+    whole_rounds = kblocks % num_stages == 0 and (not wave or kblocks2 % num_stages == 0)
+    unroll = num_stages if unroll_stages and whole_rounds else 1
     nclusters = num_sms // cluster
     # row blocks: the contiguous layout's NB, or every expert's ceil(M / 128) in the masked one
     mblocks = T.ceildiv(mrows, BLOCK_M)
     nrb = nexp * mblocks if masked else nblocks
     groups = nt // cluster  # cluster tiles per row block
+    groups2 = nt2 // cluster  # wave: L2 cluster tiles per row block (after all nrb * groups L1 ones)
     ncol = 2 if block_n > 128 or swiglu else 1  # scale groups a tile touches (SwiGLU: the gate's, the up's)
 
     # Cluster tile p of a CTA's loop step w; its row block and the CTA's column offset.
@@ -157,6 +167,17 @@ def persistent_grouped_gemm(n: int, k: int, masked: bool, num_stages: int, clust
             c0 = col0(w, pid)
 
     @T.macro
+    def next_wave_tile(w, pid, route, second: T.Ref, expert: T.Ref, r0: T.Ref, c0: T.Ref):
+        """The wave kernel's tile of loop step ``w``: cluster tiles ``0 .. nrb * groups`` are the L1
+        tiles of the row blocks in order, the next ``nrb * groups2`` their L2 tiles (``second`` = 1)."""
+        second = T.if_then_else(tile(w, pid) >= nrb * groups, 1, 0)
+        t = tile(w, pid) - second * (nrb * groups)
+        g = T.if_then_else(second == 1, groups2, groups)
+        expert = T.if_then_else(tile(w, pid) < nrb * (groups + groups2), route[T.min(t // g, nrb - 1)], -1)
+        r0 = T.if_then_else(expert >= 0, t // g * BLOCK_M, 0)
+        c0 = T.if_then_else(expert >= 0, (t % g * cluster + pid % cluster) * block_n, 0)
+
+    @T.macro
     def promote(total, part, sf0, sf1, split):
         """total = fma(part, sa * sb, total); columns from ``split`` on take the second scale group."""
         for i, j in T.Parallel(BLOCK_M, block_n):
@@ -172,30 +193,70 @@ def persistent_grouped_gemm(n: int, k: int, masked: bool, num_stages: int, clust
             total[i, j] = T.ieee_fmaf(part[i, j], sf[i], total[i, j])
 
     @T.macro
-    def stage_round(split, it, full, empty, scale_s, sf0, sf1, A_s, B_s, Bu_s, part, total, total_up, tx):
-        """The consumers' next ``unroll`` K blocks, from block ``it`` of the CTA (``split``: see
-        ``promote``; SwiGLU: the gate block into ``total``, then the up block into ``total_up``)."""
+    def stage_round(split, it, full, empty, scale_s, sf0, sf1, A_s, B_s, Bu_s, part, total, total_up, tx, mode):
+        """The consumers' next ``unroll`` K blocks, from block ``it`` of the CTA. ``mode`` "plain":
+        one block_n-wide tile (``split``: see ``promote``); "swiglu": the gate block into ``total``,
+        then the up block into ``total_up``; "single": one 128-wide tile of one scale group (the
+        wave kernel's L2 tiles)."""
         for u in T.unroll(unroll):
             # unrolled, `it` is a multiple of num_stages here: stage u, one phase
             stage = u if unroll > 1 else it % num_stages
             T.mbarrier_wait_parity(full[stage], (it // num_stages) & 1)
             for i in T.Parallel(BLOCK_M):
                 sf0[i] = scale_s[stage, 0, i]
-                if ncol == 2:
+                if ncol == 2 and mode != "single":
                     sf1[i] = scale_s[stage, 1, i]
             T.gemm(A_s[stage, :, :], B_s[stage, :, :], part, transpose_B=True,
                    policy=T.GemmWarpPolicy.FullRow, clear_accum=True)
-            if swiglu:
+            if mode == "swiglu":
                 promote_one(total, part, sf0)
                 T.gemm(A_s[stage, :, :], Bu_s[stage, :, :], part, transpose_B=True,
                        policy=T.GemmWarpPolicy.FullRow, clear_accum=True)
             # lane r of every consumer warp releases the stage in the cluster's CTA r
             if tx % 32 < cluster:
                 T.mbarrier_arrive(empty[stage], cta_id=tx % 32)
-            if swiglu:
+            if mode == "swiglu":
                 promote_one(total_up, part, sf1)
+            elif mode == "single":
+                promote_one(total, part, sf0)
             else:
                 promote(total, part, sf0, sf1, split)
+
+    @T.macro
+    def produce(A, SA, B, SB, expert, r0, c0, it: T.Ref, next_sa, next_sb, A_s, B_s, Bu_s, scale_s, full, empty, tx,
+                l2):
+        """The producer's loads of one tile: per K block (after the cluster has released its stage)
+        the A tile (multicast over the cluster), the B tile(s) and ``sa * sb`` of each scale group.
+        ``l2``: a wave kernel's L2 tile (K = I, one B tile, one scale group), else the kernel's own."""
+        nk = kblocks2 if l2 else kblocks
+        ng = 1 if l2 else ncol
+        next_sa[0] = sa_at(SA, expert, r0 + tx - 256, 0)
+        for c in T.unroll(ng):
+            next_sb[c] = SB[expert, c0 // 128 if l2 else sb_group(c0, c), 0]
+        for kb in T.serial(nk):
+            T.mbarrier_wait_parity(empty[it % num_stages], ((it // num_stages) & 1) ^ 1)
+            if cluster > 1:
+                T.tma_copy(a_tile(A, expert, r0, kb),
+                           A_s[it % num_stages, :, :], barrier=full[it % num_stages],
+                           cluster_mask=(1 << cluster) - 1)
+            else:
+                T.tma_copy(a_tile(A, expert, r0, kb),
+                           A_s[it % num_stages, :, :], barrier=full[it % num_stages])
+            T.tma_copy(B[expert, c0:c0 + block_n, kb * BLOCK_K:(kb + 1) * BLOCK_K],
+                       B_s[it % num_stages, :, :], barrier=full[it % num_stages])
+            if swiglu and not l2:
+                T.tma_copy(B[expert, cols + c0:cols + c0 + block_n, kb * BLOCK_K:(kb + 1) * BLOCK_K],
+                           Bu_s[it % num_stages, :, :], barrier=full[it % num_stages])
+            # this K block's scales were loaded one block ago (their latency off the
+            # stage's critical path); load the next one's
+            for c in T.unroll(ng):
+                scale_s[it % num_stages, c, tx - 256] = next_sa[0] * next_sb[c]
+            if kb + 1 < nk:
+                next_sa[0] = sa_at(SA, expert, r0 + tx - 256, kb + 1)
+                for c in T.unroll(ng):
+                    next_sb[c] = SB[expert, c0 // 128 if l2 else sb_group(c0, c), kb + 1]
+            T.mbarrier_arrive(full[it % num_stages])
+            it = it + 1
 
     @T.macro
     def swiglu_epilogue(total, total_up, amax, Q_s, S, r0, c0):
@@ -214,14 +275,95 @@ def persistent_grouped_gemm(n: int, k: int, masked: bool, num_stages: int, clust
             S[r0 + i, c0 // 128] = group_scale(amax[i], "e4m3", False)[0]
 
     @T.macro
-    def body(A, SA, B, SB, route, C, S):
-        with T.ClusterKernel(num_sms, cluster_dims=(cluster, 1, 1), threads=384) as pid:
+    def finish_tile(fill, total, total_up, amax, out_s, dst, S, r0, c0):
+        """The consumers' epilogue: ``out_s`` filled from the totals (``fill`` "swiglu": by
+        ``swiglu_epilogue``, else a bf16 copy) once the previous TMA store has read it, then stored
+        to ``dst`` by TMA, which runs under the next tile's main loop."""
+        # the previous tile's store has read out_s (a no-op in the other threads)
+        T.tma_store_wait(0)
+        T.sync_threads(1, 256)  # consumers only: the producer keeps loading
+        if fill == "swiglu":
+            swiglu_epilogue(total, total_up, amax, out_s, S, r0, c0)
+        else:
+            T.copy(total, out_s)
+        T.fence_proxy_async()  # out_s's generic-proxy writes before the TMA reads them
+        T.sync_threads(1, 256)
+        T.tma_copy(out_s, dst)
+
+    if wave:
+        from kernels.moe.mega.protocol import FLAG_WORDS, RECORD_PRELUDE, STATUS, WAIT_L1, record_failure
+        from kernels.moe.mega.sysflags import COUNTER_PRELUDE, PRELUDE, count_release, fence_proxy_async_global, wait_count
+
+    @T.macro
+    def wave_producer(A, SA, B, SB, S, route, L2, it: T.Ref, second: T.Ref, expert: T.Ref, r0: T.Ref, c0: T.Ref,
+                      next_sa, next_sb, A_s, B_s, Bu_s, scale_s, full, empty, tx, pid):
+        """The wave kernel's producer: an L2 tile's loads wait until its row block's L1 count has
+        reached the ``nt`` L1 tiles (one thread acquires, with the rank's timeout; the producer
+        warpgroup then syncs and fences the async proxy before TMA reads the rows). The L2 tiles'
+        scales are read from ``S`` itself, the buffer the L1 tiles write: a read-only alias of it
+        would be a ``const __restrict__`` pointer, which nvcc may read through the non-coherent
+        cache."""
+        QA, B2, SB2, counters, flags, rank, wave_id, timeout_ns = L2
+        for w in T.serial(T.ceildiv(nrb * (groups + groups2), nclusters)):
+            next_wave_tile(w, pid, route, second, expert, r0, c0)
+            if expert >= 0:
+                if second == 1:
+                    if tx == 256:
+                        if wait_count(counters, r0 // BLOCK_M, nt, flags[STATUS], timeout_ns) == 0:
+                            record_failure(flags[STATUS], WAIT_L1, rank, wave_id, rank)
+                    T.sync_threads(2, 128)  # the producer warpgroup only
+                    fence_proxy_async_global()
+                    produce(QA, S, B2, SB2, expert, r0, c0, it, next_sa, next_sb, A_s, B_s, Bu_s, scale_s, full,
+                            empty, tx, True)
+                else:
+                    produce(A, SA, B, SB, expert, r0, c0, it, next_sa, next_sb, A_s, B_s, Bu_s, scale_s, full,
+                            empty, tx, False)
+
+    @T.macro
+    def wave_consumers(C, S, route, L2, it: T.Ref, second: T.Ref, expert: T.Ref, r0: T.Ref, c0: T.Ref, full, empty,
+                       scale_s, sf0, sf1, A_s, B_s, Bu_s, part, total, total_up, amax, C_s, Y_s, tx, pid):
+        """The wave kernel's consumers: an L1 tile (SwiGLU epilogue into ``C`` / ``S``, then its row
+        block's count raised once the tile's rows and scales are in global memory) or an L2 tile
+        (bf16 into ``Y``)."""
+        Y, counters = L2
+        for w in T.serial(T.ceildiv(nrb * (groups + groups2), nclusters)):
+            next_wave_tile(w, pid, route, second, expert, r0, c0)
+            if expert >= 0:
+                T.clear(total)
+                if second == 1:
+                    for kq in T.serial(kblocks2 // unroll):
+                        stage_round(128, it, full, empty, scale_s, sf0, sf1, A_s, B_s, Bu_s, part, total, total_up,
+                                    tx, "single")
+                        it = it + unroll
+                    finish_tile("copy", total, total_up, amax, Y_s, Y[r0:r0 + BLOCK_M, c0:c0 + block_n], S, r0, c0)
+                else:
+                    T.clear(total_up)
+                    for kq in T.serial(kblocks // unroll):
+                        stage_round(128, it, full, empty, scale_s, sf0, sf1, A_s, B_s, Bu_s, part, total, total_up,
+                                    tx, "swiglu")
+                        it = it + unroll
+                    finish_tile("swiglu", total, total_up, amax, C_s, C[r0:r0 + BLOCK_M, c0:c0 + block_n], S, r0, c0)
+                    # publish: the store complete (its issuing thread waits), the async proxy's global
+                    # writes and every consumer's scale stores ordered before the count's release
+                    T.tma_store_wait(0, read=False)
+                    fence_proxy_async_global()
+                    T.call_extern("handle", "__threadfence")
+                    T.sync_threads(1, 256)
+                    if tx == 0:
+                        count_release(counters, r0 // BLOCK_M)
+        T.tma_store_wait(0)  # C_s and Y_s stay valid until the last store has read them
+
+    @T.macro
+    def body(A, SA, B, SB, route, C, S, L2):
+        with T.ClusterKernel(num_sms, cluster_dims=(cluster, 1, 1), threads=384,
+                             prelude=PRELUDE + RECORD_PRELUDE + COUNTER_PRELUDE if wave else None) as pid:
             A_s = T.alloc_shared((num_stages, BLOCK_M, BLOCK_K), "float8_e4m3")
             B_s = T.alloc_shared((num_stages, block_n, BLOCK_K), "float8_e4m3")
             # SwiGLU: the up half's B tiles, and the e4m3 output tile instead of the bf16 one
             Bu_s = T.alloc_shared((num_stages, block_n, BLOCK_K), "float8_e4m3") if swiglu else None
             scale_s = T.alloc_shared((num_stages, ncol, BLOCK_M), "float32")
             C_s = T.alloc_shared((BLOCK_M, block_n), "float8_e4m3" if swiglu else "bfloat16")
+            Y_s = T.alloc_shared((BLOCK_M, block_n), "bfloat16") if wave else None  # the wave's L2 tiles
             sf0 = T.alloc_fragment((BLOCK_M,), "float32")
             sf1 = T.alloc_fragment((BLOCK_M,), "float32")
             part = T.alloc_fragment((BLOCK_M, block_n), "float32")
@@ -239,43 +381,28 @@ def persistent_grouped_gemm(n: int, k: int, masked: bool, num_stages: int, clust
             c0 = T.alloc_var("int32")
             walk_e = T.alloc_var("int32", init=0)
             walk_rem = T.alloc_var("int32")
+            second = T.alloc_var("int32") if wave else None  # the wave kernel's tile: 1 for an L2 tile
             next_sa = T.alloc_local((1,), "float32")  # the producer's scales of the next K block
             next_sb = T.alloc_local((ncol,), "float32")
             tx = T.get_thread_binding()
             walk_rem = pid // cluster
             T.cluster_sync()
-            if tx >= 256:
+            if wave:
+                if tx >= 256:
+                    T.set_max_nreg(40, 0)
+                    wave_producer(A, SA, B, SB, S, route, L2[:3] + L2[4:], it, second, expert, r0, c0, next_sa,
+                                  next_sb, A_s, B_s, Bu_s, scale_s, full, empty, tx, pid)
+                else:
+                    T.set_max_nreg(232, 1)
+                    wave_consumers(C, S, route, L2[3:5], it, second, expert, r0, c0, full, empty, scale_s, sf0, sf1,
+                                   A_s, B_s, Bu_s, part, total, total_up, amax, C_s, Y_s, tx, pid)
+            elif tx >= 256:
                 T.set_max_nreg(40, 0)
                 for w in T.serial(T.ceildiv(nrb * groups, nclusters)):
                     next_tile(w, pid, route, walk_e, walk_rem, expert, r0, c0)
                     if expert >= 0:
-                        next_sa[0] = sa_at(SA, expert, r0 + tx - 256, 0)
-                        for c in T.unroll(ncol):
-                            next_sb[c] = SB[expert, sb_group(c0, c), 0]
-                        for kb in T.serial(kblocks):
-                            T.mbarrier_wait_parity(empty[it % num_stages], ((it // num_stages) & 1) ^ 1)
-                            if cluster > 1:
-                                T.tma_copy(a_tile(A, expert, r0, kb),
-                                           A_s[it % num_stages, :, :], barrier=full[it % num_stages],
-                                           cluster_mask=(1 << cluster) - 1)
-                            else:
-                                T.tma_copy(a_tile(A, expert, r0, kb),
-                                           A_s[it % num_stages, :, :], barrier=full[it % num_stages])
-                            T.tma_copy(B[expert, c0:c0 + block_n, kb * BLOCK_K:(kb + 1) * BLOCK_K],
-                                       B_s[it % num_stages, :, :], barrier=full[it % num_stages])
-                            if swiglu:
-                                T.tma_copy(B[expert, cols + c0:cols + c0 + block_n, kb * BLOCK_K:(kb + 1) * BLOCK_K],
-                                           Bu_s[it % num_stages, :, :], barrier=full[it % num_stages])
-                            # this K block's scales were loaded one block ago (their latency off the
-                            # stage's critical path); load the next one's
-                            for c in T.unroll(ncol):
-                                scale_s[it % num_stages, c, tx - 256] = next_sa[0] * next_sb[c]
-                            if kb + 1 < kblocks:
-                                next_sa[0] = sa_at(SA, expert, r0 + tx - 256, kb + 1)
-                                for c in T.unroll(ncol):
-                                    next_sb[c] = SB[expert, sb_group(c0, c), kb + 1]
-                            T.mbarrier_arrive(full[it % num_stages])
-                            it = it + 1
+                        produce(A, SA, B, SB, expert, r0, c0, it, next_sa, next_sb, A_s, B_s, Bu_s, scale_s, full,
+                                empty, tx, False)
             else:
                 T.set_max_nreg(232, 1)
                 for w in T.serial(T.ceildiv(nrb * groups, nclusters)):
@@ -288,39 +415,45 @@ def persistent_grouped_gemm(n: int, k: int, masked: bool, num_stages: int, clust
                             # the split column is fixed per branch, so the scale choice folds away
                             if ncol == 1 or swiglu or c0 % 128 == 0:
                                 stage_round(128, it, full, empty, scale_s, sf0, sf1, A_s, B_s, Bu_s, part, total,
-                                            total_up, tx)
+                                            total_up, tx, "swiglu" if swiglu else "plain")
                             else:
                                 stage_round(64, it, full, empty, scale_s, sf0, sf1, A_s, B_s, Bu_s, part, total,
-                                            total_up, tx)
+                                            total_up, tx, "plain")
                             it = it + unroll
-                        # the previous tile's store has read C_s (a no-op in the other threads)
-                        T.tma_store_wait(0)
-                        T.sync_threads(1, 256)  # consumers only: the producer keeps loading
-                        if swiglu:
-                            swiglu_epilogue(total, total_up, amax, C_s, S, r0, c0)
-                        else:
-                            T.copy(total, C_s)
-                        T.fence_proxy_async()  # C_s's generic-proxy writes before the TMA reads them
-                        T.sync_threads(1, 256)
-                        T.tma_copy(C_s, c_tile(C, expert, r0, c0))
+                        finish_tile("swiglu" if swiglu else "copy", total, total_up, amax, C_s,
+                                    c_tile(C, expert, r0, c0), S, r0, c0)
                 T.tma_store_wait(0)  # C_s stays valid until the last store has read it
             # no CTA leaves while a peer may still multicast into it or arrive on its barriers
             T.cluster_sync()
 
     A_t, SA_t, B_t, SB_t, route_t, C_t = operand_types(n, k, masked)
-    if swiglu:
+
+    def q_types():
+        """Fresh ``(Q [R, I] e4m3, S [R, I/128] fp32)`` parameter types (one pair per parameter pair)."""
+        return T.Tensor((nrows, cols), "float8_e4m3"), T.Tensor((nrows, cols // 128), "float32")
+
+    Q_t, S_t = q_types()
+    if wave:
+        QA_t = q_types()[0]
+
         @T.prim_func
-        def main(A: A_t, SA: SA_t, B: B_t, SB: SB_t, block_expert: route_t,
-                 Q: T.Tensor((nrows, cols), "float8_e4m3"), S: T.Tensor((nrows, cols // 128), "float32")):
-            body(A, SA, B, SB, block_expert, Q, S)
+        def main(A: A_t, SA: SA_t, B: B_t, SB: SB_t, block_expert: route_t, Q: Q_t, S: S_t, QA: QA_t,
+                 B2: T.Tensor((nexp, k, cols), "float8_e4m3"), SB2: T.Tensor((nexp, k // 128, cols // 128), "float32"),
+                 Y: T.Tensor((nrows, k), "bfloat16"), counters: T.Tensor((nblocks,), "int32"),
+                 flags: T.Tensor((FLAG_WORDS,), "int32"), rank: T.int32, wave_id: T.int32, timeout_ns: T.int64):
+            body(A, SA, B, SB, block_expert, Q, S, (QA, B2, SB2, Y, counters, flags, rank, wave_id, timeout_ns))
+    elif swiglu:
+        @T.prim_func
+        def main(A: A_t, SA: SA_t, B: B_t, SB: SB_t, block_expert: route_t, Q: Q_t, S: S_t):
+            body(A, SA, B, SB, block_expert, Q, S, None)
     elif masked:
         @T.prim_func
         def main(A: A_t, SA: SA_t, B: B_t, SB: SB_t, counts: route_t, C: C_t):
-            body(A, SA, B, SB, counts, C, None)
+            body(A, SA, B, SB, counts, C, None, None)
     else:
         @T.prim_func
         def main(A: A_t, SA: SA_t, B: B_t, SB: SB_t, block_expert: route_t, C: C_t):
-            body(A, SA, B, SB, block_expert, C, None)
+            body(A, SA, B, SB, block_expert, C, None, None)
     return main
 
 

@@ -22,11 +22,18 @@ and the *wave schedule* of that design; of the compute steps, L1 and the SwiGLU 
   the e4m3 L2 input) and whose fusion costs no synchronisation (a tile's epilogue needs only its own
   rows and its own gate and up columns), and it computes only the wave's row blocks, where the
   unfused cast wrote +0 rows for the rows of every other wave too.
-* **Not fused yet**: L2 is its own launch per wave (the L2 tiles of a row block need every L1 tile
-  of that row block: a fused L1 -> L2 kernel waits on per-row-block counters inside one persistent
-  grid); the dispatch and combine run as their own kernels on the rank's streams (they overlap the
-  GEMMs through the waves); gating, the cast of x and the metadata are separate kernels ahead of
-  the protocol, as in the published design (they need all of the rank's tokens, before any wave).
+* **Fused, opt-in: the whole wave** (``fusion="wave"``, ``kernels.moe.mega.wave``): one persistent
+  kernel runs the wave's L1 + SwiGLU tiles and then its L2 tiles; an L2 tile waits (bounded, with
+  the rank's timeout, status WAIT_L1) for a per-row-block count of finished L1 tiles. It saves the
+  second launch and the tail between L1 and L2 (L2 tiles of finished row blocks start while other
+  L1 tiles still run), at the price of a co-residency requirement (all its CTAs resident: its grid
+  is ``MegaPlan.wave_sms``, a little smaller than the GEMMs' share, see ``make_plan``), 3 pipeline
+  stages instead of 4 (shared memory holds both output tiles) and 128-wide L2 tiles. Not the
+  default until the GPU has checked it (bits and time).
+* **Not fused**: the dispatch and combine run as their own kernels on the rank's streams (they
+  overlap the GEMMs through the waves); gating, the cast of x and the metadata are separate kernels
+  ahead of the protocol, as in the published design (they need all of the rank's tokens, before
+  any wave).
 * **Reused, unchanged**: ``gating``, the per-token FP8 cast (``kernels.quant``), ``routing_metadata``,
   the contiguous grouped GEMM for L2 (run per wave on the wave's row blocks only, with the rank's
   SM share as its persistent grid). ``fusion="none"`` keeps the unfused wave for comparison: L1 by
@@ -89,8 +96,9 @@ of another stream; when ``exchange`` also published READY, rank 0's waiting exch
 after 5 s). Publishing in a separate ``announce`` restores the order; it has not run on the GPU
 yet. On several GPUs each rank has its own queues.
 
-Co-residency: only ``exchange``, ``step`` and ``gate`` wait, each one warp of one CTA on the
-rank's compute stream, so n ranks hold at most n waiting warps. Everything they wait for
+Co-residency: apart from the fused wave kernel (``fusion="wave"``, whose CTAs wait for each
+other: ``make_plan`` sizes its grid for that), only ``exchange``, ``step`` and ``gate`` wait, each
+one warp of one CTA on the rank's compute stream, so n ranks hold at most n waiting warps. Everything they wait for
 (peers' announces, dispatches, GEMMs) waits on nothing that a waiting warp holds: persistent
 GEMM CTAs that find no free SM start when another CTA of any kernel finishes. So no rank waits
 on one that cannot be scheduled, whatever the ranks' relative speed.
@@ -131,6 +139,7 @@ class MegaMoETimeout(RuntimeError):
 
 _WHAT = {K.WAIT_TOKENS: "the tokens and routing of rank {peer} (wave {wave}, exchange)",
          K.WAIT_DISPATCH: "its own dispatch of wave {wave} (pulling from the source ranks)",
+         K.WAIT_L1: "its own L1 tiles of wave {wave} (an L2 tile of the fused wave kernel)",
          K.WAIT_RESULTS: "the L2 results of rank {peer}, wave {wave} (combine)"}
 
 
@@ -153,6 +162,7 @@ class MegaPlan:
     wave_experts: int
     gemm_sms: int  # persistent CTAs of each GEMM launch (the rank's SM share)
     dispatch_ctas: int
+    wave_sms: int  # persistent CTAs of the fused wave kernel (all co-resident: see make_plan)
 
     @property
     def n_local(self) -> int:
@@ -182,7 +192,13 @@ class MegaPlan:
 def make_plan(n_ranks: int, tokens_per_rank: int, hidden: int, inter: int, n_experts: int, topk: int, sms: int,
               waves: int | None = None, virtual: bool = True) -> MegaPlan:
     """The plan of a layer call; every argument error names the argument. ``sms``: the device's
-    SM count; virtual ranks share it (each rank's GEMMs get ``sms // n`` rounded down to even)."""
+    SM count; virtual ranks share it (each rank's GEMMs get ``sms // n`` rounded down to even).
+
+    ``wave_sms``: the fused wave kernel's CTAs wait for each other (``kernels.moe.mega.wave``), so
+    all of them must be resident at once. A CTA fills an SM; on one GPU the n ranks' wave kernels
+    may run together with up to n - 1 waiting one-warp CTAs of the other ranks (``exchange``,
+    ``step``, ``gate``: one at a time per compute stream, each on an SM of its own at worst), so
+    ``n * wave_sms + n - 1 <= sms``. On one GPU per rank only the rank's own kernels run there."""
     if not 1 <= n_ranks <= K.PEERS:
         raise ValueError(f"n_ranks: expected 1 to {K.PEERS} ranks, got {n_ranks}")
     if n_experts % n_ranks:
@@ -206,21 +222,25 @@ def make_plan(n_ranks: int, tokens_per_rank: int, hidden: int, inter: int, n_exp
     gemm_sms = share // 2 * 2
     if gemm_sms < 2:
         raise ValueError(f"n_ranks: {n_ranks} virtual ranks leave {share} SMs each of {sms}; a GEMM needs 2")
+    wave_sms = max(2, (sms - n_ranks + 1) // n_ranks // 2 * 2) if virtual else gemm_sms
     return MegaPlan(n_ranks, tokens_per_rank, hidden, inter, n_experts, topk, -(-el // per_wave), per_wave,
-                    gemm_sms, gemm_sms)
+                    gemm_sms, gemm_sms, wave_sms)
 
 
-FUSIONS = ("l1_swiglu", "none")  # what a wave's compute fuses (module docstring)
+FUSIONS = ("l1_swiglu", "none", "wave")  # what a wave's compute fuses (module docstring)
 
 
 def compute_kernel_specs(plan: MegaPlan, clamp: float, fusion: str) -> dict:
     """name -> (module, factory, args, kwargs) of the GEMM kernels a wave launches: ``l1`` (the fused
-    L1 + SwiGLU cast, or with ``fusion="none"`` the bf16 L1) and ``l2``, on the rank's SM share.
-    ``bench/mega_moe.py --precompile`` builds the same list."""
+    L1 + SwiGLU cast, or with ``fusion="none"`` the bf16 L1) and ``l2``, on the rank's SM share;
+    with ``fusion="wave"`` the one ``wave`` kernel on ``plan.wave_sms``. ``bench/mega_moe.py
+    --precompile`` builds the same list."""
     if fusion not in FUSIONS:
         raise ValueError(f"fusion: expected one of {FUSIONS}, got {fusion!r}")
     gemm, sms = "kernels.moe.grouped_gemm", {"num_sms": plan.gemm_sms}
     i2, h = 2 * plan.inter, plan.hidden
+    if fusion == "wave":
+        return {"wave": ("kernels.moe.mega.wave", "wave_kernel", (i2, h, float(clamp)), {"num_sms": plan.wave_sms})}
     l1 = ((gemm, "grouped_gemm_swiglu_kernel", (i2, h, float(clamp)), sms) if fusion == "l1_swiglu"
           else (gemm, "grouped_gemm_contiguous_kernel", (i2, h), sms))
     return {"l1": l1, "l2": (gemm, "grouped_gemm_contiguous_kernel", (h, plan.inter), sms)}
@@ -305,6 +325,7 @@ class _Rank:
         self.xp = torch.empty(rows, h, dtype=torch.float8_e4m3fn, device=device)
         self.sp = torch.empty(rows, h // GROUP, dtype=torch.float32, device=device)
         self.waves = torch.arange(plan.n_waves, dtype=torch.int32, device=device)[:, None]
+        self.l1_done = torch.zeros(rows // 128, dtype=torch.int32, device=device)  # fusion="wave": L1 tiles per row block
 
 
 class MegaMoE:
@@ -492,6 +513,8 @@ class MegaMoE:
             if self.fusion == "none":
                 st["hid"] = torch.empty(p.rows, 2 * p.inter, dtype=torch.bfloat16, device=dev)
             else:  # the L2 input that the fused L1 writes wave by wave
+                if self.fusion == "wave":
+                    rk.l1_done.zero_()  # each row block belongs to one wave: counted once per call
                 st["hq"] = torch.empty(p.rows, p.inter, dtype=torch.float8_e4m3fn, device=dev)
                 st["hs"] = torch.empty(p.rows, p.inter // GROUP, dtype=torch.float32, device=dev)
             k["exchange"].launch(*self._slots(r, "flags"), rk.sym["flags"], r, self.timeout_ns)
@@ -528,6 +551,11 @@ class MegaMoE:
             k["step"].launch(rk.sym["flags"], w - 1, w, p.dispatch_ctas, r, self.timeout_ns)
             if w == 0:
                 self._mark(r, "wave0_ready")
+            if self.fusion == "wave":
+                hq, hs = st["hq"], st["hs"]
+                k["wave"].launch(rk.xp, rk.sp, w1[mine], s1[mine], rk.block_waves[w], hq, hs, hq, w2[mine], s2[mine],
+                                 rk.sym["y"], rk.l1_done, rk.sym["flags"], r, w, self.timeout_ns)
+                return
             if self.fusion == "none":
                 k["l1"].launch(rk.xp, rk.sp, w1[mine], s1[mine], rk.block_waves[w], st["hid"])
                 hq, hs = swiglu_cast(st["hid"], clamp=self.cfg.clamp, group=GROUP, rows=rk.row_waves[w])
@@ -578,8 +606,9 @@ def mega_moe(x, logits, w1, s1, w2, s2, cfg: MoEConfig, bias=None, *, group=None
     over ``group`` (one GPU per rank; x, logits and the result are this rank's tokens); bitwise equal
     to ``moe_layer(x, logits, w1, s1, w2, s2, cfg, bias, n_ranks=n)`` on the same (gathered) tokens.
 
-    ``fusion``: ``"l1_swiglu"`` (L1 and the SwiGLU cast in one kernel per wave) or ``"none"`` (the
-    unfused wave: L1, SwiGLU cast, L2 as three launches; for comparison); the same bits either way.
+    ``fusion``: ``"l1_swiglu"`` (L1 and the SwiGLU cast in one kernel per wave), ``"wave"`` (L1,
+    SwiGLU cast and L2 in one kernel per wave) or ``"none"`` (the unfused wave: L1, SwiGLU cast, L2
+    as three launches; for comparison); the same bits every way (module docstring).
     The layer state (buffers, streams, kernels) is kept per weights, token count, ranks, waves and
     fusion; ``check`` reads the ranks' status words after the call (one host sync) and raises
     ``MegaMoETimeout`` if a rank timed out; it is skipped under CUDA-graph capture (call

@@ -37,6 +37,7 @@ FLAG_WORDS = DONE + MAX_WAVES
 WAIT_TOKENS = 1  # a rank's exchange waited for a peer's READY
 WAIT_DISPATCH = 2  # a rank's compute stream waited for its own dispatch of a wave
 WAIT_RESULTS = 3  # a rank's combine waited for a peer's DONE of a wave
+WAIT_L1 = 4  # an L2 tile of the fused wave kernel waited for its row block's L1 tiles (same rank)
 
 # Symbolic sizes: send-buffer tokens per rank, all ranks' tokens, the rank's tokens, rows.
 ntok = T.dynamic("Tr")

@@ -61,6 +61,46 @@ __device__ __forceinline__ int tlx_wait_flag_sys(const int* flag, int target, in
 """
 
 
+# Per-row-block counters of the fused wave kernel (``kernels.moe.mega.wave``): TMA-stored rows
+# handed from one CTA to another's TMA loads. TileLang's fence_proxy_async is
+# ``fence.proxy.async.shared::cta`` (shared memory only); rows that pass through global memory
+# want ``fence.proxy.async.global`` on both sides (after the store has completed, before the
+# release; after the acquire, before the load). The counter is addressed as base + index: TileLang
+# guards a data-dependent index of ``T.address_of`` with a select, which its loop passes reject.
+COUNTER_PRELUDE = r"""
+#ifndef TLX_COUNTER_PRELUDE_
+#define TLX_COUNTER_PRELUDE_
+__device__ __forceinline__ void tlx_fence_proxy_async_global() {
+  asm volatile("fence.proxy.async.global;" ::: "memory");
+}
+__device__ __forceinline__ int tlx_wait_count_sys(const int* counts, int index, int target, const int* abort,
+                                                  long long timeout_ns) {
+  return tlx_wait_flag_sys(counts + index, target, 1, abort, timeout_ns);
+}
+__device__ __forceinline__ void tlx_count_release_sys(int* counts, int index) {
+  tlx_release_add_sys(counts + index, 1);
+}
+#endif
+"""
+
+
+def fence_proxy_async_global():
+    """``fence.proxy.async.global`` (``COUNTER_PRELUDE``): orders this thread's generic-proxy global
+    accesses with its TMA (async-proxy) global accesses."""
+    return T.call_extern("handle", "tlx_fence_proxy_async_global")
+
+
+def wait_count(counts, index, target, abort_ref, timeout_ns):
+    """``wait_at_least`` on ``counts[index]`` (an int32 buffer; ``COUNTER_PRELUDE`` after ``PRELUDE``)."""
+    return T.call_extern("int32", "tlx_wait_count_sys", counts.access_ptr("r"), index, target, T.address_of(abort_ref),
+                         timeout_ns)
+
+
+def count_release(counts, index):
+    """``release_add(counts[index], 1)`` (``COUNTER_PRELUDE`` after ``PRELUDE``)."""
+    return T.call_extern("handle", "tlx_count_release_sys", counts.access_ptr("rw"), index)
+
+
 def release_store(flag_ref, value):
     """``st.release.sys`` of int32 ``value`` to ``flag_ref`` (a buffer element)."""
     return T.call_extern("handle", "tlx_release_store_sys", T.address_of(flag_ref), value)

@@ -10,9 +10,10 @@ import torch
 from kernels.moe.mega import MegaMoETimeout, layer_for, make_plan, mega_moe
 from kernels.moe.mega import protocol as K
 from kernels.moe.mega.layer import (
-    FUSIONS, check_layer_args, compute_kernel_specs, failure_message, flags_awaited, flags_set, launch_order,
+    check_layer_args, compute_kernel_specs, failure_message, flags_awaited, flags_set, launch_order,
 )
 from kernels.moe.grouped_gemm import grouped_gemm_swiglu_kernel
+from kernels.moe.mega.wave import wave_kernel
 from kernels.moe.metadata import max_rows
 from kernels.moe.pipeline import V4_FLASH, V4_PRO, MoEConfig, moe_layer
 from kernels.moe.reference import random_layer
@@ -119,8 +120,23 @@ def test_compute_kernels_of_each_fusion(n):
     assert unfused["l1"][1:] == ("grouped_gemm_contiguous_kernel", (4096, 4096), share)
     assert fused["l2"] == unfused["l2"] == ("kernels.moe.grouped_gemm", "grouped_gemm_contiguous_kernel", (4096, 2048),
                                             share)
+    wave = compute_kernel_specs(p, 10.0, "wave")
+    assert wave == {"wave": ("kernels.moe.mega.wave", "wave_kernel", (4096, 4096, 10.0), {"num_sms": p.wave_sms})}
     with pytest.raises(ValueError, match="fusion: expected one of"):
-        compute_kernel_specs(p, 10.0, "wave")
+        compute_kernel_specs(p, 10.0, "all")
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 8])
+@pytest.mark.parametrize("sms", [132, 114, 78])
+def test_wave_kernels_of_all_ranks_fit_with_the_waiting_warps(n, sms):
+    """The fused wave kernel's CTAs wait for each other: the n ranks' grids plus the n - 1 one-warp
+    CTAs that other ranks may have waiting (an SM each at worst) fit on the device together."""
+    p = make_plan(n, 8, sms=sms, **FLASH) if FLASH["n_experts"] % n == 0 else None
+    if p is None:
+        p = make_plan(n, 8, sms=sms, hidden=4096, inter=2048, n_experts=384, topk=6)
+    assert p.wave_sms % 2 == 0 and 2 <= p.wave_sms <= p.gemm_sms
+    assert n * p.wave_sms + n - 1 <= sms
+    assert make_plan(n, 8, sms=sms, virtual=False, hidden=4096, inter=2048, n_experts=384, topk=6).wave_sms == sms // 2 * 2
 
 
 def test_flag_words_do_not_overlap():
@@ -134,6 +150,8 @@ def test_failure_message_names_rank_peer_and_wave():
     assert "rank 3" in msg and "rank 5" in msg and "wave 1" in msg and "0.5 s" in msg
     msg = failure_message(K.WAIT_TOKENS, 0, 0, 1, 2.0)
     assert msg.startswith("MegaMoE: rank 0 timed out") and "rank 1" in msg and "wave 0" in msg
+    msg = failure_message(K.WAIT_L1, 2, 1, 2, 5.0)
+    assert msg == "MegaMoE: rank 2 timed out after 5 s waiting for its own L1 tiles of wave 1 (an L2 tile of the fused wave kernel)"
 
 
 # ---- CPU: argument checks ---------------------------------------------------------------
@@ -180,7 +198,7 @@ def test_mega_moe_wants_exactly_one_of_group_and_virtual_ranks():
         mega_moe(*args, n_virtual_ranks=3)
     with pytest.raises(ValueError, match="n_virtual_ranks: expected an int"):
         mega_moe(*args, n_virtual_ranks=2.0)
-    with pytest.raises(ValueError, match=r"fusion: expected one of \('l1_swiglu', 'none'\), got 'all'"):
+    with pytest.raises(ValueError, match=r"fusion: expected one of \('l1_swiglu', 'none', 'wave'\), got 'all'"):
         mega_moe(*args, n_virtual_ranks=2, fusion="all")
 
 
@@ -226,6 +244,7 @@ BUILDS = {
     "combine_flash_n8": lambda: K.combine_kernel(8, 4096, 6, 32),
     "combine_pro_n8": lambda: K.combine_kernel(8, 7168, 6, 48),
     "l1_swiglu_flash_n8": lambda: grouped_gemm_swiglu_kernel(4096, 4096, 10.0, num_sms=16),  # a rank's SM share
+    "wave_flash_n8": lambda: wave_kernel(4096, 4096, 10.0, num_sms=14),  # make_plan's wave_sms at 8 ranks
 }
 
 
@@ -246,7 +265,7 @@ def refuses_no_real_size(preconditions) -> bool:
 @pytest.mark.parametrize("name", sorted(BUILDS))
 def test_mega_kernel_builds_for_sm90a(name):
     kernel = BUILDS[name]()
-    if name.startswith("l1_swiglu"):  # the grouped GEMM's int32 row bounds: 2^31 rows, in row blocks too
+    if name.startswith(("l1_swiglu", "wave")):  # the grouped GEMM's int32 row bounds: 2^31 rows, in row blocks too
         assert shape_preconditions(kernel) == {"NB <= 16777214", "R <= 2147483391"}
     else:
         assert refuses_no_real_size(shape_preconditions(kernel)), shape_preconditions(kernel)
@@ -270,6 +289,17 @@ def test_mega_kernel_builds_for_sm90a(name):
     if name.startswith("l1_swiglu"):
         assert kernel.metadata["launches"][0]["grid"] == ["16", "1", "1"]  # persistent on the rank's share
         assert "tlx_ieee_fp8_e4m3_bits(" in body and "tl::tma_store(Q_desc" in body  # e4m3 out, no bf16 hidden
+    if name.startswith("wave"):
+        assert kernel.metadata["launches"][0]["grid"] == ["14", "1", "1"]
+        # L1 tiles: e4m3 out, then the row block's count released once the store has completed;
+        # L2 tiles: a bounded acquire of that count (16 = I / 128 L1 tiles), the async-proxy fence,
+        # the e4m3 rows loaded back by TMA, bf16 out
+        assert "tl::tma_store(Q_desc" in body and "tl::tma_store_wait<0, false>()" in body
+        assert "tlx_count_release_sys((&(counters[0])), (r0 >> 7))" in body
+        assert "tlx_wait_count_sys((&(counters[0])), (r0 >> 7), 16, (&(flags[2])), timeout_ns) == 0" in body
+        assert "tlx_mega_record_failure((&(flags[2])), 4, rank, wave_id, rank)" in body
+        assert body.count("tlx_fence_proxy_async_global()") == 2 and "fence.proxy.async.global;" in src
+        assert "tl::tma_load_multicast(QA_desc" in body and "tl::tma_store(Y_desc" in body
 
 
 # ---- GPU --------------------------------------------------------------------------------
@@ -334,6 +364,23 @@ def test_unfused_waves_bitwise_equal_too(flash, n, t, waves):
     """fusion="none" (L1, SwiGLU cast, L2 as three launches a wave), kept for comparison: the same bits."""
     out, ref = run_both(V4_FLASH, flash, n * t, n, seed=7 + n, waves=waves, fusion="none")
     assert_bits(out, ref, f"unfused waves n={n} T={t}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n, t, waves", [(1, 8, None), (1, 512, None), (1, 4001, None), (2, 64, None), (4, 64, 4),
+                                         (8, 64, None)])
+def test_fused_wave_kernel_bitwise_equal(flash, n, t, waves):
+    """fusion="wave" (L1 + SwiGLU and L2 in one kernel a wave, L2 tiles waiting in the kernel):
+    the same bits, no timeout (``mega_moe`` raises MegaMoETimeout if an L2 tile gave up)."""
+    out, ref = run_both(V4_FLASH, flash, n * t, n, seed=9 + t + n, waves=waves, fusion="wave")
+    assert_bits(out, ref, f"fused wave n={n} T={t}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n, t", [(1, 512), (8, 8)])
+def test_fused_wave_kernel_bitwise_equal_pro(pro, n, t):
+    out, ref = run_both(V4_PRO, pro, n * t, n, seed=13 + t + n, fusion="wave")
+    assert_bits(out, ref, f"fused wave V4-Pro n={n} T={t}")
 
 
 @pytest.mark.gpu
