@@ -174,9 +174,8 @@ def topk_rows(reps):
         if not torch.equal(out, reference_topk(xs[0], k)):
             emit(what="top-k", shape=f"64 x {n}, k {k}", check="FAILED")
             continue
-        it = iter(range(1 << 30))
-        ms = interleaved_ms({"tlx": lambda: topk_indices(xs[next(it) % 2], k),
-                             "torch": lambda: torch.topk(xs[next(it) % 2], k, dim=-1)}, reps)
+        ms = interleaved_ms({"tlx": lambda i=iter(range(1 << 30)): topk_indices(xs[next(i) % 2], k),
+                             "torch": lambda i=iter(range(1 << 30)): torch.topk(xs[next(i) % 2], k, dim=-1)}, reps)
         emit(what="top-k", shape=f"64 x {n}, k {k}", tlx_us=round(ms["tlx"] * 1e3, 1),
              torch_topk_us=round(ms["torch"] * 1e3, 1), speedup=round(ms["torch"] / ms["tlx"], 2), check="ok")
 
