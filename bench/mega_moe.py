@@ -55,9 +55,12 @@ def _build(spec):
     return f"{name}{args}", time.time() - t0
 
 
-# (model, ranks, waves) layers of tests/kernels/moe/mega (None: the plan's default waves)
-TEST_LAYERS = ([("V4-Flash", n, None) for n in (1, 2, 4, 8)] + [("V4-Flash", 4, w) for w in (1, 4, 16)]
-               + [("V4-Pro", n, None) for n in (1, 2, 8)])
+# (model, ranks, waves, fusions) layers of tests/kernels/moe/mega (waves None: the plan's default)
+TEST_LAYERS = ([("V4-Flash", n, None, ("l1_swiglu", "wave")) for n in (1, 2, 8)]
+               + [("V4-Flash", 4, None, ("l1_swiglu",)), ("V4-Flash", 1, None, ("none",))]
+               + [("V4-Flash", 4, 1, ("l1_swiglu",)), ("V4-Flash", 4, 4, ("l1_swiglu", "none", "wave")),
+                  ("V4-Flash", 4, 16, ("l1_swiglu",))]
+               + [("V4-Pro", n, None, ("l1_swiglu", "wave")) for n in (1, 8)] + [("V4-Pro", 2, None, ("l1_swiglu",))])
 
 
 # (N = 2I, K = H) of test_grouped_gemm_swiglu_bitwise_equal_to_gemm_then_swiglu_cast (tests/kernels/moe)
@@ -77,16 +80,15 @@ def swiglu_test_specs():
 
 
 def kernel_specs(layers, tests=False):
-    """Every kernel that the (model, ranks, waves) layers (fused and with ``fusion="none"``) and
-    their unfused baselines launch (up to 16896 tokens in all, one metadata chunk size); ``tests``:
+    """Every kernel that the (model, ranks, waves, fusions) layers and their unfused baselines launch (up to 16896 tokens in all, one metadata chunk size); ``tests``:
     also those of ``swiglu_test_specs``."""
-    from kernels.moe.mega.layer import FUSIONS, compute_kernel_specs, make_plan
+    from kernels.moe.mega.layer import compute_kernel_specs, make_plan
     from kernels.moe.pipeline import V4_FLASH, V4_PRO
 
     specs = {("kernels.moe.mega.protocol", "step_kernel", (), ()), ("kernels.moe.mega.protocol", "announce_kernel", (), ())}
     if tests:
         specs |= swiglu_test_specs()
-    for name, n, waves in layers:
+    for name, n, waves, fusions in layers:
         m = MODELS[name]
         h, i, e, k = m["hidden"], m["inter"], m["n_experts"], m["topk"]
         p = make_plan(n, 8, h, i, e, k, SMS, waves=waves)
@@ -103,7 +105,7 @@ def kernel_specs(layers, tests=False):
                   ("kernels.moe.mega.protocol", "gate_kernel", (n, p.n_waves), ()),
                   ("kernels.moe.mega.protocol", "dispatch_kernel",
                    (n, h, k, p.n_waves, p.wave_experts, p.n_local, p.dispatch_ctas), ())}
-        for fusion in FUSIONS:  # the layer's wave GEMMs on the rank's SM share
+        for fusion in fusions:  # the layer's wave GEMMs on the rank's SM share
             clamp = (V4_FLASH if name == "V4-Flash" else V4_PRO)["cfg"].clamp
             specs |= {(mod, fn, args, tuple(sorted(kw.items())))
                       for mod, fn, args, kw in compute_kernel_specs(p, clamp, fusion).values()}
@@ -253,7 +255,7 @@ def main():
         ap.error(f"--models: expected a subset of {','.join(MODELS)}, got {args.models}")
     ranks = [int(r) for r in args.ranks.split(",") if r]
     tokens = [int(v) for v in args.tokens.split(",") if v]
-    layers = [(name, n, None) for name in models for n in ({1} if tokens else set()) | set(ranks)]
+    layers = [(name, n, None, tuple(f for _, f in MEGA_VARIANTS)) for name in models for n in ({1} if tokens else set()) | set(ranks)]
     if args.precompile or args.precompile_tests:
         precompile(layers + (TEST_LAYERS if args.precompile_tests else []), args.precompile_tests)
     if not tokens and not ranks:
