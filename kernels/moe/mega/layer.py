@@ -5,7 +5,8 @@ What this version is (and is not)
 ---------------------------------
 The target design is one persistent kernel per rank that dispatches, runs L1, SwiGLU + FP8
 requant and L2, and writes results back, wave by wave. This version implements the *protocol*
-and the *wave schedule* of that design; of the compute steps, L1 and the SwiGLU cast are fused:
+and the *wave schedule* of that design; of the compute steps, L1 and the SwiGLU cast are fused
+(and, opt-in, L2 with them):
 
 * **New kernels** (``protocol.py``, ``@tlx.jit``): ``announce`` (epoch, READY publish),
   ``exchange`` (acquire of every rank's READY), ``gather_ids`` (every rank's routing),
@@ -13,7 +14,8 @@ and the *wave schedule* of that design; of the compute steps, L1 and the SwiGLU 
   by wave, a release-add per wave: the permute of the unfused layer, done over the peers),
   ``step`` (between waves: release the finished wave's DONE, acquire the next wave's dispatch
   count), ``gate`` (acquire every rank's DONE of every wave) and ``combine`` (pull each token's k
-  rows from their owners, the same fma chain as ``permute.combine``). System-scope release / acquire is ``sysflags.py``.
+  rows from their owners, the same fma chain as ``permute.combine``). System-scope release /
+  acquire is ``sysflags.py``.
 * **Fused: L1 + SwiGLU + e4m3 requant** (``fusion="l1_swiglu"``, the default):
   ``grouped_gemm_swiglu_kernel`` is the L1 grouped GEMM with ``swiglu_cast`` as its epilogue, so
   the bf16 hidden state [R, 2I] (4I bytes a row, written and read again in the unfused path)
@@ -70,8 +72,10 @@ graph replays it; flags are compared for equality with e, so nobody resets them)
 4. communication stream (after an event): ``dispatch`` pulls the rows of wave 0, 1, ... from the
    source ranks' ``xq / xs`` and, after each wave, every CTA does red.release.sys on COUNT + w.
 5. compute stream, per wave w: ``step`` (release DONE + w-1 = e; acquire COUNT + w == CTAs, reset
-   it), L1 GEMM + SwiGLU cast (one kernel; two with ``fusion="none"``), L2 GEMM into ``y`` (wave w's rows). While wave w computes, the
-   dispatch pulls wave w+1 (it never waits), and peers may already read wave w-1's results.
+   it), L1 GEMM + SwiGLU cast (one kernel; two with ``fusion="none"``), L2 GEMM into ``y`` (wave
+   w's rows; ``fusion="wave"``: one kernel for all three, after its row-block counts are zeroed
+   once per call in step 3). While wave w computes, the dispatch pulls wave w+1 (it never waits),
+   and peers may already read wave w-1's results.
    A last ``step`` releases the last wave's DONE.
 6. ``gate`` acquires DONE == e of every wave of every rank;
    ``combine`` pulls each token's k rows from their owners' ``y`` (row from the owner's
