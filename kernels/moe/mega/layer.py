@@ -199,10 +199,11 @@ def make_plan(n_ranks: int, tokens_per_rank: int, hidden: int, inter: int, n_exp
     SM count; virtual ranks share it (each rank's GEMMs get ``sms // n`` rounded down to even).
 
     ``wave_sms``: the fused wave kernel's CTAs wait for each other (``kernels.moe.mega.wave``), so
-    all of them must be resident at once. A CTA fills an SM; on one GPU the n ranks' wave kernels
-    may run together with up to n - 1 waiting one-warp CTAs of the other ranks (``exchange``,
-    ``step``, ``gate``: one at a time per compute stream, each on an SM of its own at worst), so
-    ``n * wave_sms + n - 1 <= sms``. On one GPU per rank only the rank's own kernels run there."""
+    all of them must be resident at once. A CTA fills an SM, and its 2-CTA cluster takes a pair of
+    SMs (a TPC: ``sms / 2`` pairs); on one GPU the n ranks' wave kernels may run together with up to
+    n - 1 waiting one-warp CTAs of the other ranks (``exchange``, ``step``, ``gate``: one at a time
+    per compute stream), each of which can spoil a pair at worst, so
+    ``n * wave_sms / 2 + n - 1 <= sms / 2``. On one GPU per rank only the rank's own kernels run there."""
     if not 1 <= n_ranks <= K.PEERS:
         raise ValueError(f"n_ranks: expected 1 to {K.PEERS} ranks, got {n_ranks}")
     if n_experts % n_ranks:
@@ -226,7 +227,7 @@ def make_plan(n_ranks: int, tokens_per_rank: int, hidden: int, inter: int, n_exp
     gemm_sms = share // 2 * 2
     if gemm_sms < 2:
         raise ValueError(f"n_ranks: {n_ranks} virtual ranks leave {share} SMs each of {sms}; a GEMM needs 2")
-    wave_sms = max(2, (sms - n_ranks + 1) // n_ranks // 2 * 2) if virtual else gemm_sms
+    wave_sms = max(1, (sms // 2 - n_ranks + 1) // n_ranks) * 2 if virtual else gemm_sms
     return MegaPlan(n_ranks, tokens_per_rank, hidden, inter, n_experts, topk, -(-el // per_wave), per_wave,
                     gemm_sms, gemm_sms, wave_sms)
 

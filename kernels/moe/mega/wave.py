@@ -37,11 +37,13 @@ def wave_kernel(n: int, k: int, clamp: float = 10.0, num_stages: int = WAVE_STAG
     No deadlock, if every CTA of the kernel is resident: an L2 tile at a CTA's loop step w waits
     only for L1 tiles, which come before all L2 tiles in the deal, so each is at a step <= w of
     some CTA whose earlier tiles are all L1 tiles; L1 tiles never wait, so that CTA reaches it.
-    Residency: one CTA fills an SM (all its registers), the grid is ``num_sms`` CTAs, and
-    ``kernels.moe.mega.layer`` sizes it so that the n ranks' wave kernels plus the n - 1 one-warp
-    CTAs of the other ranks that may be waiting at the same time (``exchange``, ``step``, ``gate``)
-    fit on the device's SMs together (``MegaPlan.wave_sms``); every other kernel in flight
-    (dispatch, casts, metadata, combine) waits for nothing, so it finishes and frees its SM.
+    Residency: one CTA fills an SM (all its registers), a 2-CTA cluster a pair of SMs, the grid is
+    ``num_sms`` CTAs, and ``kernels.moe.mega.layer`` sizes it so that the n ranks' wave kernels
+    plus the n - 1 one-warp CTAs of the other ranks that may be waiting at the same time
+    (``exchange``, ``step``, ``gate``; each spoils one SM pair at worst) fit on the device's SM
+    pairs together (``MegaPlan.wave_sms``); every other kernel in flight (dispatch, casts,
+    metadata, combine) waits for nothing, so it finishes and frees its SM. A CTA that does wait
+    too long (a broken assumption) ends its wait at the timeout with WAIT_L1: never a hang.
 
     ``cluster``: by default 2 where the I / 128 L1 and H / 128 L2 column tiles pair up, else 1."""
     if cluster is None:
