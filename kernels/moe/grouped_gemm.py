@@ -618,6 +618,8 @@ def grouped_gemm_swiglu(a, sa, b, sb, block_expert, clamp: float = 10.0, out=Non
     if out is None:
         out = (torch.empty(r, n // 2, dtype=torch.float8_e4m3fn, device=a.device),
                torch.empty(r, n // 2 // 128, dtype=torch.float32, device=a.device))
+    if not isinstance(out, (tuple, list)) or len(out) != 2:
+        raise ValueError(f"out: expected a (Q, S) pair of tensors, got {type(out).__name__}")
     _check("out[0]", out[0], torch.float8_e4m3fn, (r, n // 2))
     _check("out[1]", out[1], torch.float32, (r, n // 2 // 128))
     grouped_gemm_swiglu_kernel(n, k, float(clamp), num_sms=persistent_ctas(a.device.index))(a, sa, b, sb, block_expert,

@@ -90,6 +90,9 @@ def test_bad_arguments_are_named():
         grouped_gemm_swiglu(torch.zeros(128, 128, dtype=e4), torch.ones(128, 1), torch.zeros(1, 256, 128, dtype=e4),
                             torch.ones(1, 2, 1), torch.zeros(1, dtype=torch.int32),
                             out=(torch.zeros(128, 256, dtype=e4), torch.ones(128, 1)))
+    with pytest.raises(ValueError, match="out: expected a \\(Q, S\\) pair of tensors, got Tensor"):
+        grouped_gemm_swiglu(torch.zeros(128, 128, dtype=e4), torch.ones(128, 1), torch.zeros(1, 256, 128, dtype=e4),
+                            torch.ones(1, 2, 1), torch.zeros(1, dtype=torch.int32), out=torch.zeros(128, 128, dtype=e4))
     with pytest.raises(ValueError, match="ids"):
         routing_metadata(torch.zeros(4, 2, dtype=torch.int64), 8)
     with pytest.raises(ValueError, match="ids: expected a 2-D int32 tensor"):
