@@ -97,6 +97,7 @@ def mla_split_kernel(tokens: int, heads: int, kv_dtype: str, softmax_scale: floa
             if fp8:
                 KQ_s = T.alloc_shared((PAGE, D_V), kv_dtype)
                 KQP_s = T.alloc_shared((PAGE, D_PE), kv_dtype)
+                KQ_f = T.alloc_fragment((PAGE, D_V), kv_dtype)
             acc_s = T.alloc_fragment((ROWS, PAGE), f32)
             P_s = T.alloc_shared((ROWS, PAGE), bf16)  # the two warpgroups' key halves meet here
             acc_o = T.alloc_fragment((ROWS, D_V), f32)
@@ -135,11 +136,15 @@ def mla_split_kernel(tokens: int, heads: int, kv_dtype: str, softmax_scale: floa
                     if fp8:
                         T.copy(KV[clamped_page(BT, b, first + t, pages), :, 0:D_V], KQ_s)
                         T.copy(KV[clamped_page(BT, b, first + t, pages), :, D_V:D_QK], KQP_s)
-                        # scales straight from global memory (L1): a shared copy of them made
-                        # TileLang put a barrier into every step of the dequant loop
+                        # the e4m3 page goes to registers first (16-byte loads; the staging
+                        # tile is released at once): read from shared memory in the loop that
+                        # writes KV_s, TileLang put a barrier into each of its 128 steps; the
+                        # scales come straight from global memory (L1)
+                        for i, d in T.Parallel(PAGE, D_V):
+                            KQ_f[i, d] = KQ_s[i, d]
                         for i, d in T.Parallel(PAGE, D_V):  # slots past the sequence: zeros (see below)
                             KV_s[i, d] = T.if_then_else((first + t) * PAGE + i < seq, T.Cast(bf16, T.ieee_mul(
-                                T.Cast(f32, KQ_s[i, d]), KVS[clamped_page(BT, b, first + t, pages), i, d // GROUP])),
+                                T.Cast(f32, KQ_f[i, d]), KVS[clamped_page(BT, b, first + t, pages), i, d // GROUP])),
                                 T.Cast(bf16, 0))
                         for i, d in T.Parallel(PAGE, D_PE):
                             KP_s[i, d] = T.Cast(bf16, T.ieee_mul(T.Cast(f32, KQP_s[i, d]),
