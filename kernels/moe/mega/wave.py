@@ -16,7 +16,10 @@ WAVE_STAGES = 3  # 3 x (A + gate B + up B) + the e4m3 and bf16 output tiles fit 
 
 @tlx.jit(target={"kind": "cuda", "arch": "sm_90a"},
          pass_configs={"tl.disable_warp_specialized": True, "tl.disable_thread_storage_sync": True},
-         assume=("NB <= 16777214",))  # as the contiguous grouped GEMM
+         # 2^27 rows (a layer has fewer than T * k + E * 128): bounds the K-block count `it` of a
+         # CTA's L1 and L2 tiles below 2^31 whatever the grid (2^24 row blocks, the contiguous
+         # GEMM's bound, leaves it unproven below ~66 CTAs)
+         assume=("NB <= 1048576",))
 def wave_kernel(n: int, k: int, clamp: float = 10.0, num_stages: int = WAVE_STAGES, cluster: int | None = None,
                 num_sms: int = 132):
     """``(A [R, H], SA [R, H/128], B [E, 2I, H], SB [E, 2I/128, H/128], block_expert [R/128],

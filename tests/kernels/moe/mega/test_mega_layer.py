@@ -267,8 +267,10 @@ def refuses_no_real_size(preconditions) -> bool:
 @pytest.mark.parametrize("name", sorted(BUILDS))
 def test_mega_kernel_builds_for_sm90a(name):
     kernel = BUILDS[name]()
-    if name.startswith(("l1_swiglu", "wave")):  # the grouped GEMM's int32 row bounds: 2^31 rows, in row blocks too
+    if name.startswith("l1_swiglu"):  # the grouped GEMM's int32 row bounds: 2^31 rows, in row blocks too
         assert shape_preconditions(kernel) == {"NB <= 16777214", "R <= 2147483391"}
+    elif name.startswith("wave"):  # 2^27 rows (wave.py says why)
+        assert shape_preconditions(kernel) == {"NB <= 1048576", "R <= 2147483391"}
     else:
         assert refuses_no_real_size(shape_preconditions(kernel)), shape_preconditions(kernel)
     src = kernel.device_source
