@@ -30,7 +30,8 @@ first row from printing within 150 s on the H200 (2026-12-02).
 Usage: python bench/attention_prefill.py [--out FILE.json] [--reps N]
        python bench/attention_prefill.py --precompile [WORKERS]   (no GPU needed: compiles every
        kernel configuration the attention GPU tests and this benchmark use, WORKERS processes at
-       once, into $TLX_CACHE_DIR, so that a fresh GPU machine spends its time running, not compiling)
+       once, into $TLX_CACHE_DIR, so that a fresh GPU machine spends its time running, not compiling;
+       where the CUDA driver library is present, also the tests' nvcc build of dense_fwd.cu)
 """
 
 from __future__ import annotations
@@ -61,7 +62,8 @@ def backward_configs(dims=(64, 128, 256)):
 
 BENCH_CONFIGS = (dense_forward_configs() + backward_configs()
                  + [("sparse", SPARSE_SHAPE[2], SPARSE_SHAPE[4], 0)])
-TEST_CONFIGS = (dense_forward_configs(dims=(128,), dtypes=("float16",))
+TEST_CONFIGS = ([("baseline", "dense_fwd")]  # the GPU tests' nvcc build of dense_fwd.cu (CuTe), once
+                + dense_forward_configs(dims=(128,), dtypes=("float16",))
                 + [("forward", "pipelined", "bfloat16", 64, False, 0.3)]
                 + [("sparse", h, k, w) for h, k, w in ((64, 512, 0), (128, 2048, 0), (64, 512, 128))])
 
@@ -73,7 +75,15 @@ def compile_config(cfg) -> str:
 
     t0 = time.time()
     kind, args = cfg[0], cfg[1:]
-    if kind == "forward":
+    if kind == "baseline":
+        import kernels.attention
+        from tlx.numerics.parity import build_baseline
+
+        try:  # what tests/kernels/attention/conftest.py builds; it links libcuda, so only where a driver is
+            build_baseline(Path(kernels.attention.__file__).parent / f"{args[0]}.cu", with_cutlass=True)
+        except (RuntimeError, OSError) as e:
+            return f"{cfg}: not built ({str(e).strip().splitlines()[0][:160]})"
+    elif kind == "forward":
         from kernels.attention.dense_fwd import SCHEDULES
 
         schedule, dtype, d, causal, *scale = args
