@@ -71,12 +71,13 @@ def _valid(causal, row, col, len_q, len_k):
 
 
 @tlx.jit(target=C.TARGET, assume=["2 <= NB", "1 <= HK", "HK <= H", "H % HK == 0", "1 <= k_tiles", "k_tiles * 64 <= TK + 63",
-                                   "TQ <= 1073741568", "TK <= 1073741568", "H * TQ <= 33554431"])
+                                   "TQ <= 1073741568", "TK <= 1073741568", "H * TQ <= 33554431", "HK * TK <= 33554431"])
 def bwd_dkdv_kernel(dim: int, causal: bool, scale_log2: float, softmax_scale: float, dtype: str = "bfloat16",
                     grads: str = "dkdv"):
     """dK, dV [TK, HK, D] (grid: k_tiles x HK x (NB - 1), k_tiles >= ceil(max len_k / 64));
-    ``H * TQ <= 33554431`` holds as q has at most 2^31 - 1 elements and d >= 64 (the steps of the
-    flat loop, heads x query blocks, stay within int32).
+    ``H * TQ, HK * TK <= 33554431`` hold as q and k have at most 2^31 - 1 elements (``check_tensor``)
+    and d >= 64: the steps of the flat loop (heads x query blocks) stay within int32 and the
+    int64 offsets of every row provably in range.
     ``grads`` names what it writes: "dkdv" both, "dv" or "dk" one of them (the d = 256 split;
     the other output is not touched)."""
     C.check_head_dim("dim", dim, SUPPORTED_DIMS)
@@ -169,7 +170,7 @@ def bwd_dkdv_kernel(dim: int, causal: bool, scale_log2: float, softmax_scale: fl
 
 
 @tlx.jit(target=C.TARGET, assume=["2 <= NB", "1 <= HK", "HK <= H", "H % HK == 0", "1 <= q_tiles", "q_tiles * 64 <= TQ + 63",
-                                   "TQ <= 1073741568", "TK <= 1073741568"])
+                                   "TQ <= 1073741568", "TK <= 1073741568", "H * TQ <= 33554431", "HK * TK <= 33554431"])
 def bwd_dq_kernel(dim: int, causal: bool, scale_log2: float, softmax_scale: float, dtype: str = "bfloat16"):
     """dQ [TQ, H, D] (grid: q_tiles x H x (NB - 1), q_tiles >= ceil(max len_q / 64))."""
     C.check_head_dim("dim", dim, SUPPORTED_DIMS)
