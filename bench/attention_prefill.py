@@ -101,12 +101,13 @@ def compile_config(cfg) -> str:
 
 
 def precompile(configs, workers: int) -> None:
-    """Compile ``configs`` in ``workers`` processes (forked before this process touches CUDA)."""
+    """Compile ``configs`` in ``workers`` fresh processes (spawned, not forked: the driver may
+    already be initialized in this one, and a forked child must not inherit that)."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
     t0 = time.time()
-    with ProcessPoolExecutor(max(1, min(workers, len(configs))), mp_context=multiprocessing.get_context("fork")) as pool:
+    with ProcessPoolExecutor(max(1, min(workers, len(configs))), mp_context=multiprocessing.get_context("spawn")) as pool:
         for line in pool.map(compile_config, configs):
             print(f"# {line}", flush=True)
     print(f"# {len(configs)} configurations ready in {time.time() - t0:.0f} s", flush=True)
@@ -242,7 +243,7 @@ def main():
     from bench.timing import gpu_bench_args
 
     args = gpu_bench_args(__doc__, "bench/attention_prefill.py", reps=20)
-    precompile(BENCH_CONFIGS, os.cpu_count() or 1)  # no CUDA context yet: the forked workers only compile
+    precompile(BENCH_CONFIGS, os.cpu_count() or 1)
 
     import torch
 
