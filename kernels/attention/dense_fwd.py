@@ -101,9 +101,10 @@ def mask_block(acc_s, kb, row0, len_q, len_k, causal: bool, block_m: int, block_
 
 
 # Host-checked preconditions (the wrapper meets them): at least one sequence, heads grouped evenly, a grid that covers
-# the longest sequence without running past the packed rows, row sums (TQ + TK) within int32.
+# the longest sequence without running past the packed rows, row sums (TQ + TK) within int32, rows x heads of q and k
+# within 2^25 (check_tensor's element limit at d >= 64: the int64 offsets of every row are then provably in range).
 FWD_ASSUME = ["2 <= NB", "1 <= HK", "HK <= H", "H % HK == 0", "1 <= q_tiles", "q_tiles * 128 <= TQ + 127",
-              "TQ <= 1073741568", "TK <= 1073741568"]
+              "TQ <= 1073741568", "TK <= 1073741568", "H * TQ <= 33554431", "HK * TK <= 33554431"]
 
 
 @tlx.jit(target=C.TARGET, assume=FWD_ASSUME)
