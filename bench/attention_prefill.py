@@ -31,7 +31,7 @@ Usage: python bench/attention_prefill.py [--out FILE.json] [--reps N]
        python bench/attention_prefill.py --precompile [WORKERS]   (no GPU needed: compiles every
        kernel configuration the attention GPU tests and this benchmark use, WORKERS processes at
        once, into $TLX_CACHE_DIR, so that a fresh GPU machine spends its time running, not compiling;
-       where the CUDA driver library is present, also the tests' nvcc build of dense_fwd.cu)
+       where the CUDA driver library is installed, also the tests' nvcc build of dense_fwd.cu)
 """
 
 from __future__ import annotations
@@ -62,10 +62,18 @@ def backward_configs(dims=(64, 128, 256)):
 
 BENCH_CONFIGS = (dense_forward_configs() + backward_configs()
                  + [("sparse", SPARSE_SHAPE[2], SPARSE_SHAPE[4], 0)])
-TEST_CONFIGS = ([("baseline", "dense_fwd")]  # the GPU tests' nvcc build of dense_fwd.cu (CuTe), once
-                + dense_forward_configs(dims=(128,), dtypes=("float16",))
+TEST_CONFIGS = (dense_forward_configs(dims=(128,), dtypes=("float16",))
                 + [("forward", "pipelined", "bfloat16", 64, False, 0.3)]
                 + [("sparse", h, k, w) for h, k, w in ((64, 512, 0), (128, 2048, 0), (64, 512, 128))])
+
+
+def baseline_configs():
+    """The CUDA baseline of the forward's bitwise GPU tests (tests/kernels/attention/conftest.py
+    builds it the same way), where the CUDA driver library is installed: linking needs it. Built
+    once here, the test workers load it instead of building the same file at once."""
+    import ctypes.util
+
+    return [("baseline", "dense_fwd")] if ctypes.util.find_library("cuda") else []
 
 
 def compile_config(cfg) -> str:
@@ -79,10 +87,7 @@ def compile_config(cfg) -> str:
         import kernels.attention
         from tlx.numerics.parity import build_baseline
 
-        try:  # what tests/kernels/attention/conftest.py builds; it links libcuda, so only where a driver is
-            build_baseline(Path(kernels.attention.__file__).parent / f"{args[0]}.cu", with_cutlass=True)
-        except (RuntimeError, OSError) as e:
-            return f"{cfg}: not built ({str(e).strip().splitlines()[0][:160]})"
+        build_baseline(Path(kernels.attention.__file__).parent / f"{args[0]}.cu", with_cutlass=True)
     elif kind == "forward":
         from kernels.attention.dense_fwd import SCHEDULES
 
@@ -101,16 +106,9 @@ def compile_config(cfg) -> str:
 
 
 def precompile(configs, workers: int) -> None:
-    """Compile ``configs`` in ``workers`` fresh processes (spawned, not forked: the driver may
-    already be initialized in this one, and a forked child must not inherit that)."""
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
+    from bench.precompile import compile_in_processes
 
-    t0 = time.time()
-    with ProcessPoolExecutor(max(1, min(workers, len(configs))), mp_context=multiprocessing.get_context("spawn")) as pool:
-        for line in pool.map(compile_config, configs):
-            print(f"# {line}", flush=True)
-    print(f"# {len(configs)} configurations ready in {time.time() - t0:.0f} s", flush=True)
+    compile_in_processes(compile_config, configs, workers)
 
 
 # ---- rows ---------------------------------------------------------------------------------------
@@ -238,12 +236,15 @@ def sparse_row(reps, seed):
 
 def main():
     if len(sys.argv) > 1 and sys.argv[1] == "--precompile":
-        precompile(BENCH_CONFIGS + TEST_CONFIGS, int(sys.argv[2]) if len(sys.argv) > 2 else os.cpu_count() or 1)
+        precompile(baseline_configs() + BENCH_CONFIGS + TEST_CONFIGS, int(sys.argv[2]) if len(sys.argv) > 2 else os.cpu_count() or 1)
         return
     from bench.timing import gpu_bench_args
 
+    # NVML's device count, not the CUDA runtime's: the compile workers are forked after this check,
+    # and a CUDA context in the parent would be unusable in them
+    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
     args = gpu_bench_args(__doc__, "bench/attention_prefill.py", reps=20)
-    precompile(BENCH_CONFIGS, os.cpu_count() or 1)
+    precompile(BENCH_CONFIGS, os.cpu_count() or 1)  # no CUDA context yet: the forked workers only compile
 
     import torch
 
