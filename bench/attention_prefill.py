@@ -23,9 +23,11 @@ forward, < 3e-2 backward per gradient, no NaN), sparse against the fp32 referenc
 32 tokens; a failed check is reported in the row and that candidate is not timed.
 
 Every kernel the run uses is compiled first, in parallel processes (a hit in the disk cache,
-``$TLX_CACHE_DIR``, costs milliseconds), so the timed part never waits for a compile: one kernel
-takes about a minute to build on one core, and compiled serially at first use they kept the
-first row from printing within 150 s on the H200 (2026-12-02).
+``$TLX_CACHE_DIR``, costs milliseconds), so the timed part never waits for a compile. Without a
+warm cache (another cache directory, or any edit under tlx/, whose source hash is part of every
+cache key) each kernel was built serially at first use, about a minute each on one core: the
+first row alone needs two forward kernels (57 s and 92 s in the H200 precompile log), the likely
+reason the H200 run of 2026-12-02 printed no row within 150 s.
 
 Usage: python bench/attention_prefill.py [--out FILE.json] [--reps N]
        python bench/attention_prefill.py --precompile [WORKERS]   (no GPU needed: compiles every
