@@ -17,6 +17,7 @@ import re
 from tilelang import tvm
 
 from tlx.ir.tir import device_functions, op_name
+from tlx.ir.walk import MATRIX_MOVES, is_access_ptr, is_cp_async
 from tlx.lowering import LoweredKernel
 from tlx.passes import PassContext
 from tlx.passes.verification import verify_kernel
@@ -46,15 +47,9 @@ def eliminate_guards(kernel: LoweredKernel, assume=(), conditions=()) -> tuple[L
     return kernel.with_device_mod(mod), stats
 
 
-# Calls whose operands are pointers the verifier checks as a whole: nothing inside is rewritten.
-_POINTER_CALLS = ("tirx.tvm_access_ptr", "tl.ptx_ldmatrix", "tirx.ptx_ldmatrix", "tl.ptx_stmatrix", "tirx.ptx_stmatrix")
-_CP_ASYNC = ("tl.ptx_cp_async", "tirx.ptx_cp_async")
-
-
 def _pointer_call(e) -> bool:
-    if op_name(e) in _CP_ASYNC:
-        return all(isinstance(a, tir.Call) and op_name(a) == "tirx.tvm_access_ptr" for a in e.args[:2])
-    return op_name(e) in _POINTER_CALLS
+    """A call whose pointers the verifier checks as a whole: nothing inside it is rewritten."""
+    return is_access_ptr(e) or is_cp_async(e) or op_name(e) in MATRIX_MOVES
 
 
 def _drop_guards(s, proven: set):

@@ -11,9 +11,13 @@ counterexample, or ``unknown`` when the rlimit budget runs out.
 
 TMA copies address global memory through descriptors and the hardware clips
 out-of-bounds boxes, so only their shared-memory side (a ``tvm_access_ptr``) is an
-access here. With ``prove_guards`` the same walk also asks which of TileLang's bound-check
-guards always hold and records them (:attr:`BoundsReport.proven_guards`);
-:mod:`tlx.passes.guards` drops those. :mod:`tlx.passes.preconditions` derives the shape
+access here.
+
+The walk is a :class:`~tlx.ir.walk.DeviceWalker` (the program model's too): a statement it
+has no rule for is an ``unknown`` entry, and the ranges of ``cp.async`` and ``ldmatrix`` /
+``stmatrix`` come from :func:`~tlx.ir.walk.pointer_uses`. With ``prove_guards`` the walk
+also asks which of TileLang's bound-check guards always hold and records them
+(:attr:`BoundsReport.proven_guards`); :mod:`tlx.passes.guards` drops those. :mod:`tlx.passes.preconditions` derives the shape
 conditions that prove what stays unproven, and :mod:`tlx.passes.bounds` is the compile-time pass.
 """
 
@@ -30,6 +34,7 @@ from tilelang import tvm
 
 from tlx.ir.facts import function_facts, param_buffers, user_name
 from tlx.ir.tir import PRIVATE_SCOPES, arith_only, device_functions, elem_bytes, op_name, scalar_dtype
+from tlx.ir.walk import MATRIX_MOVES, DeviceWalker, is_access_ptr, is_cp_async, pointer_uses
 from tlx.lowering import LoweredKernel
 from tlx.passes import TlxError
 from tlx.passes.private_arrays import candidate_arrays, initialized_by
@@ -137,11 +142,12 @@ class _Frame:
     tainted: list = field(default_factory=list)  # facts dropped because their arithmetic may overflow
 
 
-class _Walker:
+class _Walker(DeviceWalker):
     """Visits one device function, checks every access, and (optionally) proves guards."""
 
     def __init__(self, enc: Encoder, func_name: str, shape_terms: dict[str, Any], prove_guards: bool, source_map, focus=None,
                  least_of=None, arrays: dict | None = None, hulls: dict | None = None):
+        super().__init__(func_name)
         self.enc = enc
         # Private arrays (see private_arrays): without ``hulls`` the walk collects the hull of each
         # one's stored values (None once unbounded); with them, loads after a full initialization
@@ -152,14 +158,11 @@ class _Walker:
         self.initialized: frozenset = frozenset()
         self.focus = focus
         self.least_of = least_of
-        self.func = func_name
         self.shape_terms = shape_terms
         self.prove_guards = prove_guards
         self.source_map = source_map
         self.frames: list[_Frame] = [_Frame([], list(shape_terms.items()))]
         self.accesses: list[CheckedAccess] = []
-        self.aliases: dict[Any, tuple[Any, Any]] = {}  # handle var -> (base data var, byte offset expr)
-        self.buffers: dict[Any, Any] = {}  # data var -> Buffer
         self.guards_seen = 0
         self.guard_occurrences: dict = {}  # guard node -> [times met, times proven]
         self._overflow_seen: set[str] = set()
@@ -359,9 +362,7 @@ class _Walker:
         if extent_override is not None:
             extent = extent_override
         ptr_bytes = elem_bytes(call.args[0].dtype)
-        base, byte_off = data, 0
-        if data in self.aliases:
-            base, byte_off = self.aliases[data]
+        base, byte_off = self.root_of(data)
         buf = self.buffers.get(base)
         if buf is None:
             return
@@ -396,40 +397,30 @@ class _Walker:
             self.record_least(access, v)
             self.demote(access)
 
-    def check_cp_async(self, call, op):
-        """``ptx_cp_async(dst_ptr, src_ptr, n[, predicate])``: n elements (TileLang) or bytes (TVM)
-        land in ``dst``; ``src`` is read only where the predicate holds (else the copy zero-fills)."""
-        dst, src, count = call.args[0], call.args[1], call.args[2]
-        for a in list(dst.args[2:4]) + list(src.args[2:4]) + list(call.args[2:]):
+    def check_cp_async(self, call):
+        """``ptx_cp_async(dst, src, n[, predicate])`` (see :func:`~tlx.ir.walk.pointer_uses`): the
+        destination range, then the source range under the predicate."""
+        dst, src = pointer_uses(call, self.is_shared)
+        for a in list(dst.ptr.args[2:4]) + list(src.ptr.args[2:4]) + list(call.args[2:]):
             self.visit_expr(a)
-        n = count
-        if op == "tirx.ptx_cp_async":
-            elem_bytes = max(scalar_dtype(dst.args[0].dtype)[1] // 8, 1)
-            n = tir.floordiv(count, elem_bytes)
-        self.check_pointer(dst, n)
-        pred = self.reliable(call.args[3], "cp.async predicate", as_bool=True) if len(call.args) > 3 else None
+        self.check_pointer(dst.ptr, dst.elems)
+        pred = self.reliable(src.predicate, "cp.async predicate", as_bool=True) if src.predicate is not None else None
         self.push([pred] if pred is not None else [])
-        self.check_pointer(src, n)
+        self.check_pointer(src.ptr, src.elems)
         self.pop()
 
     def check_matrix_move(self, call):
-        """``ptx_ldmatrix(trans, num, smem_ptr, local_ptr)`` / ``ptx_stmatrix(trans, num, smem_ptr, ...)``:
-        each lane's shared address is one 16-byte matrix row and each lane holds ``num`` 32-bit
-        registers, whatever element type the pointers carry (TileLang's extents count 16-bit
-        units, twice the real range for 32-bit elements)."""
-        num = call.args[1]
+        """``ptx_ldmatrix`` / ``ptx_stmatrix``: each pointer for the bytes the instruction moves
+        (see :func:`~tlx.ir.walk.pointer_uses`), not TileLang's extents."""
+        uses = iter(pointer_uses(call, self.is_shared))
         for arg in call.args[2:]:
-            if not _is_access_ptr(arg):
+            if not is_access_ptr(arg):
                 self.visit_expr(arg)
                 continue
             for a in arg.args[2:4]:
                 self.visit_expr(a)
-            data = arg.args[1]
-            root = self.aliases.get(data, (data, 0))[0]
-            buf = self.buffers.get(root)
-            shared = buf is not None and str(buf.scope()).startswith("shared")
-            touched = tir.IntImm("int32", 16) if shared else num * 4
-            self.check_pointer(arg, tir.floordiv(touched, elem_bytes(arg.args[0].dtype)))
+            use = next(uses)
+            self.check_pointer(use.ptr, use.elems)
 
     # ----- expressions ----------------------------------------------------------------
     def visit_expr(self, e):
@@ -449,10 +440,10 @@ class _Walker:
                     self.visit_expr(a)
                 self.check_pointer(e)
                 return
-            if op in _CP_ASYNC and all(_is_access_ptr(a) for a in e.args[:2]):
-                self.check_cp_async(e, op)
+            if is_cp_async(e):
+                self.check_cp_async(e)
                 return
-            if op in _MATRIX_MOVES:
+            if op in MATRIX_MOVES:
                 self.check_matrix_move(e)
                 return
             for a in e.args:
@@ -503,11 +494,13 @@ class _Walker:
         return {node: met for node, (met, proven) in self.guard_occurrences.items() if met == proven}
 
     # ----- statements ----------------------------------------------------------------
-    def visit(self, s):
-        method = getattr(self, "visit_" + type(s).__name__, None)
-        if method is None:
-            raise NotImplementedError(f"bounds verifier: statement {type(s).__name__} is not handled")
-        return method(s)
+    def unmodelled(self, s):
+        """A statement the walk cannot read: nothing in it is proven."""
+        self.statement = s
+        access = CheckedAccess(self.func, "", "", "statement", _statement_text(s), "", "unknown",
+                               detail=f"{type(s).__name__} statement not modelled by the verifier")
+        access.source = self.locate("", "statement", access.index)
+        self.accesses.append(access)
 
     # ----- thread-private scalars (T.alloc_local((1,)) / T.alloc_var) --------------------
     def track_local(self, s):
@@ -566,8 +559,7 @@ class _Walker:
 
     def visit_SeqStmt(self, s):
         self.push()
-        for x in s.seq:
-            self.visit(x)
+        super().visit_SeqStmt(s)
         self.pop()
 
     def visit_AttrStmt(self, s):
@@ -675,14 +667,7 @@ class _Walker:
     def visit_Bind(self, s):
         self.statement = s
         if str(s.var.dtype) == "handle":
-            v = s.value
-            if isinstance(v, tir.Call) and str(v.op.name) == "tirx.handle_add_byte_offset":
-                base, off = v.args[0], v.args[1]
-                if base in self.aliases:
-                    root, off0 = self.aliases[base]
-                    self.aliases[s.var] = (root, off0 + off)
-                else:
-                    self.aliases[s.var] = (base, off)
+            self.note_alias(s)
             return
         self.visit_expr(s.value)
         t = self.reliable(s.value, f"binding of {s.var.name}", subject=s.var.name)
@@ -700,12 +685,6 @@ class _Walker:
         if c is not None:
             self.add_fact(c)
 
-    def visit_DeclBuffer(self, s):
-        self.buffers.setdefault(s.buffer.data, s.buffer)
-
-    def visit_AllocBuffer(self, s):
-        self.buffers[s.buffer.data] = s.buffer
-
     def visit_Evaluate(self, s):
         self.statement = s
         self.visit_expr(s.value)
@@ -720,10 +699,6 @@ class _Walker:
         self.track_local(s)
         if self.hulls is None and s.buffer.data in self.arrays:
             self.collect_content(s)
-
-
-_CP_ASYNC = ("tl.ptx_cp_async", "tirx.ptx_cp_async")
-_MATRIX_MOVES = ("tl.ptx_ldmatrix", "tirx.ptx_ldmatrix", "tl.ptx_stmatrix", "tirx.ptx_stmatrix")
 
 
 def _first_store(s):
@@ -758,10 +733,6 @@ def _statement_text(s, limit: int = 160) -> str:
         text = type(s).__name__
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _is_access_ptr(e) -> bool:
-    return isinstance(e, tir.Call) and op_name(e) == "tirx.tvm_access_ptr"
 
 
 def _stored_data_vars(stmt) -> set:
