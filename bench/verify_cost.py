@@ -71,7 +71,7 @@ def measure_verification(corpus, repeat: int) -> list[dict]:
         times = []
         for _ in range(repeat):
             t0 = time.perf_counter()
-            report, _ = verify_kernel(kernel, assume)
+            report = verify_kernel(kernel, assume)
             pre, final = derive_preconditions(kernel, report, assume) if report.violations() or report.unknowns() else ([], report)
             times.append(time.perf_counter() - t0)
         rows.append({

@@ -45,7 +45,7 @@ def shape_vars_of(expr):
 
 def counterexample(name):
     """The first violation's counterexample (a planted bug's), or {} for a correct kernel."""
-    report, _ = verify_kernel(lowered(name), entry(name)[3])
+    report = verify_kernel(lowered(name), entry(name)[3])
     bad = report.violations()
     return bad[0].counterexample if bad else {}
 

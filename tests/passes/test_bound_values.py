@@ -65,7 +65,7 @@ def guarded_gather(n=256, bins=64, threads=128):
 
 
 def _accesses(fn, buffer):
-    report, _ = verify_kernel(lower_jit(fn))
+    report = verify_kernel(lower_jit(fn))
     return [a for a in report.accesses if a.buffer == buffer]
 
 

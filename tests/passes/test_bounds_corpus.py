@@ -13,7 +13,7 @@ from tlx.passes.verification import verify_kernel
 
 @functools.cache
 def _verified(name, assume):
-    return verify_kernel(_lowered(name), assume)[0]
+    return verify_kernel(_lowered(name), assume)
 
 
 @pytest.mark.parametrize("name,assume", [(e[0], e[3]) for e in CORRECT])
@@ -112,7 +112,7 @@ def test_cp_async_sources_are_checked_under_their_predicate():
     funcs = {gv: f.with_body(tir.stmt_functor.ir_transform(f.body, None, drop_predicate, ["tirx.Call"]))
              for gv, f in kernel.device_mod.functions.items()}
     unguarded = kernel.with_device_mod(tvm.IRModule(funcs))
-    bad = [a for a in verify_kernel(unguarded)[0].violations() if a.kind == "pointer"]
+    bad = [a for a in verify_kernel(unguarded).violations() if a.kind == "pointer"]
     assert bad and bad[0].buffer == "A" and bad[0].counterexample["end byte"] > bad[0].counterexample["bytes"]
 
 
@@ -139,7 +139,7 @@ def test_pointer_check_takes_the_allocation_size_as_host_arithmetic():
             for v in T.vectorized(8):
                 Y[by, bx * 256 + tx * 8 + v] = tile[tx * 8 + v]
 
-    report = verify_kernel(lower(stage_rows, CPU_TARGET))[0]
+    report = verify_kernel(lower(stage_rows, CPU_TARGET))
     reads = [a for a in report.accesses if a.kind == "pointer" and a.buffer == "X"]
     assert reads and all(a.status == "proven" for a in reads), [(a.status, a.detail) for a in reads]
 
@@ -166,7 +166,7 @@ def _gather(guard_offset: int, write_ids: bool):
                     ids[i] = 0
 
     # TileLang's own legalization would guard table[ids[i]] by itself: only the user's guard here
-    report = verify_kernel(lower(gather, CPU_TARGET, {"tl.disable_safe_memory_legalize": True}), ("N <= 1 << 20",))[0]
+    report = verify_kernel(lower(gather, CPU_TARGET, {"tl.disable_safe_memory_legalize": True}), ("N <= 1 << 20",))
     return next(a for a in report.accesses if a.buffer == "table")
 
 
@@ -229,7 +229,7 @@ def _counter_overflow(step: int, loop: str = "for"):
                     S[it % 4, tx] = A[tx]
                     it = it + step
 
-    report = verify_kernel(lower(ring, CPU_TARGET, {}), ("N <= 1 << 30",))[0]
+    report = verify_kernel(lower(ring, CPU_TARGET, {}), ("N <= 1 << 30",))
     return [a for a in report.accesses if a.kind == "overflow" and a.buffer == "it"]
 
 

@@ -100,9 +100,9 @@ def _walk_kernel(step: int):
 def test_while_loop_counter_keeps_its_start_as_lower_bound():
     """Incremented only, ``seg`` stays >= 0 after a loop without a trip count; decremented, the
     same access is not proven (it depends on an untracked value) and ``seg = -1`` is the witness."""
-    up = verify_kernel(_walk_kernel(1), ())[0]
+    up = verify_kernel(_walk_kernel(1), ())
     assert [a.status for a in up.accesses if a.buffer == "S"] == ["proven", "proven"]
-    down = verify_kernel(_walk_kernel(-1), ())[0]
+    down = verify_kernel(_walk_kernel(-1), ())
     [store] = [a for a in down.accesses if a.buffer == "S" and a.kind == "store"]
     assert store.status == "unknown" and store.counterexample["index"] < 0
 
@@ -139,7 +139,7 @@ def test_a_scalar_whose_address_escapes_is_forgotten():
     hold anything."""
     statuses = {}
     for escape in (False, True):
-        report = verify_kernel(_escaping_scalar_kernel(escape), ())[0]
+        report = verify_kernel(_escaping_scalar_kernel(escape), ())
         statuses[escape] = [a.status for a in report.accesses if a.buffer == "S" and a.kind == "store"]
     assert statuses == {False: ["proven"], True: ["unknown"]}
 
@@ -165,8 +165,8 @@ def _scaled_kernel(limit: int):
 def test_if_then_else_branch_overflow_counts_only_where_taken():
     """Below 1000 the product fits int32, so the lazy branch cannot overflow; below 2000 it can,
     with a counterexample in [1074, 1999]."""
-    assert [a for a in verify_kernel(_scaled_kernel(1000), ())[0].accesses if a.kind == "overflow"] == []
-    [bad] = [a for a in verify_kernel(_scaled_kernel(2000), ())[0].accesses if a.kind == "overflow"]
+    assert [a for a in verify_kernel(_scaled_kernel(1000), ()).accesses if a.kind == "overflow"] == []
+    [bad] = [a for a in verify_kernel(_scaled_kernel(2000), ()).accesses if a.kind == "overflow"]
     assert bad.status != "proven" and 1074 <= bad.counterexample["X[tx]"] <= 1999
 
 
@@ -200,7 +200,7 @@ def test_a_scalar_set_under_a_condition_is_known_under_it_again(init):
     """After ``if c: x = v``, x is ``If(c, v, its old value)``: under ``c`` again the store is
     proven; the unguarded load is a violation at the old value 1000, or unknown where the old
     value was never set."""
-    report = verify_kernel(_split_if_kernel(init), ())[0]
+    report = verify_kernel(_split_if_kernel(init), ())
     store, load = [a for a in report.accesses if a.buffer == "S"]
     assert (store.kind, store.status) == ("store", "proven")
     if init is None:
@@ -249,6 +249,6 @@ def _local_index_kernel(init: str, clobber: bool):
 def test_private_array_elements_lie_in_the_hull_of_their_stores(init, clobber, proven):
     """Every element of ``a`` is -1 or in [0, 64) once a loop has set all of it, so the guarded
     store is proven; with an element that may never be set, or after ``a[i] = 100``, it is not."""
-    report = verify_kernel(_local_index_kernel(init, clobber), ())[0]
+    report = verify_kernel(_local_index_kernel(init, clobber), ())
     [store] = [a for a in report.accesses if a.buffer == "S" and a.kind == "store"]
     assert (store.status == "proven") == proven

@@ -32,7 +32,7 @@ def gemm(dtype="float32", M=64, N=64, K=64, bm=64, bn=64, bk=32):
 
 
 def _pointers(dtype):
-    report, _ = verify_kernel(lower_jit(gemm, dtype=dtype))
+    report = verify_kernel(lower_jit(gemm, dtype=dtype))
     return report, [a for a in report.accesses if a.kind == "pointer" and a.buffer in ("As", "Bs", "A_local", "B_local")]
 
 

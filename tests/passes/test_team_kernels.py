@@ -19,7 +19,7 @@ FAST = [e for e in TEAM if "grouped_gemm" not in e[0]]
 def _final(name):
     _, fn, params, assume = next(e for e in TEAM if e[0] == name)
     kernel = lower_jit(fn, **params)
-    report, _ = verify_kernel(kernel, assume)
+    report = verify_kernel(kernel, assume)
     if report.violations() or report.unknowns():
         return derive_preconditions(kernel, report, assume)
     return [], report

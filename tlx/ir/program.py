@@ -7,6 +7,14 @@ The async proxy is modelled as TileLang 0.1.15 lowers it for sm_90a: ``tl.tma_lo
 shared range and completes on an mbarrier (:attr:`Access.barrier`); ``tl.ptx_wgmma_ss`` reads
 the shared ranges its two wgmma descriptors span (``op="wgmma"``); mbarrier init, expect-tx,
 arrive and parity waits, ``warpgroup_wait`` and ``fence.proxy.async`` are :class:`SyncOp` s.
+
+The walk is a :class:`~tlx.ir.walk.DeviceWalker` (the bounds verifier's too), and the ranges
+of ``cp.async``, ``ldmatrix`` / ``stmatrix`` and pointer-taking calls come from
+:func:`~tlx.ir.walk.pointer_uses`. What it cannot read (an unhandled statement, a
+multi-index access, a shared pointer at a symbolic byte offset, a while loop, a descriptor
+it did not see built) in shared memory goes to :attr:`Program.opaque`, which leaves the race verdict unknown;
+what it did not read at all is also in :attr:`Program.unread`, which leaves the bank-conflict
+and vector verdicts unknown.
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ from typing import Any
 from tilelang import tvm
 
 from tlx.ir.tir import const_int, elem_bytes, op_name
+from tlx.ir.walk import DeviceWalker, is_access_ptr, pointer_uses, storage_scope
 from tlx.lowering import LoweredKernel
 
 tir = tvm.tirx
@@ -104,6 +113,7 @@ class Program:
     waits: list[Wait] = field(default_factory=list)
     syncs: list[SyncOp] = field(default_factory=list)
     opaque: list[str] = field(default_factory=list)  # shared accesses no analysis can see
+    unread: list[str] = field(default_factory=list)  # statements and accesses the walk could not read
     divergent_barriers: list[str] = field(default_factory=list)
     calls: set = field(default_factory=set)  # every intrinsic called, for sync primitives no model covers
 
@@ -113,11 +123,6 @@ class Program:
         for _, e in self.threads:
             n *= e
         return n
-
-
-def _scope_of(var) -> str:
-    ta = getattr(var, "type_annotation", None)
-    return str(getattr(ta, "storage_scope", "")) if ta is not None else ""
 
 
 def _depends_on(expr, vars_) -> bool:
@@ -148,14 +153,14 @@ def _reads_memory(expr) -> bool:
     return found
 
 
-class _Walker:
+class _Walker(DeviceWalker):
     """Program-order walk that tracks threads, loops, conditions, bindings and barrier counts."""
 
     def __init__(self, name: str):
+        super().__init__(name)
         self.prog = Program(name, [], [])
         self.thread_ext: dict[str, tuple[Any, int]] = {}
         self.lets: dict = {}
-        self.roots: dict = {}  # data var -> (root var, byte offset)
         self.descriptors: dict = {}  # wgmma descriptor data var -> (pointer, byte offset added, layout, lbo, sbo)
         self.loops: list = []
         self.conds: list = []
@@ -170,8 +175,16 @@ class _Walker:
     def thread_vars(self):
         return [v for v, _ in self.prog.threads]
 
-    def root_of(self, data):
-        return self.roots.get(data, (data, 0))
+    def rooted(self, data, scope: str):
+        """(root data var, constant byte offset) of a pointer, or None (recorded as not read)
+        when the offset into the root allocation is symbolic."""
+        root, offset = self.root_of(data)
+        base = const_int(offset)
+        if base is None:
+            base = const_int(tvm.arith.Analyzer().simplify(offset))
+        if base is None:
+            self.not_read(f"pointer {data.name} at symbolic byte offset {offset} into {root.name} (not modelled)", scope)
+        return None if base is None else (root, base)
 
     def _next(self):
         self.order += 1
@@ -206,66 +219,68 @@ class _Walker:
         return syncs, commits
 
     # -- statements
-    def stmt(self, s):
-        if isinstance(s, tir.SeqStmt):
-            for x in s.seq:
-                self.stmt(x)
-        elif isinstance(s, tir.AttrStmt):
-            if s.attr_key == "thread_extent":
-                iv = s.node
-                tag, ext = str(iv.thread_tag), const_int(s.value)
-                if tag.startswith("threadIdx"):
-                    self.thread_ext[tag] = (iv.var, ext)
-                elif tag.startswith("blockIdx"):
-                    self.prog.blocks.append((iv.var, ext if ext is not None else s.value))
-            self.stmt(s.body)
-        elif isinstance(s, tir.Bind):
-            self.lets[s.var] = self.sub(s.value)
-            self.note_root(s.var, s.value)
-        elif isinstance(s, tir.For):
-            base_e, base_c = self.epoch, self.commits
-            body_e, body_c = self.count(s.body)
-            it = s.loop_var - s.min
-            self.loops.append((s.loop_var, self.sub(s.min), self.sub(s.extent)))
-            self.epoch, self.commits = base_e + it * body_e, base_c + it * body_c
-            self.stmt(s.body)
-            self.loops.pop()
-            self.epoch, self.commits = base_e + s.extent * body_e, base_c + s.extent * body_c
-        elif isinstance(s, tir.IfThenElse):
-            c = self.sub(s.condition)
-            self.exprs([c])
-            base_e, base_c = self.epoch, self.commits
-            self.conds.append(c)
-            self.stmt(s.then_case)
-            self.conds.pop()
-            if s.else_case is not None:
-                self.epoch, self.commits = base_e, base_c
-                self.conds.append(tir.Not(c))
-                self.stmt(s.else_case)
-                self.conds.pop()
-            a1, b1 = self.count(s.then_case)
-            a2, b2 = self.count(s.else_case) if s.else_case is not None else (tir.IntImm("int32", 0),) * 2
-            self.epoch, self.commits = base_e + tir.Select(c, a1, a2), base_c + tir.Select(c, b1, b2)
-        elif isinstance(s, tir.BufferStore):
-            self.exprs([s.value] + list(s.indices))
-            self.buffer_access(s.buffer, s.indices, s.value.dtype, read=False, write=True, op="store", text=f"{s.buffer.name}[{', '.join(map(str, s.indices))}] = {s.value}")
-        elif isinstance(s, tir.Evaluate):
-            self.evaluate(s.value)
-        elif isinstance(s, tir.While):
-            self.prog.opaque.append("while loop (not modelled)")
-        elif isinstance(s, (tir.AllocBuffer, tir.DeclBuffer)):
-            buf = s.buffer
-            if buf.data not in self.roots:
-                self.roots.setdefault(buf.data, self.root_of(buf.data))
-        elif hasattr(s, "body") and isinstance(getattr(s, "body"), tir.Stmt):
-            self.stmt(s.body)
+    def unmodelled(self, s):
+        self.not_read(f"{type(s).__name__} statement (not modelled)")
 
-    def note_root(self, var, value):
-        if isinstance(value, tir.Call) and op_name(value) == "tirx.handle_add_byte_offset":
-            data, off = value.args[0], const_int(value.args[1])
-            if off is not None:
-                root, base = self.root_of(data)
-                self.roots[var] = (root, base + off)
+    def not_read(self, what: str, scope: str = "shared") -> None:
+        """Something the walk could not read: no access in it is known to any analysis (a
+        statement may touch shared memory; an access names its scope)."""
+        if scope in SHARED_SCOPES:
+            self.prog.opaque.append(what)
+        self.prog.unread.append(what)
+
+    def visit_AttrStmt(self, s):
+        if s.attr_key == "thread_extent":
+            iv = s.node
+            tag, ext = str(iv.thread_tag), const_int(s.value)
+            if tag.startswith("threadIdx"):
+                self.thread_ext[tag] = (iv.var, ext)
+            elif tag.startswith("blockIdx"):
+                self.prog.blocks.append((iv.var, ext if ext is not None else s.value))
+        self.visit(s.body)
+
+    def visit_Bind(self, s):
+        self.lets[s.var] = self.sub(s.value)
+        self.note_alias(s)
+
+    def visit_AssertStmt(self, s):
+        self.exprs([self.sub(s.condition)])
+
+    def visit_For(self, s):
+        base_e, base_c = self.epoch, self.commits
+        body_e, body_c = self.count(s.body)
+        it = s.loop_var - s.min
+        self.loops.append((s.loop_var, self.sub(s.min), self.sub(s.extent)))
+        self.epoch, self.commits = base_e + it * body_e, base_c + it * body_c
+        self.visit(s.body)
+        self.loops.pop()
+        self.epoch, self.commits = base_e + s.extent * body_e, base_c + s.extent * body_c
+
+    def visit_IfThenElse(self, s):
+        c = self.sub(s.condition)
+        self.exprs([c])
+        base_e, base_c = self.epoch, self.commits
+        self.conds.append(c)
+        self.visit(s.then_case)
+        self.conds.pop()
+        if s.else_case is not None:
+            self.epoch, self.commits = base_e, base_c
+            self.conds.append(tir.Not(c))
+            self.visit(s.else_case)
+            self.conds.pop()
+        a1, b1 = self.count(s.then_case)
+        a2, b2 = self.count(s.else_case) if s.else_case is not None else (tir.IntImm("int32", 0),) * 2
+        self.epoch, self.commits = base_e + tir.Select(c, a1, a2), base_c + tir.Select(c, b1, b2)
+
+    def visit_BufferStore(self, s):
+        self.exprs([s.value] + list(s.indices))
+        self.buffer_access(s.buffer, s.indices, s.value.dtype, read=False, write=True, op="store", text=f"{s.buffer.name}[{', '.join(map(str, s.indices))}] = {s.value}")
+
+    def visit_Evaluate(self, s):
+        self.evaluate(s.value)
+
+    def visit_While(self, s):
+        self.prog.opaque.append("while loop (not modelled)")
 
     def finish_threads(self):
         self.prog.threads = [self.thread_ext[t] for t in ("threadIdx.x", "threadIdx.y", "threadIdx.z") if t in self.thread_ext]
@@ -276,12 +291,16 @@ class _Walker:
     def buffer_access(self, buf, indices, dtype, read, write, op, text):
         scope = buf.scope()
         if len(indices) != 1:
+            self.not_read(f"{buf.name} accessed with {len(indices)} indices (not modelled)", scope)
             return
+        rooted = self.rooted(buf.data, scope)
+        if rooted is None:
+            return
+        root, base = rooted
         index = self.sub(indices[0])
         lanes = int(index.lanes) if isinstance(index, tir.Ramp) else 1
         if isinstance(index, tir.Ramp) and const_int(index.stride) != 1:
             lanes = 1  # a strided vector is emitted lane by lane; the Ramp is kept as one access
-        root, base = self.root_of(buf.data)
         conds, loops, epoch, commits = self.context()
         eb = elem_bytes(buf.dtype)
         self.prog.accesses.append(
@@ -310,11 +329,10 @@ class _Walker:
         self.prog.calls.add(name)
         if name == "tirx.call_extern" and call.args and isinstance(call.args[0], tir.StringImm):
             name = str(call.args[0].value)
-        ptrs = [a for a in call.args if isinstance(a, tir.Call) and op_name(a) == "tirx.tvm_access_ptr"]
-        shared_ptrs = [p for p in ptrs if _scope_of(p.args[1]) in SHARED_SCOPES]
-        for p in shared_ptrs:
-            self.pointer_access(name, call, p)
-        if not shared_ptrs and any(_scope_of(a) in SHARED_SCOPES for a in _handle_args(call)):
+        shared_uses = [u for u in pointer_uses(call, self.is_shared) if storage_scope(u.ptr.args[1]) in SHARED_SCOPES]
+        for use in shared_uses:
+            self.pointer_access(name, call, use)
+        if not shared_uses and any(storage_scope(a) in SHARED_SCOPES for a in _handle_args(call)):
             self.prog.opaque.append(f"{name} touches shared memory through a descriptor or raw handle")
 
     def evaluate(self, call):
@@ -356,15 +374,16 @@ class _Walker:
                 return False
             self.sync_op(kind, args[0], args[arg_at] if arg_at is not None else tir.IntImm("int32", 0))
             return True
-        if name == "tl.tma_load" and len(args) > 2 and isinstance(args[1], tir.BufferLoad) and op_name(args[2]) == "tirx.tvm_access_ptr":
+        if name == "tl.tma_load" and len(args) > 2 and isinstance(args[1], tir.BufferLoad) and is_access_ptr(args[2]):
             self.exprs(list(args[3:]))
-            self.pointer_access("tma_load", call, args[2], barrier=args[1])
+            use = next(u for u in pointer_uses(call, self.is_shared) if u.ptr.same_as(args[2]))
+            self.pointer_access("tma_load", call, use, barrier=args[1])
             return True
         if name == "tl.initialize_wgmma_descriptor" and isinstance(args[0], tir.BufferLoad):
             ptr, added = args[1], tir.IntImm("int32", 0)
             if op_name(ptr) == "tirx.handle_add_byte_offset":  # a later stage: the pointer plus bytes
                 ptr, added = ptr.args[0], self.sub(ptr.args[1])
-            if op_name(ptr) != "tirx.tvm_access_ptr":
+            if not is_access_ptr(ptr):
                 return False
             layout, lbo, sbo = (const_int(a) for a in args[2:5])
             self.descriptors[args[0].buffer.data] = (ptr, added, layout, lbo, sbo)
@@ -419,46 +438,51 @@ class _Walker:
             spans.append((ptr, tir.floordiv(start, swizzle) * swizzle, span))
         for ptr, start, span in spans:
             data = ptr.args[1]
-            root, base = self.root_of(data)
+            rooted = self.rooted(data, storage_scope(data))
+            if rooted is None:
+                continue
+            root, base = rooted
             conds, loops, epoch, commits = self.context()
             self.prog.accesses.append(
-                Access(data.name, root, _scope_of(data), "uint8", start, 1, span, base, True, False, "wgmma", conds, loops, epoch, commits,
+                Access(data.name, root, storage_scope(data), "uint8", start, 1, span, base, True, False, "wgmma", conds, loops, epoch, commits,
                        self._next(), f"wgmma(...{data.name} bytes [{start}, +{span})...)"[:200], is_async=True, exact=not _reads_memory(start), extent_elems=span)
             )
         return True
 
-    def pointer_access(self, name, call, ptr, barrier=None):
-        _, data, offset, extent, mask = ptr.args
-        dtype = ptr.args[0].dtype
-        root, base = self.root_of(data)
+    def pointer_access(self, name, call, use, barrier=None):
+        """One shared :class:`~tlx.ir.walk.PointerUse` of ``call`` as an :class:`Access`."""
+        _, data, offset, extent, _ = use.ptr.args
+        dtype = use.ptr.args[0].dtype
+        rooted = self.rooted(data, storage_scope(data))
+        if rooted is None:
+            return
+        root, base = rooted
         conds, loops, epoch, commits = self.context()
         eb = elem_bytes(dtype)
         offset = self.sub(offset)
-        rw = const_int(mask) or 3
-        ext = const_int(extent)
+        elems = const_int(use.elems)
         short = name.split(".")[-1]
         common = dict(conds=conds, loops=loops, epoch=epoch, commits=commits, order=self._next(), text=f"{short}(...{data.name}[{offset}]...)"[:200])
-        if barrier is not None and ext is not None:
+        if barrier is not None and elems is not None:
             self.prog.accesses.append(
-                Access(data.name, root, _scope_of(data), str(dtype), offset, 1, eb * ext, base, False, True, short, is_async=True, exact=not _reads_memory(offset),
-                       extent_elems=ext, barrier=(barrier.buffer.data, self.sub(barrier.indices[0])), **common)
+                Access(data.name, root, storage_scope(data), str(dtype), offset, 1, eb * elems, base, False, True, short, is_async=True, exact=not _reads_memory(offset),
+                       extent_elems=elems, barrier=(barrier.buffer.data, self.sub(barrier.indices[0])), **common)
             )
-        elif short in ("ptx_ldmatrix", "ptx_stmatrix"):
+        elif short in ("ptx_ldmatrix", "ptx_stmatrix") and elems is not None:
             num = const_int(call.args[1])
             self.prog.accesses.append(
-                Access(data.name, root, _scope_of(data), str(dtype), offset, 1, 16, base, short == "ptx_ldmatrix", short == "ptx_stmatrix", short, phase_lanes=8 * (num or 4), exact=not _reads_memory(offset), extent_elems=16 // eb, **common)
+                Access(data.name, root, storage_scope(data), str(dtype), offset, 1, eb * elems, base, use.read, use.write, short, phase_lanes=8 * (num or 4), exact=not _reads_memory(offset), extent_elems=elems, **common)
             )
         elif short == "ptx_cp_async":
-            nbytes = const_int(call.args[2]) if len(call.args) > 2 else None
-            width = nbytes if nbytes is not None else eb * (ext or 1)
+            width = eb * (elems if elems is not None else const_int(extent) or 1)
             self.prog.accesses.append(
-                Access(data.name, root, _scope_of(data), str(dtype), offset, 1, width, base, False, True, short, is_async=True, exact=not _reads_memory(offset), extent_elems=max(width // eb, 1), **common)
+                Access(data.name, root, storage_scope(data), str(dtype), offset, 1, width, base, False, True, short, is_async=True, exact=not _reads_memory(offset), extent_elems=max(width // eb, 1), **common)
             )
         else:
             # Any other call handed a shared pointer (library collectives, TMA, ...): it may read and
             # write its whole range from every thread, and no bank model applies.
             self.prog.accesses.append(
-                Access(data.name, root, _scope_of(data), str(dtype), offset, 1, eb * (ext or 1), base, bool(rw & 1), bool(rw & 2), short, is_async=short.startswith("tma") or "bulk" in short, exact=False, extent_elems=ext or 1, **common)
+                Access(data.name, root, storage_scope(data), str(dtype), offset, 1, eb * (elems or 1), base, use.read, use.write, short, is_async=short.startswith("tma") or "bulk" in short, exact=False, extent_elems=elems or 1, **common)
             )
 
 
@@ -507,7 +531,7 @@ def collect_program(kernel: LoweredKernel) -> list[Program]:
 
         tir.stmt_functor.post_order_visit(fn.body, visit)
         w.finish_threads()
-        w.stmt(fn.body)
+        w.visit(fn.body)
         progs.append(w.prog)
     return progs
 

@@ -192,6 +192,8 @@ def banks_report(kernel: LoweredKernel, programs: list[Program] | None = None, b
     enc = kernel_encoder(kernel, assume)
     entries = []
     for prog in programs or collect_program(kernel):
+        entries += [{"op": "", "statement": what, "degree": None, "status": "unknown", "kernel": prog.name, "reason": "not read by the program model"}
+                    for what in prog.unread]
         for acc in prog.accesses:
             if acc.scope in SHARED_SCOPES and acc.op in BANK_OPS:
                 if budget is not None and enc.rlimit_used > budget:

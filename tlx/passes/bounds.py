@@ -17,7 +17,7 @@ __all__ = ["bounds_pass"]
 def bounds_pass(kernel: LoweredKernel, ctx: PassContext) -> LoweredKernel:
     """Verify all accesses; add derived preconditions; raise or warn on the rest."""
     assume = ctx.options.assume
-    report, _ = verify_kernel(kernel, assume)
+    report = verify_kernel(kernel, assume)
     pre, final = derive_preconditions(kernel, report, assume) if (report.violations() or report.unknowns()) else ([], report)
     # The proofs rely on the user's assumptions, so the launcher enforces them as well.
     variables = shape_vars(kernel.prim_func)

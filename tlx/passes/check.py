@@ -333,7 +333,7 @@ def check_kernel(kernel: LoweredKernel, options: dict | None = None) -> CheckRes
     kwargs = {"rlimit": int(rlimit)} if rlimit is not None else {}
     locate, texts = source_locator(options.get("source"))
     t0 = time.perf_counter()
-    report, _ = verify_kernel(kernel, tuple(assume), source_map=locate, **kwargs)
+    report = verify_kernel(kernel, tuple(assume), source_map=locate, **kwargs)
     pre, final, needs = [], report, []
     if options.get("derive_preconditions", True) and (report.violations() or report.unknowns()):
         pre, final = derive_preconditions(kernel, report, tuple(assume), source_map=locate, **kwargs)

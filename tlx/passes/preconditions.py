@@ -47,7 +47,7 @@ def _nonnegative(v, name: str):
 
 def _breaks_when_negative(kernel, assume, chosen, v, target, rlimit, hulls) -> bool:
     """Some negative value of scalar ``v`` still breaks ``target`` under ``chosen``."""
-    rep, _ = verify_kernel(kernel, assume, [c for c, _ in chosen] + [tir.LT(v, tir.IntImm(v.dtype, 0))], rlimit,
+    rep = verify_kernel(kernel, assume, [c for c, _ in chosen] + [tir.LT(v, tir.IntImm(v.dtype, 0))], rlimit,
                            focus=target.key(), hulls=hulls)
     return not _fixes(rep, target)
 
@@ -55,7 +55,7 @@ def _breaks_when_negative(kernel, assume, chosen, v, target, rlimit, hulls) -> b
 def _upper_bound(kernel, assume, variables, name, chosen, target, rlimit, hulls):
     """``name <= B`` with B one below the least value of ``name`` that still breaks ``target``."""
     v = variables[name]
-    rep, _ = verify_kernel(kernel, assume, [c for c, _ in chosen], rlimit, focus=target.key(), least_of=name, hulls=hulls)
+    rep = verify_kernel(kernel, assume, [c for c, _ in chosen], rlimit, focus=target.key(), least_of=name, hulls=hulls)
     least = [a.least[name] for a in rep.accesses if a.key() == target.key() and name in a.least]
     if not least or least[0] < 1:
         return None
@@ -101,7 +101,7 @@ def derive_preconditions(kernel: LoweredKernel, report: BoundsReport, assume=(),
                      if _breaks_when_negative(kernel, assume, chosen, variables[n], target, rlimit, report.hulls)), None)
         if sign is not None and _satisfiable(kernel, assume, chosen + [sign]):
             chosen.append(sign)
-            current, _ = verify_kernel(kernel, assume, [c for c, _ in chosen], rlimit, source_map=source_map, hulls=report.hulls)
+            current = verify_kernel(kernel, assume, [c for c, _ in chosen], rlimit, source_map=source_map, hulls=report.hulls)
             continue
         fixed = None
         # Upper bounds next (int32 limits; static allocations indexed by a shape variable);
@@ -115,7 +115,7 @@ def derive_preconditions(kernel: LoweredKernel, report: BoundsReport, assume=(),
             for cand in _divisibility_candidates(variables, names, consts):
                 if any(cand[1] == c[1] for c in chosen):
                     continue
-                rep, _ = verify_kernel(kernel, assume, [c for c, _ in chosen] + [cand[0]], rlimit, focus=target.key(),
+                rep = verify_kernel(kernel, assume, [c for c, _ in chosen] + [cand[0]], rlimit, focus=target.key(),
                                        hulls=report.hulls)
                 if _fixes(rep, target) and _satisfiable(kernel, assume, chosen + [cand]):
                     fixed = cand
@@ -123,7 +123,7 @@ def derive_preconditions(kernel: LoweredKernel, report: BoundsReport, assume=(),
         if fixed is None:
             unfixable.add(target.key())
             continue
-        trial, _ = verify_kernel(kernel, assume, [c for c, _ in chosen + [fixed]], rlimit, source_map=source_map,
+        trial = verify_kernel(kernel, assume, [c for c, _ in chosen + [fixed]], rlimit, source_map=source_map,
                                  hulls=report.hulls)
         if not _fixes(trial, target):
             unfixable.add(target.key())
@@ -139,7 +139,7 @@ def _drop_unneeded_signs(kernel, assume, chosen, current, rlimit, source_map, hu
     offers) would only refuse calls: drop it."""
     for cond in [c for c in chosen if c[1].endswith(" >= 0")]:
         rest = [c for c in chosen if c is not cond]
-        trial, _ = verify_kernel(kernel, assume, [c for c, _ in rest], rlimit, source_map=source_map, hulls=hulls)
+        trial = verify_kernel(kernel, assume, [c for c, _ in rest], rlimit, source_map=source_map, hulls=hulls)
         if trial.proven >= current.proven:
             chosen, current = rest, trial
     return chosen, current
@@ -187,7 +187,7 @@ def accesses_needing(kernel: LoweredKernel, preconditions: list[Precondition], r
     lists, named = [], set()
     for i in range(len(preconditions)):
         others = [q.expr for j, q in enumerate(preconditions) if j != i]
-        without, _ = verify_kernel(kernel, assume, others, rlimit, source_map=source_map, hulls=report.hulls)
+        without = verify_kernel(kernel, assume, others, rlimit, source_map=source_map, hulls=report.hulls)
         failing = [a for a in without.violations() + without.unknowns() if a.key() not in still]
         named |= {a.key() for a in failing}
         lists.append(failing)

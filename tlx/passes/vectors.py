@@ -119,6 +119,7 @@ def vectors_report(kernel: LoweredKernel, programs: list[Program] | None = None,
     enc = kernel_encoder(kernel, assume)
     vectors, missed = [], []
     for prog in programs or collect_program(kernel):
+        vectors += [{"kernel": prog.name, "statement": what, "verdict": "unknown"} for what in prog.unread]
         for acc in prog.accesses:
             if acc.scope not in ("global", "shared", "shared.dyn") or acc.op not in ("load", "store"):
                 continue

@@ -11,9 +11,14 @@ counterexample, or ``unknown`` when the rlimit budget runs out.
 
 TMA copies address global memory through descriptors and the hardware clips
 out-of-bounds boxes, so only their shared-memory side (a ``tvm_access_ptr``) is an
-access here. The same walk, with ``rewrite``, drops the guards it proves (used by
-:mod:`tlx.passes.guards`); :mod:`tlx.passes.preconditions` derives the shape conditions
-that prove what stays unproven, and :mod:`tlx.passes.bounds` is the compile-time pass.
+access here.
+
+The walk is a :class:`~tlx.ir.walk.DeviceWalker` (the program model's too): a statement it
+has no rule for is an ``unknown`` entry, and the ranges of ``cp.async`` and ``ldmatrix`` /
+``stmatrix`` come from :func:`~tlx.ir.walk.pointer_uses`. With ``prove_guards`` the walk
+also asks which of TileLang's bound-check guards always hold and records them
+(:attr:`BoundsReport.proven_guards`); :mod:`tlx.passes.guards` drops those. :mod:`tlx.passes.preconditions` derives the shape
+conditions that prove what stays unproven, and :mod:`tlx.passes.bounds` is the compile-time pass.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from tilelang import tvm
 
 from tlx.ir.facts import function_facts, param_buffers, user_name
 from tlx.ir.tir import PRIVATE_SCOPES, arith_only, device_functions, elem_bytes, op_name, scalar_dtype
+from tlx.ir.walk import MATRIX_MOVES, DeviceWalker, is_access_ptr, is_cp_async, pointer_uses
 from tlx.lowering import LoweredKernel
 from tlx.passes import TlxError
 from tlx.passes.private_arrays import candidate_arrays, initialized_by
@@ -87,6 +93,9 @@ class BoundsReport:
     queries: int
     rlimit_used: int
     guards: dict = field(default_factory=dict)
+    # the bound-check guards (``IfThenElse`` statements, ``if_then_else`` calls) proven always
+    # true, found with ``verify_kernel(prove_guards=True)``
+    proven_guards: set = field(default_factory=set)
     # function -> private array -> (lo, hi) of its stored values: valid under any further
     # conditions, so later walks of the same kernel reuse them (``verify_kernel(hulls=)``)
     hulls: dict = field(default_factory=dict)
@@ -133,11 +142,12 @@ class _Frame:
     tainted: list = field(default_factory=list)  # facts dropped because their arithmetic may overflow
 
 
-class _Walker:
-    """Visits one device function, checks every access, and (optionally) drops proven guards."""
+class _Walker(DeviceWalker):
+    """Visits one device function, checks every access, and (optionally) proves guards."""
 
-    def __init__(self, enc: Encoder, func_name: str, shape_terms: dict[str, Any], rewrite: bool, source_map, focus=None,
+    def __init__(self, enc: Encoder, func_name: str, shape_terms: dict[str, Any], prove_guards: bool, source_map, focus=None,
                  least_of=None, arrays: dict | None = None, hulls: dict | None = None):
+        super().__init__(func_name)
         self.enc = enc
         # Private arrays (see private_arrays): without ``hulls`` the walk collects the hull of each
         # one's stored values (None once unbounded); with them, loads after a full initialization
@@ -148,16 +158,13 @@ class _Walker:
         self.initialized: frozenset = frozenset()
         self.focus = focus
         self.least_of = least_of
-        self.func = func_name
         self.shape_terms = shape_terms
-        self.rewrite = rewrite
+        self.prove_guards = prove_guards
         self.source_map = source_map
         self.frames: list[_Frame] = [_Frame([], list(shape_terms.items()))]
         self.accesses: list[CheckedAccess] = []
-        self.aliases: dict[Any, tuple[Any, Any]] = {}  # handle var -> (base data var, byte offset expr)
-        self.buffers: dict[Any, Any] = {}  # data var -> Buffer
         self.guards_seen = 0
-        self.guards_removed = 0
+        self.guard_occurrences: dict = {}  # guard node -> [times met, times proven]
         self._overflow_seen: set[str] = set()
         self.statement = None  # the statement being checked, named where no source line is found
         self.loops: list[str] = []  # enclosing loop variables, innermost last
@@ -355,9 +362,7 @@ class _Walker:
         if extent_override is not None:
             extent = extent_override
         ptr_bytes = elem_bytes(call.args[0].dtype)
-        base, byte_off = data, 0
-        if data in self.aliases:
-            base, byte_off = self.aliases[data]
+        base, byte_off = self.root_of(data)
         buf = self.buffers.get(base)
         if buf is None:
             return
@@ -392,68 +397,58 @@ class _Walker:
             self.record_least(access, v)
             self.demote(access)
 
-    def check_cp_async(self, call, op):
-        """``ptx_cp_async(dst_ptr, src_ptr, n[, predicate])``: n elements (TileLang) or bytes (TVM)
-        land in ``dst``; ``src`` is read only where the predicate holds (else the copy zero-fills)."""
-        dst, src, count = call.args[0], call.args[1], call.args[2]
-        for a in list(dst.args[2:4]) + list(src.args[2:4]) + list(call.args[2:]):
+    def check_cp_async(self, call):
+        """``ptx_cp_async(dst, src, n[, predicate])`` (see :func:`~tlx.ir.walk.pointer_uses`): the
+        destination range, then the source range under the predicate."""
+        dst, src = pointer_uses(call, self.is_shared)
+        for a in list(dst.ptr.args[2:4]) + list(src.ptr.args[2:4]) + list(call.args[2:]):
             self.visit_expr(a)
-        n = count
-        if op == "tirx.ptx_cp_async":
-            elem_bytes = max(scalar_dtype(dst.args[0].dtype)[1] // 8, 1)
-            n = tir.floordiv(count, elem_bytes)
-        self.check_pointer(dst, n)
-        pred = self.reliable(call.args[3], "cp.async predicate", as_bool=True) if len(call.args) > 3 else None
+        self.check_pointer(dst.ptr, dst.elems)
+        pred = self.reliable(src.predicate, "cp.async predicate", as_bool=True) if src.predicate is not None else None
         self.push([pred] if pred is not None else [])
-        self.check_pointer(src, n)
+        self.check_pointer(src.ptr, src.elems)
         self.pop()
 
     def check_matrix_move(self, call):
-        """``ptx_ldmatrix(trans, num, smem_ptr, local_ptr)`` / ``ptx_stmatrix(trans, num, smem_ptr, ...)``:
-        each lane's shared address is one 16-byte matrix row and each lane holds ``num`` 32-bit
-        registers, whatever element type the pointers carry (TileLang's extents count 16-bit
-        units, twice the real range for 32-bit elements)."""
-        num = call.args[1]
+        """``ptx_ldmatrix`` / ``ptx_stmatrix``: each pointer for the bytes the instruction moves
+        (see :func:`~tlx.ir.walk.pointer_uses`), not TileLang's extents."""
+        uses = iter(pointer_uses(call, self.is_shared))
         for arg in call.args[2:]:
-            if not _is_access_ptr(arg):
+            if not is_access_ptr(arg):
                 self.visit_expr(arg)
                 continue
             for a in arg.args[2:4]:
                 self.visit_expr(a)
-            data = arg.args[1]
-            root = self.aliases.get(data, (data, 0))[0]
-            buf = self.buffers.get(root)
-            shared = buf is not None and str(buf.scope()).startswith("shared")
-            touched = tir.IntImm("int32", 16) if shared else num * 4
-            self.check_pointer(arg, tir.floordiv(touched, elem_bytes(arg.args[0].dtype)))
+            use = next(uses)
+            self.check_pointer(use.ptr, use.elems)
 
     # ----- expressions ----------------------------------------------------------------
     def visit_expr(self, e):
-        """Check the accesses inside ``e``; returns ``e`` with proven ``if_then_else`` guards dropped."""
+        """Check the accesses inside ``e``."""
         if isinstance(e, tir.BufferLoad):
             for i in e.indices:
                 self.visit_expr(i)
             self.check_access(e.buffer, list(e.indices), "load", getattr(e, "predicate", None))
-            return e
+            return
         if isinstance(e, tir.Call):
             op = op_name(e)
             if op == "tirx.if_then_else":
-                return self.visit_conditional_expr(e)
+                self.visit_conditional_expr(e)
+                return
             if op == "tirx.tvm_access_ptr":
                 for a in e.args[2:4]:
                     self.visit_expr(a)
                 self.check_pointer(e)
-                return e
-            if op in _CP_ASYNC and all(_is_access_ptr(a) for a in e.args[:2]):
-                self.check_cp_async(e, op)
-                return e
-            if op in _MATRIX_MOVES:
+                return
+            if is_cp_async(e):
+                self.check_cp_async(e)
+                return
+            if op in MATRIX_MOVES:
                 self.check_matrix_move(e)
-                return e
-            args = [self.visit_expr(a) for a in e.args]
-            if self.rewrite and any(not a.same_as(b) for a, b in zip(args, e.args)):
-                return tir.Call(e.dtype, e.op, args)
-            return e
+                return
+            for a in e.args:
+                self.visit_expr(a)
+            return
         if isinstance(e, tir.Let):
             self.visit_expr(e.value)
             t = self.reliable(e.value, f"let {e.var.name}", subject=e.var.name)
@@ -462,42 +457,50 @@ class _Walker:
                 self.add_fact(self.enc.var(e.var) == t)
             self.visit_expr(e.body)
             self.pop()
-            return e
+            return
         if isinstance(e, _BINARY):
             self.visit_expr(e.a)
             self.visit_expr(e.b)
-            return e
+            return
         for attr in ("a", "value", "condition", "true_value", "false_value", "base", "stride"):
             sub = getattr(e, attr, None) if not isinstance(e, (tir.IntImm, tir.FloatImm, tir.StringImm, tir.Var)) else None
             if sub is not None and isinstance(sub, tvm.ir.PrimExpr):
                 self.visit_expr(sub)
-        return e
 
     def visit_conditional_expr(self, e):
         cond, a, b = e.args
         self.visit_expr(cond)
         c = self.reliable(cond, f"condition {cond}", as_bool=True)
         self.push([c] if c is not None else [])
-        new_a = self.visit_expr(a)
+        self.visit_expr(a)
         self.pop()
         self.push([z3.Not(c)] if c is not None else [])
-        new_b = self.visit_expr(b)
+        self.visit_expr(b)
         self.pop()
-        guard = _is_bound_guard(cond, a)
+        self.note_guard(e, cond, a, c)
+
+    def note_guard(self, node, cond, guarded, c) -> None:
+        """Count a bound-check guard and, with ``prove_guards``, whether it always holds here (one
+        node may stand in several places: it is dropped only where every one is proven)."""
+        guard = _is_bound_guard(cond, guarded)
         self.guards_seen += guard
-        if self.rewrite and guard and c is not None and self.enc.prove(c, self.context()).proven:
-            self.guards_removed += 1
-            return new_a
-        if self.rewrite and (not new_a.same_as(a) or not new_b.same_as(b)):
-            return tir.Call(e.dtype, e.op, [cond, new_a, new_b])
-        return e
+        if self.prove_guards and guard:
+            met = self.guard_occurrences.setdefault(node, [0, 0])
+            met[0] += 1
+            met[1] += c is not None and self.enc.prove(c, self.context()).proven
+
+    def proven_guards(self) -> dict:
+        """Guard node -> how often it stands in the function, for the guards proven everywhere."""
+        return {node: met for node, (met, proven) in self.guard_occurrences.items() if met == proven}
 
     # ----- statements ----------------------------------------------------------------
-    def visit(self, s):
-        method = getattr(self, "visit_" + type(s).__name__, None)
-        if method is None:
-            raise NotImplementedError(f"bounds verifier: statement {type(s).__name__} is not handled")
-        return method(s)
+    def unmodelled(self, s):
+        """A statement the walk cannot read: nothing in it is proven."""
+        self.statement = s
+        access = CheckedAccess(self.func, "", "", "statement", _statement_text(s), "", "unknown",
+                               detail=f"{type(s).__name__} statement not modelled by the verifier")
+        access.source = self.locate("", "statement", access.index)
+        self.accesses.append(access)
 
     # ----- thread-private scalars (T.alloc_local((1,)) / T.alloc_var) --------------------
     def track_local(self, s):
@@ -556,11 +559,8 @@ class _Walker:
 
     def visit_SeqStmt(self, s):
         self.push()
-        out = [self.visit(x) for x in s.seq]
+        super().visit_SeqStmt(s)
         self.pop()
-        if self.rewrite and any(not a.same_as(b) for a, b in zip(out, s.seq)):
-            return tir.SeqStmt(out)
-        return s
 
     def visit_AttrStmt(self, s):
         self.statement = s
@@ -575,11 +575,8 @@ class _Walker:
             self.add_name(v.name, t)
         else:
             self.visit_expr(s.value) if isinstance(s.value, tvm.ir.PrimExpr) else None
-        body = self.visit(s.body)
+        self.visit(s.body)
         self.pop()
-        if self.rewrite and not body.same_as(s.body):
-            return tir.AttrStmt(s.node, s.attr_key, s.value, body)
-        return s
 
     def visit_For(self, s):
         self.statement = s
@@ -605,14 +602,11 @@ class _Walker:
         self.add_name(s.loop_var.name, v)
         outside = self.initialized
         self.loops.append(s.loop_var.name)
-        body = self.visit(s.body)
+        self.visit(s.body)
         self.loops.pop()
         self.pop()
         self.forget(stored)
         self.set_initialized(outside | set(initialized_by(s, self.arrays)))
-        if self.rewrite and not body.same_as(s.body):
-            return tir.For(s.loop_var, s.min, s.extent, s.kind, body, s.thread_binding, s.annotations, step)
-        return s
 
     def visit_IfThenElse(self, s):
         self.statement = s
@@ -621,15 +615,14 @@ class _Walker:
         before = dict(self.enc.known_loads)
         outside = self.initialized
         self.push([c] if c is not None else [])
-        then = self.visit(s.then_case)
+        self.visit(s.then_case)
         self.pop()
         self.set_initialized(outside)
         after_then = self.enc.known_loads
         self.enc.known_loads = dict(before)
-        other = None
         if s.else_case is not None:
             self.push([z3.Not(c)] if c is not None else [])
-            other = self.visit(s.else_case)
+            self.visit(s.else_case)
             self.pop()
             self.set_initialized(outside)
         after_else = self.enc.known_loads
@@ -638,14 +631,7 @@ class _Walker:
         self.forget(stored)
         if c is not None:
             self.join_branches(c, stored, after_then, after_else)
-        guard = _is_bound_guard(s.condition, s.then_case)
-        self.guards_seen += guard
-        if self.rewrite and guard and c is not None and self.enc.prove(c, self.context()).proven:
-            self.guards_removed += 1
-            return then
-        if self.rewrite and (not then.same_as(s.then_case) or (other is not None and not other.same_as(s.else_case))):
-            return tir.IfThenElse(s.condition, then, other)
-        return s
+        self.note_guard(s, s.condition, s.then_case, c)
 
     def join_branches(self, cond, stored, after_then: dict, after_else: dict) -> None:
         """After an ``if``, a private scalar that a branch stored holds ``If(cond, its value at the
@@ -673,26 +659,16 @@ class _Walker:
         c = self.reliable(s.condition, "while condition", as_bool=True)
         outside = self.initialized
         self.push([c] if c is not None else [])
-        body = self.visit(s.body)
+        self.visit(s.body)
         self.pop()
         self.set_initialized(outside)
         self.forget(stored)
-        if self.rewrite and not body.same_as(s.body):
-            return tir.While(s.condition, body)
-        return s
 
     def visit_Bind(self, s):
         self.statement = s
         if str(s.var.dtype) == "handle":
-            v = s.value
-            if isinstance(v, tir.Call) and str(v.op.name) == "tirx.handle_add_byte_offset":
-                base, off = v.args[0], v.args[1]
-                if base in self.aliases:
-                    root, off0 = self.aliases[base]
-                    self.aliases[s.var] = (root, off0 + off)
-                else:
-                    self.aliases[s.var] = (base, off)
-            return s
+            self.note_alias(s)
+            return
         self.visit_expr(s.value)
         t = self.reliable(s.value, f"binding of {s.var.name}", subject=s.var.name)
         if t is not None and z3.is_bool(t) == (str(s.var.dtype) == "bool"):
@@ -701,7 +677,6 @@ class _Walker:
             # one the kernel computed into its own memory still makes a refutation unknown.
             self.enc.define(s.var, t)
             self.add_name(s.var.name, self.enc.var(s.var))
-        return s
 
     def visit_AssertStmt(self, s):
         self.statement = s
@@ -709,40 +684,21 @@ class _Walker:
         c = self.reliable(s.condition, "assert condition", as_bool=True)
         if c is not None:
             self.add_fact(c)
-        return s
-
-    def visit_DeclBuffer(self, s):
-        self.buffers.setdefault(s.buffer.data, s.buffer)
-        return s
-
-    def visit_AllocBuffer(self, s):
-        self.buffers[s.buffer.data] = s.buffer
-        return s
 
     def visit_Evaluate(self, s):
         self.statement = s
-        v = self.visit_expr(s.value)
+        self.visit_expr(s.value)
         self.forget(_stored_data_vars(s))
-        if self.rewrite and not v.same_as(s.value):
-            return tir.Evaluate(v)
-        return s
 
     def visit_BufferStore(self, s):
         self.statement = s
         for i in s.indices:
             self.visit_expr(i)
-        value = self.visit_expr(s.value)
+        self.visit_expr(s.value)
         self.check_access(s.buffer, list(s.indices), "store", s.predicate)
         self.track_local(s)
         if self.hulls is None and s.buffer.data in self.arrays:
             self.collect_content(s)
-        if self.rewrite and not value.same_as(s.value):
-            return tir.BufferStore(s.buffer, value, list(s.indices), s.predicate)
-        return s
-
-
-_CP_ASYNC = ("tl.ptx_cp_async", "tirx.ptx_cp_async")
-_MATRIX_MOVES = ("tl.ptx_ldmatrix", "tirx.ptx_ldmatrix", "tl.ptx_stmatrix", "tirx.ptx_stmatrix")
 
 
 def _first_store(s):
@@ -777,10 +733,6 @@ def _statement_text(s, limit: int = 160) -> str:
         text = type(s).__name__
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _is_access_ptr(e) -> bool:
-    return isinstance(e, tir.Call) and op_name(e) == "tirx.tvm_access_ptr"
 
 
 def _stored_data_vars(stmt) -> set:
@@ -837,71 +789,57 @@ def verify_kernel(
     assume=(),
     extra_conditions=(),
     rlimit: int = DEFAULT_RLIMIT,
-    rewrite: bool = False,
+    prove_guards: bool = False,
     source_map=None,
     focus: tuple | None = None,
     least_of: str | None = None,
     hulls: dict | None = None,
-):
+) -> BoundsReport:
     """Verify every access of ``kernel``'s device functions.
 
     ``assume`` are the user's condition strings; ``extra_conditions`` are TIR conditions
-    (derived preconditions). With ``rewrite`` the device module is returned with proven
-    guards dropped as the second element; otherwise it is ``None``. ``hulls``: an earlier
-    report's ``hulls`` of the same kernel (saves the walk that collects them).
+    (derived preconditions). With ``prove_guards`` the report also lists the bound-check
+    guards that always hold (``proven_guards``). ``hulls``: an earlier report's ``hulls`` of
+    the same kernel (saves the walk that collects them).
     """
     t0 = time.perf_counter()
     source_map = source_map or (lambda name, kind, index="": "unknown line")
-    walk = lambda hulls: _walk_kernel(kernel, assume, extra_conditions, rlimit, rewrite, source_map, focus, least_of, hulls)  # noqa: E731
+    walk = lambda hulls: _walk_kernel(kernel, assume, extra_conditions, rlimit, prove_guards, source_map, focus, least_of, hulls)  # noqa: E731
     queries = used = 0
     walked = hulls is None
     if walked:
-        enc, walkers, bodies = walk(None)
+        enc, walkers = walk(None)
         hulls = {name: {d: h for d, h in w.collected.items() if h is not None} for name, w in walkers.items()}
         queries, used = enc.queries, enc.rlimit_used
     if any(hulls.values()) or not walked:
         # (Again) from a fresh solver, knowing where the bounded private arrays' elements lie:
         # the same queries as a single walk, plus those facts.
-        enc, walkers, bodies = walk(hulls)
+        enc, walkers = walk(hulls)
         enc.queries += queries
         enc.rlimit_used += used
     accesses = [a for w in walkers.values() for a in w.accesses]
+    proven = {node: met for w in walkers.values() for node, met in w.proven_guards().items()}
     seen = sum(w.guards_seen for w in walkers.values())
-    removed = sum(w.guards_removed for w in walkers.values())
-    report = BoundsReport(kernel.name, accesses, time.perf_counter() - t0, enc.queries, enc.rlimit_used,
-                          {"seen": seen, "removed": removed}, hulls)
-    new_mod = None
-    if rewrite:
-        new_mod = kernel.device_mod
-        for gv in list(new_mod.functions.keys()):
-            if gv.name_hint in bodies:
-                new_mod = _replace_func(new_mod, gv, bodies[gv.name_hint])
-    return report, new_mod
+    return BoundsReport(kernel.name, accesses, time.perf_counter() - t0, enc.queries, enc.rlimit_used,
+                        {"seen": seen, "removed": sum(proven.values())}, hulls=hulls, proven_guards=set(proven))
 
 
-def _walk_kernel(kernel, assume, extra_conditions, rlimit, rewrite, source_map, focus, least_of, hulls):
+def _walk_kernel(kernel, assume, extra_conditions, rlimit, prove_guards, source_map, focus, least_of, hulls):
     """One walk over every device function with a fresh encoder. ``hulls`` (function name ->
     private array -> (lo, hi)) is None in the first walk, which collects them."""
     enc = Encoder(rlimit=rlimit)
     variables, terms = shape_setup(enc, kernel, tuple(assume), list(extra_conditions))
-    walkers, bodies = {}, {}
+    walkers = {}
     for name, f in device_functions(kernel.device_mod):
         bind_params(enc, f, variables)
         enc.know(function_facts(f))
-        w = _Walker(enc, name, terms, rewrite, source_map, focus, least_of, candidate_arrays(f),
+        w = _Walker(enc, name, terms, prove_guards, source_map, focus, least_of, candidate_arrays(f),
                     None if hulls is None else hulls.get(name, {}))
         w.buffers.update(param_buffers(kernel, f))
-        body = w.visit(f.body)
+        w.visit(f.body)
         enc.content_ranges = {}
         walkers[name] = w
-        if rewrite and not body.same_as(f.body):
-            bodies[name] = f.with_body(body)
-    return enc, walkers, bodies
-
-
-def _replace_func(mod, gv, func):
-    funcs = {g: (func if g.same_as(gv) else f) for g, f in mod.functions.items()}
-    return tvm.IRModule(funcs, attrs=mod.attrs)
+    return enc, walkers
 
 
 def format_violation(a: CheckedAccess) -> str:
