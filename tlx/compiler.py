@@ -47,17 +47,19 @@ def cache_dir() -> Path:
 
 @dataclass
 class Background:
-    """A tool a stage started and a later stage joins: its command, process and start time."""
+    """A tool a stage started and a later stage joins: its command, process and start time;
+    ``output``, a file it writes outside the work directory (removed if it is cancelled)."""
 
     what: str
     command: list[str]
     process: subprocess.Popen
     started: float
+    output: Path | None = None
 
     @classmethod
-    def start(cls, what: str, command: list[str]) -> Background:
+    def start(cls, what: str, command: list[str], output: Path | None = None) -> Background:
         proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        return cls(what, command, proc, time.perf_counter())
+        return cls(what, command, proc, time.perf_counter(), output)
 
     def join(self, build: Build) -> None:
         """Wait for the tool; record its wall time in ``build``; raise with its errors if it failed."""
@@ -67,10 +69,13 @@ class Background:
             raise RuntimeError(f"{build.name}: {self.what} failed ({' '.join(self.command)}):\n{stderr[-4000:]}")
 
     def cancel(self) -> None:
-        """End the tool if nobody joined it (a compile that stopped early or failed)."""
+        """End the tool if nobody joined it (a compile that stopped early or failed), and remove
+        its ``output`` if nobody took it."""
         if self.process.returncode is None:
             self.process.kill()
             self.process.communicate()
+        if self.output:
+            self.output.unlink(missing_ok=True)
 
 
 @dataclass
@@ -90,6 +95,7 @@ class Build:
     stage_seconds: dict[str, float] = field(default_factory=dict)
     background: dict[str, Background] = field(default_factory=dict)  # work a stage started, by what it makes
     background_seconds: dict[str, float] = field(default_factory=dict)  # each one's wall time, start to join
+    runtime: Path | None = None  # the launchers' runtime object (tlx.hostgen.runtime_support)
     cache_key: str | None = None
 
     @property
@@ -170,11 +176,14 @@ def _stage_cubin(cuda_source: str, build: Build) -> Background:
 def _stage_launcher(nvcc: Background, build: Build) -> str:
     """Generate the launcher and start compiling it to assembly, then join nvcc and check the
     launches' shared memory against the cubin (the library stage joins the compile)."""
-    from tlx.hostgen import check_shared_memory, generate_launcher, launcher_compile_command
+    from tlx.hostgen import check_shared_memory, generate_launcher, launcher_compile_command, runtime_support
 
     preconditions = [(p.expr, p.text) for p in build.preconditions]
     source, info = generate_launcher(build.lowered, build.options["out_idx"], preconditions, cubin_file="kernel.cubin")
     (build.workdir / "launcher.cc").write_text(source)
+    build.runtime, build_runtime = runtime_support()
+    if build_runtime:  # the first launcher built with this cache: the runtime object builds beside it, once
+        build.background["runtime"] = Background.start("c++ runtime", build_runtime, output=Path(build_runtime[-1]))
     build.background["launcher"] = Background.start("c++ launcher", launcher_compile_command(build.workdir))
     nvcc.join(build)
     check_shared_memory(build.name, info["launches"], (build.workdir / "kernel.cubin").read_bytes(), build.target["arch"])
@@ -183,11 +192,15 @@ def _stage_launcher(nvcc: Background, build: Build) -> str:
 
 
 def _stage_library(launcher_source: str, build: Build) -> str:
-    """Join the launcher's compile, then assemble it (the assembly embeds ``kernel.cubin``) and link."""
-    from tlx.hostgen import launcher_link_command
+    """Join the launcher's compile (and the runtime's, when this compile builds it), then
+    assemble the launcher (the assembly embeds ``kernel.cubin``) and link it with the runtime."""
+    from tlx.hostgen import launcher_link_command, publish_runtime_support
 
     build.background["launcher"].join(build)
-    link = launcher_link_command(build.workdir)
+    if "runtime" in build.background:
+        build.background["runtime"].join(build)
+        publish_runtime_support(build.background["runtime"].command, build.runtime)
+    link = launcher_link_command(build.workdir, build.runtime)
     proc = subprocess.run(link, capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"{build.name}: linking the launcher failed ({' '.join(link)}):\n{proc.stderr[-4000:]}")

@@ -240,6 +240,19 @@ def test_grid_past_the_cuda_limit_names_axis_expression_and_shape(rows):
         rows.launch(torch.zeros(m - 1), torch.zeros(m - 1), 0, 1.0)
 
 
+def test_a_failed_shape_precondition_names_it_and_the_values(cache):
+    """The verifier's preconditions are checked before the device: CPU tensors reach them."""
+    window = sk.offset_window()
+    assert {p["text"] for p in window.metadata["preconditions"]} >= {"off >= 0", "off <= 224"}
+    a, b = torch.zeros(256), torch.zeros(32)
+    with pytest.raises(ValueError, match=r"^offset_window: shape precondition off >= 0 does not hold for off = -1$"):
+        window.launch(a, b, -1)
+    with pytest.raises(ValueError, match=r"^offset_window: shape precondition off <= 224 does not hold for off = 225$"):
+        window.launch(a, b, 225)
+    with pytest.raises(ValueError, match="CUDA tensor"):  # within the window: on to the device check
+        window.launch(a, b, 224)
+
+
 def test_empty_problem_is_a_documented_no_op(rows, gemm):
     for kernel in (rows, gemm):
         assert "empty problem: a no-op" in kernel.host_source
