@@ -69,3 +69,41 @@ def test_a_failing_nvcc_names_itself_and_leaves_nothing(tmp_path, monkeypatch):
     with pytest.raises(RuntimeError, match=r"row_sum.*: nvcc failed \(nvcc --no-such-flag"):
         compile_artifacts(D.row_sum(), Options.make(target=TARGET, verify="off"), name="row_sum")
     assert _work_dirs(tmp_path) == []
+
+
+def _nvcc_starts(monkeypatch):
+    """Record every nvcc the compile starts (its CUDA source as it was when started)."""
+    import tlx.compiler as compiler
+
+    started = []
+    start = compiler.Background.start
+
+    def record(what, command, output=None):
+        if what == "nvcc":
+            started.append(open(command[-1]).read())
+        return start(what, command, output)
+
+    monkeypatch.setattr(compiler.Background, "start", staticmethod(record))
+    return started
+
+
+@pytest.mark.parametrize("assume, removed", [((), 0), (("N % 128 == 0",), 1)])
+def test_nvcc_starts_before_the_analyses_and_compiles_the_pipelines_cuda(tmp_path, monkeypatch, assume, removed):
+    """nvcc starts on the kernel as the device passes leave it, before the analyses and guard
+    elimination, which run beside it. When they change nothing (no guard removable) that is the
+    pipeline's CUDA and nvcc runs once; when guard elimination removes a guard, nvcc is ended
+    and runs again on the rewritten kernel. Either way the compiled CUDA is the serial
+    pipeline's (stop_after="cuda" runs every pass first)."""
+    from tests.passes.corpus.correct import add_dynamic
+
+    monkeypatch.setenv("TLX_CACHE_DIR", str(tmp_path))
+    options = Options.make(target=TARGET, assume=assume)
+    serial, serial_build = compile_artifacts(add_dynamic.get_tir(), options, stop_after="cuda")
+    assert serial_build.reports["eliminate_guards"]["removed"] == removed
+    started = _nvcc_starts(monkeypatch)
+    cubin, build = compile_artifacts(add_dynamic.get_tir(), options, stop_after="cubin")
+    assert len(cubin) > 0 and started[-1] == serial
+    assert len(started) == 1 + (removed > 0)
+    assert "passes beside nvcc" in build.stage_seconds
+    assert build.reports["eliminate_guards"] == serial_build.reports["eliminate_guards"]
+    assert [p.text for p in build.preconditions] == [p.text for p in serial_build.preconditions]

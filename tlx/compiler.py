@@ -96,6 +96,8 @@ class Build:
     background: dict[str, Background] = field(default_factory=dict)  # work a stage started, by what it makes
     background_seconds: dict[str, float] = field(default_factory=dict)  # each one's wall time, start to join
     runtime: Path | None = None  # the launchers' runtime object (tlx.hostgen.runtime_support)
+    speculate: bool = False  # start nvcc before the analyses (the compile goes on to the cubin)
+    speculation: Speculation | None = None  # a started speculation, until the analyses confirm it
     cache_key: str | None = None
 
     @property
@@ -137,13 +139,60 @@ def _stage_lower(prim_func, build: Build):
     return kernel
 
 
+# The passes that follow guard elimination in the pipeline (tlx/passes/pipeline.py) and read
+# nothing but the kernel and the options; the device compile can start once they have run.
+_DEVICE_PASSES = ("numerics_strict", "numerics_determinism", "numerics_ieee_prelude")
+
+
+@dataclass
+class Speculation:
+    """The device compile started before the analyses (see :func:`_stage_passes`): the kernel
+    as lowered, and the warnings the device passes raised on it, shown once it stands."""
+
+    lowered: Any
+    warnings: list
+
+
 def _stage_passes(kernel, build: Build):
+    """tlx's passes. When the compile goes on to the cubin and the pipeline ends with the
+    device passes, only those run here, on the kernel as lowered: the CUDA of that kernel is
+    the pipeline's whenever no other pass changes the kernel (the analyses only read it, and
+    guard elimination returns it unchanged when it proves no guard redundant). nvcc then
+    starts on it, and the other passes run beside nvcc (:func:`_confirm_speculation`)."""
     from tlx.passes import PassContext
-    from tlx.passes.pipeline import run_passes
+    from tlx.passes.pipeline import pass_names, run_passes
 
     build.passes = PassContext(options=build.options, source=build.source)
-    build.lowered = run_passes(kernel, build.passes)
+    names = pass_names()
+    if not build.speculate or tuple(names[-len(_DEVICE_PASSES):]) != _DEVICE_PASSES:
+        build.lowered = run_passes(kernel, build.passes)
+        return build.lowered
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        build.lowered = run_passes(kernel, build.passes, skip=tuple(n for n in names if n not in _DEVICE_PASSES))
+    build.speculation = Speculation(kernel, caught)
     return build.lowered
+
+
+def _confirm_speculation(build: Build) -> None:
+    """Run the passes that the speculative device compile skipped, beside nvcc. If none of them
+    changed the kernel (nor the nvcc command), nvcc is compiling the pipeline's own CUDA: the
+    device passes' warnings are shown and nvcc goes on. Otherwise nvcc is ended and the device
+    passes, the CUDA and nvcc run again on the changed kernel."""
+    from tlx.passes.pipeline import pass_names, run_passes
+
+    spec, build.speculation = build.speculation, None
+    t0 = time.perf_counter()
+    analysed = run_passes(spec.lowered, build.passes, skip=_DEVICE_PASSES)
+    build.stage_seconds["passes beside nvcc"] = round(time.perf_counter() - t0, 4)
+    same_command = nvcc_command(build, str(build.workdir / "kernel.cu"), str(build.workdir / "kernel.cubin")) == build.nvcc_command
+    if analysed is spec.lowered and same_command:
+        for w in spec.warnings:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+        return
+    build.background.pop("nvcc").cancel()
+    build.lowered = run_passes(analysed, build.passes, skip=tuple(n for n in pass_names() if n not in _DEVICE_PASSES))
+    _start_nvcc(_stage_cuda(build.lowered, build), build)
 
 
 def _stage_cuda(kernel, build: Build) -> str:
@@ -165,12 +214,19 @@ def nvcc_command(build: Build, src: str, out: str) -> list[str]:
 
 
 def _stage_cubin(cuda_source: str, build: Build) -> Background:
-    """Start nvcc; the launcher stage joins it (``kernel.cubin``) once the launcher compiles."""
+    """Start nvcc (and, after a speculative start, run the remaining passes beside it); the
+    launcher stage joins it (``kernel.cubin``) once the launcher compiles."""
+    _start_nvcc(cuda_source, build)
+    if build.speculation:
+        _confirm_speculation(build)
+    return build.background["nvcc"]
+
+
+def _start_nvcc(cuda_source: str, build: Build) -> None:
     work = build.workdir
     (work / "kernel.cu").write_text(cuda_source)
     build.nvcc_command = nvcc_command(build, str(work / "kernel.cu"), str(work / "kernel.cubin"))
     build.background["nvcc"] = Background.start("nvcc", build.nvcc_command)
-    return build.background["nvcc"]
 
 
 def _stage_launcher(nvcc: Background, build: Build) -> str:
@@ -308,7 +364,8 @@ def compile_artifacts(prim_func, options: Options, *, name: str | None = None, s
     if name is None:
         name = str(prim_func.attrs["global_symbol"]) if prim_func.attrs and "global_symbol" in prim_func.attrs else "main"
     build = Build(name=name, target=target, options=pass_options(options, target), pass_configs=options.pass_config_dict(),
-                  workdir=Path(tempfile.mkdtemp(prefix="tlx-build-", dir=_tmp_root())), source=source)
+                  workdir=Path(tempfile.mkdtemp(prefix="tlx-build-", dir=_tmp_root())), source=source,
+                  speculate=stop_after is None or list(STAGES).index(stop_after) >= list(STAGES).index("cubin"))
     module: Any = prim_func
     try:
         for stage, fn in STAGES.items():
