@@ -8,8 +8,16 @@ The pipeline is an ordered dict of stages, each ``(module, build) -> module``:
 Two stages start work that a later stage joins, so that the launcher builds while nvcc runs:
 the cubin stage starts nvcc and returns it as a :class:`Background`; the launcher stage starts
 the compile of the launcher to assembly (which needs no cubin), then joins nvcc; the library
-stage joins that compile, then assembles (embedding the cubin) and links. ``build.background``
-records each; a compile that stops early or fails ends what is still running.
+stage joins that compile, then assembles (embedding the cubin) and links it with the
+launchers' runtime object (built once per cache, :func:`tlx.hostgen.runtime_support`).
+``build.background`` records each; a compile that stops early or fails ends what is still
+running.
+
+nvcc starts as early as the CUDA can be known: a compile that goes on to the cubin runs only
+the device passes before it, on the kernel as lowered, and the analyses (bounds, guard
+elimination, layouts, ...) beside nvcc. When they leave the kernel unchanged, as they do
+unless guard elimination removes a guard, nvcc is compiling the pipeline's CUDA; otherwise it
+is restarted on the rewritten kernel (:func:`_confirm_speculation`).
 
 ``build`` (a :class:`Build`) is the one record a compile keeps besides the module: the
 options, the pass configs (a pin's merged in before lowering, so TileLang, code generation
