@@ -373,7 +373,7 @@ def compile_artifacts(prim_func, options: Options, *, name: str | None = None, s
         name = str(prim_func.attrs["global_symbol"]) if prim_func.attrs and "global_symbol" in prim_func.attrs else "main"
     build = Build(name=name, target=target, options=pass_options(options, target), pass_configs=options.pass_config_dict(),
                   workdir=Path(tempfile.mkdtemp(prefix="tlx-build-", dir=_tmp_root())), source=source,
-                  speculate=stop_after is None or list(STAGES).index(stop_after) >= list(STAGES).index("cubin"))
+                  speculate=_speculates(options, stop_after))
     module: Any = prim_func
     try:
         for stage, fn in STAGES.items():
@@ -393,6 +393,13 @@ def compile_artifacts(prim_func, options: Options, *, name: str | None = None, s
     if not keep_workdir:
         shutil.rmtree(build.workdir, ignore_errors=True)
     return module, build
+
+
+def _speculates(options: Options, stop_after: str | None) -> bool:
+    """Whether nvcc starts before the analyses: when the compile goes on to the cubin, and no
+    ``assume`` is given (the callers' facts that let guard elimination remove guards, which
+    would make nvcc start over)."""
+    return not options.assume and (stop_after is None or list(STAGES).index(stop_after) >= list(STAGES).index("cubin"))
 
 
 def _cancel_background(build: Build) -> None:
