@@ -44,7 +44,8 @@ from typing import Any
 
 from tlx.options import Options
 
-__all__ = ["STAGES", "Build", "cache_dir", "cache_key", "compile_artifacts", "compile_kernel", "nvcc_command", "pass_options"]
+__all__ = ["STAGES", "Build", "cache_dir", "cache_key", "compile_artifacts", "compile_kernel", "cuda_toolkit_version", "nvcc_command",
+           "pass_options"]
 
 _ARTIFACTS = ("kernel.cu", "kernel.cubin", "launcher.cc", "metadata.json")
 
@@ -287,7 +288,7 @@ def _tool_versions() -> dict:
 
     versions = {p: im.version(p) for p in ("tilelang", "apache-tvm-ffi")}
     versions["tlx"] = _tlx_source_hash()
-    versions["nvcc"] = _nvcc_version()
+    versions["nvcc"] = cuda_toolkit_version()
     return versions
 
 
@@ -310,7 +311,7 @@ def _tlx_source_hash() -> str:
     return _VERSION_CACHE["tlx"]
 
 
-def _nvcc_version() -> str:
+def cuda_toolkit_version() -> str:
     """The CUDA toolkit in use: its ``version.json`` (the exact component versions; no subprocess
     on the hit path), else nvcc's resolved path, size and mtime."""
     if "nvcc" not in _VERSION_CACHE:

@@ -73,12 +73,12 @@ def runtime_support() -> tuple[Path, list[str] | None]:
     import importlib.metadata as im
     import shutil
 
-    from tlx.compiler import _nvcc_version
+    from tlx.compiler import cuda_toolkit_version
 
     cxx = Path(shutil.which(_CXX) or _CXX).resolve()
     stat = cxx.stat()
     material = [*(p.read_bytes() for p in _RUNTIME_SOURCES), *(f.encode() for f in (*_CXXFLAGS, *_include_flags())),
-                f"{cxx}:{stat.st_size}:{stat.st_mtime_ns}".encode(), im.version("apache-tvm-ffi").encode(), _nvcc_version().encode()]
+                f"{cxx}:{stat.st_size}:{stat.st_mtime_ns}".encode(), im.version("apache-tvm-ffi").encode(), cuda_toolkit_version().encode()]
     key = hashlib.sha256(b"\0".join(material)).hexdigest()[:16]
     runtime = runtime_cache_dir() / key / "tlx_runtime.o"
     if runtime.is_file():
