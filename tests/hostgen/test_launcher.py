@@ -295,6 +295,17 @@ def test_the_allocating_call_checks_inputs_before_it_allocates(add):
         add(torch.zeros(4, 1024), 3)
 
 
+def test_calling_a_kernel_runs_the_launchers_entry_with_no_python_frame_between(add, rows):
+    """``kernel(*args)`` resolves to the launcher's TVM-FFI entry itself: the allocating one for a
+    kernel with one output, the plain one for a kernel without outputs."""
+    import tvm_ffi
+
+    assert isinstance(add.__call__, tvm_ffi.Function) and add.__call__ is not add.launch
+    assert rows.__call__ is rows.launch
+    with pytest.raises(ValueError, match=r"add: argument B.shape\[1\] expected 1024, got 1000"):
+        add(torch.zeros(4, 1024), torch.zeros(4, 1000))
+
+
 def test_kernels_without_outputs_have_no_allocating_entry(rows):
     assert rows.metadata["allocating_entry"] is None and "allocate_and_launch" not in rows.host_source
 
