@@ -57,8 +57,16 @@ def launcher_link_command(workdir: Path, runtime: Path) -> list[str]:
     from tvm_ffi.libinfo import find_libtvm_ffi
 
     lib = Path(find_libtvm_ffi())
-    return [_CXX, "-shared", "-fPIC", f"-Wa,-I{workdir}", str(workdir / "launcher.s"), str(runtime), f"-L{lib.parent}", "-ltvm_ffi",
-            "-ldl", "-o", str(workdir / "launcher.so")]
+    return [_CXX, "-shared", "-fPIC", *_fast_linker(), f"-Wa,-I{workdir}", str(workdir / "launcher.s"), str(runtime), f"-L{lib.parent}",
+            "-ltvm_ffi", "-ldl", "-o", str(workdir / "launcher.so")]
+
+
+def _fast_linker() -> list[str]:
+    """gold where it is installed: it links a launcher in half the time of the default (bfd)
+    linker, and the link is the one build step that waits for nvcc."""
+    import shutil
+
+    return ["-fuse-ld=gold"] if shutil.which("ld.gold") else []
 
 
 def runtime_support() -> tuple[Path, list[str] | None]:
