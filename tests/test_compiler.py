@@ -51,12 +51,14 @@ def test_launcher_compiles_while_nvcc_runs_and_nothing_is_left_running(tmp_path,
     the Build); a compile stopped there ends that compile instead of leaving it behind."""
     monkeypatch.setenv("TLX_CACHE_DIR", str(tmp_path))
     source, build = compile_artifacts(D.row_sum(), Options.make(target=TARGET, verify="off"), stop_after="launcher")
-    assert "tlx_cubin" in source and set(build.background) == {"nvcc", "launcher"}
+    # a fresh cache: the launchers' runtime object builds beside this first launcher
+    assert "tlx_cubin" in source and set(build.background) == {"nvcc", "launcher", "runtime"}
     nvcc, launcher = build.background["nvcc"], build.background["launcher"]
     assert nvcc.process.returncode == 0 and launcher.started < build.background_seconds["nvcc"] + nvcc.started
-    assert launcher.process.returncode is not None  # ended, joined or not
+    assert all(b.process.returncode is not None for b in build.background.values())  # ended, joined or not
     assert "-S" in launcher.command and "nvcc" in build.background_seconds
     assert _work_dirs(tmp_path) == []
+    assert not list((tmp_path / "runtime").glob("*/*.partial*"))  # the cancelled runtime build left no file
 
 
 def test_a_failing_nvcc_names_itself_and_leaves_nothing(tmp_path, monkeypatch):
@@ -67,3 +69,65 @@ def test_a_failing_nvcc_names_itself_and_leaves_nothing(tmp_path, monkeypatch):
     with pytest.raises(RuntimeError, match=r"row_sum.*: nvcc failed \(nvcc --no-such-flag"):
         compile_artifacts(D.row_sum(), Options.make(target=TARGET, verify="off"), name="row_sum")
     assert _work_dirs(tmp_path) == []
+
+
+def _nvcc_starts(monkeypatch):
+    """Record every nvcc the compile starts (its CUDA source as it was when started)."""
+    import tlx.compiler as compiler
+
+    started = []
+    start = compiler.Background.start
+
+    def record(what, command, output=None):
+        if what == "nvcc":
+            started.append(open(command[-1]).read())
+        return start(what, command, output)
+
+    monkeypatch.setattr(compiler.Background, "start", staticmethod(record))
+    return started
+
+
+@pytest.mark.parametrize("assume, removed", [((), 0), (("N % 128 == 0",), 1)])
+def test_nvcc_starts_before_the_analyses_and_compiles_the_pipelines_cuda(tmp_path, monkeypatch, assume, removed):
+    """Without ``assume``, nvcc starts on the kernel as the device passes leave it, before the
+    analyses and guard elimination, which run beside it; they change nothing here, so that is
+    the pipeline's CUDA and nvcc runs once. With ``assume`` (callers' facts, which let guard
+    elimination remove a guard) the passes all run first. Either way the compiled CUDA is the
+    serial pipeline's (stop_after="cuda" runs every pass first)."""
+    from tests.passes.corpus.correct import add_dynamic
+
+    monkeypatch.setenv("TLX_CACHE_DIR", str(tmp_path))
+    options = Options.make(target=TARGET, assume=assume)
+    serial, serial_build = compile_artifacts(add_dynamic.get_tir(), options, stop_after="cuda")
+    assert serial_build.reports["eliminate_guards"]["removed"] == removed
+    started = _nvcc_starts(monkeypatch)
+    cubin, build = compile_artifacts(add_dynamic.get_tir(), options, stop_after="cubin")
+    assert len(cubin) > 0 and started == [serial]
+    assert ("passes beside nvcc" in build.stage_seconds) == (not assume)
+    assert build.reports["eliminate_guards"] == serial_build.reports["eliminate_guards"]
+    assert [p.text for p in build.preconditions] == [p.text for p in serial_build.preconditions]
+
+
+def test_a_speculation_the_analyses_refute_restarts_nvcc_on_the_rewritten_kernel(tmp_path, monkeypatch):
+    """Should guard elimination remove a guard after nvcc started (the kernel's own facts
+    suffice; here the facts are handed to the pass directly), nvcc is ended and started again
+    on the rewritten kernel: the compiled CUDA is the serial pipeline's."""
+    import tlx.passes.pipeline as pipeline
+    from tests.passes.corpus.correct import add_dynamic
+    from tlx.passes.assume import parse_assumption, shape_vars
+    from tlx.passes.guards import eliminate_guards
+
+    def with_divisibility(kernel, ctx):
+        fact = parse_assumption("N % 128 == 0", shape_vars(kernel.prim_func))
+        new, ctx.reports["eliminate_guards"] = eliminate_guards(kernel, (), [fact])
+        return new
+
+    monkeypatch.setenv("TLX_CACHE_DIR", str(tmp_path))
+    passes = tuple(pipeline.Pass(p.name, with_divisibility, p.enabled) if p.name == "eliminate_guards" else p for p in pipeline.PASSES)
+    monkeypatch.setattr(pipeline, "PASSES", passes)
+    options = Options.make(target=TARGET)
+    serial, serial_build = compile_artifacts(add_dynamic.get_tir(), options, stop_after="cuda")
+    assert serial_build.reports["eliminate_guards"]["removed"] == 1
+    started = _nvcc_starts(monkeypatch)
+    cubin, build = compile_artifacts(add_dynamic.get_tir(), options, stop_after="cubin")
+    assert len(cubin) > 0 and len(started) == 2 and started[0] != serial and started[1] == serial

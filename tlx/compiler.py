@@ -8,8 +8,16 @@ The pipeline is an ordered dict of stages, each ``(module, build) -> module``:
 Two stages start work that a later stage joins, so that the launcher builds while nvcc runs:
 the cubin stage starts nvcc and returns it as a :class:`Background`; the launcher stage starts
 the compile of the launcher to assembly (which needs no cubin), then joins nvcc; the library
-stage joins that compile, then assembles (embedding the cubin) and links. ``build.background``
-records each; a compile that stops early or fails ends what is still running.
+stage joins that compile, then assembles (embedding the cubin) and links it with the
+launchers' runtime object (built once per cache, :func:`tlx.hostgen.runtime_support`).
+``build.background`` records each; a compile that stops early or fails ends what is still
+running.
+
+nvcc starts as early as the CUDA can be known: a compile that goes on to the cubin runs only
+the device passes before it, on the kernel as lowered, and the analyses (bounds, guard
+elimination, layouts, ...) beside nvcc. When they leave the kernel unchanged, as they do
+unless guard elimination removes a guard, nvcc is compiling the pipeline's CUDA; otherwise it
+is restarted on the rewritten kernel (:func:`_confirm_speculation`).
 
 ``build`` (a :class:`Build`) is the one record a compile keeps besides the module: the
 options, the pass configs (a pin's merged in before lowering, so TileLang, code generation
@@ -36,7 +44,8 @@ from typing import Any
 
 from tlx.options import Options
 
-__all__ = ["STAGES", "Build", "cache_dir", "cache_key", "compile_artifacts", "compile_kernel", "nvcc_command", "pass_options"]
+__all__ = ["STAGES", "Build", "cache_dir", "cache_key", "compile_artifacts", "compile_kernel", "cuda_toolkit_version", "nvcc_command",
+           "pass_options"]
 
 _ARTIFACTS = ("kernel.cu", "kernel.cubin", "launcher.cc", "metadata.json")
 
@@ -47,17 +56,19 @@ def cache_dir() -> Path:
 
 @dataclass
 class Background:
-    """A tool a stage started and a later stage joins: its command, process and start time."""
+    """A tool a stage started and a later stage joins: its command, process and start time;
+    ``output``, a file it writes outside the work directory (removed if it is cancelled)."""
 
     what: str
     command: list[str]
     process: subprocess.Popen
     started: float
+    output: Path | None = None
 
     @classmethod
-    def start(cls, what: str, command: list[str]) -> Background:
+    def start(cls, what: str, command: list[str], output: Path | None = None) -> Background:
         proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        return cls(what, command, proc, time.perf_counter())
+        return cls(what, command, proc, time.perf_counter(), output)
 
     def join(self, build: Build) -> None:
         """Wait for the tool; record its wall time in ``build``; raise with its errors if it failed."""
@@ -67,10 +78,13 @@ class Background:
             raise RuntimeError(f"{build.name}: {self.what} failed ({' '.join(self.command)}):\n{stderr[-4000:]}")
 
     def cancel(self) -> None:
-        """End the tool if nobody joined it (a compile that stopped early or failed)."""
+        """End the tool if nobody joined it (a compile that stopped early or failed), and remove
+        its ``output`` if nobody took it."""
         if self.process.returncode is None:
             self.process.kill()
             self.process.communicate()
+        if self.output:
+            self.output.unlink(missing_ok=True)
 
 
 @dataclass
@@ -90,6 +104,9 @@ class Build:
     stage_seconds: dict[str, float] = field(default_factory=dict)
     background: dict[str, Background] = field(default_factory=dict)  # work a stage started, by what it makes
     background_seconds: dict[str, float] = field(default_factory=dict)  # each one's wall time, start to join
+    runtime: Path | None = None  # the launchers' runtime object (tlx.hostgen.runtime_support)
+    speculate: bool = False  # start nvcc before the analyses (the compile goes on to the cubin)
+    speculation: Speculation | None = None  # a started speculation, until the analyses confirm it
     cache_key: str | None = None
 
     @property
@@ -131,13 +148,60 @@ def _stage_lower(prim_func, build: Build):
     return kernel
 
 
+# The passes that follow guard elimination in the pipeline (tlx/passes/pipeline.py) and read
+# nothing but the kernel and the options; the device compile can start once they have run.
+_DEVICE_PASSES = ("numerics_strict", "numerics_determinism", "numerics_ieee_prelude")
+
+
+@dataclass
+class Speculation:
+    """The device compile started before the analyses (see :func:`_stage_passes`): the kernel
+    as lowered, and the warnings the device passes raised on it, shown once it stands."""
+
+    lowered: Any
+    warnings: list
+
+
 def _stage_passes(kernel, build: Build):
+    """tlx's passes. When the compile goes on to the cubin and the pipeline ends with the
+    device passes, only those run here, on the kernel as lowered: the CUDA of that kernel is
+    the pipeline's whenever no other pass changes the kernel (the analyses only read it, and
+    guard elimination returns it unchanged when it proves no guard redundant). nvcc then
+    starts on it, and the other passes run beside nvcc (:func:`_confirm_speculation`)."""
     from tlx.passes import PassContext
-    from tlx.passes.pipeline import run_passes
+    from tlx.passes.pipeline import pass_names, run_passes
 
     build.passes = PassContext(options=build.options, source=build.source)
-    build.lowered = run_passes(kernel, build.passes)
+    names = pass_names()
+    if not build.speculate or tuple(names[-len(_DEVICE_PASSES):]) != _DEVICE_PASSES:
+        build.lowered = run_passes(kernel, build.passes)
+        return build.lowered
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        build.lowered = run_passes(kernel, build.passes, skip=tuple(n for n in names if n not in _DEVICE_PASSES))
+    build.speculation = Speculation(kernel, caught)
     return build.lowered
+
+
+def _confirm_speculation(build: Build) -> None:
+    """Run the passes that the speculative device compile skipped, beside nvcc. If none of them
+    changed the kernel (nor the nvcc command), nvcc is compiling the pipeline's own CUDA: the
+    device passes' warnings are shown and nvcc goes on. Otherwise nvcc is ended and the device
+    passes, the CUDA and nvcc run again on the changed kernel."""
+    from tlx.passes.pipeline import pass_names, run_passes
+
+    spec, build.speculation = build.speculation, None
+    t0 = time.perf_counter()
+    analysed = run_passes(spec.lowered, build.passes, skip=_DEVICE_PASSES)
+    build.stage_seconds["passes beside nvcc"] = round(time.perf_counter() - t0, 4)
+    same_command = nvcc_command(build, str(build.workdir / "kernel.cu"), str(build.workdir / "kernel.cubin")) == build.nvcc_command
+    if analysed is spec.lowered and same_command:
+        for w in spec.warnings:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+        return
+    build.background.pop("nvcc").cancel()
+    build.lowered = run_passes(analysed, build.passes, skip=tuple(n for n in pass_names() if n not in _DEVICE_PASSES))
+    _start_nvcc(_stage_cuda(build.lowered, build), build)
 
 
 def _stage_cuda(kernel, build: Build) -> str:
@@ -159,22 +223,32 @@ def nvcc_command(build: Build, src: str, out: str) -> list[str]:
 
 
 def _stage_cubin(cuda_source: str, build: Build) -> Background:
-    """Start nvcc; the launcher stage joins it (``kernel.cubin``) once the launcher compiles."""
+    """Start nvcc (and, after a speculative start, run the remaining passes beside it); the
+    launcher stage joins it (``kernel.cubin``) once the launcher compiles."""
+    _start_nvcc(cuda_source, build)
+    if build.speculation:
+        _confirm_speculation(build)
+    return build.background["nvcc"]
+
+
+def _start_nvcc(cuda_source: str, build: Build) -> None:
     work = build.workdir
     (work / "kernel.cu").write_text(cuda_source)
     build.nvcc_command = nvcc_command(build, str(work / "kernel.cu"), str(work / "kernel.cubin"))
     build.background["nvcc"] = Background.start("nvcc", build.nvcc_command)
-    return build.background["nvcc"]
 
 
 def _stage_launcher(nvcc: Background, build: Build) -> str:
     """Generate the launcher and start compiling it to assembly, then join nvcc and check the
     launches' shared memory against the cubin (the library stage joins the compile)."""
-    from tlx.hostgen import check_shared_memory, generate_launcher, launcher_compile_command
+    from tlx.hostgen import check_shared_memory, generate_launcher, launcher_compile_command, runtime_support
 
     preconditions = [(p.expr, p.text) for p in build.preconditions]
     source, info = generate_launcher(build.lowered, build.options["out_idx"], preconditions, cubin_file="kernel.cubin")
     (build.workdir / "launcher.cc").write_text(source)
+    build.runtime, build_runtime = runtime_support()
+    if build_runtime:  # the first launcher built with this cache: the runtime object builds beside it, once
+        build.background["runtime"] = Background.start("c++ runtime", build_runtime, output=Path(build_runtime[-1]))
     build.background["launcher"] = Background.start("c++ launcher", launcher_compile_command(build.workdir))
     nvcc.join(build)
     check_shared_memory(build.name, info["launches"], (build.workdir / "kernel.cubin").read_bytes(), build.target["arch"])
@@ -183,11 +257,15 @@ def _stage_launcher(nvcc: Background, build: Build) -> str:
 
 
 def _stage_library(launcher_source: str, build: Build) -> str:
-    """Join the launcher's compile, then assemble it (the assembly embeds ``kernel.cubin``) and link."""
-    from tlx.hostgen import launcher_link_command
+    """Join the launcher's compile (and the runtime's, when this compile builds it), then
+    assemble the launcher (the assembly embeds ``kernel.cubin``) and link it with the runtime."""
+    from tlx.hostgen import launcher_link_command, publish_runtime_support
 
     build.background["launcher"].join(build)
-    link = launcher_link_command(build.workdir)
+    if "runtime" in build.background:
+        build.background["runtime"].join(build)
+        publish_runtime_support(build.background["runtime"].command, build.runtime)
+    link = launcher_link_command(build.workdir, build.runtime)
     proc = subprocess.run(link, capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"{build.name}: linking the launcher failed ({' '.join(link)}):\n{proc.stderr[-4000:]}")
@@ -210,7 +288,7 @@ def _tool_versions() -> dict:
 
     versions = {p: im.version(p) for p in ("tilelang", "apache-tvm-ffi")}
     versions["tlx"] = _tlx_source_hash()
-    versions["nvcc"] = _nvcc_version()
+    versions["nvcc"] = cuda_toolkit_version()
     return versions
 
 
@@ -233,7 +311,7 @@ def _tlx_source_hash() -> str:
     return _VERSION_CACHE["tlx"]
 
 
-def _nvcc_version() -> str:
+def cuda_toolkit_version() -> str:
     """The CUDA toolkit in use: its ``version.json`` (the exact component versions; no subprocess
     on the hit path), else nvcc's resolved path, size and mtime."""
     if "nvcc" not in _VERSION_CACHE:
@@ -295,7 +373,8 @@ def compile_artifacts(prim_func, options: Options, *, name: str | None = None, s
     if name is None:
         name = str(prim_func.attrs["global_symbol"]) if prim_func.attrs and "global_symbol" in prim_func.attrs else "main"
     build = Build(name=name, target=target, options=pass_options(options, target), pass_configs=options.pass_config_dict(),
-                  workdir=Path(tempfile.mkdtemp(prefix="tlx-build-", dir=_tmp_root())), source=source)
+                  workdir=Path(tempfile.mkdtemp(prefix="tlx-build-", dir=_tmp_root())), source=source,
+                  speculate=_speculates(options, stop_after))
     module: Any = prim_func
     try:
         for stage, fn in STAGES.items():
@@ -315,6 +394,13 @@ def compile_artifacts(prim_func, options: Options, *, name: str | None = None, s
     if not keep_workdir:
         shutil.rmtree(build.workdir, ignore_errors=True)
     return module, build
+
+
+def _speculates(options: Options, stop_after: str | None) -> bool:
+    """Whether nvcc starts before the analyses: when the compile goes on to the cubin, and no
+    ``assume`` is given (the callers' facts that let guard elimination remove guards, which
+    would make nvcc start over)."""
+    return not options.assume and (stop_after is None or list(STAGES).index(stop_after) >= list(STAGES).index("cubin"))
 
 
 def _cancel_background(build: Build) -> None:

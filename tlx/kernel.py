@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import operator
 from pathlib import Path
 
 __all__ = ["Kernel", "output_extent", "torch_dtype"]
@@ -51,8 +52,12 @@ class Kernel:
         allocating = metadata.get("allocating_entry")
         return cls(directory, metadata, module[metadata["entry"]], module[allocating] if allocating else None)
 
-    def __call__(self, *args):
-        return self._call(*args)
+    # ``kernel(*args)`` calls ``self._call`` (the launcher's entry point itself, for a kernel
+    # with at most one output) with no Python frame in between: Python looks ``__call__`` up on
+    # the type, and a property hands back the instance's function, which is then called with
+    # the arguments as they are. A ``def __call__(self, *args)`` would add a frame and repack
+    # the arguments (about 0.1 us per call on this machine's CPU).
+    __call__ = property(operator.attrgetter("_call"))
 
     def _unsized_outputs(self, *inputs):
         bound_by_outputs = sorted(v for v, w in self._dims.items() if self._index_of[w["tensor"]] not in self._inputs)

@@ -107,3 +107,20 @@ def scaled_rows(M, block=32):
                     B[by * block + i] = A[by * block + i] * scale + T.Cast("float32", bias)
 
     return main
+
+
+@tlx.jit(target=SM90)
+def offset_window(threads=32):
+    """A window of ``threads`` elements of a shared copy of A, at a scalar offset: the verifier
+    derives ``0 <= off <= 256 - threads`` as preconditions the launcher checks."""
+
+    @T.prim_func
+    def main(A: T.Tensor((256,), "float32"), B: T.Tensor((threads,), "float32"), off: T.int32):
+        with T.Kernel(1, threads=threads):
+            S = T.alloc_shared((256,), "float32")
+            tx = T.get_thread_binding()
+            for i in T.Parallel(256):
+                S[i] = A[i]
+            B[tx] = S[tx + off]
+
+    return main

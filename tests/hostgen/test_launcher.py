@@ -240,6 +240,19 @@ def test_grid_past_the_cuda_limit_names_axis_expression_and_shape(rows):
         rows.launch(torch.zeros(m - 1), torch.zeros(m - 1), 0, 1.0)
 
 
+def test_a_failed_shape_precondition_names_it_and_the_values(cache):
+    """The verifier's preconditions are checked before the device: CPU tensors reach them."""
+    window = sk.offset_window()
+    assert {p["text"] for p in window.metadata["preconditions"]} >= {"off >= 0", "off <= 224"}
+    a, b = torch.zeros(256), torch.zeros(32)
+    with pytest.raises(ValueError, match=r"^offset_window: shape precondition off >= 0 does not hold for off = -1$"):
+        window.launch(a, b, -1)
+    with pytest.raises(ValueError, match=r"^offset_window: shape precondition off <= 224 does not hold for off = 225$"):
+        window.launch(a, b, 225)
+    with pytest.raises(ValueError, match="CUDA tensor"):  # within the window: on to the device check
+        window.launch(a, b, 224)
+
+
 def test_empty_problem_is_a_documented_no_op(rows, gemm):
     for kernel in (rows, gemm):
         assert "empty problem: a no-op" in kernel.host_source
@@ -280,6 +293,17 @@ def test_the_allocating_call_checks_inputs_before_it_allocates(add):
         add(torch.zeros(4, 1024), torch.zeros(4, 1024), torch.zeros(4, 1024))
     with pytest.raises(TypeError, match=r"add: argument B \(#1\) expected a tensor, got int"):
         add(torch.zeros(4, 1024), 3)
+
+
+def test_calling_a_kernel_runs_the_launchers_entry_with_no_python_frame_between(add, rows):
+    """``kernel(*args)`` resolves to the launcher's TVM-FFI entry itself: the allocating one for a
+    kernel with one output, the plain one for a kernel without outputs."""
+    import tvm_ffi
+
+    assert isinstance(add.__call__, tvm_ffi.Function) and add.__call__ is not add.launch
+    assert rows.__call__ is rows.launch
+    with pytest.raises(ValueError, match=r"add: argument B.shape\[1\] expected 1024, got 1000"):
+        add(torch.zeros(4, 1024), torch.zeros(4, 1000))
 
 
 def test_kernels_without_outputs_have_no_allocating_entry(rows):

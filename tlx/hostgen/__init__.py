@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from tlx.hostgen.cexpr import pyexpr
@@ -10,7 +11,8 @@ from tlx.hostgen.image import SharedMemoryError, check_shared_memory
 from tlx.hostgen.plan import HostgenError, LaunchPlan, plan_launcher, walk_steps
 
 __all__ = ["HostgenError", "LaunchPlan", "SharedMemoryError", "check_shared_memory", "EXPORT_NAME", "generate_launcher",
-           "launcher_compile_command", "launcher_link_command", "plan_launcher", "RUNTIME_DIR"]
+           "launcher_compile_command", "launcher_link_command", "plan_launcher", "publish_runtime_support", "RUNTIME_DIR",
+           "runtime_cache_dir", "runtime_support"]
 
 RUNTIME_DIR = Path(__file__).parent / "runtime"
 
@@ -43,26 +45,80 @@ def describe(plan: LaunchPlan, source: str) -> dict:
 
 
 def launcher_compile_command(workdir: Path) -> list[str]:
-    """Compile ``workdir/launcher.cc`` to assembly (``launcher.s``). This is the expensive half of
-    the build, and it does not need the cubin (the ``.incbin`` directive is resolved only when
-    the assembly is assembled), so it can run while nvcc builds the cubin."""
+    """Compile ``workdir/launcher.cc`` to assembly (``launcher.s``). It does not need the cubin
+    (the ``.incbin`` directive is resolved only when the assembly is assembled), so it runs
+    while nvcc builds the cubin."""
+    return [_CXX, *_CXXFLAGS, *_include_flags(), "-S", str(workdir / "launcher.cc"), "-o", str(workdir / "launcher.s")]
+
+
+def launcher_link_command(workdir: Path, runtime: Path) -> list[str]:
+    """Assemble ``workdir/launcher.s`` (embedding ``workdir/kernel.cubin``) and link it with the
+    runtime object (:func:`runtime_support`) into the library."""
+    from tvm_ffi.libinfo import find_libtvm_ffi
+
+    lib = Path(find_libtvm_ffi())
+    return [_CXX, "-shared", "-fPIC", *_fast_linker(), f"-Wa,-I{workdir}", str(workdir / "launcher.s"), str(runtime), f"-L{lib.parent}",
+            "-ltvm_ffi", "-ldl", "-o", str(workdir / "launcher.so")]
+
+
+def _fast_linker() -> list[str]:
+    """gold where it is installed: it links a launcher in half the time of the default (bfd)
+    linker, and the link is the one build step that waits for nvcc."""
+    import shutil
+
+    return ["-fuse-ld=gold"] if shutil.which("ld.gold") else []
+
+
+def runtime_support() -> tuple[Path, list[str] | None]:
+    """The launchers' runtime (``runtime/tlx_runtime.cc``, the out-of-line half of
+    ``tlx_launcher.h``) as an object file, compiled once per machine and linked into every
+    launcher. Returns its path and, when it is not built yet, the command that builds it
+    (into a file of this process, which :func:`publish_runtime_support` moves into place).
+    Its directory is named by a hash of the runtime's sources, the flags, the compiler and
+    the TVM-FFI and CUDA headers it is compiled against, so a change to any of them builds a
+    new one."""
+    import hashlib
+    import importlib.metadata as im
+    import shutil
+
+    from tlx.compiler import cuda_toolkit_version
+
+    cxx = Path(shutil.which(_CXX) or _CXX).resolve()
+    stat = cxx.stat()
+    material = [*(p.read_bytes() for p in _RUNTIME_SOURCES), *(f.encode() for f in (*_CXXFLAGS, *_include_flags())),
+                f"{cxx}:{stat.st_size}:{stat.st_mtime_ns}".encode(), im.version("apache-tvm-ffi").encode(), cuda_toolkit_version().encode()]
+    key = hashlib.sha256(b"\0".join(material)).hexdigest()[:16]
+    runtime = runtime_cache_dir() / key / "tlx_runtime.o"
+    if runtime.is_file():
+        return runtime, None
+    runtime.parent.mkdir(parents=True, exist_ok=True)
+    partial = runtime.with_name(f"tlx_runtime.o.partial{os.getpid()}")
+    return runtime, [_CXX, *_CXXFLAGS, *_include_flags(), "-c", str(RUNTIME_DIR / "tlx_runtime.cc"), "-o", str(partial)]
+
+
+def publish_runtime_support(command: list[str], runtime: Path) -> None:
+    """Move the object ``command`` built into place (atomically; two processes building it at
+    once both succeed, the last one's identical object stays)."""
+    os.replace(command[-1], runtime)
+
+
+def runtime_cache_dir() -> Path:
+    """Where the runtime object is cached: ``$TLX_RUNTIME_CACHE_DIR``, else ``runtime/`` in the
+    kernel cache (``$TLX_CACHE_DIR``)."""
+    from tlx.compiler import cache_dir
+
+    return Path(os.environ["TLX_RUNTIME_CACHE_DIR"]) if os.environ.get("TLX_RUNTIME_CACHE_DIR") else cache_dir() / "runtime"
+
+
+def _include_flags() -> list[str]:
     from tvm_ffi.libinfo import find_dlpack_include_path, find_include_path
 
     from tlx.lowering import cuda_include_dir
 
-    includes = dict.fromkeys([find_include_path(), find_dlpack_include_path(), str(RUNTIME_DIR), cuda_include_dir()])
-    return [_CXX, *_CXXFLAGS, *(f"-I{d}" for d in includes), "-S", str(workdir / "launcher.cc"), "-o", str(workdir / "launcher.s")]
-
-
-def launcher_link_command(workdir: Path) -> list[str]:
-    """Assemble ``workdir/launcher.s`` (embedding ``workdir/kernel.cubin``) and link the library."""
-    from tvm_ffi.libinfo import find_libtvm_ffi
-
-    lib = Path(find_libtvm_ffi())
-    return [_CXX, "-shared", "-fPIC", f"-Wa,-I{workdir}", str(workdir / "launcher.s"), f"-L{lib.parent}", "-ltvm_ffi", "-ldl",
-            "-o", str(workdir / "launcher.so")]
+    return [f"-I{d}" for d in dict.fromkeys([find_include_path(), find_dlpack_include_path(), str(RUNTIME_DIR), cuda_include_dir()])]
 
 
 _CXX = "c++"
 # TVM-FFI's own extension flags (tvm_ffi.cpp.build), with the launcher's exported symbols alone visible.
 _CXXFLAGS = ("-std=c++17", "-fPIC", "-O2", "-fvisibility=hidden")
+_RUNTIME_SOURCES = (RUNTIME_DIR / "tlx_launcher.h", RUNTIME_DIR / "tlx_runtime.cc")

@@ -51,9 +51,9 @@ def cexpr(e, names: dict | None = None) -> str:
         if isinstance(e, cls):
             return f"{fn}({cexpr(e.a, names)}, {cexpr(e.b, names)})"
     if isinstance(e, tirx.Min):
-        return f"std::min<int64_t>({cexpr(e.a, names)}, {cexpr(e.b, names)})"
+        return f"tlx::min({cexpr(e.a, names)}, {cexpr(e.b, names)})"
     if isinstance(e, tirx.Max):
-        return f"std::max<int64_t>({cexpr(e.a, names)}, {cexpr(e.b, names)})"
+        return f"tlx::max({cexpr(e.a, names)}, {cexpr(e.b, names)})"
     if isinstance(e, tirx.Not):
         return f"(!{cexpr(e.a, names)})"
     if isinstance(e, tirx.Select):

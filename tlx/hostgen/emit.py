@@ -117,8 +117,6 @@ class _Emitter:
             f"// Signature: {p.name}({_signature(p)})",
             '#include "tlx_launcher.h"',
             "",
-            "#include <algorithm>",
-            "",
             "// The device code (cubin) is embedded in this library.",
             "extern \"C\" const char " + self.sym + "[];",
             "__asm__(\".section .rodata\\n.balign 64\\n.local " + self.sym + "\\n" + self.sym + ":\\n.incbin \\\"" + self.cubin_path +
@@ -175,16 +173,20 @@ class _Emitter:
                 raise HostgenError(f"{self.plan.name}: scalar argument {s.name} has unsupported dtype {s.dtype}")
             self.known.add(c_name(s.var))
 
+    def named_values(self, e, indent: int) -> str:
+        """Declare the values of ``e``'s variables for a failure message (``tlx::Named``, printed
+        as ``M = 4``); returns the arguments ``n, values`` that pass them."""
+        vs = _unique(free_vars(e))
+        if not vs:
+            return "0, nullptr"
+        self.out(f"const tlx::Named values[] = {{{', '.join(f'{{{_cstr(v.name)}, {self.expr(v)}}}' for v in vs)}}};", indent)
+        return f"{len(vs)}, values"
+
     def preconditions(self) -> None:
         for expr, text in self.plan.preconditions:
-            cond = self.expr(expr)
-            values = " + \", \" + ".join(f'"{v.name} = " + std::to_string({c_name(v)})' for v in _unique(free_vars(expr)))
-            values = values or '""'
-            self.out(f"if (__builtin_expect(!({cond}), 0)) {{")
-            self.out(
-                f'tlx::raise("ValueError", std::string(kKernel) + ": shape precondition " + {_cstr(text)} + " does not hold for " + {values});',
-                2,
-            )
+            self.out(f"if (__builtin_expect(!({self.expr(expr)}), 0)) {{")
+            values = self.named_values(expr, 2)
+            self.out(f"tlx::fail_precondition(kKernel, {_cstr(text)}, {values});", 2)
             self.out("}")
 
     def grid_limits(self) -> None:
@@ -206,8 +208,8 @@ class _Emitter:
                     self.checked_grid.add((axis, str(g)))
 
     def grid_check(self, axis: str, limit: int, g, indent: int) -> None:
-        values = " + \", \" + ".join(f'"{v.name} = " + std::to_string({self.expr(v)})' for v in _unique(free_vars(g))) or '""'
         self.out(f"if (__builtin_expect(({self.expr(g)}) > {limit}, 0)) {{", indent)
+        values = self.named_values(g, indent + 1)
         self.out(f"tlx::grid_too_large(kKernel, {_cstr(axis)}, {self.expr(g)}, {limit}, {_cstr(str(g))}, {values});", indent + 1)
         self.out("}", indent)
 
@@ -326,11 +328,10 @@ class _Emitter:
 
 
 def _export(name: str, function: str, returns: bool = False) -> list[str]:
-    """A TVM-FFI C-ABI entry point (``tvm_ffi.load_module(lib).NAME(...)``) around ``function``,
-    turning a ``tlx::Error`` into the Python exception it names; a ``function`` that ``returns``
-    fills the result itself, and may pass on an error TVM-FFI raised (``tlx::Raised``)."""
+    """A TVM-FFI C-ABI entry point (``tvm_ffi.load_module(lib).NAME(...)``) around ``function``.
+    A failed check has set the Python exception already and unwinds as ``tlx::Raised``; the
+    entry returns -1 for TVM-FFI to raise it. A ``function`` that ``returns`` fills the result."""
     call = f"{function}(args, num_args, result)" if returns else f"{function}(args, num_args)"
-    passed_on = ["  } catch (const tlx::Raised&) {", "    return -1;"] if returns else []
     return [
         f"// TVM-FFI C ABI entry: tvm_ffi.load_module(lib).{name}(...)",
         f'extern "C" __attribute__((visibility("default"))) int __tvm_ffi_{name}(',
@@ -339,10 +340,8 @@ def _export(name: str, function: str, returns: bool = False) -> list[str]:
         "    result->type_index = kTVMFFINone;",
         "    result->v_int64 = 0;",
         f"    return {call};",
-        "  } catch (const tlx::Error& e) {",
-        "    TVMFFIErrorSetRaisedFromCStr(e.kind, e.message.c_str());",
+        "  } catch (const tlx::Raised&) {",
         "    return -1;",
-        *passed_on,
         "  }",
         "}",
         "",

@@ -252,8 +252,9 @@ BUILDS = {
 
 def shape_preconditions(kernel) -> set:
     """The shape preconditions (derived by the bounds verifier) that the launcher checks."""
-    lines = [ln for ln in kernel.host_source.splitlines() if "shape precondition" in ln]
-    return {ln.split('precondition " + "', 1)[1].split('"', 1)[0] for ln in lines}
+    marker = 'tlx::fail_precondition(kKernel, "'
+    lines = [ln for ln in kernel.host_source.splitlines() if marker in ln]
+    return {ln.split(marker, 1)[1].split('"', 1)[0] for ln in lines}
 
 
 def refuses_no_real_size(preconditions) -> bool:
