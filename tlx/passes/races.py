@@ -594,8 +594,43 @@ def _epoch_ordered(enc, prog, first: Access, cf: "_Copy", second: Access, cs: "_
                   for f in fences if f.order > first.order and all(v in cf.loop_env for v, _, _ in f.loops)]
         reader = [z3.And([enc.encode_bool(c, env2) for c in f.conds] + [enc.encode(f.epoch, env2) == cs.epoch])
                   for f in fences if f.order < second.order and all(v in cs.loop_env for v, _, _ in f.loops)]
-        return z3.And(published, z3.Or(writer + reader + [false]))
+        return z3.Or(z3.And(published, z3.Or(writer + reader + [false])), _fenced_earlier(enc, prog, first, cf, cs, fences))
     return published
+
+
+class _At:
+    """A point of the reader's execution for :func:`_not_landed`: its epoch and loop iterations."""
+
+    def __init__(self, epoch, loop_env: dict):
+        self.epoch, self.loop_env = epoch, loop_env
+
+
+def _fenced_earlier(enc, prog, first: Access, cf: "_Copy", cs: "_Copy", fences: list):
+    """The async reader ran a ``fence.proxy.async`` after ``first``'s write was published to it
+    and in an earlier epoch than its read (so before the read in its own program order).
+
+    The fence instance is one of a few candidates per loop around it (the read's iteration or
+    the one before, the first, the last): fewer candidates can only report more races."""
+    import itertools
+
+    out = []
+    for f in fences:
+        choices = []
+        for v, lo, ext in f.loops:
+            opts = [cs.loop_env[v], cs.loop_env[v] - 1] if v in cs.loop_env else []
+            choices.append([(v, lo, ext, o) for o in opts + [None, "last"]])
+        for combo in itertools.product(*choices):
+            env, dom, loops = dict(cs.thread_env), [], {}
+            for v, lo, ext, o in combo:
+                lo_t, ext_t = enc.encode(lo, env), enc.encode(ext, env)
+                t = lo_t if o is None else lo_t + ext_t - 1 if isinstance(o, str) else o
+                env[v], loops[v] = t, t
+                dom += [t >= lo_t, t < lo_t + ext_t]
+            epoch = enc.encode(f.epoch, env)
+            landed = z3.Not(_not_landed(enc, prog, cf, _At(epoch, loops))) if first.op == "ptx_cp_async" else cf.epoch < epoch
+            out.append(z3.And(dom + [enc.encode_bool(c, env) for c in f.conds] + [epoch < cs.epoch, landed]))
+    enc.take_obligations()
+    return z3.Or(out + [z3.BoolVal(False, enc.ctx)])
 
 
 def _pair_query(enc, prog, a: Access, b: Access, pipeline: "_Pipeline | None" = None):
