@@ -31,6 +31,12 @@ proxy needs ``fence.proxy.async`` (by the writer before the barrier, or by the r
 it). Two instances of one elected statement (``tl_shuffle_elect``) in one group are one
 thread; async-proxy accesses of one thread are not ordered by its program order.
 
+Single-element shared atomics (``tl.atomic_*_elem_op``) of one width never race with each
+other; against plain accesses they are ordered like any access. A fence.proxy.async the async
+reader ran after a generic write reached it, in an earlier epoch than its read, fences that
+write too. A race whose witness needs values read from memory (an index or a condition that
+loads) is reported ``unknown`` (data-dependent): the program may never hold those values.
+
 Not modelled, and therefore reported as ``unknown`` rather than safe: TMA stores, multicast
 and cluster barriers, mbarrier pipelines whose loop is not a constant range from 0 (a
 persistent kernel's counter, a symbolic K) or whose barrier index or parity depends on more
@@ -101,7 +107,9 @@ def _data_dependent(acc: Access) -> bool:
         found = []
         tir.stmt_functor.post_order_visit(tir.Evaluate(expr), lambda n: found.append(n) if isinstance(n, tir.BufferLoad) else None)
         return bool(found)
-    return not acc.exact or any(reads(c) for c in acc.conds if not _has_call(c, _ELECT))
+    # the program model marks every atomic's pointer inexact: look at its index itself
+    inexact = reads(acc.index) if _atomic(acc) else not acc.exact
+    return inexact or any(reads(c) for c in acc.conds if not _has_call(c, _ELECT))
 
 
 def _modelled(acc: Access) -> bool:
