@@ -10,7 +10,7 @@ from tests.tiled_gemm import tiled_gemm
 from tlx.ir.program import collect_program
 from tlx.lowering import lower
 from tlx.passes import PassContext
-from tlx.passes.races import RaceError, races_pass, races_report
+from tlx.passes.races import RaceError, describe_race, races_pass, races_report
 
 TARGET = {"kind": "cuda", "arch": "sm_90a"}
 
@@ -184,6 +184,7 @@ def test_reader_proxy_fence_in_an_earlier_epoch_orders_generic_writes_before_wgm
     for x in _races(r):
         write, read = _sides(x)
         assert not write["async"] and read["statement"].startswith("wgmma") and read["async"]
+        assert "fence.proxy.async" in describe_race(x)
 
 
 def test_race_budget_counts_each_query_once():

@@ -859,11 +859,17 @@ def _witness(enc, model, a, b, ca, cb, pipeline=None) -> dict:
     return out
 
 
+def _proxy_side(side: dict) -> bool:
+    """The witness side is a TMA or wgmma access (the async proxy)."""
+    return side["statement"].startswith(("wgmma", "tma_load"))
+
+
 def describe_race(r: dict) -> str:
     text = (
         f"shared-memory race on {r['buffer']} byte {r['byte_address']}: thread {r['first']['thread']} "
         f"{'writes' if r['first']['write'] else 'reads'} in `{r['first']['statement']}` and thread {r['second']['thread']} "
         f"{'writes' if r['second']['write'] else 'reads'} in `{r['second']['statement']}` with no barrier between"
+        + (" (nor the fence.proxy.async the async proxy needs)" if sum(map(_proxy_side, (r["first"], r["second"]))) == 1 else "")
     )
     if r.get("schedule"):
         text += "; schedule: " + "; ".join(r["schedule"])
