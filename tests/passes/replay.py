@@ -44,9 +44,10 @@ def shape_vars_of(expr):
 
 
 def counterexample(name):
-    """The first violation's counterexample (a planted bug's), or {} for a correct kernel."""
+    """The first refutation's counterexample (a planted bug's: a violation, or a data-dependent
+    unknown), or {} for a correct kernel."""
     report = verify_kernel(lowered(name), entry(name)[3])
-    bad = report.violations()
+    bad = report.violations() + [a for a in report.unknowns() if a.data_dependent]
     return bad[0].counterexample if bad else {}
 
 

@@ -4,13 +4,13 @@ the planted pipeline bugs (tests/passes/async_corpus) each found with both acces
 import pytest
 import tilelang.language as T
 
-from tests.passes.async_corpus.pipelines import BUGS, tma_pipeline
+from tests.passes.async_corpus.pipelines import BUGS, drop_block_barrier, move_proxy_fence, shared_histogram, staged_then_wgmma, tma_pipeline
 from tests.passes.layout_corpus import kernels as K
 from tests.tiled_gemm import tiled_gemm
 from tlx.ir.program import collect_program
 from tlx.lowering import lower
 from tlx.passes import PassContext
-from tlx.passes.races import RaceError, races_pass, races_report
+from tlx.passes.races import RaceError, describe_race, races_pass, races_report
 
 TARGET = {"kind": "cuda", "arch": "sm_90a"}
 
@@ -135,3 +135,71 @@ def test_compile_pass_raises_on_a_planted_pipeline_bug_with_its_schedule():
     func, configs = tma_pipeline(bug="overwrite_before_release")
     with pytest.raises(RaceError, match=r"shared-memory race on [AB]_s .*schedule: .*tma_load"):
         races_pass(lower(func, TARGET, configs), PassContext(options={"verify": "error"}))
+
+
+def _unknowns(report):
+    return [u for k in report["kernels"] for u in k["unknown"]]
+
+
+@pytest.fixture(scope="module")
+def histograms():
+    """The shared-atomics histogram lowered once per bin source: ``tx % 16``, or ``ids[tx]``."""
+    return {src: lower(shared_histogram(from_input=src == "input")[0], TARGET) for src in ("thread", "input")}
+
+
+def test_shared_atomics_between_barriers_are_race_free(histograms):
+    for kernel in histograms.values():
+        r = races_report(kernel)
+        assert r["verdict"] == "race-free", r["summary"]
+        assert not r["kernels"][0]["unmodelled_ops"]  # atomics were "not modelled" (unknown) before
+
+
+@pytest.mark.parametrize("barrier,plain", [(0, "hist[tx] = 0"), (1, "hist[tx]")])
+def test_missing_barrier_next_to_atomics_is_a_race_but_atomics_never_race_each_other(histograms, barrier, plain):
+    # barrier 0 orders the clearing stores before the atomics, barrier 1 the atomics before the reads
+    r = races_report(drop_block_barrier(histograms["thread"], barrier))
+    assert r["verdict"] == "race", r["summary"]
+    for x in _races(r):
+        sides = {x["first"]["statement"], x["second"]["statement"]}
+        assert plain in sides and any(t.startswith("atomic_add_elem_op") for t in sides), sides
+        assert x["first"]["thread"] != x["second"]["thread"]
+
+
+def test_race_that_needs_values_read_from_memory_is_unknown_not_a_race(histograms):
+    """With the bin read from ``ids`` the witness picks an input value: data-dependent, unknown."""
+    r = races_report(drop_block_barrier(histograms["input"], 1))
+    assert r["verdict"] == "unknown" and not _races(r)
+    assert [u for u in _unknowns(r) if u.get("data_dependent") and "hist[tx]" in (u["first"], u["second"])]
+
+
+def test_reader_proxy_fence_in_an_earlier_epoch_orders_generic_writes_before_wgmma():
+    func, configs = staged_then_wgmma()
+    kernel = lower(func, TARGET, configs)
+    assert races_report(kernel)["verdict"] == "race-free"  # TileLang's fence: by the writers, before the barrier
+    # the fence moved after the barrier (each reader fences, then a barrier, then its wgmma)
+    assert races_report(move_proxy_fence(kernel, "reader"))["verdict"] == "race-free"
+    # no fence at all: the plain stores race with the wgmma reads
+    r = races_report(move_proxy_fence(kernel, "none"))
+    assert r["verdict"] == "race"
+    for x in _races(r):
+        write, read = _sides(x)
+        assert not write["async"] and read["statement"].startswith("wgmma") and read["async"]
+        assert "fence.proxy.async" in describe_race(x)
+
+
+def test_race_budget_counts_each_query_once():
+    """Z3's rlimit count is the context's running total: the budget must add each query's own
+    share (at most the context's total), or a kernel of a few hundred pairs spends any budget
+    after a dozen of them."""
+    import z3
+
+    from tlx.passes.races import find_races
+    from tlx.passes.smt import kernel_encoder
+
+    func, configs = tma_pipeline()
+    kernel = lower(func, TARGET, configs)
+    enc = kernel_encoder(kernel)
+    reports = [find_races(enc, p) for p in collect_program(kernel)]
+    assert sum(r["pairs"] for r in reports) >= 4 and enc.queries >= 10
+    context_total = z3.Solver(ctx=enc.ctx).statistics().get_key_value("rlimit count")
+    assert 0 < enc.rlimit_used <= context_total

@@ -207,7 +207,7 @@ class _Walker(DeviceWalker):
             c = self.sub(stmt.condition)
             if _depends_on(c, self.thread_vars()) and not (_is_zero(a1) and _is_zero(a2)):
                 self.prog.divergent_barriers.append(str(stmt.condition))
-            return tir.Select(c, a1, a2), tir.Select(c, b1, b2)
+            return _either(c, a1, a2), _either(c, b1, b2)
         if isinstance(stmt, tir.Evaluate) and isinstance(stmt.value, tir.Call) and hasattr(stmt.value.op, "name"):
             name = str(stmt.value.op.name)
             if name in _BARRIER_CALLS and _is_block_barrier(stmt.value):
@@ -270,7 +270,7 @@ class _Walker(DeviceWalker):
             self.conds.pop()
         a1, b1 = self.count(s.then_case)
         a2, b2 = self.count(s.else_case) if s.else_case is not None else (tir.IntImm("int32", 0),) * 2
-        self.epoch, self.commits = base_e + tir.Select(c, a1, a2), base_c + tir.Select(c, b1, b2)
+        self.epoch, self.commits = base_e + _either(c, a1, a2), base_c + _either(c, b1, b2)
 
     def visit_BufferStore(self, s):
         self.exprs([s.value] + list(s.indices))
@@ -504,6 +504,14 @@ def _handle_args(call):
         if isinstance(a, tir.Var):
             out.append(a)
     return out
+
+
+def _either(cond, then_count, else_count):
+    """The barriers (or commits) a branch passes: one constant when both arms agree, so a branch
+    without barriers inside one that has none is not counted as divergent."""
+    if const_int(then_count) is not None and const_int(then_count) == const_int(else_count):
+        return then_count
+    return tir.Select(cond, then_count, else_count)
 
 
 def _is_zero(e) -> bool:

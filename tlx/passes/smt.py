@@ -34,7 +34,7 @@ import tilelang  # noqa: F401  (sets up the bundled TVM)
 from tilelang import tvm
 
 from tlx.ir.facts import FunctionFacts, user_name
-from tlx.ir.tir import PRIVATE_SCOPES, op_name, scalar_dtype
+from tlx.ir.tir import PRIVATE_SCOPES, elem_bytes, op_name, scalar_dtype
 from tlx.passes.assume import dimension_vars, parse_assumption, shape_vars
 
 tir = tvm.tirx
@@ -728,6 +728,8 @@ def shape_setup(enc: Encoder, kernel, assume: tuple[str, ...] | list[str], extra
         if name in dims:
             enc.add_fact(t >= 0)
         terms[name] = t
+    for buf in kernel.prim_func.buffer_map.values():
+        enc.add_fact(tensor_size_fact(enc, buf))
     for text in assume:
         cond = parse_assumption(text, variables)
         enc.add_fact(enc.encode_bool(cond))
@@ -736,6 +738,36 @@ def shape_setup(enc: Encoder, kernel, assume: tuple[str, ...] | list[str], extra
         enc.add_fact(enc.encode_bool(cond))
         enc.take_obligations()
     return variables, terms
+
+
+INT64_MAX = (1 << 63) - 1
+
+
+def tensor_size_fact(enc: Encoder, buf):
+    """Every tensor argument exists: its element count is an int64 (torch's ``numel``, DLPack's
+    shape), and a compact one (no declared strides: the launcher checks row-major strides) spans
+    ``numel * element bytes`` of allocated memory, which torch also keeps <= INT64_MAX. So no
+    shape makes a tensor larger than that, however large each dimension may be alone (a
+    dimension of 0 leaves the others free). The dimensions are the launcher's host values, so
+    their arithmetic is not device arithmetic: no width obligations."""
+    enc.take_obligations()
+    numel = enc.int_val(1)
+    for dim in buf.shape:
+        numel = numel * enc.encode(dim)
+    enc.take_obligations()
+    cap = INT64_MAX // elem_bytes(buf.dtype) if _row_major(buf) else INT64_MAX
+    return numel <= cap
+
+
+def _row_major(buf) -> bool:
+    """No strides declared, or exactly the row-major ones (TileLang declares them): the launcher
+    checks them, so the tensor's elements are one dense block of memory."""
+    expected, analyzer = tir.IntImm("int64", 1), tvm.arith.Analyzer()
+    for dim, stride in reversed(list(zip(buf.shape, buf.strides or buf.shape, strict=True))):
+        if buf.strides and not analyzer.can_prove_equal(stride, expected):
+            return False
+        expected = expected * dim
+    return True
 
 
 def bind_params(enc: Encoder, f, variables):

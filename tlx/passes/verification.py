@@ -255,21 +255,27 @@ class _Walker(DeviceWalker):
 
     def demote(self, access: CheckedAccess) -> None:
         """A violation that may be spurious becomes unknown: found in a context weakened by a
-        possible overflow, or relying on values the kernel computed into its own memory."""
+        possible overflow, relying on values the kernel computed into its own memory, or needing
+        particular input contents (data-dependent: the verifier does not know the input's
+        contract, so it is not refuted for valid inputs)."""
         untracked = access.counterexample.pop("__untracked__", None)
         data = access.counterexample.pop("__data__", None)
-        if access.status == "violation" and data:
+        if access.status != "violation":
+            return
+        if data:
             access.data_dependent = True
             access.detail += f" when the input holds {', '.join(f'{k} = {access.counterexample[k]}' for k in data)}"
-        if access.status == "violation" and untracked:
+        if untracked:
             access.status = "unknown"
             access.detail = f"not proven; depends on {', '.join(untracked)}, whose contents the verifier does not track"
             return
         taint = self.taint()
-        if access.status == "violation" and taint:
+        if taint:
             access.status = "unknown"
             access.counterexample = {}
             access.detail = f"not proven; depends on {taint[0]}, which may overflow (reported separately)"
+        elif data:
+            access.status = "unknown"
 
     def report_overflow(self, verdict, bad: Obligation | None, what: str, subject: str = ""):
         text = bad.text() if bad is not None else what

@@ -9,6 +9,10 @@ removes or breaks exactly one of those orderings (``bug``):
 - ``"read_before_wait"``: the consumer multiplies before it waits on ``full``;
 - ``"overwrite_before_release"``: the producer never waits on ``empty``;
 - ``"wrong_phase"``: the consumer waits for the parity of the previous round.
+
+Also: a shared-atomics histogram (:func:`shared_histogram`), stores then wgmma
+(:func:`staged_then_wgmma`), and the lowered-kernel rewrites that plant a missing barrier or
+move a proxy fence (:func:`drop_block_barrier`, :func:`move_proxy_fence`).
 """
 
 import tilelang.language as T
@@ -55,3 +59,99 @@ def tma_pipeline(M=256, N=256, K=512, bm=128, bn=128, bk=64, stages=3, bug=None,
                 T.copy(C_l, C[by * bm, bx * bn])
 
     return main, {"tl.disable_warp_specialized": True}
+
+
+def staged_then_wgmma():
+    """Shared tiles written by plain stores, then read by wgmma in a loop; TileLang fences the
+    async proxy in the writing threads just before the barrier. Returns ``(prim_func, configs)``."""
+
+    @T.prim_func
+    def main(A: T.Tensor((64, 64), "float16"), B: T.Tensor((64, 64), "float16"), C: T.Tensor((64, 64), "float32")):
+        with T.Kernel(1, threads=128) as bx:
+            A_s = T.alloc_shared((64, 64), "float16")
+            B_s = T.alloc_shared((64, 64), "float16")
+            C_l = T.alloc_fragment((64, 64), "float32")
+            T.copy(A, A_s)
+            T.copy(B, B_s)
+            T.clear(C_l)
+            for k in T.serial(2):
+                T.gemm(A_s, B_s, C_l, transpose_B=True)
+            T.copy(C_l, C)
+
+    return main, {"tl.disable_tma_lower": True}
+
+
+def shared_histogram(from_input=False, bins=16, threads=128):
+    """Counts into a shared histogram with atomics, then each bin is read by one thread: clear,
+    barrier, atomics, barrier, read (TileLang places both barriers itself; a planted bug drops
+    one from the lowered kernel with :func:`drop_block_barrier`). The bin is ``tx % bins``, or
+    with ``from_input`` a value read from the input ``ids``. Returns ``(prim_func, configs)``."""
+
+    @T.prim_func
+    def main(ids: T.Tensor((threads,), "int32"), out: T.Tensor((bins,), "int32")):
+        with T.Kernel(1, threads=threads) as bx:
+            hist = T.alloc_shared((bins,), "int32")
+            tx = T.get_thread_binding()
+            if tx < bins:
+                hist[tx] = 0
+            if from_input:
+                T.atomic_add(hist[T.max(T.min(ids[tx], bins - 1), 0)], 1)
+            else:
+                T.atomic_add(hist[tx % bins], 1)
+            if tx < bins:
+                out[tx] = hist[tx]
+
+    return main, {}
+
+
+def drop_block_barrier(kernel, which: int):
+    """``kernel`` with its ``which``-th ``__syncthreads()`` (in program order) removed: a planted
+    missing barrier that TileLang's own barrier insertion cannot put back."""
+    from tilelang import tvm
+
+    tir = tvm.tirx
+    seen = []
+
+    def drop(node):
+        call = node.value if isinstance(node, tir.Evaluate) else None
+        if isinstance(call, tir.Call) and getattr(call.op, "name", "") == "tirx.tvm_storage_sync" and len(call.args) == 1:
+            seen.append(node)
+            if len(seen) - 1 == which:
+                return tir.Evaluate(0)
+        return None
+
+    funcs = {gv: f.with_body(tir.stmt_functor.ir_transform(f.body, None, drop, ["tirx.Evaluate"])) for gv, f in kernel.device_mod.functions.items()}
+    if len(seen) <= which:
+        raise ValueError(f"which: the kernel has {len(seen)} block barriers, got {which}")
+    return kernel.with_device_mod(tvm.IRModule(funcs))
+
+
+def move_proxy_fence(kernel, to: str):
+    """``kernel`` (from :func:`staged_then_wgmma`) with its writers' ``fence.proxy.async ;
+    __syncthreads()`` rewritten: ``to="reader"`` puts the fence after the barrier, then another
+    barrier (every reader fences in an earlier epoch than its wgmma); ``to="none"`` drops it."""
+    from tilelang import tvm
+
+    tir = tvm.tirx
+    if to not in ("reader", "none"):
+        raise ValueError(f"to: expected 'reader' or 'none', got {to!r}")
+    moved = []
+
+    def name(stmt):
+        call = stmt.value if isinstance(stmt, tir.Evaluate) else None
+        return getattr(call.op, "name", "") if isinstance(call, tir.Call) else ""
+
+    def rewrite(node):
+        seq = list(node.seq)
+        for i in range(len(seq) - 1):
+            if name(seq[i]) == "tl.fence_proxy_async" and name(seq[i + 1]) == "tirx.tvm_storage_sync":
+                moved.append(i)
+                fence, barrier = seq[i], seq[i + 1]
+                seq[i:i + 2] = [barrier, fence, barrier] if to == "reader" else [barrier]
+                return tir.SeqStmt(seq)
+        return None
+
+    funcs = {gv: f.with_body(tir.stmt_functor.ir_transform(f.body, None, rewrite, ["tirx.SeqStmt"])) for gv, f in kernel.device_mod.functions.items()}
+    if not moved:
+        raise ValueError("kernel: no fence.proxy.async right before a block barrier")
+    return kernel.with_device_mod(tvm.IRModule(funcs))
