@@ -42,16 +42,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tlx.options import Options
+from tlx.options import Options, cache_dir
 
-__all__ = ["STAGES", "Build", "cache_dir", "cache_key", "compile_artifacts", "compile_kernel", "cuda_toolkit_version", "nvcc_command",
+__all__ = ["STAGES", "Build", "cache_key", "compile_artifacts", "compile_kernel", "nvcc_command",
            "pass_options"]
 
 _ARTIFACTS = ("kernel.cu", "kernel.cubin", "launcher.cc", "metadata.json")
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("TLX_CACHE_DIR", Path.home() / ".cache" / "tlx"))
 
 
 @dataclass
@@ -288,6 +284,8 @@ def _tool_versions() -> dict:
 
     versions = {p: im.version(p) for p in ("tilelang", "apache-tvm-ffi")}
     versions["tlx"] = _tlx_source_hash()
+    from tlx.lowering import cuda_toolkit_version  # imports TileLang: not on the cache-hit path
+
     versions["nvcc"] = cuda_toolkit_version()
     return versions
 
@@ -309,25 +307,6 @@ def _tlx_source_hash() -> str:
                 h.update(hashlib.sha256(p.read_bytes()).digest())
         _VERSION_CACHE["tlx"] = h.hexdigest()[:16]
     return _VERSION_CACHE["tlx"]
-
-
-def cuda_toolkit_version() -> str:
-    """The CUDA toolkit in use: its ``version.json`` (the exact component versions; no subprocess
-    on the hit path), else nvcc's resolved path, size and mtime."""
-    if "nvcc" not in _VERSION_CACHE:
-        from tlx.lowering import cuda_include_dir
-
-        try:
-            home = Path(cuda_include_dir()).parent
-            manifest = home / "version.json"
-            if manifest.is_file():
-                _VERSION_CACHE["nvcc"] = "cuda:" + hashlib.sha256(manifest.read_bytes()).hexdigest()[:16]
-            else:
-                st = (home / "bin" / "nvcc").stat()
-                _VERSION_CACHE["nvcc"] = f"{home}:{st.st_size}:{st.st_mtime_ns}"
-        except (RuntimeError, OSError):
-            _VERSION_CACHE["nvcc"] = "missing"
-    return _VERSION_CACHE["nvcc"]
 
 
 def cache_key(program_text: str, options: dict, target: dict) -> str:

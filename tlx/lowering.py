@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import hashlib
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -11,7 +13,7 @@ from tilelang import tvm
 from tilelang.backend.module import create_backend_context
 from tilelang.engine.lower import lower_to_host_device_ir
 
-__all__ = ["LoweredKernel", "lower", "normalize_target"]
+__all__ = ["LoweredKernel", "cuda_toolkit_version", "lower", "normalize_target"]
 
 
 @dataclass(frozen=True)
@@ -115,3 +117,18 @@ def cuda_include_dir() -> str:
         if home and (Path(home) / "include" / "cuda.h").is_file():
             return str(Path(home) / "include")
     raise RuntimeError(f"cuda.h not found under any of {[c for c in candidates if c]}: set CUDA_HOME to the CUDA toolkit")
+
+
+@functools.cache
+def cuda_toolkit_version() -> str:
+    """The CUDA toolkit in use: its ``version.json`` (the exact component versions; no subprocess
+    on the hit path), else nvcc's resolved path, size and mtime."""
+    try:
+        home = Path(cuda_include_dir()).parent
+        manifest = home / "version.json"
+        if manifest.is_file():
+            return "cuda:" + hashlib.sha256(manifest.read_bytes()).hexdigest()[:16]
+        st = (home / "bin" / "nvcc").stat()
+        return f"{home}:{st.st_size}:{st.st_mtime_ns}"
+    except (RuntimeError, OSError):
+        return "missing"

@@ -6,13 +6,15 @@ need it, and neither should import the other for it.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from tlx.numerics.modes import NUMERICS_MODES
 
-__all__ = ["Options", "VERIFY_MODES", "freeze"]
+__all__ = ["Options", "VERIFY_MODES", "cache_dir", "freeze"]
 
 VERIFY_MODES = ("error", "warn", "off")
 
@@ -95,3 +97,8 @@ def freeze(v):
 
 def _thaw(v):
     return list(v) if isinstance(v, tuple) else v
+
+
+def cache_dir() -> Path:
+    """Where tlx keeps its builds (``$TLX_CACHE_DIR``, else ``~/.cache/tlx``)."""
+    return Path(os.environ.get("TLX_CACHE_DIR", Path.home() / ".cache" / "tlx"))

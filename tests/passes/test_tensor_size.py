@@ -62,7 +62,7 @@ def test_shape_setup_bounds_each_tensor_size():
 
 
 def test_overflow_that_needs_an_impossible_tensor_is_proven():
-    report = verify_kernel(lower(rows_copy, CPU_TARGET), ("R <= 1 << 30",))[0]
+    report = verify_kernel(lower(rows_copy, CPU_TARGET), ("R <= 1 << 30",))
     assert report.checked == 2
     assert report.proven == report.checked and not report.violations() and not report.unknowns(), \
         [(a.status, a.detail, a.counterexample) for a in report.accesses]
@@ -70,7 +70,7 @@ def test_overflow_that_needs_an_impossible_tensor_is_proven():
 
 def test_real_int64_overflow_on_a_possible_tensor_is_still_reported():
     kernel = lower(strided_gather, CPU_TARGET)
-    report = verify_kernel(kernel, ("N <= 1 << 30",))[0]
+    report = verify_kernel(kernel, ("N <= 1 << 30",))
     (hit,) = [a for a in report.violations() if a.kind == "overflow"]
     cex = hit.counterexample
     # differential: the counterexample is a launch the launcher accepts with tensors that exist,
@@ -87,7 +87,7 @@ def test_real_int64_overflow_on_a_possible_tensor_is_still_reported():
 def test_int32_overflow_bug_counterexample_is_a_possible_tensor():
     """The planted int32 overflow is refuted with tensors far below the int64 size limit."""
     kernel = lowered("int32_overflow")
-    hit = next(a for a in verify_kernel(kernel)[0].violations() if a.kind == "overflow")
+    hit = next(a for a in verify_kernel(kernel).violations() if a.kind == "overflow")
     shapes = {k: v for k, v in hit.counterexample.items() if k.isupper()}
     assert all(_bytes(b, shapes) <= INT64_MAX for b in kernel.prim_func.buffer_map.values())
 
@@ -103,6 +103,6 @@ def test_dense_forward_d64_has_no_impossible_overflow():
     from tests.passes.corpus import lower_jit
 
     kernel = lower_jit(dense_fwd_kernel, dim=64, causal=False, scale_log2=C.LOG2E / math.sqrt(64))
-    report = verify_kernel(kernel, tuple(FWD_ASSUME))[0]
+    report = verify_kernel(kernel, tuple(FWD_ASSUME))
     assert report.checked > 50 and report.proven == report.checked, \
         [(a.status, a.detail[:120]) for a in report.violations() + report.unknowns()]

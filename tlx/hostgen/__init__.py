@@ -81,7 +81,7 @@ def runtime_support() -> tuple[Path, list[str] | None]:
     import importlib.metadata as im
     import shutil
 
-    from tlx.compiler import cuda_toolkit_version
+    from tlx.lowering import cuda_toolkit_version
 
     cxx = Path(shutil.which(_CXX) or _CXX).resolve()
     stat = cxx.stat()
@@ -105,7 +105,7 @@ def publish_runtime_support(command: list[str], runtime: Path) -> None:
 def runtime_cache_dir() -> Path:
     """Where the runtime object is cached: ``$TLX_RUNTIME_CACHE_DIR``, else ``runtime/`` in the
     kernel cache (``$TLX_CACHE_DIR``)."""
-    from tlx.compiler import cache_dir
+    from tlx.options import cache_dir
 
     return Path(os.environ["TLX_RUNTIME_CACHE_DIR"]) if os.environ.get("TLX_RUNTIME_CACHE_DIR") else cache_dir() / "runtime"
 
