@@ -101,15 +101,16 @@ def _atomic(acc: Access) -> bool:
 
 
 def _data_dependent(acc: Access) -> bool:
-    """Its address or one of its conditions reads memory (elections aside), so a witness may
-    need values the program never holds there."""
+    """Its address, one of its conditions or the count of barriers before it reads memory
+    (elections aside), so a witness may need values the program never holds there."""
     def reads(expr) -> bool:
         found = []
         tir.stmt_functor.post_order_visit(tir.Evaluate(expr), lambda n: found.append(n) if isinstance(n, tir.BufferLoad) else None)
         return bool(found)
     # the program model marks every atomic's pointer inexact: look at its index itself
     inexact = reads(acc.index) if _atomic(acc) else not acc.exact
-    return inexact or any(reads(c) for c in acc.conds if not _has_call(c, _ELECT))
+    # a barrier count that depends on a loaded value (a branch on ``block_indices[i] >= 0``)
+    return inexact or reads(acc.epoch) or any(reads(c) for c in acc.conds if not _has_call(c, _ELECT))
 
 
 def _modelled(acc: Access) -> bool:
