@@ -106,8 +106,11 @@ def sparse_split_kernel(tokens: int, heads: int, topk: int, kv_dtype: str, softm
                                                              KVS[pg, T.max(IDX[b, t, s0 + j], 0) % PAGE, D_V // GROUP]))
                     else:
                         KP_s[j, d] = KV[pg, T.max(IDX[b, t, s0 + j], 0) % PAGE, D_V + d]
-                T.gemm(Q_s, KV_s, acc_s, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullCol)
-                T.gemm(QP_s, KP_s, acc_s, transpose_B=True, policy=T.GemmWarpPolicy.FullCol)
+                # the rope part first: TileLang waits for KP_s's cp.async before this gemm, and its
+                # one fence.proxy.async comes after that wait (with the nope gemm first, the wgmma
+                # read KP_s unfenced after the copy landed: a race under the PTX memory model)
+                T.gemm(QP_s, KP_s, acc_s, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullCol)
+                T.gemm(Q_s, KV_s, acc_s, transpose_B=True, policy=T.GemmWarpPolicy.FullCol)
                 for i, j in T.Parallel(ROWS, PAGE):
                     acc_s[i, j] = T.if_then_else(visible(IDX, b, t, s0 + j, seq), acc_s[i, j], C.neg_inf())
                 C.softmax_step(acc_s, m, m_prev, m_scaled, alpha, l, row_sum, scale_log2, ROWS, PAGE)
