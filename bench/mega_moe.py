@@ -32,7 +32,6 @@ import os
 import signal
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -52,7 +51,7 @@ def _build(spec):
     module, name, args, kwargs = spec
     t0 = time.time()
     getattr(importlib.import_module(module), name)(*args, **kwargs)
-    return f"{name}{args}", time.time() - t0
+    return f"built {name}{args} in {time.time() - t0:.0f} s"
 
 
 # (model, ranks, waves, fusions) layers of tests/kernels/moe/mega (waves None: the plan's default)
@@ -116,12 +115,9 @@ def kernel_specs(layers, tests=False):
 
 
 def precompile(layers, tests=False):
-    specs = [(m, f, a, dict(kw)) for m, f, a, kw in kernel_specs(layers, tests)]
-    t0 = time.time()
-    with ProcessPoolExecutor(max_workers=min(len(specs), os.cpu_count() or 1)) as pool:
-        for what, took in pool.map(_build, specs):
-            print(f"# built {what} in {took:.0f} s", flush=True)
-    print(f"# {len(specs)} kernels built in {time.time() - t0:.0f} s", flush=True)
+    from bench.precompile import compile_in_processes
+
+    compile_in_processes(_build, [(m, f, a, dict(kw)) for m, f, a, kw in kernel_specs(layers, tests)], os.cpu_count() or 1)
 
 
 def emit(**row):
