@@ -15,7 +15,7 @@ import warnings
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-__all__ = ["EXIT_OK", "EXIT_UNKNOWN", "EXIT_VIOLATION", "PassContext", "PassOptions", "Precondition", "TlxError", "exit_status",
+__all__ = ["EXIT_OK", "EXIT_UNKNOWN", "EXIT_VIOLATION", "GuardProofs", "PassContext", "PassOptions", "Precondition", "TlxError", "exit_status",
            "raise_or_warn", "verifying", "verifying_exhaustively"]
 
 EXIT_OK, EXIT_VIOLATION, EXIT_UNKNOWN = 0, 1, 3
@@ -38,6 +38,19 @@ class Precondition:
     expr: Any
     text: str
     origin: str = ""
+
+
+@dataclass(frozen=True)
+class GuardProofs:
+    """The bound-check guards that the bounds pass proved always true of ``kernel`` (its walk
+    proves them beside the accesses) under exactly ``preconditions`` as facts: guard
+    elimination uses them instead of walking the kernel a second time, while the kernel and
+    the launcher's preconditions are still those."""
+
+    kernel: Any
+    preconditions: tuple[Precondition, ...]
+    proven: frozenset
+    stats: dict
 
 
 @dataclass(frozen=True)
@@ -78,7 +91,8 @@ class PassContext:
 
     ``options`` may be given as a dict and is kept as :class:`PassOptions`. ``source`` is the
     kernel factory (for source lines in ``tlx check``); ``check`` receives ``tlx check``'s
-    bounds verdict when the options ask for a check (``report_only``).
+    bounds verdict when the options ask for a check (``report_only``); ``guard_proofs`` the
+    bounds pass's proven guards, for guard elimination.
     """
 
     options: PassOptions = field(default_factory=PassOptions)
@@ -87,6 +101,7 @@ class PassContext:
     nvcc_flags: list[str] = field(default_factory=list)
     source: Any = None
     check: Any = None
+    guard_proofs: GuardProofs | None = None
 
     def __post_init__(self):
         if isinstance(self.options, dict):

@@ -4,7 +4,8 @@ TileLang's ``LegalizeSafeMemoryAccess`` wraps every global access it cannot prov
 in an ``if`` or ``if_then_else``. Under the kernel's facts (launch extents, loop ranges,
 enclosing conditions, assumptions and the preconditions that the launcher enforces),
 many of those conditions are always true. The bounds verifier's walk proves which
-(:attr:`~tlx.passes.verification.BoundsReport.proven_guards`; an unknown keeps the guard),
+(:attr:`~tlx.passes.verification.BoundsReport.proven_guards`; an unknown keeps the guard; at
+compile time the bounds pass's walk has proven them, :class:`~tlx.passes.GuardProofs`),
 and this pass then replaces an ``if (c) S`` by ``S`` and ``if_then_else(c, a, b)`` by ``a``
 for those. Conditions that read memory or call intrinsics (e.g. warp-role tests) are
 never touched.
@@ -34,17 +35,22 @@ def eliminate_guards(kernel: LoweredKernel, assume=(), conditions=()) -> tuple[L
     used as facts because no launch violates them.
     """
     report = verify_kernel(kernel, tuple(assume), list(conditions), prove_guards=True)
-    stats = dict(report.guards)
-    if not report.proven_guards:
-        return kernel, stats
+    return _without_guards(kernel, report.proven_guards), dict(report.guards)
+
+
+def _without_guards(kernel: LoweredKernel, proven) -> LoweredKernel:
+    """``kernel`` with the ``proven`` guard nodes (of its own device functions) removed; the
+    same object when there are none."""
+    if not proven:
+        return kernel
     mod = kernel.device_mod
     for name, func in device_functions(mod):
-        body = _drop_guards(func.body, report.proven_guards)
+        body = _drop_guards(func.body, proven)
         if not body.same_as(func.body):
             gv = mod.get_global_var(name)
             mod = tvm.IRModule({g: (func.with_body(body) if g.same_as(gv) else f) for g, f in mod.functions.items()},
                                attrs=mod.attrs)
-    return kernel.with_device_mod(mod), stats
+    return kernel.with_device_mod(mod)
 
 
 def _pointer_call(e) -> bool:
@@ -114,8 +120,14 @@ def eliminate_guards_pass(kernel: LoweredKernel, ctx: PassContext) -> LoweredKer
 
     The user's ``assume`` strings reach this pass as preconditions of the ``bounds`` pass
     (so they are checked on every call); with ``verify="off"`` there are none and only
-    the kernel's own facts are used.
+    the kernel's own facts are used. The bounds pass's guard proofs are used when they were
+    made on this kernel under exactly these preconditions; otherwise the kernel is walked here.
     """
-    new, stats = eliminate_guards(kernel, (), [p.expr for p in ctx.preconditions])
+    proofs = ctx.guard_proofs
+    if (proofs is not None and proofs.kernel is kernel and len(proofs.preconditions) == len(ctx.preconditions)
+            and all(a is b for a, b in zip(proofs.preconditions, ctx.preconditions))):
+        new, stats = _without_guards(kernel, proofs.proven), dict(proofs.stats)
+    else:
+        new, stats = eliminate_guards(kernel, (), [p.expr for p in ctx.preconditions])
     ctx.reports["eliminate_guards"] = stats
     return new

@@ -67,7 +67,8 @@ def _vars_in(access: CheckedAccess, variables: dict) -> list[str]:
     return sorted(k for k in access.counterexample if k in variables)
 
 
-def derive_preconditions(kernel: LoweredKernel, report: BoundsReport, assume=(), rlimit: int = DEFAULT_RLIMIT, max_conditions: int = 8, source_map=None):
+def derive_preconditions(kernel: LoweredKernel, report: BoundsReport, assume=(), rlimit: int = DEFAULT_RLIMIT, max_conditions: int = 8, source_map=None,
+                         prove_guards: bool = False):
     """Weak conditions on shape variables, from a fixed candidate family, that prove failing accesses.
 
     One failing access at a time (greedy; overflows first): ``v >= 0`` for a scalar parameter
@@ -77,7 +78,8 @@ def derive_preconditions(kernel: LoweredKernel, report: BoundsReport, assume=(),
     ``v % c == 0`` for the kernel's constants, smallest ``c`` first. A
     candidate is kept when it proves that access and leaves some shape with every
     variable >= 1. Accesses no candidate proves (e.g. data-dependent ones) are skipped.
-    Returns ``(preconditions, report under them)``; the report may still hold failures.
+    Returns ``(preconditions, report under them)``; the report may still hold failures. With
+    ``prove_guards`` every report that may become that one proves the guards too.
     """
     variables = shape_vars(kernel.prim_func)
     dims = dimension_vars(kernel.prim_func)
@@ -101,7 +103,8 @@ def derive_preconditions(kernel: LoweredKernel, report: BoundsReport, assume=(),
                      if _breaks_when_negative(kernel, assume, chosen, variables[n], target, rlimit, report.hulls)), None)
         if sign is not None and _satisfiable(kernel, assume, chosen + [sign]):
             chosen.append(sign)
-            current = verify_kernel(kernel, assume, [c for c, _ in chosen], rlimit, source_map=source_map, hulls=report.hulls)
+            current = verify_kernel(kernel, assume, [c for c, _ in chosen], rlimit, source_map=source_map, hulls=report.hulls,
+                                    prove_guards=prove_guards)
             continue
         fixed = None
         # Upper bounds next (int32 limits; static allocations indexed by a shape variable);
@@ -124,22 +127,23 @@ def derive_preconditions(kernel: LoweredKernel, report: BoundsReport, assume=(),
             unfixable.add(target.key())
             continue
         trial = verify_kernel(kernel, assume, [c for c, _ in chosen + [fixed]], rlimit, source_map=source_map,
-                                 hulls=report.hulls)
+                              hulls=report.hulls, prove_guards=prove_guards)
         if not _fixes(trial, target):
             unfixable.add(target.key())
             continue
         chosen.append(fixed)
         current = trial
-    chosen, current = _drop_unneeded_signs(kernel, assume, chosen, current, rlimit, source_map, report.hulls)
+    chosen, current = _drop_unneeded_signs(kernel, assume, chosen, current, rlimit, source_map, report.hulls, prove_guards)
     return [Precondition(c, text, "bounds") for c, text in _tightest_bounds(chosen)], current
 
 
-def _drop_unneeded_signs(kernel, assume, chosen, current, rlimit, source_map, hulls):
+def _drop_unneeded_signs(kernel, assume, chosen, current, rlimit, source_map, hulls, prove_guards):
     """A sign condition that proves nothing in the end (its access needed more than the family
     offers) would only refuse calls: drop it."""
     for cond in [c for c in chosen if c[1].endswith(" >= 0")]:
         rest = [c for c in chosen if c is not cond]
-        trial = verify_kernel(kernel, assume, [c for c, _ in rest], rlimit, source_map=source_map, hulls=hulls)
+        trial = verify_kernel(kernel, assume, [c for c, _ in rest], rlimit, source_map=source_map, hulls=hulls,
+                              prove_guards=prove_guards)
         if trial.proven >= current.proven:
             chosen, current = rest, trial
     return chosen, current

@@ -99,6 +99,11 @@ class BoundsReport:
     # function -> private array -> (lo, hi) of its stored values: valid under any further
     # conditions, so later walks of the same kernel reuse them (``verify_kernel(hulls=)``)
     hulls: dict = field(default_factory=dict)
+    # the extra conditions the walk assumed (``verify_kernel``'s ``extra_conditions``)
+    conditions: tuple = ()
+    # a fresh ``verify_kernel`` under the same conditions would walk with the same hulls: this
+    # one collected them itself, or the kernel has no private array they could bound
+    own_hulls: bool = True
 
     @property
     def proven(self) -> int:
@@ -826,8 +831,10 @@ def verify_kernel(
     accesses = [a for w in walkers.values() for a in w.accesses]
     proven = {node: met for w in walkers.values() for node, met in w.proven_guards().items()}
     seen = sum(w.guards_seen for w in walkers.values())
+    own_hulls = walked or not any(w.arrays for w in walkers.values())
     return BoundsReport(kernel.name, accesses, time.perf_counter() - t0, enc.queries, enc.rlimit_used,
-                        {"seen": seen, "removed": sum(proven.values())}, hulls=hulls, proven_guards=set(proven))
+                        {"seen": seen, "removed": sum(proven.values())}, hulls=hulls, proven_guards=set(proven),
+                        conditions=tuple(extra_conditions), own_hulls=own_hulls)
 
 
 def _walk_kernel(kernel, assume, extra_conditions, rlimit, prove_guards, source_map, focus, least_of, hulls):
