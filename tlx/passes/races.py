@@ -60,7 +60,7 @@ from tilelang import tvm
 from tlx.lowering import LoweredKernel
 from tlx.passes import PassContext, TlxError, exit_status, raise_or_warn
 from tlx.ir.program import SHARED_SCOPES, Access, Program, collect_program
-from tlx.ir.tir import const_int, elem_bytes, eval_numpy, free_vars, nodes
+from tlx.ir.tir import const_int, elem_bytes, eval_numpy, free_vars, nodes, op_name
 from tlx.passes.layouts import bit_split, bits_to_arith
 from tlx.passes.smt import Encoder, Verdict, kernel_encoder
 
@@ -104,9 +104,7 @@ def _data_dependent(acc: Access) -> bool:
     """Its address, one of its conditions or the count of barriers before it reads memory
     (elections aside), so a witness may need values the program never holds there."""
     def reads(expr) -> bool:
-        found = []
-        tir.stmt_functor.post_order_visit(tir.Evaluate(expr), lambda n: found.append(n) if isinstance(n, tir.BufferLoad) else None)
-        return bool(found)
+        return bool(nodes(expr, tir.BufferLoad))
     # the program model marks every atomic's pointer inexact: look at its index itself
     inexact = reads(acc.index) if _atomic(acc) else not acc.exact
     # a barrier count that depends on a loaded value (a branch on ``block_indices[i] >= 0``)
@@ -202,7 +200,7 @@ class _NotModelled(Exception):
 
 
 def _has_call(expr, name: str) -> bool:
-    return any(getattr(c.op, "name", None) == name for c in nodes(expr, tir.Call))
+    return any(op_name(c) == name for c in nodes(expr, tir.Call))
 
 
 @dataclass
