@@ -11,9 +11,9 @@ Steps:
 1. Collection: ``pytest --collect-only`` of each file in a fresh process (``--jobs`` at a time),
    in the tilelang arm. pytest's own skip marks are evaluated there, on this machine: an item
    the test itself would skip here (``requires_cuda_compute_version_ge(10, 0)`` on an H200, an
-   AMD-only test) is listed as "not applicable on this GPU" with the mark's reason and not run;
-   nothing else is left out. A file that fails to collect is a row of its own (collected again
-   in the tlx arm to fill that column).
+   AMD-only test) is listed as "not applicable here" with the mark's reason and not run;
+   nothing else is left out. A file that fails to collect is listed with its error in each arm
+   (collected again in the tlx arm for that).
 2. Every other test item runs in two fresh processes, back to back on one worker: the
    "tilelang" arm unchanged, then the "tlx" arm with ``tilelang.jit``, ``tilelang.compile``,
    ``tilelang.autotune`` and ``tilelang.autotuner.autotune`` replaced by tlx's before the
@@ -350,7 +350,7 @@ def collect(runner: Runner, examples: Path, file: str, arm: str, timeout: float)
 def _last_error(text: str) -> str:
     """The line of a pytest output that says what went wrong."""
     lines = [l.strip() for l in text.strip().splitlines() if l.strip()]
-    for pattern in (r"^E\s+\w*(Error|Exception|Interrupt|Exit)\b", r"^E\s+\S", r"^(FAILED|ERROR) ", r"(Error|Exception)\b"):
+    for pattern in (r"^E\s+[\w.]*(Error|Exception|Interrupt|Exit)\b", r"^E\s+\S", r"^(FAILED|ERROR) ", r"(Error|Exception)\b"):
         hits = [l for l in lines if re.search(pattern, l)]
         if hits:
             return hits[0][:300]
@@ -415,11 +415,13 @@ _COSTLY_WORDS = {"autotune": 6, "tune": 4, "bwd": 4, "backward": 4, "mla": 3, "n
                  "dequantize": 2, "conv": 2, "gdn": 3, "kda": 3, "mhc": 2, "pipeline": 1, "warp_specialize": 1}
 
 
-def _estimated_cost(nodeid: str, measured: dict) -> float:
+def _estimated_cost(nodeid: str, measured: dict, tuned: bool = False) -> float:
+    """Seconds measured for the item in an earlier run, else a guess from its name (and whether
+    its file's examples define an autotuned kernel)."""
     if nodeid in measured:
         return measured[nodeid]
     lower = nodeid.lower()
-    return 30.0 + sum(10.0 * w for word, w in _COSTLY_WORDS.items() if word in lower)
+    return 30.0 + 40.0 * tuned + sum(10.0 * w for word, w in _COSTLY_WORDS.items() if word in lower)
 
 
 def _measured_costs(path: Path | None) -> dict:
@@ -440,7 +442,7 @@ class Table:
         self.decorated: dict[str, dict] = {}
         self.pending: list[str] = []
         self.running: dict[str, str] = {}
-        self.guard = threading.Lock()
+        self.guard = threading.RLock()  # re-entered by the final write when a signal lands inside one
 
     def write(self) -> None:
         with self.guard:
@@ -477,7 +479,7 @@ class Table:
                     cells[i] += f": {error[:120]}".replace("|", "\\|")
             lines.append(f"| `{nodeid}` | " + " | ".join(cells) + " |")
         lines += ["", "Summary: " + "; ".join(f"{k} {v}" for k, v in state["summary"].items())]
-        for title, entries in (("Not applicable on this GPU (the test's own skip mark)", state["not_applicable"]),
+        for title, entries in (("Not applicable here: skipped by the test's own marks or by itself (reason given)", state["not_applicable"]),
                                ("Files that failed to collect", {f: f"tilelang: {e['tilelang']}; tlx: {e.get('tlx', '?')}" for f, e in state["collect_errors"].items()}),
                                ("Running when written (cut)", state["running"]), ("Not reached", {n: "" for n in state["not_reached"]})):
             if entries:
@@ -600,13 +602,15 @@ def _run_all(runner: Runner, examples: Path, files: list, args, table: Table, st
     wanted = {}
     for file, name in files:
         for item in collected[file].get("items", []):
-            if name is None or item["nodeid"].split("::", 1)[1].split("[")[0] == name:
+            rest = item["nodeid"].split("::", 1)[1]
+            if name is None or name in (rest, rest.split("[")[0]):
                 wanted[item["nodeid"]] = item
     for nodeid, item in wanted.items():
         if item["skip"]:
             table.not_applicable[nodeid] = item["skip"]
     measured = _measured_costs(args.costs)
-    order = sorted((n for n, i in wanted.items() if not i["skip"]), key=lambda n: _estimated_cost(n, measured))
+    tuned = {f for f, c in collected.items() if any("AutoTune" in kind for kind in c.get("decorated", {}))}
+    order = sorted((n for n, i in wanted.items() if not i["skip"]), key=lambda n: _estimated_cost(n, measured, n.split("::")[0] in tuned))
     table.pending = list(order)
     table.meta["collected s"] = round(time.monotonic() - start, 1)
     table.write()

@@ -63,7 +63,7 @@ def test_table_writes_rows_lists_and_summary(tmp_path):
     md = (tmp_path / "results.md").read_text()
     assert "| `a/test_a.py::test_ok` | pass | pass | bitwise equal | 1.010 (1 timings) |" in md
     assert "FAIL: E   AttributeError: 'Kernel' has no \\| attribute" in md  # the error, its pipe escaped
-    assert "Not applicable on this GPU (the test's own skip mark): 1" in md
+    assert "Not applicable here: skipped by the test's own marks or by itself (reason given): 1" in md
     assert "- `d/test_d.py::test_late`" in md and "Running when written (cut): 1" in md
 
 
@@ -105,6 +105,7 @@ def test_gpu_lock_shared_for_kernels_exclusive_for_benchmarks(tmp_path):
 def test_order_by_estimate_or_measured_seconds(tmp_path):
     items = ["fa/test_fa.py::test_mha_bwd_autotune", "gemm/test_gemm.py::test_gemm", "x/test_x.py::test_attn"]
     assert sorted(items, key=lambda n: te._estimated_cost(n, {})) == [items[1], items[2], items[0]]
+    assert te._estimated_cost(items[1], {}, tuned=True) > te._estimated_cost(items[1], {})
     old = tmp_path / "old.json"
     old.write_text(json.dumps({"rows": {items[0]: {"detail": {"tilelang": {"seconds": 1.0}, "tlx": {"seconds": 2.0}}}}}))
     measured = te._measured_costs(old)
