@@ -190,18 +190,27 @@ def install() -> None:
 
         tilelang.jit, tilelang.compile = tlx.jit, tlx.compile
         tilelang.autotune = tilelang.autotuner.autotune = tlx.autotune
-        Kernel.__call__ = recorder.kernel_call(Kernel.__call__)
+        Kernel.__call__ = recorder.kernel_call(_call_of(Kernel))
     elif arm == "tilelang":
         from tilelang.jit.adapter.base import BaseKernelAdapter
         from tilelang.jit.kernel import JITKernel
 
         # kernel(...) goes through JITKernel, a profiler's calls through the adapter (never both)
-        JITKernel.__call__ = recorder.kernel_call(JITKernel.__call__)
-        BaseKernelAdapter.__call__ = recorder.kernel_call(BaseKernelAdapter.__call__)
+        JITKernel.__call__ = recorder.kernel_call(_call_of(JITKernel))
+        BaseKernelAdapter.__call__ = recorder.kernel_call(_call_of(BaseKernelAdapter))
     else:
         raise ValueError(f"${_ENV_ARM}: expected one of {ARMS}, got {arm!r}")
     tilelang.profiler.do_bench = tilelang.profiler.bench.do_bench = recorder.bench(tilelang.profiler.bench.do_bench)
     torch.manual_seed(0)
+
+
+def _call_of(cls):
+    """What ``instance(...)`` runs for ``cls``, as a function of (instance, *args): a plain
+    ``__call__`` or a property handing back the instance's callable (tlx's ``Kernel``)."""
+    import inspect
+
+    attribute = inspect.getattr_static(cls, "__call__")
+    return lambda instance, *args, **kwargs: attribute.__get__(instance, cls)(*args, **kwargs)
 
 
 def pytest_runtest_setup(item):
@@ -622,14 +631,19 @@ def _run_all(runner: Runner, examples: Path, files: list, args, table: Table, st
             return
         with table.guard:
             table.pending.remove(nodeid)
-            table.running[nodeid] = "started"
+            table.running[nodeid] = f"{ARMS[0]} arm running"
+        table.write()
         results = {}
         for arm in ARMS:
             left = args.stop - (time.monotonic() - start) if args.stop else args.timeout
             results[arm] = run_item(runner, examples, nodeid, arm, min(args.timeout, left))
             with table.guard:
-                table.running[nodeid] = f"{arm} done" if arm == ARMS[0] else "done"
+                table.running[nodeid] = "; ".join(f"{a} {r['status']} in {r['seconds']} s" for a, r in results.items())
+                if arm != ARMS[-1]:
+                    table.running[nodeid] += f"; {ARMS[ARMS.index(arm) + 1]} arm running"
             table.write()
+        if any(r["status"] in ("stopped", "not run (stopped)") for r in results.values()):
+            return  # cut by --stop or a signal: stays listed as running, with what each arm did
         oom = any(r["oom"] and r["status"] == "FAIL" for r in results.values())
         if oom and nodeid not in retried and not runner.stopped:
             retried.add(nodeid)  # out of GPU memory beside other items: once more, at the end

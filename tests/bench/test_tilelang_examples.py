@@ -1,6 +1,6 @@
 """bench/tilelang_examples.py without a GPU: the table on fake results, the recorder and the GPU
 lock in process, the whole driver on a small fake checkout (pass, fail, skip marks, a runtime
-skip, a timeout, a deadline), and the tlx arm's patch on one of TileLang's own examples."""
+skip, a timeout, a deadline, a stop), and the tlx arm's patch on one of TileLang's own examples."""
 
 import fcntl
 import json
@@ -84,6 +84,24 @@ def test_recorder_checksums_kernel_calls_outside_benchmarks(tmp_path):
     changed = out.clone()
     changed.view(torch.uint8)[5] ^= 1
     assert te._checksum(changed) != te._checksum(out)
+
+
+def test_call_of_reaches_a_property_call_and_a_method():
+    """tlx's Kernel makes ``__call__`` a property returning the launcher; TileLang's kernels define a method."""
+    import operator
+
+    class PropertyCall:
+        def __init__(self):
+            self._call = lambda *xs: ("launched", xs)
+
+        __call__ = property(operator.attrgetter("_call"))
+
+    class MethodCall:
+        def __call__(self, *xs, scale=1):
+            return [x * scale for x in xs]
+
+    assert te._call_of(PropertyCall)(PropertyCall(), 1, 2) == ("launched", (1, 2))
+    assert te._call_of(MethodCall)(MethodCall(), 1, 2, scale=3) == [3, 6]
 
 
 def test_gpu_lock_shared_for_kernels_exclusive_for_benchmarks(tmp_path):
@@ -170,13 +188,24 @@ def test_driver_deadline_leaves_items_not_reached(fake_checkout, tmp_path):
     assert "Not reached: 1" in (out / "results.md").read_text()
 
 
+def test_driver_stop_kills_running_items_and_lists_them(fake_checkout, tmp_path):
+    out = tmp_path / "out"
+    hangs = "family/test_family.py::test_hangs"
+    assert te.main([str(fake_checkout), hangs, "--out", str(out), "--stop", "30", "--timeout", "300"]) == 0
+    state = json.loads((out / "results.json").read_text())
+    assert state["rows"] == {} and state["not_reached"] == []
+    assert state["running"][hangs].startswith("tilelang stopped in ") and state["running"][hangs].endswith("tlx not run (stopped) in 0.0 s")
+
+
 @pytest.mark.skipif(not (CHECKOUT / "examples" / "gemm" / "example_gemm.py").is_file(), reason="no TileLang checkout at $TLX_TILELANG_CHECKOUT")
 def test_tlx_arm_patches_an_example_and_compiles_it(tmp_path, cpu_target):
     """Under the tlx arm TileLang's gemm example's ``@tilelang.jit`` is tlx's, and its own
     ``matmul.compile(M=..., ...)`` (eager style, ``T.const``/``T.empty``) builds a tlx kernel
-    for sm_90a whose ``get_kernel_source`` is the CUDA tlx compiled."""
+    for sm_90a whose ``get_kernel_source`` is the CUDA tlx compiled; a call through the
+    recorder's hook reaches the launcher (which refuses CPU tensors)."""
     code = textwrap.dedent(f"""
         import dataclasses
+        import torch
         import bench.tilelang_examples
         import example_gemm
         from tlx.jit import JITFunction
@@ -189,10 +218,14 @@ def test_tlx_arm_patches_an_example_and_compiles_it(tmp_path, cpu_target):
         assert type(kernel) is Kernel, type(kernel)
         source = kernel.get_kernel_source()
         assert "__global__" in source, source[:400]
-        print("OK", kernel)
+        a = torch.zeros(1024, 1024, dtype=torch.float16)  # on the CPU: through the recorder to the launcher's check
+        try:
+            kernel(a, a)
+        except ValueError as e:
+            print("OK", kernel, "launcher refused:", e)
     """)
     gemm = CHECKOUT / "examples" / "gemm"
     env = {**os.environ, te._ENV_ARM: "tlx", te._ENV_LOG: str(tmp_path / "log.json"), "TLX_CACHE_DIR": str(tmp_path / "cache"),
            "PYTHONPATH": os.pathsep.join([str(_ROOT), str(gemm)])}
     proc = subprocess.run([sys.executable, "-c", code], cwd=gemm, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0 and "OK" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert proc.returncode == 0 and "OK" in proc.stdout and "launcher refused" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-4000:]
