@@ -8,6 +8,8 @@ from kernels.moe import reference as R
 from kernels.moe.pipeline import V4_FLASH, V4_PRO, MoEConfig, moe_layer
 from kernels.quant.group_cast import swiglu_cast
 
+pytestmark = pytest.mark.xdist_group("gpu_memory")  # full V4 layers (tens of GiB): one heavy module at a time
+
 CUDA = "cuda"
 
 

@@ -18,6 +18,8 @@ from kernels.moe.metadata import max_rows
 from kernels.moe.pipeline import V4_FLASH, V4_PRO, MoEConfig, moe_layer
 from kernels.moe.reference import random_layer
 
+pytestmark = pytest.mark.xdist_group("gpu_memory")  # full V4 layers (tens of GiB): one heavy module at a time
+
 CUDA = "cuda"
 FLASH = dict(hidden=4096, inter=2048, n_experts=256, topk=6)
 PRO = dict(hidden=7168, inter=3072, n_experts=384, topk=6)
