@@ -42,6 +42,13 @@ process: ``results.json`` (rows, items not applicable, items running, items not 
 point (``--deadline`` stops starting items, ``--stop`` kills those still running, SIGTERM or
 SIGINT from an outer ``timeout`` do both) leaves a complete table of what finished.
 TileLang's autotune result cache is off in both arms, so neither reuses the other's tuning.
+
+A GPU machine that receives only this repository's tree gets the examples as an ignored path it
+carries (git-ignored through .git/info/exclude; the pruned copy is about 3 MB):
+
+    mkdir -p .tilelang-examples/checkout && cp -r CHECKOUT/examples .tilelang-examples/checkout/
+    find .tilelang-examples/checkout/examples -type f -regex '.*\\.\\(png\\|jpg\\|svg\\|ipynb\\|md\\)' -delete
+    python3 bench/tilelang_examples.py .tilelang-examples/checkout/examples --out /tmp/te --jobs 12 --timeout 200 --deadline 400 --stop 480
 """
 
 from __future__ import annotations
@@ -486,6 +493,8 @@ class Table:
                 error = row.get("detail", {}).get(arm, {}).get("error")
                 if row.get(arm) not in ("pass", None) and error:
                     cells[i] += f": {error[:120]}".replace("|", "\\|")
+            if row.get("note"):
+                cells[-1] += f" ({row['note']})"
             lines.append(f"| `{nodeid}` | " + " | ".join(cells) + " |")
         lines += ["", "Summary: " + "; ".join(f"{k} {v}" for k, v in state["summary"].items())]
         for title, entries in (("Not applicable here: skipped by the test's own marks or by itself (reason given)", state["not_applicable"]),
@@ -630,7 +639,8 @@ def _run_all(runner: Runner, examples: Path, files: list, args, table: Table, st
         if args.deadline is not None and time.monotonic() - start > args.deadline or runner.stopped:
             return
         with table.guard:
-            table.pending.remove(nodeid)
+            if nodeid in table.pending:  # not for a second run after running out of memory
+                table.pending.remove(nodeid)
             table.running[nodeid] = f"{ARMS[0]} arm running"
         table.write()
         results = {}
@@ -644,16 +654,13 @@ def _run_all(runner: Runner, examples: Path, files: list, args, table: Table, st
             table.write()
         if any(r["status"] in ("stopped", "not run (stopped)") for r in results.values()):
             return  # cut by --stop or a signal: stays listed as running, with what each arm did
-        oom = any(r["oom"] and r["status"] == "FAIL" for r in results.values())
-        if oom and nodeid not in retried and not runner.stopped:
-            retried.add(nodeid)  # out of GPU memory beside other items: once more, at the end
-            with table.guard:
-                table.running.pop(nodeid)
-                table.pending.append(nodeid)
+        row = {**compare(results), "detail": results}
+        if nodeid in retried:
+            row["note"] = "second run: the first ran out of GPU memory beside other items"
+        elif any(r["oom"] and r["status"] == "FAIL" for r in results.values()):
+            retried.add(nodeid)  # this row stands unless the run queued at the end finishes
+            row["note"] = "ran out of GPU memory beside other items; queued once more at the end"
             work.append(nodeid)
-            table.write()
-            return
-        row = {**compare(results), **({"retried after OOM": True} if nodeid in retried else {}), "detail": results}
         with table.guard:
             table.running.pop(nodeid)
             if all(r["status"] == "skipped" for r in results.values()):  # the test skipped itself at run time

@@ -188,6 +188,17 @@ def test_driver_deadline_leaves_items_not_reached(fake_checkout, tmp_path):
     assert "Not reached: 1" in (out / "results.md").read_text()
 
 
+def test_driver_runs_an_item_out_of_gpu_memory_once_more(fake_checkout, tmp_path):
+    (fake_checkout / "family" / "test_memory.py").write_text(
+        "def test_runs_out():\n    raise RuntimeError('CUDA out of memory. Tried to allocate 8.00 TiB')\n")
+    out = tmp_path / "out"
+    assert te.main([str(fake_checkout), "family/test_memory.py", "--out", str(out), "--jobs", "2"]) == 0
+    row = json.loads((out / "results.json").read_text())["rows"]["family/test_memory.py::test_runs_out"]
+    assert row["tilelang"] == row["tlx"] == "FAIL" and row["detail"]["tlx"]["oom"]
+    assert row["note"] == "second run: the first ran out of GPU memory beside other items"
+    assert "(second run: the first ran out of GPU memory" in (out / "results.md").read_text()
+
+
 def test_driver_stop_kills_running_items_and_lists_them(fake_checkout, tmp_path):
     out = tmp_path / "out"
     hangs = "family/test_family.py::test_hangs"
