@@ -15,7 +15,10 @@ persistent scheduling: the bits of a sequence are the same alone, in any batch, 
 
 FP8: each page is dequantized in shared memory before the matrix products, by the project's
 rule (``float(q) * scale``, one fp32 multiply, rounded to bf16), so an FP8 cache gives the bits
-of the bf16 cache holding the dequantized values.
+of the bf16 cache holding the dequantized values. The page and its scales arrive by TMA into a
+staging tile that is released as soon as its values sit in registers (the next page's copy
+then overlaps this page's work); the conversion runs two values per cvt and stores 16 bytes a
+thread, a quarter warp per 128-byte swizzled row (``DEQUANT_LAYOUT``).
 
 Guard (documented, no launcher check: the table is device data): a block-table entry outside
 ``[0, P)`` is never read; the rows of its sequence become NaN. Entries past the sequence's pages
@@ -44,6 +47,10 @@ PAGE = 64
 ROWS = 64  # query rows (token, head) per CTA
 SPLIT_PAGES = 16  # pages per split: the split count is ceil(seq_len / 1024)
 GROUP = 64  # FP8 scale group (1 x 64 of a token's 576 values)
+GROUPS = D_QK // GROUP
+# a page's 64 x 9 fp32 scales as the split kernel copies them: 4 rows of 144 (576 bytes, a row
+# length the TMA engine takes; 9 scales are 36 bytes, which it does not)
+SCALE_TILE = (4, PAGE * GROUPS // 4)
 KV_DTYPES = {torch.bfloat16: "bfloat16", torch.float8_e4m3fn: "float8_e4m3"}
 MAX_PAGES = 1 << 16
 LOG2E = C.LOG2E
@@ -51,6 +58,29 @@ LOG2E = C.LOG2E
 
 def nan():
     return T.reinterpret(T.uint32(0x7FC00000), T.float32)
+
+
+def _dequant_thread(i, d):
+    """The consumer thread (of 256) and register of element (i, d) of an e4m3 page: 8 columns a
+    thread, a warp's 32 threads along one row (256 columns), 4 rows at a time. A quarter warp
+    then stores one 128-byte row of a swizzled bf16 panel (16 bytes a thread: no bank
+    conflicts), and reads 64 contiguous e4m3 bytes of the staged page."""
+    return (i % 4) * 64 + d // 8, (i // 4) * 8 + d % 8
+
+
+DEQUANT_LAYOUT = T.Fragment((PAGE, D_V), forward_fn=_dequant_thread)
+
+
+def page_scale(KS_s, i, g):
+    """The scale of token slot i, group g of a page's scales in ``SCALE_TILE`` form."""
+    return KS_s[(i * GROUPS + g) // SCALE_TILE[1], (i * GROUPS + g) % SCALE_TILE[1]]
+
+
+def dequant(x, scale):
+    """The project's e4m3 rule: ``bf16(float(x) * scale)``, one rounded fp32 multiply. A bare
+    product (nothing to contract it into an fma; the kernels build without fast math), which
+    TileLang's vectorizer turns into 4-wide code beside the paired e4m3 and bf16 conversions."""
+    return T.Cast("bfloat16", T.Cast("float32", x) * scale)
 
 
 def splits_of(max_pages):
@@ -82,7 +112,7 @@ def mla_split_kernel(tokens: int, heads: int, kv_dtype: str, softmax_scale: floa
 
     @T.prim_func
     def kernel(Q: T.Tensor((batch, tokens, heads, D_QK), bf16), KV: T.Tensor((pages, PAGE, D_QK), kv_dtype),
-               KVS: T.Tensor((pages if fp8 else 1, PAGE, D_QK // GROUP), f32), BT: T.Tensor((batch, max_pages), "int32"),
+               KVS: T.Tensor((pages if fp8 else 1, *SCALE_TILE), f32), BT: T.Tensor((batch, max_pages), "int32"),
                SL: T.Tensor((batch,), "int32"), OP: T.Tensor((batch, splits_of(max_pages), rows, D_V), f32),
                LP: T.Tensor((batch, splits_of(max_pages), rows), f32)):
         with T.Kernel(row_blocks, splits_of(max_pages), batch, threads=256) as (rb, sp, b):
@@ -97,6 +127,7 @@ def mla_split_kernel(tokens: int, heads: int, kv_dtype: str, softmax_scale: floa
             if fp8:
                 KQ_s = T.alloc_shared((PAGE, D_V), kv_dtype)
                 KQP_s = T.alloc_shared((PAGE, D_PE), kv_dtype)
+                KS_s = T.alloc_shared(SCALE_TILE, f32)  # the page's 64 x 9 scales, row-major
                 KQ_f = T.alloc_fragment((PAGE, D_V), kv_dtype)
             acc_s = T.alloc_fragment((ROWS, PAGE), f32)
             P_s = T.alloc_shared((ROWS, PAGE), bf16)  # the two warpgroups' key halves meet here
@@ -136,19 +167,19 @@ def mla_split_kernel(tokens: int, heads: int, kv_dtype: str, softmax_scale: floa
                     if fp8:
                         T.copy(KV[clamped_page(BT, b, first + t, pages), :, 0:D_V], KQ_s)
                         T.copy(KV[clamped_page(BT, b, first + t, pages), :, D_V:D_QK], KQP_s)
-                        # the e4m3 page goes to registers first (16-byte loads; the staging
-                        # tile is released at once): read from shared memory in the loop that
-                        # writes KV_s, TileLang put a barrier into each of its 128 steps; the
-                        # scales come straight from global memory (L1)
-                        for i, d in T.Parallel(PAGE, D_V):
+                        T.copy(KVS[clamped_page(BT, b, first + t, pages), :, :], KS_s)
+                        # the e4m3 page goes to registers first (16-byte loads), so its staging
+                        # tile is released at once and the next page's copy overlaps this one's
+                        # dequant and products; the scales come with the page (one TMA copy):
+                        # read per element from global memory behind the block-table entry,
+                        # they made every element wait for two dependent loads
+                        for i, d in T.Parallel(PAGE, D_V, loop_layout=DEQUANT_LAYOUT):
                             KQ_f[i, d] = KQ_s[i, d]
-                        for i, d in T.Parallel(PAGE, D_V):  # slots past the sequence: zeros (see below)
-                            KV_s[i, d] = T.if_then_else((first + t) * PAGE + i < seq, T.Cast(bf16, T.ieee_mul(
-                                T.Cast(f32, KQ_f[i, d]), KVS[clamped_page(BT, b, first + t, pages), i, d // GROUP])),
-                                T.Cast(bf16, 0))
+                        for i, d in T.Parallel(PAGE, D_V, loop_layout=DEQUANT_LAYOUT):  # past the sequence: zeros (below)
+                            KV_s[i, d] = T.if_then_else((first + t) * PAGE + i < seq,
+                                                        dequant(KQ_f[i, d], page_scale(KS_s, i, d // GROUP)), T.Cast(bf16, 0))
                         for i, d in T.Parallel(PAGE, D_PE):
-                            KP_s[i, d] = T.Cast(bf16, T.ieee_mul(T.Cast(f32, KQP_s[i, d]),
-                                                                 KVS[clamped_page(BT, b, first + t, pages), i, D_V // GROUP]))
+                            KP_s[i, d] = dequant(KQP_s[i, d], page_scale(KS_s, i, D_V // GROUP))
                     else:
                         T.copy(KV[clamped_page(BT, b, first + t, pages), :, 0:D_V], KV_s)
                         T.copy(KV[clamped_page(BT, b, first + t, pages), :, D_V:D_QK], KP_s)
@@ -315,8 +346,7 @@ def mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tenso
     o, lse = _outputs(q, out)
     if b == 0:
         return o, lse
-    if not fp8:
-        kv_scales = _zeros(dev, (1, PAGE, D_QK // GROUP))
+    kv_scales = kv_scales.view(-1, *SCALE_TILE) if fp8 else _zeros(dev, (1, *SCALE_TILE))
     part_o = torch.empty((b, splits, rows, D_V), dtype=torch.float32, device=dev)
     part_lse = torch.empty((b, splits, rows), dtype=torch.float32, device=dev)
     mla_split_kernel(t, h, KV_DTYPES[kv_cache.dtype], scale)(q, kv_cache, kv_scales, block_table, seq_lens,
