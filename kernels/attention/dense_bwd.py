@@ -133,8 +133,16 @@ def bwd_dkdv_kernel(dim: int, causal: bool, scale_log2: float, softmax_scale: fl
             for step in T.Pipelined(groups * n_qb, num_stages=2):
                 hq = by * groups + step // T.max(n_qb, 1)
                 qb = first + step % T.max(n_qb, 1)
-                T.copy(Q[q0 + qb * bm:q0 + (qb + 1) * bm, hq, :], Q_s)
+                # TileLang's producer writes lse_s and delta_s (plain loads, not TMA) once the first
+                # TMA copy's stage is released, and the consumer releases that stage after its last
+                # use of that copy's buffer, whatever it still reads from lse_s: the first copy must
+                # feed the last GEMM (Q_s for dK, dO_s for dV alone), or the producer overwrites
+                # lse_s two steps ahead while P is still computed from it (d 256 dV: wrong, racy)
+                if with_dk:
+                    T.copy(Q[q0 + qb * bm:q0 + (qb + 1) * bm, hq, :], Q_s)
                 T.copy(dO[q0 + qb * bm:q0 + (qb + 1) * bm, hq, :], dO_s)
+                if not with_dk:
+                    T.copy(Q[q0 + qb * bm:q0 + (qb + 1) * bm, hq, :], Q_s)
                 for j in T.Parallel(bm):
                     r = T.min(q0 + qb * bm + j, total_q - 1)
                     lse_s[j] = T.ieee_mul(LSE[hq, r], T.float32(C.LOG2E))
