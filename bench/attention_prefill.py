@@ -29,7 +29,16 @@ cache key) each kernel was built serially at first use, about a minute each on o
 first row alone needs two forward kernels (57 s and 92 s in the H200 precompile log), the likely
 reason the H200 run of 2026-12-02 printed no row within 150 s.
 
+Sweep (``--sweep``): the candidate configurations of the dense kernels (``SWEEP_FORWARD``,
+``SWEEP_BACKWARD``: consumer warpgroups, ping-pong turns, stages of the forward; block sizes of
+the backward) at the same shapes, each beside SDPA in one interleaved timing per row; every
+candidate is checked against SDPA as above and, as they all keep the sums' order, for the same
+bits as the default configuration (``bits`` column); the fastest passing candidate of each row
+is printed last (``winner``). Compiles only the sweep's kernels (about 40, in parallel).
+
 Usage: python bench/attention_prefill.py [--out FILE.json] [--reps N]
+       python bench/attention_prefill.py --sweep [--out FILE.json] [--reps N]
+       python bench/attention_prefill.py --precompile-sweep [WORKERS]   (the sweep's kernels only)
        python bench/attention_prefill.py --precompile [WORKERS]   (no GPU needed: compiles every
        kernel configuration the attention GPU tests and this benchmark use, WORKERS processes at
        once, into $TLX_CACHE_DIR, so that a fresh GPU machine spends its time running, not compiling;
@@ -69,6 +78,39 @@ TEST_CONFIGS = (dense_forward_configs(dims=(128,), dtypes=("float16",))
                 + [("sparse", h, k, w) for h, k, w in ((64, 512, 0), (128, 2048, 0), (64, 512, 128))])
 
 
+# ---- the sweep's candidates: name -> keyword options (forward) or tiles (backward) -----------
+def _sweep_forward():
+    """Forward candidates per head dim ("overlap" schedule; the first is the default). Three
+    consumers only at d 64 (160 registers a thread hold its 32 + 64 + 32 fragment registers;
+    d 128 and 256 need more); three stages only where they fit shared memory (d <= 128)."""
+    base = {"overlap": {}, "pingpong": {"pingpong": True}}
+    return {64: {**base, "3 consumers": {"consumers": 3}, "3 consumers pingpong": {"consumers": 3, "pingpong": True}},
+            128: {**base, "3 stages": {"num_stages": 3}, "3 stages pingpong": {"num_stages": 3, "pingpong": True}},
+            256: base}
+
+
+def _sweep_backward():
+    """Backward candidates per head dim (the first is the default; d 256 is not swept)."""
+    from kernels.attention.dense_bwd import DEFAULT_TILES, SINGLE_WARPGROUP_TILES, BwdTiles
+
+    wide_dq = {"dq 128 x 128": BwdTiles(128, 64, 128, 128)}
+    return {64: {"2 warpgroups": DEFAULT_TILES[64], **wide_dq},
+            128: {"2 warpgroups": DEFAULT_TILES[128], "1 warpgroup": SINGLE_WARPGROUP_TILES, **wide_dq}}
+
+
+SWEEP_FORWARD = _sweep_forward()
+SWEEP_BACKWARD = _sweep_backward()
+
+
+def sweep_configs():
+    """One compile job per kernel (the pool balances better than with a job per tile set)."""
+    fwd = [("forward options", d, c, tuple(sorted(opts.items()))) for d, cands in SWEEP_FORWARD.items()
+           for opts in cands.values() for c in (False, True)]
+    bwd = {(kind, d, c, blocks) for d, cands in SWEEP_BACKWARD.items() for t in cands.values() for c in (False, True)
+           for kind, blocks in (("dkdv", (t.dkdv_keys, t.dkdv_queries)), ("dq", (t.dq_queries, t.dq_keys)))}
+    return fwd + sorted(bwd) + [("delta", d) for d in SWEEP_BACKWARD]
+
+
 def baseline_configs():
     """The CUDA baseline of the forward's bitwise GPU tests (tests/kernels/attention/conftest.py
     builds it the same way), where the CUDA driver library is installed: linking needs it. Built
@@ -78,9 +120,23 @@ def baseline_configs():
     return [("baseline", "dense_fwd")] if ctypes.util.find_library("cuda") else []
 
 
+SWEEP_KINDS = ("forward options", "dkdv", "dq", "delta")
+
+
 def compile_config(cfg) -> str:
     """Compile (or load from the disk cache) the kernels of one configuration; runs in a worker
-    process. The arguments are those the wrappers pass, so the wrappers then hit the cache."""
+    process. The arguments are those the wrappers pass, so the wrappers then hit the cache. A
+    sweep candidate that does not build is reported in the line, not raised: the sweep then
+    reports that candidate as failed and runs the others."""
+    if cfg[0] in SWEEP_KINDS:
+        try:
+            return _compile_config(cfg)
+        except Exception as e:  # noqa: BLE001 (any build error: the line names it)
+            return f"{cfg}: FAILED {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    return _compile_config(cfg)
+
+
+def _compile_config(cfg) -> str:
     from kernels.attention.common import LOG2E
 
     t0 = time.time()
@@ -95,11 +151,28 @@ def compile_config(cfg) -> str:
 
         schedule, dtype, d, causal, *scale = args
         SCHEDULES[schedule](d, causal, (scale[0] if scale else 1.0 / math.sqrt(d)) * LOG2E, dtype)
+    elif kind == "forward options":
+        from kernels.attention.dense_fwd import dense_fwd_overlap_kernel
+
+        d, causal, options = args
+        dense_fwd_overlap_kernel(d, causal, 1.0 / math.sqrt(d) * LOG2E, "bfloat16", **dict(options))
     elif kind == "backward":
         from kernels.attention.dense_bwd import backward_kernels
 
         d, causal = args
         backward_kernels(d, causal, 1.0 / math.sqrt(d), "bfloat16")
+    elif kind in ("dkdv", "dq", "delta"):
+        from kernels.attention.dense_bwd import bwd_delta_kernel, bwd_dkdv_kernel, bwd_dq_kernel
+
+        if kind == "delta":
+            bwd_delta_kernel(args[0], "bfloat16")
+        else:
+            d, causal, blocks = args
+            scale = 1.0 / math.sqrt(d)
+            if kind == "dkdv":
+                bwd_dkdv_kernel(d, causal, scale * LOG2E, scale, "bfloat16", "dkdv", *blocks)
+            else:
+                bwd_dq_kernel(d, causal, scale * LOG2E, scale, "bfloat16", *blocks)
     else:
         from kernels.attention.sparse_fwd import DIM, sparse_fwd_kernel
 
@@ -142,7 +215,8 @@ def checked(outs, refs, tol: float) -> str:
 
 
 def timed_rows(what, shape, flops, candidates, checks, sdpa, reps):
-    """Time the candidates that passed their check beside ``sdpa`` (None: no torch counterpart)."""
+    """Time the candidates that passed their check beside ``sdpa`` (None: no torch counterpart);
+    returns (name, ms, TFLOP/s, ratio to SDPA) of the fastest of them ("none passed": dashes)."""
     from bench.timing import interleaved_ms
 
     fns = {name: fn for name, fn in candidates.items() if checks[name].startswith("ok")}
@@ -159,6 +233,11 @@ def timed_rows(what, shape, flops, candidates, checks, sdpa, reps):
         else:
             emit(what=f"{what}, tlx {name}", shape=shape, tlx_ms="-", tlx_TFLOPs="-", sdpa_ms=base[0], sdpa_TFLOPs=base[1],
                  ratio="-", check=checks[name])
+    passed = [n for n in candidates if n in ms]
+    if not passed:
+        return "none passed", "-", "-", "-"
+    best = min(passed, key=ms.get)
+    return best, round(ms[best], 3), round(tf[best]), round(tf[best] / tf["sdpa"], 3) if sdpa is not None else "-"
 
 
 def dense_rows(b, h, s, d, causal, reps, seed):
@@ -210,6 +289,98 @@ def dense_rows(b, h, s, d, causal, reps, seed):
     timed_rows("dense bwd bf16", shape, 2.5 * fwd_flops, {"deterministic": tlx_bwd}, {"deterministic": check}, sdpa_bwd, reps)
 
 
+def first_call(fn) -> str | None:
+    """Run a candidate once; the error's first line where it raises (a build that failed in the
+    compile step fails here again), else None."""
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001 (reported in the candidate's row)
+        return f"FAILED ({type(e).__name__}: {str(e).splitlines()[0][:80] if str(e) else ''})"
+    return None
+
+
+def winner(what, shape, won):
+    """The row naming a sweep's fastest candidate that passed its checks."""
+    emit(what=f"winner {what}", shape=shape, tlx_ms=won[1], tlx_TFLOPs=won[2], sdpa_ms="-", sdpa_TFLOPs="-",
+         ratio=won[3], check=won[0])
+
+
+def same_bits(outs, first) -> str:
+    """Whether ``outs`` hold the bits of the first candidate's outputs (NaN never equals: a
+    candidate that left poison reads "DIFFER" as well as failing its check)."""
+    import torch
+
+    return "bits " + ("same" if all(torch.equal(a, r) for a, r in zip(outs, first)) else "DIFFER")
+
+
+def sweep_shape(b, h, s, d, causal, reps, seed):
+    """One shape of the sweep: its forward candidates, then (where swept) its backward ones, each
+    set beside SDPA in one interleaved timing, then the winners."""
+    import torch
+    import torch.nn.functional as F
+
+    from kernels.attention.dense_bwd import dense_attention_backward
+    from kernels.attention.dense_fwd import dense_attention
+
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q, k, v, do = (randn((b, s, h, d), g, torch.bfloat16) for _ in range(4))
+    shape = f"b{b} h{h} s{s} d{d}{' causal' if causal else ''}"
+    fwd_flops = 4 * b * h * s * s * d / (2 if causal else 1)
+    qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+    ref = F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal).transpose(1, 2)
+
+    fwd, checks, first = {}, {}, None
+    for name, options in SWEEP_FORWARD[d].items():
+        out = (torch.full_like(q, float("nan")), torch.full((h, b * s), float("nan"), device="cuda"))
+        fwd[name] = (lambda opts, out: lambda: dense_attention(q, k, v, causal=causal, out=out, schedule="overlap",
+                                                               options=opts))(options, out)
+        error = first_call(fwd[name])
+        if error:
+            checks[name] = error
+            continue
+        checks[name] = checked([out[0]], [ref], 1e-2) if not bool(torch.isnan(out[1]).any()) else "FAILED (lse NaN)"
+        first = first or out
+        checks[name] += ", " + same_bits(out, first)
+    winner("fwd bf16", shape, timed_rows("sweep fwd bf16", shape, fwd_flops, fwd, checks,
+                                         lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal), reps))
+    if d not in SWEEP_BACKWARD or first is None:
+        return
+
+    o_fwd, lse_fwd = first[0], first[1].view(h, b, s).permute(1, 0, 2)
+    leaves = [t.transpose(1, 2).detach().requires_grad_() for t in (q, k, v)]
+    sdpa_out = F.scaled_dot_product_attention(*leaves, is_causal=causal)
+    do_t = do.transpose(1, 2)
+
+    def sdpa_bwd():
+        return torch.autograd.grad(sdpa_out, leaves, do_t, retain_graph=True)
+
+    refs = [r.transpose(1, 2) for r in sdpa_bwd()]
+    bwd, checks, first = {}, {}, None
+    for name, tiles in SWEEP_BACKWARD[d].items():
+        grads = tuple(torch.full_like(t, float("nan")) for t in (q, k, v))
+        bwd[name] = (lambda t, out: lambda: dense_attention_backward(do, q, k, v, o_fwd, lse_fwd, causal=causal, out=out,
+                                                                     tiles=t))(tiles, grads)
+        error = first_call(bwd[name])
+        if error:
+            checks[name] = error
+            continue
+        first = first or grads
+        checks[name] = checked(grads, refs, 3e-2) + ", " + same_bits(grads, first)
+    winner("bwd bf16", shape, timed_rows("sweep bwd bf16", shape, 2.5 * fwd_flops, bwd, checks, sdpa_bwd, reps))
+
+
+def sweep(reps):
+    """Every shape of ``SHAPES``, non-causal and causal, through ``sweep_shape``."""
+    import torch
+
+    seed = 100
+    for b, h, s, d in SHAPES:
+        for causal in (False, True):
+            seed += 1
+            sweep_shape(b, h, s, d, causal, reps, seed)
+            torch.cuda.empty_cache()
+
+
 def sparse_row(reps, seed):
     import torch
 
@@ -237,22 +408,32 @@ def sparse_row(reps, seed):
 
 
 def main():
-    if len(sys.argv) > 1 and sys.argv[1] == "--precompile":
-        precompile(baseline_configs() + BENCH_CONFIGS + TEST_CONFIGS, int(sys.argv[2]) if len(sys.argv) > 2 else os.cpu_count() or 1)
+    if len(sys.argv) > 1 and sys.argv[1] in ("--precompile", "--precompile-sweep"):
+        configs = sweep_configs() if sys.argv[1] == "--precompile-sweep" else baseline_configs() + BENCH_CONFIGS + TEST_CONFIGS
+        precompile(configs, int(sys.argv[2]) if len(sys.argv) > 2 else os.cpu_count() or 1)
         return
+    sweeping = "--sweep" in sys.argv
+    if sweeping:
+        sys.argv.remove("--sweep")
     from bench.timing import gpu_bench_args
 
     # NVML's device count, not the CUDA runtime's: the compile workers are forked after this check,
     # and a CUDA context in the parent would be unusable in them
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
     args = gpu_bench_args(__doc__, "bench/attention_prefill.py", reps=20)
-    precompile(BENCH_CONFIGS, os.cpu_count() or 1)  # no CUDA context yet: the forked workers only compile
+    # no CUDA context yet: the forked workers only compile
+    precompile(sweep_configs() if sweeping else BENCH_CONFIGS, os.cpu_count() or 1)
 
     import torch
 
     print(f"GPU: {torch.cuda.get_device_name()}")
     print("| what | shape | tlx ms | tlx TFLOP/s | SDPA ms | SDPA TFLOP/s | tlx / SDPA | check |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    if sweeping:
+        sweep(args.reps)
+        if args.out:
+            Path(args.out).write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "rows": ROWS}, indent=1))
+        return
     seed = 0
     for b, h, s, d in SHAPES:
         for causal in (False, True):

@@ -5,21 +5,31 @@ Takes the forward's inputs, its output ``o``, its log-sum-exp ``lse`` and the ou
 and returns the input gradients. Three kernels, none with atomics:
 
 1. ``delta[h, t] = sum_d o * do`` in fp32 (d ascending, per thread, then TileLang's reduction);
-2. dK, dV: one CTA per (64-key tile, kv head, sequence) loops over the query heads of its group
-   in ascending order and, for each, over 64-query blocks in ascending order (one flat loop),
-   accumulating ``dV += P^T dO`` and ``dK += dS^T Q`` in registers (wgmma, m64nDk16). At
-   d = 256 the two fp32 accumulators (256 registers a thread) do not fit one warpgroup, so dV and
-   dK run as two kernels of the same loop, the second recomputing ``P`` (one more GEMM);
-3. dQ: one CTA per (64-query tile, head, sequence) loops over 64-key blocks in ascending order,
-   recomputing ``P`` and ``dP`` and accumulating ``dQ += dS K``.
+2. dK, dV: one CTA per (key tile, kv head, sequence) loops over the query heads of its group
+   in ascending order and, for each, over query blocks in ascending order (one flat loop),
+   accumulating ``dV += P^T dO`` and ``dK += dS^T Q`` in registers (wgmma, m64nDk16, one
+   consumer warpgroup per 64 keys). At d = 256 the two fp32 accumulators (256 registers a
+   thread) do not fit one warpgroup, so dV and dK run as two kernels of the same loop, the
+   second recomputing ``P`` (one more GEMM);
+3. dQ: one CTA per (query tile, head, sequence), one consumer warpgroup per 64 queries, loops
+   over key blocks in ascending order, recomputing ``P`` and ``dP`` and accumulating ``dQ += dS K``.
 
 with ``P = exp2(fma(q.k, scale * log2 e, -lse * log2 e))`` (0 where masked) and
 ``dS = P * (dP - delta)`` rounded to the input dtype. Every gradient element is summed by one
 thread in a fixed order, so the same inputs give the same bits on every run (dQ recomputes
 ``P``: two more GEMMs than an atomic dQ, the price of determinism). Head dims 64, 128 and 256.
+
+Tiles (``BwdTiles``): each gradient element is one chain of k16 wgmma steps over the queries
+(dK, dV) or keys (dQ) in ascending order, whatever the block sizes, so the tiles change the
+speed, not the order of any sum. One warpgroup of 64 rows per CTA (the first version, kept at
+d = 256) leaves the SM with a single warpgroup whose GEMMs are each waited for before the
+elementwise work (240 registers x 256 threads: one CTA per SM), so the tensor cores idle during
+every exp2 / dS step; two warpgroups per CTA (128 keys, or 128 queries) let one warpgroup's
+GEMMs run while the other does its elementwise work, at the same registers per thread.
 """
 
 import math
+from typing import NamedTuple
 
 import torch
 import tilelang.language as T
@@ -31,7 +41,38 @@ from kernels.attention.dense_fwd import _check, sequence_rows, uniform_offsets
 
 SUPPORTED_DIMS = (64, 128, 256)
 SPLIT_DIMS = (256,)  # head dims whose dK and dV run as two kernels (registers)
-BLOCK = 64  # query and key tile
+BLOCK_SIZES = (64, 128)  # rows of a tile: one consumer warpgroup per 64
+
+
+class BwdTiles(NamedTuple):
+    """Block sizes of the backward: ``dkdv_keys`` key rows per dK/dV CTA, ``dkdv_queries``
+    queries per step of its loop, ``dq_queries`` query rows per dQ CTA, ``dq_keys`` keys per
+    step of its loop (each 64 or 128; a CTA has one consumer warpgroup per 64 rows)."""
+
+    dkdv_keys: int
+    dkdv_queries: int
+    dq_queries: int
+    dq_keys: int
+
+
+# one warpgroup per CTA (the first version; kept at d = 256, whose registers allow no more)
+SINGLE_WARPGROUP_TILES = BwdTiles(64, 64, 64, 64)
+# two consumer warpgroups per dK/dV and dQ CTA (same registers per thread, see the docstring)
+DEFAULT_TILES = {64: BwdTiles(128, 64, 128, 64), 128: BwdTiles(128, 64, 128, 64), 256: SINGLE_WARPGROUP_TILES}
+
+
+def check_block(name: str, rows: int) -> None:
+    if rows not in BLOCK_SIZES:
+        raise ValueError(f"{name}: expected a block size in {BLOCK_SIZES}, got {rows}")
+
+
+# setmaxnreg of the dK/dV kernel with two consumer warpgroups. Its producer does the loop's lse /
+# delta loads (thread copies), so TileLang gives it as many threads as the consumers (512 in all)
+# and, for a producer with thread copies, reallocates no registers: ptxas then caps every thread
+# at 65536 / 512 = 128 and the consumers' 128 accumulator + 64 score registers spill (2160 bytes
+# at d 128). Explicit: 256 x 24 + 256 x 232 = 65536, the whole register file (d 128, ptxas 13.0:
+# 20 bytes spilled at 24 / 232, 48 at 32 / 224, 52 at 24 / 224).
+DKDV_PRODUCER_REGS, DKDV_CONSUMER_REGS = 24, 232
 
 total_q = T.dynamic("TQ")
 total_k = T.dynamic("TK")
@@ -73,8 +114,9 @@ def _valid(causal, row, col, len_q, len_k):
 @tlx.jit(target=C.TARGET, assume=["2 <= NB", "1 <= HK", "HK <= H", "H % HK == 0", "1 <= k_tiles", "k_tiles * 64 <= TK + 63",
                                    "TQ <= 1073741568", "TK <= 1073741568", "H * TQ <= 33554431", "HK * TK <= 33554431"])
 def bwd_dkdv_kernel(dim: int, causal: bool, scale_log2: float, softmax_scale: float, dtype: str = "bfloat16",
-                    grads: str = "dkdv"):
-    """dK, dV [TK, HK, D] (grid: k_tiles x HK x (NB - 1), k_tiles >= ceil(max len_k / 64));
+                    grads: str = "dkdv", block_keys: int = 64, block_queries: int = 64):
+    """dK, dV [TK, HK, D] (grid: k_tiles x HK x (NB - 1), k_tiles >= ceil(max len_k / block_keys));
+    ``block_keys`` rows per CTA (one consumer warpgroup per 64), ``block_queries`` per loop step;
     ``H * TQ, HK * TK <= 33554431`` hold as q and k have at most 2^31 - 1 elements (``check_tensor``)
     and d >= 64: the steps of the flat loop (heads x query blocks) stay within int32 and the
     int64 offsets of every row provably in range.
@@ -83,8 +125,10 @@ def bwd_dkdv_kernel(dim: int, causal: bool, scale_log2: float, softmax_scale: fl
     C.check_head_dim("dim", dim, SUPPORTED_DIMS)
     if grads not in ("dkdv", "dk", "dv"):
         raise ValueError(f"grads: expected 'dkdv', 'dk' or 'dv', got {grads!r}")
+    check_block("block_keys", block_keys)
+    check_block("block_queries", block_queries)
     with_dk, with_dv = grads != "dv", grads != "dk"
-    bm = bn = BLOCK
+    bm, bn = block_queries, block_keys
     f32 = "float32"
 
     @T.prim_func
@@ -94,7 +138,7 @@ def bwd_dkdv_kernel(dim: int, causal: bool, scale_log2: float, softmax_scale: fl
              cu_q: T.Tensor((n_offsets,), "int32"), cu_k: T.Tensor((n_offsets,), "int32"),
              dK: T.Tensor((total_k, kv_heads, dim), dtype), dV: T.Tensor((total_k, kv_heads, dim), dtype),
              k_tiles: T.int32):
-        with T.Kernel(k_tiles, kv_heads, n_offsets - 1, threads=128) as (bx, by, bz):
+        with T.Kernel(k_tiles, kv_heads, n_offsets - 1, threads=2 * bn) as (bx, by, bz):
             K_s = T.alloc_shared((bn, dim), dtype)
             V_s = T.alloc_shared((bn, dim), dtype)
             Q_s = T.alloc_shared((bm, dim), dtype)
@@ -108,6 +152,9 @@ def bwd_dkdv_kernel(dim: int, causal: bool, scale_log2: float, softmax_scale: fl
             ds_t = T.alloc_fragment((bn, bm), dtype)
             dv = T.alloc_fragment((bn, dim), f32)
             dk = T.alloc_fragment((bn, dim), f32)
+            if bn > 64:
+                T.annotate_producer_reg_dealloc(DKDV_PRODUCER_REGS)
+                T.annotate_consumer_reg_alloc(DKDV_CONSUMER_REGS)
 
             q0, len_q = sequence_rows(cu_q, bz, total_q)
             k0, len_k = sequence_rows(cu_k, bz, total_k)
@@ -179,10 +226,14 @@ def bwd_dkdv_kernel(dim: int, causal: bool, scale_log2: float, softmax_scale: fl
 
 @tlx.jit(target=C.TARGET, assume=["2 <= NB", "1 <= HK", "HK <= H", "H % HK == 0", "1 <= q_tiles", "q_tiles * 64 <= TQ + 63",
                                    "TQ <= 1073741568", "TK <= 1073741568", "H * TQ <= 33554431", "HK * TK <= 33554431"])
-def bwd_dq_kernel(dim: int, causal: bool, scale_log2: float, softmax_scale: float, dtype: str = "bfloat16"):
-    """dQ [TQ, H, D] (grid: q_tiles x H x (NB - 1), q_tiles >= ceil(max len_q / 64))."""
+def bwd_dq_kernel(dim: int, causal: bool, scale_log2: float, softmax_scale: float, dtype: str = "bfloat16",
+                  block_queries: int = 64, block_keys: int = 64):
+    """dQ [TQ, H, D] (grid: q_tiles x H x (NB - 1), q_tiles >= ceil(max len_q / block_queries));
+    ``block_queries`` rows per CTA (one consumer warpgroup per 64), ``block_keys`` per loop step."""
     C.check_head_dim("dim", dim, SUPPORTED_DIMS)
-    bm = bn = BLOCK
+    check_block("block_queries", block_queries)
+    check_block("block_keys", block_keys)
+    bm, bn = block_queries, block_keys
     f32 = "float32"
 
     @T.prim_func
@@ -191,7 +242,7 @@ def bwd_dq_kernel(dim: int, causal: bool, scale_log2: float, softmax_scale: floa
              LSE: T.Tensor((heads, total_q), f32), Delta: T.Tensor((heads, total_q), f32),
              cu_q: T.Tensor((n_offsets,), "int32"), cu_k: T.Tensor((n_offsets,), "int32"),
              dQ: T.Tensor((total_q, heads, dim), dtype), q_tiles: T.int32):
-        with T.Kernel(q_tiles, heads, n_offsets - 1, threads=128) as (bx, by, bz):
+        with T.Kernel(q_tiles, heads, n_offsets - 1, threads=2 * bm) as (bx, by, bz):
             Q_s = T.alloc_shared((bm, dim), dtype)
             dO_s = T.alloc_shared((bm, dim), dtype)
             K_s = T.alloc_shared((bn, dim), dtype)
@@ -238,21 +289,32 @@ def bwd_dq_kernel(dim: int, causal: bool, scale_log2: float, softmax_scale: floa
     return main
 
 
-def backward_kernels(dim: int, causal: bool, softmax_scale: float, dtype: str = "bfloat16") -> list:
+def backward_tiles(dim: int, tiles: BwdTiles | None) -> BwdTiles:
+    """``tiles``, or the head dim's default (``DEFAULT_TILES``)."""
+    if tiles is None:
+        return DEFAULT_TILES[dim]
+    if not isinstance(tiles, BwdTiles):
+        raise TypeError(f"tiles: expected a BwdTiles or None, got {type(tiles).__name__}")
+    return tiles
+
+
+def backward_kernels(dim: int, causal: bool, softmax_scale: float, dtype: str = "bfloat16", tiles: BwdTiles | None = None) -> list:
     """The kernels ``dense_attention_backward`` launches, in launch order: delta, dK/dV (two at
     the head dims of ``SPLIT_DIMS``), dQ (also what a precompile step builds)."""
+    t = backward_tiles(dim, tiles)
     scale_log2 = softmax_scale * C.LOG2E
-    dkdv = [bwd_dkdv_kernel(dim, bool(causal), scale_log2, softmax_scale, dtype, grads)
+    dkdv = [bwd_dkdv_kernel(dim, bool(causal), scale_log2, softmax_scale, dtype, grads, t.dkdv_keys, t.dkdv_queries)
             for grads in (("dv", "dk") if dim in SPLIT_DIMS else ("dkdv",))]
-    return [bwd_delta_kernel(dim, dtype), *dkdv, bwd_dq_kernel(dim, bool(causal), scale_log2, softmax_scale, dtype)]
+    dq = bwd_dq_kernel(dim, bool(causal), scale_log2, softmax_scale, dtype, t.dq_queries, t.dq_keys)
+    return [bwd_delta_kernel(dim, dtype), *dkdv, dq]
 
 
 def dense_attention_backward(do, q, k, v, o, lse, *, causal: bool = False, softmax_scale: float | None = None,
-                             cu_seqlens_q=None, cu_seqlens_k=None, out=None):
+                             cu_seqlens_q=None, cu_seqlens_k=None, out=None, tiles: BwdTiles | None = None):
     """``(dq, dk, dv)`` of ``dense_fwd.dense_attention`` (same argument forms; ``lse`` as that
     returns it: [b, h, s_q] or [h, total_q]). Deterministic: the same inputs give the same bits.
     ``out=(dq, dk, dv)`` writes into given buffers (contiguous, of the shapes and dtype of q, k, v)
-    and returns them."""
+    and returns them. ``tiles`` picks the block sizes (default: ``DEFAULT_TILES`` of the head dim)."""
     varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
     if varlen and (cu_seqlens_q is None or cu_seqlens_k is None):
         raise ValueError("cu_seqlens_q, cu_seqlens_k: expected both or neither")
@@ -263,6 +325,7 @@ def dense_attention_backward(do, q, k, v, o, lse, *, causal: bool = False, softm
         if tuple(t.shape) != tuple(q.shape):
             raise ValueError(f"{name}: expected the shape of q {tuple(q.shape)}, got {tuple(t.shape)}")
     d, h = q.shape[-1], q.shape[-2]
+    t = backward_tiles(d, tiles)
     scale = 1.0 / math.sqrt(d) if softmax_scale is None else float(softmax_scale)
     if varlen:
         host_q = C.check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0])
@@ -295,13 +358,13 @@ def dense_attention_backward(do, q, k, v, o, lse, *, causal: bool = False, softm
     else:
         dq, dk, dv = (t.view(p.shape) for t, p in zip(out, (qp, kp, vp)))
     if qp.shape[0] and kp.shape[0]:
-        delta_kernel, *dkdv_kernels, dq_kernel = backward_kernels(d, causal, scale, dt)
+        delta_kernel, *dkdv_kernels, dq_kernel = backward_kernels(d, causal, scale, dt, t)
         delta = torch.empty((h, qp.shape[0]), dtype=torch.float32, device=q.device)
         delta_kernel(op, dop, delta)
         args = (qp, kp, vp, dop, lse_p, delta, cu_q, cu_k)
         for kernel in dkdv_kernels:
-            kernel(*args, dk, dv, max(1, -(-max_k // BLOCK)))
-        dq_kernel(*args, dq, max(1, -(-max_q // BLOCK)))
+            kernel(*args, dk, dv, max(1, -(-max_k // t.dkdv_keys)))
+        dq_kernel(*args, dq, max(1, -(-max_q // t.dq_queries)))
     else:
         dq.zero_(), dk.zero_(), dv.zero_()
     return dq.view(q.shape), dk.view(k.shape), dv.view(v.shape)

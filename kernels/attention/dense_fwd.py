@@ -7,10 +7,13 @@ output. bf16 or fp16, head dim 64, 128 or 256, MHA / GQA / MQA (query head ``h``
 of a sequence with ``len_q`` queries and ``len_k`` keys sees keys ``j <= i + len_k - len_q``
 (the usual convention for ``len_q != len_k``); a query that sees no key gets 0 and lse -inf.
 
-Work split: one CTA per (128-query tile, query head, sequence); two consumer warpgroups of 64
-query rows each plus a TMA producer warpgroup, either by TileLang's warp specialization of the
-pipelined key loop (``dense_fwd_kernel``) or scheduled by hand with the softmax overlapping the
-tensor cores (``dense_fwd_overlap_kernel``); both compute the same bits. Every tile of a sequence starts at the sequence's first row, so a
+Work split: one CTA per (query tile, query head, sequence); consumer warpgroups of 64 query
+rows each (two: 128-query tiles) plus a TMA producer warpgroup, either by TileLang's warp
+specialization of the pipelined key loop (``dense_fwd_kernel``) or scheduled by hand with the
+softmax overlapping the tensor cores (``dense_fwd_overlap_kernel``: two or three consumers, the
+warpgroups optionally taking turns to issue their GEMMs); all compute the same bits (a row's
+arithmetic does not depend on the tile's other rows; a row given key blocks wholly right of its
+diagonal by a taller tile adds exact zeros: its max, sum and output stay bit for bit). Every tile of a sequence starts at the sequence's first row, so a
 sequence's bits do not depend on the other sequences of the batch (batch invariance).
 
 Fixed orders (the contract with ``dense_fwd.cu``, which must give the same bits):
@@ -48,7 +51,13 @@ import tlx
 from kernels.attention import common as C
 
 SUPPORTED_DIMS = (64, 128, 256)
-BLOCK_M = 128
+BLOCK_M = 128  # query rows of a CTA with two consumer warpgroups
+WARPGROUP = 128  # threads
+CONSUMER_ROWS = 64  # query rows of one consumer warpgroup (its wgmma M)
+# registers a thread (setmaxnreg) of the producer and of each consumer warpgroup, by consumer
+# count: together within the SM's 64K (2 x 128 x 240 + 128 x 24, 3 x 128 x 160 + 128 x 24)
+REGISTER_SPLIT = {2: (24, 240), 3: (24, 160)}
+TURN_BARRIER = 8  # first named-barrier id of the warpgroups' turns (TileLang's own use ids 0-7)
 
 total_q = T.dynamic("TQ")
 total_k = T.dynamic("TK")
@@ -179,16 +188,27 @@ def uniform_offsets(batch: int, seqlen: int, device) -> torch.Tensor:
 
 @tlx.jit(target=C.TARGET, assume=FWD_ASSUME,
          pass_configs={"tl.disable_warp_specialized": True, "tl.disable_thread_storage_sync": True})
-def dense_fwd_overlap_kernel(dim: int, causal: bool, scale_log2: float, dtype: str = "bfloat16", num_stages: int = 2):
+def dense_fwd_overlap_kernel(dim: int, causal: bool, scale_log2: float, dtype: str = "bfloat16", num_stages: int = 2,
+                             consumers: int = 2, pingpong: bool = False):
     """``dense_fwd_kernel``'s computation (same parameters, same bits) scheduled by hand:
-    a TMA producer warpgroup and two consumer warpgroups that overlap block ``kb``'s softmax
-    with block ``kb - 1``'s ``P V`` on the tensor cores (issue ``S_kb = Q K_kb^T`` and
+    a TMA producer warpgroup and ``consumers`` warpgroups (64 query rows each: the grid's
+    q_tiles cover ceil(len_q / (64 consumers))) that overlap block ``kb``'s softmax with block
+    ``kb - 1``'s ``P V`` on the tensor cores (issue ``S_kb = Q K_kb^T`` and
     ``O += P_(kb-1) V_(kb-1)`` asynchronously, wait for ``S_kb`` only, run the softmax, then
-    wait for ``P V``). The arithmetic and its order are those of the module docstring."""
+    wait for ``P V``). ``pingpong``: the consumers issue those two GEMMs in turn (warpgroup 0,
+    1, ..., one named barrier each), so that one warpgroup's softmax runs while the next one's
+    GEMMs hold the tensor cores instead of all of them contending at once. The arithmetic and
+    its order are those of the module docstring."""
     C.check_head_dim("dim", dim, SUPPORTED_DIMS)
     if dtype not in ("bfloat16", "float16"):
         raise ValueError(f"dtype: expected 'bfloat16' or 'float16', got {dtype!r}")
-    block_m, block_n = BLOCK_M, block_n_for(dim)
+    if consumers not in REGISTER_SPLIT:
+        raise ValueError(f"consumers: expected one of {tuple(REGISTER_SPLIT)}, got {consumers}")
+    if num_stages < 1:
+        raise ValueError(f"num_stages: expected >= 1, got {num_stages}")
+    block_m, block_n = CONSUMER_ROWS * consumers, block_n_for(dim)
+    consumer_threads = WARPGROUP * consumers
+    producer_regs, consumer_regs = REGISTER_SPLIT[consumers]
     f32 = "float32"
     S = num_stages
 
@@ -197,7 +217,7 @@ def dense_fwd_overlap_kernel(dim: int, causal: bool, scale_log2: float, dtype: s
              V: T.Tensor((total_k, kv_heads, dim), dtype), cu_q: T.Tensor((n_offsets,), "int32"),
              cu_k: T.Tensor((n_offsets,), "int32"), O: T.Tensor((total_q, heads, dim), dtype),
              LSE: T.Tensor((heads, total_q), f32), q_tiles: T.int32):
-        with T.Kernel(q_tiles, heads, n_offsets - 1, threads=384) as (bx, by, bz):
+        with T.Kernel(q_tiles, heads, n_offsets - 1, threads=consumer_threads + WARPGROUP) as (bx, by, bz):
             Q_s = T.alloc_shared((block_m, dim), dtype)
             K_s = T.alloc_shared((S, block_n, dim), dtype)
             V_s = T.alloc_shared((S, block_n, dim), dtype)
@@ -214,8 +234,8 @@ def dense_fwd_overlap_kernel(dim: int, causal: bool, scale_log2: float, dtype: s
             q_full = T.alloc_barrier(128)
             k_full = T.alloc_barrier([128] * S)
             v_full = T.alloc_barrier([128] * S)
-            k_empty = T.alloc_barrier([256] * S)
-            v_empty = T.alloc_barrier([256] * S)
+            k_empty = T.alloc_barrier([consumer_threads] * S)
+            v_empty = T.alloc_barrier([consumer_threads] * S)
 
             q0, len_q = sequence_rows(cu_q, bz, total_q)
             k0, len_k = sequence_rows(cu_k, bz, total_k)
@@ -223,9 +243,10 @@ def dense_fwd_overlap_kernel(dim: int, causal: bool, scale_log2: float, dtype: s
             n_blocks = T.if_then_else(row0 < len_q, T.ceildiv(keys_seen(row0, block_m, len_q, len_k, causal), block_n), 0)
             kvh = by // (heads // kv_heads)
             tx = T.get_thread_binding()
+            warpgroup = tx // WARPGROUP
 
-            if tx >= 256:
-                T.set_max_nreg(24, 0)
+            if tx >= consumer_threads:
+                T.set_max_nreg(producer_regs, 0)
                 T.tma_copy(Q[q0 + row0:q0 + row0 + block_m, by, :], Q_s, barrier=q_full)
                 T.mbarrier_arrive(q_full)
                 for kb in T.serial(n_blocks):
@@ -236,7 +257,9 @@ def dense_fwd_overlap_kernel(dim: int, causal: bool, scale_log2: float, dtype: s
                     T.tma_copy(V[k0 + kb * block_n:k0 + (kb + 1) * block_n, kvh, :], V_s[kb % S, :, :], barrier=v_full[kb % S])
                     T.mbarrier_arrive(v_full[kb % S])
             else:
-                T.set_max_nreg(240, 1)
+                T.set_max_nreg(consumer_regs, 1)
+                if pingpong and warpgroup == consumers - 1:
+                    T.named_barrier_arrive(TURN_BARRIER, 2 * WARPGROUP)  # warpgroup 0 goes first
                 C.init_softmax(m, m_scaled, l, acc_o)
                 T.mbarrier_wait_parity(q_full, 0)
                 if n_blocks > 0:
@@ -249,10 +272,14 @@ def dense_fwd_overlap_kernel(dim: int, causal: bool, scale_log2: float, dtype: s
                 # S_kb and then P_(kb-1) V_(kb-1) on the tensor cores; block kb's softmax overlaps the latter
                 for kb in T.serial(1, T.max(n_blocks, 1)):
                     T.mbarrier_wait_parity(k_full[kb % S], (kb // S) & 1)
+                    if pingpong:  # this warpgroup's turn: the one before it has issued its GEMMs
+                        T.sync_threads(TURN_BARRIER + warpgroup, 2 * WARPGROUP)
                     T.wgmma_gemm(Q_s, K_s[kb % S, :, :], acc_s, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
                     T.mbarrier_wait_parity(v_full[(kb - 1) % S], ((kb - 1) // S) & 1)
                     C.rescale_rows(acc_o, alpha, block_m, dim)
                     T.wgmma_gemm(p, V_s[(kb - 1) % S, :, :], acc_o, policy=T.GemmWarpPolicy.FullRow)
+                    if pingpong:  # the next warpgroup's turn
+                        T.named_barrier_arrive(TURN_BARRIER + (warpgroup + 1) % consumers, 2 * WARPGROUP)
                     T.wait_wgmma(1)
                     T.mbarrier_arrive(k_empty[kb % S])
                     mask_block(acc_s, kb, row0, len_q, len_k, causal, block_m, block_n)
@@ -267,7 +294,7 @@ def dense_fwd_overlap_kernel(dim: int, causal: bool, scale_log2: float, dtype: s
                     T.mbarrier_arrive(v_empty[(n_blocks - 1) % S])
                 C.finish_rows(acc_o, l, m_scaled, lse_rows, block_m, dim)
                 T.copy(acc_o, Q_s)  # each warpgroup overwrites only its own rows of Q, read by its own gemms
-                T.sync_threads(1, 256)
+                T.sync_threads(1, consumer_threads)
                 for i, j in T.Parallel(block_m, dim):
                     if row0 + i < len_q:
                         O[q0 + row0 + i, by, j] = Q_s[i, j]
@@ -279,6 +306,11 @@ def dense_fwd_overlap_kernel(dim: int, causal: bool, scale_log2: float, dtype: s
 
 
 SCHEDULES = {"pipelined": dense_fwd_kernel, "overlap": dense_fwd_overlap_kernel}
+
+
+def tile_rows(schedule: str, options: dict) -> int:
+    """Query rows of one CTA of ``schedule`` built with ``options`` (the grid's tile)."""
+    return CONSUMER_ROWS * options.get("consumers", 2) if schedule == "overlap" else BLOCK_M
 
 
 def _check(q, k, v, varlen: bool):
@@ -299,7 +331,8 @@ def _check(q, k, v, varlen: bool):
 
 
 def dense_attention(q, k, v, *, causal: bool = False, softmax_scale: float | None = None,
-                    cu_seqlens_q=None, cu_seqlens_k=None, out=None, schedule: str = "pipelined"):
+                    cu_seqlens_q=None, cu_seqlens_k=None, out=None, schedule: str = "pipelined",
+                    options: dict | None = None):
     """Attention forward: returns ``(o, lse)``.
 
     Fixed length: ``q [b, s_q, h, d]``, ``k, v [b, s_k, hk, d]`` -> ``o [b, s_q, h, d]``,
@@ -309,10 +342,13 @@ def dense_attention(q, k, v, *, causal: bool = False, softmax_scale: float | Non
     ``out=(o, lse)`` writes into given buffers: ``o`` of q's shape and dtype, ``lse`` fp32
     ``[h, total_q]`` (both forms); the returned tensors are then views of them. ``schedule``
     picks the kernel: "pipelined" (TileLang's warp specialization) or "overlap" (hand-scheduled
-    softmax / tensor-core overlap); both give the same bits.
+    softmax / tensor-core overlap); both give the same bits. ``options``: keyword arguments of
+    that kernel beyond the problem's (``num_stages``; "overlap" also ``consumers``, ``pingpong``),
+    the candidates ``bench/attention_prefill.py --sweep`` times; same bits for every choice.
     """
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule: expected one of {sorted(SCHEDULES)}, got {schedule!r}")
+    options = dict(options or {})
     varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
     if varlen and (cu_seqlens_q is None or cu_seqlens_k is None):
         raise ValueError("cu_seqlens_q, cu_seqlens_k: expected both or neither")
@@ -336,7 +372,7 @@ def dense_attention(q, k, v, *, causal: bool = False, softmax_scale: float | Non
         cu_q, cu_k = uniform_offsets(b, s_q, q.device), uniform_offsets(b, s_k, q.device)
     C.check_cuda(q=q, k=k, v=v, cu_q=cu_q, cu_k=cu_k)
     h = qp.shape[1]
-    kernel = SCHEDULES[schedule](d, bool(causal), scale * C.LOG2E, C.TORCH_DTYPES[q.dtype])
+    kernel = SCHEDULES[schedule](d, bool(causal), scale * C.LOG2E, C.TORCH_DTYPES[q.dtype], **options)
     if out is None:
         o, lse = torch.empty_like(qp), torch.empty((h, qp.shape[0]), dtype=torch.float32, device=q.device)
     else:
@@ -349,7 +385,7 @@ def dense_attention(q, k, v, *, causal: bool = False, softmax_scale: float | Non
             raise ValueError(f"out[1]: expected shape {(h, qp.shape[0])}, got {tuple(lse.shape)}")
         o = o.view(qp.shape)
     if qp.shape[0] and cu_q.numel() > 1:
-        kernel(qp, kp, vp, cu_q, cu_k, o, lse, max(1, -(-max_q // BLOCK_M)))
+        kernel(qp, kp, vp, cu_q, cu_k, o, lse, max(1, -(-max_q // tile_rows(schedule, options))))
     if varlen:
         return o, lse
     return o.view(q.shape), lse.view(h, q.shape[0], q.shape[1]).permute(1, 0, 2)

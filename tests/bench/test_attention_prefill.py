@@ -14,7 +14,9 @@ import bench.attention_prefill as bench
 from kernels.attention import dense_bwd, dense_fwd, sparse_fwd
 
 
-def test_compile_step_covers_every_kernel_of_the_rows(monkeypatch):
+def record_kernel_requests(monkeypatch) -> list:
+    """Replace the kernels' JIT calls by a recorder (factory name, cache key) and the device
+    check by nothing; returns the list the requests go to."""
     jit = importlib.import_module("tlx.jit")
     requested = []
 
@@ -25,6 +27,11 @@ def test_compile_step_covers_every_kernel_of_the_rows(monkeypatch):
     monkeypatch.setattr(jit.JITFunction, "__call__", record)
     for module in (dense_fwd, dense_bwd, sparse_fwd):
         monkeypatch.setattr(module.C, "check_cuda", lambda **tensors: None)
+    return requested
+
+
+def test_compile_step_covers_every_kernel_of_the_rows(monkeypatch):
+    requested = record_kernel_requests(monkeypatch)
 
     for cfg in bench.BENCH_CONFIGS:
         bench.compile_config(cfg)
@@ -44,4 +51,25 @@ def test_compile_step_covers_every_kernel_of_the_rows(monkeypatch):
     launched = set(requested)
 
     assert len(launched) == 30  # 12 forward, 3 or 4 backward per (d, causal), 1 sparse
+    assert launched <= compiled, f"launched but not compiled first: {sorted(launched - compiled)}"
+
+
+def test_sweep_compile_step_covers_every_candidate(monkeypatch):
+    requested = record_kernel_requests(monkeypatch)
+    for cfg in bench.sweep_configs():
+        bench.compile_config(cfg)
+    compiled = set(requested)
+    requested.clear()
+
+    for _, _, _, d in bench.SHAPES:
+        q = torch.zeros(1, 4, 2, d, dtype=torch.bfloat16)
+        for causal in (False, True):
+            for options in bench.SWEEP_FORWARD[d].values():
+                dense_fwd.dense_attention(q, q, q, causal=causal, schedule="overlap", options=options)
+            for tiles in bench.SWEEP_BACKWARD.get(d, {}).values():
+                dense_bwd.dense_attention_backward(q, q, q, q, q, torch.zeros(1, 2, 4), causal=causal, tiles=tiles)
+    launched = set(requested)
+
+    forward = sum(len(c) for c in bench.SWEEP_FORWARD.values()) * 2
+    assert len({k for k in launched if k[0] == "dense_fwd_overlap_kernel"}) == forward
     assert launched <= compiled, f"launched but not compiled first: {sorted(launched - compiled)}"

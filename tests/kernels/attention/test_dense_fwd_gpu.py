@@ -73,8 +73,8 @@ def check_reference(o, lse, q, k, v, causal, softmax_scale=None, cu_seqlens_q=No
     torch.testing.assert_close(lse[fin], ref_lse[fin], rtol=0, atol=2e-3)
 
 
-def check_all(base, q, k, v, causal, schedule="pipelined", **kw):
-    o, lse = run(q, k, v, causal=causal, schedule=schedule, **kw)
+def check_all(base, q, k, v, causal, schedule="pipelined", options=None, **kw):
+    o, lse = run(q, k, v, causal=causal, schedule=schedule, options=options, **kw)
     check_reference(o, lse, q, k, v, causal, **kw)
     bo, blse = run_baseline(base, q, k, v, causal, **kw)
     assert_bitwise(o, bo, name="o vs baseline")
@@ -91,6 +91,18 @@ def test_matches_reference_and_baseline(attention_baseline, dtype, d, causal, sc
     b, s, h, hk = 2, 1000, 8, 2  # GQA, a partial last tile
     q, k, v = randn((b, s, h, d), dtype, 1), randn((b, s, hk, d), dtype, 2), randn((b, s, hk, d), dtype, 3)
     check_all(attention_baseline, q, k, v, causal, schedule=schedule)
+
+
+# the candidates bench/attention_prefill.py --sweep times (same bits: the rows' arithmetic and
+# its order do not depend on the consumer count, the stages or the warpgroups' turns)
+@pytest.mark.parametrize("d,options", [(64, {"consumers": 3}), (64, {"consumers": 3, "pingpong": True}),
+                                       (64, {"pingpong": True}), (128, {"pingpong": True}), (128, {"num_stages": 3}),
+                                       (256, {"pingpong": True})], ids=str)
+@pytest.mark.parametrize("causal", [False, True])
+def test_overlap_candidates_match_baseline(attention_baseline, d, options, causal):
+    b, s, h, hk = 2, 1000, 8, 2  # GQA, a partial last tile (of 128 and of 192 rows)
+    q, k, v = (randn((b, s, n, d), torch.bfloat16, seed) for n, seed in ((h, 7), (hk, 8), (hk, 9)))
+    check_all(attention_baseline, q, k, v, causal, schedule="overlap", options=options)
 
 
 @pytest.mark.parametrize("h,hk", [(4, 4), (8, 1), (16, 4)])  # MHA, MQA, GQA
