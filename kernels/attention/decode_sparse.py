@@ -11,8 +11,9 @@ token's rows NaN (documented guard; that page is not read).
 Batch invariance: the K slots are cut into ``K / 512`` splits (a constant of the call, never
 the batch or the SM count); one CTA per (64 heads, split, token) runs the online softmax of
 ``kernels/attention/common.py`` over its slots in order, 64 at a time, gathering each slot's
-key row through the block table (the e4m3 cache dequantized in shared memory, as in dense
-decode); :func:`decode_mla.mla_combine_kernel` combines the splits in order and adds the sink.
+key row through the block table (the rows found once per 64 slots, then 16-byte gathers; the
+e4m3 cache dequantized on the way as in dense decode); :func:`decode_mla.mla_combine_kernel`
+combines the splits in order and adds the sink.
 """
 
 import math
@@ -22,12 +23,15 @@ import tilelang.language as T
 
 import tlx
 from kernels.attention import common as C
-from kernels.attention.decode_mla import (D_PE, D_QK, D_V, GROUP, KV_DTYPES, MAX_PAGES, PAGE, ROWS, _check, _outputs,
-                                          _zeros, mla_combine_kernel, nan, reference_mla_decode)
+from kernels.attention.decode_mla import (D_PE, D_QK, D_V, DEQUANT_LAYOUT, GROUP, KV_DTYPES, MAX_PAGES, PAGE, ROWS,
+                                          _check, _outputs, _zeros, dequant, mla_combine_kernel, nan,
+                                          reference_mla_decode)
 from kernels.attention.indexer import table_entry
 
 TOPKS = (512, 1024, 2048)
 SPLIT_SLOTS = 512
+MASKED_ROW = -1  # slot_row of a masked slot
+BAD_ROW = -2  # slot_row of a visible slot whose table entry lies outside [0, P)
 
 
 @tlx.jit(target=C.TARGET, assume=["1 <= P", "1 <= MP", f"MP <= {MAX_PAGES}", "B <= 65535"])
@@ -45,10 +49,21 @@ def sparse_split_kernel(tokens: int, heads: int, topk: int, kv_dtype: str, softm
         """Slot ``slot`` of token t holds a key the token may see."""
         return T.And(0 <= IDX[b, t, slot], IDX[b, t, slot] <= seq - tokens + t)
 
-    def page_of(BT, IDX, b, t, slot, seq):
-        """The cache page of a slot's key, clamped into [0, P) (a masked slot: page 0, unused)."""
+    def slot_row(BT, IDX, b, t, slot, seq):
+        """The cache row (page * 64 + position) of a slot's key; ``MASKED_ROW`` for a masked
+        slot, ``BAD_ROW`` for a visible one whose table entry lies outside [0, P)."""
         entry = table_entry(BT, b, T.if_then_else(visible(IDX, b, t, slot, seq), IDX[b, t, slot] // PAGE, 0))
-        return T.min(T.max(entry, 0), pages - 1)
+        return T.if_then_else(visible(IDX, b, t, slot, seq),
+                              T.if_then_else(T.Or(entry < 0, entry >= pages), BAD_ROW, entry * PAGE + IDX[b, t, slot] % PAGE),
+                              MASKED_ROW)
+
+    def row_value(KV, KVS, row, d):
+        """Column d of cache row ``row`` (>= 0) as bf16, an e4m3 value dequantized; the page
+        clamped into [0, P) for the bounds proof (it does not follow values read from memory)."""
+        pg = T.min(T.max(row // PAGE, 0), pages - 1)
+        if fp8:
+            return dequant(KV[pg, row % PAGE, d], KVS[pg, row % PAGE, d // GROUP])
+        return KV[pg, row % PAGE, d]
 
     @T.prim_func
     def kernel(Q: T.Tensor((batch, tokens, heads, D_QK), bf16), KV: T.Tensor((pages, PAGE, D_QK), kv_dtype),
@@ -61,6 +76,7 @@ def sparse_split_kernel(tokens: int, heads: int, topk: int, kv_dtype: str, softm
             KV_s = T.alloc_shared((PAGE, D_V), bf16)
             KP_s = T.alloc_shared((PAGE, D_PE), bf16)
             P_s = T.alloc_shared((ROWS, PAGE), bf16)
+            ROW_s = T.alloc_shared((PAGE,), "int32")  # the chunk's cache rows (slot_row)
             acc_s = T.alloc_fragment((ROWS, PAGE), f32)
             acc_o = T.alloc_fragment((ROWS, D_V), f32)
             m = T.alloc_fragment((ROWS,), f32)
@@ -84,35 +100,23 @@ def sparse_split_kernel(tokens: int, heads: int, topk: int, kv_dtype: str, softm
             bad = 0
             for c in T.Pipelined(SPLIT_SLOTS // PAGE, num_stages=1):
                 s0 = sp * SPLIT_SLOTS + c * PAGE
+                # each slot's cache row, found once (not per element: every element of a slot
+                # waited for its index, then its table entry, then the value and its scale)
+                for j in T.Parallel(PAGE):
+                    ROW_s[j] = slot_row(BT, IDX, b, t, s0 + j, seq)
                 for j in T.serial(PAGE):
-                    if visible(IDX, b, t, s0 + j, seq):
-                        e = table_entry(BT, b, IDX[b, t, s0 + j] // PAGE)
-                        if e < 0 or e >= pages:
-                            bad = 1
-                for j, d in T.Parallel(PAGE, D_V):
-                    pg = page_of(BT, IDX, b, t, s0 + j, seq)
-                    # a masked slot's values are zeros (whatever the cache holds there, NaN too)
-                    if fp8:
-                        KV_s[j, d] = T.if_then_else(visible(IDX, b, t, s0 + j, seq), T.Cast(bf16, T.ieee_mul(
-                            T.Cast(f32, KV[pg, T.max(IDX[b, t, s0 + j], 0) % PAGE, d]),
-                            KVS[pg, T.max(IDX[b, t, s0 + j], 0) % PAGE, d // GROUP])), T.Cast(bf16, 0))
-                    else:
-                        KV_s[j, d] = T.if_then_else(visible(IDX, b, t, s0 + j, seq),
-                                                    KV[pg, T.max(IDX[b, t, s0 + j], 0) % PAGE, d], T.Cast(bf16, 0))
+                    bad = T.if_then_else(ROW_s[j] == BAD_ROW, 1, bad)
+                # a masked slot's values are zeros (whatever the cache holds there, NaN too)
+                for j, d in T.Parallel(PAGE, D_V, loop_layout=DEQUANT_LAYOUT):
+                    KV_s[j, d] = T.if_then_else(ROW_s[j] >= 0, row_value(KV, KVS, ROW_s[j], d), T.Cast(bf16, 0))
                 for j, d in T.Parallel(PAGE, D_PE):
-                    pg = page_of(BT, IDX, b, t, s0 + j, seq)
-                    if fp8:
-                        KP_s[j, d] = T.Cast(bf16, T.ieee_mul(T.Cast(f32, KV[pg, T.max(IDX[b, t, s0 + j], 0) % PAGE, D_V + d]),
-                                                             KVS[pg, T.max(IDX[b, t, s0 + j], 0) % PAGE, D_V // GROUP]))
-                    else:
-                        KP_s[j, d] = KV[pg, T.max(IDX[b, t, s0 + j], 0) % PAGE, D_V + d]
-                # the rope part first: TileLang waits for KP_s's cp.async before this gemm, and its
-                # one fence.proxy.async comes after that wait (with the nope gemm first, the wgmma
-                # read KP_s unfenced after the copy landed: a race under the PTX memory model)
+                    KP_s[j, d] = T.if_then_else(ROW_s[j] >= 0, row_value(KV, KVS, ROW_s[j], D_V + d), T.Cast(bf16, 0))
+                # the scores sum the rope part first, then the 512 nope dims (the gathers are
+                # plain 16-byte stores now: TileLang's barrier and fence.proxy.async precede both)
                 T.gemm(QP_s, KP_s, acc_s, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullCol)
                 T.gemm(Q_s, KV_s, acc_s, transpose_B=True, policy=T.GemmWarpPolicy.FullCol)
                 for i, j in T.Parallel(ROWS, PAGE):
-                    acc_s[i, j] = T.if_then_else(visible(IDX, b, t, s0 + j, seq), acc_s[i, j], C.neg_inf())
+                    acc_s[i, j] = T.if_then_else(ROW_s[j] != MASKED_ROW, acc_s[i, j], C.neg_inf())
                 C.softmax_step(acc_s, m, m_prev, m_scaled, alpha, l, row_sum, scale_log2, ROWS, PAGE)
                 T.copy(acc_s, P_s)
                 C.rescale_rows(acc_o, alpha, ROWS, D_V)
