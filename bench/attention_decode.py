@@ -33,7 +33,7 @@ reported in the row and the row is not timed.
 Every kernel configuration the run uses is compiled first, in parallel processes, so that the
 timed part never waits for a compile (about a minute per configuration on one core).
 
-Usage: python bench/attention_decode.py [--out FILE.json] [--reps N] [--upstream-indexer PATH]
+Usage: python bench/attention_decode.py [--out FILE.json] [--reps N] [--upstream-indexer PATH] [--only-mla]
        python bench/attention_decode.py --precompile [WORKERS]   (no GPU needed: compiles every
        kernel configuration of this benchmark and of the decode GPU tests, and the tests' CUDA
        baselines where the CUDA driver library is installed, WORKERS processes at once, into
@@ -72,6 +72,7 @@ BENCH_CONFIGS = ([("topk", k) for k in sorted({k for _, k in TOPK_SHAPES})]
                  + [("combine", t, h, 0, False) for h, t in MLA_SHAPES]
                  + [("sparse", 1, SPARSE_HEADS, SPARSE_TOPK, kv) for kv in KV_DTYPES]
                  + [("combine", 1, SPARSE_HEADS, SPARSE_TOPK // SPLIT_SLOTS, True)])
+MLA_KINDS = ("mla", "combine", "sparse")  # the configurations of --only-mla
 TEST_CONFIGS = ([("topk", k) for k in (512, 1024, 2048)]
                 + [("indexer_paged", t) for t in (1, 2, 4)]
                 + [("mla", t, h, kv) for t, h in ((1, 128), (2, 16)) for kv in KV_DTYPES]
@@ -148,6 +149,8 @@ def args_parse():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", help="write the rows as JSON here")
     parser.add_argument("--reps", type=int, default=30)
+    parser.add_argument("--only-mla", action="store_true",
+                        help="only the copy, MLA and sparse decode rows (and only their kernels compiled)")
     parser.add_argument("--upstream-indexer", default=os.environ.get("TLX_UPSTREAM_INDEXER"),
                         help="path of TileLang's examples/deepseek_v32/fp8_lighting_indexer.py")
     args = parser.parse_args()
@@ -424,7 +427,8 @@ def main():
                    int(sys.argv[2]) if len(sys.argv) > 2 else os.cpu_count() or 1)
         return
     args = args_parse()
-    precompile(BENCH_CONFIGS, os.cpu_count() or 1)  # no CUDA context yet: the forked workers only compile
+    configs = [c for c in BENCH_CONFIGS if not args.only_mla or c[0] in MLA_KINDS]
+    precompile(configs, os.cpu_count() or 1)  # no CUDA context yet: the forked workers only compile
 
     import torch
 
@@ -435,15 +439,16 @@ def main():
     copy_ms, copy_bytes = large_copy_ms(reps)
     copy_gbps = copy_bytes / copy_ms / 1e6
     emit(what="copy 2 GiB", ms=round(copy_ms, 3), GBps=round(copy_gbps))
-    topk_rows(reps)
-    fp8 = scaled_mm_row(reps)
-    upstream = None
-    try:
-        upstream = load_upstream(args.upstream_indexer)
-    except Exception as e:  # noqa: BLE001 - the row says why the anchor is missing
-        emit(what="upstream indexer", check=f"not loaded: {type(e).__name__}: {e}")
-    indexer_rows(reps, upstream, fp8)
-    indexer_decode_rows(reps, copy_gbps)
+    if not args.only_mla:
+        topk_rows(reps)
+        fp8 = scaled_mm_row(reps)
+        upstream = None
+        try:
+            upstream = load_upstream(args.upstream_indexer)
+        except Exception as e:  # noqa: BLE001 - the row says why the anchor is missing
+            emit(what="upstream indexer", check=f"not loaded: {type(e).__name__}: {e}")
+        indexer_rows(reps, upstream, fp8)
+        indexer_decode_rows(reps, copy_gbps)
     sparse_rows(reps, mla_rows(reps, copy_gbps))
     if args.out:
         Path(args.out).write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "rows": ROWS}, indent=1))
