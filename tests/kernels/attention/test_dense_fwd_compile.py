@@ -10,7 +10,8 @@ import torch
 
 from kernels.attention import common as C
 from kernels.attention import reference as R
-from kernels.attention.dense_fwd import dense_attention, dense_fwd_kernel, dense_fwd_overlap_kernel
+from kernels.attention.dense_fwd import REGISTER_SPLIT, dense_attention, dense_fwd_kernel, dense_fwd_overlap_kernel
+from tests.kernels.staged_release import assert_stages_released_after_last_read
 
 KDIR = Path(R.__file__).parent
 
@@ -28,6 +29,7 @@ def test_kernel_compiles_for_sm90a(dim, causal, derived_preconditions):
     # the softmax arithmetic the baseline repeats: exp2 of an explicit fma, rounded max scaling
     assert "exp2f(__fmaf_rn(acc_s" in src and "__fmul_rn(m[" in src and "exp2f(__fsub_rn(m_scaled" in src
     assert "tl::AllReduce<tl::SumOp, 4, 1" in src
+    assert_stages_released_after_last_read(src, {"K_s", "V_s"})
 
 
 def test_overlap_kernel_compiles_for_sm90a(derived_preconditions):
@@ -39,6 +41,26 @@ def test_overlap_kernel_compiles_for_sm90a(derived_preconditions):
     assert src.index("tl::wait_wgmma<1>()") < src.index("tl::wait_wgmma<0>()")
     assert "tl::wgmma_rs<tl::DataType::kBFloat16, tl::DataType::kBFloat16, tl::DataType::kFloat32, 64, 128, 16, false, true" in src
     assert "exp2f(__fmaf_rn(acc_s" in src and "tl::AllReduce<tl::SumOp, 4, 1" in src
+    assert_stages_released_after_last_read(src, {"K_s", "V_s"})
+
+
+@pytest.mark.parametrize("dim,options", [(128, {"pingpong": True}), (64, {"consumers": 3, "pingpong": True})], ids=str)
+def test_overlap_candidates_compile_for_sm90a(dim, options, derived_preconditions):
+    """Candidates of the sweep: a producer and ``consumers`` warpgroups with the register split
+    that fits them, and the turns: warpgroup 0 starts (the last one arrives on barrier 8 first),
+    each waits on its barrier before issuing S and P V and then lets the next one go."""
+    kernel = dense_fwd_overlap_kernel(dim, True, C.LOG2E / math.sqrt(dim), **options)
+    assert derived_preconditions(kernel) == []
+    src = kernel.device_source
+    consumers = options.get("consumers", 2)
+    assert f"__launch_bounds__({128 * (consumers + 1)}, 1)" in src
+    assert f"tl::warpgroup_reg_alloc<{REGISTER_SPLIT[consumers][1]}>" in src
+    assert "tl::__named_barrier_arrive(8, 256)" in src
+    turn = src.index("tl::__sync_thread_partial(((((int)threadIdx.x) >> 7) + 8), 256)")
+    s_gemm = src.index("tl::wgmma_ss", turn)
+    pv_gemm = src.index("tl::wgmma_rs", s_gemm)
+    next_turn = src.index("tl::__named_barrier_arrive(", pv_gemm)
+    assert next_turn < src.index("tl::wait_wgmma<1>()", pv_gemm)
 
 
 def test_baseline_compiles(tmp_path):
