@@ -3,12 +3,12 @@
 named."""
 
 import math
-import re
 
 import pytest
 import torch
 
-from kernels.attention.dense_bwd import SPLIT_DIMS, backward_kernels, bwd_dkdv_kernel, dense_attention_backward
+from kernels.attention.dense_bwd import SPLIT_DIMS, backward_kernels, bwd_dkdv_kernel, bwd_dq_kernel, dense_attention_backward
+from tests.kernels.staged_release import assert_stages_released_after_last_read
 
 
 @pytest.mark.parametrize("dim,causal", [(128, True), (64, False), (256, True)])
@@ -25,34 +25,17 @@ def test_kernels_compile_without_atomics(dim, causal, derived_preconditions):
     assert from_registers in dq.device_source
 
 
-def staged_release_and_last_read(cuda: str, buffer: str) -> tuple[list[int], int]:
-    """Where the consumer arrives on the barrier that TileLang's producer waits for before it
-    writes ``buffer`` with plain loads (not TMA), and where the consumer last reads ``buffer``
-    (offsets into its branch of the warp-specialized CUDA)."""
-    producer, _, consumer = cuda.rpartition("mbarrier_cp_async_arrive_noinc")
-    consumer = consumer.split("} else {", 1)[1]
-
-    def stage(index: str) -> str:  # the two branches name their loop variables apart
-        return re.sub(r"\bstep(_\d+)?\b", "step", index)
-
-    waited = stage(re.findall(r"mbarrier\[(.*?)\]\.wait\(", producer[:producer.index(f"*){buffer})")])[-1])
-    arrives = [m.start() for m in re.finditer(r"mbarrier\[(.*?)\]\.arrive\(\)", consumer) if stage(m.group(1)) == waited]
-    return arrives, consumer.rindex(f"*){buffer})")
-
-
 @pytest.mark.parametrize("dim,causal", [(128, True), (64, False), (256, True)])
 def test_staged_rows_released_after_last_read(dim, causal):
     """lse_s and delta_s live two pipeline stages: the producer overwrites a stage once the
-    consumer releases it, so the release must follow the consumer's last read of the stage. The
-    d 256 dV kernel once released it after its first GEMM, before computing P from lse_s (dV
-    wrong and different on every run)."""
-    _, *dkdv, _ = backward_kernels(dim, causal, 1 / math.sqrt(dim))
+    consumer releases it, so the release must follow the consumer's last read of the stage (of
+    every staged buffer, in the dK/dV kernels and the dQ kernel). The d 256 dV kernel once
+    released it after its first GEMM, before computing P from lse_s (dV wrong and different on
+    every run)."""
+    _, *dkdv, dq = backward_kernels(dim, causal, 1 / math.sqrt(dim))
     for kernel in dkdv:
-        staged = [b for b in ("lse_s", "delta_s") if f"*){b})" in kernel.device_source]
-        assert "lse_s" in staged
-        for buffer in staged:
-            arrives, last_read = staged_release_and_last_read(kernel.device_source, buffer)
-            assert arrives and min(arrives) > last_read, f"{buffer}: released at {arrives}, last read at {last_read}"
+        assert_stages_released_after_last_read(kernel.device_source, {"Q_s", "dO_s", "lse_s"})
+    assert_stages_released_after_last_read(dq.device_source, {"K_s", "V_s"})
 
 
 def test_bad_arguments_are_named():
@@ -76,3 +59,9 @@ def test_bad_arguments_are_named():
         dense_attention_backward(q, q, k, k, q, lse)
     with pytest.raises(ValueError, match="grads: expected 'dkdv', 'dk' or 'dv'"):
         bwd_dkdv_kernel(128, False, 1.0, 1.0, "bfloat16", "dq")
+    with pytest.raises(ValueError, match=r"block_keys: expected a block size in \(64, 128\), got 96"):
+        bwd_dkdv_kernel(128, False, 1.0, 1.0, "bfloat16", "dkdv", 96, 64)
+    with pytest.raises(ValueError, match=r"block_queries: expected a block size in \(64, 128\), got 32"):
+        bwd_dq_kernel(128, False, 1.0, 1.0, "bfloat16", 32, 64)
+    with pytest.raises(TypeError, match="tiles: expected a BwdTiles or None, got tuple"):
+        backward_kernels(128, False, 1.0, tiles=(128, 64, 128, 64))

@@ -115,6 +115,10 @@ def test_bad_arguments_are_named():
         dense_fwd_kernel(80, False, 1.0)
     with pytest.raises(ValueError, match="schedule: expected one of"):
         dense_attention(q, k, v, schedule="fast")
+    with pytest.raises(ValueError, match=r"consumers: expected one of \(2, 3\), got 4"):
+        dense_fwd_overlap_kernel(128, False, 1.0, consumers=4)
+    with pytest.raises(ValueError, match="num_stages: expected >= 1, got 0"):
+        dense_fwd_overlap_kernel(128, False, 1.0, num_stages=0)
     qp, kp, vp = q.view(32, 8, 128), k.view(32, 2, 128), v.view(32, 2, 128)
     ok = torch.tensor([0, 16, 32], dtype=torch.int32)
     with pytest.raises(ValueError, match=r"cu_seqlens_q: expected non-decreasing offsets, got cu_seqlens_q\[1\] = 20 > cu_seqlens_q\[2\] = 12"):
