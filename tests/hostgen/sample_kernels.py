@@ -3,6 +3,7 @@
 import tilelang.language as T
 
 import tlx
+from tests.shared_read import offset_read
 from tests.tiled_gemm import tiled_gemm
 
 SM90 = {"kind": "cuda", "arch": "sm_90a"}
@@ -113,14 +114,4 @@ def scaled_rows(M, block=32):
 def offset_window(threads=32):
     """A window of ``threads`` elements of a shared copy of A, at a scalar offset: the verifier
     derives ``0 <= off <= 256 - threads`` as preconditions the launcher checks."""
-
-    @T.prim_func
-    def main(A: T.Tensor((256,), "float32"), B: T.Tensor((threads,), "float32"), off: T.int32):
-        with T.Kernel(1, threads=threads):
-            S = T.alloc_shared((256,), "float32")
-            tx = T.get_thread_binding()
-            for i in T.Parallel(256):
-                S[i] = A[i]
-            B[tx] = S[tx + off]
-
-    return main
+    return offset_read(threads)

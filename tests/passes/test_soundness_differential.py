@@ -15,6 +15,8 @@ import pytest
 import tilelang.language as T
 
 from tests.passes.concrete import evaluate, out_of_bounds
+from tests.shared_read import offset_read as shared_offset_read
+from tests.shared_read import shared_read
 from tlx.lowering import lower, normalize_target
 from tlx.passes.check import check_kernel
 
@@ -23,29 +25,11 @@ THREADS = 32
 
 
 def offset_read():
-    @T.prim_func
-    def main(A: T.Tensor((256,), "float32"), B: T.Tensor((THREADS,), "float32"), off: T.int32):
-        with T.Kernel(1, threads=THREADS):
-            S = T.alloc_shared((256,), "float32")
-            tx = T.get_thread_binding()
-            for i in T.Parallel(256):
-                S[i] = A[i]
-            B[tx] = S[tx + off]
-
-    return main
+    return shared_offset_read(THREADS)
 
 
 def strided_read():
-    @T.prim_func
-    def main(A: T.Tensor((256,), "float32"), B: T.Tensor((THREADS,), "float32"), stride: T.int32):
-        with T.Kernel(1, threads=THREADS):
-            S = T.alloc_shared((256,), "float32")
-            tx = T.get_thread_binding()
-            for i in T.Parallel(256):
-                S[i] = A[i]
-            B[tx] = S[tx * stride]
-
-    return main
+    return shared_read(lambda tx, stride: tx * stride, THREADS)
 
 
 def window_sum():
@@ -66,29 +50,11 @@ def window_sum():
 
 
 def shifted_offset():
-    @T.prim_func
-    def main(A: T.Tensor((256,), "float32"), B: T.Tensor((THREADS,), "float32"), off: T.int32):
-        with T.Kernel(1, threads=THREADS):
-            S = T.alloc_shared((256,), "float32")
-            tx = T.get_thread_binding()
-            for i in T.Parallel(256):
-                S[i] = A[i]
-            B[tx] = S[T.shift_right(off, 2) + tx]
-
-    return main
+    return shared_read(lambda tx, off: T.shift_right(off, 2) + tx, THREADS)
 
 
 def unsigned_offset():
-    @T.prim_func
-    def main(A: T.Tensor((256,), "float32"), B: T.Tensor((THREADS,), "float32"), off: T.uint32):
-        with T.Kernel(1, threads=THREADS):
-            S = T.alloc_shared((256,), "float32")
-            tx = T.get_thread_binding()
-            for i in T.Parallel(256):
-                S[i] = A[i]
-            B[tx] = S[T.Cast("int32", off) + tx]
-
-    return main
+    return shared_read(lambda tx, off: T.Cast("int32", off) + tx, THREADS, scalar=T.uint32)
 
 
 def backwards_walk():

@@ -16,7 +16,8 @@ from __future__ import annotations
 from tvm import tirx
 
 from tlx.hostgen.cexpr import c_name, cexpr, pyexpr
-from tlx.hostgen.plan import HostgenError, LaunchPlan, Step, TensorArg, free_vars, walk_steps
+from tlx.hostgen.plan import HostgenError, LaunchPlan, Step, TensorArg, walk_steps
+from tlx.ir.tir import free_vars
 
 __all__ = ["ALLOCATING_NAME", "EXPORT_NAME", "emit_launcher"]
 

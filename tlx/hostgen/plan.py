@@ -13,9 +13,10 @@ from typing import Any
 from tilelang import tvm
 from tvm import tirx
 
+from tlx.ir.tir import device_functions, free_vars, nodes, op_name
 from tlx.lowering import LoweredKernel
 
-__all__ = ["free_vars", "walk_steps", "HostgenError", "LaunchPlan", "TensorArg", "ScalarArg", "Descriptor", "Launch", "Step", "plan_launcher"]
+__all__ = ["walk_steps", "HostgenError", "LaunchPlan", "TensorArg", "ScalarArg", "Descriptor", "Launch", "Step", "plan_launcher"]
 
 
 class HostgenError(Exception):
@@ -140,13 +141,10 @@ def _vector_alignment(device_mod) -> dict:
         name = buffer.data.name
         widest[name] = max(widest.get(name, 1), nbytes)
 
-    def visit(node):
-        if isinstance(node, (tirx.BufferLoad, tirx.BufferStore)) and node.indices:
-            note(node.buffer, node.indices[-1])
-
-    for _, func in device_mod.functions.items():
-        if isinstance(func, tirx.PrimFunc):
-            tirx.stmt_functor.post_order_visit(func.body, visit)
+    for _, func in device_functions(device_mod):
+        for access in nodes(func.body, (tirx.BufferLoad, tirx.BufferStore)):
+            if access.indices:
+                note(access.buffer, access.indices[-1])
     return widest
 
 
@@ -191,7 +189,7 @@ def plan_launcher(kernel: LoweredKernel, out_idx=(), preconditions=()) -> Launch
     body = _compute_scope(host.body)
     if body is None:
         raise HostgenError(f"{kernel.name}: no compute_scope in the lowered host function")
-    devices = {str(gv.name_hint): f for gv, f in kernel.device_mod.functions.items() if isinstance(f, tirx.PrimFunc)}
+    devices = {str(name): f for name, f in device_functions(kernel.device_mod)}
     tma_args = host.attrs.get("tma_descriptor_args", {}) if host.attrs else {}
     by_data = {t.data_var.name: t for t in tensors}
     kernels: dict[str, Any] = {}
@@ -215,20 +213,6 @@ def _expr(v):
     return tirx.IntImm("int64", v) if isinstance(v, int) else v
 
 
-def free_vars(e) -> list:
-    """The variables ``e`` refers to, in visiting order (repeats included)."""
-    if isinstance(e, int):
-        return []
-    found = []
-
-    def visit(node):
-        if isinstance(node, tirx.Var):
-            found.append(node)
-
-    tirx.stmt_functor.post_order_visit(tirx.Evaluate(e), visit)
-    return found
-
-
 def _host_main(kernel: LoweredKernel):
     for _, f in kernel.host_mod.functions.items():
         if isinstance(f, tirx.PrimFunc) and f.attrs and f.attrs.get("tirx.is_entry_func", False):
@@ -237,14 +221,7 @@ def _host_main(kernel: LoweredKernel):
 
 
 def _compute_scope(stmt):
-    found = []
-
-    def visit(node):
-        if isinstance(node, tirx.AttrStmt) and node.attr_key == "compute_scope":
-            found.append(node.body)
-
-    tirx.stmt_functor.post_order_visit(stmt, visit)
-    return found[0] if found else None
+    return next((a.body for a in nodes(stmt, tirx.AttrStmt) if a.attr_key == "compute_scope"), None)
 
 
 def _flatten(stmt) -> list:
@@ -264,7 +241,7 @@ def _steps(stmt, devices, tma_args, by_data, kernels, name) -> list[Step]:
 
 
 def _is_stack_alloca(e) -> bool:
-    return isinstance(e, tirx.Call) and getattr(e.op, "name", "") == "tirx.tvm_stack_alloca"
+    return isinstance(e, tirx.Call) and op_name(e) == "tirx.tvm_stack_alloca"
 
 
 def _one_step(s, devices, tma_args, by_data, kernels, name) -> list[Step]:
@@ -286,7 +263,7 @@ def _one_step(s, devices, tma_args, by_data, kernels, name) -> list[Step]:
         v = s.value
         if isinstance(v, tirx.IntImm):
             return []
-        if isinstance(v, tirx.Call) and getattr(v.op, "name", "") in ("tirx.tvm_call_packed", "tirx.tvm_call_packed_lowered"):
+        if isinstance(v, tirx.Call) and op_name(v) in ("tirx.tvm_call_packed", "tirx.tvm_call_packed_lowered"):
             callee = str(v.args[0].value)
             args = list(v.args[1:])
             if callee == "__tvm_tensormap_create_tiled":

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from tilelang import tvm
 
-from tlx.ir.tir import PRIVATE_SCOPES, arith_only, scalar_dtype
+from tlx.ir.tir import PRIVATE_SCOPES, arith_only, free_vars, nodes, op_name, scalar_dtype
 
 tir = tvm.tirx
 
@@ -54,21 +54,19 @@ def read_only_params(f) -> set:
     uses: dict = {}  # handle -> bare occurrences
     read_ptrs: dict = {}  # handle -> occurrences as a read-only tvm_access_ptr's data
 
-    def visit(node):
+    for node in nodes(f.body, (tir.BufferStore, tir.Var, tir.Call)):
         if isinstance(node, tir.BufferStore):
             written.add(node.buffer.data)
         elif isinstance(node, tir.Var) and node in handles:
             uses[node] = uses.get(node, 0) + 1
         elif isinstance(node, tir.Call):
-            name = str(node.op.name) if hasattr(node.op, "name") else ""
+            name = op_name(node)
             if name == "tirx.address_of" and isinstance(node.args[0], tir.BufferLoad):
                 written.add(node.args[0].buffer.data)
             elif name == "tirx.tvm_access_ptr" and node.args[1] in handles:
                 mask = node.args[4]
                 if isinstance(mask, tir.IntImm) and mask.value & 2 == 0:
                     read_ptrs[node.args[1]] = read_ptrs.get(node.args[1], 0) + 1
-
-    tir.stmt_functor.post_order_visit(f.body, visit)
     written |= {v for v, n in uses.items() if n > read_ptrs.get(v, 0)}
     return handles - written
 
@@ -94,11 +92,10 @@ def counters(f) -> dict:
 
     def scan(expr):
         """Loads: one before the start disqualifies."""
-        def visit(n):
-            if isinstance(n, tir.BufferLoad) and scalar(n.buffer):
-                e = entry(n.buffer)
+        for load in nodes(expr, tir.BufferLoad):
+            if scalar(load.buffer):
+                e = entry(load.buffer)
                 e["ok"] &= e["start"] is not None
-        tir.stmt_functor.post_order_visit(expr, visit)
 
     def step_of(value, data):
         """c for ``data[0] + c`` (or ``c + data[0]``) with a constant c >= 0, else None."""
@@ -111,9 +108,7 @@ def counters(f) -> dict:
 
     def invariant(ext) -> bool:
         """A trip count fixed for the thread: arithmetic over parameters and thread indices only."""
-        names = []
-        tir.stmt_functor.post_order_visit(ext, lambda n: names.append(n) if isinstance(n, tir.Var) else None)
-        return arith_only(ext) and all(v in fixed for v in names)
+        return arith_only(ext) and all(v in fixed for v in free_vars(ext))
 
     def walk(s, loops, nested):
         if isinstance(s, tir.AttrStmt) and s.attr_key == "thread_extent" and isinstance(s.node, tir.IterVar):
@@ -155,12 +150,11 @@ def counters(f) -> dict:
 
     walk(f.body, [], False)
 
-    def pointer_use(n):
-        """A bare use of the data pointer or an ``address_of`` anywhere: the value may change unseen."""
+    # a bare use of the data pointer or an ``address_of`` anywhere: the value may change unseen
+    for n in nodes(f.body, (tir.Var, tir.Call)):
         if isinstance(n, tir.Var) and n in state:
             state[n]["ok"] = False
-        elif isinstance(n, tir.Call) and hasattr(n.op, "name") and str(n.op.name) == "tirx.address_of":
+        elif isinstance(n, tir.Call) and op_name(n) == "tirx.address_of":
             if isinstance(n.args[0], tir.BufferLoad) and n.args[0].buffer.data in state:
                 state[n.args[0].buffer.data]["ok"] = False
-    tir.stmt_functor.post_order_visit(f.body, pointer_use)
     return {d: (e["start"], e["sites"]) for d, e in state.items() if e["ok"] and e["start"] is not None}

@@ -25,7 +25,7 @@ from typing import Any
 
 from tilelang import tvm
 
-from tlx.ir.tir import const_int, elem_bytes, op_name
+from tlx.ir.tir import const_int, elem_bytes, nodes, op_name
 from tlx.ir.walk import DeviceWalker, is_access_ptr, pointer_uses, storage_scope
 from tlx.lowering import LoweredKernel
 
@@ -126,31 +126,17 @@ class Program:
 
 
 def _depends_on(expr, vars_) -> bool:
-    found = False
     names = set(vars_)
+    return any(v in names for v in nodes(expr, tir.Var))
 
-    def visit(n):
-        nonlocal found
-        if isinstance(n, tir.Var) and n in names:
-            found = True
 
-    tir.stmt_functor.post_order_visit(tir.Evaluate(expr) if isinstance(expr, tir.PrimExpr) else expr, visit)
-    return found
+# operators an address may apply without reading memory
+_ARITH_CALLS = ("tirx.if_then_else", "tirx.likely", "tirx.bitwise_and", "tirx.bitwise_or", "tirx.bitwise_xor", "tirx.shift_left",
+                "tirx.shift_right", "tirx.bitwise_not")
 
 
 def _reads_memory(expr) -> bool:
-    found = False
-
-    def visit(n):
-        nonlocal found
-        if isinstance(n, tir.BufferLoad):
-            found = True
-        elif isinstance(n, tir.Call) and hasattr(n.op, "name"):
-            if str(n.op.name) not in ("tirx.if_then_else", "tirx.likely", "tirx.bitwise_and", "tirx.bitwise_or", "tirx.bitwise_xor", "tirx.shift_left", "tirx.shift_right", "tirx.bitwise_not"):
-                found = True
-
-    tir.stmt_functor.post_order_visit(tir.Evaluate(expr), visit)
-    return found
+    return bool(nodes(expr, tir.BufferLoad)) or any(op_name(c) not in ("", *_ARITH_CALLS) for c in nodes(expr, tir.Call))
 
 
 class _Walker(DeviceWalker):
@@ -208,8 +194,8 @@ class _Walker(DeviceWalker):
             if _depends_on(c, self.thread_vars()) and not (_is_zero(a1) and _is_zero(a2)):
                 self.prog.divergent_barriers.append(str(stmt.condition))
             return _either(c, a1, a2), _either(c, b1, b2)
-        if isinstance(stmt, tir.Evaluate) and isinstance(stmt.value, tir.Call) and hasattr(stmt.value.op, "name"):
-            name = str(stmt.value.op.name)
+        if isinstance(stmt, tir.Evaluate) and isinstance(stmt.value, tir.Call) and op_name(stmt.value):
+            name = op_name(stmt.value)
             if name in _BARRIER_CALLS and _is_block_barrier(stmt.value):
                 return tir.IntImm("int32", 1), commits
             if name == "tirx.ptx_commit_group":
@@ -309,23 +295,16 @@ class _Walker(DeviceWalker):
 
     def exprs(self, es):
         """Loads inside expressions are reads; calls inside them handed shared pointers are accesses too."""
-        loads, calls = [], []
-
-        def visit(n):
-            if isinstance(n, tir.BufferLoad):
-                loads.append(n)
-            elif isinstance(n, tir.Call) and hasattr(n.op, "name") and str(n.op.name) != "tirx.tvm_access_ptr":
-                calls.append(n)
-
-        for e in es:
-            tir.stmt_functor.post_order_visit(tir.Evaluate(e), visit)
+        found = [n for e in es for n in nodes(e, (tir.BufferLoad, tir.Call))]
+        loads = [n for n in found if isinstance(n, tir.BufferLoad)]
+        calls = [n for n in found if isinstance(n, tir.Call) and op_name(n) not in ("", "tirx.tvm_access_ptr")]
         for ld in loads:
             self.buffer_access(ld.buffer, ld.indices, ld.dtype, read=True, write=False, op="load", text=str(ld))
         for c in calls:
             self.call_pointers(c)
 
     def call_pointers(self, call):
-        name = str(call.op.name)
+        name = op_name(call)
         self.prog.calls.add(name)
         if name == "tirx.call_extern" and call.args and isinstance(call.args[0], tir.StringImm):
             name = str(call.args[0].value)
@@ -336,10 +315,10 @@ class _Walker(DeviceWalker):
             self.prog.opaque.append(f"{name} touches shared memory through a descriptor or raw handle")
 
     def evaluate(self, call):
-        if not isinstance(call, tir.Call) or not hasattr(call.op, "name"):
+        name = op_name(call) if isinstance(call, tir.Call) else ""
+        if not name:
             self.exprs([call])
             return
-        name = str(call.op.name)
         self.prog.calls.add(name)
         if name in _BARRIER_CALLS:
             if _is_block_barrier(call):
@@ -531,13 +510,9 @@ def collect_program(kernel: LoweredKernel) -> list[Program]:
             continue
         w = _Walker(gv.name_hint)
         # thread extents are known before the body is walked: collect them first
-        def visit(n):
-            if isinstance(n, tir.AttrStmt) and n.attr_key == "thread_extent":
-                tag = str(n.node.thread_tag)
-                if tag.startswith("threadIdx"):
-                    w.thread_ext[tag] = (n.node.var, const_int(n.value))
-
-        tir.stmt_functor.post_order_visit(fn.body, visit)
+        for attr in nodes(fn.body, tir.AttrStmt):
+            if attr.attr_key == "thread_extent" and str(attr.node.thread_tag).startswith("threadIdx"):
+                w.thread_ext[str(attr.node.thread_tag)] = (attr.node.var, const_int(attr.value))
         w.finish_threads()
         w.visit(fn.body)
         progs.append(w.prog)
