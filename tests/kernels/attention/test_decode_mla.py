@@ -15,6 +15,7 @@ import torch
 
 from kernels.attention.decode_mla import (D_QK, D_V, GROUP, PAGE, dequant_cache, mla_combine_kernel, mla_decode,
                                           mla_split_kernel, reference_mla_decode)
+from tests.kernels.staged_release import assert_stages_released_after_last_read
 
 E4M3 = torch.float8_e4m3fn
 
@@ -24,6 +25,7 @@ E4M3 = torch.float8_e4m3fn
 def test_kernels_compile(tokens, heads, kv):
     src = mla_split_kernel(tokens, heads, kv, D_QK ** -0.5).device_source
     assert "wgmma" in src and "atomic" not in src.lower()
+    assert_stages_released_after_last_read(src, {"KP_s", "KV_s"} if kv == "bfloat16" else {"KQ_s", "KQP_s", "KS_s"})
     assert "atomic" not in mla_combine_kernel(tokens, heads).device_source.lower()
 
 

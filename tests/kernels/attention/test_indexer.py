@@ -13,6 +13,7 @@ import torch
 
 from kernels.attention.indexer import (E4M3, PAGE, indexer_kernel, indexer_logits, indexer_logits_paged,
                                        indexer_paged_kernel, reference_logits)
+from tests.kernels.staged_release import assert_stages_released_after_last_read
 
 # |kernel - fp64 reference| <= TOL * Σ_h |w| Σ_d |q k| k_scale: the tensor cores' fp8 products
 # are exact, their fp32 accumulation keeps fewer bits than fp32 (well under 2^-9 relative)
@@ -25,6 +26,7 @@ def test_kernels_compile_with_wgmma_and_tma():
         assert "wgmma" in src and "tma_load" in src
         assert "__fmaf_rn" in src and "__fmul_rn" in src  # the fixed head sum and scale
         assert "atomic" not in src.lower()  # one writer per logit
+        assert_stages_released_after_last_read(src, {"K_s"})
 
 
 def test_baseline_compiles():

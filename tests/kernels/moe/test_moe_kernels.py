@@ -18,6 +18,7 @@ from kernels.moe.grouped_gemm import (
 )
 from kernels.moe.metadata import max_rows, metadata_buffers, metadata_kernel, routing_metadata
 from kernels.moe.permute import combine, combine_kernel, permute, permute_fp8_kernel, permute_kernel
+from tests.kernels.staged_release import assert_stages_released_after_last_read
 
 KDIR = Path(R.__file__).parent
 BASELINES = ("gating", "metadata", "permute", "grouped_gemm")
@@ -52,6 +53,8 @@ def test_kernel_compiles_for_sm90a(name):
         wgmma = f"kFloat8_e4m3, tl::DataType::kFloat8_e4m3, tl::DataType::kFloat32, 64, {width}, 32"
         assert wgmma in src
         assert "__fmaf_rn(part" in src
+        # scale_s is written with plain stores behind the same release as the TMA copies
+        assert_stages_released_after_last_read(src, {"A_s", "B_s", "scale_s"})
         if name == "gemm_swiglu":
             # a gate chain and an up chain per K block, each promoted into its own total; the
             # epilogue rounds both to bf16 as L1 stores them, takes the IEEE quotient of

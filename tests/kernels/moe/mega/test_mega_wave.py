@@ -9,6 +9,7 @@ import torch
 
 from kernels.moe.mega import protocol as K
 from kernels.moe.mega.wave import wave_kernel
+from tests.kernels.staged_release import assert_stages_released_after_last_read
 
 CUDA = "cuda"
 H, I = 4096, 2048  # V4-Flash
@@ -19,6 +20,13 @@ def test_wave_kernel_names_bad_shapes():
         wave_kernel(4096 + 128, 4096)
     with pytest.raises(ValueError, match="k: expected a multiple of 128"):
         wave_kernel(4096, 4000)
+
+
+def test_wave_kernel_releases_stages_after_last_read():
+    """scale_s is written with plain stores behind the release of the TMA copies' stage: the
+    consumer must have read it (into registers) before releasing that stage (CPU, sm_90a)."""
+    src = wave_kernel(2 * I, H, 10.0, num_sms=132).device_source
+    assert_stages_released_after_last_read(src, {"A_s", "B_s", "Bu_s", "scale_s"})
 
 
 def _layer(e, rows, seed):
