@@ -34,8 +34,8 @@ Sweep (``--sweep``): the candidate configurations of the dense kernels (``SWEEP_
 the backward) at the same shapes, each beside SDPA in one interleaved timing per row; every
 candidate is checked against SDPA as above and, as they all keep the sums' order, for the same
 bits as the default configuration (``bits`` column); the fastest passing candidate of each row
-is printed last (``winner``). Compiles only the sweep's kernels (34 builds in parallel: about two
-rounds of a minute on 16 cores).
+is printed last (``winner``). Compiles only the sweep's kernels in parallel (about three rounds
+of a minute on 16 cores).
 
 Usage: python bench/attention_prefill.py [--out FILE.json] [--reps N]
        python bench/attention_prefill.py --sweep [--out FILE.json] [--reps N]
@@ -91,13 +91,11 @@ def _sweep_forward():
 
 
 def _sweep_backward():
-    """Backward candidates per head dim (the first is the default; d 256 is not swept). The one
-    warpgroup tiles of the first version are left out (four more builds, a third compile round
-    on 16 cores): they measured 114 / 193 / 194 TFLOP/s (d 64, d 128, d 128 causal) on the
-    H200 on 2026-12-02."""
-    from kernels.attention.dense_bwd import DEFAULT_TILES, BwdTiles
+    """Backward candidates per head dim (the first is the default; d 256 is not swept)."""
+    from kernels.attention.dense_bwd import DEFAULT_TILES, TWO_WARPGROUP_TILES, BwdTiles
 
-    return {d: {"2 warpgroups": DEFAULT_TILES[d], "dq 128 x 128": BwdTiles(128, 64, 128, 128)} for d in (64, 128)}
+    return {d: {"1 warpgroup (default)": DEFAULT_TILES[d], "2 warpgroups": TWO_WARPGROUP_TILES,
+                "dq 128 x 128": BwdTiles(128, 64, 128, 128)} for d in (64, 128)}
 
 
 SWEEP_FORWARD = _sweep_forward()

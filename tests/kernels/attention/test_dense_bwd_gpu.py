@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from kernels.attention import reference as R
-from kernels.attention.dense_bwd import DEFAULT_TILES, SINGLE_WARPGROUP_TILES, BwdTiles, dense_attention_backward
+from kernels.attention.dense_bwd import DEFAULT_TILES, TWO_WARPGROUP_TILES, BwdTiles, dense_attention_backward
 from kernels.attention.dense_fwd import dense_attention
 
 pytestmark = pytest.mark.gpu
@@ -90,6 +90,6 @@ def test_tiles_change_no_bits(d, causal):
     o, lse = dense_attention(q, k, v, **kw)
     do = randn(q.shape, 23)
     first = dense_attention_backward(do, q, k, v, o, lse, tiles=DEFAULT_TILES[d], **kw)
-    for tiles in (SINGLE_WARPGROUP_TILES, BwdTiles(128, 64, 128, 128)):
+    for tiles in (TWO_WARPGROUP_TILES, BwdTiles(128, 64, 128, 128)):
         for name, g, g0 in zip(("dq", "dk", "dv"), dense_attention_backward(do, q, k, v, o, lse, tiles=tiles, **kw), first):
             assert torch.equal(g.view(torch.int16), g0.view(torch.int16)), f"{name} differs with {tiles}"
