@@ -115,3 +115,19 @@ def offset_window(threads=32):
     """A window of ``threads`` elements of a shared copy of A, at a scalar offset: the verifier
     derives ``0 <= off <= 256 - threads`` as preconditions the launcher checks."""
     return offset_read(threads)
+
+
+@tlx.jit(target=SM90)
+def copy_pairs(N, block=128):
+    """``Y = X``, ``Y2 = X2`` through one loop over the pairs: TileLang names the buffers after the
+    loop variables, so the four parameters are called src, src, dst, dst."""
+
+    @T.prim_func
+    def main(X: T.Tensor((N,), "float32"), X2: T.Tensor((N,), "float32"), Y: T.Tensor((N,), "float32"),
+             Y2: T.Tensor((N,), "float32")):
+        with T.Kernel(T.ceildiv(N, block), threads=block) as bx:
+            for src, dst in ((X, Y), (X2, Y2)):
+                for i in T.Parallel(block):
+                    dst[bx * block + i] = src[bx * block + i]
+
+    return main

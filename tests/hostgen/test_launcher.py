@@ -42,7 +42,7 @@ def test_plan_binds_symbolic_dims_and_reads_tma_descriptors():
     plan = plan_launcher(lower(sk.gemm.get_tir(T.dynamic("M"), 1024, 1024), CPU_TARGET))
     assert list(plan.shape_vars) == ["M"]
     var, tensor, dim = plan.shape_vars["M"]
-    assert (tensor, dim) == ("A", 0)
+    assert (tensor.name, dim) == ("A", 0)
     descs = [s.desc for s in plan.steps if s.kind == "desc"]
     assert sorted(d.tensor for d in descs) == ["A", "B"]
     assert all(d.rank == 2 and d.global_stride[0] == 2 for d in descs)
@@ -59,6 +59,25 @@ def test_two_descriptors_of_one_tensor_get_distinct_names(cache):
     boxes = ("{cuuint32_t(int64_t(64)), cuuint32_t(int64_t(128))}", "{cuuint32_t(int64_t(32)), cuuint32_t(int64_t(128))}")
     assert all(box in src for box in boxes)
     assert "p0 = v_A_desc;" in src and "p1 = v_A_desc_1;" in src
+
+
+def test_parameters_that_share_a_name_get_distinct_identifiers(cache):
+    """A kernel that renames its buffers (``for src, dst in ((X, Y), (X2, Y2))``) has two
+    parameters called src and two called dst: the launcher names them by position (it once
+    declared ``t_src`` twice and failed to compile), builds, and its messages keep the names."""
+    kernel = sk.copy_pairs(T.dynamic("N"))
+    src = kernel.host_source
+    assert [p["name"] for p in kernel.metadata["params"]] == ["src", "src", "dst", "dst"]
+    for i in range(4):
+        assert f"const DLTensor* t_arg{i} = tlx::tensor_arg(kKernel, args, {i}, " in src
+        assert f"void* const v_arg{i} = tlx::data_ptr(t_arg{i});" in src
+    assert "t_src" not in src and "v_src" not in src
+    assert 'tlx::check_dim(kKernel, "dst", t_arg3, 0, v_N, "N (from src.shape[0])");' in src
+    x = torch.zeros(4)
+    with pytest.raises(TypeError, match="src"):
+        kernel(x, x.int(), x, x)
+    with pytest.raises(ValueError, match="dst.shape"):
+        kernel(x, x, x, torch.zeros(5))
 
 
 def test_vectorized_kernel_requires_vector_alignment():

@@ -35,7 +35,7 @@ def describe(plan: LaunchPlan, source: str) -> dict:
             for t in plan.tensors
         ]
         + [{"index": s.index, "name": s.name, "kind": "scalar", "dtype": s.dtype} for s in plan.scalars],
-        "symbolic_dims": {n: {"tensor": t, "dim": d} for n, (_, t, d) in plan.shape_vars.items()},
+        "symbolic_dims": {n: {"tensor": t.name, "dim": d} for n, (_, t, d) in plan.shape_vars.items()},
         "launches": [
             {"kernel": lc.kernel, "grid": [pyexpr(g) for g in lc.grid], "block": [pyexpr(b) for b in lc.block],
              "dynamic_shared_memory": pyexpr(lc.dyn_smem), "cluster": lc.cluster, "cooperative": lc.cooperative}

@@ -84,6 +84,9 @@ class _Emitter:
         self.known: set[str] = set()
         self.checked_grid: set[tuple[str, str]] = set()  # (axis, expression) checked up front
         self.renamed: dict = {}  # host variable -> its C name, where its readable name was taken
+        for t in plan.tensors:
+            if t.c_id != t.name:  # the data pointers of arguments that share a name
+                self.renamed[t.data_var] = f"v_{t.c_id}"
         self.kernel_index = {k: i for i, k in enumerate(plan.kernels)}
 
     def out(self, line: str = "", indent: int = 1) -> None:
@@ -139,27 +142,27 @@ class _Emitter:
         for t in self.checked:
             n = _cstr(t.name)
             self.out(f"// {t.name}: {t.dtype}[{_dims(t.shape)}]")
-            self.out(f"const DLTensor* t_{t.name} = tlx::tensor_arg(kKernel, args, {t.index}, {n});")
-            self.out(f"tlx::check_dtype(kKernel, {n}, t_{t.name}, {t.dl_code}, {t.dl_bits}, {t.dl_lanes});")
-            self.out(f"tlx::check_ndim(kKernel, {n}, t_{t.name}, {len(t.shape)});")
+            self.out(f"const DLTensor* t_{t.c_id} = tlx::tensor_arg(kKernel, args, {t.index}, {n});")
+            self.out(f"tlx::check_dtype(kKernel, {n}, t_{t.c_id}, {t.dl_code}, {t.dl_bits}, {t.dl_lanes});")
+            self.out(f"tlx::check_ndim(kKernel, {n}, t_{t.c_id}, {len(t.shape)});")
         for name, (var, tensor, dim) in p.shape_vars.items():
-            self.out(f"const int64_t {c_name(var)} = tlx::bind_dim(kKernel, {_cstr(tensor)}, t_{tensor}, {dim}, {_cstr(name)});")
+            self.out(f"const int64_t {c_name(var)} = tlx::bind_dim(kKernel, {_cstr(tensor.name)}, t_{tensor.c_id}, {dim}, {_cstr(name)});")
             self.known.add(c_name(var))
         for t in self.checked:
             for d, s in enumerate(t.shape):
-                if isinstance(s, tirx.Var) and p.shape_vars[s.name][1:] == (t.name, d):
+                if isinstance(s, tirx.Var) and p.shape_vars[s.name][1] is t and p.shape_vars[s.name][2] == d:
                     continue
                 if isinstance(s, int):
                     what = str(s)
                 elif isinstance(s, tirx.Var):
                     src = p.shape_vars[s.name]
-                    what = f"{s.name} (from {src[1]}.shape[{src[2]}])"
+                    what = f"{s.name} (from {src[1].name}.shape[{src[2]}])"
                 else:
                     what = str(s)
-                self.out(f"tlx::check_dim(kKernel, {_cstr(t.name)}, t_{t.name}, {d}, {self.expr(s)}, {_cstr(what)});")
+                self.out(f"tlx::check_dim(kKernel, {_cstr(t.name)}, t_{t.c_id}, {d}, {self.expr(s)}, {_cstr(what)});")
         for t in self.checked:
             for d, s in enumerate(t.strides):
-                self.out(f"tlx::check_stride(kKernel, {_cstr(t.name)}, t_{t.name}, {d}, {self.expr(s)});")
+                self.out(f"tlx::check_stride(kKernel, {_cstr(t.name)}, t_{t.c_id}, {d}, {self.expr(s)});")
 
     def scalars(self) -> None:
         for s in self.plan.scalars:
@@ -222,23 +225,24 @@ class _Emitter:
         tensors = self.plan.tensors
         if not any(not isinstance(d, int) for t in tensors for d in t.shape):
             return  # static shapes: an empty tensor was already refused by the shape checks
-        empty = " || ".join(f"tlx::num_elements(t_{t.name}) == 0" for t in tensors)
+        empty = " || ".join(f"tlx::num_elements(t_{t.c_id}) == 0" for t in tensors)
         self.out(f"if (__builtin_expect({empty}, 0)) return 0;  // empty problem: a no-op")
 
     def placement(self) -> None:
         p = self.plan
-        first = p.tensors[0].name if p.tensors else None
+        first = p.tensors[0].c_id if p.tensors else None
         if first is None:
             raise HostgenError(f"{p.name}: a kernel without tensor arguments has no device to launch on")
         self.out(f"const int32_t device_id = t_{first}->device.device_id;")
         for t in p.tensors:
-            self.out(f"tlx::check_cuda_device(kKernel, {_cstr(t.name)}, t_{t.name}, device_id);")
+            self.out(f"tlx::check_cuda_device(kKernel, {_cstr(t.name)}, t_{t.c_id}, device_id);")
         for t in p.tensors:
-            self.out(f"void* const {c_name(t.data_var)} = tlx::data_ptr(t_{t.name});")
-            self.known.add(c_name(t.data_var))
+            data = self.renamed.get(t.data_var, c_name(t.data_var))
+            self.out(f"void* const {data} = tlx::data_ptr(t_{t.c_id});")
+            self.known.add(data)
             if t.align > 1:
                 why = "the kernel's TMA copies" if t.align == 16 and _uses_tma(p, t) else f"the kernel's {t.align}-byte vector accesses"
-                self.out(f"tlx::check_align(kKernel, {_cstr(t.name)}, {c_name(t.data_var)}, {t.align}, {_cstr(why)});")
+                self.out(f"tlx::check_align(kKernel, {_cstr(t.name)}, {data}, {t.align}, {_cstr(why)});")
         self.empty_problem()
         self.out("CUfunction const* fn = g_module.enter(kKernel, device_id);")
         self.out("CUstream stream = static_cast<CUstream>(TVMFFIEnvGetStream(kDLCUDA, device_id));")
@@ -357,7 +361,7 @@ def _allocating_function(plan: LaunchPlan) -> list[str]:
     kernels with outputs whose every shape variable is bound by an input tensor."""
     outputs = [t for t in plan.tensors if t.is_output]
     inputs = [t for t in plan.tensors if not t.is_output]
-    if not outputs or not inputs or any(tensor in {t.name for t in outputs} for _, tensor, _ in plan.shape_vars.values()):
+    if not outputs or not inputs or any(tensor.is_output for _, tensor, _ in plan.shape_vars.values()):
         return []
     positions = sorted([t.index for t in inputs] + [s.index for s in plan.scalars])
     c = _Emitter(plan, "", "", inputs_only=True)
@@ -373,12 +377,12 @@ def _allocating_function(plan: LaunchPlan) -> list[str]:
     c.grid_limits()
     c.out(f"const DLDevice device = t_{inputs[0].name}->device;")
     for t in inputs:
-        c.out(f"tlx::check_cuda_device(kKernel, {_cstr(t.name)}, t_{t.name}, device.device_id);")
+        c.out(f"tlx::check_cuda_device(kKernel, {_cstr(t.name)}, t_{t.c_id}, device.device_id);")
     c.out(f"tlx::Outputs<{len(outputs)}> outputs;")
     for k, t in enumerate(outputs):
-        c.out(f"int64_t shape_{t.name}[] = {{{', '.join(c.expr(d) for d in t.shape)}}};")
+        c.out(f"int64_t shape_{t.c_id}[] = {{{', '.join(c.expr(d) for d in t.shape)}}};")
         c.out(f"args[{t.index}] = outputs.allocate({k}, DLDataType{{{t.dl_code}, {t.dl_bits}, {t.dl_lanes}}}, device, "
-              f"{len(t.shape)}, shape_{t.name});")
+              f"{len(t.shape)}, shape_{t.c_id});")
     c.out(f"call(args, {plan.num_args});")
     c.out("outputs.release(result);")
     c.out("return 0;")
@@ -396,7 +400,7 @@ def _unique(vs):
 
 
 def _uses_tma(plan: LaunchPlan, t: TensorArg) -> bool:
-    return any(s.kind == "desc" and s.desc.tensor == t.name for s in walk_steps(plan.steps))
+    return any(s.kind == "desc" and s.desc.tensor_index == t.index for s in walk_steps(plan.steps))
 
 
 def emit_launcher(plan: LaunchPlan, cubin_path: str, cubin_symbol: str = "tlx_cubin") -> str:

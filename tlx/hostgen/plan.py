@@ -36,6 +36,10 @@ class TensorArg:
     strides: list  # int or PrimExpr per dim (row-major if the program declared none)
     align: int  # bytes the kernel's accesses need the data pointer aligned to
     is_output: bool = False
+    # what the launcher's C++ identifiers of this argument are built from (t_<c_id>): the name, or,
+    # where two arguments share a name (a kernel that renames its buffers: ``for src, dst in
+    # ((Q, Q_s), ...)``), the position; messages keep the name
+    c_id: str = ""
 
 
 @dataclass
@@ -52,6 +56,7 @@ class Descriptor:
 
     var: Any
     tensor: str  # name of the tensor argument whose data it maps
+    tensor_index: int  # its position among the parameters (names may repeat)
     data_type: int
     rank: int
     address: Any
@@ -97,7 +102,7 @@ class LaunchPlan:
     tensors: list[TensorArg]
     scalars: list[ScalarArg]
     num_args: int
-    shape_vars: dict  # name -> (tirx.Var, tensor name, dim)
+    shape_vars: dict  # name -> (tirx.Var, TensorArg that binds it, dim)
     steps: list[Step]
     kernels: dict  # kernel name -> max dynamic shared memory (int or None when symbolic)
     preconditions: list = field(default_factory=list)  # (PrimExpr, text)
@@ -173,12 +178,17 @@ def plan_launcher(kernel: LoweredKernel, out_idx=(), preconditions=()) -> Launch
                 acc = acc * s if isinstance(acc, int) and isinstance(s, int) else tirx.Mul(_expr(acc), _expr(s))
         if not (isinstance(buf.elem_offset, tirx.IntImm) and int(buf.elem_offset) == 0):
             raise HostgenError(f"{kernel.name}: argument {buf.name} declares an element offset; only offset 0 is supported")
-        for d, s in enumerate(shape):
-            if isinstance(s, tirx.Var) and s.name not in shape_vars:
-                shape_vars[s.name] = (s, buf.name, d)
         tensors.append(
             TensorArg(i, buf.name, buf.data, dtype, code, bits, lanes, shape, strides, vec_align.get(buf.data.name, 1), i in outs)
         )
+        for d, s in enumerate(shape):
+            if isinstance(s, tirx.Var) and s.name not in shape_vars:
+                shape_vars[s.name] = (s, tensors[-1], d)
+    names = [t.name for t in tensors]
+    for t in tensors:
+        t.c_id = t.name if names.count(t.name) == 1 else f"arg{t.index}"
+        if t.c_id in names and t.c_id != t.name:
+            raise HostgenError(f"{kernel.name}: argument {t.index} ({t.name}) shares its name, and 'arg{t.index}' is taken too")
     for t in tensors:
         for s in t.shape + t.strides:
             if isinstance(s, tirx.PrimExpr) and not isinstance(s, tirx.IntImm):
@@ -191,12 +201,12 @@ def plan_launcher(kernel: LoweredKernel, out_idx=(), preconditions=()) -> Launch
         raise HostgenError(f"{kernel.name}: no compute_scope in the lowered host function")
     devices = {str(name): f for name, f in device_functions(kernel.device_mod)}
     tma_args = host.attrs.get("tma_descriptor_args", {}) if host.attrs else {}
-    by_data = {t.data_var.name: t for t in tensors}
+    by_data = {t.data_var: t for t in tensors}  # by variable: two arguments may share a name
     kernels: dict[str, Any] = {}
     steps = _steps(body, devices, tma_args, by_data, kernels, kernel.name)
     for t in tensors:
         for step in walk_steps(steps):
-            if step.kind == "desc" and step.desc.tensor == t.name:
+            if step.kind == "desc" and step.desc.tensor_index == t.index:
                 t.align = max(t.align, 16)
     return LaunchPlan(kernel.name, tensors, scalars, n, shape_vars, steps, kernels, list(preconditions))
 
@@ -281,9 +291,10 @@ def _descriptor(args, by_data, name) -> Descriptor:
     rest = [_as_value(a) for a in args[4:]]
     gdim, gstride, box, estride = (rest[i * rank : (i + 1) * rank] for i in range(4))
     tail = rest[4 * rank :]
-    if not isinstance(address, tirx.Var) or address.name not in by_data:
+    if not isinstance(address, tirx.Var) or address not in by_data:
         raise HostgenError(f"{name}: TMA descriptor over {address}, which is not a tensor argument's data pointer")
-    return Descriptor(var, by_data[address.name].name, dtype, rank, address, gdim, gstride, box, estride, *[int(x) for x in tail])
+    t = by_data[address]
+    return Descriptor(var, t.name, t.index, dtype, rank, address, gdim, gstride, box, estride, *[int(x) for x in tail])
 
 
 def _launch(callee, args, device_func, kernels, name) -> Launch:
