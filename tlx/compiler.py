@@ -134,9 +134,10 @@ class Build:
 def _stage_lower(prim_func, build: Build):
     """TileLang's lowering, once; under a pin, with the pin's pass configs and fragment layouts."""
     from tlx.lowering import lower
-    from tlx.numerics.pin import lower_pinned
 
     if build.options.get("pin"):
+        from tlx.numerics.pin import lower_pinned
+
         kernel = lower_pinned(prim_func, build.target, build.pass_configs, str(build.options["pin"]), build.name)
     else:
         kernel = lower(prim_func, build.target, build.pass_configs, name=build.name)
