@@ -51,14 +51,14 @@ def test_launcher_compiles_while_nvcc_runs_and_nothing_is_left_running(tmp_path,
     the Build); a compile stopped there ends that compile instead of leaving it behind."""
     monkeypatch.setenv("TLX_CACHE_DIR", str(tmp_path))
     source, build = compile_artifacts(D.row_sum(), Options.make(target=TARGET, verify="off"), stop_after="launcher")
-    # a fresh cache: the launchers' runtime object builds beside this first launcher
-    assert "tlx_cubin" in source and set(build.background) == {"nvcc", "launcher", "runtime"}
+    # a fresh cache: the launchers' runtime object and precompiled header build beside this first launcher
+    assert "tlx_cubin" in source and set(build.background) == {"nvcc", "launcher", "runtime", "header"}
     nvcc, launcher = build.background["nvcc"], build.background["launcher"]
     assert nvcc.process.returncode == 0 and launcher.started < build.background_seconds["nvcc"] + nvcc.started
     assert all(b.process.returncode is not None for b in build.background.values())  # ended, joined or not
     assert "-S" in launcher.command and "nvcc" in build.background_seconds
     assert _work_dirs(tmp_path) == []
-    assert not list((tmp_path / "runtime").glob("*/*.partial*"))  # the cancelled runtime build left no file
+    assert not list((tmp_path / "runtime").glob("*/*.partial*"))  # the cancelled runtime builds left no file
 
 
 def test_a_failing_nvcc_names_itself_and_leaves_nothing(tmp_path, monkeypatch):
