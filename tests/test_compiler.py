@@ -71,6 +71,26 @@ def test_a_failing_nvcc_names_itself_and_leaves_nothing(tmp_path, monkeypatch):
     assert _work_dirs(tmp_path) == []
 
 
+def test_a_background_tool_with_much_to_say_runs_to_its_end_before_the_join():
+    """A tool's stderr goes to a file, not a pipe that nobody reads until the join: one that
+    writes more than a pipe holds still finishes beside the stages, and a failure shows the
+    end of what it wrote."""
+    import sys
+    import time
+
+    from tlx.compiler import Background, Build
+
+    say = "import sys; sys.stderr.write('x' * 200000 + 'the last words'); sys.exit(3)"
+    tool = Background.start("tool", [sys.executable, "-c", say])
+    deadline = time.monotonic() + 60
+    while tool.process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert tool.process.returncode == 3  # exited on its own, before anyone joined it
+    build = Build(name="k", target=TARGET, options={}, pass_configs={}, workdir=None)
+    with pytest.raises(RuntimeError, match=r"k: tool failed \(.*\):\nx+the last words$"):
+        tool.join(build)
+
+
 def _nvcc_starts(monkeypatch):
     """Record every nvcc the compile starts (its CUDA source as it was when started)."""
     import tlx.compiler as compiler

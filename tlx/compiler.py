@@ -54,24 +54,30 @@ _ARTIFACTS = ("kernel.cu", "kernel.cubin", "launcher.cc", "metadata.json")
 @dataclass
 class Background:
     """A tool a stage started and a later stage joins: its command, process and start time;
-    ``output``, a file it writes outside the work directory (removed if it is cancelled)."""
+    ``output``, a file it writes outside the work directory (removed if it is cancelled);
+    ``errors``, its stderr, a file rather than a pipe: nobody reads until the join, and a tool
+    with more to say than a pipe holds (nvcc's warnings) would wait for it."""
 
     what: str
     command: list[str]
     process: subprocess.Popen
     started: float
+    errors: Any
     output: Path | None = None
 
     @classmethod
     def start(cls, what: str, command: list[str], output: Path | None = None) -> Background:
-        proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        return cls(what, command, proc, time.perf_counter(), output)
+        errors = tempfile.TemporaryFile()
+        proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=errors)
+        return cls(what, command, proc, time.perf_counter(), errors, output)
 
     def join(self, build: Build) -> None:
         """Wait for the tool; record its wall time in ``build``; raise with its errors if it failed."""
-        _, stderr = self.process.communicate()
+        self.process.wait()
         build.background_seconds.setdefault(self.what, round(time.perf_counter() - self.started, 4))
         if self.process.returncode != 0:
+            self.errors.seek(0)
+            stderr = self.errors.read().decode(errors="replace")
             raise RuntimeError(f"{build.name}: {self.what} failed ({' '.join(self.command)}):\n{stderr[-4000:]}")
 
     def cancel(self) -> None:
@@ -79,7 +85,7 @@ class Background:
         its ``output`` if nobody took it."""
         if self.process.returncode is None:
             self.process.kill()
-            self.process.communicate()
+            self.process.wait()
         if self.output:
             self.output.unlink(missing_ok=True)
 
