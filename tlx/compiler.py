@@ -263,7 +263,7 @@ def _beside_nvcc(fn, *args):
         except BaseException as e:  # re-raised in the caller's thread
             outcome["error"] = e
 
-    worker = threading.Thread(target=work, name="tlx-beside-nvcc", daemon=True)  # an interrupted compile need not wait for it
+    worker = threading.Thread(target=work, name="tlx-beside-nvcc")
     worker.start()
     worker.join()
     if "error" in outcome:
