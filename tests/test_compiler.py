@@ -1,8 +1,6 @@
 """The compile pipeline on the CPU: one set of pass configs from lowering to nvcc, and no work
 directory left behind."""
 
-import sys
-
 import pytest
 
 from tests.numerics import determinism_kernels as D
@@ -91,30 +89,6 @@ def test_a_background_tool_with_much_to_say_runs_to_its_end_before_the_join():
     build = Build(name="k", target=TARGET, options={}, pass_configs={}, workdir=None)
     with pytest.raises(RuntimeError, match=r"k: tool failed \(.*\):\nx+the last words$"):
         tool.join(build)
-
-
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread niceness is Linux's")
-def test_work_beside_nvcc_runs_at_a_lower_priority_and_returns_or_raises_in_the_caller():
-    """The analyses and the launcher's C++ compile beside nvcc run on a thread whose niceness is
-    raised, and so do the tools that thread starts; the caller's own priority is unchanged."""
-    import os
-    import subprocess
-    import threading
-
-    from tlx.compiler import _BESIDE_NVCC_NICENESS, _beside_nvcc
-
-    mine = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-    expected = min(mine + _BESIDE_NVCC_NICENESS, 19)
-    assert _beside_nvcc(lambda: os.getpriority(os.PRIO_PROCESS, threading.get_native_id())) == expected
-    started = _beside_nvcc(lambda: subprocess.run(["nice"], capture_output=True, text=True).stdout)
-    assert int(started) == expected  # `nice` prints the niceness it runs at
-    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == mine
-
-    def fails():
-        raise KeyError("from the thread")
-
-    with pytest.raises(KeyError, match="from the thread"):
-        _beside_nvcc(fails)
 
 
 def _nvcc_starts(monkeypatch):

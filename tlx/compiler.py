@@ -5,8 +5,7 @@ The pipeline is an ordered dict of stages, each ``(module, build) -> module``:
     tir  --lower-->  LoweredKernel  --passes-->  LoweredKernel  --cuda-->  CUDA source
          --cubin-->  nvcc under way  --launcher-->  C++ launcher source  --library-->  .so path
 
-Two stages start work that a later stage joins, so that the launcher builds while nvcc runs
-(that work, and the analyses beside nvcc, at a lower CPU priority: :func:`_beside_nvcc`):
+Two stages start work that a later stage joins, so that the launcher builds while nvcc runs:
 the cubin stage starts nvcc and returns it as a :class:`Background`; the launcher stage starts
 the compile of the launcher to assembly (which needs no cubin), then joins nvcc; the library
 stage joins that compile, then assembles (embedding the cubin) and links it with the
@@ -36,9 +35,7 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
-import threading
 import time
 import warnings
 from collections import OrderedDict
@@ -200,7 +197,7 @@ def _confirm_speculation(build: Build) -> None:
 
     spec, build.speculation = build.speculation, None
     t0 = time.perf_counter()
-    analysed = _beside_nvcc(run_passes, spec.lowered, build.passes, _DEVICE_PASSES)
+    analysed = run_passes(spec.lowered, build.passes, skip=_DEVICE_PASSES)
     build.stage_seconds["passes beside nvcc"] = round(time.perf_counter() - t0, 4)
     same_command = nvcc_command(build, str(build.workdir / "kernel.cu"), str(build.workdir / "kernel.cubin")) == build.nvcc_command
     if analysed is spec.lowered and same_command:
@@ -239,38 +236,6 @@ def _stage_cubin(cuda_source: str, build: Build) -> Background:
     return build.background["nvcc"]
 
 
-# How much lower the CPU priority (niceness) of the work beside nvcc is than the compile's own:
-# the analyses and the launcher's C++ compile then take CPU from nvcc, the critical path, only
-# when nvcc leaves some, and still keep a share that finishes them in nvcc's time.
-_BESIDE_NVCC_NICENESS = 5
-
-
-def _beside_nvcc(fn, *args):
-    """``fn(*args)`` on a thread of lowered CPU priority (Linux keeps a niceness per thread, and
-    the tools the thread starts inherit it); the caller has nothing to do but wait for nvcc
-    meanwhile, so it waits for the thread. Returns or raises what ``fn`` does."""
-    outcome: dict[str, Any] = {}
-
-    def work():
-        if sys.platform.startswith("linux"):
-            tid = threading.get_native_id()
-            try:
-                os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + _BESIDE_NVCC_NICENESS)
-            except OSError:  # a sandbox that forbids it: the work runs at the compile's priority
-                pass
-        try:
-            outcome["value"] = fn(*args)
-        except BaseException as e:  # re-raised in the caller's thread
-            outcome["error"] = e
-
-    worker = threading.Thread(target=work, name="tlx-beside-nvcc")
-    worker.start()
-    worker.join()
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome["value"]
-
-
 def _start_nvcc(cuda_source: str, build: Build) -> None:
     work = build.workdir
     (work / "kernel.cu").write_text(cuda_source)
@@ -288,8 +253,8 @@ def _stage_launcher(nvcc: Background, build: Build) -> str:
     (build.workdir / "launcher.cc").write_text(source)
     build.runtime, build.runtime_builds = runtime_support()
     for piece in build.runtime_builds:  # the first launcher built with this cache: the runtime support builds beside it, once
-        build.background[piece.what] = _beside_nvcc(Background.start, f"c++ {piece.what}", piece.command, piece.partial)
-    build.background["launcher"] = _beside_nvcc(Background.start, "c++ launcher", launcher_compile_command(build.workdir, build.runtime))
+        build.background[piece.what] = Background.start(f"c++ {piece.what}", piece.command, output=piece.partial)
+    build.background["launcher"] = Background.start("c++ launcher", launcher_compile_command(build.workdir, build.runtime))
     nvcc.join(build)
     check_shared_memory(build.name, info["launches"], (build.workdir / "kernel.cubin").read_bytes(), build.target["arch"])
     build.launcher_info = info
