@@ -51,14 +51,14 @@ def test_launcher_compiles_while_nvcc_runs_and_nothing_is_left_running(tmp_path,
     the Build); a compile stopped there ends that compile instead of leaving it behind."""
     monkeypatch.setenv("TLX_CACHE_DIR", str(tmp_path))
     source, build = compile_artifacts(D.row_sum(), Options.make(target=TARGET, verify="off"), stop_after="launcher")
-    # a fresh cache: the launchers' runtime object builds beside this first launcher
-    assert "tlx_cubin" in source and set(build.background) == {"nvcc", "launcher", "runtime"}
+    # a fresh cache: the launchers' runtime object and precompiled header build beside this first launcher
+    assert "tlx_cubin" in source and set(build.background) == {"nvcc", "launcher", "runtime", "header"}
     nvcc, launcher = build.background["nvcc"], build.background["launcher"]
     assert nvcc.process.returncode == 0 and launcher.started < build.background_seconds["nvcc"] + nvcc.started
     assert all(b.process.returncode is not None for b in build.background.values())  # ended, joined or not
     assert "-S" in launcher.command and "nvcc" in build.background_seconds
     assert _work_dirs(tmp_path) == []
-    assert not list((tmp_path / "runtime").glob("*/*.partial*"))  # the cancelled runtime build left no file
+    assert not list((tmp_path / "runtime").glob("*/*.partial*"))  # the cancelled runtime builds left no file
 
 
 def test_a_failing_nvcc_names_itself_and_leaves_nothing(tmp_path, monkeypatch):
@@ -69,6 +69,26 @@ def test_a_failing_nvcc_names_itself_and_leaves_nothing(tmp_path, monkeypatch):
     with pytest.raises(RuntimeError, match=r"row_sum.*: nvcc failed \(nvcc --no-such-flag"):
         compile_artifacts(D.row_sum(), Options.make(target=TARGET, verify="off"), name="row_sum")
     assert _work_dirs(tmp_path) == []
+
+
+def test_a_background_tool_with_much_to_say_runs_to_its_end_before_the_join():
+    """A tool's stderr goes to a file, not a pipe that nobody reads until the join: one that
+    writes more than a pipe holds still finishes beside the stages, and a failure shows the
+    end of what it wrote."""
+    import sys
+    import time
+
+    from tlx.compiler import Background, Build
+
+    say = "import sys; sys.stderr.write('x' * 200000 + 'the last words'); sys.exit(3)"
+    tool = Background.start("tool", [sys.executable, "-c", say])
+    deadline = time.monotonic() + 60
+    while tool.process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert tool.process.returncode == 3  # exited on its own, before anyone joined it
+    build = Build(name="k", target=TARGET, options={}, pass_configs={}, workdir=None)
+    with pytest.raises(RuntimeError, match=r"k: tool failed \(.*\):\nx+the last words$"):
+        tool.join(build)
 
 
 def _nvcc_starts(monkeypatch):

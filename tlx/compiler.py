@@ -9,7 +9,8 @@ Two stages start work that a later stage joins, so that the launcher builds whil
 the cubin stage starts nvcc and returns it as a :class:`Background`; the launcher stage starts
 the compile of the launcher to assembly (which needs no cubin), then joins nvcc; the library
 stage joins that compile, then assembles (embedding the cubin) and links it with the
-launchers' runtime object (built once per cache, :func:`tlx.hostgen.runtime_support`).
+launchers' runtime object (built once per cache with the launchers' precompiled header,
+:func:`tlx.hostgen.runtime_support`).
 ``build.background`` records each; a compile that stops early or fails ends what is still
 running.
 
@@ -53,24 +54,30 @@ _ARTIFACTS = ("kernel.cu", "kernel.cubin", "launcher.cc", "metadata.json")
 @dataclass
 class Background:
     """A tool a stage started and a later stage joins: its command, process and start time;
-    ``output``, a file it writes outside the work directory (removed if it is cancelled)."""
+    ``output``, a file it writes outside the work directory (removed if it is cancelled);
+    ``errors``, its stderr, a file rather than a pipe: nobody reads until the join, and a tool
+    with more to say than a pipe holds (nvcc's warnings) would wait for it."""
 
     what: str
     command: list[str]
     process: subprocess.Popen
     started: float
+    errors: Any
     output: Path | None = None
 
     @classmethod
     def start(cls, what: str, command: list[str], output: Path | None = None) -> Background:
-        proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        return cls(what, command, proc, time.perf_counter(), output)
+        errors = tempfile.TemporaryFile()
+        proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=errors)
+        return cls(what, command, proc, time.perf_counter(), errors, output)
 
     def join(self, build: Build) -> None:
         """Wait for the tool; record its wall time in ``build``; raise with its errors if it failed."""
-        _, stderr = self.process.communicate()
+        self.process.wait()
         build.background_seconds.setdefault(self.what, round(time.perf_counter() - self.started, 4))
         if self.process.returncode != 0:
+            self.errors.seek(0)
+            stderr = self.errors.read().decode(errors="replace")
             raise RuntimeError(f"{build.name}: {self.what} failed ({' '.join(self.command)}):\n{stderr[-4000:]}")
 
     def cancel(self) -> None:
@@ -78,7 +85,7 @@ class Background:
         its ``output`` if nobody took it."""
         if self.process.returncode is None:
             self.process.kill()
-            self.process.communicate()
+            self.process.wait()
         if self.output:
             self.output.unlink(missing_ok=True)
 
@@ -101,6 +108,7 @@ class Build:
     background: dict[str, Background] = field(default_factory=dict)  # work a stage started, by what it makes
     background_seconds: dict[str, float] = field(default_factory=dict)  # each one's wall time, start to join
     runtime: Path | None = None  # the launchers' runtime object (tlx.hostgen.runtime_support)
+    runtime_builds: list = field(default_factory=list)  # the runtime support this compile builds (tlx.hostgen.SupportBuild)
     speculate: bool = False  # start nvcc before the analyses (the compile goes on to the cubin)
     speculation: Speculation | None = None  # a started speculation, until the analyses confirm it
     cache_key: str | None = None
@@ -134,9 +142,10 @@ class Build:
 def _stage_lower(prim_func, build: Build):
     """TileLang's lowering, once; under a pin, with the pin's pass configs and fragment layouts."""
     from tlx.lowering import lower
-    from tlx.numerics.pin import lower_pinned
 
     if build.options.get("pin"):
+        from tlx.numerics.pin import lower_pinned
+
         kernel = lower_pinned(prim_func, build.target, build.pass_configs, str(build.options["pin"]), build.name)
     else:
         kernel = lower(prim_func, build.target, build.pass_configs, name=build.name)
@@ -242,10 +251,10 @@ def _stage_launcher(nvcc: Background, build: Build) -> str:
     preconditions = [(p.expr, p.text) for p in build.preconditions]
     source, info = generate_launcher(build.lowered, build.options["out_idx"], preconditions, cubin_file="kernel.cubin")
     (build.workdir / "launcher.cc").write_text(source)
-    build.runtime, build_runtime = runtime_support()
-    if build_runtime:  # the first launcher built with this cache: the runtime object builds beside it, once
-        build.background["runtime"] = Background.start("c++ runtime", build_runtime, output=Path(build_runtime[-1]))
-    build.background["launcher"] = Background.start("c++ launcher", launcher_compile_command(build.workdir))
+    build.runtime, build.runtime_builds = runtime_support()
+    for piece in build.runtime_builds:  # the first launcher built with this cache: the runtime support builds beside it, once
+        build.background[piece.what] = Background.start(f"c++ {piece.what}", piece.command, output=piece.partial)
+    build.background["launcher"] = Background.start("c++ launcher", launcher_compile_command(build.workdir, build.runtime))
     nvcc.join(build)
     check_shared_memory(build.name, info["launches"], (build.workdir / "kernel.cubin").read_bytes(), build.target["arch"])
     build.launcher_info = info
@@ -253,14 +262,15 @@ def _stage_launcher(nvcc: Background, build: Build) -> str:
 
 
 def _stage_library(launcher_source: str, build: Build) -> str:
-    """Join the launcher's compile (and the runtime's, when this compile builds it), then
-    assemble the launcher (the assembly embeds ``kernel.cubin``) and link it with the runtime."""
-    from tlx.hostgen import launcher_link_command, publish_runtime_support
+    """Join the launcher's compile (and the runtime support's, when this compile builds it),
+    then assemble the launcher (the assembly embeds ``kernel.cubin``) and link it with the
+    runtime."""
+    from tlx.hostgen import launcher_link_command
 
     build.background["launcher"].join(build)
-    if "runtime" in build.background:
-        build.background["runtime"].join(build)
-        publish_runtime_support(build.background["runtime"].command, build.runtime)
+    for piece in build.runtime_builds:
+        build.background[piece.what].join(build)
+        piece.publish()
     link = launcher_link_command(build.workdir, build.runtime)
     proc = subprocess.run(link, capture_output=True, text=True)
     if proc.returncode != 0:

@@ -211,6 +211,25 @@ def test_two_processes_compiling_the_same_kernel_both_succeed_and_reload_is_fast
     assert min(loads) < 0.05, loads  # a cached kernel loads in a fresh process in under 50 ms
 
 
+def test_launchers_compile_against_the_precompiled_header_to_the_same_assembly(add, tmp_path):
+    """Once a compile has built the runtime support, a launcher's compile takes the precompiled
+    ``tlx_launcher.h`` (GCC's ``-H`` marks a valid one with ``!``) and emits the assembly it
+    emits from the header itself."""
+    from tlx.hostgen import launcher_compile_command, runtime_support
+
+    runtime, missing = runtime_support()
+    assert missing == [] and (runtime.parent / "tlx_launcher.h.gch").is_file()
+    (tmp_path / "launcher.cc").write_text(add.host_source)
+    with_pch = subprocess.run([*launcher_compile_command(tmp_path, runtime), "-H"], capture_output=True, text=True)
+    assert with_pch.returncode == 0, with_pch.stderr
+    assert f"! {runtime.parent / 'tlx_launcher.h.gch'}" in with_pch.stderr.splitlines()
+    precompiled = (tmp_path / "launcher.s").read_text()
+    no_pch = tmp_path / "none" / "tlx_runtime.o"  # a runtime directory without the header: the header is parsed
+    header = subprocess.run([*launcher_compile_command(tmp_path, no_pch), "-H"], capture_output=True, text=True)
+    assert header.returncode == 0 and ".gch" not in header.stderr and "tlx_launcher.h" in header.stderr
+    assert (tmp_path / "launcher.s").read_text() == precompiled
+
+
 def test_torch_op_fake_implementation_sizes_outputs(add):
     from torch._subclasses.fake_tensor import FakeTensorMode
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from tlx.hostgen.cexpr import pyexpr
@@ -11,8 +12,8 @@ from tlx.hostgen.image import SharedMemoryError, check_shared_memory
 from tlx.hostgen.plan import HostgenError, LaunchPlan, plan_launcher, walk_steps
 
 __all__ = ["HostgenError", "LaunchPlan", "SharedMemoryError", "check_shared_memory", "EXPORT_NAME", "generate_launcher",
-           "launcher_compile_command", "launcher_link_command", "plan_launcher", "publish_runtime_support", "RUNTIME_DIR",
-           "runtime_cache_dir", "runtime_support"]
+           "launcher_compile_command", "launcher_link_command", "plan_launcher", "RUNTIME_DIR", "runtime_cache_dir",
+           "runtime_support", "SupportBuild"]
 
 RUNTIME_DIR = Path(__file__).parent / "runtime"
 
@@ -44,11 +45,14 @@ def describe(plan: LaunchPlan, source: str) -> dict:
     }
 
 
-def launcher_compile_command(workdir: Path) -> list[str]:
+def launcher_compile_command(workdir: Path, runtime: Path) -> list[str]:
     """Compile ``workdir/launcher.cc`` to assembly (``launcher.s``). It does not need the cubin
     (the ``.incbin`` directive is resolved only when the assembly is assembled), so it runs
-    while nvcc builds the cubin."""
-    return [_CXX, *_CXXFLAGS, *_include_flags(), "-S", str(workdir / "launcher.cc"), "-o", str(workdir / "launcher.s")]
+    while nvcc builds the cubin. The runtime's directory comes first on the include path:
+    the compiler takes the precompiled ``tlx_launcher.h.gch`` there in place of the header
+    when it is built (:func:`runtime_support`) and valid, and the header itself otherwise;
+    the assembly is the same either way."""
+    return [_CXX, *_CXXFLAGS, f"-I{runtime.parent}", *_include_flags(), "-S", str(workdir / "launcher.cc"), "-o", str(workdir / "launcher.s")]
 
 
 def launcher_link_command(workdir: Path, runtime: Path) -> list[str]:
@@ -69,14 +73,31 @@ def _fast_linker() -> list[str]:
     return ["-fuse-ld=gold"] if shutil.which("ld.gold") else []
 
 
-def runtime_support() -> tuple[Path, list[str] | None]:
-    """The launchers' runtime (``runtime/tlx_runtime.cc``, the out-of-line half of
-    ``tlx_launcher.h``) as an object file, compiled once per machine and linked into every
-    launcher. Returns its path and, when it is not built yet, the command that builds it
-    (into a file of this process, which :func:`publish_runtime_support` moves into place).
-    Its directory is named by a hash of the runtime's sources, the flags, the compiler and
-    the TVM-FFI and CUDA headers it is compiled against, so a change to any of them builds a
-    new one."""
+@dataclass(frozen=True)
+class SupportBuild:
+    """A piece of the launchers' runtime support that is not built yet: ``command`` builds it
+    into ``partial`` (a file of this process); :meth:`publish` then moves it into place
+    atomically (two processes building it at once both succeed, the last one's identical
+    file stays)."""
+
+    what: str
+    command: list[str]
+    partial: Path
+    final: Path
+
+    def publish(self) -> None:
+        os.replace(self.partial, self.final)
+
+
+def runtime_support() -> tuple[Path, list[SupportBuild]]:
+    """The launchers' runtime support, built once per machine: the runtime
+    (``runtime/tlx_runtime.cc``, the out-of-line half of ``tlx_launcher.h``) as an object file
+    linked into every launcher, and ``tlx_launcher.h`` precompiled with the launchers' flags,
+    which spares every launcher's compile the parsing of the header and the TVM-FFI and CUDA
+    headers it includes. Returns the object's path and what is still to build. Their
+    directory is named by a hash of the runtime's sources, the flags, the compiler and the
+    TVM-FFI and CUDA headers they are compiled against, so a change to any of them builds
+    them anew."""
     import hashlib
     import importlib.metadata as im
     import shutil
@@ -88,18 +109,17 @@ def runtime_support() -> tuple[Path, list[str] | None]:
     material = [*(p.read_bytes() for p in _RUNTIME_SOURCES), *(f.encode() for f in (*_CXXFLAGS, *_include_flags())),
                 f"{cxx}:{stat.st_size}:{stat.st_mtime_ns}".encode(), im.version("apache-tvm-ffi").encode(), cuda_toolkit_version().encode()]
     key = hashlib.sha256(b"\0".join(material)).hexdigest()[:16]
-    runtime = runtime_cache_dir() / key / "tlx_runtime.o"
-    if runtime.is_file():
-        return runtime, None
-    runtime.parent.mkdir(parents=True, exist_ok=True)
-    partial = runtime.with_name(f"tlx_runtime.o.partial{os.getpid()}")
-    return runtime, [_CXX, *_CXXFLAGS, *_include_flags(), "-c", str(RUNTIME_DIR / "tlx_runtime.cc"), "-o", str(partial)]
-
-
-def publish_runtime_support(command: list[str], runtime: Path) -> None:
-    """Move the object ``command`` built into place (atomically; two processes building it at
-    once both succeed, the last one's identical object stays)."""
-    os.replace(command[-1], runtime)
+    directory = runtime_cache_dir() / key
+    runtime = directory / "tlx_runtime.o"
+    pieces = [("runtime", runtime, ["-c", str(RUNTIME_DIR / "tlx_runtime.cc")]),
+              ("header", directory / "tlx_launcher.h.gch", ["-x", "c++-header", str(RUNTIME_DIR / "tlx_launcher.h")])]
+    missing = []
+    for what, final, source in pieces:
+        if not final.is_file():
+            directory.mkdir(parents=True, exist_ok=True)
+            partial = final.with_name(f"{final.name}.partial{os.getpid()}")
+            missing.append(SupportBuild(what, [_CXX, *_CXXFLAGS, *_include_flags(), *source, "-o", str(partial)], partial, final))
+    return runtime, missing
 
 
 def runtime_cache_dir() -> Path:

@@ -6,18 +6,22 @@ the launcher enforces, which guard elimination may use as facts; the numerics ch
 at the final device code; the ``tlx.ieee`` prelude is injected last because it only adds
 source text. ``tlx check`` runs the same list with ``report_only`` set: its bounds verdict
 (with source lines) replaces the compile-time bounds pass and no guard is removed.
+
+Only the device passes' modules load with this one; each analysis is imported when it first
+runs (:class:`_Lazy`), so a compile that starts nvcc after the device passes (tlx/compiler.py)
+does not wait for the analyses' imports first: they load beside nvcc.
 """
 
 from __future__ import annotations
 
+import importlib
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from tlx.lowering import LoweredKernel
-from tlx.numerics import determinism, pin, prelude, strict
+from tlx.numerics import determinism, prelude, strict
 from tlx.passes import PassContext, TlxError, verifying, verifying_exhaustively
-from tlx.passes import banks, bounds, check, guards, layouts, races, vectors
 
 __all__ = ["PASSES", "Pass", "pass_names", "run_passes"]
 
@@ -27,7 +31,7 @@ TlxPass = Callable[[LoweredKernel, PassContext], LoweredKernel]
 @dataclass(frozen=True)
 class Pass:
     name: str
-    run: TlxPass
+    run: TlxPass | _Lazy
     enabled: Callable[[PassContext], bool] = lambda ctx: True
 
 
@@ -47,15 +51,27 @@ def _removing_guards(ctx: PassContext) -> bool:
     return ctx.options.eliminate_guards and not _checking(ctx)
 
 
+@dataclass(frozen=True)
+class _Lazy:
+    """The pass ``module.function``, imported when it first runs. An import that fails is a
+    broken installation, not a pass that failed: :func:`run_passes` imports outside its guard."""
+
+    module: str
+    function: str
+
+    def resolve(self) -> TlxPass:
+        return getattr(importlib.import_module(self.module), self.function)
+
+
 PASSES: tuple[Pass, ...] = (
-    Pass("numerics_pin", pin.pin_pass, _pinned),
-    Pass("layouts", layouts.layouts_pass, verifying),
-    Pass("banks", banks.banks_pass, verifying_exhaustively),
-    Pass("vectors", vectors.vectors_pass, verifying),
-    Pass("races", races.races_pass, verifying_exhaustively),
-    Pass("bounds", bounds.bounds_pass, _compile_time_bounds),
-    Pass("check", check.check_pass, _checking),
-    Pass("eliminate_guards", guards.eliminate_guards_pass, _removing_guards),
+    Pass("numerics_pin", _Lazy("tlx.numerics.pin", "pin_pass"), _pinned),
+    Pass("layouts", _Lazy("tlx.passes.layouts", "layouts_pass"), verifying),
+    Pass("banks", _Lazy("tlx.passes.banks", "banks_pass"), verifying_exhaustively),
+    Pass("vectors", _Lazy("tlx.passes.vectors", "vectors_pass"), verifying),
+    Pass("races", _Lazy("tlx.passes.races", "races_pass"), verifying_exhaustively),
+    Pass("bounds", _Lazy("tlx.passes.bounds", "bounds_pass"), _compile_time_bounds),
+    Pass("check", _Lazy("tlx.passes.check", "check_pass"), _checking),
+    Pass("eliminate_guards", _Lazy("tlx.passes.guards", "eliminate_guards_pass"), _removing_guards),
     Pass("numerics_strict", strict.numerics_mode_pass),
     Pass("numerics_determinism", determinism.determinism_pass),
     Pass("numerics_ieee_prelude", prelude.inject_ieee_prelude),
@@ -74,8 +90,9 @@ def run_passes(kernel: LoweredKernel, ctx: PassContext, skip: tuple[str, ...] = 
         raise ValueError(f"skip: expected pass names among {pass_names()}, got {sorted(unknown)}")
     for p in PASSES:
         if p.name not in skip and p.enabled(ctx):
+            run = p.run.resolve() if isinstance(p.run, _Lazy) else p.run
             try:
-                kernel = p.run(kernel, ctx)
+                kernel = run(kernel, ctx)
             except Exception as e:
                 # A pass that fails proves nothing and changes nothing: its report says so and the
                 # compile goes on with the kernel as it was, unless the user asked for verify="error".
