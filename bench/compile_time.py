@@ -5,7 +5,8 @@ execution_backend="tvm_ffi")``, side by side on this machine (no GPU needed).
 
 The kernel is the project's pipelined GEMM (tests/tiled_gemm.py) with a dynamic M, for sm_90a
 (TMA and wgmma). Each compile runs in a fresh Python process with empty caches (a new
-``TLX_CACHE_DIR``; ``TILELANG_CACHE_DIR`` and TileLang's disabled cache), the arms alternating;
+``TLX_CACHE_DIR``; ``TILELANG_CACHE_DIR`` and TileLang's disabled cache), the arms alternating
+in an order rotated every repetition (on a shared machine the first of a round runs differently);
 the figure is the compile call alone (imports excluded), median over the repetitions, with
 tlx's stage times from the build's metadata. The launchers' runtime object is built once per
 machine (``TLX_RUNTIME_CACHE_DIR``, shared by the repetitions): the first tlx compile, which
@@ -109,8 +110,8 @@ def main() -> None:
         first = run("tlx", machine_dir)  # builds the runtime object, as the first compile on a machine does
         for arm in arms:  # warm-up, not counted: every arm's modules byte-compiled
             run(arm, machine_dir)
-        for _ in range(args.reps):
-            for arm in arms:
+        for rep in range(args.reps):
+            for arm in arms[rep % len(arms):] + arms[:rep % len(arms)]:  # rotated: no arm always runs first
                 results[arm].append(run(arm, machine_dir))
     print(f"tlx first    {first['seconds']:.2f} s  CPU {first['cpu']:.2f} s (builds the launchers' runtime, once per machine)")
     base = statistics.median(r["seconds"] for r in results["tilelang"]) if "tilelang" in results else None
