@@ -30,20 +30,28 @@ def record_kernel_requests(monkeypatch) -> list:
     return requested
 
 
-def test_compile_step_covers_every_kernel_of_the_rows(monkeypatch):
+def compiled_and_launched(monkeypatch, configs, launch_rows) -> tuple[set, set]:
+    """The kernels the compile step builds for ``configs``, and those ``launch_rows(q, d, causal)``
+    then asks for at every bench shape."""
     requested = record_kernel_requests(monkeypatch)
-
-    for cfg in bench.BENCH_CONFIGS:
+    for cfg in configs:
         bench.compile_config(cfg)
     compiled = set(requested)
     requested.clear()
-
     for _, _, _, d in bench.SHAPES:
         q = torch.zeros(1, 4, 2, d, dtype=torch.bfloat16)
         for causal in (False, True):
-            for schedule in bench.SCHEDULE_NAMES:
-                dense_fwd.dense_attention(q, q, q, causal=causal, schedule=schedule)
-            dense_bwd.dense_attention_backward(q, q, q, q, q, torch.zeros(1, 2, 4), causal=causal)
+            launch_rows(q, d, causal)
+    return compiled, requested
+
+
+def test_compile_step_covers_every_kernel_of_the_rows(monkeypatch):
+    def rows(q, d, causal):
+        for schedule in bench.SCHEDULE_NAMES:
+            dense_fwd.dense_attention(q, q, q, causal=causal, schedule=schedule)
+        dense_bwd.dense_attention_backward(q, q, q, q, q, torch.zeros(1, 2, 4), causal=causal)
+
+    compiled, requested = compiled_and_launched(monkeypatch, bench.BENCH_CONFIGS, rows)
     _, _, h, _, k = bench.SPARSE_SHAPE
     sparse_fwd.sparse_attention(torch.zeros(1, 1, h, sparse_fwd.DIM, dtype=torch.bfloat16),
                                 torch.zeros(1, 8, sparse_fwd.DIM, dtype=torch.bfloat16),
@@ -55,19 +63,13 @@ def test_compile_step_covers_every_kernel_of_the_rows(monkeypatch):
 
 
 def test_sweep_compile_step_covers_every_candidate(monkeypatch):
-    requested = record_kernel_requests(monkeypatch)
-    for cfg in bench.sweep_configs():
-        bench.compile_config(cfg)
-    compiled = set(requested)
-    requested.clear()
+    def rows(q, d, causal):
+        for options in bench.SWEEP_FORWARD[d].values():
+            dense_fwd.dense_attention(q, q, q, causal=causal, schedule="overlap", options=options)
+        for tiles in bench.SWEEP_BACKWARD.get(d, {}).values():
+            dense_bwd.dense_attention_backward(q, q, q, q, q, torch.zeros(1, 2, 4), causal=causal, tiles=tiles)
 
-    for _, _, _, d in bench.SHAPES:
-        q = torch.zeros(1, 4, 2, d, dtype=torch.bfloat16)
-        for causal in (False, True):
-            for options in bench.SWEEP_FORWARD[d].values():
-                dense_fwd.dense_attention(q, q, q, causal=causal, schedule="overlap", options=options)
-            for tiles in bench.SWEEP_BACKWARD.get(d, {}).values():
-                dense_bwd.dense_attention_backward(q, q, q, q, q, torch.zeros(1, 2, 4), causal=causal, tiles=tiles)
+    compiled, requested = compiled_and_launched(monkeypatch, bench.sweep_configs(), rows)
     launched = set(requested)
 
     forward = sum(len(c) for c in bench.SWEEP_FORWARD.values()) * 2
