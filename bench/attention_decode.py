@@ -10,7 +10,9 @@ Rows (printed as they are measured, so a timeout still leaves the earlier ones):
   at H 64 D 128 (the model) and H 32 D 64 (the upstream example's anchor shape), TFLOP/s =
   2 H D x visible (query, key) pairs; next to the upstream TileLang example
   (``examples/deepseek_v32/fp8_lighting_indexer.py``, loaded from ``--upstream-indexer PATH`` or
-  ``$TLX_UPSTREAM_INDEXER``, never copied into this project; given ks = 0, ke = pos + 1: the same
+  ``$TLX_UPSTREAM_INDEXER``, else from the git-ignored examples copy a GPU run carries
+  (``.tilelang-examples/checkout``, see bench/tilelang_examples.py), never part of this project;
+  given ks = 0, ke = pos + 1: the same
   pairs) when given (target: >= 4x its rate);
 * FP8 lightning indexer, paged decode form, batch 64, context 8192, T 1 / 2: GB/s of k cache
   (values + scales) read, next to the copy's;
@@ -151,7 +153,7 @@ def args_parse():
     parser.add_argument("--reps", type=int, default=30)
     parser.add_argument("--only-mla", action="store_true",
                         help="only the copy, MLA and sparse decode rows (and only their kernels compiled)")
-    parser.add_argument("--upstream-indexer", default=os.environ.get("TLX_UPSTREAM_INDEXER"),
+    parser.add_argument("--upstream-indexer", default=os.environ.get("TLX_UPSTREAM_INDEXER", _carried_upstream_indexer()),
                         help="path of TileLang's examples/deepseek_v32/fp8_lighting_indexer.py")
     args = parser.parse_args()
     # NVML's device count, not the CUDA runtime's: the precompile workers are forked after this
@@ -198,6 +200,12 @@ def scaled_mm_row(reps):
     tf = 2 * m * n * k / ms / 1e9
     emit(what="dense FP8 _scaled_mm", shape=f"{m} x {n} x {k}", ms=round(ms, 3), TFLOPs=round(tf))
     return tf
+
+
+def _carried_upstream_indexer() -> str | None:
+    """The upstream indexer in the carried examples copy, when this checkout has one."""
+    path = Path(__file__).resolve().parents[1] / ".tilelang-examples/checkout/examples/deepseek_v32/fp8_lighting_indexer.py"
+    return str(path) if path.is_file() else None
 
 
 def load_upstream(path):
