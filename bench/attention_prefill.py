@@ -240,6 +240,22 @@ def timed_rows(what, shape, flops, candidates, checks, sdpa, reps):
     return best, round(ms[best], 3), round(tf[best]), round(tf[best] / tf["sdpa"], 3) if sdpa is not None else "-"
 
 
+def sdpa_backward(q, k, v, do, causal):
+    """SDPA's backward as a callable (the anchor timed beside tlx's) and its gradients in tlx's
+    [b, s, h, d] layout (the references tlx's are checked against)."""
+    import torch
+    import torch.nn.functional as F
+
+    leaves = [t.transpose(1, 2).detach().requires_grad_() for t in (q, k, v)]
+    out = F.scaled_dot_product_attention(*leaves, is_causal=causal)
+    do_t = do.transpose(1, 2)
+
+    def sdpa_bwd():
+        return torch.autograd.grad(out, leaves, do_t, retain_graph=True)
+
+    return sdpa_bwd, [r.transpose(1, 2) for r in sdpa_bwd()]
+
+
 def dense_rows(b, h, s, d, causal, reps, seed):
     import torch
     import torch.nn.functional as F
@@ -269,14 +285,7 @@ def dense_rows(b, h, s, d, causal, reps, seed):
 
     # backward, from the pipelined forward's o and lse
     o_fwd, lse_fwd = dense_attention(q, k, v, causal=causal)
-    leaves = [t.transpose(1, 2).detach().requires_grad_() for t in (q, k, v)]
-    out = F.scaled_dot_product_attention(*leaves, is_causal=causal)
-    do_t = do.transpose(1, 2)
-
-    def sdpa_bwd():
-        return torch.autograd.grad(out, leaves, do_t, retain_graph=True)
-
-    refs = [r.transpose(1, 2) for r in sdpa_bwd()]
+    sdpa_bwd, refs = sdpa_backward(q, k, v, do, causal)
     grads = tuple(torch.empty_like(t) for t in (q, k, v))
 
     def tlx_bwd():
@@ -347,14 +356,7 @@ def sweep_shape(b, h, s, d, causal, reps, seed):
         return
 
     o_fwd, lse_fwd = first[0], first[1].view(h, b, s).permute(1, 0, 2)
-    leaves = [t.transpose(1, 2).detach().requires_grad_() for t in (q, k, v)]
-    sdpa_out = F.scaled_dot_product_attention(*leaves, is_causal=causal)
-    do_t = do.transpose(1, 2)
-
-    def sdpa_bwd():
-        return torch.autograd.grad(sdpa_out, leaves, do_t, retain_graph=True)
-
-    refs = [r.transpose(1, 2) for r in sdpa_bwd()]
+    sdpa_bwd, refs = sdpa_backward(q, k, v, do, causal)
     bwd, checks, first = {}, {}, None
     for name, tiles in SWEEP_BACKWARD[d].items():
         grads = tuple(torch.full_like(t, float("nan")) for t in (q, k, v))
