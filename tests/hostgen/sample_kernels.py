@@ -117,10 +117,11 @@ def offset_window(threads=32):
     return offset_read(threads)
 
 
-@tlx.jit(target=SM90)
+@tlx.jit(out_idx=[-2, -1], target=SM90)
 def copy_pairs(N, block=128):
     """``Y = X``, ``Y2 = X2`` through one loop over the pairs: TileLang names the buffers after the
-    loop variables, so the four parameters are called src, src, dst, dst."""
+    loop variables, so the four parameters are called src, src, dst, dst (the two dst are
+    outputs: the allocating call names its tensors too)."""
 
     @T.prim_func
     def main(X: T.Tensor((N,), "float32"), X2: T.Tensor((N,), "float32"), Y: T.Tensor((N,), "float32"),

@@ -73,11 +73,15 @@ def test_parameters_that_share_a_name_get_distinct_identifiers(cache):
         assert f"void* const v_arg{i} = tlx::data_ptr(t_arg{i});" in src
     assert "t_src" not in src and "v_src" not in src
     assert 'tlx::check_dim(kKernel, "dst", t_arg3, 0, v_N, "N (from src.shape[0])");' in src
+    assert "const DLDevice device = t_arg0->device;" in src  # the allocating call
+    assert "int64_t shape_arg2[] = {v_N};" in src and "int64_t shape_arg3[] = {v_N};" in src
     x = torch.zeros(4)
     with pytest.raises(TypeError, match="src"):
-        kernel(x, x.int(), x, x)
+        kernel(x, x.int())
+    with pytest.raises(TypeError, match="src"):
+        kernel.launch(x, x.int(), x, x)
     with pytest.raises(ValueError, match="dst.shape"):
-        kernel(x, x, x, torch.zeros(5))
+        kernel.launch(x, x, x, torch.zeros(5))
 
 
 def test_vectorized_kernel_requires_vector_alignment():

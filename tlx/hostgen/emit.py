@@ -375,7 +375,7 @@ def _allocating_function(plan: LaunchPlan) -> list[str]:
     c.scalars()
     c.preconditions()
     c.grid_limits()
-    c.out(f"const DLDevice device = t_{inputs[0].name}->device;")
+    c.out(f"const DLDevice device = t_{inputs[0].c_id}->device;")
     for t in inputs:
         c.out(f"tlx::check_cuda_device(kKernel, {_cstr(t.name)}, t_{t.c_id}, device.device_id);")
     c.out(f"tlx::Outputs<{len(outputs)}> outputs;")
