@@ -328,7 +328,7 @@ def dense_attention_backward(do, q, k, v, o, lse, *, causal: bool = False, softm
         if tuple(t.shape) != tuple(q.shape):
             raise ValueError(f"{name}: expected the shape of q {tuple(q.shape)}, got {tuple(t.shape)}")
     d, h = q.shape[-1], q.shape[-2]
-    t = backward_tiles(d, tiles)
+    tile = backward_tiles(d, tiles)
     scale = 1.0 / math.sqrt(d) if softmax_scale is None else float(softmax_scale)
     if varlen:
         host_q = C.check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0])
@@ -347,11 +347,11 @@ def dense_attention_backward(do, q, k, v, o, lse, *, causal: bool = False, softm
     if out is not None:
         if not isinstance(out, (tuple, list)) or len(out) != 3:
             raise ValueError(f"out: expected a tuple (dq, dk, dv), got {type(out).__name__}")
-        for i, (t, like) in enumerate(zip(out, (q, k, v))):
-            C.check_tensor(f"out[{i}]", t, (q.dtype,), q.dim())
-            if tuple(t.shape) != tuple(like.shape):
-                raise ValueError(f"out[{i}]: expected shape {tuple(like.shape)}, got {tuple(t.shape)}")
-    C.check_cuda(q=q, k=k, v=v, o=o, do=do, lse=lse, **{f"out[{i}]": t for i, t in enumerate(out or ())})
+        for i, (given, like) in enumerate(zip(out, (q, k, v))):
+            C.check_tensor(f"out[{i}]", given, (q.dtype,), q.dim())
+            if tuple(given.shape) != tuple(like.shape):
+                raise ValueError(f"out[{i}]: expected shape {tuple(like.shape)}, got {tuple(given.shape)}")
+    C.check_cuda(q=q, k=k, v=v, o=o, do=do, lse=lse, **{f"out[{i}]": given for i, given in enumerate(out or ())})
     hk = k.shape[-2]
     qp, kp, vp = q.reshape(-1, h, d), k.reshape(-1, hk, d), v.reshape(-1, hk, d)
     op, dop = o.reshape(-1, h, d), do.reshape(-1, h, d)
@@ -359,15 +359,15 @@ def dense_attention_backward(do, q, k, v, o, lse, *, causal: bool = False, softm
     if out is None:
         dq, dk, dv = torch.empty_like(qp), torch.empty_like(kp), torch.empty_like(vp)
     else:
-        dq, dk, dv = (t.view(p.shape) for t, p in zip(out, (qp, kp, vp)))
+        dq, dk, dv = (given.view(p.shape) for given, p in zip(out, (qp, kp, vp)))
     if qp.shape[0] and kp.shape[0]:
-        delta_kernel, *dkdv_kernels, dq_kernel = backward_kernels(d, causal, scale, dt, t)
+        delta_kernel, *dkdv_kernels, dq_kernel = backward_kernels(d, causal, scale, dt, tile)
         delta = torch.empty((h, qp.shape[0]), dtype=torch.float32, device=q.device)
         delta_kernel(op, dop, delta)
         args = (qp, kp, vp, dop, lse_p, delta, cu_q, cu_k)
         for kernel in dkdv_kernels:
-            kernel(*args, dk, dv, max(1, -(-max_k // t.dkdv_keys)))
-        dq_kernel(*args, dq, max(1, -(-max_q // t.dq_queries)))
+            kernel(*args, dk, dv, max(1, -(-max_k // tile.dkdv_keys)))
+        dq_kernel(*args, dq, max(1, -(-max_q // tile.dq_queries)))
     else:
         dq.zero_(), dk.zero_(), dv.zero_()
     return dq.view(q.shape), dk.view(k.shape), dv.view(v.shape)
