@@ -46,8 +46,10 @@ def sparse_split_kernel(tokens: int, heads: int, topk: int, kv_dtype: str, softm
     f32, bf16 = "float32", "bfloat16"
 
     def visible(IDX, b, t, slot, seq):
-        """Slot ``slot`` of token t holds a key the token may see."""
-        return T.And(0 <= IDX[b, t, slot], IDX[b, t, slot] <= seq - tokens + t)
+        """Slot ``slot`` of token t holds a key the token may see. Compared in int64: TileLang
+        moves ``tokens - t`` to the index's side, and ``IDX + 1`` wraps for an index near 2^31
+        (such an index counted as visible, and its token's output turned NaN)."""
+        return T.And(0 <= IDX[b, t, slot], T.Cast("int64", IDX[b, t, slot]) <= T.Cast("int64", seq) - tokens + t)
 
     def slot_row(BT, IDX, b, t, slot, seq):
         """The cache row (page * 64 + position) of a slot's key; ``MASKED_ROW`` for a masked

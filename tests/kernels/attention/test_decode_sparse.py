@@ -27,6 +27,14 @@ def test_kernels_compile(tokens, heads, topk, kv):
     assert "atomic" not in mla_combine_kernel(tokens, heads, topk // 512, True).device_source.lower()
 
 
+def test_every_access_proven_in_bounds():
+    """An index near 2^31 once wrapped in the visibility test (TileLang rewrote ``i <= seq - 2``
+    into ``i + 2 <= seq``): the bounds pass left that int32 overflow unknown."""
+    report = sparse_split_kernel(2, 64, 512, "float8_e4m3", D_QK ** -0.5).metadata["reports"]["bounds"]
+    assert (report["unknown"], report["violations"]) == ([], [])
+    assert report["proven"] == report["accesses"] > 0
+
+
 def test_rejects_bad_input():
     q = torch.zeros(2, 1, 64, D_QK, dtype=torch.bfloat16)
     kv = torch.zeros(4, PAGE, D_QK, dtype=torch.bfloat16)
@@ -123,3 +131,21 @@ def test_masked_slots_may_point_at_nan():
     dirty[table[0, 1].long(), 100 - PAGE:] = float("nan")
     got = sparse_mla_decode(q, dirty, table, sl, idx)
     assert torch.equal(got[0].view(torch.int16), clean[0].view(torch.int16))
+
+
+@pytest.mark.gpu
+def test_index_near_int32_max_is_masked():
+    """A slot index past the sequence stays masked at 2^31 - 2 (it wrapped to visible and turned
+    the token's output NaN when the visibility test ran in int32)."""
+    q, kv, table, sl, _ = make_case([300, 300], tokens=2, heads=64, seed=17)
+    idx = random_indices([300, 300], 2, 512, seed=8)
+    far = idx.clone()
+    far[0, 0, 3] = 2**31 - 2
+    far[1, 1, 9] = 2**31 - 1
+    idx[0, 0, 3] = -1
+    idx[1, 1, 9] = -1
+    want = sparse_mla_decode(q, kv, table, sl, idx)
+    got = sparse_mla_decode(q, kv, table, sl, far, out=poisoned_outputs(q))
+    for g, w in zip(got, want):
+        assert torch.equal(g.view(torch.int16 if g.dtype == torch.bfloat16 else torch.int32),
+                           w.view(torch.int16 if w.dtype == torch.bfloat16 else torch.int32))
