@@ -100,7 +100,9 @@ def indexer_kernel(heads: int, dim: int, block_n: int = 128, num_stages: int = 2
             for q in T.serial(bq):
                 if s0 + q < seqs:
                     last = T.max(last, T.min(Pos[s0 + q], keys - 1))
-            tiles = T.min(T.ceildiv(last + 1, block_n), T.ceildiv(keys, block_n))
+            # clamped again although the loop above keeps last in [-1, keys - 1]: the bounds
+            # verifier does not follow values through variables, and proves the tiles from this
+            tiles = T.ceildiv(T.min(T.max(last, -1), keys - 1) + 1, block_n)
             for t in T.Pipelined(tiles, num_stages=num_stages):
                 T.copy(K[t * block_n:(t + 1) * block_n, :], K_s)
                 T.gemm(Q_s, K_s, S_f, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)

@@ -30,6 +30,9 @@ def bounds_pass(kernel: LoweredKernel, ctx: PassContext) -> LoweredKernel:
         ctx.guard_proofs = GuardProofs(kernel, tuple(ctx.preconditions), frozenset(final.proven_guards), dict(final.guards))
     out = report.to_json()
     out["preconditions"] = [p.text for p in pre]
+    # the verdict the launcher's checks make true: the accesses proven once the derived
+    # preconditions hold (the fields above are the walk under the user's assumptions alone)
+    out["under_preconditions"] = {k: v for k, v in final.to_json().items() if k in ("proven", "unknown", "violations")}
     out["guards"] = {"seen": report.guards["seen"]}
     ctx.reports["bounds"] = out
     problems = final.violations()

@@ -31,7 +31,7 @@ def test_every_access_proven_in_bounds():
     """An index near 2^31 once wrapped in the visibility test (TileLang rewrote ``i <= seq - 2``
     into ``i + 2 <= seq``): the bounds pass left that int32 overflow unknown."""
     report = sparse_split_kernel(2, 64, 512, "float8_e4m3", D_QK ** -0.5).metadata["reports"]["bounds"]
-    assert (report["unknown"], report["violations"]) == ([], [])
+    assert (report["unknown"], report["violations"], report["preconditions"]) == ([], [], [])
     assert report["proven"] == report["accesses"] > 0
 
 

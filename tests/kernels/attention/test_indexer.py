@@ -29,6 +29,16 @@ def test_kernels_compile_with_wgmma_and_tma():
         assert_stages_released_after_last_read(src, {"K_s"})
 
 
+@pytest.mark.parametrize("heads, dim", [(64, 128), (32, 64)])
+def test_every_access_proven_under_the_launch_conditions(heads, dim):
+    """The tiles count once depended on a variable the verifier does not follow (unknown until
+    the kernel clamped it where it is computed); what remains is the grid's own 'S <= ...'."""
+    report = indexer_kernel(heads, dim).metadata["reports"]["bounds"]
+    assert report["under_preconditions"]["proven"] == report["accesses"] > 0
+    assert (report["under_preconditions"]["unknown"], report["under_preconditions"]["violations"]) == ([], [])
+    assert len(report["preconditions"]) == 1 and report["preconditions"][0].startswith("S <= ")
+
+
 def test_baseline_compiles():
     from pathlib import Path
 
