@@ -61,3 +61,23 @@ def test_tlx_autotune_records_the_choice_in_the_pin_file(tmp_path):
     assert entry["config"] in J.TUNING_CONFIGS and entry["config"] == kernel.config
     again = tlx.autotune(configs=J.TUNING_CONFIGS, pin=pin)(J.tunable_scale)(1 << 16)
     assert again.directory == kernel.directory  # the recorded choice, compiled without tuning
+
+
+EAGER_TUNING_CONFIGS = [{"block_M": 16, "block_N": 32}, {"block_M": 32, "block_N": 64}]
+
+
+@pytest.mark.parametrize("autotune", [tlx.autotune, tilelang.autotune], ids=["tlx", "tilelang"])
+def test_autotuned_eager_kernel_compiles_with_consts_by_keyword(autotune):
+    # example_gemv / example_blocksparse_gemm: `.compile(M=..., N=..., <every tunable>)` on an
+    # eager kernel, naming T.const values that are not parameters of the function
+    tuned = autotune(configs=EAGER_TUNING_CONFIGS)(tlx.jit(target=J.SM90)(J.eager_add.factory))
+    kernel = tuned.compile(M=64, N=128, block_M=16, block_N=32)
+    assert isinstance(kernel, Kernel)
+    assert [p.shape for p in kernel.params] == [[64, 128]] * 3
+
+
+def test_call_key_keeps_consts_given_by_keyword_apart_from_parameters():
+    key = call_key(J.eager_add, (), {"N": 128, "M": 64, "block_M": 16})
+    assert json.loads(key) == {"block_M": 16, "T.const": {"M": 64, "N": 128}}
+    assert key == call_key(J.eager_add, (), {"block_M": 16, "M": 64, "N": 128})  # keyword order does not matter
+    assert key != call_key(J.eager_add, (), {"N": 128, "M": 32, "block_M": 16})

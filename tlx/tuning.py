@@ -75,9 +75,21 @@ class AutoTune(AutoTuneImpl):
 
 
 def call_key(jit: JITFunction, args: tuple, kwargs: dict) -> str:
-    """One call signature as text: the bound arguments by name, tensors by dtype and shape."""
-    bound = jit.signature.bind_partial(*args, **kwargs)
-    return json.dumps({k: _describe(v) for k, v in sorted(bound.arguments.items())}, sort_keys=True, default=str)
+    """One call signature as text: the bound arguments by name, tensors by dtype and shape.
+
+    A keyword that names no parameter is a ``T.const`` value given at the call
+    (``kernel.compile(M=1024, ...)``), which TileLang's binder accepts too: it is keyed under
+    ``"T.const"`` by name, apart from the parameters, so it can never shadow one.
+    """
+    params = jit.signature.parameters
+    takes_any_keyword = any(p.kind is p.VAR_KEYWORD for p in params.values())
+    consts = {} if takes_any_keyword else {k: v for k, v in kwargs.items() if k not in params}
+    named = {k: v for k, v in kwargs.items() if k not in consts}
+    bound = jit.signature.bind_partial(*args, **named)
+    key = {k: _describe(v) for k, v in bound.arguments.items()}
+    if consts:
+        key["T.const"] = {k: _describe(v) for k, v in consts.items()}
+    return json.dumps(key, sort_keys=True, default=str)
 
 
 def _describe(v: Any):
