@@ -209,8 +209,8 @@ def random_arguments(kernel, dims: dict[str, int]) -> list:
         if p["kind"] == "scalar":
             args.append(1.0 if p["dtype"].startswith("float") else 1)
             continue
-        shape = [output_extent(d, kernel.name, p["name"])(dims) for d in p["shape"]]
-        dtype = torch_dtype(p["dtype"])
+        shape = [output_extent(d, kernel.name, p["name"])(dims) for d in p["storage_shape"]]
+        dtype = torch_dtype(p["storage_dtype"])
         if dtype.is_floating_point:
             t = torch.randn(shape, device="cuda").to(dtype)
         else:

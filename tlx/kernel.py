@@ -33,8 +33,8 @@ class Kernel:
         self._inputs = [p["index"] for p in params if not p.get("output")]
         self._dims = metadata["symbolic_dims"]
         self._index_of = {p["name"]: p["index"] for p in params}
-        self._out_specs = [(p["index"], p["name"], [output_extent(d, self.name, p["name"]) for d in p["shape"]], torch_dtype(p["dtype"]))
-                           for p in self._outputs]  # fmt: skip
+        self._out_specs = [(p["index"], p["name"], [output_extent(d, self.name, p["name"]) for d in p["storage_shape"]],
+                            torch_dtype(p["storage_dtype"])) for p in self._outputs]  # fmt: skip
         if allocating is None:
             self._call = self._unsized_outputs
         elif len(self._outputs) == 1:
@@ -256,15 +256,20 @@ def _eval_ast(node, env):
     raise ValueError(f"unsupported extent expression {ast.dump(node)}")
 
 
+# TVM dtype names whose torch dtype has another name: the candidates, the first this torch has
+# (TileLang's choices; packed fp4 falls back to int8 storage on a torch without fp4).
 _TORCH_DTYPES = {
-    "float8_e4m3": "float8_e4m3fn",
-    "float8_e4m3fn": "float8_e4m3fn",
-    "float8_e5m2": "float8_e5m2",
-    "float8_e8m0fnu": "float8_e8m0fnu",
+    "float8_e4m3": ("float8_e4m3fn",),
+    "float4_e2m1fnx2": ("float4_e2m1fn_x2", "int8"),
 }
 
 
 def torch_dtype(name: str):
+    """The torch dtype of a tensor that holds TVM dtype ``name`` (a launcher's storage dtype)."""
     import torch
 
-    return getattr(torch, _TORCH_DTYPES.get(name, name))
+    for attr in _TORCH_DTYPES.get(name, (name,)):
+        dtype = getattr(torch, attr, None)
+        if isinstance(dtype, torch.dtype):
+            return dtype
+    raise TypeError(f"dtype {name!r} has no torch dtype in torch {torch.__version__}")

@@ -132,3 +132,43 @@ def copy_pairs(N, block=128):
                     dst[bx * block + i] = src[bx * block + i]
 
     return main
+
+
+@tlx.jit(target=SM90)
+def tf32_rows(M, N=64, block=32):
+    """A tfloat32 argument (TileLang's custom type, as in DeepSeek's mHC GEMM): its tensors hold float32."""
+
+    @T.prim_func
+    def main(W: T.Tensor((M, N), T.tfloat32), Y: T.Tensor((M, N), T.float32)):
+        with T.Kernel(T.ceildiv(M, block), threads=128) as bx:
+            for i, j in T.Parallel(block, N):
+                Y[bx * block + i, j] = W[bx * block + i, j]
+
+    return main
+
+
+@tlx.jit(out_idx=[-1], target=SM90)
+def fp4_quantize(M, N=64, block=32):
+    """bfloat16 rows clamped to [-6, 6] and rounded to fp4, whose output is packed two per byte."""
+
+    @T.prim_func
+    def main(X: T.Tensor((M, N), T.bfloat16), Q: T.Tensor((M, N), T.float4_e2m1fn)):
+        with T.Kernel(T.ceildiv(M, block), threads=128) as bx:
+            q = T.alloc_fragment((block, N), T.float4_e2m1fn)
+            for i, j in T.Parallel(block, N):
+                q[i, j] = T.clamp(X[bx * block + i, j], -6.0, 6.0)
+            T.copy(q, Q[bx * block, 0], disable_tma=True)
+
+    return main
+
+
+@tlx.jit(target=SM90)
+def fp4_flag(N):
+    """An fp4 argument of any length N (it only sets a flag): packed storage of N / 2 bytes."""
+
+    @T.prim_func
+    def main(Q: T.Tensor((N,), T.float4_e2m1fn), Y: T.Tensor((1,), T.float32)):
+        with T.Kernel(1, threads=32):
+            Y[0] = 1.0
+
+    return main

@@ -361,3 +361,53 @@ def test_two_outputs_are_allocated_in_order(cache):
     assert "args[1] = outputs.allocate(0, DLDataType{2, 32, 1}, device, 2, shape_B);" in body
     assert "args[2] = outputs.allocate(1, DLDataType{2, 32, 1}, device, 2, shape_C);" in body
     assert body.index("outputs.allocate(1,") < body.index("call(args, 3);") < body.index("outputs.release(result);")
+
+
+def test_tfloat32_arguments_take_float32_tensors_as_in_tilelang(cache):
+    """example_mhc_pre passes a float32 tensor for a T.tfloat32 parameter: the launcher checks
+    float32 (TVM's custom code 130 is no DLPack dtype) and names dtypes readably."""
+    kernel = sk.tf32_rows(T.dynamic("M"))
+    assert 'tlx::check_dtype(kKernel, "W", t_W, 2, 32, 1)' in kernel.host_source
+    with pytest.raises(ValueError, match="tf32_rows: argument W expected a CUDA tensor, got one on cpu"):
+        kernel.launch(torch.zeros(4, 64), torch.zeros(4, 64))  # the dtype check passed; the placement check stops it
+    with pytest.raises(TypeError, match="tf32_rows: argument W expected dtype float32, got float16$"):
+        kernel.launch(torch.zeros(4, 64, dtype=torch.float16), torch.zeros(4, 64))
+    with pytest.raises(TypeError, match="argument Y expected dtype float32, got float8_e4m3fn$"):
+        kernel.launch(torch.zeros(4, 64), torch.zeros(4, 64).to(torch.float8_e4m3fn))
+
+
+def test_fp4_arguments_are_packed_two_per_byte_as_in_tilelang(cache):
+    """act_quant's fp4 output: TileLang returns it as torch.float4_e2m1fn_x2 of shape (M, N // 2);
+    tlx's launcher allocates and checks the same, and its metadata names the storage."""
+    kernel = sk.fp4_quantize(T.dynamic("M"))
+    q = kernel.metadata["params"][1]
+    assert (q["dtype"], q["shape"], q["storage_dtype"], q["storage_shape"]) == ("float4_e2m1fn", ["M", "64"], "float4_e2m1fnx2", ["M", "32"])
+    src = kernel.host_source
+    assert "outputs.allocate(0, DLDataType{17, 4, 2}, device, 2, shape_Q)" in src and "int64_t shape_Q[] = {v_M, int64_t(32)};" in src
+    assert 'tlx::check_dim(kKernel, "Q", t_Q, 1, int64_t(32), "32")' in src and 'tlx::check_stride(kKernel, "Q", t_Q, 0, int64_t(32))' in src
+    x = torch.zeros(4, 64, dtype=torch.bfloat16)
+    for storage in (torch.float4_e2m1fn_x2, torch.uint8, torch.int8):  # any byte-sized dtype holds it, as in TileLang
+        with pytest.raises(ValueError, match="expected a CUDA tensor"):
+            kernel.launch(x, torch.zeros(4, 32, dtype=torch.uint8).view(storage))
+    with pytest.raises(TypeError, match=r"argument Q is float4_e2m1fn, packed 2 per byte: expected a dtype of 8 bits .* got bfloat16"):
+        kernel.launch(x, torch.zeros(4, 32, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match=r"argument Q.shape\[1\] expected 32, got 64"):
+        kernel.launch(x, torch.zeros(4, 64, dtype=torch.uint8))
+
+
+def test_fp4_output_of_the_torch_op_is_sized_as_stored(cache):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    op = sk.fp4_quantize(T.dynamic("M")).as_torch_op()
+    with FakeTensorMode():
+        out = op(torch.empty(37, 64, dtype=torch.bfloat16))
+    assert tuple(out.shape) == (37, 32) and out.dtype == torch.float4_e2m1fn_x2
+
+
+def test_fp4_argument_with_a_symbolic_last_dimension_is_refused_by_name():
+    from tlx.hostgen import HostgenError
+
+    with pytest.raises(HostgenError, match=r"argument Q \(float4_e2m1fn, stored 2 per float4_e2m1fnx2 element\) .* "
+                                  "constant extent divisible by 2; got extent N"):
+        plan_launcher(lower(sk.fp4_flag.get_tir(T.dynamic("N")), CPU_TARGET))
+    plan_launcher(lower(sk.fp4_flag.get_tir(64), CPU_TARGET))  # a constant even length is stored as 32 bytes

@@ -229,3 +229,34 @@ def test_allocating_call_costs_at_most_launch_plus_1_5_us_and_beats_tilelang_1_5
                   rounds=3, bursts=20)
     assert med["allocating"] <= med["launch"] + 1.5, med
     assert med["tilelang"] >= 1.5 * med["allocating"], med
+
+
+def _tilelang_build(tir, out_idx=None):
+    import tilelang
+
+    return tilelang.compile(tir, out_idx=out_idx, target="cuda", execution_backend="tvm_ffi")
+
+
+def test_fp4_output_matches_tilelang_bit_for_bit():
+    """The allocating call returns fp4 packed as TileLang returns it (torch.float4_e2m1fn_x2,
+    shape (M, N // 2)) with the same bits; a preallocated output is overwritten entirely."""
+    tlx_kernel = sk.fp4_quantize(T.dynamic("M"))
+    reference = _tilelang_build(sk.fp4_quantize.get_tir(T.dynamic("M")), out_idx=[-1])
+    for m in (1, 33, 1000):
+        x = (torch.randn(m, 64, device="cuda") * 4).to(torch.bfloat16)
+        q, expected = tlx_kernel(x), reference(x)
+        assert (q.dtype, tuple(q.shape)) == (expected.dtype, tuple(expected.shape)) == (torch.float4_e2m1fn_x2, (m, 32))
+        assert torch.equal(q.view(torch.uint8), expected.view(torch.uint8))
+        poisoned = torch.full((m, 32), 0xFF, dtype=torch.uint8, device="cuda")
+        tlx_kernel.launch(x, poisoned)
+        assert torch.equal(poisoned, expected.view(torch.uint8))
+
+
+def test_tfloat32_argument_takes_a_float32_tensor_like_tilelang():
+    kernel = sk.tf32_rows(T.dynamic("M"))
+    reference = _tilelang_build(sk.tf32_rows.get_tir(T.dynamic("M")))
+    w = torch.randn(100, 64, device="cuda")
+    got, expected = (torch.full((100, 64), float("nan"), device="cuda") for _ in range(2))
+    kernel(w, got)
+    reference(w, expected)
+    assert torch.equal(got, expected) and not got.isnan().any()

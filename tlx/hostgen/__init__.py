@@ -32,7 +32,8 @@ def describe(plan: LaunchPlan, source: str) -> dict:
         "allocating_entry": ALLOCATING_NAME if f"__tvm_ffi_{ALLOCATING_NAME}" in source else None,
         "params": [
             {"index": t.index, "name": t.name, "kind": "tensor", "dtype": t.dtype, "shape": [pyexpr(d) for d in t.shape],
-             "strides": [pyexpr(s) for s in t.strides], "align": t.align, "output": t.is_output}
+             "strides": [pyexpr(s) for s in t.strides], "align": t.align, "output": t.is_output,
+             "storage_dtype": t.storage_dtype, "storage_shape": [pyexpr(d) for d in t.storage_shape]}
             for t in plan.tensors
         ]
         + [{"index": s.index, "name": s.name, "kind": "scalar", "dtype": s.dtype} for s in plan.scalars],

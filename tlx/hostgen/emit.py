@@ -143,13 +143,16 @@ class _Emitter:
             n = _cstr(t.name)
             self.out(f"// {t.name}: {t.dtype}[{_dims(t.shape)}]")
             self.out(f"const DLTensor* t_{t.c_id} = tlx::tensor_arg(kKernel, args, {t.index}, {n});")
-            self.out(f"tlx::check_dtype(kKernel, {n}, t_{t.c_id}, {t.dl_code}, {t.dl_bits}, {t.dl_lanes});")
+            if t.per_element > 1:  # packed sub-byte data: any byte-sized dtype holds it, as in TileLang
+                self.out(f"tlx::check_packed_dtype(kKernel, {n}, t_{t.c_id}, {_cstr(t.dtype)}, {t.per_element});")
+            else:
+                self.out(f"tlx::check_dtype(kKernel, {n}, t_{t.c_id}, {t.dl_code}, {t.dl_bits}, {t.dl_lanes});")
             self.out(f"tlx::check_ndim(kKernel, {n}, t_{t.c_id}, {len(t.shape)});")
         for name, (var, tensor, dim) in p.shape_vars.items():
             self.out(f"const int64_t {c_name(var)} = tlx::bind_dim(kKernel, {_cstr(tensor.name)}, t_{tensor.c_id}, {dim}, {_cstr(name)});")
             self.known.add(c_name(var))
         for t in self.checked:
-            for d, s in enumerate(t.shape):
+            for d, s in enumerate(t.storage_shape):
                 if isinstance(s, tirx.Var) and p.shape_vars[s.name][1] is t and p.shape_vars[s.name][2] == d:
                     continue
                 if isinstance(s, int):
@@ -161,7 +164,7 @@ class _Emitter:
                     what = str(s)
                 self.out(f"tlx::check_dim(kKernel, {_cstr(t.name)}, t_{t.c_id}, {d}, {self.expr(s)}, {_cstr(what)});")
         for t in self.checked:
-            for d, s in enumerate(t.strides):
+            for d, s in enumerate(t.storage_strides):
                 self.out(f"tlx::check_stride(kKernel, {_cstr(t.name)}, t_{t.c_id}, {d}, {self.expr(s)});")
 
     def scalars(self) -> None:
@@ -380,7 +383,7 @@ def _allocating_function(plan: LaunchPlan) -> list[str]:
         c.out(f"tlx::check_cuda_device(kKernel, {_cstr(t.name)}, t_{t.c_id}, device.device_id);")
     c.out(f"tlx::Outputs<{len(outputs)}> outputs;")
     for k, t in enumerate(outputs):
-        c.out(f"int64_t shape_{t.c_id}[] = {{{', '.join(c.expr(d) for d in t.shape)}}};")
+        c.out(f"int64_t shape_{t.c_id}[] = {{{', '.join(c.expr(d) for d in t.storage_shape)}}};")
         c.out(f"args[{t.index}] = outputs.allocate({k}, DLDataType{{{t.dl_code}, {t.dl_bits}, {t.dl_lanes}}}, device, "
               f"{len(t.shape)}, shape_{t.c_id});")
     c.out(f"call(args, {plan.num_args});")

@@ -36,6 +36,13 @@ class TensorArg:
     strides: list  # int or PrimExpr per dim (row-major if the program declared none)
     align: int  # bytes the kernel's accesses need the data pointer aligned to
     is_output: bool = False
+    # what the caller's tensor holds (see _storage): the dtype and the extents and strides in its
+    # elements, which the launcher checks and allocates; equal to dtype/shape/strides except for
+    # tfloat32 (stored as float32) and sub-byte types (packed into bytes along the last dim)
+    storage_dtype: str = ""
+    storage_shape: list = field(default_factory=list)
+    storage_strides: list = field(default_factory=list)
+    per_element: int = 1  # program elements per stored element: 2 for a packed sub-byte type
     # what the launcher's C++ identifiers of this argument are built from (t_<c_id>): the name, or,
     # where two arguments share a name (a kernel that renames its buffers: ``for src, dst in
     # ((Q, Q_s), ...)``), the position; messages keep the name
@@ -122,6 +129,17 @@ _LAUNCH_TAGS = {
 # e4m3fn (no infinities): the tensors that match it are torch.float8_e4m3fn (DLPack code 10).
 _DL_CODE_OF_TVM_CODE = {8: 10}
 
+# Program dtypes whose tensors hold another dtype, as TileLang 0.1.15 passes and allocates them
+# (its dtype-to-torch mapping): tfloat32 (a TVM custom type, code 130) lives in float32 tensors;
+# sub-byte types are packed along the last dimension, fp4 two per torch.float4_e2m1fn_x2
+# element, int4/uint4 two per int8/uint8.
+_STORAGE_DTYPE = {
+    "custom[tfloat32]": "float32",
+    "float4_e2m1fn": "float4_e2m1fnx2",
+    "int4": "int8",
+    "uint4": "uint8",
+}
+
 
 def _dl_type(dtype: str) -> tuple[int, int, int]:
     dt = tvm.DataType(dtype)
@@ -129,6 +147,26 @@ def _dl_type(dtype: str) -> tuple[int, int, int]:
         return 6, 8, 1
     code = int(dt.type_code)
     return _DL_CODE_OF_TVM_CODE.get(code, code), int(dt.bits), int(dt.lanes)
+
+
+def _storage(kernel: str, name: str, dtype: str, shape: list, strides: list) -> tuple[str, list, list, int]:
+    """The dtype, extents and strides of the tensor that holds a ``dtype[shape]`` argument, and
+    how many program elements each of its elements holds."""
+    storage = _STORAGE_DTYPE.get(dtype, dtype)
+    logical_bits, stored_bits = (tvm.DataType(d).bits * tvm.DataType(d).lanes for d in (dtype, storage))
+    if logical_bits == stored_bits:
+        return storage, shape, strides, 1
+    per_element = stored_bits // logical_bits
+    last = shape[-1] if shape else None
+    if not isinstance(last, int) or last % per_element or strides[-1] != 1:
+        raise HostgenError(f"{kernel}: argument {name} ({dtype}, stored {per_element} per {storage} element) needs a "
+                           f"contiguous last dimension of constant extent divisible by {per_element}; got extent {last}, "
+                           f"stride {strides[-1] if strides else None}")
+
+    def packed(e):
+        return e // per_element if isinstance(e, int) else tirx.FloorDiv(_expr(e), _expr(per_element))
+
+    return storage, [*shape[:-1], last // per_element], [*(packed(s) for s in strides[:-1]), 1], per_element
 
 
 def _as_value(e):
@@ -142,7 +180,7 @@ def _vector_alignment(device_mod) -> dict:
     def note(buffer, index):
         lanes = int(tvm.DataType(str(index.dtype)).lanes)
         elem = tvm.DataType(str(buffer.dtype))
-        nbytes = lanes * max(1, elem.bits * elem.lanes // 8)
+        nbytes = max(1, lanes * elem.bits * elem.lanes // 8)  # sub-byte types: 16 fp4 lanes are 8 bytes
         name = buffer.data.name
         widest[name] = max(widest.get(name, 1), nbytes)
 
@@ -167,7 +205,6 @@ def plan_launcher(kernel: LoweredKernel, out_idx=(), preconditions=()) -> Launch
             scalars.append(ScalarArg(i, p.name, p, str(p.dtype)))
             continue
         dtype = str(buf.dtype)
-        code, bits, lanes = _dl_type(dtype)
         shape = [_as_value(s) for s in buf.shape]
         if buf.strides:
             strides = [_as_value(s) for s in buf.strides]
@@ -178,8 +215,10 @@ def plan_launcher(kernel: LoweredKernel, out_idx=(), preconditions=()) -> Launch
                 acc = acc * s if isinstance(acc, int) and isinstance(s, int) else tirx.Mul(_expr(acc), _expr(s))
         if not (isinstance(buf.elem_offset, tirx.IntImm) and int(buf.elem_offset) == 0):
             raise HostgenError(f"{kernel.name}: argument {buf.name} declares an element offset; only offset 0 is supported")
+        storage, storage_shape, storage_strides, per_element = _storage(kernel.name, buf.name, dtype, shape, strides)
         tensors.append(
-            TensorArg(i, buf.name, buf.data, dtype, code, bits, lanes, shape, strides, vec_align.get(buf.data.name, 1), i in outs)
+            TensorArg(i, buf.name, buf.data, dtype, *_dl_type(storage), shape, strides, vec_align.get(buf.data.name, 1), i in outs,
+                      storage_dtype=storage, storage_shape=storage_shape, storage_strides=storage_strides, per_element=per_element)
         )
         for d, s in enumerate(shape):
             if isinstance(s, tirx.Var) and s.name not in shape_vars:

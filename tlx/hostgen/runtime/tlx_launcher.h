@@ -39,6 +39,7 @@ struct Named {
 [[noreturn]] void fail_num_args(const char* kernel, int32_t got, int32_t expected, const char* signature);
 [[noreturn]] void fail_arg_type(const char* kernel, const char* name, int i, const char* expected, int32_t got);
 [[noreturn]] void fail_dtype(const char* kernel, const char* name, const DLTensor* t, DLDataType expected);
+[[noreturn]] void fail_packed_dtype(const char* kernel, const char* name, const DLTensor* t, const char* declared, int per_byte);
 [[noreturn]] void fail_ndim(const char* kernel, const char* name, const DLTensor* t, int32_t ndim);
 [[noreturn]] void fail_dim(const char* kernel, const char* name, const DLTensor* t, int d, int64_t expected, const char* what);
 [[noreturn]] void fail_bind_dim(const char* kernel, const char* name, int d, const char* var, int64_t v);
@@ -74,6 +75,13 @@ inline void check_dtype(const char* kernel, const char* name, const DLTensor* t,
   if (__builtin_expect(t->dtype.code != code || t->dtype.bits != bits || t->dtype.lanes != lanes, 0)) {
     fail_dtype(kernel, name, t, DLDataType{code, bits, lanes});
   }
+}
+
+// A sub-byte argument (declared fp4, int4, ...) is passed packed into bytes along its last
+// dimension: any dtype of 8 bits per element holds it (torch.float4_e2m1fn_x2, int8, uint8), as
+// TileLang accepts.
+inline void check_packed_dtype(const char* kernel, const char* name, const DLTensor* t, const char* declared, int per_byte) {
+  if (__builtin_expect(t->dtype.bits * t->dtype.lanes != 8, 0)) fail_packed_dtype(kernel, name, t, declared, per_byte);
 }
 
 inline void check_ndim(const char* kernel, const char* name, const DLTensor* t, int32_t ndim) {

@@ -16,21 +16,31 @@ namespace tlx {
 
 namespace {
 
+// A DLPack dtype as TileLang and torch name it: "float32", "bfloat16", "float8_e4m3fn",
+// "float4_e2m1fnx2" (lanes appended as "x2").
 std::string dtype_name(DLDataType t) {
-  const char* base = "?";
+  std::string s;
   switch (t.code) {
-    case kDLInt: base = "int"; break;
-    case kDLUInt: base = "uint"; break;
-    case kDLFloat: base = "float"; break;
-    case kDLBfloat: base = "bfloat"; break;
-    case kDLBool: return "bool";
-    case kDLFloat8_e4m3fn: return "float8_e4m3fn";
-    case kDLFloat8_e5m2: return "float8_e5m2";
-    case kDLFloat8_e8m0fnu: return "float8_e8m0fnu";
-    case kDLFloat4_e2m1fn: return "float4_e2m1fn";
-    default: return "dtype(code=" + std::to_string(t.code) + ", bits=" + std::to_string(t.bits) + ")";
+    case kDLInt: s = "int" + std::to_string(t.bits); break;
+    case kDLUInt: s = "uint" + std::to_string(t.bits); break;
+    case kDLFloat: s = "float" + std::to_string(t.bits); break;
+    case kDLBfloat: s = "bfloat" + std::to_string(t.bits); break;
+    case kDLComplex: s = "complex" + std::to_string(t.bits); break;
+    case kDLOpaqueHandle: s = "handle"; break;
+    case kDLBool: s = "bool"; break;
+    case kDLFloat8_e3m4: s = "float8_e3m4"; break;
+    case kDLFloat8_e4m3: s = "float8_e4m3"; break;
+    case kDLFloat8_e4m3b11fnuz: s = "float8_e4m3b11fnuz"; break;
+    case kDLFloat8_e4m3fn: s = "float8_e4m3fn"; break;
+    case kDLFloat8_e4m3fnuz: s = "float8_e4m3fnuz"; break;
+    case kDLFloat8_e5m2: s = "float8_e5m2"; break;
+    case kDLFloat8_e5m2fnuz: s = "float8_e5m2fnuz"; break;
+    case kDLFloat8_e8m0fnu: s = "float8_e8m0fnu"; break;
+    case kDLFloat6_e2m3fn: s = "float6_e2m3fn"; break;
+    case kDLFloat6_e3m2fn: s = "float6_e3m2fn"; break;
+    case kDLFloat4_e2m1fn: s = "float4_e2m1fn"; break;
+    default: return "dtype(code=" + std::to_string(t.code) + ", bits=" + std::to_string(t.bits) + ", lanes=" + std::to_string(t.lanes) + ")";
   }
-  std::string s = std::string(base) + std::to_string(t.bits);
   if (t.lanes != 1) s += "x" + std::to_string(t.lanes);
   return s;
 }
@@ -88,6 +98,11 @@ void fail_arg_type(const char* kernel, const char* name, int i, const char* expe
 void fail_dtype(const char* kernel, const char* name, const DLTensor* t, DLDataType expected) {
   raise("TypeError", std::string(kernel) + ": argument " + name + " expected dtype " + dtype_name(expected) + ", got " +
                          dtype_name(t->dtype));
+}
+
+void fail_packed_dtype(const char* kernel, const char* name, const DLTensor* t, const char* declared, int per_byte) {
+  raise("TypeError", std::string(kernel) + ": argument " + name + " is " + declared + ", packed " + std::to_string(per_byte) +
+                         " per byte: expected a dtype of 8 bits (torch.float4_e2m1fn_x2, int8, uint8), got " + dtype_name(t->dtype));
 }
 
 void fail_ndim(const char* kernel, const char* name, const DLTensor* t, int32_t ndim) {
