@@ -1,11 +1,13 @@
 """TileLang's own example tests, run under ``tilelang.jit`` and again with ``tlx.jit`` patched in.
 
-    python3 bench/tilelang_examples.py EXAMPLES_DIR [TARGET ...] [--out DIR] [--jobs N]
+    python3 bench/tilelang_examples.py EXAMPLES_DIR [TARGET ...] [--out DIR] [--jobs N] [--exclude TEXT]
         [--timeout S] [--deadline S] [--stop S] [--costs OLD_RESULTS.json] [--collect-only]
+        [--timing-rounds R] [--timing-jobs N] [--timing-deadline S] [--merge RESULTS.json] [--longest-first]
 
 EXAMPLES_DIR is a TileLang checkout's ``examples/`` (or the checkout itself); its files are used
 in place, never copied into this repository. A TARGET is a path under it: a ``test_*.py`` file,
-optionally ``::test_name``. Without targets, every ``examples/**/test_*.py``.
+optionally ``::test_name``. Without targets, every ``examples/**/test_*.py``. ``--exclude TEXT``
+leaves out the files and items whose id contains TEXT.
 
 Steps:
 1. Collection: ``pytest --collect-only`` of each file in a fresh process (``--jobs`` at a time),
@@ -19,22 +21,43 @@ Steps:
    ``tilelang.autotune`` and ``tilelang.autotuner.autotune`` replaced by tlx's before the
    example is imported. ``--jobs`` items run at once (their compiles, on the CPU, dominate).
    Items are ordered cheapest first: by the wall seconds measured in ``--costs`` (an earlier
-   run's results.json) where given, else by a static estimate (``_estimated_cost``).
-3. Each process loads this module as a pytest plugin. It records the outcome of the item, for
-   the first calls of every compiled kernel a checksum of the bytes of each tensor returned or
-   passed (outputs written in place included) outside benchmark loops, and the value of every
-   ``tilelang.profiler.do_bench`` that ran a compiled kernel (the examples' own timings; a torch
-   reference's are left out). Inputs come from torch's generator, seeded before each item.
+   run's results.json) where given, else by a static estimate (``_estimated_cost``);
+   ``--longest-first`` reverses that (the shortest run when every item must finish).
+3. Each process loads this module as a pytest plugin. It records the outcome of the item; for
+   the first calls of every compiled kernel outside benchmark loops a checksum of the bytes of
+   each tensor returned or passed, read after the call (outputs written in place included; a
+   ``T.ptr`` table of addresses is replaced by the tensors it points to); for every compiled
+   kernel the SHA-256 of its CUDA source (``get_kernel_source()``) and its nvcc flags without
+   paths (tlx: the command saved with the build; tilelang: what its compile passed to
+   ``CUDABinaryCache.make_key``, unknown when its kernel cache served the kernel); and the
+   value of every ``tilelang.profiler.do_bench`` that ran a compiled kernel (the examples' own
+   timings; a torch reference's are left out). Inputs come from torch's generator, seeded
+   before each item.
+4. Self-replay: the first ``_REPLAYED_CALLS`` calls of each kernel run again, up to
+   ``_REPLAY_TRIES`` times, each from the same inputs (copied back in place before each run,
+   so a pointer table still points at the right tensors): a kernel whose bytes change from run
+   to run (atomics whose order varies) does not reproduce itself. A call that differs between
+   the arms at or after the first call of a kernel the tilelang arm could not reproduce is
+   reported as "DIFFER ... (tilelang not reproducible itself: N/M replayed calls ...)"; one
+   that differs while every kernel so far reproduced itself is a real divergence
+   ("... before any nondeterminism"). Each row also says "same CUDA, same flags" or what
+   differs. The summary counts both kinds.
+5. Timing phase (``--timing-rounds``, default 2; 0 turns it off), after every item finished or
+   ``--deadline`` passed: each item with benchmark times in both arms runs again, rounds of
+   tilelang then tlx, ``--timing-jobs`` processes at once whose tests each hold the GPU lock
+   exclusively for the whole test (so only their start-up, on the CPU, overlaps), kernels from
+   the caches step 2 filled, no checksums or replays. The ratio column is the median over
+   rounds of the ratio of summed benchmark times, with the first phase's (beside other items)
+   kept beside it; an item the timing phase did not reach keeps that figure and is listed.
+   ``--merge RESULTS.json`` starts from an earlier run's table: the TARGETs given (if any) run
+   their first phase, then this phase covers every timed row not yet timed alone.
 
-Timing on a shared GPU. Processes share one GPU, so a benchmark must not overlap another
+Timing in the first phase. Processes share one GPU, so a benchmark must not overlap another
 process's GPU work. Every ``do_bench`` holds an exclusive lock on one file for its whole run,
-and every kernel call made outside a benchmark holds the same lock shared: benchmarks are
-serialized against each other and against the compiled kernels of every other item, while
-compiles (CPU) keep running in parallel. Unhooked torch work of another item (a reference
-computed with torch) can still overlap a benchmark; that is the price of running in parallel
-at all, and the reason the time ratio is the ratio of summed benchmark times of the two arms
-of one item, run minutes apart on the same worker under the same load, not a single figure.
-The wait for the lock is recorded per process (``lock_wait_s``).
+and every kernel call made outside a benchmark holds the same lock shared. Unhooked torch work
+of another item (a reference computed with torch) and the CPU load of a dozen compiles still
+disturb those figures (on 2026-12-02 ratios of 0.50 and 2.9 for unchanged kernels): they are
+labelled "beside other items" and replaced by the timing phase's.
 
 Results go to ``--out`` (default ``tilelang-examples-out``), rewritten atomically after every
 process: ``results.json`` (rows, items not applicable, items running, items not reached),
@@ -48,25 +71,52 @@ carries (git-ignored through .git/info/exclude; the pruned copy is about 3 MB):
 
     mkdir -p .tilelang-examples/checkout && cp -r CHECKOUT/examples .tilelang-examples/checkout/
     find .tilelang-examples/checkout/examples -type f -regex '.*\\.\\(png\\|jpg\\|svg\\|ipynb\\|md\\)' -delete
-    python3 bench/tilelang_examples.py .tilelang-examples/checkout/examples --out /tmp/te --jobs 12 --timeout 200 --deadline 400 --stop 480
+
+Acceptance on an H200 machine (16 cores): two device calls of at most 595 s each (each
+command stops itself at 575 s and writes its table). block_causal_attention's two items
+compile 28 kernels per arm (over 200 s per arm under load), so they get the second call. The
+ordering costs are an earlier run's results.json, copied into the carried ignored directory
+(e.g. ``cp /work/.device/3/results.json .tilelang-examples/costs.json``).
+
+    # call 1: everything else, costliest first, then the timing phase in the time left
+    python3 bench/tilelang_examples.py .tilelang-examples/checkout/examples --out $OUT/te \\
+        --exclude block_causal_attention --costs .tilelang-examples/costs.json --longest-first \\
+        --jobs 12 --timeout 200 --deadline 300 --timing-rounds 2 --timing-jobs 2 --stop 575
+    # between the calls, here: cp FILES_AT/te/results.json .tilelang-examples/first.json
+    # call 2: block_causal_attention, then the timing phase of the timed items call 1 left
+    python3 bench/tilelang_examples.py .tilelang-examples/checkout/examples \\
+        block_causal_attention/test_block_causal_attention.py --merge .tilelang-examples/first.json \\
+        --out $OUT/te --jobs 2 --timeout 270 --timing-rounds 2 --timing-jobs 2 --stop 575
+
+Call 2's results.md is the whole table. On the machine call 1 left warm the kernel caches
+(``~/.tilelang/cache``, ``~/.cache/tlx``) are still there; on a fresh one the timing phase
+compiles again inside its serialized tests (slower; the figures as valid). Timed items neither
+call reached are listed; ``--merge`` of call 2's results.json with no target times them.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
+import hashlib
 import json
+import math
 import os
 import re
 import signal
+import statistics
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 
+import pytest
+
 ARMS = ("tilelang", "tlx")
 _ENV_ARM, _ENV_LOG, _ENV_LOCK, _ENV_COLLECT = "TLX_DROPIN_ARM", "TLX_DROPIN_LOG", "TLX_DROPIN_GPU_LOCK", "TLX_DROPIN_COLLECT"
+_ENV_TIMING = "TLX_DROPIN_TIMING"  # set: the timing phase (the test body holds the GPU lock whole, no checks)
 _MAX_RECORDED_CALLS = 64  # per process: enough to compare every correctness check's outputs
 _ROOT = Path(__file__).resolve().parents[1]
 
@@ -80,7 +130,6 @@ class _GpuLock:
         self.wait_s = 0.0
 
     def hold(self, exclusive: bool):
-        import contextlib
         import fcntl
 
         @contextlib.contextmanager
@@ -100,12 +149,16 @@ class _GpuLock:
 
 
 class _Recorder:
-    """Outcomes, checksums of kernel outputs and benchmark times of one test process."""
+    """Outcomes, checksums of kernel outputs, self-replays and benchmark times of one test process."""
 
-    def __init__(self, log: str, lock: _GpuLock):
+    def __init__(self, log: str, lock: _GpuLock, checks: bool = True):
         self.log = log
         self.lock = lock
-        self.checksums: list[list[str]] = []
+        self.checks = checks  # off in the timing phase: checksums and replays were phase 1's
+        self.calls: list[dict] = []  # per recorded call: kernel index, output checksums, replay verdict
+        self.kernels: list[dict] = []  # per compiled kernel, in order of first call: name, CUDA hash, nvcc flags
+        self.kernel_index: dict[int, tuple] = {}  # id(kernel) -> (kernel, index): the reference keeps the id unique
+        self.flags_by_source: dict[str, list] = {}  # sha256 of CUDA source -> nvcc flags (tilelang arm's compiles)
         self.bench_ms: list[float] = []
         self.outcomes: list[dict] = []
         self.in_bench = 0
@@ -115,17 +168,71 @@ class _Recorder:
         recorder = self
 
         def call(kernel, *args, **kwargs):
-            if recorder.in_bench:
-                out = fn(kernel, *args, **kwargs)
-            else:
-                with recorder.lock.hold(exclusive=False):
+            if recorder.in_bench or not recorder.checks or len(recorder.calls) >= _MAX_RECORDED_CALLS:
+                with contextlib.nullcontext() if recorder.in_bench else recorder.lock.hold(exclusive=False):
                     out = fn(kernel, *args, **kwargs)
+                recorder.kernel_calls += 1
+                return out
+            with recorder.lock.hold(exclusive=False):
+                out = recorder.record(fn, kernel, args, kwargs)
             recorder.kernel_calls += 1
-            if not recorder.in_bench and len(recorder.checksums) < _MAX_RECORDED_CALLS:
-                recorder.checksums.append([_checksum(t) for t in (*_tensors(out), *_tensors(args))])
             return out
 
         return call
+
+    def record(self, fn, kernel, args, kwargs):
+        """Run one call and record checksums of what it returned and of every tensor it was
+        given (tensors reached through a pointer table included) afterwards. The first
+        ``_REPLAYED_CALLS`` calls of each kernel are then run again up to ``_REPLAY_TRIES``
+        times, each time from the same inputs (restored in place, so pointer tables stay
+        valid): whether the kernel reproduces its own output bytes."""
+        index = self.kernel_of(kernel)
+        touched = _touched_tensors([*args, *kwargs.values()])
+        replays = sum(c["kernel"] == index for c in self.calls) < _REPLAYED_CALLS
+        snapshot = _snapshot(touched) if replays else None
+        out = fn(kernel, *args, **kwargs)
+        checksums = [_checksum(t) for t in (*_tensors(out), *touched)]
+        entry = {"kernel": index, "checksums": checksums}
+        if snapshot is not None:
+            entry["replay"] = _replay(lambda: fn(kernel, *args, **kwargs), touched, snapshot, checksums)
+        elif replays:
+            entry["replay"] = "not replayed: no memory for a copy of the inputs"
+        self.calls.append(entry)
+        return out
+
+    def kernel_of(self, kernel) -> int:
+        """The kernel's index in ``self.kernels``, recording its CUDA source hash and nvcc flags on first sight."""
+        known = self.kernel_index.get(id(kernel))
+        if known:
+            return known[1]
+        try:
+            source = kernel.get_kernel_source()
+        except Exception as e:  # noqa: BLE001 - a kernel without source is recorded as such, the test goes on
+            source, error = None, f"{type(e).__name__}: {e}"
+        sha = hashlib.sha256(source.encode()).hexdigest() if isinstance(source, str) else None
+        metadata = getattr(kernel, "metadata", None)
+        if isinstance(metadata, dict) and metadata.get("nvcc_command"):  # tlx: the command it ran, saved with the build
+            flags = _nvcc_flags(metadata["nvcc_command"][1:])
+        else:  # tilelang: the flags its compile of this source used (none seen when its cache served the kernel)
+            flags = self.flags_by_source.get(sha)
+        info = {"name": _kernel_name(kernel), "cuda_sha256": sha, "nvcc_flags": flags}
+        if sha is None:
+            info["source_error"] = error if source is None else f"get_kernel_source returned {type(source).__name__}"
+        self.kernels.append(info)
+        self.kernel_index[id(kernel)] = (kernel, len(self.kernels) - 1)
+        return len(self.kernels) - 1
+
+    def compile_key(self, make_key):
+        """Wraps TileLang's ``CUDABinaryCache.make_key``, which every device compile of the
+        tilelang arm calls with the CUDA source and the nvcc options (a cache hit or not)."""
+        recorder = self
+
+        def key(*args, **kw):
+            flags = [f"--{kw['compile_format']}", "-O3", "-lineinfo", f"-arch=sm_{kw['target_arch']}", *(kw.get("options") or [])]
+            recorder.flags_by_source[hashlib.sha256(kw["code"].encode()).hexdigest()] = _nvcc_flags(flags)
+            return make_key(*args, **kw)
+
+        return key
 
     def bench(self, fn):
         recorder = self
@@ -145,11 +252,14 @@ class _Recorder:
         return timed
 
     def save(self) -> None:
-        record = {"outcomes": self.outcomes, "checksums": self.checksums, "bench_ms": self.bench_ms, "lock_wait_s": round(self.lock.wait_s, 2)}
+        record = {"outcomes": self.outcomes, "calls": self.calls, "kernels": self.kernels, "bench_ms": self.bench_ms,
+                  "lock_wait_s": round(self.lock.wait_s, 2)}
         Path(self.log).write_text(json.dumps(record))
 
 
 _recorder: _Recorder | None = None
+_REPLAYED_CALLS = 2  # per kernel: the first calls, run again to see whether the kernel reproduces itself
+_REPLAY_TRIES = 3  # runs of each replayed call (stopping at the first that differs): atomics' order varies run to run
 
 
 def _tensors(value) -> list:
@@ -177,6 +287,93 @@ def _checksum(t) -> str:
     return f"{t.dtype}{list(t.shape)}:{plain}:{weighted}"
 
 
+def _kernel_name(kernel) -> str:
+    """tlx's ``Kernel.name``, else the global symbol of TileLang's prim_func, else the type."""
+    name = getattr(kernel, "name", None)
+    if not name:
+        try:
+            name = kernel.prim_func.attrs["global_symbol"]
+        except Exception:  # noqa: BLE001 - a name is a convenience; the hash identifies the kernel
+            name = type(kernel).__name__
+    return str(name)
+
+
+def _nvcc_flags(command: list) -> list[str]:
+    """nvcc flags without paths (include directories, output, source), sorted: comparable across arms."""
+    flags, skip = [], False
+    for arg in map(str, command):
+        if skip:
+            skip = False
+        elif arg == "-o":
+            skip = True
+        elif not (arg.startswith(("-I", "-ccbin")) or arg.endswith((".cu", ".cubin", ".fatbin"))):
+            flags.append(arg)
+    return sorted(flags)
+
+
+def _touched_tensors(values: list) -> list:
+    """The distinct tensors among ``values``, a pointer table replaced by the tensors it points to
+    (its own bytes are addresses, which differ between processes; the bytes behind them do not)."""
+    seen, out = set(), []
+    for t in _tensors(values):
+        for target in _pointer_targets(t) or [t]:
+            if id(target) not in seen:
+                seen.add(id(target))
+                out.append(target)
+    return out
+
+
+def _pointer_targets(t) -> list | None:
+    """The live tensors whose addresses make up ``t`` when ``t`` is a small int64 vector of
+    such addresses (a kernel's ``T.ptr`` table), else None."""
+    import gc
+    import warnings
+
+    import torch
+
+    if t.dtype != torch.int64 or t.dim() != 1 or not 0 < t.numel() <= 4096 or int(t.min()) < (1 << 20):
+        return None
+    addresses = set(t.tolist())
+    by_address = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for o in gc.get_objects():
+            if type(o) is torch.Tensor or (isinstance(o, torch.Tensor) and type(o).__module__.startswith("torch")):
+                if o.device == t.device and o.data_ptr() in addresses:
+                    by_address.setdefault(o.data_ptr(), o)
+    if set(by_address) != addresses:
+        return None
+    return [by_address[a] for a in dict.fromkeys(t.tolist())]
+
+
+def _snapshot(tensors: list):
+    import torch
+
+    try:
+        with torch.no_grad():
+            return [t.detach().clone() for t in tensors]
+    except torch.OutOfMemoryError:
+        return None
+
+
+def _replay(run, touched: list, snapshot: list, first: list) -> str:
+    """Run a call again from the inputs in ``snapshot`` (copied back into ``touched``) up to
+    ``_REPLAY_TRIES`` times: "same" when every run's checksums equal ``first``'s."""
+    import torch
+
+    for attempt in range(1, _REPLAY_TRIES + 1):
+        try:
+            with torch.no_grad():
+                for t, saved in zip(touched, snapshot):
+                    t.copy_(saved)
+            again = [_checksum(t) for t in (*_tensors(run()), *touched)]
+        except Exception as e:  # noqa: BLE001 - recorded; the test goes on with the state it has
+            return f"replay failed: {type(e).__name__}: {str(e)[:200]}"
+        if again != first:
+            return f"differs (run {attempt + 1})"
+    return "same"
+
+
 def install() -> None:
     """Patch the arm named by ``$TLX_DROPIN_ARM`` in and hook the recorder (pytest plugin entry)."""
     import atexit
@@ -187,9 +384,13 @@ def install() -> None:
     import tilelang.profiler.bench
     import torch
 
-    global _recorder
+    global _recorder, _test_lock
     arm, log = os.environ[_ENV_ARM], os.environ[_ENV_LOG]
-    _recorder = recorder = _Recorder(log, _GpuLock(os.environ.get(_ENV_LOCK)))
+    if os.environ.get(_ENV_TIMING):  # each test body holds the lock exclusively, the recorder none
+        _test_lock = _GpuLock(os.environ.get(_ENV_LOCK))
+        _recorder = recorder = _Recorder(log, _GpuLock(None), checks=False)
+    else:
+        _recorder = recorder = _Recorder(log, _GpuLock(os.environ.get(_ENV_LOCK)))
     atexit.register(recorder.save)
     if arm == "tlx":
         import tlx
@@ -199,8 +400,11 @@ def install() -> None:
         tilelang.autotune = tilelang.autotuner.autotune = tlx.autotune
         Kernel.__call__ = recorder.kernel_call(_call_of(Kernel))
     elif arm == "tilelang":
+        from tilelang.cache.cuda_binary_cache import CUDABinaryCache
         from tilelang.jit.adapter.base import BaseKernelAdapter
         from tilelang.jit.kernel import JITKernel
+
+        CUDABinaryCache.make_key = staticmethod(recorder.compile_key(CUDABinaryCache.make_key))
 
         # kernel(...) goes through JITKernel, a profiler's calls through the adapter (never both)
         JITKernel.__call__ = recorder.kernel_call(_call_of(JITKernel))
@@ -218,6 +422,17 @@ def _call_of(cls):
 
     attribute = inspect.getattr_static(cls, "__call__")
     return lambda instance, *args, **kwargs: attribute.__get__(instance, cls)(*args, **kwargs)
+
+
+_test_lock: _GpuLock | None = None
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """In the timing phase the whole test (setup, body, teardown) holds the GPU lock
+    exclusively: its benchmarks share the GPU with nothing; other processes only start up."""
+    with _test_lock.hold(exclusive=True) if _test_lock else contextlib.nullcontext():
+        yield
 
 
 def pytest_runtest_setup(item):
@@ -269,9 +484,11 @@ if os.environ.get(_ENV_ARM) and os.environ.get(_ENV_LOG):
 
 
 # ---- the driver -----------------------------------------------------------------------------
-def _env(arm: str, log: Path, file: Path, lock: Path | None, collect: Path | None = None) -> dict:
+def _env(arm: str, log: Path, file: Path, lock: Path | None, collect: Path | None = None, timing: bool = False) -> dict:
     env = {**os.environ, _ENV_ARM: arm, _ENV_LOG: str(log), "TILELANG_AUTO_TUNING_DISABLE_CACHE": "1",
            "PYTHONPATH": os.pathsep.join(p for p in (str(_ROOT), str(file.parent), os.environ.get("PYTHONPATH", "")) if p)}
+    if timing:
+        env[_ENV_TIMING] = "1"
     if lock:
         env[_ENV_LOCK] = str(lock)
     if collect:
@@ -373,15 +590,17 @@ def _last_error(text: str) -> str:
     return (lines[-1] if lines else "no output")[:300]
 
 
-def run_item(runner: Runner, examples: Path, nodeid: str, arm: str, timeout: float) -> dict:
+def run_item(runner: Runner, examples: Path, nodeid: str, arm: str, timeout: float, timing_round: int | None = None) -> dict:
+    """One arm of one item in a fresh process; ``timing_round``: a run of the timing phase."""
     file, _, name = nodeid.partition("::")
     path = examples / file
-    stem = f"{_safe(nodeid)}.{arm}"
+    stem = f"{_safe(nodeid)}.{arm}" + (f".timing{timing_round}" if timing_round is not None else "")
     log = runner.out / "items" / f"{stem}.json"
     log.parent.mkdir(parents=True, exist_ok=True)
     log.unlink(missing_ok=True)
     t0 = time.perf_counter()
-    rc, text = runner.run(_pytest("-x", f"{path.name}::{name}"), path.parent, _env(arm, log, path, runner.lock), timeout)
+    env = _env(arm, log, path, runner.lock, timing=timing_round is not None)
+    rc, text = runner.run(_pytest("-x", f"{path.name}::{name}"), path.parent, env, timeout)
     seconds = round(time.perf_counter() - t0, 1)
     (runner.out / "items" / f"{stem}.log").write_text(text)
     recorded = json.loads(log.read_text()) if log.is_file() else {}
@@ -397,14 +616,14 @@ def run_item(runner: Runner, examples: Path, nodeid: str, arm: str, timeout: flo
     return {"status": status, "rc": rc, "seconds": seconds, "error": "" if status in ("pass", "skipped") else _last_error(text),
             "skip_reason": "; ".join(o["reason"] for o in outcomes if o["outcome"] == "skipped"),
             "oom": "out of memory" in text.lower() or "OutOfMemoryError" in text,
-            **{k: recorded.get(k, []) for k in ("checksums", "bench_ms")}, "lock_wait_s": recorded.get("lock_wait_s")}
+            **{k: recorded.get(k, []) for k in ("calls", "kernels", "bench_ms")}, "lock_wait_s": recorded.get("lock_wait_s")}
 
 
 def compare(results: dict) -> dict:
     """One table row from the two arms' results of one item."""
     tl, tx = results["tilelang"], results["tlx"]
     row = {arm: r["status"] for arm, r in results.items()}
-    a, b = tl["checksums"], tx["checksums"]
+    a, b = tl["calls"], tx["calls"]
     if tl["status"] != "pass" or tx["status"] != "pass":
         row["outputs"] = "n/a (not both passed)"
     elif not a and not b:
@@ -412,16 +631,63 @@ def compare(results: dict) -> dict:
     elif len(a) != len(b):
         row["outputs"] = f"n/a ({len(a)} vs {len(b)} calls recorded)"
     else:
-        differ = sum(x != y for x, y in zip(a, b))
-        row["outputs"] = "bitwise equal" if differ == 0 else f"DIFFER in {differ}/{len(a)} calls"
+        row.update(classify_outputs(tl, tx))
     ta, tb = sum(tl["bench_ms"]), sum(tx["bench_ms"])
     if len(tl["bench_ms"]) == len(tx["bench_ms"]) and ta > 0 and tl["status"] == tx["status"] == "pass":
-        row["time tlx/tilelang"] = f"{tb / ta:.3f} ({len(tx['bench_ms'])} timings)"
+        row["time tlx/tilelang"] = f"{tb / ta:.3f} ({len(tx['bench_ms'])} timings, beside other items)"
         row["ratio"] = tb / ta
     else:
         row["time tlx/tilelang"] = "n/a" if not (tl["bench_ms"] or tx["bench_ms"]) else f"n/a ({len(tl['bench_ms'])} vs {len(tx['bench_ms'])} timings)"
     row["wall s"] = f"{tl['seconds']} / {tx['seconds']}"
     return row
+
+
+def classify_outputs(tl: dict, tx: dict) -> dict:
+    """Equal, or why not: a call that differs after (or at) a call of a kernel that did not
+    reproduce its own output bytes in the tilelang arm is explained by that nondeterminism
+    (its outputs feed what follows); a call that differs with every kernel so far
+    reproducing itself in both arms is a real divergence. The CUDA source and nvcc flags
+    of the kernels involved say whether the two arms even compiled the same thing."""
+    a, b = tl["calls"], tx["calls"]
+    differ = [i for i, (x, y) in enumerate(zip(a, b)) if x["checksums"] != y["checksums"]]
+    code = _same_code(tl["kernels"], tx["kernels"], {c["kernel"] for c in a} | {c["kernel"] for c in b})
+    replay = {arm: _replays(r["calls"]) for arm, r in (("tilelang", tl), ("tlx", tx))}
+    if not differ:
+        return {"outputs": "bitwise equal", "outputs class": "equal", "code": code, "replays": replay}
+    unstable = {c["kernel"] for c in a if c.get("replay", "").startswith("differs")}
+    unstable_from = next((i for i, c in enumerate(a) if c["kernel"] in unstable), None)
+    real = [i for i in differ if unstable_from is None or i < unstable_from]
+    selves = "; ".join(f"{arm} {'not reproducible itself' if r['differs'] else 'reproduces itself'}: "
+                       f"{r['differs'] or r['same']}/{r['replayed']} replayed calls" for arm, r in replay.items())
+    if real:
+        verdict = f"DIFFER in {len(differ)}/{len(a)} calls, {len(real)} of them before any nondeterminism ({selves}; {code})"
+        kind = "real"
+    else:
+        verdict = f"DIFFER in {len(differ)}/{len(a)} calls (tilelang not reproducible itself: {replay['tilelang']['differs']}/" \
+                  f"{replay['tilelang']['replayed']} replayed calls; tlx {replay['tlx']['differs']}/{replay['tlx']['replayed']}; {code})"
+        kind = "tilelang nondeterministic"
+    return {"outputs": verdict, "outputs class": kind, "first differing call": differ[0], "code": code, "replays": replay}
+
+
+def _replays(calls: list) -> dict:
+    verdicts = [c["replay"] for c in calls if "replay" in c]
+    return {"replayed": len(verdicts), "same": verdicts.count("same"), "differs": sum(v.startswith("differs") for v in verdicts),
+            "not compared": [v for v in verdicts if v != "same" and not v.startswith("differs")]}
+
+
+def _same_code(tl_kernels: list, tx_kernels: list, used: set) -> str:
+    """"same CUDA, same flags" when every kernel called has the same source hash and nvcc
+    flags in both arms (kernels matched by order of first call), else what differs."""
+    if len(tl_kernels) != len(tx_kernels):
+        return f"{len(tl_kernels)} vs {len(tx_kernels)} kernels"
+    pairs = [(tl_kernels[k], tx_kernels[k]) for k in sorted(used)]
+    cuda = sum(x["cuda_sha256"] != y["cuda_sha256"] or x["cuda_sha256"] is None for x, y in pairs)
+    unknown = sum(x["nvcc_flags"] is None or y["nvcc_flags"] is None for x, y in pairs)
+    flags = sum(x["nvcc_flags"] != y["nvcc_flags"] for x, y in pairs if x["nvcc_flags"] is not None and y["nvcc_flags"] is not None)
+    parts = ["same CUDA" if not cuda else f"CUDA differs in {cuda}/{len(pairs)} kernels",
+             "same flags" if not (flags or unknown) else
+             ", ".join(p for p in (f"flags differ in {flags}/{len(pairs)}" if flags else "", f"flags unknown for {unknown}/{len(pairs)} (tilelang cache hit)" if unknown else "") if p)]
+    return ", ".join(parts)
 
 
 # Relative cost guesses for ordering when no earlier run's times are given: families whose tests
@@ -457,14 +723,24 @@ class Table:
         self.collect_errors: dict[str, dict] = {}
         self.decorated: dict[str, dict] = {}
         self.pending: list[str] = []
+        self.timing_pending: list[str] = []  # timed items the timing phase has not reached
         self.running: dict[str, str] = {}
         self.guard = threading.RLock()  # re-entered by the final write when a signal lands inside one
+
+    def load(self, state: dict) -> None:
+        """An earlier run's rows and lists (``--merge``); its meta kept under "merged"."""
+        self.rows, self.not_applicable = state["rows"], state["not_applicable"]
+        self.collect_errors, self.decorated = state["collect_errors"], state.get("decorated", {})
+        self.running, self.pending = state["running"], state["not_reached"]
+        self.timing_pending = state.get("timing_not_reached", [])
+        self.meta["merged"] = [*state["meta"].pop("merged", []), state["meta"]]
 
     def write(self) -> None:
         with self.guard:
             state = {"meta": {**self.meta, "written": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}, "summary": self.summary(),
                      "rows": self.rows, "not_applicable": self.not_applicable, "collect_errors": self.collect_errors,
-                     "decorated": self.decorated, "running": self.running, "not_reached": self.pending}
+                     "decorated": self.decorated, "running": self.running, "not_reached": self.pending,
+                     "timing_not_reached": self.timing_pending}
             _write_atomic(self.out / "results.json", json.dumps(state, indent=1, default=str))
             _write_atomic(self.out / "results.md", self.markdown(state))
 
@@ -472,12 +748,15 @@ class Table:
         rows = [r for r in self.rows.values() if "tlx" in r]
         base = [r for r in rows if r["tilelang"] == "pass"]
         ratios = [r["ratio"] for r in base if "ratio" in r]
-        geomean = float(__import__("math").exp(sum(map(__import__("math").log, ratios)) / len(ratios))) if ratios else None
+        geomean = math.exp(sum(map(math.log, ratios)) / len(ratios)) if ratios else None
         return {"items finished": len(rows), "pass under tilelang.jit": len(base),
                 "of those, pass under tlx.jit": sum(r["tlx"] == "pass" for r in base),
                 "of those, outputs bitwise equal": sum(r["outputs"] == "bitwise equal" for r in base),
+                "outputs differ after tilelang's own nondeterminism": sum(r.get("outputs class") == "tilelang nondeterministic" for r in base),
+                "outputs differ with both arms reproducing themselves (real)": sum(r.get("outputs class") == "real" for r in base),
                 "pass only under tlx.jit": sum(r["tlx"] == "pass" and r["tilelang"] != "pass" for r in rows),
-                "timed": len(ratios), "time within 2%": sum(abs(x - 1) <= 0.02 for x in ratios),
+                "timed": len(ratios), "of those, timed alone": sum("ratio" in r and "ratio beside other items" in r for r in base),
+                "time within 2%": sum(abs(x - 1) <= 0.02 for x in ratios),
                 "time ratio geomean": round(geomean, 4) if geomean else None,
                 "not applicable here": len(self.not_applicable), "files failing collection": len(self.collect_errors),
                 "running when written": len(self.running), "not reached": len(self.pending)}
@@ -499,7 +778,8 @@ class Table:
         lines += ["", "Summary: " + "; ".join(f"{k} {v}" for k, v in state["summary"].items())]
         for title, entries in (("Not applicable here: skipped by the test's own marks or by itself (reason given)", state["not_applicable"]),
                                ("Files that failed to collect", {f: f"tilelang: {e['tilelang']}; tlx: {e.get('tlx', '?')}" for f, e in state["collect_errors"].items()}),
-                               ("Running when written (cut)", state["running"]), ("Not reached", {n: "" for n in state["not_reached"]})):
+                               ("Running when written (cut)", state["running"]), ("Not reached", {n: "" for n in state["not_reached"]}),
+                               ("Timing phase not reached (the figure is the first phase's, beside other items)", {n: "" for n in state["timing_not_reached"]})):
             if entries:
                 lines += ["", f"{title}: {len(entries)}", *(f"- `{k}`{': ' + v if v else ''}" for k, v in entries.items())]
         return "\n".join(lines) + "\n"
@@ -543,15 +823,27 @@ def main(argv=None) -> int:
     parser.add_argument("--stop", type=float, help="seconds after the start at which running items are killed")
     parser.add_argument("--costs", type=Path, help="an earlier results.json: order items by their measured wall seconds")
     parser.add_argument("--collect-only", action="store_true", help="collect in both arms, compare and stop (needs no GPU)")
+    parser.add_argument("--exclude", action="append", default=[], metavar="TEXT", help="leave out test files and items whose id contains TEXT (repeatable)")
+    parser.add_argument("--timing-rounds", type=int, default=2, help="rounds of the timing phase (0: none; each round runs both arms once)")
+    parser.add_argument("--timing-jobs", type=int, default=2, help="timing-phase processes at once (their tests run one at a time)")
+    parser.add_argument("--timing-deadline", type=float, help="seconds after the start after which no item starts its timing rounds")
+    parser.add_argument("--merge", type=Path, metavar="RESULTS.json",
+                        help="start from an earlier run's table: only the TARGETs given run (none: no first phase), then the timing phase")
+    parser.add_argument("--longest-first", action="store_true", help="start the costliest items first (shortest run when all must finish)")
     args = parser.parse_args(argv)
     examples = args.examples / "examples" if (args.examples / "examples").is_dir() else args.examples
     if not examples.is_dir() or not any(examples.rglob("test_*.py")):
         parser.error(f"examples: {args.examples} holds no test_*.py (expected a TileLang checkout or its examples/)")
-    if args.jobs < 1:
-        parser.error(f"--jobs: expected at least 1, got {args.jobs}")
+    for name in ("jobs", "timing_jobs"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')}: expected at least 1, got {getattr(args, name)}")
+    if args.timing_rounds < 0:
+        parser.error(f"--timing-rounds: expected 0 or more, got {args.timing_rounds}")
+    if args.merge and not args.merge.is_file():
+        parser.error(f"--merge: {args.merge} is not a file")
     start = time.monotonic()
     args.out.mkdir(parents=True, exist_ok=True)
-    files = test_files(examples, args.targets)
+    files = [(f, n) for f, n in test_files(examples, args.targets) if not any(text in f for text in args.exclude)]
     runner = Runner(args.out, args.out / "gpu.lock")
     table = Table(args.out, {"command": " ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]), "jobs": args.jobs,
                              "examples": str(examples)})
@@ -569,7 +861,11 @@ def main(argv=None) -> int:
     try:
         if args.collect_only:
             return _collect_both(runner, examples, files, args, table)
-        _run_all(runner, examples, files, args, table, start)
+        if args.merge:
+            table.load(json.loads(args.merge.read_text()))
+        if args.targets or not args.merge:
+            _run_all(runner, examples, files, args, table, start)
+        _timing_phase(runner, examples, args, table, start)
     except KeyboardInterrupt:
         runner.stop()
         print("interrupted: the table holds what finished", file=sys.stderr)
@@ -621,15 +917,17 @@ def _run_all(runner: Runner, examples: Path, files: list, args, table: Table, st
     for file, name in files:
         for item in collected[file].get("items", []):
             rest = item["nodeid"].split("::", 1)[1]
-            if name is None or name in (rest, rest.split("[")[0]):
+            if (name is None or name in (rest, rest.split("[")[0])) and not any(text in item["nodeid"] for text in args.exclude):
                 wanted[item["nodeid"]] = item
     for nodeid, item in wanted.items():
         if item["skip"]:
             table.not_applicable[nodeid] = item["skip"]
     measured = _measured_costs(args.costs)
     tuned = {f for f, c in collected.items() if any("AutoTune" in kind for kind in c.get("decorated", {}))}
-    order = sorted((n for n, i in wanted.items() if not i["skip"]), key=lambda n: _estimated_cost(n, measured, n.split("::")[0] in tuned))
-    table.pending = list(order)
+    order = sorted((n for n, i in wanted.items() if not i["skip"]), key=lambda n: _estimated_cost(n, measured, n.split("::")[0] in tuned),
+                   reverse=args.longest_first)
+    with table.guard:
+        table.pending = [n for n in table.pending if n not in wanted] + order  # a merged table's items not reached stay listed
     table.meta["collected s"] = round(time.monotonic() - start, 1)
     table.write()
     retried = set()
@@ -671,6 +969,78 @@ def _run_all(runner: Runner, examples: Path, files: list, args, table: Table, st
         print(f"[{time.monotonic() - start:6.0f}s] {nodeid}: {row['tilelang']} / {row['tlx']}; {row['outputs']}; {row['time tlx/tilelang']}", flush=True)
 
     _parallel(args.jobs, work, one)
+
+
+def apply_timing(row: dict, rounds: list[dict]) -> None:
+    """Put the timing phase's result into ``row``: each round (one run of each arm, tilelang
+    first) gives the ratio of the arms' summed benchmark times; the row's ratio becomes the
+    median of those, the loaded phase's figure kept beside it. A round where an arm failed or
+    timed a different number of benchmarks gives no ratio (its reason is kept)."""
+    ratios, problems = [], []
+    for i, pair in enumerate(rounds, 1):
+        tl, tx = pair["tilelang"], pair["tlx"]
+        if tl["status"] != "pass" or tx["status"] != "pass":
+            problems.append(f"round {i}: tilelang {tl['status']}, tlx {tx['status']}")
+        elif len(tl["bench_ms"]) != len(tx["bench_ms"]) or not sum(tl["bench_ms"]):
+            problems.append(f"round {i}: {len(tl['bench_ms'])} vs {len(tx['bench_ms'])} timings")
+        else:
+            ratios.append(sum(tx["bench_ms"]) / sum(tl["bench_ms"]))
+    row["timing"] = {"ratios": ratios, "problems": problems,
+                     **{f"{arm} ms": [pair[arm]["bench_ms"] for pair in rounds] for arm in ARMS},
+                     "wall s": [[pair[arm]["seconds"] for arm in ARMS] for pair in rounds]}
+    if not ratios:
+        row["time tlx/tilelang"] += f" (timing phase gave none: {'; '.join(problems)})"
+        return
+    if "ratio" in row and "ratio beside other items" not in row:
+        row["ratio beside other items"] = row["ratio"]
+    row["ratio"] = statistics.median(ratios)
+    row["time tlx/tilelang"] = (f"{row['ratio']:.3f} (alone; median of {len(ratios)} rounds: {', '.join(f'{r:.3f}' for r in ratios)}"
+                                + (f"; {'; '.join(problems)}" if problems else "")
+                                + (f"; beside other items {row['ratio beside other items']:.3f}" if "ratio beside other items" in row else "") + ")")
+
+
+def _timing_phase(runner: Runner, examples: Path, args, table: Table, start: float) -> None:
+    """Every item timed in both arms runs again ``--timing-rounds`` times per arm, arms
+    alternating (tilelang, tlx, tilelang, tlx, ...), after everything else has finished: each
+    test process holds the GPU lock exclusively for its whole test, so a benchmark shares the
+    GPU with no other work; ``--timing-jobs`` processes at once only overlap their start-up
+    (imports, collection: CPU). Kernels come from the caches the first phase filled."""
+    if not args.timing_rounds:
+        return
+    chosen = [n for n, r in table.rows.items() if "ratio" in r and "timing" not in r]
+    order = sorted(chosen, key=lambda n: sum(table.rows[n].get("detail", {}).get(arm, {}).get("seconds", 0) for arm in ARMS))
+    table.meta["timing phase"] = {"items": len(order), "rounds": args.timing_rounds, "jobs": args.timing_jobs,
+                                  "started s": round(time.monotonic() - start, 1)}
+    table.timing_pending = list(order)
+    table.write()
+
+    def one(nodeid):
+        if args.timing_deadline is not None and time.monotonic() - start > args.timing_deadline or runner.stopped:
+            return
+        with table.guard:
+            table.timing_pending.remove(nodeid)
+        rounds = []
+        for r in range(1, args.timing_rounds + 1):
+            pair = {}
+            for arm in ARMS:
+                with table.guard:
+                    table.running[nodeid] = f"timing round {r}/{args.timing_rounds}, {arm} arm running"
+                table.write()
+                left = args.stop - (time.monotonic() - start) if args.stop else args.timeout
+                pair[arm] = run_item(runner, examples, nodeid, arm, min(args.timeout, left), timing_round=r)
+                if pair[arm]["status"] in ("stopped", "not run (stopped)"):
+                    with table.guard:  # cut: the row keeps the first phase's figure
+                        table.running[nodeid] = f"timing round {r}, {arm} arm stopped (row keeps the first phase's figure)"
+                    table.write()
+                    return
+            rounds.append(pair)
+        with table.guard:
+            table.running.pop(nodeid)
+            apply_timing(table.rows[nodeid], rounds)
+        table.write()
+        print(f"[{time.monotonic() - start:6.0f}s] timing {nodeid}: {table.rows[nodeid]['time tlx/tilelang']}", flush=True)
+
+    _parallel(args.timing_jobs, collections.deque(order), one)
 
 
 if __name__ == "__main__":

@@ -19,28 +19,76 @@ _ROOT = Path(__file__).resolve().parents[2]
 CHECKOUT = Path(os.environ.get("TLX_TILELANG_CHECKOUT", "/work/tilelang-src"))
 
 
-def _arm(status="pass", checksums=(), bench_ms=(), seconds=1.0, error=""):
+def _arm(status="pass", checksums=(), bench_ms=(), seconds=1.0, error="", replays=None, kernels=None, call_kernels=None):
+    """One arm's result as run_item returns it: ``checksums`` one list per recorded call,
+    ``replays`` the self-replay verdict of each call (None: not replayed)."""
+    calls = []
+    for i, c in enumerate(checksums):
+        call = {"kernel": (call_kernels or [0] * len(checksums))[i], "checksums": list(c)}
+        if replays and replays[i] is not None:
+            call["replay"] = replays[i]
+        calls.append(call)
+    kernels = kernels if kernels is not None else [{"name": "k", "cuda_sha256": "s0", "nvcc_flags": ["-O3"]}]
     return {"status": status, "rc": 0 if status == "pass" else 1, "seconds": seconds, "error": error, "skip_reason": "",
-            "oom": False, "checksums": [list(c) for c in checksums], "bench_ms": list(bench_ms), "lock_wait_s": 0.0}
+            "oom": False, "calls": calls, "kernels": kernels, "bench_ms": list(bench_ms), "lock_wait_s": 0.0}
 
 
 def test_compare_equal_outputs_and_time_ratio():
     row = te.compare({"tilelang": _arm(checksums=[["a"], ["b"]], bench_ms=[1.0, 3.0]),
                       "tlx": _arm(checksums=[["a"], ["b"]], bench_ms=[1.0, 3.2])})
     assert row["tilelang"] == row["tlx"] == "pass"
-    assert row["outputs"] == "bitwise equal"
+    assert row["outputs"] == "bitwise equal" and row["outputs class"] == "equal" and row["code"] == "same CUDA, same flags"
     assert row["ratio"] == pytest.approx(4.2 / 4.0)
-    assert row["time tlx/tilelang"] == "1.050 (2 timings)"
+    assert row["time tlx/tilelang"] == "1.050 (2 timings, beside other items)"
 
 
 def test_compare_differing_outputs_and_failures():
     differ = te.compare({"tilelang": _arm(checksums=[["a"], ["b"]]), "tlx": _arm(checksums=[["a"], ["c"]])})
-    assert differ["outputs"] == "DIFFER in 1/2 calls"
+    assert differ["outputs"].startswith("DIFFER in 1/2 calls, 1 of them before any nondeterminism")
+    assert differ["outputs class"] == "real" and differ["first differing call"] == 1
     assert "ratio" not in differ and differ["time tlx/tilelang"] == "n/a"
     count = te.compare({"tilelang": _arm(checksums=[["a"]]), "tlx": _arm(checksums=[["a"], ["a"]])})
     assert count["outputs"] == "n/a (1 vs 2 calls recorded)"
     failed = te.compare({"tilelang": _arm(checksums=[["a"]], bench_ms=[1.0]), "tlx": _arm("FAIL", error="E boom")})
     assert failed["tlx"] == "FAIL" and failed["outputs"] == "n/a (not both passed)" and "ratio" not in failed
+
+
+def test_classify_tilelang_nondeterminism_apart_from_a_real_divergence():
+    """Kernel 0 (an atomics split-K, say) did not reproduce itself under tilelang.jit: its call
+    and the later call of kernel 1 that reads its output differ, explained; a difference at a
+    call before any nondeterministic kernel is real, whatever comes after."""
+    kernels = [{"name": "splitk", "cuda_sha256": "s0", "nvcc_flags": ["-O3"]}, {"name": "post", "cuda_sha256": "s1", "nvcc_flags": ["-O3"]}]
+    tl = _arm(checksums=[["x0"], ["y0"]], replays=["differs (run 2)", "same"], kernels=kernels, call_kernels=[0, 1])
+    tx = _arm(checksums=[["x1"], ["y1"]], replays=["same", "same"], kernels=kernels, call_kernels=[0, 1])
+    row = te.compare({"tilelang": tl, "tlx": tx})
+    assert row["outputs class"] == "tilelang nondeterministic"
+    assert row["outputs"] == ("DIFFER in 2/2 calls (tilelang not reproducible itself: 1/2 replayed calls; tlx 0/2; "
+                              "same CUDA, same flags)")
+    assert row["replays"]["tilelang"] == {"replayed": 2, "same": 1, "differs": 1, "not compared": []}
+
+    # the first call (a deterministic kernel, reproduced in both arms) already differs: real
+    tl = _arm(checksums=[["a0"], ["x0"]], replays=["same", "differs (run 3)"], kernels=kernels, call_kernels=[1, 0])
+    tx = _arm(checksums=[["a1"], ["x1"]], replays=["same", "same"], kernels=[kernels[0], {**kernels[1], "cuda_sha256": "other"}],
+              call_kernels=[1, 0])
+    row = te.compare({"tilelang": tl, "tlx": tx})
+    assert row["outputs class"] == "real"
+    assert row["outputs"] == ("DIFFER in 2/2 calls, 1 of them before any nondeterminism (tilelang not reproducible itself: "
+                              "1/2 replayed calls; tlx reproduces itself: 2/2 replayed calls; CUDA differs in 1/2 kernels, same flags)")
+
+
+def test_same_code_says_what_differs():
+    k = {"name": "k", "cuda_sha256": "s", "nvcc_flags": ["-O3", "-arch=sm_90a"]}
+    assert te._same_code([k], [k], {0}) == "same CUDA, same flags"
+    assert te._same_code([k], [{**k, "nvcc_flags": ["-O3", "-arch=sm_90a", "--use_fast_math"]}], {0}) == "same CUDA, flags differ in 1/1"
+    assert te._same_code([{**k, "nvcc_flags": None}], [k], {0}) == "same CUDA, flags unknown for 1/1 (tilelang cache hit)"
+    assert te._same_code([k], [{**k, "cuda_sha256": None}], {0}).startswith("CUDA differs in 1/1 kernels")
+    assert te._same_code([k], [k, k], {0}) == "1 vs 2 kernels"
+
+
+def test_nvcc_flags_drop_paths_and_sort():
+    tlx_command = ["--cubin", "-O3", "-lineinfo", "-arch=sm_90a", "-std=c++20", "-I/x/include", "-o", "/b/kernel.cubin", "/b/kernel.cu"]
+    assert te._nvcc_flags(tlx_command) == ["--cubin", "-O3", "-arch=sm_90a", "-lineinfo", "-std=c++20"]
+    assert te._nvcc_flags(["-ccbin=/usr/bin/g++", "-O3", "--use_fast_math"]) == ["--use_fast_math", "-O3"]
 
 
 def test_table_writes_rows_lists_and_summary(tmp_path):
@@ -61,29 +109,93 @@ def test_table_writes_rows_lists_and_summary(tmp_path):
     assert state["summary"]["time within 2%"] == 1 and state["summary"]["time ratio geomean"] == pytest.approx(1.01)
     assert state["not_reached"] == ["d/test_d.py::test_late"] and "c/test_c.py::test_long" in state["running"]
     md = (tmp_path / "results.md").read_text()
-    assert "| `a/test_a.py::test_ok` | pass | pass | bitwise equal | 1.010 (1 timings) |" in md
+    assert "| `a/test_a.py::test_ok` | pass | pass | bitwise equal | 1.010 (1 timings, beside other items) |" in md
     assert "FAIL: E   AttributeError: 'Kernel' has no \\| attribute" in md  # the error, its pipe escaped
     assert "Not applicable here: skipped by the test's own marks or by itself (reason given): 1" in md
     assert "- `d/test_d.py::test_late`" in md and "Running when written (cut): 1" in md
 
 
+class _FakeKernel:
+    """A compiled kernel's stand-in: its CUDA source and a body."""
+
+    def __init__(self, body, source="__global__ void k() {}", name="k"):
+        self.body, self.source, self.name = body, source, name
+
+    def get_kernel_source(self, kernel_only=True):
+        return self.source
+
+
+def _recorder(tmp_path):
+    return te._Recorder(str(tmp_path / "log.json"), te._GpuLock(str(tmp_path / "gpu.lock")))
+
+
 def test_recorder_checksums_kernel_calls_outside_benchmarks(tmp_path):
-    recorder = te._Recorder(str(tmp_path / "log.json"), te._GpuLock(str(tmp_path / "gpu.lock")))
-    kernel = recorder.kernel_call(lambda self, a, b: a + b)
+    recorder = _recorder(tmp_path)
+    kernel = recorder.kernel_call(lambda self, a, b: self.body(a, b))
+    add = _FakeKernel(lambda a, b: a + b)
     a, b = torch.arange(6, dtype=torch.float32), torch.ones(6)
-    out = kernel(None, a, b)
+    out = kernel(add, a, b)
     timed = recorder.bench(lambda fn: (fn(), 0.25)[1])
-    assert timed(lambda: kernel(None, a, b)) == 0.25
+    assert timed(lambda: kernel(add, a, b)) == 0.25
     assert recorder.bench(lambda: 1.5)() == 1.5  # a reference's timing: no kernel ran, not recorded
     recorder.save()
 
     log = json.loads((tmp_path / "log.json").read_text())
     assert log["bench_ms"] == [0.25]
-    assert len(log["checksums"]) == 1  # the call inside the benchmark is not recorded
-    assert log["checksums"][0] == [te._checksum(out), te._checksum(a), te._checksum(b)]
+    assert len(log["calls"]) == 1  # the call inside the benchmark is not recorded
+    assert log["calls"][0] == {"kernel": 0, "checksums": [te._checksum(out), te._checksum(a), te._checksum(b)], "replay": "same"}
+    sha = __import__("hashlib").sha256(add.source.encode()).hexdigest()
+    assert log["kernels"] == [{"name": "k", "cuda_sha256": sha, "nvcc_flags": None}]
     changed = out.clone()
     changed.view(torch.uint8)[5] ^= 1
     assert te._checksum(changed) != te._checksum(out)
+
+
+def test_replay_finds_a_nondeterministic_kernel_and_leaves_in_place_state_whole(tmp_path):
+    """An accumulating kernel (``c += a``, written in place) replayed from restored inputs
+    reproduces itself and leaves ``c`` as one call left it; a kernel whose bytes change from
+    run to run (as atomics' order does) is caught; only the first calls of a kernel replay."""
+    recorder = _recorder(tmp_path)
+    kernel = recorder.kernel_call(lambda self, *args: self.body(*args))
+    accumulate = _FakeKernel(lambda a, c: c.add_(a), name="accumulate")
+    a, c = torch.arange(4, dtype=torch.float32), torch.ones(4)
+    kernel(accumulate, a, c)
+    assert c.tolist() == [1.0, 2.0, 3.0, 4.0]  # three replays ran, each from the restored c
+    noisy = _FakeKernel(lambda out: out.copy_(torch.tensor(list(os.urandom(64)), dtype=torch.uint8)), name="noisy")
+    buffer = torch.zeros(64, dtype=torch.uint8)
+    for _ in range(3):
+        kernel(noisy, buffer)
+    kernel(accumulate, a, c)
+    assert [(call["kernel"], call.get("replay")) for call in recorder.calls] == [
+        (0, "same"), (1, "differs (run 2)"), (1, "differs (run 2)"), (1, None), (0, "same")]
+    assert [k["name"] for k in recorder.kernels] == ["accumulate", "noisy"]
+
+
+def test_pointer_table_checksums_the_tensors_it_points_to(tmp_path):
+    """A ``T.ptr`` table holds addresses, which differ between processes: two calls whose
+    tables point at equal bytes at different addresses record equal checksums, and the
+    replay restores the pointed-to tensors (the kernel writes through the table)."""
+    recorder = _recorder(tmp_path)
+    kernel = recorder.kernel_call(lambda self, *args: self.body(*args))
+
+    def grouped(outputs):
+        def body(ptrs, scale):
+            for t in outputs:
+                t.mul_(scale)  # written through the pointers; in place, so a replay without restore would compound
+        return _FakeKernel(body, name="grouped")
+
+    sums = []
+    for pad in (1, 1000):  # other allocations first: other addresses
+        keep = torch.empty(pad)
+        outputs = [torch.full((3,), 2.0), torch.full((5,), 3.0)]
+        table = torch.tensor([t.data_ptr() for t in outputs], dtype=torch.int64)
+        kernel(grouped(outputs), table, torch.tensor([2.0]))
+        assert [t.tolist() for t in outputs] == [[4.0] * 3, [6.0] * 5]
+        sums.append(recorder.calls[-1]["checksums"])
+        del keep
+    assert sums[0] == sums[1] and recorder.calls[-1]["replay"] == "same"
+    assert te._pointer_targets(torch.tensor([1, 2, 3])) is None  # small integers are indices, not addresses
+    assert te._pointer_targets(torch.tensor([1 << 40], dtype=torch.int64)) is None  # no live tensor there
 
 
 def test_call_of_reaches_a_property_call_and_a_method():
@@ -206,6 +318,151 @@ def test_driver_stop_kills_running_items_and_lists_them(fake_checkout, tmp_path)
     state = json.loads((out / "results.json").read_text())
     assert state["rows"] == {} and state["not_reached"] == []
     assert state["running"][hangs].startswith("tilelang stopped in ") and state["running"][hangs].endswith("tlx not run (stopped) in 0.0 s")
+
+
+FAKE_KERNEL_TESTS = """
+    import fcntl
+    import os
+    import tempfile
+    from pathlib import Path
+
+    import torch
+
+    SOURCE = "__global__ void fake(float *out) {}"
+
+
+    def compiled(body, name):
+        '''A compiled kernel of the arm this process runs, as the recorder sees one: its calls go
+        through the class the arm's hook wraps (tlx's Kernel, TileLang's JITKernel).'''
+        if os.environ["TLX_DROPIN_ARM"] == "tlx":
+            from tlx.kernel import Kernel
+
+            build = Path(tempfile.mkdtemp())
+            (build / "kernel.cu").write_text(SOURCE)
+            command = ["nvcc", "--cubin", "-O3", "-lineinfo", "-arch=sm_90a", "-std=c++20", "-o", str(build / "k.cubin"), "k.cu"]
+            return Kernel(build, {"name": name, "params": [], "nvcc_command": command}, body)
+        from tilelang.jit.kernel import JITKernel
+
+        kernel = JITKernel.__new__(JITKernel)
+        kernel.torch_function = body
+        kernel.get_kernel_source = lambda kernel_only=True: SOURCE
+        return kernel
+
+
+    def test_deterministic():
+        out = torch.empty(8)
+        compiled(lambda a, o: o.copy_(a * 2), "double")(torch.randn(8), out)
+
+
+    def test_nondeterministic():
+        # bytes that change from run to run, as an atomic accumulation's order does
+        noisy = compiled(lambda o: o.copy_(torch.tensor(list(os.urandom(32)), dtype=torch.uint8)), "noisy")
+        out = torch.empty(32, dtype=torch.uint8)
+        noisy(out)
+        compiled(lambda a, o: o.copy_(a.float()), "widen")(out, torch.empty(32))
+
+
+    def test_diverges():
+        shift = 1.0 if os.environ["TLX_DROPIN_ARM"] == "tlx" else 0.0
+        compiled(lambda a, o: o.copy_(a + shift), "shifted")(torch.randn(4), torch.empty(4))
+
+
+    def test_holds_the_gpu_lock():
+        # the timing phase: this test holds the lock exclusively, nobody else may take it
+        fd = os.open(os.environ["TLX_DROPIN_GPU_LOCK"], os.O_RDWR)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return
+        raise AssertionError("the GPU lock was free during the test")
+"""
+
+
+@pytest.fixture
+def fake_kernels(tmp_path):
+    examples = tmp_path / "examples"
+    (examples / "fake").mkdir(parents=True)
+    (examples / "fake" / "test_fake.py").write_text(textwrap.dedent(FAKE_KERNEL_TESTS))
+    return examples
+
+
+def test_driver_classifies_fake_kernels_through_both_arms_hooks(fake_kernels, tmp_path):
+    """Stand-in kernels called through the classes each arm hooks: a deterministic kernel is
+    bitwise equal with the same CUDA; a kernel whose bytes change run to run is
+    nondeterministic under tilelang.jit, and so is the difference of the kernel reading its
+    output; a deterministic kernel whose output depends on the arm is a real divergence."""
+    out = tmp_path / "out"
+    targets = [f"fake/test_fake.py::{name}" for name in ("test_deterministic", "test_nondeterministic", "test_diverges")]
+    assert te.main([str(fake_kernels), *targets, "--out", str(out), "--jobs", "3", "--timeout", "120"]) == 0
+    state = json.loads((out / "results.json").read_text())
+    rows = {n.split("::")[1]: r for n, r in state["rows"].items()}
+    deterministic = rows["test_deterministic"]
+    assert deterministic["outputs"] == "bitwise equal", deterministic
+    assert deterministic["code"] == "same CUDA, flags unknown for 1/1 (tilelang cache hit)"  # no TileLang compile ran
+    nondet = rows["test_nondeterministic"]
+    assert nondet["outputs class"] == "tilelang nondeterministic", nondet["outputs"]
+    assert nondet["outputs"].startswith("DIFFER in 2/2 calls (tilelang not reproducible itself: 1/2 replayed calls; tlx 1/2;")
+    assert [c.get("replay") for c in nondet["detail"]["tlx"]["calls"]] == ["differs (run 2)", "same"]
+    diverges = rows["test_diverges"]
+    assert diverges["outputs class"] == "real" and "1 of them before any nondeterminism" in diverges["outputs"]
+    assert state["summary"]["outputs differ after tilelang's own nondeterminism"] == 1
+    assert state["summary"]["outputs differ with both arms reproducing themselves (real)"] == 1
+
+
+def test_timing_run_holds_the_gpu_lock_for_the_whole_test(fake_kernels, tmp_path):
+    runner = te.Runner(tmp_path, tmp_path / "gpu.lock")
+    lock_test = "fake/test_fake.py::test_holds_the_gpu_lock"
+    assert te.run_item(runner, fake_kernels, lock_test, "tilelang", 120, timing_round=1)["status"] == "pass"
+    assert te.run_item(runner, fake_kernels, lock_test, "tilelang", 120)["status"] == "FAIL"  # the first phase: per kernel call only
+
+
+def test_apply_timing_takes_the_median_of_round_ratios():
+    row = {"ratio": 0.55, "time tlx/tilelang": "0.550 (1 timings, beside other items)"}
+    rounds = [{"tilelang": _arm(bench_ms=[1.0, 1.0]), "tlx": _arm(bench_ms=[1.0, 1.02])},
+              {"tilelang": _arm(bench_ms=[2.0]), "tlx": _arm(bench_ms=[1.0, 1.0])},  # another count of timings: no ratio
+              {"tilelang": _arm(bench_ms=[1.0, 1.0]), "tlx": _arm(bench_ms=[1.0, 0.98])},
+              {"tilelang": _arm(bench_ms=[1.0, 1.0]), "tlx": _arm(bench_ms=[1.0, 1.1])}]
+    te.apply_timing(row, rounds)
+    assert row["ratio"] == pytest.approx(1.01) and row["ratio beside other items"] == 0.55
+    assert row["timing"]["ratios"] == pytest.approx([1.01, 0.99, 1.05])
+    assert row["timing"]["problems"] == ["round 2: 1 vs 2 timings"]
+    assert row["time tlx/tilelang"] == "1.010 (alone; median of 3 rounds: 1.010, 0.990, 1.050; round 2: 1 vs 2 timings; beside other items 0.550)"
+    failed = {"ratio": 0.9, "time tlx/tilelang": "0.900 (1 timings, beside other items)"}
+    te.apply_timing(failed, [{"tilelang": _arm(bench_ms=[1.0]), "tlx": _arm("timeout")}])
+    assert failed["ratio"] == 0.9 and failed["time tlx/tilelang"].endswith("(timing phase gave none: round 1: tilelang pass, tlx timeout)")
+
+
+def test_timing_phase_alternates_arms_on_timed_rows_only(tmp_path, monkeypatch):
+    """Only rows timed in both arms run again, cheapest first, each as rounds of tilelang then
+    tlx in timing mode; the summary counts them as timed alone; a merged table keeps its rows."""
+    runs = []
+
+    def fake_run_item(runner, examples, nodeid, arm, timeout, timing_round=None):
+        runs.append((nodeid, arm, timing_round))
+        return _arm(bench_ms=[1.0 if arm == "tilelang" else 1.0 + 0.01 * timing_round])
+
+    monkeypatch.setattr(te, "run_item", fake_run_item)
+    table = te.Table(tmp_path, {"command": "x"})
+    timed = {"tilelang": _arm(checksums=[["a"]], bench_ms=[1.0], seconds=9.0), "tlx": _arm(checksums=[["a"]], bench_ms=[0.5], seconds=9.0)}
+    table.rows["a/test_a.py::test_slow"] = {**te.compare(timed), "detail": timed}
+    quick = {arm: {**r, "seconds": 1.0} for arm, r in timed.items()}
+    table.rows["a/test_a.py::test_quick"] = {**te.compare(quick), "detail": quick}
+    untimed = {arm: _arm(checksums=[["a"]]) for arm in te.ARMS}
+    table.rows["a/test_a.py::test_untimed"] = {**te.compare(untimed), "detail": untimed}
+    table.write()
+    merged = tmp_path / "first.json"
+    merged.write_bytes((tmp_path / "results.json").read_bytes())
+    (tmp_path / "examples").mkdir()
+    (tmp_path / "examples" / "test_none.py").write_text("")
+    out = tmp_path / "out"
+    assert te.main([str(tmp_path / "examples"), "--merge", str(merged), "--out", str(out), "--timing-jobs", "1", "--timing-rounds", "2"]) == 0
+    assert runs == [(n, arm, r) for n in ("a/test_a.py::test_quick", "a/test_a.py::test_slow") for r in (1, 2) for arm in te.ARMS]
+    state = json.loads((out / "results.json").read_text())
+    assert state["rows"]["a/test_a.py::test_slow"]["ratio"] == pytest.approx(1.015)
+    assert state["rows"]["a/test_a.py::test_slow"]["ratio beside other items"] == 0.5
+    assert "timing" not in state["rows"]["a/test_a.py::test_untimed"]
+    assert state["summary"]["timed"] == 2 and state["summary"]["of those, timed alone"] == 2
+    assert state["timing_not_reached"] == [] and state["meta"]["merged"][0]["command"] == "x"
 
 
 @pytest.mark.skipif(not (CHECKOUT / "examples" / "gemm" / "example_gemm.py").is_file(), reason="no TileLang checkout at $TLX_TILELANG_CHECKOUT")
