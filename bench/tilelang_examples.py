@@ -81,7 +81,7 @@ ordering costs are an earlier run's results.json, copied into the carried ignore
     # call 1: everything else, costliest first, then the timing phase in the time left
     python3 bench/tilelang_examples.py .tilelang-examples/checkout/examples --out $OUT/te \\
         --exclude block_causal_attention --costs .tilelang-examples/costs.json --longest-first \\
-        --jobs 12 --timeout 200 --deadline 300 --timing-rounds 2 --timing-jobs 2 --stop 575
+        --jobs 12 --timeout 200 --deadline 360 --timing-rounds 2 --timing-jobs 2 --stop 575
     # between the calls, here: cp FILES_AT/te/results.json .tilelang-examples/first.json
     # call 2: block_causal_attention, then the timing phase of the timed items call 1 left
     python3 bench/tilelang_examples.py .tilelang-examples/checkout/examples \\
@@ -91,7 +91,8 @@ ordering costs are an earlier run's results.json, copied into the carried ignore
 Call 2's results.md is the whole table. On the machine call 1 left warm the kernel caches
 (``~/.tilelang/cache``, ``~/.cache/tlx``) are still there; on a fresh one the timing phase
 compiles again inside its serialized tests (slower; the figures as valid). Timed items neither
-call reached are listed; ``--merge`` of call 2's results.json with no target times them.
+call reached are listed ("Timing phase not reached"); a third call, ``--merge`` of call 2's
+results.json with no target, times them.
 """
 
 from __future__ import annotations
@@ -338,12 +339,14 @@ def _pointer_targets(t) -> list | None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for o in gc.get_objects():
-            if type(o) is torch.Tensor or (isinstance(o, torch.Tensor) and type(o).__module__.startswith("torch")):
-                if o.device == t.device and o.data_ptr() in addresses:
-                    by_address.setdefault(o.data_ptr(), o)
+            if isinstance(o, torch.Tensor) and o.device == t.device and o.data_ptr() in addresses:
+                # of the tensors starting there (a view ``c[:n]`` and ``c``), the largest, whatever order gc lists them in
+                extent = (o.numel() * o.element_size(), o.is_contiguous(), str(o.dtype), tuple(o.shape))
+                if o.data_ptr() not in by_address or extent > by_address[o.data_ptr()][0]:
+                    by_address[o.data_ptr()] = (extent, o)
     if set(by_address) != addresses:
         return None
-    return [by_address[a] for a in dict.fromkeys(t.tolist())]
+    return [by_address[a][1] for a in dict.fromkeys(t.tolist())]
 
 
 def _snapshot(tensors: list):

@@ -188,11 +188,13 @@ def test_pointer_table_checksums_the_tensors_it_points_to(tmp_path):
     for pad in (1, 1000):  # other allocations first: other addresses
         keep = torch.empty(pad)
         outputs = [torch.full((3,), 2.0), torch.full((5,), 3.0)]
+        views = [outputs[0][:2], outputs[1][:1]]  # the example's own c[:n]: same addresses, fewer bytes
         table = torch.tensor([t.data_ptr() for t in outputs], dtype=torch.int64)
         kernel(grouped(outputs), table, torch.tensor([2.0]))
         assert [t.tolist() for t in outputs] == [[4.0] * 3, [6.0] * 5]
         sums.append(recorder.calls[-1]["checksums"])
-        del keep
+        assert sums[-1] == [te._checksum(outputs[0]), te._checksum(outputs[1]), te._checksum(torch.tensor([2.0]))]
+        del keep, views
     assert sums[0] == sums[1] and recorder.calls[-1]["replay"] == "same"
     assert te._pointer_targets(torch.tensor([1, 2, 3])) is None  # small integers are indices, not addresses
     assert te._pointer_targets(torch.tensor([1 << 40], dtype=torch.int64)) is None  # no live tensor there
@@ -298,6 +300,19 @@ def test_driver_deadline_leaves_items_not_reached(fake_checkout, tmp_path):
     state = json.loads((out / "results.json").read_text())
     assert state["rows"] == {} and state["not_reached"] == ["family/test_family.py::test_passes"]
     assert "Not reached: 1" in (out / "results.md").read_text()
+
+
+def test_driver_exclude_and_longest_first(fake_checkout, tmp_path):
+    """--exclude drops a file and an item by text; --longest-first queues the costliest first
+    (seen in the not-reached list a zero deadline leaves)."""
+    (fake_checkout / "family" / "test_other.py").write_text(
+        "def test_small():\n    pass\n\ndef test_mha_bwd_autotune():\n    pass\n\ndef test_left_out():\n    pass\n")
+    out = tmp_path / "out"
+    assert te.main([str(fake_checkout), "--out", str(out), "--deadline", "0", "--exclude", "test_family.py",
+                    "--exclude", "::test_left_out", "--longest-first"]) == 0
+    state = json.loads((out / "results.json").read_text())
+    assert state["not_reached"] == ["family/test_other.py::test_mha_bwd_autotune", "family/test_other.py::test_small"]
+    assert state["not_applicable"] == {} and state["rows"] == {}
 
 
 def test_driver_runs_an_item_out_of_gpu_memory_once_more(fake_checkout, tmp_path):
