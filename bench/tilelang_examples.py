@@ -81,12 +81,12 @@ ordering costs are an earlier run's results.json, copied into the carried ignore
     # call 1: everything else, costliest first, then the timing phase in the time left
     python3 bench/tilelang_examples.py .tilelang-examples/checkout/examples --out $OUT/te \\
         --exclude block_causal_attention --costs .tilelang-examples/costs.json --longest-first \\
-        --jobs 12 --timeout 200 --deadline 360 --timing-rounds 2 --timing-jobs 2 --stop 575
+        --jobs 12 --timeout 200 --deadline 360 --timing-rounds 2 --timing-jobs 2 --timing-deadline 545 --stop 575
     # between the calls, here: cp FILES_AT/te/results.json .tilelang-examples/first.json
     # call 2: block_causal_attention, then the timing phase of the timed items call 1 left
     python3 bench/tilelang_examples.py .tilelang-examples/checkout/examples \\
         block_causal_attention/test_block_causal_attention.py --merge .tilelang-examples/first.json \\
-        --out $OUT/te --jobs 2 --timeout 270 --timing-rounds 2 --timing-jobs 2 --stop 575
+        --out $OUT/te --jobs 2 --timeout 270 --timing-rounds 2 --timing-jobs 2 --timing-deadline 545 --stop 575
 
 Call 2's results.md is the whole table. On the machine call 1 left warm the kernel caches
 (``~/.tilelang/cache``, ``~/.cache/tlx``) are still there; on a fresh one the timing phase
@@ -194,10 +194,10 @@ class _Recorder:
         out = fn(kernel, *args, **kwargs)
         checksums = [_checksum(t) for t in (*_tensors(out), *touched)]
         entry = {"kernel": index, "checksums": checksums}
-        if snapshot is not None:
+        if isinstance(snapshot, list):
             entry["replay"] = _replay(lambda: fn(kernel, *args, **kwargs), touched, snapshot, checksums)
-        elif replays:
-            entry["replay"] = "not replayed: no memory for a copy of the inputs"
+        elif snapshot:
+            entry["replay"] = snapshot
         self.calls.append(entry)
         return out
 
@@ -349,14 +349,17 @@ def _pointer_targets(t) -> list | None:
     return [by_address[a][1] for a in dict.fromkeys(t.tolist())]
 
 
-def _snapshot(tensors: list):
+def _snapshot(tensors: list) -> list | str:
+    """Copies of ``tensors`` to restore them from, or why there are none."""
     import torch
 
+    if any(torch._debug_has_internal_overlap(t) != 0 for t in tensors):  # an expanded view cannot be written back
+        return "not replayed: an argument's elements share memory"
     try:
         with torch.no_grad():
             return [t.detach().clone() for t in tensors]
     except torch.OutOfMemoryError:
-        return None
+        return "not replayed: no memory for a copy of the inputs"
 
 
 def _replay(run, touched: list, snapshot: list, first: list) -> str:
@@ -767,7 +770,8 @@ class Table:
     @staticmethod
     def markdown(state: dict) -> str:
         columns = ["tilelang", "tlx", "outputs", "time tlx/tilelang", "wall s"]
-        lines = [f"TileLang example tests, tilelang.jit vs tlx.jit ({state['meta']['written']}; {state['meta']['command']})", "",
+        lines = [f"TileLang example tests, tilelang.jit vs tlx.jit ({state['meta']['written']}; {state['meta']['command']})",
+                 *(f"Continues the table of {m.get('written')}; {m.get('command')}" for m in state["meta"].get("merged", [])), "",
                  "| test | " + " | ".join(columns) + " |", "|" + " --- |" * (len(columns) + 1)]
         for nodeid, row in state["rows"].items():
             cells = [str(row.get(c, "")) for c in columns]

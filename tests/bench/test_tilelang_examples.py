@@ -169,6 +169,9 @@ def test_replay_finds_a_nondeterministic_kernel_and_leaves_in_place_state_whole(
     assert [(call["kernel"], call.get("replay")) for call in recorder.calls] == [
         (0, "same"), (1, "differs (run 2)"), (1, "differs (run 2)"), (1, None), (0, "same")]
     assert [k["name"] for k in recorder.kernels] == ["accumulate", "noisy"]
+    broadcast = _FakeKernel(lambda a, b: a + b, name="broadcast")
+    kernel(broadcast, torch.ones(1).expand(4), a)  # an expanded input cannot be restored in place: not replayed
+    assert recorder.calls[-1]["replay"] == "not replayed: an argument's elements share memory"
 
 
 def test_pointer_table_checksums_the_tensors_it_points_to(tmp_path):
@@ -478,6 +481,7 @@ def test_timing_phase_alternates_arms_on_timed_rows_only(tmp_path, monkeypatch):
     assert "timing" not in state["rows"]["a/test_a.py::test_untimed"]
     assert state["summary"]["timed"] == 2 and state["summary"]["of those, timed alone"] == 2
     assert state["timing_not_reached"] == [] and state["meta"]["merged"][0]["command"] == "x"
+    assert "Continues the table of " in (out / "results.md").read_text()
 
 
 @pytest.mark.skipif(not (CHECKOUT / "examples" / "gemm" / "example_gemm.py").is_file(), reason="no TileLang checkout at $TLX_TILELANG_CHECKOUT")
