@@ -58,8 +58,9 @@ def test_two_descriptors_of_one_tensor():
 
 
 def test_launch_at_the_shared_memory_limit_runs():
-    """The largest size the compile-time check lets through (dynamic + static = the sm_90 limit)
-    launches on the device: the check's table matches the driver."""
+    """The largest size the compile-time check lets through (dynamic + the kernel's own static =
+    the sm_90 limit; the MLA decode example's 231424 dynamic bytes behind a 2048-byte section)
+    launches on the device, and the driver refuses one byte more: the check is the driver's."""
     from tlx.hostgen.image import SHARED_PER_BLOCK
 
     static = sk.staged(T.dynamic("N")).metadata["launches"][0]["static_shared_memory"]
@@ -69,6 +70,27 @@ def test_launch_at_the_shared_memory_limit_runs():
     b = torch.zeros_like(a)
     kernel(a, b)
     assert torch.equal(a, b)
+    dynamic = int(kernel.metadata["launches"][0]["dynamic_shared_memory"])
+    cubin = (kernel.directory / "kernel.cubin").read_bytes()
+    assert _driver_takes_dynamic_limit(cubin, "main_kernel", dynamic)
+    assert not _driver_takes_dynamic_limit(cubin, "main_kernel", dynamic + 1)
+
+
+def _driver_takes_dynamic_limit(cubin: bytes, function: str, dynamic: int) -> bool:
+    """Whether the driver lets ``function`` of ``cubin`` opt in to ``dynamic`` bytes of dynamic
+    shared memory (cuFuncSetAttribute), in torch's current context."""
+    import ctypes
+
+    torch.cuda.synchronize()  # torch's context is current on this thread
+    cuda = ctypes.CDLL("libcuda.so.1")
+    module, fn = ctypes.c_void_p(), ctypes.c_void_p()
+    assert cuda.cuModuleLoadData(ctypes.byref(module), ctypes.c_char_p(cubin)) == 0
+    try:
+        assert cuda.cuModuleGetFunction(ctypes.byref(fn), module, function.encode()) == 0
+        max_dynamic_shared_size_bytes = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+        return cuda.cuFuncSetAttribute(fn, max_dynamic_shared_size_bytes, ctypes.c_int(dynamic)) == 0
+    finally:
+        cuda.cuModuleUnload(module)
 
 
 def test_zero_rows_launch_nothing(kernels):

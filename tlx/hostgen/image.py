@@ -5,21 +5,33 @@ A launch may use at most the architecture's opt-in limit of shared memory per bl
 kernel's static ``__shared__`` data (TileLang's mbarriers, for instance) included. Past it the
 driver refuses to raise the dynamic limit at the first launch; checked here, the compile fails
 with the sizes instead.
+
+The opt-in limit does not count the 1 KiB the driver reserves per block
+(``cudaDevAttrReservedSharedMemoryPerBlock``). Images for sm_90 and newer lay that block out at
+the start of each kernel's shared window, inside its ``.nv.shared.<kernel>`` section (the
+kernel's own data starts at 0x400; cuobjdump's ``SHARED`` counts it too), and mark this with a
+``.nv.shared.reserved.*`` section; older images leave it out. Counting the section whole
+refused kernels the driver launches (TileLang's MLA decode: 231424 dynamic bytes behind a 2048-byte
+section fill the 232448-byte sm_90 limit exactly).
 """
 
 from __future__ import annotations
 
 import struct
 
-__all__ = ["SHARED_PER_BLOCK", "SharedMemoryError", "check_shared_memory", "static_shared_bytes"]
+__all__ = ["RESERVED_SHARED_PER_BLOCK", "SHARED_PER_BLOCK", "SharedMemoryError", "check_shared_memory", "static_shared_bytes"]
 
 # Opt-in shared memory per block (bytes), by SM version (CUDA programming guide, compute
 # capabilities table).
 SHARED_PER_BLOCK = {"70": 98304, "75": 65536, "80": 166912, "86": 101376, "87": 166912, "89": 101376, "90": 232448,
                     "100": 232448, "103": 232448, "120": 101376}
 
+# Shared memory the driver reserves per block from sm_80 on (CUDA programming guide).
+RESERVED_SHARED_PER_BLOCK = 1024
+
 _SHT_NOBITS = 8
 _PREFIX = ".nv.shared."
+_RESERVED_PREFIX = _PREFIX + "reserved."
 
 
 class SharedMemoryError(ValueError):
@@ -27,8 +39,9 @@ class SharedMemoryError(ValueError):
 
 
 def static_shared_bytes(image: bytes) -> dict[str, int]:
-    """Static shared memory of each kernel in an ELF64 cubin (its ``.nv.shared.<kernel>``
-    section; ``.nv.shared.reserved.*`` is the driver's, not the kernel's)."""
+    """Static shared memory of each kernel in an ELF64 cubin, as the opt-in limit counts it: its
+    ``.nv.shared.<kernel>`` section, less the driver's reserved block where the image lays that
+    block out inside the section (see the module's docstring)."""
     if image[:4] != b"\x7fELF" or image[4] != 2:
         raise ValueError("image: expected an ELF64 cubin")
     shoff, = struct.unpack_from("<Q", image, 0x28)
@@ -40,11 +53,15 @@ def static_shared_bytes(image: bytes) -> dict[str, int]:
         start = names_at + offset
         return image[start:image.index(b"\0", start)].decode()
 
+    sections = {name(sh_name): sh_size for sh_name, sh_type, _, _, _, sh_size in headers if sh_type == _SHT_NOBITS}
+    reserved = RESERVED_SHARED_PER_BLOCK if any(s.startswith(_RESERVED_PREFIX) for s in sections) else 0
     sizes = {}
-    for sh_name, sh_type, _, _, _, sh_size in headers:
-        section = name(sh_name)
-        if sh_type == _SHT_NOBITS and section.startswith(_PREFIX) and not section.startswith(_PREFIX + "reserved."):
-            sizes[section[len(_PREFIX):]] = sh_size
+    for section, size in sections.items():
+        if section.startswith(_PREFIX) and not section.startswith(_RESERVED_PREFIX):
+            if size < reserved:
+                raise ValueError(f"image: section {section} holds {size} bytes, less than the {reserved} bytes the driver "
+                                 "reserves at the start of every kernel's shared memory in this image")
+            sizes[section[len(_PREFIX):]] = size - reserved
     return sizes
 
 
