@@ -172,3 +172,69 @@ def fp4_flag(N):
             Y[0] = 1.0
 
     return main
+
+
+@tlx.jit(out_idx=[-2, -1], target=SM90)
+def split_row_stats(M, N, splits=4, block=128):
+    """Per row of X: the sum, and the largest entry rounded to float16, in two kernels through
+    two global workspaces (float32 and float16) that the launcher allocates per call. The first
+    kernel writes one partial result per (row, split) (``sums`` row-major, ``peaks``
+    split-major); the second combines the splits in order."""
+    chunk = N // splits
+
+    @T.prim_func
+    def main(X: T.Tensor((M, N), "float32"), total: T.Tensor((M,), "float32"), peak: T.Tensor((M,), "float16")):
+        sums = T.alloc_global((M, splits), "float32")
+        peaks = T.alloc_global((splits, M), "float16")
+        with T.Kernel(splits, T.ceildiv(M, block), threads=block) as (s, b):
+            row = b * block + T.get_thread_binding()
+            if row < M:
+                acc = T.alloc_var("float32")
+                top = T.alloc_var("float16")
+                acc = 0.0
+                top = -T.infinity("float16")
+                for k in T.serial(chunk):
+                    acc += X[row, s * chunk + k]
+                    top = T.max(top, T.Cast("float16", X[row, s * chunk + k]))
+                sums[row, s] = acc
+                peaks[s, row] = top
+        with T.Kernel(T.ceildiv(M, block), threads=block) as b:
+            row = b * block + T.get_thread_binding()
+            if row < M:
+                acc = T.alloc_var("float32")
+                top = T.alloc_var("float16")
+                acc = 0.0
+                top = -T.infinity("float16")
+                for s in T.serial(splits):
+                    acc += sums[row, s]
+                    top = T.max(top, peaks[s, row])
+                total[row] = acc
+                peak[row] = top
+
+    return main
+
+
+@tlx.jit(target=SM90)
+def weighted_copies(N, block=128):
+    """``Y = sum(r * X for r in range(reps))``, summed in order of r, through a workspace of
+    ``reps * N`` floats: its size comes from a scalar, so a negative ``reps`` is a bad size the
+    launcher must refuse before touching the GPU."""
+
+    @T.prim_func
+    def main(X: T.Tensor((N,), "float32"), Y: T.Tensor((N,), "float32"), reps: T.int32):
+        copies = T.alloc_global((reps * N,), "float32")
+        with T.Kernel(T.ceildiv(N, block), threads=block) as b:
+            i = b * block + T.get_thread_binding()
+            if i < N:
+                for r in T.serial(reps):
+                    copies[r * N + i] = X[i] * r
+        with T.Kernel(T.ceildiv(N, block), threads=block) as b:
+            i = b * block + T.get_thread_binding()
+            if i < N:
+                acc = T.alloc_var("float32")
+                acc = 0.0
+                for r in T.serial(reps):
+                    acc += copies[r * N + i]
+                Y[i] = acc
+
+    return main

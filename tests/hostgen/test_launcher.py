@@ -411,3 +411,52 @@ def test_fp4_argument_with_a_symbolic_last_dimension_is_refused_by_name():
                                   "constant extent divisible by 2; got extent N"):
         plan_launcher(lower(sk.fp4_flag.get_tir(T.dynamic("N")), CPU_TARGET))
     plan_launcher(lower(sk.fp4_flag.get_tir(64), CPU_TARGET))  # a constant even length is stored as 32 bytes
+
+
+def test_host_workspaces_are_planned_in_order_and_passed_to_the_launches():
+    """``T.alloc_global`` in host code (TileLang allocates it from TVM's workspace pool per call)
+    is a workspace step ahead of the launches that pass its data pointer."""
+    plan = plan_launcher(lower(sk.split_row_stats.get_tir(T.dynamic("M"), 256), CPU_TARGET))
+    kinds = [s.kind for s in plan.steps]
+    assert kinds == ["workspace", "workspace", "launch", "launch"]
+    sums, peaks = (s.workspace for s in plan.steps[:2])
+    assert (sums.name, sums.dtype, sums.bits, str(sums.elements)) == ("sums", "float32", 32, "M * 4")
+    assert (peaks.name, peaks.dtype, peaks.bits, str(peaks.elements)) == ("peaks", "float16", 16, "M * 4")
+    for launch in (s.launch for s in plan.steps[2:]):
+        passed = [a for a in launch.args if any(a.same_as(w.data_var) for w in (sums, peaks))]
+        assert len(passed) == 2, launch.kernel
+
+
+def test_launcher_allocates_workspaces_after_the_checks_and_before_the_launches(cache):
+    kernel = sk.split_row_stats(T.dynamic("M"), 256)
+    assert kernel.metadata["workspaces"] == [{"name": "sums", "dtype": "float32", "elements": "(M * 4)"},
+                                             {"name": "peaks", "dtype": "float16", "elements": "(M * 4)"}]
+    src = kernel.host_source
+    call = src[src.index("int call("):src.index("int allocate_and_launch(")]
+    assert "tlx::Workspaces<2> workspaces;" in call
+    sums = call.index("void* const v_sums = workspaces.allocate(0, device_id, (v_sums_elements * 32 + 7) / 8);")
+    peaks = call.index("void* const v_peaks = workspaces.allocate(1, device_id, (v_peaks_elements * 16 + 7) / 8);")
+    size_check = call.index('tlx::fail_workspace_size(kKernel, "sums", "(M * 4)", v_sums_elements')
+    assert size_check < call.index("tlx::check_cuda_device(") < call.index("return 0;  // empty problem") < sums < peaks
+    assert peaks < call.index("tlx::launch(kKernel, fn[0]") < call.index("tlx::launch(kKernel, fn[1]")
+    allocating = src[src.index("int allocate_and_launch("):]
+    assert allocating.index("tlx::fail_workspace_size(") < allocating.index("outputs.allocate(0,")
+
+
+def test_constant_workspace_sizes_are_folded(cache):
+    src = sk.split_row_stats(64, 256).host_source
+    assert "void* const v_sums = workspaces.allocate(0, device_id, (int64_t(256) * 32 + 7) / 8);" in src
+    assert "void* const v_peaks = workspaces.allocate(1, device_id, (int64_t(256) * 16 + 7) / 8);" in src
+    assert "fail_workspace_size" not in src
+
+
+def test_a_negative_workspace_size_is_refused_before_the_gpu(cache):
+    """The size comes from a scalar: a negative one raises with its values, ahead of the device
+    checks (these tensors are on the CPU, and a valid size gets as far as saying so)."""
+    kernel = sk.weighted_copies(T.dynamic("N"))
+    x, y = torch.zeros(8), torch.zeros(8)
+    with pytest.raises(ValueError, match=r"workspace copies needs \(reps \* N\) = -8 elements, expected 0 to "
+                                         r"288230376151711743 \(reps = -1, N = 8\)"):
+        kernel(x, y, -1)
+    with pytest.raises(ValueError, match="expected a CUDA tensor"):
+        kernel(x, y, 2)

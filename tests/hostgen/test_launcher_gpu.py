@@ -282,3 +282,76 @@ def test_tfloat32_argument_takes_a_float32_tensor_like_tilelang():
     kernel(w, got)
     reference(w, expected)
     assert torch.equal(got, expected) and not got.isnan().any()
+
+
+def _row_stats_reference(x):
+    """Row sums (exact: the entries are small integers) and row maxima rounded to float16."""
+    return x.sum(dim=1), x.half().amax(dim=1)
+
+
+def test_host_workspaces_match_torch_on_both_calls():
+    """Two kernels pass partial results through two global workspaces the launcher allocates per
+    call, through the allocating call and through ``launch`` with poisoned outputs (no rows: a
+    no-op that allocates nothing)."""
+    kernel = sk.split_row_stats(T.dynamic("M"), 256)
+    for m in (0, 1, 127, 128, 1000, 4097):
+        x = torch.randint(-64, 64, (m, 256), device="cuda").float()
+        total, peak = kernel(x)
+        ref_total, ref_peak = _row_stats_reference(x)
+        assert torch.equal(total, ref_total) and torch.equal(peak, ref_peak)
+        total.fill_(float("nan"))
+        peak.fill_(float("nan"))
+        kernel.launch(x, total, peak)
+        assert torch.equal(total, ref_total) and torch.equal(peak, ref_peak)
+
+
+def test_workspaces_are_reused_in_stream_order():
+    """Calls queued back to back on a side stream, behind a sleep, with no synchronization between
+    them: each call's workspaces go back to the allocator while its kernels are still queued, and
+    the next call's reuse of that memory must not corrupt them."""
+    kernel = sk.split_row_stats(T.dynamic("M"), 256)
+    inputs = [torch.randint(-64, 64, (2048, 256), device="cuda").float() for _ in range(8)]
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        torch.cuda._sleep(10_000_000)
+        results = [kernel(x) for x in inputs]
+    stream.synchronize()
+    for x, (total, peak) in zip(inputs, results):
+        ref_total, ref_peak = _row_stats_reference(x)
+        assert torch.equal(total, ref_total) and torch.equal(peak, ref_peak)
+
+
+def test_workspaces_under_cuda_graph_capture():
+    kernel = sk.split_row_stats(T.dynamic("M"), 256)
+    x = torch.randint(-64, 64, (1000, 256), device="cuda").float()
+    total, peak = torch.empty(1000, device="cuda"), torch.empty(1000, device="cuda", dtype=torch.half)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        kernel.launch(x, total, peak)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        kernel.launch(x, total, peak)
+    x.copy_(torch.randint(-64, 64, (1000, 256), device="cuda").float())
+    total.fill_(float("nan"))
+    peak.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    ref_total, ref_peak = _row_stats_reference(x)
+    assert torch.equal(total, ref_total) and torch.equal(peak, ref_peak)
+
+
+def test_scalar_sized_workspace_matches_torch():
+    kernel = sk.weighted_copies(T.dynamic("N"))
+    x = torch.randn(5000, device="cuda")
+    for reps in (0, 1, 3, 7):
+        y = torch.full_like(x, float("nan"))
+        kernel(x, y, reps)
+        expected = torch.zeros_like(x)
+        for r in range(reps):
+            expected = expected + x * r
+        assert torch.equal(y, expected), reps
+    with pytest.raises(ValueError, match=r"workspace copies needs \(reps \* N\) = -5000 elements"):
+        kernel(x, y, -1)

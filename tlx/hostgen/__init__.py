@@ -26,7 +26,8 @@ def generate_launcher(kernel, out_idx=(), preconditions=(), cubin_file: str = "k
 
 
 def describe(plan: LaunchPlan, source: str) -> dict:
-    """JSON-able launch metadata: the library's entry point, parameters, symbolic dims, launches."""
+    """JSON-able launch metadata: the library's entry point, parameters, symbolic dims, the
+    workspaces each call allocates, launches."""
     return {
         "entry": EXPORT_NAME,
         "allocating_entry": ALLOCATING_NAME if f"__tvm_ffi_{ALLOCATING_NAME}" in source else None,
@@ -38,6 +39,8 @@ def describe(plan: LaunchPlan, source: str) -> dict:
         ]
         + [{"index": s.index, "name": s.name, "kind": "scalar", "dtype": s.dtype} for s in plan.scalars],
         "symbolic_dims": {n: {"tensor": t.name, "dim": d} for n, (_, t, d) in plan.shape_vars.items()},
+        "workspaces": [{"name": w.name, "dtype": w.dtype, "elements": pyexpr(w.elements)}
+                       for w in (s.workspace for s in walk_steps(plan.steps) if s.kind == "workspace")],
         "launches": [
             {"kernel": lc.kernel, "grid": [pyexpr(g) for g in lc.grid], "block": [pyexpr(b) for b in lc.block],
              "dynamic_shared_memory": pyexpr(lc.dyn_smem), "cluster": lc.cluster, "cooperative": lc.cooperative}

@@ -5,10 +5,10 @@ argument count; per tensor the type, dtype, ndim, shape (constants and one consi
 binding per symbolic dimension), strides; scalar types and ranges (a bool is no int, a finite
 float past float32's range is no float32); the kernel's shape preconditions; every grid
 dimension computable from shapes and scalars against CUDA's limits; then device placement and
-data-pointer alignment; and finally encodes TMA descriptors (cached) and launches on the
-caller's stream. Every failure raises a Python exception naming the kernel, the argument, the
-expected and the actual value. A call in which a tensor argument has no elements is a no-op
-(nothing is encoded or launched).
+data-pointer alignment; and finally allocates the program's global workspaces, encodes TMA
+descriptors (cached) and launches on the caller's stream. Every failure raises a Python
+exception naming the kernel, the argument, the expected and the actual value. A call in which a
+tensor argument has no elements is a no-op (nothing is allocated, encoded or launched).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 from tvm import tirx
 
 from tlx.hostgen.cexpr import c_name, cexpr, pyexpr
-from tlx.hostgen.plan import HostgenError, LaunchPlan, Step, TensorArg, walk_steps
+from tlx.hostgen.plan import HostgenError, LaunchPlan, Step, TensorArg, Workspace, walk_steps
 from tlx.ir.tir import free_vars
 
 __all__ = ["ALLOCATING_NAME", "EXPORT_NAME", "emit_launcher"]
@@ -32,6 +32,7 @@ _SCALAR_RANGES = {
     "bool": (0, 1),
 }
 _FLOAT_MAX = {"float32": "3.4028234663852886e38", "float64": "1.7976931348623157e308"}
+_INT64_MAX = 2**63 - 1
 # CUDA's grid limits per axis (compute capability >= 3.0).
 _GRID_LIMITS = (("x", 2**31 - 1), ("y", 65535), ("z", 65535))
 _C_TYPES = {
@@ -88,6 +89,8 @@ class _Emitter:
             if t.c_id != t.name:  # the data pointers of arguments that share a name
                 self.renamed[t.data_var] = f"v_{t.c_id}"
         self.kernel_index = {k: i for i, k in enumerate(plan.kernels)}
+        self.workspaces = [s.workspace for s in walk_steps(plan.steps) if s.kind == "workspace"]
+        self.counts: dict[int, str] = {}  # id of a workspace -> the C expression of its checked element count
 
     def out(self, line: str = "", indent: int = 1) -> None:
         self.lines.append(("  " * indent + line) if line else "")
@@ -101,14 +104,19 @@ class _Emitter:
     def declare(self, var) -> str:
         """The C name of a host-computed variable: its readable name, suffixed when another variable
         of that name already holds it (two TMA descriptors of one tensor are both ``A_desc``)."""
-        name = c_name(var)
-        if name in self.known:
-            k = 1
-            while f"{name}_{k}" in self.known:
-                k += 1
-            name = self.renamed[var] = f"{name}_{k}"
-        self.known.add(name)
+        name = self.declare_name(c_name(var))
+        if name != c_name(var):
+            self.renamed[var] = name
         return name
+
+    def declare_name(self, name: str) -> str:
+        """``name`` as a C identifier of its own, suffixed (``_1``, ``_2``, ...) when taken."""
+        k, candidate = 0, name
+        while candidate in self.known:
+            k += 1
+            candidate = f"{name}_{k}"
+        self.known.add(candidate)
+        return candidate
 
     # ---- sections ---------------------------------------------------------------------
     def header(self) -> None:
@@ -249,6 +257,8 @@ class _Emitter:
         self.empty_problem()
         self.out("CUfunction const* fn = g_module.enter(kKernel, device_id);")
         self.out("CUstream stream = static_cast<CUstream>(TVMFFIEnvGetStream(kDLCUDA, device_id));")
+        if self.workspaces:
+            self.out(f"tlx::Workspaces<{len(self.workspaces)}> workspaces;  // handed back to the allocator when the call returns")
 
     def steps(self, steps: list[Step], indent: int = 1) -> None:
         for s in steps:
@@ -257,6 +267,8 @@ class _Emitter:
                     raise HostgenError(f"{self.plan.name}: host let-binding of a handle {s.var.name}")
                 value = self.expr(s.value)
                 self.out(f"const int64_t {self.declare(s.var)} = {value};", indent)
+            elif s.kind == "workspace":
+                self.workspace(s.workspace, indent)
             elif s.kind == "desc":
                 self.descriptor(s, indent)
             elif s.kind == "launch":
@@ -268,6 +280,43 @@ class _Emitter:
                     self.out("} else {", indent)
                     self.steps(s.otherwise, indent + 1)
                 self.out("}", indent)
+
+    def workspace_sizes(self) -> None:
+        """Check, before anything touches the GPU, the size of every workspace computable from the
+        shape variables and scalars alone (one that depends on host let-bindings is checked where
+        it is allocated)."""
+        for w in self.workspaces:
+            if all(c_name(v) in self.known for v in free_vars(w.elements)):
+                self.workspace_count(w, 1)
+
+    def workspace_count(self, w: Workspace, indent: int) -> str:
+        """The C expression of ``w``'s element count, checked once: a count that is negative or
+        whose bytes overflow int64 fails the compile when constant, and raises ValueError with
+        the values it came from otherwise."""
+        if id(w) in self.counts:
+            return self.counts[id(w)]
+        most = (_INT64_MAX - 7) // w.bits
+        if isinstance(w.elements, int):
+            if not 0 <= w.elements <= most:
+                raise HostgenError(f"{self.plan.name}: workspace {w.name} has {w.elements} elements; at most {most} fit in int64 bytes")
+            count = f"int64_t({w.elements})"
+        else:
+            count = self.declare_name(f"{c_name(w.data_var)}_elements")
+            self.out(f"const int64_t {count} = {self.expr(w.elements)};", indent)
+            self.out(f"if (__builtin_expect({count} < 0 || {count} > {most}, 0)) {{", indent)
+            values = self.named_values(w.elements, indent + 1)
+            self.out(f"tlx::fail_workspace_size(kKernel, {_cstr(w.name)}, {_cstr(pyexpr(w.elements))}, {count}, {most}, {values});",
+                     indent + 1)
+            self.out("}", indent)
+        self.counts[id(w)] = count
+        return count
+
+    def workspace(self, w: Workspace, indent: int) -> None:
+        """Allocate ``w`` (bytes for its elements, sub-byte types packed) for this call."""
+        k = [x is w for x in self.workspaces].index(True)
+        self.out(f"// {w.name}: {w.dtype}[{pyexpr(w.elements)}], global scratch of this call's kernels", indent)
+        count = self.workspace_count(w, indent)
+        self.out(f"void* const {self.declare(w.data_var)} = workspaces.allocate({k}, device_id, ({count} * {w.bits} + 7) / 8);", indent)
 
     def descriptor(self, s: Step, indent: int) -> None:
         d = s.desc
@@ -358,7 +407,7 @@ def _export(name: str, function: str, returns: bool = False) -> list[str]:
 
 def _allocating_function(plan: LaunchPlan) -> list[str]:
     """``allocate_and_launch``: the call with the inputs alone. It runs the launcher's checks of
-    the inputs and scalars (placement included), then allocates the outputs through TVM-FFI's
+    the inputs and scalars (placement and workspace sizes included), then allocates the outputs through TVM-FFI's
     environment allocator (torch's caching allocator for torch callers), then launches and
     returns them: check first, allocate second, with no Python in between. Emitted only for
     kernels with outputs whose every shape variable is bound by an input tensor."""
@@ -378,6 +427,7 @@ def _allocating_function(plan: LaunchPlan) -> list[str]:
     c.scalars()
     c.preconditions()
     c.grid_limits()
+    c.workspace_sizes()
     c.out(f"const DLDevice device = t_{inputs[0].c_id}->device;")
     for t in inputs:
         c.out(f"tlx::check_cuda_device(kKernel, {_cstr(t.name)}, t_{t.c_id}, device.device_id);")
@@ -414,6 +464,7 @@ def emit_launcher(plan: LaunchPlan, cubin_path: str, cubin_symbol: str = "tlx_cu
     e.scalars()
     e.preconditions()
     e.grid_limits()
+    e.workspace_sizes()
     e.placement()
     e.steps(plan.steps)
     e.footer()

@@ -1,8 +1,8 @@
 """What a generated launcher must do, read off TileLang's lowered host and device IR.
 
 The plan is plain data: the arguments with their checks, where each symbolic shape
-variable is bound, the TMA descriptors to encode, and the launches in order. The C++
-emitter turns it into source; nothing here knows C++.
+variable is bound, the global workspaces to allocate, the TMA descriptors to encode, and the
+launches in order. The C++ emitter turns it into source; nothing here knows C++.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from tvm import tirx
 from tlx.ir.tir import device_functions, free_vars, nodes, op_name
 from tlx.lowering import LoweredKernel
 
-__all__ = ["walk_steps", "HostgenError", "LaunchPlan", "TensorArg", "ScalarArg", "Descriptor", "Launch", "Step", "plan_launcher"]
+__all__ = ["walk_steps", "HostgenError", "LaunchPlan", "TensorArg", "ScalarArg", "Descriptor", "Launch", "Step", "Workspace",
+           "plan_launcher"]
 
 
 class HostgenError(Exception):
@@ -90,12 +91,27 @@ class Launch:
 
 
 @dataclass
-class Step:
-    """One statement of the launch sequence: a let binding, a descriptor, a launch, or a guarded block."""
+class Workspace:
+    """Global memory the program allocates in host code (``T.alloc_global``): scratch that its
+    kernels pass between them within one call (split-K partial results, for instance). TileLang
+    takes it from TVM's workspace pool per call; the launcher allocates it per call too."""
 
-    kind: str  # "let" | "desc" | "launch" | "if"
+    name: str
+    data_var: Any  # tirx.Var of its data pointer, which the launches pass
+    dtype: str
+    bits: int  # per element, lanes included
+    elements: Any  # int or PrimExpr (the buffer is flat by then)
+
+
+@dataclass
+class Step:
+    """One statement of the launch sequence: a let binding, a workspace, a descriptor, a launch,
+    or a guarded block."""
+
+    kind: str  # "let" | "workspace" | "desc" | "launch" | "if"
     var: Any = None
     value: Any = None
+    workspace: Workspace | None = None
     desc: Descriptor | None = None
     launch: Launch | None = None
     cond: Any = None
@@ -300,6 +316,10 @@ def _one_step(s, devices, tma_args, by_data, kernels, name) -> list[Step]:
         return [Step("let", var=s.var, value=s.value)]
     if isinstance(s, tirx.SeqStmt):
         return _steps(s, devices, tma_args, by_data, kernels, name)
+    if isinstance(s, tirx.AllocBuffer):
+        return [Step("workspace", workspace=_workspace(s.buffer, name))]
+    if isinstance(s, tirx.DeclBuffer):
+        return []  # a typed view of data declared before it; the launches pass the data variable
     if isinstance(s, tirx.AttrStmt):
         if s.attr_key in ("tl.assume", "pragma_import_c"):
             return _steps(s.body, devices, tma_args, by_data, kernels, name)
@@ -321,6 +341,15 @@ def _one_step(s, devices, tma_args, by_data, kernels, name) -> list[Step]:
                 return [Step("launch", launch=_launch(callee, args, devices[callee], kernels, name))]
             raise HostgenError(f"{name}: unsupported host call {callee!r}")
     raise HostgenError(f"{name}: unsupported host statement {type(s).__name__}: {s}")
+
+
+def _workspace(buf, name) -> Workspace:
+    if buf.scope() != "global":
+        raise HostgenError(f"{name}: host code allocates {buf.name} in {buf.scope()!r} memory; only global workspaces are supported")
+    if len(buf.shape) != 1:
+        raise HostgenError(f"{name}: workspace {buf.name} has shape {list(buf.shape)}; lowering leaves host buffers flat")
+    dt = tvm.DataType(str(buf.dtype))
+    return Workspace(buf.name, buf.data, str(buf.dtype), int(dt.bits) * int(dt.lanes), _as_value(buf.shape[0]))
 
 
 def _descriptor(args, by_data, name) -> Descriptor:

@@ -56,6 +56,10 @@ struct Named {
 // it comes from and the values of its variables; the driver would only say "invalid argument".
 [[noreturn]] void grid_too_large(const char* kernel, const char* axis, int64_t value, int64_t limit, const char* expr, int n,
                                  const Named* values);
+// A workspace whose element count (from the expression `expr` over the arguments) is negative
+// or past `most` (its bytes would overflow int64).
+[[noreturn]] void fail_workspace_size(const char* kernel, const char* name, const char* expr, int64_t elements, int64_t most, int n,
+                                      const Named* values);
 
 // ---- argument checks: inline, tiny, a message only on failure ---------------------------------
 inline void check_num_args(const char* kernel, int32_t got, int32_t expected, const char* signature) {
@@ -169,34 +173,50 @@ inline int64_t truncmod(int64_t a, int64_t b) { return a - truncdiv(a, b) * b; }
 inline int64_t min(int64_t a, int64_t b) { return a < b ? a : b; }
 inline int64_t max(int64_t a, int64_t b) { return a < b ? b : a; }
 
-// ---- outputs of an allocating call ----------------------------------------------------------
+// ---- tensors a call allocates: outputs of an allocating call, workspaces ---------------------
 // Wraps the outputs in an ffi.Array (two outputs or more).
 void make_array(TVMFFIObjectHandle* handles, int n, TVMFFIAny* result);
 
-// The outputs of an allocating call, allocated through TVM-FFI's environment allocator: the
-// caller's framework's (torch's caching allocator when called with torch tensors, on the
-// caller's device and stream). Held here until handed to the caller, so a call that fails
-// after allocating frees them.
+// Tensors allocated through TVM-FFI's environment allocator: the caller's framework's (torch's
+// caching allocator when called with torch tensors, on the caller's device and stream). Held
+// here, and handed back to the allocator with this object unless passed on, so a call that
+// fails after allocating frees them.
 template <int N>
-class Outputs {
+class Allocated {
  public:
-  ~Outputs() {
+  Allocated() = default;
+  Allocated(const Allocated&) = delete;
+  Allocated& operator=(const Allocated&) = delete;
+  ~Allocated() {
     for (TVMFFIObjectHandle h : handles_) {
       if (h) TVMFFIObjectDecRef(h);
     }
   }
 
-  // A contiguous tensor of `shape` (ndim extents), as the TVM-FFI argument that passes it.
-  TVMFFIAny allocate(int i, DLDataType dtype, DLDevice device, int32_t ndim, int64_t* shape) {
+ protected:
+  // A contiguous tensor of `shape` (ndim extents) in slot i.
+  TVMFFIObjectHandle allocate_tensor(int i, DLDataType dtype, DLDevice device, int32_t ndim, int64_t* shape) {
     DLTensor prototype{};
     prototype.device = device;
     prototype.ndim = ndim;
     prototype.dtype = dtype;
     prototype.shape = shape;
     if (__builtin_expect(TVMFFIEnvTensorAlloc(&prototype, &handles_[i]) != 0, 0)) throw Raised{};
+    return handles_[i];
+  }
+
+  TVMFFIObjectHandle handles_[N] = {};
+};
+
+// The outputs of an allocating call, held until handed to the caller.
+template <int N>
+class Outputs : public Allocated<N> {
+ public:
+  // A contiguous tensor of `shape` (ndim extents), as the TVM-FFI argument that passes it.
+  TVMFFIAny allocate(int i, DLDataType dtype, DLDevice device, int32_t ndim, int64_t* shape) {
     TVMFFIAny a{};
     a.type_index = kTVMFFITensor;
-    a.v_obj = static_cast<TVMFFIObject*>(handles_[i]);
+    a.v_obj = static_cast<TVMFFIObject*>(this->allocate_tensor(i, dtype, device, ndim, shape));
     return a;
   }
 
@@ -204,15 +224,25 @@ class Outputs {
   void release(TVMFFIAny* result) {
     if (N == 1) {
       result->type_index = kTVMFFITensor;
-      result->v_obj = static_cast<TVMFFIObject*>(handles_[0]);
-      handles_[0] = nullptr;
+      result->v_obj = static_cast<TVMFFIObject*>(this->handles_[0]);
+      this->handles_[0] = nullptr;
       return;
     }
-    make_array(handles_, N, result);  // the array holds its own references; ours go with this object
+    make_array(this->handles_, N, result);  // the array holds its own references; ours go with this object
   }
+};
 
- private:
-  TVMFFIObjectHandle handles_[N] = {};
+// The global workspaces of one call (a program's T.alloc_global in host code), as bytes on the
+// launch's device. They go back to the allocator when the call returns: by then the launches
+// that use them are queued on the caller's stream, from which the allocator reuses memory in
+// stream order (as torch does for an operator's temporaries).
+template <int N>
+class Workspaces : public Allocated<N> {
+ public:
+  void* allocate(int i, int32_t device_id, int64_t bytes) {
+    int64_t shape[1] = {bytes};
+    return data_ptr(TVMFFITensorGetDLTensorPtr(this->allocate_tensor(i, DLDataType{kDLUInt, 8, 1}, DLDevice{kDLCUDA, device_id}, 1, shape)));
+  }
 };
 
 // ---- CUDA: modules, TMA descriptors, launches -----------------------------------------------

@@ -171,6 +171,12 @@ void grid_too_large(const char* kernel, const char* axis, int64_t value, int64_t
                           " exceeds the CUDA limit of " + std::to_string(limit) + (v.empty() ? "" : " (" + v + ")"));
 }
 
+void fail_workspace_size(const char* kernel, const char* name, const char* expr, int64_t elements, int64_t most, int n,
+                         const Named* values) {
+  raise("ValueError", std::string(kernel) + ": workspace " + name + " needs " + expr + " = " + std::to_string(elements) +
+                          " elements, expected 0 to " + std::to_string(most) + " (" + values_text(n, values) + ")");
+}
+
 void make_array(TVMFFIObjectHandle* handles, int n, TVMFFIAny* result) {
   static TVMFFIObjectHandle make = [] {
     TVMFFIObjectHandle f = nullptr;
