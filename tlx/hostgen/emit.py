@@ -316,7 +316,8 @@ class _Emitter:
         k = [x is w for x in self.workspaces].index(True)
         self.out(f"// {w.name}: {w.dtype}[{pyexpr(w.elements)}], global scratch of this call's kernels", indent)
         count = self.workspace_count(w, indent)
-        self.out(f"void* const {self.declare(w.data_var)} = workspaces.allocate({k}, device_id, ({count} * {w.bits} + 7) / 8);", indent)
+        nbytes = f"int64_t({(w.elements * w.bits + 7) // 8})" if isinstance(w.elements, int) else f"({count} * {w.bits} + 7) / 8"
+        self.out(f"void* const {self.declare(w.data_var)} = workspaces.allocate({k}, device_id, {nbytes});", indent)
 
     def descriptor(self, s: Step, indent: int) -> None:
         d = s.desc
