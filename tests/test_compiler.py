@@ -151,3 +151,38 @@ def test_a_speculation_the_analyses_refute_restarts_nvcc_on_the_rewritten_kernel
     started = _nvcc_starts(monkeypatch)
     cubin, build = compile_artifacts(add_dynamic.get_tir(), options, stop_after="cubin")
     assert len(cubin) > 0 and len(started) == 2 and started[0] != serial and started[1] == serial
+
+
+_RACE_SCRIPT = """
+import sys, time
+import tlx.compiler as compiler
+real = compiler.compile_artifacts
+
+def slow(*args, **kwargs):  # a build long enough that the two processes overlap
+    print("BUILT", flush=True)
+    time.sleep(3)
+    return real(*args, **kwargs)
+
+compiler.compile_artifacts = slow
+from tests.jit_kernels import scale
+print("ENTRY", scale(1024, factor=float(sys.argv[1])).metadata["cache_key"], flush=True)
+"""
+
+
+def test_processes_needing_one_kernel_build_it_once(tmp_path):
+    """Two processes that start the same cold compile together: one builds, the other waits for
+    it and loads the published entry (parallel test workers and precompile jobs used to build
+    the same kernel once each)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {**os.environ, "TLX_CACHE_DIR": str(tmp_path), "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    procs = [subprocess.Popen([sys.executable, "-c", _RACE_SCRIPT, "3.0"], env=env, stdout=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    outs = [p.communicate(timeout=600)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    assert sum(o.count("BUILT") for o in outs) == 1, outs
+    entries = {line.split()[1] for o in outs for line in o.splitlines() if line.startswith("ENTRY")}
+    assert len(entries) == 1 and (tmp_path / "kernels" / entries.pop() / "MANIFEST").is_file()

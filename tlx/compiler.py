@@ -30,6 +30,8 @@ tool versions); a hit loads the library without lowering.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -459,20 +461,39 @@ def compile_kernel(program, options: Options, name: str | None = None, program_k
     entry = cache_dir() / "kernels" / key
     if _valid_entry(entry):
         return Kernel.load(entry)
-    if entry.exists():
-        warnings.warn(f"tlx: cache entry {entry} is corrupted; rebuilding it", RuntimeWarning, stacklevel=3)
-        shutil.rmtree(entry, ignore_errors=True)
-    if prim_func is None:
-        prim_func, options = _build(program, options)
-    _, build = compile_artifacts(prim_func, options, name=name, keep_workdir=True)
-    build.cache_key = key
-    try:
-        _publish(build, entry)
-    finally:
-        shutil.rmtree(build.workdir, ignore_errors=True)  # gone already once published
+    with _build_lock(key):
+        if _valid_entry(entry):  # another process built it while this one waited
+            return Kernel.load(entry)
+        if entry.exists():
+            warnings.warn(f"tlx: cache entry {entry} is corrupted; rebuilding it", RuntimeWarning, stacklevel=3)
+            shutil.rmtree(entry, ignore_errors=True)
+        if prim_func is None:
+            prim_func, options = _build(program, options)
+        _, build = compile_artifacts(prim_func, options, name=name, keep_workdir=True)
+        build.cache_key = key
+        try:
+            _publish(build, entry)
+        finally:
+            shutil.rmtree(build.workdir, ignore_errors=True)  # gone already once published
     if not _valid_entry(entry):
         raise RuntimeError(f"tlx: could not publish the build of {build.name} to {entry}")
     return Kernel.load(entry)
+
+
+@contextlib.contextmanager
+def _build_lock(key: str):
+    """One build per cache key at a time across processes: parallel test workers, precompile
+    jobs and autotuners that need the same kernel wait for the first build instead of
+    repeating it. An exclusive ``flock`` on a per-key file, released by the kernel even when
+    the holder dies (no stale locks)."""
+    locks = cache_dir() / "locks"
+    locks.mkdir(parents=True, exist_ok=True)
+    fd = os.open(locks / key, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock
 
 
 def _build(program, options: Options):
