@@ -169,13 +169,9 @@ class _Recorder:
         recorder = self
 
         def call(kernel, *args, **kwargs):
-            if recorder.in_bench or not recorder.checks or len(recorder.calls) >= _MAX_RECORDED_CALLS:
-                with contextlib.nullcontext() if recorder.in_bench else recorder.lock.hold(exclusive=False):
-                    out = fn(kernel, *args, **kwargs)
-                recorder.kernel_calls += 1
-                return out
-            with recorder.lock.hold(exclusive=False):
-                out = recorder.record(fn, kernel, args, kwargs)
+            recording = not recorder.in_bench and recorder.checks and len(recorder.calls) < _MAX_RECORDED_CALLS
+            with contextlib.nullcontext() if recorder.in_bench else recorder.lock.hold(exclusive=False):
+                out = recorder.record(fn, kernel, args, kwargs) if recording else fn(kernel, *args, **kwargs)
             recorder.kernel_calls += 1
             return out
 
