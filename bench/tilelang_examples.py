@@ -755,6 +755,8 @@ class Table:
                 "of those, pass under tlx.jit": sum(r["tlx"] == "pass" for r in base),
                 "of those, outputs bitwise equal": sum(r["outputs"] == "bitwise equal" for r in base),
                 "outputs differ after tilelang's own nondeterminism": sum(r.get("outputs class") == "tilelang nondeterministic" for r in base),
+                "of those, same CUDA source in both arms": sum(r.get("outputs class") == "tilelang nondeterministic"
+                                                               and r["code"].startswith("same CUDA") for r in base),
                 "outputs differ with both arms reproducing themselves (real)": sum(r.get("outputs class") == "real" for r in base),
                 "pass only under tlx.jit": sum(r["tlx"] == "pass" and r["tilelang"] != "pass" for r in rows),
                 "timed": len(ratios), "of those, timed alone": sum("ratio" in r and "ratio beside other items" in r for r in base),

@@ -424,6 +424,7 @@ def test_driver_classifies_fake_kernels_through_both_arms_hooks(fake_kernels, tm
     diverges = rows["test_diverges"]
     assert diverges["outputs class"] == "real" and "1 of them before any nondeterminism" in diverges["outputs"]
     assert state["summary"]["outputs differ after tilelang's own nondeterminism"] == 1
+    assert state["summary"]["of those, same CUDA source in both arms"] == 1
     assert state["summary"]["outputs differ with both arms reproducing themselves (real)"] == 1
 
 
