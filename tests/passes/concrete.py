@@ -6,6 +6,9 @@ and the launcher would accept the values, no index computed here may fall outsid
 It covers the integer subset small test kernels use (arithmetic, comparisons, selects, lets,
 loops, thread bindings, branches); an index that depends on a value loaded from memory, or any
 construct it does not know, raises :class:`Unsupported` so a test can never pass by skipping.
+Loaded values are known only where the test gives an input's contents (``memory``) and, from
+there, in the thread-private integer scalars the kernel stores them into (``n = counts[b]``),
+so a data-dependent counterexample can be replayed with the input it names.
 """
 
 from __future__ import annotations
@@ -124,8 +127,38 @@ def evaluate(e, env: dict) -> int | tuple:
             return _wrap(_CALLS[op](evaluate(e.args[0], env), evaluate(e.args[1], env)), str(e.dtype))
         raise Unsupported(f"call {op}")
     if isinstance(e, tir.BufferLoad):
-        raise Unsupported(f"value loaded from {e.buffer.name}")
+        return _load(e, env)
     raise Unsupported(type(e).__name__)
+
+
+_MEMORY = "memory"  # env key: buffer data var -> {flat index: value} of the elements whose values are known
+
+
+def _load(e, env) -> int:
+    """The value of a one-index load whose element's value is known, else Unsupported."""
+    contents = env.get(_MEMORY, {}).get(e.buffer.data)
+    if contents is None or len(e.indices) != 1:
+        raise Unsupported(f"value loaded from {e.buffer.name}")
+    i = evaluate(e.indices[0], env)
+    if isinstance(i, tuple) or i not in contents:
+        raise Unsupported(f"value of {e.buffer.name}[{i}], which is not known")
+    return contents[i]
+
+
+def _remember(s, env) -> None:
+    """A store to a thread-private integer scalar: its value is known from here if it can be
+    evaluated (the kernels run here write such a scalar before they read it), else forgotten."""
+    memory = env.get(_MEMORY)
+    if memory is None or not str(s.buffer.scope()).startswith("local") or len(s.indices) != 1:
+        return
+    if not str(s.buffer.dtype).startswith(("int", "uint")):
+        return
+    contents = memory.setdefault(s.buffer.data, {})
+    index = evaluate(s.indices[0], env)
+    try:
+        contents[index] = evaluate(s.value, env)
+    except Unsupported:
+        contents.pop(index, None)
 
 
 def _lanes(fn, a, b, dtype: str):
@@ -137,15 +170,19 @@ def _lanes(fn, a, b, dtype: str):
     return _wrap(fn(a, b), dtype)
 
 
-def out_of_bounds(device_func, values: dict[str, int], limit: int = 200_000, first: bool = False) -> list[OutOfBounds]:
+def out_of_bounds(device_func, values: dict[str, int], limit: int = 200_000, first: bool = False,
+                  memory: dict[str, list[int]] | None = None) -> list[OutOfBounds]:
     """Every buffer access of ``device_func`` outside its buffer (only the first with ``first``),
-    with ``values`` for its scalar parameters and symbolic extents (by name). Threads and loops
-    are enumerated; at most ``limit`` statements are executed (a test kernel that needs more is
-    Unsupported, not silently cut)."""
-    env = {}
+    with ``values`` for its scalar parameters and symbolic extents (by name), and ``memory`` for
+    the contents of input tensors (by parameter name, flat) that indices or loop bounds read.
+    Threads and loops are enumerated; at most ``limit`` statements are executed (a test kernel
+    that needs more is Unsupported, not silently cut)."""
+    env = {_MEMORY: {}}
     for p in device_func.params:
         if p.name in values:
             env[p] = values[p.name]
+        if memory and p.name in memory:
+            env[_MEMORY][p] = dict(enumerate(memory[p.name]))
     found: list[OutOfBounds] = []
     budget = [limit]
 
@@ -156,7 +193,7 @@ def out_of_bounds(device_func, values: dict[str, int], limit: int = 200_000, fir
         for lane in range(max(lanes, 1)):
             point = tuple(i[lane] if isinstance(i, tuple) else i for i in idx)
             if any(not 0 <= x < n for x, n in zip(point, shape, strict=True)):
-                found.append(OutOfBounds(buf.name, point, tuple(shape), tuple(sorted((v.name, x) for v, x in env.items()))))
+                found.append(OutOfBounds(buf.name, point, tuple(shape), tuple(sorted((v.name, x) for v, x in env.items() if v is not _MEMORY))))
                 if first:
                     raise _Found
 
@@ -221,6 +258,7 @@ def out_of_bounds(device_func, values: dict[str, int], limit: int = 200_000, fir
             for i in s.indices:
                 visit_expr(i, env)
             visit_expr(s.value, env)
+            _remember(s, env)
         elif isinstance(s, tir.Evaluate):
             visit_expr(s.value, env)
         elif isinstance(s, (tir.DeclBuffer, tir.AllocBuffer)):

@@ -64,8 +64,34 @@ def guarded_gather(n=256, bins=64, threads=128):
     return main
 
 
-def _accesses(fn, buffer):
-    report = verify_kernel(lower_jit(fn))
+@tlx.jit(out_idx=[2], target=TARGET, verify="off")
+def counted_sum(rows=2, table=64, threads=128, clamp=False, spill=False):
+    """Each block sums the first ``counts[row]`` entries of its row's table, staged in shared
+    memory. Only the caller's contract keeps the count within the table, unless ``clamp``;
+    ``spill`` adds a read past the table that needs no input value (threads >= table)."""
+
+    @T.prim_func
+    def main(counts: T.Tensor((rows,), "int32"), W: T.Tensor((rows, table), "int32"), Y: T.Tensor((rows, threads), "int32")):
+        with T.Kernel(rows, threads=threads) as r:
+            tx = T.get_thread_binding()
+            S = T.alloc_shared((table,), "int32")
+            n = T.alloc_var("int32")
+            acc = T.alloc_var("int32")
+            n = counts[r]
+            for i in T.Parallel(table):
+                S[i] = W[r, i]
+            acc = 0
+            for j in T.serial(T.min(n, table) if clamp else n):
+                acc += S[j]
+            if spill:
+                acc += S[tx]
+            Y[r, tx] = acc
+
+    return main
+
+
+def _accesses(fn, buffer, **params):
+    report = verify_kernel(lower_jit(fn, **params))
     return [a for a in report.accesses if a.buffer == buffer]
 
 
@@ -88,3 +114,31 @@ def test_value_from_shared_memory_is_unknown_not_a_violation():
 def test_binding_is_a_fact():
     (load,) = [a for a in _accesses(guarded_gather, "S") if a.kind == "load"]
     assert load.status == "proven", (load.detail, load.counterexample)
+
+
+def _table_reads(**params):
+    return [a for a in _accesses(counted_sum, "S", **params) if a.kind == "load"]
+
+
+def test_loop_over_a_loaded_count_is_data_dependent():
+    """``for j in range(n)`` with ``n = counts[r]``: S[j] leaves the table only for a count past
+    it, an input value. The verifier reported this as a violation (the loop bound's load was not
+    followed into the counterexample); it is unknown, data-dependent, and names the count."""
+    (read,) = _table_reads()
+    cex = read.counterexample
+    assert read.status == "unknown" and read.data_dependent, (read.status, read.detail)
+    assert cex["counts[bx]"] > cex["j"] >= 64 == cex["extent"] and cex["index"] == cex["j"]
+    assert f"when the input holds counts[bx] = {cex['counts[bx]']}" in read.detail
+
+
+def test_clamped_loaded_count_is_proven():
+    (read,) = _table_reads(clamp=True)
+    assert read.status == "proven", (read.detail, read.counterexample)
+
+
+def test_read_that_needs_no_input_value_stays_a_violation():
+    """Beside the loop over a loaded count, S[tx] (tx up to 127, 64 entries) is refuted by the
+    thread index alone: still a violation, with no input value in its counterexample."""
+    spill = next(a for a in _table_reads(spill=True) if a.index == "tx")
+    assert spill.status == "violation" and not spill.data_dependent, (spill.status, spill.detail)
+    assert spill.counterexample["tx"] >= 64 and "counts[bx]" not in spill.counterexample

@@ -15,10 +15,13 @@ import pytest
 import tilelang.language as T
 
 from tests.passes.concrete import evaluate, out_of_bounds
+from tests.passes.corpus import lower_jit
+from tests.passes.test_bound_values import counted_sum
 from tests.shared_read import offset_read as shared_offset_read
 from tests.shared_read import shared_read
 from tlx.lowering import lower, normalize_target
 from tlx.passes.check import check_kernel
+from tlx.passes.verification import verify_kernel
 
 TARGET = normalize_target({"kind": "cuda", "arch": "sm_90a"})
 THREADS = 32
@@ -155,3 +158,28 @@ def test_the_launcher_enforces_a_derived_sign_condition():
     texts = [p.text for p in build.preconditions]
     assert "off >= 0" in texts and f"off <= {256 - THREADS}" in texts
     assert '"off >= 0"' in source and "(v_off >= int64_t(0))" in source
+
+
+def _device_func(kernel):
+    (f,) = [f for f in kernel.device_mod.functions.values() if hasattr(f, "body")]
+    return f
+
+
+def test_data_dependent_counterexample_is_out_of_bounds_only_with_its_input():
+    """The verifier's counterexample for ``counted_sum``'s S[j], replayed: with the count it names
+    in ``counts``, the kernel reads past the shared table; with counts within the table (the
+    caller's contract) it reads nothing out of bounds, so no shape or thread alone refutes it
+    (unknown, not a violation). The clamped kernel, proven, stays in bounds with that count."""
+    rows, table = 2, 64
+    kernel = lower_jit(counted_sum, rows=rows, table=table)
+    (read,) = [a for a in verify_kernel(kernel).accesses if a.buffer == "S" and a.kind == "load"]
+    assert read.status == "unknown" and read.data_dependent
+    cex = read.counterexample
+    counts = [0] * rows
+    counts[cex["bx"]] = cex["counts[bx]"]
+    (bad,) = out_of_bounds(_device_func(kernel), {}, first=True, memory={"counts": counts})
+    assert bad.buffer == "S" and bad.index == (table,) and dict(bad.env)["bx"] == cex["bx"], bad
+    assert out_of_bounds(_device_func(kernel), {}, memory={"counts": [table] * rows}) == []
+    clamped = lower_jit(counted_sum, rows=rows, table=table, clamp=True)
+    assert all(a.status == "proven" for a in verify_kernel(clamped).accesses if a.buffer == "S" and a.kind == "load")
+    assert out_of_bounds(_device_func(clamped), {}, memory={"counts": counts}) == []

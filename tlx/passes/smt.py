@@ -662,26 +662,35 @@ class Encoder:
                 hi = mid
         return hi
 
-    def loaded_values(self, model, terms) -> dict[str, tuple[int, str]]:
+    def loaded_values(self, model, terms, facts=(), fixed=()) -> dict[str, tuple[int, str]]:
         """Values the model gives to the memory loads that ``terms`` depend on ("ids[i]" -> (70, "global")),
-        also through bound variables (``end = cu[b + 1]`` then ``X[end - 1]``)."""
+        also through bound variables (``end = cu[b + 1]`` then ``X[end - 1]``) and through the
+        ``facts`` that constrain their variables: ``j < n`` with ``n = counts[b]`` makes an index
+        ``j`` depend on ``counts[b]`` (a loop over a loaded count). ``fixed`` terms (shape
+        variables, which a counterexample chooses) link nothing: a load constrained only through
+        them does not decide the index's values once the shape is chosen."""
+        stop = {str(t) for t in fixed}
+        linked: dict[str, list[dict]] = {}  # variable -> the variables of each fact it appears in
+        for fact in facts:
+            names = _constants(fact)
+            for name in names.keys() - stop:
+                linked.setdefault(name, []).append(names)
         out: dict[str, tuple[int, str]] = {}
-        seen: set = set()
-        stack = list(terms)
-        while stack:
-            t = stack.pop()
-            if t.get_id() in seen:
-                continue
-            seen.add(t.get_id())
-            if z3.is_const(t) and t.decl().kind() == z3.Z3_OP_UNINTERPRETED:
-                desc = self.opaque_loads.get(t.decl().name())
-                v = self.model_value(model, t) if desc else None
+        reached: set = set()
+        pending = [_constants(t) for t in terms]
+        while pending:
+            for name, const in pending.pop().items():
+                if name in reached:
+                    continue
+                reached.add(name)
+                desc = self.opaque_loads.get(name)
+                v = self.model_value(model, const) if desc else None
                 if desc and v is not None:
                     out[desc[0]] = (int(v), desc[1])
-                bound = self.definitions.get(t.decl().name())
-                if bound is not None:
-                    stack.append(bound)
-            stack.extend(t.children())
+                if name in self.definitions:
+                    pending.append(_constants(self.definitions[name]))
+                if name not in stop:
+                    pending.extend(linked.get(name, ()))
         return out
 
     def model_value(self, model, term) -> int | bool | None:
@@ -703,6 +712,20 @@ _BITWISE = {
     "tirx.bitwise_xor",
     "tirx.bitwise_not",
 }
+
+
+def _constants(term) -> dict[str, Any]:
+    """The uninterpreted constants (variables) in ``term``, by name."""
+    out, seen, stack = {}, set(), [term]
+    while stack:
+        t = stack.pop()
+        if t.get_id() in seen:
+            continue
+        seen.add(t.get_id())
+        if z3.is_const(t) and t.decl().kind() == z3.Z3_OP_UNINTERPRETED:
+            out[t.decl().name()] = t
+        stack.extend(t.children())
+    return out
 
 
 def _rlimit_count(solver) -> int:

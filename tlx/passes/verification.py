@@ -203,7 +203,9 @@ class _Walker(DeviceWalker):
     def add_name(self, name, term):
         self.frames[-1].names.append((name, term))
 
-    def counterexample(self, model, extra: dict) -> dict[str, int]:
+    def counterexample(self, model, extra: dict, facts=()) -> dict[str, int]:
+        """The model's values of the named variables and of ``extra``'s terms, and of the loads
+        they depend on, also through the context's facts and ``facts`` (the query's own)."""
         out: dict[str, int] = {}
         for fr in self.frames:
             for name, term in fr.names:
@@ -217,7 +219,8 @@ class _Walker(DeviceWalker):
             if v is not None:
                 out[name] = int(v)
         # Data-dependent indices: the loaded values that make the access fail.
-        loaded = self.enc.loaded_values(model, list(extra.values()))
+        loaded = self.enc.loaded_values(model, list(extra.values()), self.context() + self.enc.facts + list(facts),
+                                        fixed=self.shape_terms.values())
         out.update({k: v for k, (v, _) in loaded.items()})
         private = sorted(k for k, (_, scope) in loaded.items() if scope != "global")
         if loaded:
@@ -349,7 +352,7 @@ class _Walker(DeviceWalker):
                 access.status = v.status if v.status == "unknown" else "violation"
                 if v.status == "violation" and bad is not None:
                     extra_names["overflowing value"] = bad.term
-                    access.counterexample = self.counterexample(v.model, extra_names)
+                    access.counterexample = self.counterexample(v.model, extra_names, ctx_extra)
                     self.record_least(access, v)
                     access.detail = f"index arithmetic overflows {bad.dtype}: {bad.node}"
                     self.demote(access)
@@ -359,7 +362,7 @@ class _Walker(DeviceWalker):
         v = self.enc.prove(z3.And(goals) if len(goals) > 1 else goals[0], context)
         access.status = v.status
         if v.status == "violation":
-            access.counterexample = self.counterexample(v.model, extra_names)
+            access.counterexample = self.counterexample(v.model, extra_names, ctx_extra)
             access.detail = "index outside [0, extent)"
             self.record_least(access, v)
             self.demote(access)
