@@ -335,7 +335,11 @@ def _pointer_targets(t) -> list | None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for o in gc.get_objects():
-            if isinstance(o, torch.Tensor) and o.device == t.device and o.data_ptr() in addresses:
+            try:
+                found = isinstance(o, torch.Tensor) and o.device == t.device and o.data_ptr() in addresses
+            except Exception:  # noqa: BLE001 - an object that fails isinstance or a tensor without storage: not a target
+                continue
+            if found:
                 # of the tensors starting there (a view ``c[:n]`` and ``c``), the largest, whatever order gc lists them in
                 extent = (o.numel() * o.element_size(), o.is_contiguous(), str(o.dtype), tuple(o.shape))
                 if o.data_ptr() not in by_address or extent > by_address[o.data_ptr()][0]:
