@@ -238,3 +238,32 @@ def weighted_copies(N, block=128):
                 Y[i] = acc
 
     return main
+
+
+@tlx.jit(out_idx=[-1], target=SM90)
+def doubled_through_workspace(M, N=64, block=64):
+    """``Y = 2 * X + X`` in float16, in two kernels: the first stores ``2 * X`` tile by tile into a
+    workspace, the second loads it back beside X; both copies of the workspace go through TMA
+    descriptors over its data pointer."""
+
+    @T.prim_func
+    def main(X: T.Tensor((M, N), "float16"), Y: T.Tensor((M, N), "float16")):
+        doubled = T.alloc_global((M, N), "float16")
+        with T.Kernel(T.ceildiv(M, block), threads=128) as bx:
+            tile = T.alloc_shared((block, N), "float16")
+            twice = T.alloc_shared((block, N), "float16")
+            T.copy(X[bx * block, 0], tile)
+            for i, j in T.Parallel(block, N):
+                twice[i, j] = tile[i, j] * T.float16(2)
+            T.copy(twice, doubled[bx * block, 0])
+        with T.Kernel(T.ceildiv(M, block), threads=128) as bx:
+            tile = T.alloc_shared((block, N), "float16")
+            back = T.alloc_shared((block, N), "float16")
+            out = T.alloc_shared((block, N), "float16")
+            T.copy(X[bx * block, 0], tile)
+            T.copy(doubled[bx * block, 0], back)
+            for i, j in T.Parallel(block, N):
+                out[i, j] = back[i, j] + tile[i, j]
+            T.copy(out, Y[bx * block, 0])
+
+    return main

@@ -10,7 +10,7 @@ T = pytest.importorskip("tilelang.language")
 
 from tests.conftest import CPU_TARGET  # noqa: E402
 from tests.hostgen import sample_kernels as sk  # noqa: E402
-from tlx.hostgen import plan_launcher  # noqa: E402
+from tlx.hostgen import plan_launcher, walk_steps  # noqa: E402
 from tlx.lowering import lower  # noqa: E402
 
 
@@ -467,3 +467,16 @@ def test_a_negative_workspace_size_is_refused_before_the_gpu(cache):
         kernel(x, y, -1)
     with pytest.raises(ValueError, match="expected a CUDA tensor"):
         kernel(x, y, 2)
+
+
+def test_tma_descriptors_may_map_a_workspace(cache):
+    """A TMA copy into or out of a workspace (as in TileLang's split MLA decode) encodes its
+    descriptor over the workspace's data pointer, after the allocation."""
+    plan = plan_launcher(lower(sk.doubled_through_workspace.get_tir(T.dynamic("M")), CPU_TARGET))
+    steps = list(walk_steps(plan.steps))
+    [workspace] = [s for s in steps if s.kind == "workspace"]
+    [desc] = [s for s in steps if s.kind == "desc" and s.desc.tensor == "doubled"]
+    assert desc.desc.tensor_index == -1 and desc.desc.address.same_as(workspace.workspace.data_var)
+    assert steps.index(workspace) < steps.index(desc)
+    src = sk.doubled_through_workspace(T.dynamic("M")).host_source
+    assert src.index("void* const v_doubled = workspaces.allocate(0,") < src.index('cache_v_doubled_desc.get(kKernel, "doubled", ')

@@ -355,3 +355,10 @@ def test_scalar_sized_workspace_matches_torch():
         assert torch.equal(y, expected), reps
     with pytest.raises(ValueError, match=r"workspace copies needs \(reps \* N\) = -5000 elements"):
         kernel(x, y, -1)
+
+
+def test_tma_copies_through_a_workspace_match_torch():
+    kernel = sk.doubled_through_workspace(T.dynamic("M"))
+    for m in (64, 1000, 4096):
+        x = torch.randn(m, 64, device="cuda").half()
+        assert torch.equal(kernel(x), x * 2 + x), m

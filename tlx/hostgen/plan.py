@@ -63,8 +63,8 @@ class Descriptor:
     """A TMA descriptor: ``cuTensorMapEncodeTiled`` arguments as expressions."""
 
     var: Any
-    tensor: str  # name of the tensor argument whose data it maps
-    tensor_index: int  # its position among the parameters (names may repeat)
+    tensor: str  # name of the tensor argument or workspace whose data it maps
+    tensor_index: int  # the tensor argument's position among the parameters (names may repeat); -1 for a workspace
     data_type: int
     rank: int
     address: Any
@@ -256,7 +256,9 @@ def plan_launcher(kernel: LoweredKernel, out_idx=(), preconditions=()) -> Launch
         raise HostgenError(f"{kernel.name}: no compute_scope in the lowered host function")
     devices = {str(name): f for name, f in device_functions(kernel.device_mod)}
     tma_args = host.attrs.get("tma_descriptor_args", {}) if host.attrs else {}
-    by_data = {t.data_var: t for t in tensors}  # by variable: two arguments may share a name
+    # the global memory a descriptor may map, by data variable (two arguments may share a name):
+    # the tensor arguments, and the workspaces as their allocations are reached
+    by_data: dict[Any, TensorArg | Workspace] = {t.data_var: t for t in tensors}
     kernels: dict[str, Any] = {}
     steps = _steps(body, devices, tma_args, by_data, kernels, kernel.name)
     for t in tensors:
@@ -317,7 +319,8 @@ def _one_step(s, devices, tma_args, by_data, kernels, name) -> list[Step]:
     if isinstance(s, tirx.SeqStmt):
         return _steps(s, devices, tma_args, by_data, kernels, name)
     if isinstance(s, tirx.AllocBuffer):
-        return [Step("workspace", workspace=_workspace(s.buffer, name))]
+        workspace = by_data[s.buffer.data] = _workspace(s.buffer, name)
+        return [Step("workspace", workspace=workspace)]
     if isinstance(s, tirx.DeclBuffer):
         return []  # a typed view of data declared before it; the launches pass the data variable
     if isinstance(s, tirx.AttrStmt):
@@ -360,9 +363,9 @@ def _descriptor(args, by_data, name) -> Descriptor:
     gdim, gstride, box, estride = (rest[i * rank : (i + 1) * rank] for i in range(4))
     tail = rest[4 * rank :]
     if not isinstance(address, tirx.Var) or address not in by_data:
-        raise HostgenError(f"{name}: TMA descriptor over {address}, which is not a tensor argument's data pointer")
+        raise HostgenError(f"{name}: TMA descriptor over {address}, which is neither a tensor argument's data pointer nor a workspace")
     t = by_data[address]
-    return Descriptor(var, t.name, t.index, dtype, rank, address, gdim, gstride, box, estride, *[int(x) for x in tail])
+    return Descriptor(var, t.name, t.index if isinstance(t, TensorArg) else -1, dtype, rank, address, gdim, gstride, box, estride, *[int(x) for x in tail])
 
 
 def _launch(callee, args, device_func, kernels, name) -> Launch:
