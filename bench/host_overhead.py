@@ -5,7 +5,10 @@ synchronising between bursts. Two kernels: a plain one (an empty kernel with one
 and a GEMM with two TMA descriptors. Validation cost is measured as the time of a tlx call
 that runs every check but launches nothing (zero rows) minus a TVM-FFI no-op call with the
 same arguments. The allocating call ``gemm(a, b)`` (the generated launcher allocates the
-output) is timed beside ``gemm.launch(a, b, c)`` and TileLang's tvm_ffi allocating call.
+output) is timed beside ``gemm.launch(a, b, c)`` and TileLang's tvm_ffi allocating call, both
+ways the launcher can allocate (TVM-FFI's environment allocator, and torch's output factory,
+tlx/torch_outputs.py), and decomposed by the probes of bench/alloc_probe.cc: the call with the
+same inputs alone, then allocate-and-drop, then allocate-and-return, for each allocator.
 """
 
 from __future__ import annotations
@@ -23,6 +26,9 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+# Whether this torch brings the DLPack C exchange API itself (before TVM-FFI's import can add it)
+TORCH_EXCHANGE_API = "native" if hasattr(torch.Tensor, "__dlpack_c_exchange_api__") else (
+    "native (legacy name)" if hasattr(torch.Tensor, "__c_dlpack_exchange_api__") else "absent")
 
 
 def _burst_samples(fn, args, bursts, calls) -> list[float]:
@@ -61,6 +67,71 @@ def cpp_floors_us() -> tuple[float, float]:
         return float(runtime), float(driver)
 
 
+def exchange_api_source() -> str:
+    """Where TVM-FFI's fast torch conversion (and its environment allocator) comes from here."""
+    import importlib.util
+
+    import tvm_ffi._optional_torch_c_dlpack as addon
+
+    if TORCH_EXCHANGE_API != "absent":
+        return f"torch {torch.__version__}: {TORCH_EXCHANGE_API}"
+    if importlib.util.find_spec("torch_c_dlpack_ext"):
+        return f"torch {torch.__version__}: absent; the torch_c_dlpack_ext package provides it"
+    if getattr(addon, "_LIB", None) is not None:
+        return f"torch {torch.__version__}: absent; TVM-FFI's JIT-built addon provides it ({addon._LIB._name})"
+    return f"torch {torch.__version__}: absent, and no addon: the slow __dlpack__ path (no environment allocator)"
+
+
+def build_probe(output: Path) -> Path:
+    """bench/alloc_probe.cc linked with the launchers' runtime (built here if it is not yet)."""
+    from tlx.hostgen import _CXX, _CXXFLAGS, _include_flags, runtime_support
+    from tvm_ffi.libinfo import find_libtvm_ffi
+
+    runtime, missing = runtime_support()
+    for piece in missing:
+        subprocess.run(piece.command, check=True)
+        piece.publish()
+    lib = Path(find_libtvm_ffi()).parent
+    subprocess.run([_CXX, *_CXXFLAGS, "-shared", *_include_flags(), str(ROOT / "bench" / "alloc_probe.cc"), str(runtime), f"-L{lib}",
+                    "-ltvm_ffi", "-ldl", "-o", str(output)], check=True)
+    return output
+
+
+def allocating_paths(gemm, a, b, c, workdir: Path) -> dict:
+    """The allocating call both ways, and its pieces: each launcher library and probe loaded
+    from its own copy, so that one binds torch's output factory and the other does not."""
+    import shutil
+
+    import tvm_ffi
+
+    from tlx import torch_outputs
+    from tlx.kernel import Kernel, bind_output_factory
+
+    torch_outputs.build()
+    paths = {}
+    for way, use in (("environment allocator", False), ("torch output factory", True)):
+        copy = workdir / way.replace(" ", "_")
+        shutil.copytree(gemm.directory, copy)
+        kernel = Kernel.load(copy)
+        bind_output_factory(tvm_ffi.load_module(str(copy / "launcher.so")), kernel._call, use)
+        probe = tvm_ffi.load_module(str(build_probe(workdir / f"probe_{copy.name}.so")))
+        call_only, drop, ret = probe["call_only"], probe["allocate_drop"], probe["allocate_return"]
+        assert bind_output_factory(probe, ret, use) == use
+        drop.release_gil = call_only.release_gil = ret.release_gil
+        c.fill_(float("nan"))
+        gemm.launch(a, b, c)
+        out = kernel(a, b)
+        assert type(out) is torch.Tensor and out.dtype == torch.half and out.shape == (128, 1024) and out.device == a.device, way
+        assert torch.equal(out, c), f"the allocating call ({way}) and kernel.launch differ"
+        probed = ret(a, b)
+        assert type(probed) is torch.Tensor and probed.shape == (128, 1024) and probed.dtype == torch.half, way
+        paths[f"probe {way}: the call alone, A and B / tma"] = (call_only, (a, b))
+        paths[f"probe {way}: allocate, drop / tma"] = (drop, (a, b))
+        paths[f"probe {way}: allocate, return / tma"] = (ret, (a, b))
+        paths[f"tlx kernel(a, b), {way} / tma"] = (kernel, (a, b))
+    return paths
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
@@ -93,6 +164,9 @@ def main() -> None:
         "tlx kernel() / plain": (empty, (x,)),
         "tlx kernel() / tma": (gemm, (a, b)),
     }
+    workdir = Path(tempfile.mkdtemp(prefix="host_overhead_"))
+    paths.update(allocating_paths(gemm, a, b, c, workdir))
+    paths["torch.empty(128, 1024, fp16, cuda) from Python / tma"] = (lambda: torch.empty(128, 1024, dtype=torch.half, device=dev), ())
     for backend in ("tvm_ffi", "cython", "nvrtc"):
         try:
             tl_empty = tilelang.compile(sk.empty.get_tir(1024), target="cuda", execution_backend=backend)
@@ -152,17 +226,30 @@ def main() -> None:
         "allocating_minus_launch_tma_us": tlx_alloc - tlx_t,
         "allocating_speedup_vs_tilelang_allocating_tma": (tl_alloc / tlx_alloc) if tl_alloc else None,
     }
+    for way, key in (("environment allocator", "env"), ("torch output factory", "factory")):
+        alloc = rows[f"tlx kernel(a, b), {way}"][1]
+        call, drop, ret = (rows[f"probe {way}: {what}"][1] for what in ("the call alone, A and B", "allocate, drop", "allocate, return"))
+        summary[f"{key}_allocating_minus_launch_tma_us"] = alloc - tlx_t
+        summary[f"{key}_allocating_speedup_vs_tilelang_allocating_tma"] = (tl_alloc / alloc) if tl_alloc else None
+        summary[f"{key}_allocate_and_free_us"] = drop - call  # the allocator: at::empty and its free
+        summary[f"{key}_return_to_python_us"] = ret - drop  # a torch.Tensor handed back to Python, and its destruction
     for k, v in summary.items():
         print(f"| {k} | {fmt(v) if v is not None else '—'} | |")
-    over, speedup = summary["allocating_minus_launch_tma_us"], summary["allocating_speedup_vs_tilelang_allocating_tma"]
+    print(f"DLPack C exchange API: {exchange_api_source()}")
     print("issue 25 targets, the allocating call kernel(a, b) of the 128 x 1024 x 1024 fp16 TMA GEMM, this run:")
-    print(f"  kernel(a, b) - kernel.launch(a, b, c) = {over:.2f} us (target <= 1.5): {'met' if over <= 1.5 else 'NOT met'}")
-    if speedup is None:
-        print("  TileLang's allocating call did not build: speedup not measured")
-    else:
-        print(f"  TileLang tvm_ffi kernel(a, b) / tlx kernel(a, b) = {speedup:.2f}x (target >= 1.5): {'met' if speedup >= 1.5 else 'NOT met'}")
+    for way, key in (("as loaded (kernel())", ""), ("environment allocator", "env_"), ("torch output factory", "factory_")):
+        over, speedup = summary[f"{key}allocating_minus_launch_tma_us"], summary[f"{key}allocating_speedup_vs_tilelang_allocating_tma"]
+        print(f"  {way}: kernel(a, b) - kernel.launch(a, b, c) = {over:.2f} us (target <= 1.5): {'met' if over <= 1.5 else 'NOT met'}")
+        if speedup is None:
+            print("    TileLang's allocating call did not build: speedup not measured")
+        else:
+            print(f"    TileLang tvm_ffi kernel(a, b) / tlx kernel(a, b) = {speedup:.2f}x (target >= 1.5): {'met' if speedup >= 1.5 else 'NOT met'}")
+    print("where the allocating call's time goes (probes: bench/alloc_probe.cc), us per call:")
+    for way, key in (("environment allocator", "env"), ("torch output factory", "factory")):
+        print(f"  {way}: allocate + free {summary[f'{key}_allocate_and_free_us']:.2f}, "
+              f"hand to Python + destroy {summary[f'{key}_return_to_python_us']:.2f}")
     if args.out:
-        Path(args.out).write_text(json.dumps({"rows": rows, "summary": summary}, indent=1))
+        Path(args.out).write_text(json.dumps({"rows": rows, "summary": summary, "exchange_api": exchange_api_source()}, indent=1))
 
 
 if __name__ == "__main__":

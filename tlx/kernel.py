@@ -15,12 +15,12 @@ class Kernel:
     ``kernel(*inputs)`` launches on the current torch stream; with ``out_idx`` it takes the
     inputs alone and returns the outputs, which the generated launcher allocates itself (its
     ``allocate_and_launch`` entry: inputs checked first, outputs from torch's caching
-    allocator second, no Python in between). Otherwise every argument is passed by the
-    caller. ``kernel.launch`` is the generated launcher itself (a ``tvm_ffi.Function`` taking
+    allocator second, no Python in between; through torch's output factory when it is built,
+    see :mod:`tlx.torch_outputs`). Otherwise every argument is passed by the caller. ``kernel.launch`` is the generated launcher itself (a ``tvm_ffi.Function`` taking
     every argument): the lowest-overhead way to call.
     """
 
-    def __init__(self, directory: Path, metadata: dict, launch, allocating=None):
+    def __init__(self, directory: Path, metadata: dict, launch, allocating=None, factory: bool = False):
         self.directory = directory
         self.metadata = metadata
         self.launch = launch
@@ -37,6 +37,8 @@ class Kernel:
                             torch_dtype(p["storage_dtype"])) for p in self._outputs]  # fmt: skip
         if allocating is None:
             self._call = self._unsized_outputs
+        elif factory:
+            self._call = allocating  # returns the torch output itself, or a tuple of them
         elif len(self._outputs) == 1:
             self._call = allocating  # returns the output tensor itself
         else:
@@ -49,8 +51,10 @@ class Kernel:
 
         metadata = json.loads((directory / "metadata.json").read_text())
         module = tvm_ffi.load_module(str(directory / "launcher.so"))
-        allocating = metadata.get("allocating_entry")
-        return cls(directory, metadata, module[metadata["entry"]], module[allocating] if allocating else None)
+        name = metadata.get("allocating_entry")
+        allocating = module[name] if name else None
+        factory = allocating is not None and bind_output_factory(module, allocating)
+        return cls(directory, metadata, module[metadata["entry"]], allocating, factory)
 
     # ``kernel(*args)`` calls ``self._call`` (the launcher's entry point itself, for a kernel
     # with at most one output) with no Python frame in between: Python looks ``__call__`` up on
@@ -176,6 +180,20 @@ class Kernel:
 
     def __repr__(self) -> str:
         return f"<tlx.Kernel {self.name} ({self.directory.name})>"
+
+
+def bind_output_factory(module, allocating, use: bool = True) -> bool:
+    """Bind torch's output factory (tlx.torch_outputs) to a launcher library when it is built
+    for this torch, so that its allocating call hands back the at::empty tensors themselves;
+    with ``use=False`` (or when it is not built) unbind it: outputs then come from TVM-FFI's
+    environment allocator. The bound call keeps the GIL: it creates Python objects, and
+    releasing and retaking the GIL around a launch only costs time. Returns whether it is bound."""
+    from tlx.torch_outputs import factory_address
+
+    address = factory_address() if use else None
+    module["tlx_bind_output_factory"](address or 0)
+    allocating.release_gil = not address
+    return bool(address)
 
 
 def _kernel_params(params: list[dict]) -> list:

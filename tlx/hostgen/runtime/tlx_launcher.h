@@ -177,6 +177,16 @@ inline int64_t max(int64_t a, int64_t b) { return a < b ? b : a; }
 // Wraps the outputs in an ffi.Array (two outputs or more).
 void make_array(TVMFFIObjectHandle* handles, int n, TVMFFIAny* result);
 
+// What an allocator is asked for: a contiguous tensor of `shape` (ndim extents).
+inline DLTensor prototype(DLDataType dtype, DLDevice device, int32_t ndim, int64_t* shape) {
+  DLTensor p{};
+  p.device = device;
+  p.ndim = ndim;
+  p.dtype = dtype;
+  p.shape = shape;
+  return p;
+}
+
 // Tensors allocated through TVM-FFI's environment allocator: the caller's framework's (torch's
 // caching allocator when called with torch tensors, on the caller's device and stream). Held
 // here, and handed back to the allocator with this object unless passed on, so a call that
@@ -196,32 +206,72 @@ class Allocated {
  protected:
   // A contiguous tensor of `shape` (ndim extents) in slot i.
   TVMFFIObjectHandle allocate_tensor(int i, DLDataType dtype, DLDevice device, int32_t ndim, int64_t* shape) {
-    DLTensor prototype{};
-    prototype.device = device;
-    prototype.ndim = ndim;
-    prototype.dtype = dtype;
-    prototype.shape = shape;
-    if (__builtin_expect(TVMFFIEnvTensorAlloc(&prototype, &handles_[i]) != 0, 0)) throw Raised{};
+    DLTensor p = prototype(dtype, device, ndim, shape);
+    if (__builtin_expect(TVMFFIEnvTensorAlloc(&p, &handles_[i]) != 0, 0)) throw Raised{};
     return handles_[i];
   }
 
   TVMFFIObjectHandle handles_[N] = {};
 };
 
-// The outputs of an allocating call, held until handed to the caller.
+// A maker of the caller's framework tensors for the outputs, bound by the Python side
+// (tlx/torch_outputs.py binds torch's, runtime/tlx_torch_outputs.cc): each output is one
+// framework tensor, handed to Python as that tensor, not a TVM-FFI tensor that the return path
+// converts into a second framework tensor.
+struct OutputFactory {
+  // A contiguous tensor like `prototype` (device, dtype, shape) from the framework's allocator
+  // (on the current stream); its DLTensor in *view. nullptr with the TVM-FFI error set on failure.
+  void* (*allocate)(const DLTensor* prototype, const DLTensor** view);
+  // Hands the n tensors to Python (one object, or a tuple of n) as a TVM-FFI opaque Python
+  // object in *result. Consumes the handles, also on failure (-1, the TVM-FFI error set).
+  int (*hand_over)(void* const* handles, int n, TVMFFIAny* result);
+  // Frees a tensor never handed over (a call that fails after allocating).
+  void (*release)(void* handle);
+};
+
+// The factory bound to this launcher library (its entry tlx_bind_output_factory), or nullptr.
+extern const OutputFactory* g_output_factory;
+inline const OutputFactory* output_factory() { return __atomic_load_n(&g_output_factory, __ATOMIC_ACQUIRE); }
+
+// The outputs of an allocating call: the bound factory's tensors, or else environment-allocator
+// tensors. Held until handed to the caller, so a call that fails after allocating frees them.
 template <int N>
 class Outputs : public Allocated<N> {
  public:
+  ~Outputs() {
+    for (void* h : made_) {
+      if (h) factory_->release(h);
+    }
+  }
+
   // A contiguous tensor of `shape` (ndim extents), as the TVM-FFI argument that passes it.
   TVMFFIAny allocate(int i, DLDataType dtype, DLDevice device, int32_t ndim, int64_t* shape) {
     TVMFFIAny a{};
+    if (factory_) {
+      const DLTensor p = prototype(dtype, device, ndim, shape);
+      const DLTensor* view = nullptr;
+      made_[i] = factory_->allocate(&p, &view);
+      if (__builtin_expect(made_[i] == nullptr, 0)) throw Raised{};
+      a.type_index = kTVMFFIDLTensorPtr;
+      a.v_ptr = const_cast<DLTensor*>(view);
+      return a;
+    }
     a.type_index = kTVMFFITensor;
     a.v_obj = static_cast<TVMFFIObject*>(this->allocate_tensor(i, dtype, device, ndim, shape));
     return a;
   }
 
-  // Hand the outputs to the caller: the tensor itself, or an ffi.Array of them.
+  // Hand the outputs to the caller: the tensor itself, or an ffi.Array of them (a tuple from a factory).
   void release(TVMFFIAny* result) {
+    if (factory_) {
+      void* handed[N];
+      for (int i = 0; i < N; ++i) {
+        handed[i] = made_[i];
+        made_[i] = nullptr;  // hand_over consumes them, on failure too
+      }
+      if (__builtin_expect(factory_->hand_over(handed, N, result) != 0, 0)) throw Raised{};
+      return;
+    }
     if (N == 1) {
       result->type_index = kTVMFFITensor;
       result->v_obj = static_cast<TVMFFIObject*>(this->handles_[0]);
@@ -230,6 +280,10 @@ class Outputs : public Allocated<N> {
     }
     make_array(this->handles_, N, result);  // the array holds its own references; ours go with this object
   }
+
+ private:
+  const OutputFactory* const factory_ = output_factory();
+  void* made_[N] = {};
 };
 
 // The global workspaces of one call (a program's T.alloc_global in host code), as bytes on the

@@ -193,6 +193,8 @@ void make_array(TVMFFIObjectHandle* handles, int n, TVMFFIAny* result) {
   if (TVMFFIFunctionCall(make, items.data(), n, result) != 0) throw Raised{};
 }
 
+const OutputFactory* g_output_factory = nullptr;
+
 // ---- CUDA driver, resolved at first use ------------------------------------------------------
 namespace {
 
@@ -342,3 +344,19 @@ void launch(const char* kernel, CUfunction fn, int64_t gx, int64_t gy, int64_t g
 }  // namespace tlx
 
 #pragma GCC visibility pop
+
+// TVM-FFI entry of every launcher library: tvm_ffi.load_module(lib).tlx_bind_output_factory(address)
+// binds the OutputFactory at `address` (a process-lifetime table) to this library's allocating
+// calls; 0 unbinds it (outputs from TVM-FFI's environment allocator again).
+extern "C" __attribute__((visibility("default"))) int __tvm_ffi_tlx_bind_output_factory(void*, const TVMFFIAny* args, int32_t num_args,
+                                                                                       TVMFFIAny* result) {
+  result->type_index = kTVMFFINone;
+  result->v_int64 = 0;
+  if (num_args != 1 || args[0].type_index != kTVMFFIInt) {
+    TVMFFIErrorSetRaisedFromCStr("TypeError", "tlx_bind_output_factory(address: int): expected one integer");
+    return -1;
+  }
+  __atomic_store_n(&tlx::g_output_factory, reinterpret_cast<const tlx::OutputFactory*>(args[0].v_int64), __ATOMIC_RELEASE);
+  return 0;
+}
+

@@ -1,0 +1,185 @@
+"""torch's output factory (tlx/torch_outputs.py, hostgen/runtime/tlx_torch_outputs.cc) and the
+launchers' ``tlx::Outputs`` that use it, driven through bench/alloc_probe.cc: on the CPU with
+CPU tensors (the probe checks no device), and on the GPU through real allocating calls."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+tvm_ffi = pytest.importorskip("tvm_ffi")
+T = pytest.importorskip("tilelang.language")
+
+from tests.hostgen import sample_kernels as sk  # noqa: E402
+from tlx import torch_outputs  # noqa: E402
+from tlx.kernel import Kernel, bind_output_factory  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    """A fresh kernel and runtime cache: the factory library is built in it, once per module."""
+    import os
+
+    path = tmp_path_factory.mktemp("tlx-cache")
+    saved = {k: os.environ.get(k) for k in ("TLX_CACHE_DIR", "TLX_RUNTIME_CACHE_DIR")}
+    os.environ["TLX_CACHE_DIR"] = str(path)
+    os.environ.pop("TLX_RUNTIME_CACHE_DIR", None)
+    yield path
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+@pytest.fixture(scope="module")
+def factory(cache):
+    assert torch_outputs.factory_address() is None  # not built in a fresh cache: launchers use the environment allocator
+    path = torch_outputs.build()
+    assert path.is_file() and path.parent.parent == cache / "runtime"
+    address = torch_outputs.factory_address()
+    assert address and torch_outputs.factory_address() == address  # loaded once per process
+    return address
+
+
+@pytest.fixture(scope="module")
+def probes(cache, factory, tmp_path_factory):
+    """Two copies of the probe library (one global binding each): the environment allocator's
+    and the torch factory's, the latter counted."""
+    from bench.host_overhead import build_probe
+
+    d = tmp_path_factory.mktemp("probes")
+    env = tvm_ffi.load_module(str(build_probe(d / "env.so")))
+    counted = tvm_ffi.load_module(str(build_probe(d / "counted.so")))
+    counted["count_through"](factory)
+    return {"env": env, "factory": counted}
+
+
+def _inputs(m=24, k=16, n=40):
+    return torch.randn(m, k, dtype=torch.half), torch.randn(k, n, dtype=torch.half)
+
+
+@pytest.mark.parametrize("way", ["env", "factory"])
+def test_an_output_comes_back_as_a_fresh_writable_torch_tensor(probes, way):
+    a, b = _inputs()
+    out = probes[way]["allocate_return"](a, b)
+    assert type(out) is torch.Tensor
+    assert (out.shape, out.dtype, out.device, out.stride()) == ((24, 40), torch.half, a.device, (40, 1))
+    assert out.data_ptr() not in (a.data_ptr(), b.data_ptr())
+    out.copy_(torch.arange(24 * 40).reshape(24, 40))  # the memory is the tensor's own, all of it
+    assert out[23, 39].item() == 24 * 40 - 1
+    others = [probes[way]["allocate_return"](a, b) for _ in range(3)]
+    assert len({o.data_ptr() for o in others} | {out.data_ptr()}) == 4  # live outputs never share memory
+
+
+def test_the_factory_hands_back_two_outputs_as_a_tuple_and_holds_nothing_after(probes):
+    a, b = _inputs()
+    wide, narrow = probes["factory"]["allocate_two"](a, b, False)
+    assert (wide.shape, narrow.shape, wide.dtype, narrow.dtype) == ((24, 40), (40,), torch.half, torch.half)
+    assert probes["factory"]["held"]() == 0
+
+
+def test_a_failure_after_allocating_frees_the_outputs(probes):
+    """What a launch that fails after the outputs are allocated does: both are released, none leaks."""
+    a, b = _inputs()
+    for _ in range(3):
+        with pytest.raises(RuntimeError, match="a failure after allocating"):
+            probes["factory"]["allocate_two"](a, b, True)
+        assert probes["factory"]["held"]() == 0
+    probes["factory"]["allocate_drop"](a, b)  # allocated, never handed over: released when the call ends
+    assert probes["factory"]["held"]() == 0
+    with pytest.raises(RuntimeError, match="a failure after allocating"):
+        probes["env"]["allocate_two"](a, b, True)  # the environment allocator's path unwinds alike
+
+
+def test_an_allocation_that_fails_raises_memory_error(probes):
+    """A request torch's allocator refuses comes back as MemoryError, as from TVM-FFI's allocator."""
+    a = torch.empty(1 << 31, 1, dtype=torch.half).expand(1 << 31, 1 << 20)  # the probe sizes [2^31, 2^20]: 4 PiB
+    b = torch.empty(1, 1 << 20, dtype=torch.half)
+    for way in ("env", "factory"):
+        with pytest.raises(MemoryError):
+            probes[way]["allocate_return"](a[:, :1], b)
+    assert probes["factory"]["held"]() == 0
+
+
+def test_binding_needs_an_address(probes):
+    with pytest.raises(TypeError, match=r"tlx_bind_output_factory\(address: int\): expected one integer"):
+        probes["env"]["tlx_bind_output_factory"]("torch")
+
+
+def test_a_kernel_binds_the_factory_when_it_is_built(factory):
+    """Kernel.load binds the factory (and keeps the GIL through the allocating call, which makes
+    Python objects); unbound, the call releases the GIL as TVM-FFI does by default."""
+    add = sk.add(T.dynamic("M"), 1024)
+    kernel = Kernel.load(add.directory)
+    assert isinstance(kernel.__call__, tvm_ffi.Function) and kernel.__call__.release_gil is False
+    module = tvm_ffi.load_module(str(add.directory / "launcher.so"))
+    assert bind_output_factory(module, kernel.__call__, use=False) is False and kernel.__call__.release_gil is True
+    with pytest.raises(ValueError, match="add: argument A expected a CUDA tensor, got one on cpu"):
+        kernel(torch.zeros(4, 1024), torch.zeros(4, 1024))  # checked before anything is allocated, either way
+    assert bind_output_factory(module, kernel.__call__) is True and kernel.__call__.release_gil is False
+    two = Kernel.load(sk.two_boxes(T.dynamic("M")).directory)
+    assert two.__call__ is two._call and isinstance(two._call, tvm_ffi.Function)  # a tuple from the launcher itself
+
+
+# ---- on the GPU: real allocating calls -------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.parametrize("use", [False, True], ids=["environment_allocator", "torch_factory"])
+def test_allocating_call_equals_launch_into_a_poisoned_output(factory, use):
+    gemm = sk.gemm(T.dynamic("M"), 1024, 1024)
+    kernel = Kernel.load(gemm.directory)
+    bind_output_factory(tvm_ffi.load_module(str(gemm.directory / "launcher.so")), kernel._call, use)
+    for m in (1, 128, 1000):
+        a = torch.randn(m, 1024, dtype=torch.half, device="cuda")
+        b = torch.randn(1024, 1024, dtype=torch.half, device="cuda")
+        c = torch.full((m, 1024), float("nan"), dtype=torch.half, device="cuda")
+        kernel.launch(a, b, c)
+        out = kernel(a, b)
+        assert type(out) is torch.Tensor and (out.shape, out.dtype, out.device) == ((m, 1024), torch.half, a.device)
+        assert out.is_contiguous() and torch.equal(out, c)
+    x = torch.randn(200, 256, dtype=torch.half, device="cuda")
+    two = Kernel.load(sk.two_boxes(T.dynamic("M")).directory)
+    bind_output_factory(tvm_ffi.load_module(str(two.directory / "launcher.so")), two._call, use)
+    wide, narrow = two(x)
+    ref = x.float().reshape(200, 4, 64)
+    torch.testing.assert_close(wide, ref.sum(1), rtol=1e-3, atol=1e-3)
+    torch.testing.assert_close(narrow, ref[:, :, :32].sum(1), rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("use", [False, True], ids=["environment_allocator", "torch_factory"])
+def test_allocating_call_allocates_on_the_current_stream(factory, use):
+    add = sk.add(T.dynamic("M"), 1024)
+    kernel = Kernel.load(add.directory)
+    bind_output_factory(tvm_ffi.load_module(str(add.directory / "launcher.so")), kernel._call, use)
+    a, b = torch.randn(4096, 1024, device="cuda"), torch.randn(4096, 1024, device="cuda")
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        torch.cuda._sleep(10_000_000)
+        c = kernel(a, b)
+    s.synchronize()
+    torch.testing.assert_close(c, a + b, rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("use", [False, True], ids=["environment_allocator", "torch_factory"])
+def test_second_output_out_of_memory_frees_the_first(factory, use):
+    """two_boxes allocates B ([M, 64] fp32) then C ([M, 32] fp32); with room for B alone, C's
+    allocation fails after B's: the call raises MemoryError and B is freed."""
+    two = Kernel.load(sk.two_boxes(T.dynamic("M")).directory)
+    bind_output_factory(tvm_ffi.load_module(str(two.directory / "launcher.so")), two._call, use)
+    m = 1 << 21
+    x = torch.randn(m, 256, dtype=torch.half, device="cuda")
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    allocated = torch.cuda.memory_allocated()
+    total = torch.cuda.get_device_properties(0).total_memory
+    room = torch.cuda.memory_reserved() + m * 64 * 4 + m * 32 * 4 // 2  # B fits, C does not
+    torch.cuda.set_per_process_memory_fraction(room / total)
+    try:
+        with pytest.raises(MemoryError):
+            two(x)
+        assert torch.cuda.memory_allocated() == allocated
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+    wide, narrow = two(x)  # with room again, the same call succeeds
+    assert wide.shape == (m, 64) and narrow.shape == (m, 32)

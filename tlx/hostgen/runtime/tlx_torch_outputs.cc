@@ -1,0 +1,113 @@
+// torch's OutputFactory (tlx_launcher.h) for the launchers' allocating calls: each output is one
+// at::empty (torch's caching allocator, current stream), handed to Python as that same tensor
+// (THPVariable_Wrap). Through TVM-FFI's environment allocator the same output costs a second
+// torch tensor (a from_blob view built when the returned ffi.Tensor is converted back) and a
+// TVM-FFI tensor between the two, each made and destroyed on every call.
+//
+// Built once per machine and torch build against torch's headers (tlx/hostgen/torch_outputs.py),
+// loaded into the process that imported torch; the launchers themselves stay torch-free and get
+// this table's address through their tlx_bind_output_factory entry.
+// TVM-FFI's DLPack header first: ATen's (same include guard) is then skipped, and TVM-FFI's is
+// the newer one that tlx_launcher.h needs.
+#include "tlx_launcher.h"
+
+#include <ATen/DLConvertor.h>
+#include <ATen/ops/empty.h>
+#include <torch/csrc/autograd/python_variable.h>
+
+#include <exception>
+#include <memory>
+#include <stdexcept>
+
+namespace {
+
+// An output until it is handed over: the tensor, and the DLTensor the launch reads it through.
+struct Held {
+  at::Tensor tensor;
+  DLTensor view;
+};
+
+void* allocate(const DLTensor* prototype, const DLTensor** view) {
+  try {
+    const DLDevice d = prototype->device;
+    const at::Device device = d.device_type == kDLCUDA ? at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(d.device_id))
+                                                       : at::Device(at::kCPU);
+    auto* held = new Held{at::empty(at::IntArrayRef(prototype->shape, prototype->ndim),
+                                    at::TensorOptions().dtype(at::toScalarType(prototype->dtype)).device(device)),
+                          DLTensor{}};
+    DLTensor& v = held->view;
+    v.data = held->tensor.data_ptr();
+    v.device = d;
+    v.ndim = prototype->ndim;
+    v.dtype = prototype->dtype;
+    v.shape = const_cast<int64_t*>(held->tensor.sizes().data());
+    v.strides = const_cast<int64_t*>(held->tensor.strides().data());
+    v.byte_offset = 0;
+    *view = &held->view;
+    return held;
+  } catch (const std::exception& e) {
+    TVMFFIErrorSetRaisedFromCStr("MemoryError", e.what());  // what TVM-FFI's environment allocator raises
+    return nullptr;
+  }
+}
+
+void release(void* handle) { delete static_cast<Held*>(handle); }
+
+// The opaque object's deleter: TVM-FFI frees it from Python, but take the GIL in any case.
+void decref(void* object) {
+  PyGILState_STATE gil = PyGILState_Ensure();
+  Py_DECREF(static_cast<PyObject*>(object));
+  PyGILState_Release(gil);
+}
+
+// The torch tensor of an output as a new Python reference (nullptr with a Python error set);
+// consumes the handle, also when it throws.
+PyObject* wrap(void* handle) {
+  std::unique_ptr<Held> held(static_cast<Held*>(handle));
+  return THPVariable_Wrap(std::move(held->tensor));
+}
+
+int hand_over(void* const* handles, int n, TVMFFIAny* result) {
+  PyGILState_STATE gil = PyGILState_Ensure();
+  PyObject* out = n == 1 ? nullptr : PyTuple_New(n);
+  int next = 0;  // handles[next:] are not consumed yet
+  if (n == 1 || out != nullptr) {
+    try {
+      for (; next < n; ++next) {
+        PyObject* item = wrap(handles[next]);
+        if (item == nullptr) throw std::runtime_error("THPVariable_Wrap failed");
+        if (n == 1) {
+          out = item;
+        } else {
+          PyTuple_SET_ITEM(out, next, item);
+        }
+      }
+    } catch (const std::exception&) {
+      ++next;  // wrap consumed handles[next]
+      Py_CLEAR(out);
+    }
+  }
+  for (; next < n; ++next) release(handles[next]);
+  TVMFFIObjectHandle opaque = nullptr;
+  int rc = 0;
+  if (out == nullptr) {
+    PyErr_Clear();
+    TVMFFIErrorSetRaisedFromCStr("RuntimeError", "tlx launcher: wrapping the outputs as torch tensors failed");
+    rc = -1;
+  } else if (TVMFFIObjectCreateOpaque(out, kTVMFFIOpaquePyObject, decref, &opaque) != 0) {
+    Py_DECREF(out);
+    rc = -1;  // TVM-FFI has set the error
+  } else {
+    result->type_index = kTVMFFIOpaquePyObject;
+    result->v_obj = static_cast<TVMFFIObject*>(opaque);
+  }
+  PyGILState_Release(gil);
+  return rc;
+}
+
+const tlx::OutputFactory kTorchOutputs{allocate, hand_over, release};
+
+}  // namespace
+
+// The table's address, for tlx_bind_output_factory.
+extern "C" __attribute__((visibility("default"))) const tlx::OutputFactory* tlx_torch_output_factory() { return &kTorchOutputs; }
