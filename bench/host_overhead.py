@@ -67,6 +67,9 @@ def cpp_floors_us() -> tuple[float, float]:
         return float(runtime), float(driver)
 
 
+WAYS = (("environment allocator", "env"), ("torch output factory", "factory"))  # how the allocating call allocates, and its key
+
+
 def exchange_api_source() -> str:
     """Where TVM-FFI's fast torch conversion (and its environment allocator) comes from here."""
     import importlib.util
@@ -107,9 +110,14 @@ def allocating_paths(gemm, a, b, c, workdir: Path) -> dict:
     from tlx import torch_outputs
     from tlx.kernel import Kernel, bind_output_factory
 
-    torch_outputs.build()
+    ways = [(way, key == "factory") for way, key in WAYS]
+    try:
+        torch_outputs.build()
+    except Exception as e:  # reported, and the environment allocator's path is still measured
+        print(f"torch output factory: {type(e).__name__}: {str(e)[-2000:]}", file=sys.stderr)
+        ways.pop()
     paths = {}
-    for way, use in (("environment allocator", False), ("torch output factory", True)):
+    for way, use in ways:
         copy = workdir / way.replace(" ", "_")
         shutil.copytree(gemm.directory, copy)
         kernel = Kernel.load(copy)
@@ -226,7 +234,9 @@ def main() -> None:
         "allocating_minus_launch_tma_us": tlx_alloc - tlx_t,
         "allocating_speedup_vs_tilelang_allocating_tma": (tl_alloc / tlx_alloc) if tl_alloc else None,
     }
-    for way, key in (("environment allocator", "env"), ("torch output factory", "factory")):
+    for way, key in WAYS:
+        if f"tlx kernel(a, b), {way}" not in rows:
+            continue
         alloc = rows[f"tlx kernel(a, b), {way}"][1]
         call, drop, ret = (rows[f"probe {way}: {what}"][1] for what in ("the call alone, A and B", "allocate, drop", "allocate, return"))
         summary[f"{key}_allocating_minus_launch_tma_us"] = alloc - tlx_t
@@ -237,7 +247,9 @@ def main() -> None:
         print(f"| {k} | {fmt(v) if v is not None else '—'} | |")
     print(f"DLPack C exchange API: {exchange_api_source()}")
     print("issue 25 targets, the allocating call kernel(a, b) of the 128 x 1024 x 1024 fp16 TMA GEMM, this run:")
-    for way, key in (("as loaded (kernel())", ""), ("environment allocator", "env_"), ("torch output factory", "factory_")):
+    for way, key in (("as loaded (kernel())", ""), *((w, f"{k}_") for w, k in WAYS)):
+        if f"{key}allocating_minus_launch_tma_us" not in summary:
+            continue
         over, speedup = summary[f"{key}allocating_minus_launch_tma_us"], summary[f"{key}allocating_speedup_vs_tilelang_allocating_tma"]
         print(f"  {way}: kernel(a, b) - kernel.launch(a, b, c) = {over:.2f} us (target <= 1.5): {'met' if over <= 1.5 else 'NOT met'}")
         if speedup is None:
@@ -245,7 +257,9 @@ def main() -> None:
         else:
             print(f"    TileLang tvm_ffi kernel(a, b) / tlx kernel(a, b) = {speedup:.2f}x (target >= 1.5): {'met' if speedup >= 1.5 else 'NOT met'}")
     print("where the allocating call's time goes (probes: bench/alloc_probe.cc), us per call:")
-    for way, key in (("environment allocator", "env"), ("torch output factory", "factory")):
+    for way, key in WAYS:
+        if f"{key}_allocate_and_free_us" not in summary:
+            continue
         print(f"  {way}: allocate + free {summary[f'{key}_allocate_and_free_us']:.2f}, "
               f"hand to Python + destroy {summary[f'{key}_return_to_python_us']:.2f}")
     if args.out:

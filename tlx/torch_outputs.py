@@ -40,9 +40,8 @@ def library_path() -> Path:
 
 def build_command(output: Path) -> list[str]:
     """The compile-and-link command: C++20 with torch's C++ ABI, torch's, TVM-FFI's and the
-    launcher runtime's headers; linked with libtorch, libtorch_python and libtvm_ffi."""
-    import sysconfig
-
+    launcher runtime's headers (no Python headers); linked with libtorch, libtorch_python and
+    libtvm_ffi (CPython's symbols come from the process that loads it)."""
     import torch
     from tvm_ffi.libinfo import find_libtvm_ffi
 
@@ -50,8 +49,7 @@ def build_command(output: Path) -> list[str]:
 
     torch_dir = Path(torch.__file__).parent
     torch_lib, ffi_lib = torch_dir / "lib", Path(find_libtvm_ffi()).parent
-    includes = [f"-I{torch_dir / 'include'}", f"-I{torch_dir / 'include' / 'torch' / 'csrc' / 'api' / 'include'}",
-                f"-I{sysconfig.get_paths()['include']}"]
+    includes = [f"-I{torch_dir / 'include'}", f"-I{torch_dir / 'include' / 'torch' / 'csrc' / 'api' / 'include'}"]
     return ["c++", "-std=c++20", "-O2", "-fPIC", "-shared", "-fvisibility=hidden", f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
             *_include_flags(), *includes, str(SOURCE), f"-L{torch_lib}", "-ltorch", "-ltorch_cpu", "-lc10", "-ltorch_python",
             f"-L{ffi_lib}", "-ltvm_ffi", f"-Wl,-rpath,{torch_lib}", f"-Wl,-rpath,{ffi_lib}", "-o", str(output)]  # fmt: skip
@@ -68,6 +66,9 @@ def build() -> Path:
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             raise RuntimeError(f"building torch's output factory failed ({' '.join(cmd)}):\n{proc.stderr[-4000:]}")
+        import ctypes
+
+        ctypes.CDLL(str(partial)).tlx_torch_output_factory  # a symbol this torch lacks fails here, not in Kernel.load
         os.replace(partial, path)
     return path
 

@@ -13,11 +13,23 @@
 
 #include <ATen/DLConvertor.h>
 #include <ATen/ops/empty.h>
-#include <torch/csrc/autograd/python_variable.h>
 
 #include <exception>
 #include <memory>
 #include <stdexcept>
+
+// What this file needs of CPython (its stable C ABI) and of libtorch_python, declared here: the
+// build then needs no Python development headers, which a machine with torch may lack.
+extern "C" {
+typedef struct _object PyObject;
+int PyGILState_Ensure(void);  // returns a PyGILState_STATE, an int-sized enum
+void PyGILState_Release(int state);
+void Py_DecRef(PyObject* object);
+PyObject* PyTuple_New(long size);
+int PyTuple_SetItem(PyObject* tuple, long index, PyObject* item);  // steals `item`
+void PyErr_Clear(void);
+}
+PyObject* THPVariable_Wrap(const at::TensorBase& var);  // torch/csrc/autograd/python_variable.h
 
 namespace {
 
@@ -55,8 +67,8 @@ void release(void* handle) { delete static_cast<Held*>(handle); }
 
 // The opaque object's deleter: TVM-FFI frees it from Python, but take the GIL in any case.
 void decref(void* object) {
-  PyGILState_STATE gil = PyGILState_Ensure();
-  Py_DECREF(static_cast<PyObject*>(object));
+  const int gil = PyGILState_Ensure();
+  Py_DecRef(static_cast<PyObject*>(object));
   PyGILState_Release(gil);
 }
 
@@ -64,11 +76,11 @@ void decref(void* object) {
 // consumes the handle, also when it throws.
 PyObject* wrap(void* handle) {
   std::unique_ptr<Held> held(static_cast<Held*>(handle));
-  return THPVariable_Wrap(std::move(held->tensor));
+  return THPVariable_Wrap(held->tensor);
 }
 
 int hand_over(void* const* handles, int n, TVMFFIAny* result) {
-  PyGILState_STATE gil = PyGILState_Ensure();
+  const int gil = PyGILState_Ensure();
   PyObject* out = n == 1 ? nullptr : PyTuple_New(n);
   int next = 0;  // handles[next:] are not consumed yet
   if (n == 1 || out != nullptr) {
@@ -79,12 +91,13 @@ int hand_over(void* const* handles, int n, TVMFFIAny* result) {
         if (n == 1) {
           out = item;
         } else {
-          PyTuple_SET_ITEM(out, next, item);
+          PyTuple_SetItem(out, next, item);
         }
       }
     } catch (const std::exception&) {
       ++next;  // wrap consumed handles[next]
-      Py_CLEAR(out);
+      if (out != nullptr) Py_DecRef(out);
+      out = nullptr;
     }
   }
   for (; next < n; ++next) release(handles[next]);
@@ -95,7 +108,7 @@ int hand_over(void* const* handles, int n, TVMFFIAny* result) {
     TVMFFIErrorSetRaisedFromCStr("RuntimeError", "tlx launcher: wrapping the outputs as torch tensors failed");
     rc = -1;
   } else if (TVMFFIObjectCreateOpaque(out, kTVMFFIOpaquePyObject, decref, &opaque) != 0) {
-    Py_DECREF(out);
+    Py_DecRef(out);
     rc = -1;  // TVM-FFI has set the error
   } else {
     result->type_index = kTVMFFIOpaquePyObject;
