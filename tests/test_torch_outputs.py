@@ -183,3 +183,19 @@ def test_second_output_out_of_memory_frees_the_first(factory, use):
         torch.cuda.set_per_process_memory_fraction(1.0)
     wide, narrow = two(x)  # with room again, the same call succeeds
     assert wide.shape == (m, 64) and narrow.shape == (m, 32)
+
+
+@pytest.mark.gpu
+def test_the_factory_path_is_not_slower_than_the_environment_allocators(factory, tmp_path):
+    """Both ways of the GEMM's allocating call side by side (bench/host_overhead.py's paths,
+    which first check each against kernel.launch into a poisoned output): host time per call."""
+    from bench.host_overhead import allocating_paths, measure
+
+    gemm = sk.gemm(T.dynamic("M"), 1024, 1024)
+    a = torch.randn(128, 1024, dtype=torch.half, device="cuda")
+    b = torch.randn(1024, 1024, dtype=torch.half, device="cuda")
+    c = torch.empty(128, 1024, dtype=torch.half, device="cuda")
+    paths = {k: v for k, v in allocating_paths(gemm, a, b, c, tmp_path).items() if k.startswith("tlx kernel(a, b)")}
+    med = measure(paths, rounds=3, bursts=20)
+    env, fac = med["tlx kernel(a, b), environment allocator / tma"], med["tlx kernel(a, b), torch output factory / tma"]
+    assert fac <= env + 0.1, med

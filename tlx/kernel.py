@@ -16,8 +16,9 @@ class Kernel:
     inputs alone and returns the outputs, which the generated launcher allocates itself (its
     ``allocate_and_launch`` entry: inputs checked first, outputs from torch's caching
     allocator second, no Python in between; through torch's output factory when it is built,
-    see :mod:`tlx.torch_outputs`). Otherwise every argument is passed by the caller. ``kernel.launch`` is the generated launcher itself (a ``tvm_ffi.Function`` taking
-    every argument): the lowest-overhead way to call.
+    see :mod:`tlx.torch_outputs`). Otherwise every argument is passed by the caller.
+    ``kernel.launch`` is the generated launcher itself (a ``tvm_ffi.Function`` taking every
+    argument): the lowest-overhead way to call.
     """
 
     def __init__(self, directory: Path, metadata: dict, launch, allocating=None, factory: bool = False):
@@ -57,7 +58,7 @@ class Kernel:
         return cls(directory, metadata, module[metadata["entry"]], allocating, factory)
 
     # ``kernel(*args)`` calls ``self._call`` (the launcher's entry point itself, for a kernel
-    # with at most one output) with no Python frame in between: Python looks ``__call__`` up on
+    # with at most one output or with torch's output factory bound) with no Python frame in between: Python looks ``__call__`` up on
     # the type, and a property hands back the instance's function, which is then called with
     # the arguments as they are. A ``def __call__(self, *args)`` would add a frame and repack
     # the arguments (about 0.1 us per call on this machine's CPU).
