@@ -40,8 +40,9 @@ def library_path() -> Path:
 
 def build_command(output: Path) -> list[str]:
     """The compile-and-link command: C++20 with torch's C++ ABI, torch's, TVM-FFI's and the
-    launcher runtime's headers (no Python headers); linked with libtorch, libtorch_python and
-    libtvm_ffi (CPython's symbols come from the process that loads it)."""
+    launcher runtime's headers (no Python headers); linked with libtorch (libtorch_cuda too
+    for a CUDA build), libtorch_python and libtvm_ffi (CPython's symbols come from the process
+    that loads it)."""
     import torch
     from tvm_ffi.libinfo import find_libtvm_ffi
 
@@ -50,9 +51,11 @@ def build_command(output: Path) -> list[str]:
     torch_dir = Path(torch.__file__).parent
     torch_lib, ffi_lib = torch_dir / "lib", Path(find_libtvm_ffi()).parent
     includes = [f"-I{torch_dir / 'include'}", f"-I{torch_dir / 'include' / 'torch' / 'csrc' / 'api' / 'include'}"]
+    cuda = (torch_lib / "libtorch_cuda.so").is_file()  # a CUDA build of torch: CUDA outputs without the dispatcher
     return ["c++", "-std=c++20", "-O2", "-fPIC", "-shared", "-fvisibility=hidden", f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
-            *_include_flags(), *includes, str(SOURCE), f"-L{torch_lib}", "-ltorch", "-ltorch_cpu", "-lc10", "-ltorch_python",
-            f"-L{ffi_lib}", "-ltvm_ffi", f"-Wl,-rpath,{torch_lib}", f"-Wl,-rpath,{ffi_lib}", "-o", str(output)]  # fmt: skip
+            f"-DTLX_TORCH_CUDA={int(cuda)}", *_include_flags(), *includes, str(SOURCE), f"-L{torch_lib}", "-ltorch", "-ltorch_cpu",
+            *(["-ltorch_cuda"] if cuda else []), "-lc10", "-ltorch_python", f"-L{ffi_lib}", "-ltvm_ffi", f"-Wl,-rpath,{torch_lib}",
+            f"-Wl,-rpath,{ffi_lib}", "-o", str(output)]  # fmt: skip
 
 
 def build() -> Path:
@@ -89,3 +92,7 @@ def factory_address() -> int | None:
         lib.tlx_torch_output_factory.restype = ctypes.c_void_p
         _loaded[path] = lib.tlx_torch_output_factory()
     return _loaded[path]
+
+
+if __name__ == "__main__":  # python3 -m tlx.torch_outputs: build it for this machine's torch
+    print(build())
