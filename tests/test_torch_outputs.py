@@ -70,6 +70,26 @@ def test_an_output_comes_back_as_a_fresh_writable_torch_tensor(probes, way):
     assert len({o.data_ptr() for o in others} | {out.data_ptr()}) == 4  # live outputs never share memory
 
 
+def test_deterministic_mode_fills_new_outputs_as_torch_empty_does(probes):
+    """Under torch.use_deterministic_algorithms with fill_uninitialized_memory, torch.empty fills
+    new memory with NaN; the factory then allocates as torch.empty does (it skips torch's
+    dispatcher otherwise)."""
+    import torch.utils.deterministic
+
+    a, b = _inputs()
+    saved = torch.are_deterministic_algorithms_enabled(), torch.utils.deterministic.fill_uninitialized_memory
+    for way in ("env", "factory"):
+        probes[way]["allocate_return"](a, b).fill_(1.0)  # freed memory of the size asked next holds no NaN
+        torch.use_deterministic_algorithms(True)
+        torch.utils.deterministic.fill_uninitialized_memory = True
+        try:
+            out = probes[way]["allocate_return"](a, b)
+        finally:
+            torch.use_deterministic_algorithms(saved[0])
+            torch.utils.deterministic.fill_uninitialized_memory = saved[1]
+        assert out.isnan().all(), way
+
+
 def test_the_factory_hands_back_two_outputs_as_a_tuple_and_holds_nothing_after(probes):
     a, b = _inputs()
     wide, narrow = probes["factory"]["allocate_two"](a, b, False)
