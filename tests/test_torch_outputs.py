@@ -92,7 +92,9 @@ def test_deterministic_mode_fills_new_outputs_as_torch_empty_does(probes):
 
 def test_the_factory_hands_back_two_outputs_as_a_tuple_and_holds_nothing_after(probes):
     a, b = _inputs()
-    wide, narrow = probes["factory"]["allocate_two"](a, b, False)
+    both = probes["factory"]["allocate_two"](a, b, False)
+    assert type(both) is tuple and all(type(t) is torch.Tensor for t in both)
+    wide, narrow = both
     assert (wide.shape, narrow.shape, wide.dtype, narrow.dtype) == ((24, 40), (40,), torch.half, torch.half)
     assert probes["factory"]["held"]() == 0
 

@@ -57,7 +57,7 @@ at::Tensor empty(const DLTensor* prototype) {
   const DLDevice d = prototype->device;
   const at::Device device = d.device_type == kDLCUDA ? at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(d.device_id))
                                                      : at::Device(at::kCPU);
-  const at::Context& context = at::globalContext();
+  at::Context& context = at::globalContext();
   if (__builtin_expect(context.deterministicAlgorithms() && context.deterministicFillUninitializedMemory(), 0)) {
     return at::empty(shape, at::TensorOptions().dtype(dtype).device(device));
   }
