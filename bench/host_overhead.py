@@ -85,19 +85,22 @@ def exchange_api_source() -> str:
     return f"torch {torch.__version__}: absent, and no addon: the slow __dlpack__ path (no environment allocator)"
 
 
-def build_probe(output: Path) -> Path:
-    """bench/alloc_probe.cc linked with the launchers' runtime (built here if it is not yet)."""
-    from tlx.hostgen import _CXX, _CXXFLAGS, _include_flags, runtime_support
-    from tvm_ffi.libinfo import find_libtvm_ffi
+def build_probe(workdir: Path) -> Path:
+    """bench/alloc_probe.cc built as a launcher is (its source in the launcher's place, compiled
+    and linked with the launchers' runtime by the launchers' own commands) in ``workdir``."""
+    import shutil
+
+    from tlx.hostgen import launcher_compile_command, launcher_link_command, runtime_support
 
     runtime, missing = runtime_support()
-    for piece in missing:
+    for piece in missing:  # no kernel compiled with this cache yet
         subprocess.run(piece.command, check=True)
         piece.publish()
-    lib = Path(find_libtvm_ffi()).parent
-    subprocess.run([_CXX, *_CXXFLAGS, "-shared", *_include_flags(), str(ROOT / "bench" / "alloc_probe.cc"), str(runtime), f"-L{lib}",
-                    "-ltvm_ffi", "-ldl", "-o", str(output)], check=True)
-    return output
+    workdir.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(ROOT / "bench" / "alloc_probe.cc", workdir / "launcher.cc")
+    subprocess.run(launcher_compile_command(workdir, runtime), check=True)
+    subprocess.run(launcher_link_command(workdir, runtime), check=True)
+    return workdir / "launcher.so"
 
 
 def allocating_paths(gemm, a, b, c, workdir: Path) -> dict:
@@ -122,7 +125,7 @@ def allocating_paths(gemm, a, b, c, workdir: Path) -> dict:
         shutil.copytree(gemm.directory, copy)
         kernel = Kernel.load(copy)
         bind_output_factory(tvm_ffi.load_module(str(copy / "launcher.so")), kernel._call, use)
-        probe = tvm_ffi.load_module(str(build_probe(workdir / f"probe_{copy.name}.so")))
+        probe = tvm_ffi.load_module(str(build_probe(workdir / f"probe_{copy.name}")))
         call_only, drop, ret = probe["call_only"], probe["allocate_drop"], probe["allocate_return"]
         assert bind_output_factory(probe, ret, use) == use
         drop.release_gil = call_only.release_gil = ret.release_gil

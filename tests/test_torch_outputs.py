@@ -47,8 +47,8 @@ def probes(cache, factory, tmp_path_factory):
     from bench.host_overhead import build_probe
 
     d = tmp_path_factory.mktemp("probes")
-    env = tvm_ffi.load_module(str(build_probe(d / "env.so")))
-    counted = tvm_ffi.load_module(str(build_probe(d / "counted.so")))
+    env = tvm_ffi.load_module(str(build_probe(d / "env")))
+    counted = tvm_ffi.load_module(str(build_probe(d / "counted")))
     counted["count_through"](factory)
     return {"env": env, "factory": counted}
 

@@ -46,14 +46,14 @@ def build_command(output: Path) -> list[str]:
     import torch
     from tvm_ffi.libinfo import find_libtvm_ffi
 
-    from tlx.hostgen import _include_flags
+    from tlx.hostgen import include_flags
 
     torch_dir = Path(torch.__file__).parent
     torch_lib, ffi_lib = torch_dir / "lib", Path(find_libtvm_ffi()).parent
     includes = [f"-I{torch_dir / 'include'}", f"-I{torch_dir / 'include' / 'torch' / 'csrc' / 'api' / 'include'}"]
     cuda = (torch_lib / "libtorch_cuda.so").is_file()  # a CUDA build of torch: CUDA outputs without the dispatcher
     return ["c++", "-std=c++20", "-O2", "-fPIC", "-shared", "-fvisibility=hidden", f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
-            f"-DTLX_TORCH_CUDA={int(cuda)}", *_include_flags(), *includes, str(SOURCE), f"-L{torch_lib}", "-ltorch", "-ltorch_cpu",
+            f"-DTLX_TORCH_CUDA={int(cuda)}", *include_flags(), *includes, str(SOURCE), f"-L{torch_lib}", "-ltorch", "-ltorch_cpu",
             *(["-ltorch_cuda"] if cuda else []), "-lc10", "-ltorch_python", f"-L{ffi_lib}", "-ltvm_ffi", f"-Wl,-rpath,{torch_lib}",
             f"-Wl,-rpath,{ffi_lib}", "-o", str(output)]  # fmt: skip
 

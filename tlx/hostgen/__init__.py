@@ -12,8 +12,8 @@ from tlx.hostgen.image import SharedMemoryError, check_shared_memory
 from tlx.hostgen.plan import HostgenError, LaunchPlan, plan_launcher, walk_steps
 
 __all__ = ["HostgenError", "LaunchPlan", "SharedMemoryError", "check_shared_memory", "EXPORT_NAME", "generate_launcher",
-           "launcher_compile_command", "launcher_link_command", "plan_launcher", "RUNTIME_DIR", "runtime_cache_dir",
-           "runtime_support", "SupportBuild"]
+           "include_flags", "launcher_compile_command", "launcher_link_command", "plan_launcher", "RUNTIME_DIR",
+           "runtime_cache_dir", "runtime_support", "SupportBuild"]
 
 RUNTIME_DIR = Path(__file__).parent / "runtime"
 
@@ -56,7 +56,7 @@ def launcher_compile_command(workdir: Path, runtime: Path) -> list[str]:
     the compiler takes the precompiled ``tlx_launcher.h.gch`` there in place of the header
     when it is built (:func:`runtime_support`) and valid, and the header itself otherwise;
     the assembly is the same either way."""
-    return [_CXX, *_CXXFLAGS, f"-I{runtime.parent}", *_include_flags(), "-S", str(workdir / "launcher.cc"), "-o", str(workdir / "launcher.s")]
+    return [_CXX, *_CXXFLAGS, f"-I{runtime.parent}", *include_flags(), "-S", str(workdir / "launcher.cc"), "-o", str(workdir / "launcher.s")]
 
 
 def launcher_link_command(workdir: Path, runtime: Path) -> list[str]:
@@ -110,7 +110,7 @@ def runtime_support() -> tuple[Path, list[SupportBuild]]:
 
     cxx = Path(shutil.which(_CXX) or _CXX).resolve()
     stat = cxx.stat()
-    material = [*(p.read_bytes() for p in _RUNTIME_SOURCES), *(f.encode() for f in (*_CXXFLAGS, *_include_flags())),
+    material = [*(p.read_bytes() for p in _RUNTIME_SOURCES), *(f.encode() for f in (*_CXXFLAGS, *include_flags())),
                 f"{cxx}:{stat.st_size}:{stat.st_mtime_ns}".encode(), im.version("apache-tvm-ffi").encode(), cuda_toolkit_version().encode()]
     key = hashlib.sha256(b"\0".join(material)).hexdigest()[:16]
     directory = runtime_cache_dir() / key
@@ -122,7 +122,7 @@ def runtime_support() -> tuple[Path, list[SupportBuild]]:
         if not final.is_file():
             directory.mkdir(parents=True, exist_ok=True)
             partial = final.with_name(f"{final.name}.partial{os.getpid()}")
-            missing.append(SupportBuild(what, [_CXX, *_CXXFLAGS, *_include_flags(), *source, "-o", str(partial)], partial, final))
+            missing.append(SupportBuild(what, [_CXX, *_CXXFLAGS, *include_flags(), *source, "-o", str(partial)], partial, final))
     return runtime, missing
 
 
@@ -134,7 +134,8 @@ def runtime_cache_dir() -> Path:
     return Path(os.environ["TLX_RUNTIME_CACHE_DIR"]) if os.environ.get("TLX_RUNTIME_CACHE_DIR") else cache_dir() / "runtime"
 
 
-def _include_flags() -> list[str]:
+def include_flags() -> list[str]:
+    """The include path of code that includes ``tlx_launcher.h``: TVM-FFI's, DLPack's, the runtime's and CUDA's headers."""
     from tvm_ffi.libinfo import find_dlpack_include_path, find_include_path
 
     from tlx.lowering import cuda_include_dir
