@@ -185,7 +185,7 @@ class Kernel:
 
 def bind_output_factory(module, allocating, use: bool = True) -> bool:
     """Bind torch's output factory (tlx.torch_outputs) to a launcher library when it is built
-    for this torch, so that its allocating call hands back the at::empty tensors themselves;
+    for this torch, so that its allocating call hands back the tensors torch allocated themselves;
     with ``use=False`` (or when it is not built) unbind it: outputs then come from TVM-FFI's
     environment allocator. The bound call keeps the GIL: it creates Python objects, and
     releasing and retaking the GIL around a launch only costs time. Returns whether it is bound."""

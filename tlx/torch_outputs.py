@@ -1,11 +1,13 @@
 """torch's output factory for the launchers' allocating calls (hostgen/runtime/tlx_torch_outputs.cc).
 
-Bound to a launcher, it makes each output of ``kernel(*inputs)`` one ``at::empty`` handed back to
-Python as that tensor, instead of a TVM-FFI environment-allocator tensor that the return path
-converts into a second torch tensor. It is a small library compiled against torch's headers,
-once per machine and torch build (:func:`build`, about 20 s on two cores), into the runtime
-cache; :func:`factory_address` loads it when it is there. This module imports nothing of the
-code generator, so a cache hit stays cheap.
+Bound to a launcher, it makes each output of ``kernel(*inputs)`` one torch tensor from torch's
+caching allocator (``at::detail::empty_cuda``, without the dispatcher's round trip), handed back
+to Python as that tensor, instead of a TVM-FFI environment-allocator tensor (``at::empty``
+through the dispatcher) that the return path converts into a second torch tensor. It is a small
+library compiled against torch's headers, once per machine and torch build (:func:`build`,
+``python3 -m tlx.torch_outputs``, about 20 s on two cores), into the runtime cache;
+:func:`factory_address` loads it when it is there, and ``Kernel.load`` binds it. This module
+imports nothing of the code generator, so a cache hit stays cheap.
 """
 
 from __future__ import annotations
