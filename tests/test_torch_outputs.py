@@ -15,26 +15,25 @@ from tlx.kernel import Kernel, bind_output_factory  # noqa: E402
 
 @pytest.fixture(scope="module")
 def cache(tmp_path_factory):
-    """A fresh kernel and runtime cache: the factory library is built in it, once per module."""
+    """A fresh runtime cache, where the factory library is built once for this module (the
+    kernels stay in the usual cache: sample_kernels' JIT objects remember their builds)."""
     import os
 
-    path = tmp_path_factory.mktemp("tlx-cache")
-    saved = {k: os.environ.get(k) for k in ("TLX_CACHE_DIR", "TLX_RUNTIME_CACHE_DIR")}
-    os.environ["TLX_CACHE_DIR"] = str(path)
-    os.environ.pop("TLX_RUNTIME_CACHE_DIR", None)
+    path = tmp_path_factory.mktemp("tlx-runtime")
+    saved = os.environ.get("TLX_RUNTIME_CACHE_DIR")
+    os.environ["TLX_RUNTIME_CACHE_DIR"] = str(path)
     yield path
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
+    if saved is None:
+        os.environ.pop("TLX_RUNTIME_CACHE_DIR")
+    else:
+        os.environ["TLX_RUNTIME_CACHE_DIR"] = saved
 
 
 @pytest.fixture(scope="module")
 def factory(cache):
     assert torch_outputs.factory_address() is None  # not built in a fresh cache: launchers use the environment allocator
     path = torch_outputs.build()
-    assert path.is_file() and path.parent.parent == cache / "runtime"
+    assert path.is_file() and path.parent.parent == cache
     address = torch_outputs.factory_address()
     assert address and torch_outputs.factory_address() == address  # loaded once per process
     return address
@@ -51,6 +50,14 @@ def probes(cache, factory, tmp_path_factory):
     counted = tvm_ffi.load_module(str(build_probe(d / "counted")))
     counted["count_through"](factory)
     return {"env": env, "factory": counted}
+
+
+def _compile(sample, *args, out_idx=(-1,)):
+    """A sample kernel through a fresh JIT object: sample_kernels' own keep their builds in
+    memory, and another module's tests expect theirs in that module's cache."""
+    import tlx
+
+    return tlx.jit(out_idx=list(out_idx), target=sk.SM90)(sample.__wrapped__)(*args)
 
 
 def _inputs(m=24, k=16, n=40):
@@ -130,7 +137,7 @@ def test_binding_needs_an_address(probes):
 def test_a_kernel_binds_the_factory_when_it_is_built(factory):
     """Kernel.load binds the factory (and keeps the GIL through the allocating call, which makes
     Python objects); unbound, the call releases the GIL as TVM-FFI does by default."""
-    add = sk.add(T.dynamic("M"), 1024)
+    add = _compile(sk.add, T.dynamic("M"), 1024)
     kernel = Kernel.load(add.directory)
     assert isinstance(kernel.__call__, tvm_ffi.Function) and kernel.__call__.release_gil is False
     module = tvm_ffi.load_module(str(add.directory / "launcher.so"))
@@ -138,7 +145,7 @@ def test_a_kernel_binds_the_factory_when_it_is_built(factory):
     with pytest.raises(ValueError, match="add: argument A expected a CUDA tensor, got one on cpu"):
         kernel(torch.zeros(4, 1024), torch.zeros(4, 1024))  # checked before anything is allocated, either way
     assert bind_output_factory(module, kernel.__call__) is True and kernel.__call__.release_gil is False
-    two = Kernel.load(sk.two_boxes(T.dynamic("M")).directory)
+    two = Kernel.load(_compile(sk.two_boxes, T.dynamic("M"), out_idx=(-2, -1)).directory)
     assert two.__call__ is two._call and isinstance(two._call, tvm_ffi.Function)  # a tuple from the launcher itself
 
 
@@ -146,7 +153,7 @@ def test_a_kernel_binds_the_factory_when_it_is_built(factory):
 @pytest.mark.gpu
 @pytest.mark.parametrize("use", [False, True], ids=["environment_allocator", "torch_factory"])
 def test_allocating_call_equals_launch_into_a_poisoned_output(factory, use):
-    gemm = sk.gemm(T.dynamic("M"), 1024, 1024)
+    gemm = _compile(sk.gemm, T.dynamic("M"), 1024, 1024)
     kernel = Kernel.load(gemm.directory)
     bind_output_factory(tvm_ffi.load_module(str(gemm.directory / "launcher.so")), kernel._call, use)
     for m in (1, 128, 1000):
@@ -158,7 +165,7 @@ def test_allocating_call_equals_launch_into_a_poisoned_output(factory, use):
         assert type(out) is torch.Tensor and (out.shape, out.dtype, out.device) == ((m, 1024), torch.half, a.device)
         assert out.is_contiguous() and torch.equal(out, c)
     x = torch.randn(200, 256, dtype=torch.half, device="cuda")
-    two = Kernel.load(sk.two_boxes(T.dynamic("M")).directory)
+    two = Kernel.load(_compile(sk.two_boxes, T.dynamic("M"), out_idx=(-2, -1)).directory)
     bind_output_factory(tvm_ffi.load_module(str(two.directory / "launcher.so")), two._call, use)
     wide, narrow = two(x)
     ref = x.float().reshape(200, 4, 64)
@@ -169,7 +176,7 @@ def test_allocating_call_equals_launch_into_a_poisoned_output(factory, use):
 @pytest.mark.gpu
 @pytest.mark.parametrize("use", [False, True], ids=["environment_allocator", "torch_factory"])
 def test_allocating_call_allocates_on_the_current_stream(factory, use):
-    add = sk.add(T.dynamic("M"), 1024)
+    add = _compile(sk.add, T.dynamic("M"), 1024)
     kernel = Kernel.load(add.directory)
     bind_output_factory(tvm_ffi.load_module(str(add.directory / "launcher.so")), kernel._call, use)
     a, b = torch.randn(4096, 1024, device="cuda"), torch.randn(4096, 1024, device="cuda")
@@ -187,7 +194,7 @@ def test_allocating_call_allocates_on_the_current_stream(factory, use):
 def test_second_output_out_of_memory_frees_the_first(factory, use):
     """two_boxes allocates B ([M, 64] fp32) then C ([M, 32] fp32); with room for B alone, C's
     allocation fails after B's: the call raises MemoryError and B is freed."""
-    two = Kernel.load(sk.two_boxes(T.dynamic("M")).directory)
+    two = Kernel.load(_compile(sk.two_boxes, T.dynamic("M"), out_idx=(-2, -1)).directory)
     bind_output_factory(tvm_ffi.load_module(str(two.directory / "launcher.so")), two._call, use)
     m = 1 << 21
     x = torch.randn(m, 256, dtype=torch.half, device="cuda")
@@ -213,7 +220,7 @@ def test_the_factory_path_is_not_slower_than_the_environment_allocators(factory,
     which first check each against kernel.launch into a poisoned output): host time per call."""
     from bench.host_overhead import allocating_paths, measure
 
-    gemm = sk.gemm(T.dynamic("M"), 1024, 1024)
+    gemm = _compile(sk.gemm, T.dynamic("M"), 1024, 1024)
     a = torch.randn(128, 1024, dtype=torch.half, device="cuda")
     b = torch.randn(1024, 1024, dtype=torch.half, device="cuda")
     c = torch.empty(128, 1024, dtype=torch.half, device="cuda")
