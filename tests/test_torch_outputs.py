@@ -17,16 +17,10 @@ from tlx.kernel import Kernel, bind_output_factory  # noqa: E402
 def cache(tmp_path_factory):
     """A fresh runtime cache, where the factory library is built once for this module (the
     kernels stay in the usual cache: sample_kernels' JIT objects remember their builds)."""
-    import os
-
     path = tmp_path_factory.mktemp("tlx-runtime")
-    saved = os.environ.get("TLX_RUNTIME_CACHE_DIR")
-    os.environ["TLX_RUNTIME_CACHE_DIR"] = str(path)
-    yield path
-    if saved is None:
-        os.environ.pop("TLX_RUNTIME_CACHE_DIR")
-    else:
-        os.environ["TLX_RUNTIME_CACHE_DIR"] = saved
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TLX_RUNTIME_CACHE_DIR", str(path))
+        yield path
 
 
 @pytest.fixture(scope="module")

@@ -16,16 +16,10 @@ from tlx.lowering import lower  # noqa: E402
 
 @pytest.fixture(scope="module")
 def cache(tmp_path_factory):
-    import os
-
     path = tmp_path_factory.mktemp("tlx-cache")
-    old = os.environ.get("TLX_CACHE_DIR")
-    os.environ["TLX_CACHE_DIR"] = str(path)
-    yield path
-    if old is None:
-        os.environ.pop("TLX_CACHE_DIR")
-    else:
-        os.environ["TLX_CACHE_DIR"] = old
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TLX_CACHE_DIR", str(path))
+        yield path
 
 
 @pytest.fixture(scope="module")
