@@ -76,8 +76,10 @@ class SyncOp:
     """An mbarrier or async-proxy ordering statement in its context.
 
     ``kind``: ``init`` (``arg`` the arrival count), ``expect_tx`` (``arg`` bytes), ``arrive``
-    (``arg`` the bytes it also expects, or 0), ``wait`` (``arg`` the phase parity),
-    ``wgmma_wait`` (``arg`` the batches left in flight), ``fence_proxy_async``.
+    (``arg`` the bytes it also expects, or 0; ``cp_async``: ``cp.async.mbarrier.arrive.noinc``,
+    one arrival once the thread's earlier cp.async copies have landed), ``wait`` (``arg`` the
+    phase parity), ``wgmma_wait`` (``arg`` the batches left in flight), ``fence_proxy_async``,
+    ``named_barrier`` (``bar.sync index, arg``: ``arg`` threads, not the whole block).
     """
 
     kind: str
@@ -88,6 +90,7 @@ class SyncOp:
     loops: list
     epoch: Any
     order: int
+    cp_async: bool = False
 
 
 @dataclass
@@ -115,6 +118,7 @@ class Program:
     opaque: list[str] = field(default_factory=list)  # shared accesses no analysis can see
     unread: list[str] = field(default_factory=list)  # statements and accesses the walk could not read
     divergent_barriers: list[str] = field(default_factory=list)
+    named_barriers: list[SyncOp] = field(default_factory=list)  # bar.sync with an id and a thread count
     calls: set = field(default_factory=set)  # every intrinsic called, for sync primitives no model covers
 
     @property
@@ -324,7 +328,9 @@ class _Walker(DeviceWalker):
             if _is_block_barrier(call):
                 self.epoch = self.epoch + 1
             else:
-                self.prog.opaque.append(f"partial barrier {call} (not modelled)")
+                conds, loops, epoch, _ = self.context()
+                index, count = (self.sub(a) for a in call.args[1:3]) if len(call.args) == 3 else (None, None)
+                self.prog.named_barriers.append(SyncOp("named_barrier", None, index, count, conds, loops, epoch, self._next()))
             return
         if name == "tirx.ptx_commit_group":
             self.commits = self.commits + 1
@@ -337,12 +343,13 @@ class _Walker(DeviceWalker):
             return
         self.exprs([call])
 
-    def sync_op(self, kind, barrier_load, arg):
+    def sync_op(self, kind, barrier_load, arg, cp_async=False):
         conds, loops, epoch, _ = self.context()
         barrier, index = None, None
         if barrier_load is not None:
             barrier, index = barrier_load.buffer.data, self.sub(barrier_load.indices[0])
-        self.prog.syncs.append(SyncOp(kind, barrier, index, self.sub(arg) if isinstance(arg, tir.PrimExpr) else arg, conds, loops, epoch, self._next()))
+        arg = self.sub(arg) if isinstance(arg, tir.PrimExpr) else arg
+        self.prog.syncs.append(SyncOp(kind, barrier, index, arg, conds, loops, epoch, self._next(), cp_async))
 
     def async_proxy(self, name, call) -> bool:
         """Model one mbarrier / TMA / wgmma / fence statement; False for anything else."""
@@ -351,7 +358,7 @@ class _Walker(DeviceWalker):
             kind, arg_at = _MBARRIER_OPS[name]
             if not (isinstance(args[0], tir.BufferLoad) and len(args[0].indices) == 1):
                 return False
-            self.sync_op(kind, args[0], args[arg_at] if arg_at is not None else tir.IntImm("int32", 0))
+            self.sync_op(kind, args[0], args[arg_at] if arg_at is not None else tir.IntImm("int32", 0), cp_async=name == _CP_ASYNC_ARRIVE)
             return True
         if name == "tl.tma_load" and len(args) > 2 and isinstance(args[1], tir.BufferLoad) and is_access_ptr(args[2]):
             self.exprs(list(args[3:]))
@@ -471,7 +478,9 @@ _MBARRIER_OPS = {  # name -> (SyncOp kind, index of the argument it carries)
     "tirx.ptx_arrive_barrier": ("arrive", None),
     "tirx.ptx_arrive_barrier_expect_tx": ("arrive", 1),
     "tl.mbarrier_wait_parity": ("wait", 1),
+    "tl.ptx_cp_async_barrier_noinc": ("arrive", None),
 }
+_CP_ASYNC_ARRIVE = "tl.ptx_cp_async_barrier_noinc"  # cp.async.mbarrier.arrive.noinc: TileLang's non-TMA producer
 _SWIZZLE_BYTES = {0: 16, 1: 128, 2: 64, 3: 32}  # wgmma descriptor layout type -> swizzle row bytes
 # Calls that order nothing the race model needs and touch no shared memory.
 _NO_MEMORY_OPS = ("tl.prefetch_tma_descriptor", "tl.ptx_fence_barrier_init", "tl.warpgroup_arrive", "tl.warpgroup_commit_batch", "tl.warpgroup_fence_operand")

@@ -78,13 +78,14 @@ _MODELLED_CALLS = {
     "tirx.ptx_arrive_barrier_expect_tx", "tl.mbarrier_wait_parity", "tl.tma_load", "tl.ptx_wgmma_ss",
     "tl.initialize_wgmma_descriptor", "tl.increase_descriptor_offset", "tl.warpgroup_wait", "tl.fence_proxy_async",
     "tl.prefetch_tma_descriptor", "tl.ptx_fence_barrier_init", "tl.warpgroup_arrive", "tl.warpgroup_commit_batch",
-    "tl.warpgroup_fence_operand", "tl.ptx_wgmma_rs",
+    "tl.warpgroup_fence_operand", "tl.ptx_wgmma_rs", "tl.ptx_cp_async_barrier_noinc",
     # generic shared accesses (thread accesses of the program model) whose names look async
     "tl.ptx_stmatrix", "tl.ptx_ldmatrix", "tirx.ptx_stmatrix", "tirx.ptx_ldmatrix",
 }
 _ASYNC_HINTS = ("barrier", "arrive", "tma", "cluster", "wgmma", "warpgroup", "fence", "bulk", "mbarrier")
 _ELECT = "tl.tl_shuffle_elect"
 _TABLE_LIMIT = 1024  # iterations of a pipeline loop the mbarrier model tabulates
+_MAX_PERIOD = 16  # longest barrier-index period looked for in a pipeline loop it does not tabulate
 
 
 class RaceError(TlxError):
@@ -224,10 +225,20 @@ class _Site:
     elected: bool
     runners: frozenset  # the threads it may run in: ``threads``, or every thread of each group when elected
     bytes: int  # TMA: bytes per iteration (all inner-loop copies); expect-tx / arrive: bytes expected
+    # periodic (a loop it does not tabulate): ``index`` lists one period, round ``k // period``,
+    # and a wait's ``phase`` holds its offset from the round (0 or -1) for every residue
+    period: int | None = None
 
     @property
     def order(self) -> int:
         return self.op.order
+
+    def at(self, k: int) -> tuple[int, int, int | None]:
+        """(barrier index, round, phase) of iteration ``k`` (concrete)."""
+        if self.period is None:
+            return self.index[k], self.round[k], self.phase[k] if self.phase else None
+        r, rnd = k % self.period, k // self.period
+        return self.index[r], rnd, rnd + self.phase[r] if self.phase else None
 
 
 class _Pipeline:
@@ -247,8 +258,8 @@ class _Pipeline:
         foreign = sorted(c for c in prog.calls if c not in _MODELLED_CALLS and any(h in c for h in _ASYNC_HINTS) and c != "tirx.tvm_storage_sync")
         if foreign:
             raise _NotModelled(f"{', '.join(foreign)} not modelled")
-        if any("partial barrier" in o for o in prog.opaque) or prog.divergent_barriers:
-            raise _NotModelled("named/partial or divergent block barriers next to mbarriers")
+        if prog.divergent_barriers:
+            raise _NotModelled("divergent block barriers next to mbarriers")
         self.inits = {}
         for s in prog.syncs:
             if s.kind == "init":
@@ -260,7 +271,12 @@ class _Pipeline:
         self.sites += [self._site(a, "tma") for a in prog.accesses if a.barrier is not None]
         self.fences = [s for s in prog.syncs if s.kind == "fence_proxy_async"]
         self.wgmma_waits = [s for s in prog.syncs if s.kind == "wgmma_wait" and const_int(s.arg) == 0]
+        periodic = [st for st in self.sites if st.period is not None]
+        self.period = periodic[0].period if periodic else None
+        if periodic and any(st.period != self.period for st in self.sites):
+            raise _NotModelled("a pipeline loop without a constant trip count next to other mbarrier statements, or barrier periods that differ")
         self._check_rounds()
+        self.distance = self._round_distances() if periodic else None
 
     # -- tabulation
     def _const(self, expr, env):
@@ -270,62 +286,45 @@ class _Pipeline:
         except ValueError:
             raise _NotModelled(f"mbarrier index, parity or condition `{expr}` is not a function of the pipeline loop and thread alone") from None
 
-    def _thread_env(self) -> dict:
-        """Every thread of the block at once: each thread variable as an array over linear ids."""
-        t, env, stride = np.arange(self.nthreads), {}, 1
-        for v, ext in self.prog.threads:
-            env[v] = (t // stride) % ext
-            stride *= ext
-        return env
-
     def _threads(self, conds) -> tuple[frozenset, bool, frozenset]:
-        plain = [c for c in conds if not _has_call(c, _ELECT)]
-        elects = [c for c in conds if _has_call(c, _ELECT)]
-        groups = []
-        for c in elects:
-            if not (isinstance(c, tir.Call) and len(c.args) == 1 and const_int(c.args[0]) is not None):
-                raise _NotModelled(f"condition `{c}` mixes an election with other terms")
-            groups.append(const_int(c.args[0]) or self.nthreads)
-        live = np.ones(self.nthreads, dtype=bool)
-        for c in plain:
-            live &= np.broadcast_to(np.asarray(self._const(c, self._thread_env()), dtype=bool), live.shape)
-        members = [int(t) for t in np.nonzero(live)[0]]
-        if not groups:
-            return frozenset(members), False, frozenset(members)
-        size = min(groups)
-        chosen = {}
-        for t in members:
-            chosen.setdefault(t // size, []).append(t)
-        if any(len(ts) != min(size, self.nthreads) for ts in chosen.values()):
-            raise _NotModelled("an elected thread is chosen from a group only part of which runs the statement")
-        return frozenset(min(ts) for ts in chosen.values()), True, frozenset(members)
+        return _thread_sets(self.prog, conds)
 
     def _site(self, op, kind) -> _Site:
         loops = op.loops
         bar, idx_expr = (op.barrier, op.index) if kind != "tma" else op.barrier
-        trips = 1
+        trips, period = 1, None
         if loops:
             k, lo, ext = loops[0]
-            if const_int(lo) != 0 or const_int(ext) is None or const_int(ext) > _TABLE_LIMIT:
-                raise _NotModelled(f"pipeline loop `{k}` is not a constant range from 0 of at most {_TABLE_LIMIT} iterations")
+            if const_int(lo) != 0:
+                raise _NotModelled(f"pipeline loop `{k}` does not start at 0")
             for _, ilo, iext in loops[1:]:
                 if kind != "tma" or const_int(iext) is None:
                     raise _NotModelled(f"{kind} inside a nested loop")
                 trips *= const_int(iext)
-            iters = [{k: i} for i in range(const_int(ext))]
+            if const_int(ext) is None or const_int(ext) > _TABLE_LIMIT:
+                period = self._period([idx_expr], k)
+                iters = [{k: i} for i in range(period)]
+            else:
+                iters = [{k: i} for i in range(const_int(ext))]
         else:
             k, iters = None, [{}]
         if any(any(v.same_as(lv) for v in free_vars(c) for lv, _, _ in loops) for c in op.conds):
             raise _NotModelled(f"{kind} under a condition that changes between iterations")
         index = [int(self._const(idx_expr, env)) for env in iters]
-        seen: dict = {}
-        rounds = []
-        for b in index:
-            rounds.append(seen.get(b, 0))
-            seen[b] = seen.get(b, 0) + 1
-        phase = None
-        if kind == "wait":
-            phase = [r if int(self._const(op.arg, env)) % 2 == r % 2 else r - 1 for r, env in zip(rounds, iters, strict=True)]
+        if period is not None:
+            if len(set(index)) != period:
+                raise _NotModelled(f"{kind} uses one barrier twice in a period of `{k}`")
+            rounds = [0] * period
+            phase = [self._phase_offset(op.arg, k, period)] * period if kind == "wait" else None
+        else:
+            seen: dict = {}
+            rounds = []
+            for b in index:
+                rounds.append(seen.get(b, 0))
+                seen[b] = seen.get(b, 0) + 1
+            phase = None
+            if kind == "wait":
+                phase = [r if int(self._const(op.arg, env)) % 2 == r % 2 else r - 1 for r, env in zip(rounds, iters, strict=True)]
         threads, elected, runners = self._threads(op.conds)
         if kind == "tma":
             nbytes = op.width * trips
@@ -333,7 +332,41 @@ class _Pipeline:
             nbytes = const_int(op.arg) if kind in ("expect_tx", "arrive") else 0
             if nbytes is None:
                 raise _NotModelled(f"{kind} of a computed byte count")
-        return _Site(op, kind, bar, k, index, rounds, phase, threads, elected, runners, nbytes)
+        return _Site(op, kind, bar, k, index, rounds, phase, threads, elected, runners, nbytes, period)
+
+    def _prove_for_every_step(self, k, claim) -> bool:
+        """``claim(step)`` (a Z3 formula) holds for every step ``>= 0`` of the pipeline loop ``k``."""
+        step = z3.Int(f"{k.name}@period", self.enc.ctx)
+        # a general solver: the index and parity may use bit operations (bit-vector terms)
+        s = z3.Solver(ctx=self.enc.ctx)
+        s.set("rlimit", self.enc.rlimit)
+        s.add(step >= 0, z3.Not(claim(step)))
+        self.enc.take_obligations()
+        self.enc.queries += 1
+        return s.check() == z3.unsat
+
+    def _period(self, exprs, k) -> int:
+        """The smallest ``p`` with every expression of ``exprs`` equal at steps ``s`` and ``s + p``
+        for every ``s >= 0`` (Z3 over the step): a loop of any trip count then repeats one period."""
+        for e in exprs:
+            if any(not v.same_as(k) for v in free_vars(e)):
+                raise _NotModelled(f"mbarrier index or parity `{e}` depends on more than the pipeline loop `{k}`")
+
+        def same_after(p):
+            return lambda s: z3.And([self.enc.encode(e, {k: s}) == self.enc.encode(e, {k: s + p}) for e in exprs])
+
+        for p in range(1, _MAX_PERIOD + 1):
+            if self._prove_for_every_step(k, same_after(p)):
+                return p
+        raise _NotModelled(f"mbarrier index or parity in loop `{k}` has no period up to {_MAX_PERIOD}")
+
+    def _phase_offset(self, parity, k, period: int) -> int:
+        """0 when the wait's parity is its round's (``step // period``) at every step, -1 when it is
+        the previous round's (Z3 over the step); a wait whose parity is neither is not modelled."""
+        for offset in (0, -1):
+            if self._prove_for_every_step(k, lambda s, o=offset: self.enc.encode(parity, {k: s}) % 2 == (s / period + o + 2) % 2):
+                return offset
+        raise _NotModelled(f"wait parity `{parity}` is not its round's or the previous round's at every step of `{k}`")
 
     def _check_rounds(self):
         """Arrivals per round equal the init count, TMA bytes the expected bytes, waits step one phase at a time."""
@@ -373,6 +406,13 @@ class _Pipeline:
             term = z3.If(k_term == i, values[i], term)
         return term
 
+    def _terms(self, st: _Site, k):
+        """(barrier index, round, phase) of ``st`` in iteration ``k`` (a Z3 term)."""
+        if st.period is None:
+            return self._table(st.index, k), self._table(st.round, k), self._table(st.phase, k) if st.phase else None
+        rnd = k / st.period
+        return self._table(st.index, k % st.period), rnd, rnd + st.phase[0] if st.phase else None
+
     def _conds(self, op, env):
         if any(_has_call(c, _ELECT) for c in op.conds):
             return None  # which thread an election picks is not known: no ordering through it
@@ -390,7 +430,12 @@ class _Pipeline:
         if own:
             st = own[0]
             k = self._iteration(st, ev)
-            return [(z3.BoolVal(True, self.enc.ctx), st.barrier, self._table(st.index, k), self._table(st.round, k))]
+            if st.period is not None:
+                return [(k % st.period == r, st.barrier, z3.IntVal(b, self.enc.ctx), k / st.period) for r, b in enumerate(st.index)]
+            index, rnd, _ = self._terms(st, k)
+            return [(z3.BoolVal(True, self.enc.ctx), st.barrier, index, rnd)]
+        if self.period is not None:
+            return self._periodic_releases(ev, need_fence)
         if isinstance(ev.op, Access) and ev.op.op in ("tma_load", "ptx_cp_async"):
             return []  # a TMA write is published only by its own barrier, a cp.async one by its wait_group
         out = []
@@ -407,11 +452,14 @@ class _Pipeline:
                     between = [c for c in between if c is not None]
                     cond = z3.And(cond, z3.Or(between)) if between else None
             if cond is not None:
-                out.append((cond, st.barrier, self._table(st.index, k), self._table(st.round, k)))
+                index, rnd, _ = self._terms(st, k)
+                out.append((cond, st.barrier, index, rnd))
         return out
 
     def acquires(self, ev: "_Event") -> list:
         """(condition, barrier, index, phase): waits of ``ev``'s thread before it in its iteration."""
+        if self.period is not None:
+            return self._periodic_acquires(ev)
         out = []
         for st in self.sites:
             if st.kind != "wait" or st.order >= ev.order or not self._same_loop(st, ev):
@@ -419,8 +467,105 @@ class _Pipeline:
             k = self._iteration(st, ev)
             cond = self._conds(st.op, ev.env(st.loop, k))
             if cond is not None:
-                out.append((cond, st.barrier, self._table(st.index, k), self._table(st.phase, k)))
+                index, _, phase = self._terms(st, k)
+                out.append((cond, st.barrier, index, phase))
         return out
+
+    # -- a pipeline loop of any trip count: every iteration's statements, in closed form
+    def _periodic_releases(self, ev: "_Event", need_fence: bool) -> list:
+        """(condition, barrier, index, round) of every arrive of ``ev``'s thread after ``ev``, in its
+        iteration or a later one: per residue of the period, the first such iteration (a later one
+        of that residue is in a later round, which a wait covers only if it covers this one).
+
+        A plain arrive releases the thread's generic accesses, and a wgmma read once a
+        ``warpgroup_wait(0)`` lies between; ``cp.async.mbarrier.arrive.noinc`` releases its
+        cp.async writes too (and, as TileLang's producer relies on, its earlier plain stores); a
+        generic write the async proxy reads needs a ``fence.proxy.async`` of the thread between.
+        """
+        if isinstance(ev.op, Access) and ev.op.op == "tma_load":
+            return []
+        period, out = self.period, []
+        needs = [ops for needed, ops in ((_is_wgmma(ev.op), self.wgmma_waits), (need_fence, self.fences)) if needed]
+        for st in self.sites:
+            if st.kind != "arrive" or st.loop not in ev.loops or isinstance(ev.op, Access) and ev.op.op == "ptx_cp_async" and not st.op.cp_async:
+                continue
+            cond = self._conds(st.op, ev.env())
+            if cond is None:
+                continue
+            k = ev.loops[st.loop]
+            first = k if st.order > ev.order else k + 1
+            for r in range(period):
+                # later candidates of the residue, for the ops that must lie between (two periods on, one always does)
+                for later in (0, period, 2 * period) if needs else (0,):
+                    kk = first + (r - first) % period + later
+                    between = [z3.Or([self._between(w, ev, st, k, kk) for w in ops] + [kk >= k + 2]) for ops in needs]
+                    out.append((z3.And([cond] + between), st.barrier, z3.IntVal(st.index[r], self.enc.ctx), kk / period))
+        return out
+
+    def _between(self, w, ev: "_Event", st: _Site, k, kk):
+        """The thread of ``ev`` runs ``w`` after ``ev`` (iteration ``k``) and before ``st`` (iteration ``kk``)."""
+        if not self._same_loop_op(w, ev):
+            return z3.BoolVal(False, self.enc.ctx)
+        cond = self._conds(w, ev.env())
+        if cond is None:
+            return z3.BoolVal(False, self.enc.ctx)
+        same = z3.BoolVal(ev.order < w.order < st.order, self.enc.ctx)
+        later = z3.BoolVal(w.order > ev.order or w.order < st.order, self.enc.ctx)
+        return z3.And(cond, z3.Or(z3.And(kk == k, same), z3.And(kk > k, later)))
+
+    def _periodic_acquires(self, ev: "_Event") -> list:
+        """(condition, barrier, index, phase) of the waits of ``ev``'s thread before it: per residue,
+        the last such iteration (an earlier one of that residue waits for an earlier phase)."""
+        period, out = self.period, []
+        for st in self.sites:
+            if st.kind != "wait" or st.loop not in ev.loops:
+                continue
+            cond = self._conds(st.op, ev.env())
+            if cond is None:
+                continue
+            k = ev.loops[st.loop]
+            last = k if st.order < ev.order else k - 1
+            for r in range(period):
+                kk = last - (last - r) % period
+                out.append((z3.And(cond, kk >= 0), st.barrier, z3.IntVal(st.index[r], self.enc.ctx), kk / period + st.phase[r]))
+        return out
+
+    def _round_distances(self) -> dict:
+        """``{(b1, b2): d}``: a release of barrier ``b1`` in round ``j`` reaches a release of ``b2`` in
+        round ``j + d`` (smallest ``d``) through threads that wait on one and then arrive on the
+        next, any number of hops (Floyd-Warshall over the barriers; ``d >= 0``)."""
+        period, keys = self.period, sorted({(st.barrier, b) for st in self.sites for b in st.index}, key=lambda x: (x[0].name, x[1]))
+        dist = {(a, b): 0 if a == b else None for a in keys for b in keys}
+        for w in (st for st in self.sites if st.kind == "wait"):
+            for r2 in (st for st in self.sites if st.kind == "arrive"):
+                if not w.loop.same_as(r2.loop) or not _one_thread_runs_both(w, r2):
+                    continue
+                step = 0 if r2.order > w.order else 1
+                for rw in range(period):
+                    # w covers round j first in step period * (j - offset) + rw; r2 next runs rw + step + c
+                    for r in range(period):
+                        c = (r - rw - step) % period
+                        d = -w.phase[rw] + (rw + step + c) // period
+                        a, b = (w.barrier, w.index[rw]), (r2.barrier, r2.index[r])
+                        if dist[(a, b)] is None or d < dist[(a, b)]:
+                            dist[(a, b)] = d
+        for m in keys:
+            for a in keys:
+                for b in keys:
+                    if dist[(a, m)] is not None and dist[(m, b)] is not None and (dist[(a, b)] is None or dist[(a, m)] + dist[(m, b)] < dist[(a, b)]):
+                        dist[(a, b)] = dist[(a, m)] + dist[(m, b)]
+        return dist
+
+    def _periodic_ordered(self, rels: list, acqs: list):
+        """A release of ``rels`` reaches a wait of ``acqs`` directly or through other threads."""
+        hb = []
+        for cond, bar, index, rnd in rels:
+            for acond, abar, aindex, phase in acqs:
+                a, b = (bar, _int_of(index)), (abar, _int_of(aindex))
+                d = self.distance.get((a, b))
+                if d is not None:
+                    hb.append(z3.And(cond, acond, phase >= rnd + d))
+        return z3.Or(hb) if hb else z3.BoolVal(False, self.enc.ctx)
 
     def _same_loop(self, st: _Site, ev: "_Event") -> bool:
         return st.loop is None and not ev.loops or st.loop is not None and st.loop in ev.loops
@@ -437,6 +582,10 @@ class _Pipeline:
     def ordered(self, first: "_Event", second: "_Event", need_fence: bool = False):
         """Z3 condition under which ``first`` happens before ``second`` through one or two mbarrier hops."""
         rels, acqs = self.releases(first, need_fence), self.acquires(second)
+        if self.period is not None:
+            result = self._periodic_ordered(rels, acqs)
+            self.enc.take_obligations()
+            return result
         hb = [m for r in rels for a in acqs if (m := self._match(r, a)) is not None]
         # two hops: a third thread waits for first's release, then arrives on a barrier second waits
         # on. Its thread and iteration are enumerated (the tables are concrete), so the condition
@@ -457,6 +606,20 @@ class _Pipeline:
         self.enc.take_obligations()
         return z3.Or(hb) if hb else z3.BoolVal(False, self.enc.ctx)
 
+    def inexact(self, race: dict) -> str | None:
+        """Why the orderings of a periodic pipeline might miss one of the witness ``race``; None when
+        they are exact: every wait and arrive runs in known threads (an elected one's thread is not
+        known), and both accesses are in one block-barrier epoch (so no ``__syncthreads`` lies on a
+        chain between them). A tabulated pipeline keeps its two-hop ordering, as before."""
+        if self.period is None:
+            return None
+        elected = [st for st in self.sites if st.kind in ("wait", "arrive") and st.elected]
+        if elected:
+            return f"the elected {elected[0].kind} (statement {elected[0].order}) orders it"
+        if len(set(race["epochs"])) != 1:
+            return "a block barrier between the two, with the mbarriers, orders it"
+        return None
+
     def check_induction(self):
         """Every arrival, expect-tx and TMA of round ``j`` follows every arrival of round ``j - 1`` on its barrier.
 
@@ -474,7 +637,8 @@ class _Pipeline:
                 same_thread = z3.And([x == y for x, y in zip(e1.threads, e2.threads, strict=True)] + [z3.BoolVal(True, self.enc.ctx)])
                 program_order = z3.And(same_thread, k1 < k2) if earlier.loop is not None and later.loop is not None and earlier.loop.same_as(later.loop) else z3.BoolVal(False, self.enc.ctx)
                 cons = e1.facts + e2.facts + [self.enc.encode_bool(c, e1.env()) for c in earlier.op.conds] + [self.enc.encode_bool(c, e2.env()) for c in later.op.conds]
-                cons += [self._table(earlier.index, k1) == self._table(later.index, k2), self._table(earlier.round, k1) + 1 == self._table(later.round, k2)]
+                (i1, r1, _), (i2, r2, _) = self._terms(earlier, k1), self._terms(later, k2)
+                cons += [i1 == i2, r1 + 1 == r2]
                 cons += [z3.Not(program_order), z3.Not(self.ordered(e1, e2))]
                 if _solve(self.enc, cons).status != "proven":
                     self.incomplete = (f"round order of {earlier.barrier.name}: an arrival of one round is not shown to precede "
@@ -490,14 +654,14 @@ class _Pipeline:
             if not same:
                 continue
             k = loops.get(str(st.loop.name), 0) if st.loop is not None else 0
-            if k is None or not 0 <= k < len(st.index):
+            if k is None or k < 0 or st.period is None and k >= len(st.index):
                 continue
-            bar = f"{st.barrier.name}[{st.index[k]}]"
+            index, rnd, ph = st.at(k)
+            bar = f"{st.barrier.name}[{index}]"
             if st.kind == "wait" and st.order < op.order and self._thread_runs(st, thread):
-                ph = st.phase[k]
                 steps.append(f"thread {thread} iteration {loops}: waits on {bar} for phase {ph}" + (" (returns at once)" if ph < 0 else ""))
             if st.op is op:
-                steps.append(f"thread {thread} iteration {loops}: {verb} `{op.text}`, published when {bar} completes phase {st.round[k]}")
+                steps.append(f"thread {thread} iteration {loops}: {verb} `{op.text}`, published when {bar} completes phase {rnd}")
                 return steps
         steps.append(f"thread {thread} iteration {loops}: {verb} `{op.text}`")
         return steps
@@ -539,9 +703,15 @@ class _Event:
             thread_env[v] = t
         for v, lo, ext in op.loops:
             t = z3.Int(f"{v.name}@{tag}", enc.ctx)
-            facts += [t >= const_int(lo), t < const_int(ext)] if const_int(lo) is not None and const_int(ext) is not None else []
+            lo_t, ext_t = enc.encode(lo, thread_env), enc.encode(ext, thread_env)  # a symbolic trip count too
+            facts += [t >= lo_t, t < lo_t + ext_t]
             loops[v] = t
         return cls(op, list(thread_env.values()), thread_env, loops, facts)
+
+
+def _int_of(term) -> int:
+    """The integer of a Z3 numeral (the periodic tables hand out constants)."""
+    return term.as_long() if z3.is_int_value(term) else None
 
 
 def _is_wgmma(op) -> bool:
@@ -567,6 +737,85 @@ def _overlap(sets: list) -> bool:
     return False
 
 
+
+
+def _thread_sets(prog: Program, conds) -> tuple[frozenset, bool, frozenset]:
+    """(threads, elected, runners) of a statement under ``conds``: the linear thread ids that run
+    it (one per group when elected), and every thread of each group when elected."""
+    nthreads = prog.block_threads
+    t, env, stride = np.arange(nthreads), {}, 1
+    for v, ext in prog.threads:
+        env[v] = (t // stride) % ext
+        stride *= ext
+    plain = [c for c in conds if not _has_call(c, _ELECT)]
+    elects = [c for c in conds if _has_call(c, _ELECT)]
+    groups = []
+    for c in elects:
+        if not (isinstance(c, tir.Call) and len(c.args) == 1 and const_int(c.args[0]) is not None):
+            raise _NotModelled(f"condition `{c}` mixes an election with other terms")
+        groups.append(const_int(c.args[0]) or nthreads)
+    live = np.ones(nthreads, dtype=bool)
+    for c in plain:
+        try:
+            value = eval_numpy(c, env)
+        except ValueError:
+            raise _NotModelled(f"condition `{c}` is not a function of the thread alone") from None
+        live &= np.broadcast_to(np.asarray(value, dtype=bool), live.shape)
+    members = [int(x) for x in np.nonzero(live)[0]]
+    if not groups:
+        return frozenset(members), False, frozenset(members)
+    size = min(groups)
+    chosen = {}
+    for x in members:
+        chosen.setdefault(x // size, []).append(x)
+    if any(len(ts) != min(size, nthreads) for ts in chosen.values()):
+        raise _NotModelled("an elected thread is chosen from a group only part of which runs the statement")
+    return frozenset(min(ts) for ts in chosen.values()), True, frozenset(members)
+
+
+def _named_barrier_gap(prog: Program, a: Access, b: Access, threads: tuple[int, int]) -> str | None:
+    """Why a named barrier (``bar.sync id, n``, which this model does not count) might order a race
+    between ``a`` and ``b`` run by the linear ``threads``; None when none can.
+
+    The groups of named barriers (the threads that run each id, exactly ``n`` of them) must be
+    disjoint. Then a chain of orderings through a named barrier of group G leaves G through one of
+    its threads' mbarrier arrives (or enters through a wait): when every thread of G runs every
+    such statement (the kinds the pair needs: waits and arrives, proxy fences for a generic write
+    the async proxy reads, wgmma waits for a wgmma), the barrier's own thread does the same, and the
+    chain needs no named barrier. Only a pair inside one group is then left to it.
+    """
+    if not prog.named_barriers:
+        return None
+    try:
+        groups = {}
+        for nb in prog.named_barriers:
+            members, elected, _ = _thread_sets(prog, nb.conds)
+            ident, count = const_int(nb.index), const_int(nb.arg)
+            if elected or ident is None or count != len(members):
+                return f"named barrier `{nb.index}, {nb.arg}` run by {len(members)} threads"
+            if groups.setdefault(ident, members) != members:
+                return f"named barrier {ident} run by different thread groups"
+        if _overlap(list(set(groups.values()))):
+            return "named barriers of overlapping thread groups"
+        for ident, members in groups.items():
+            if threads[0] in members and threads[1] in members:
+                return f"both threads pass named barrier {ident} ({len(members)} threads), which may order them"
+        kinds = {"wait", "arrive"}
+        if _generic_write(a) and _async_proxy(b) or _generic_write(b) and _async_proxy(a):
+            kinds.add("fence_proxy_async")
+        if "wgmma" in (a.op, b.op):
+            kinds.add("wgmma_wait")
+        for op in prog.syncs:
+            if op.kind not in kinds:
+                continue
+            members_op, elected, runners = _thread_sets(prog, op.conds)
+            for ident, members in groups.items():
+                part = (runners if elected else members_op) & members
+                if part and (elected or part != members):
+                    return f"{op.kind} (statement {op.order}) runs in part of named barrier {ident}'s threads"
+    except _NotModelled as e:
+        return f"named barriers: {e}"
+    return None
 
 
 def _epoch_ordered(enc, prog, first: Access, cf: "_Copy", second: Access, cs: "_Copy"):
@@ -820,14 +1069,18 @@ def find_races(enc: Encoder, prog: Program, budget: int | None = None) -> dict:
                 unknown.append({"first": a.text, "second": b.text, "data_dependent": True,
                                 "reason": "a race only for some values read from memory (data-dependent index or condition)"})
             elif v.status == "violation":
-                races.append(_witness(enc, v.model, a, b, ca, cb, pipeline))
+                race = _witness(enc, v.model, a, b, ca, cb, pipeline)
+                threads = (enc.model_value(v.model, _linear(prog, ca)), enc.model_value(v.model, _linear(prog, cb)))
+                gap = _named_barrier_gap(prog, a, b, threads) or (pipeline.inexact(race) if pipeline is not None else None)
+                if gap:
+                    unknown.append({"first": a.text, "second": b.text, "reason": f"a race unless {gap}"})
+                else:
+                    races.append(race)
     reasons = []
     if prog.divergent_barriers:
         reasons.append("barrier under a thread-dependent condition")
     if pipeline_gap:
         reasons.append(pipeline_gap)
-    if any("partial barrier" in o for o in prog.opaque):
-        reasons.append("named/partial barriers not modelled")
     if reasons:
         # The epoch model may miss an ordering here: what it found is possible, not certain.
         unknown += [dict(r, reason="; ".join(reasons)) for r in races]
@@ -837,7 +1090,7 @@ def find_races(enc: Encoder, prog: Program, budget: int | None = None) -> dict:
     # shared accesses the program model could not see (opaque descriptors, raw handles, while
     # loops): nothing is known about them, so no pair with them is proven
     unknown += [{"first": o, "second": "", "reason": "shared accesses not visible to the model"}
-                for o in sorted(set(prog.opaque)) if "partial barrier" not in o]
+                for o in sorted(set(prog.opaque))]
     notes = reasons + ([f"mbarrier pipeline modelled ({len(pipeline.sites)} barrier statements)"] if pipeline is not None else [])
     return {"kernel": prog.name, "pairs": pairs, "races": races, "unknown": unknown, "unmodelled_ops": unmodelled, "notes": notes}
 
