@@ -335,12 +335,13 @@ class _Pipeline:
         return _Site(op, kind, bar, k, index, rounds, phase, threads, elected, runners, nbytes, period)
 
     def _prove_for_every_step(self, k, claim) -> bool:
-        """``claim(step)`` (a Z3 formula) holds for every step ``>= 0`` of the pipeline loop ``k``."""
+        """``claim(step)`` (a Z3 formula) holds for every step of the pipeline loop ``k`` (``0 <= step``,
+        within the loop variable's integer type)."""
         step = z3.Int(f"{k.name}@period", self.enc.ctx)
         # a general solver: the index and parity may use bit operations (bit-vector terms)
         s = z3.Solver(ctx=self.enc.ctx)
         s.set("rlimit", self.enc.rlimit)
-        s.add(step >= 0, z3.Not(claim(step)))
+        s.add(step >= 0, step < 1 << (k.dtype.bits - 1), z3.Not(claim(step)))  # the step's own int range
         self.enc.take_obligations()
         self.enc.queries += 1
         return s.check() == z3.unsat
@@ -366,7 +367,7 @@ class _Pipeline:
         for offset in (0, -1):
             if self._prove_for_every_step(k, lambda s, o=offset: self.enc.encode(parity, {k: s}) % 2 == (s / period + o + 2) % 2):
                 return offset
-        raise _NotModelled(f"wait parity `{parity}` is not its round's or the previous round's at every step of `{k}`")
+        raise _NotModelled(f"wait parity `{parity}` is not shown to be its round's or the previous round's at every step of pipeline loop `{k}`")
 
     def _check_rounds(self):
         """Arrivals per round equal the init count, TMA bytes the expected bytes, waits step one phase at a time."""

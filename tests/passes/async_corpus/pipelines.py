@@ -155,3 +155,47 @@ def move_proxy_fence(kernel, to: str):
     if not moved:
         raise ValueError("kernel: no fence.proxy.async right before a block barrier")
     return kernel.with_device_mod(tvm.IRModule(funcs))
+
+
+def staged_rows_pipeline(release_early: bool, rows=64, dim=64):
+    """TileLang's own warp-specialized ``T.Pipelined`` loop of a symbolic trip count whose producer
+    stages TMA tiles (X_s, Y_s) and rows written with plain stores (r_s); returns ``(prim_func, {})``.
+
+    TileLang writes r_s after the back-pressure wait of the first TMA copy, and the consumer
+    releases that stage after its last use of that copy's buffer. ``release_early`` copies X first,
+    whose last use (the first GEMM) precedes the read of r_s: the producer refills r_s two steps
+    ahead while it is read (the d 256 dV race of dense_bwd). Otherwise Y, which feeds the last
+    GEMM, is copied first and the stage is released after r_s is read.
+    """
+    n = T.dynamic("n")
+
+    @T.prim_func
+    def main(X: T.Tensor((n * rows, dim), "bfloat16"), Y: T.Tensor((n * rows, dim), "bfloat16"), R: T.Tensor((n * rows,), "float32"),
+             W: T.Tensor((rows, dim), "bfloat16"), out: T.Tensor((rows, dim), "float32")):
+        with T.Kernel(1, threads=128):
+            W_s = T.alloc_shared((rows, dim), "bfloat16")
+            X_s = T.alloc_shared((rows, dim), "bfloat16")
+            Y_s = T.alloc_shared((rows, dim), "bfloat16")
+            r_s = T.alloc_shared((rows,), "float32")
+            s = T.alloc_fragment((rows, rows), "float32")
+            p = T.alloc_fragment((rows, rows), "bfloat16")
+            acc = T.alloc_fragment((rows, dim), "float32")
+            if n > 0:  # loaded before the loop with plain copies (not a TMA waited for inside it)
+                T.copy(W, W_s)
+            T.fill(acc, 0)
+            for step in T.Pipelined(n, num_stages=2):
+                if release_early:
+                    T.copy(X[step * rows:(step + 1) * rows, :], X_s)
+                T.copy(Y[step * rows:(step + 1) * rows, :], Y_s)
+                if not release_early:
+                    T.copy(X[step * rows:(step + 1) * rows, :], X_s)
+                for j in T.Parallel(rows):
+                    r_s[j] = R[step * rows + j] * T.float32(2)  # plain stores (a bare copy would be cp.async)
+                T.gemm(W_s, X_s, s, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
+                for i, j in T.Parallel(rows, rows):
+                    s[i, j] = T.exp2(s[i, j] - r_s[j])
+                T.copy(s, p)
+                T.gemm(p, Y_s, acc, policy=T.GemmWarpPolicy.FullRow)
+            T.copy(acc, out)
+
+    return main, {}

@@ -1,0 +1,66 @@
+"""Races of warp-specialized pipelines whose trip count is symbolic and whose producer stages rows
+with plain stores (released by ``cp.async.mbarrier.arrive.noinc``) between named barriers: the
+stage released before the rows are read is a definite race with its witness, the fixed order is not."""
+
+import math
+
+from kernels.attention import dense_bwd
+from tests.kernels.attention import racy_dense_bwd
+from tests.passes.async_corpus.pipelines import staged_rows_pipeline
+from tlx.lowering import lower
+from tlx.passes.races import races_report
+
+TARGET = {"kind": "cuda", "arch": "sm_90a"}
+
+
+def _races(report):
+    return [r for k in report["kernels"] for r in k["races"]]
+
+
+def _staged_row_race(report, buffer):
+    """The one race on ``buffer``: the producer's plain store two steps after the consumer's read."""
+    assert report["verdict"] == "race", report["summary"]
+    found = [r for r in _races(report) if r["buffer"] == buffer]
+    assert found, _races(report)
+    for r in found:
+        write, read = (r["first"], r["second"]) if r["first"]["write"] else (r["second"], r["first"])
+        assert write["write"] and not read["write"] and not write["async"] and not read["async"]
+        assert write["thread"]["tx"] < 128 <= read["thread"]["tx"]  # producer warpgroup, consumer warpgroup
+        # same stage (step % 2), a later round: the producer refills what the consumer still reads
+        assert write["loops"]["step"] > read["loops"]["step"] and (write["loops"]["step"] - read["loops"]["step"]) % 2 == 0
+        # the producer waited for the phase the consumer's early release completed, and nothing later
+        step = write["loops"]["step"]
+        assert any(f"iteration {{'step': {step}}}: waits on mbarrier[" in s and f"for phase {step // 2 - 1}" in s for s in r["schedule"]), r["schedule"]
+    return found
+
+
+def _no_race_on(report, buffer):
+    assert report["verdict"] in ("race-free", "unknown"), report["summary"]
+    assert not any(r["buffer"] == buffer for r in _races(report))
+
+
+def _staged(release_early):
+    func, configs = staged_rows_pipeline(release_early)
+    return races_report(lower(func, TARGET, configs))
+
+
+def test_stage_released_before_its_rows_are_read_is_a_race_with_its_witness():
+    _staged_row_race(_staged(release_early=True), "r_s")
+
+
+def test_stage_released_after_its_rows_are_read_is_not_a_race():
+    _no_race_on(_staged(release_early=False), "r_s")
+
+
+def _dv_kernel(module):
+    func = module.bwd_dkdv_kernel.get_tir(256, False, 1 / math.sqrt(256) * math.log2(math.e), 1 / math.sqrt(256), "bfloat16", "dv")
+    return races_report(lower(func, TARGET))
+
+
+def test_old_d256_dv_kernel_races_on_lse():
+    """The kernel before 023f2a5: dV wrong and different on every run on the H200."""
+    _staged_row_race(_dv_kernel(racy_dense_bwd), "lse_s")
+
+
+def test_shipped_d256_dv_kernel_has_no_lse_race():
+    _no_race_on(_dv_kernel(dense_bwd), "lse_s")
