@@ -37,11 +37,24 @@ reader ran after a generic write reached it, in an earlier epoch than its read, 
 write too. A race whose witness needs values read from memory (an index or a condition that
 loads) is reported ``unknown`` (data-dependent): the program may never hold those values.
 
+A pipeline loop of symbolic trip count (or over ``_TABLE_LIMIT`` steps) is not tabulated: each
+barrier index must repeat with one period ``p`` for every step and each wait's parity be its
+round's or the previous round's (both proven with Z3 over the step); round is ``step // p``, and
+orderings through other threads (wait, then arrive) take any number of hops, as the smallest
+round distance between barriers (:meth:`_Pipeline._round_distances`). Every trip count is covered
+at once. ``cp.async.mbarrier.arrive.noinc`` (TileLang's non-TMA producer) is one arrival that
+releases the thread's cp.async writes and, as TileLang relies on, its earlier plain stores.
+
+Named barriers (``bar.sync id, n``) are not counted: ignoring an ordering can only report more
+races. A race found is reported as certain only when no named barrier can order it (the two
+threads are in no common group, and every group runs its waits and arrives uniformly, see
+:func:`_named_barrier_gap`) and, in a periodic pipeline, its orderings are exact (no elected wait
+or arrive, one block-barrier epoch); otherwise it is ``unknown``.
+
 Not modelled, and therefore reported as ``unknown`` rather than safe: TMA stores, multicast
-and cluster barriers, mbarrier pipelines whose loop is not a constant range from 0 (a
-persistent kernel's counter, a symbolic K) or whose barrier index or parity depends on more
-than the loop, named/partial barriers, barriers under thread-dependent conditions, and wgmma
-descriptors this model did not see built. Calls into TileLang's collective templates
+and cluster barriers, pipelines whose barrier index or parity depends on more than the loop
+or has no period, barriers under thread-dependent conditions, and wgmma descriptors this model
+did not see built. Calls into TileLang's collective templates
 (``tl::AllReduce`` and the like) are treated as one access of their whole workspace by every
 thread, synchronised inside the call but not with anything outside it.
 """
