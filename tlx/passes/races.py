@@ -348,16 +348,18 @@ class _Pipeline:
         return _Site(op, kind, bar, k, index, rounds, phase, threads, elected, runners, nbytes, period)
 
     def _prove_for_every_step(self, k, claim) -> bool:
-        """``claim(step)`` (a Z3 formula) holds for every step of the pipeline loop ``k`` (``0 <= step``,
-        within the loop variable's integer type)."""
+        """``claim(step)`` (a Z3 formula) holds for every step ``>= 0`` of the pipeline loop ``k``."""
         step = z3.Int(f"{k.name}@period", self.enc.ctx)
-        # a general solver: the index and parity may use bit operations (bit-vector terms)
-        s = z3.Solver(ctx=self.enc.ctx)
-        s.set("rlimit", self.enc.rlimit)
-        s.add(step >= 0, step < 1 << (k.dtype.bits - 1), z3.Not(claim(step)))  # the step's own int range
-        self.enc.take_obligations()
+        try:
+            formula = z3.Not(claim(step))
+        except _NotModelled:
+            return False
+        # the step alone: the kernel's shape facts are not needed (and may be nonlinear)
+        solver = z3.SolverFor("QF_LIA", ctx=self.enc.ctx)
+        solver.set("rlimit", self.enc.rlimit)
+        solver.add(step >= 0, formula)  # _step_term is exact over all integers: no wrap-around bound
         self.enc.queries += 1
-        return s.check() == z3.unsat
+        return solver.check() == z3.unsat
 
     def _period(self, exprs, k) -> int:
         """The smallest ``p`` with every expression of ``exprs`` equal at steps ``s`` and ``s + p``
@@ -367,7 +369,7 @@ class _Pipeline:
                 raise _NotModelled(f"mbarrier index or parity `{e}` depends on more than the pipeline loop `{k}`")
 
         def same_after(p):
-            return lambda s: z3.And([self.enc.encode(e, {k: s}) == self.enc.encode(e, {k: s + p}) for e in exprs])
+            return lambda s: z3.And([_step_term(e, k, s) == _step_term(e, k, s + p) for e in exprs])
 
         for p in range(1, _MAX_PERIOD + 1):
             if self._prove_for_every_step(k, same_after(p)):
@@ -378,7 +380,7 @@ class _Pipeline:
         """0 when the wait's parity is its round's (``step // period``) at every step, -1 when it is
         the previous round's (Z3 over the step); a wait whose parity is neither is not modelled."""
         for offset in (0, -1):
-            if self._prove_for_every_step(k, lambda s, o=offset: self.enc.encode(parity, {k: s}) % 2 == (s / period + o + 2) % 2):
+            if self._prove_for_every_step(k, lambda s, o=offset: _step_term(parity, k, s) % 2 == (s / period + o + 2) % 2):
                 return offset
         raise _NotModelled(f"wait parity `{parity}` is not shown to be its round's or the previous round's at every step of pipeline loop `{k}`")
 
@@ -495,6 +497,7 @@ class _Pipeline:
         ``warpgroup_wait(0)`` lies between; ``cp.async.mbarrier.arrive.noinc`` releases its
         cp.async writes too (and, as TileLang's producer relies on, its earlier plain stores); a
         generic write the async proxy reads needs a ``fence.proxy.async`` of the thread between.
+        The residue of ``ev``'s iteration is enumerated, so every term is linear in its quotient.
         """
         if isinstance(ev.op, Access) and ev.op.op == "tma_load":
             return []
@@ -507,25 +510,27 @@ class _Pipeline:
             if cond is None:
                 continue
             k = ev.loops[st.loop]
-            first = k if st.order > ev.order else k + 1
-            for r in range(period):
-                # later candidates of the residue, for the ops that must lie between (two periods on, one always does)
-                for later in (0, period, 2 * period) if needs else (0,):
-                    kk = first + (r - first) % period + later
-                    between = [z3.Or([self._between(w, ev, st, k, kk) for w in ops] + [kk >= k + 2]) for ops in needs]
-                    out.append((z3.And([cond] + between), st.barrier, z3.IntVal(st.index[r], self.enc.ctx), kk / period))
+            quotient, residue = k / period, k % period
+            first = 0 if st.order > ev.order else 1
+            for own in range(period):
+                for r in range(period):
+                    # later candidates of the residue, for the ops that must lie between (two periods on, one always does)
+                    for later in (0, period, 2 * period) if needs else (0,):
+                        ahead = first + (r - own - first) % period + later  # the arrive runs in iteration k + ahead
+                        between = [z3.Or([self._between(w, ev, st, ahead) for w in ops] + [z3.BoolVal(ahead >= 2, self.enc.ctx)]) for ops in needs]
+                        out.append((z3.And([cond, residue == own] + between), st.barrier, z3.IntVal(st.index[r], self.enc.ctx),
+                                    quotient + (own + ahead) // period))
         return out
 
-    def _between(self, w, ev: "_Event", st: _Site, k, kk):
-        """The thread of ``ev`` runs ``w`` after ``ev`` (iteration ``k``) and before ``st`` (iteration ``kk``)."""
+    def _between(self, w, ev: "_Event", st: _Site, ahead: int):
+        """The thread of ``ev`` runs ``w`` after ``ev`` and before ``st``, ``ahead`` iterations later."""
         if not self._same_loop_op(w, ev):
             return z3.BoolVal(False, self.enc.ctx)
         cond = self._conds(w, ev.env())
         if cond is None:
             return z3.BoolVal(False, self.enc.ctx)
-        same = z3.BoolVal(ev.order < w.order < st.order, self.enc.ctx)
-        later = z3.BoolVal(w.order > ev.order or w.order < st.order, self.enc.ctx)
-        return z3.And(cond, z3.Or(z3.And(kk == k, same), z3.And(kk > k, later)))
+        between = ev.order < w.order < st.order if ahead == 0 else w.order > ev.order or w.order < st.order
+        return z3.And(cond, z3.BoolVal(between, self.enc.ctx))
 
     def _periodic_acquires(self, ev: "_Event") -> list:
         """(condition, barrier, index, phase) of the waits of ``ev``'s thread before it: per residue,
@@ -538,10 +543,13 @@ class _Pipeline:
             if cond is None:
                 continue
             k = ev.loops[st.loop]
-            last = k if st.order < ev.order else k - 1
-            for r in range(period):
-                kk = last - (last - r) % period
-                out.append((z3.And(cond, kk >= 0), st.barrier, z3.IntVal(st.index[r], self.enc.ctx), kk / period + st.phase[r]))
+            quotient, residue = k / period, k % period
+            last = 0 if st.order < ev.order else 1
+            for own in range(period):
+                for r in range(period):
+                    behind = last + (own - last - r) % period  # the wait runs in iteration k - behind
+                    out.append((z3.And(cond, residue == own, k >= behind), st.barrier, z3.IntVal(st.index[r], self.enc.ctx),
+                                quotient + (own - behind) // period + st.phase[r]))
         return out
 
     def _round_distances(self) -> dict:
@@ -721,6 +729,36 @@ class _Event:
             facts += [t >= lo_t, t < lo_t + ext_t]
             loops[v] = t
         return cls(op, list(thread_env.values()), thread_env, loops, facts)
+
+
+def _step_term(expr, k, step):
+    """``expr`` (a barrier index or parity: integer arithmetic of the step ``k`` and constants) as a
+    linear-integer Z3 term of ``step``. Bit operations with the constant 0 or 1 are written arithmetically
+    (``x & 1 = x mod 2``, ``x ^ 1 = x + 1 - 2 (x mod 2)``, exact in two's complement), so the
+    period and parity proofs stay in linear integer arithmetic."""
+    def go(e):
+        if isinstance(e, tir.IntImm):
+            return z3.IntVal(int(e.value), step.ctx)
+        if isinstance(e, tir.Var) and e.same_as(k):
+            return step
+        if isinstance(e, tir.Cast):
+            return go(e.value)
+        for cls, fn in ((tir.Add, lambda a, b: a + b), (tir.Sub, lambda a, b: a - b), (tir.Mul, lambda a, b: a * b)):
+            if isinstance(e, cls):
+                return fn(go(e.a), go(e.b))
+        if isinstance(e, (tir.FloorDiv, tir.FloorMod)) and const_int(e.b) is not None and const_int(e.b) > 0:
+            # Z3's integer division and modulus round toward -inf for a positive divisor, like TIR's floor ones
+            return go(e.a) / const_int(e.b) if isinstance(e, tir.FloorDiv) else go(e.a) % const_int(e.b)
+        name = op_name(e) if isinstance(e, tir.Call) else ""
+        if name in ("tirx.bitwise_and", "tirx.bitwise_xor") and const_int(e.args[1]) in (0, 1):
+            x, one = go(e.args[0]), const_int(e.args[1])
+            if name == "tirx.bitwise_and":
+                return x % 2 if one else z3.IntVal(0, step.ctx)
+            return x + 1 - 2 * (x % 2) if one else x
+        if name == "tirx.shift_right" and const_int(e.args[1]) is not None and const_int(e.args[1]) >= 0:
+            return go(e.args[0]) / (1 << const_int(e.args[1]))
+        raise _NotModelled(f"`{e}` in a barrier index or parity is not modelled")
+    return go(expr)
 
 
 def _int_of(term) -> int:
