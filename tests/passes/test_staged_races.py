@@ -70,3 +70,16 @@ def test_shipped_d256_dv_kernel_is_proven_free_of_the_lse_race():
     _no_race_on(report, "lse_s")
     left = [u for k in report["kernels"] for u in k["unknown"]]
     assert left and not any(b in u["first"] + u["second"] for u in left for b in ("lse_s", "Q_s", "dO_s")), left
+
+
+def test_indexer_pipeline_of_a_loaded_trip_count_is_proven():
+    """Unknown before (a named barrier beside its mbarriers, a trip count read from memory): its TMA
+    stage K_s is now proven released before it is refilled, for every trip count, with the
+    consumer's named barriers left out (leaving an ordering out can only add races)."""
+    from kernels.attention.indexer import indexer_kernel
+
+    report = races_report(lower(indexer_kernel.get_tir(64, 128), TARGET))
+    assert report["verdict"] != "race", report["summary"]
+    kernel = report["kernels"][0]
+    assert any("mbarrier pipeline modelled" in n for n in kernel["notes"])
+    assert kernel["pairs"] >= 4 and not any("K_s" in u["first"] + u["second"] for u in kernel["unknown"]), kernel["unknown"]
