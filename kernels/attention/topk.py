@@ -2,9 +2,9 @@
 indices of its ``k`` largest values, ties to the lower index: the set a stable descending sort
 puts first. Indices are returned in ascending order (the order sparse attention reads KV in).
 
-Radix select, one CTA of 1024 threads per row, so a row's result never depends on the other rows
-(batch invariant) and no step depends on timing (deterministic: counts are integers, the output
-order is the index order):
+Radix select, one CTA of 1024 threads per row (or a cluster of two, below), so a row's result
+never depends on the other rows (batch invariant) and no step depends on timing (deterministic:
+counts are integers, the output order is the index order):
 
 1. Each value becomes a 32-bit key ordered like the values (``ordered_key``: -0 is +0, every NaN
    is above +inf, as in torch's sort).
@@ -16,6 +16,16 @@ order is the index order):
    index is written to its place in ascending order.
 
 The row is read four times; at 64 rows x 65536 (16 MiB) it stays in L2 after the first pass.
+
+With one CTA per row a 64-row batch keeps 64 of the H200's 132 SMs busy, and a row's time is
+one SM streaming it. ``ctas_per_row=2`` gives each row a 2-CTA thread-block cluster (sm_90):
+CTA rank ``r`` streams quads ``[r * h, min(N4, (r + 1) * h))``, ``h = ceil(N4 / 2)``. After each
+histogram pass a CTA writes its histogram into the peer's shared memory (distributed shared
+memory, one receive buffer per pass so that no buffer is rewritten), a cluster barrier
+(release / acquire) publishes it, and both CTAs scan the same sum of integer counts, so both
+derive the same threshold. Rank 1 also counts, from rank 0's histograms, rank 0's keys above
+the threshold and equal to it: its collection pass starts from those counts, so its indices
+land after rank 0's, exactly where the 1-CTA kernel puts them.
 """
 
 import torch
@@ -31,6 +41,7 @@ BINS = 1 << max(PASS_BITS)
 PER_THREAD = 16  # consecutive values a thread takes in the collection pass
 KS = (512, 1024, 2048)
 MAX_N = 1 << 17
+CTAS_PER_ROW = (1, 2)  # CTAs (one thread-block cluster) that share a row
 
 
 def ordered_key(x):
@@ -44,11 +55,15 @@ def ordered_key(x):
 
 
 @tlx.jit(target=TARGET, assume=["1 <= N4", f"N4 <= {MAX_N // 4}"])
-def topk_kernel(k: int):
+def topk_kernel(k: int, ctas_per_row: int = 1):
     """``Idx [R, k]`` int32: the top-k indices of each row of ``X [R, N4, 4]`` (a row of
-    ``4 * N4`` values, viewed in fours so that every load is one 16-byte vector), ascending."""
+    ``4 * N4`` values, viewed in fours so that every load is one 16-byte vector), ascending.
+    ``ctas_per_row``: 1, or 2 for a 2-CTA cluster per row (see the module docstring)."""
+    if ctas_per_row not in CTAS_PER_ROW:
+        raise ValueError(f"ctas_per_row: expected one of {CTAS_PER_ROW}, got {ctas_per_row}")
     rows = T.dynamic("R")
     n4 = T.dynamic("N4")
+    clustered = ctas_per_row == 2
 
     @T.macro
     def block_scan(value, warp_sums, lane, warp, result):
@@ -76,19 +91,24 @@ def topk_kernel(k: int):
             result[0] = result[0] + warp_sums[warp - 1]
 
     @T.macro
-    def histogram_pass(X, row, tx, lane, warp, hist, warp_sums, found, xs, counts, scan, prefix: T.Ref,
-                       need: T.Ref, done: int, bits: int):
-        """Extend ``prefix`` (the threshold key's ``done`` high bits) by ``bits`` bits and lower
-        ``need`` by the count of keys above the new prefix."""
+    def histogram_pass(X, row, lo, hi, rank, tx, lane, warp, hist, received, peer_above, warp_sums, found, xs,
+                       counts, scan, prefix: T.Ref, need: T.Ref, step: int):
+        """Extend ``prefix`` (the threshold key's high bits resolved by the earlier steps) by
+        ``PASS_BITS[step]`` bits and lower ``need`` by the count of keys above the new prefix.
+        The CTA counts the row's quads ``[lo, hi)``; clustered, the counts are the sum of both
+        CTAs' histograms, and rank 1 adds rank 0's count of keys above the new prefix to
+        ``peer_above[0]``."""
+        done = sum(PASS_BITS[:step])
+        bits = PASS_BITS[step]
         bins = 1 << bits
         per = bins // THREADS
         shift = 32 - done - bits
         for j in T.unroll(BINS // THREADS):
             hist[j * THREADS + tx] = 0
         T.sync_threads()
-        for it in T.serial(T.ceildiv(n4, THREADS)):
-            q = it * THREADS + tx
-            if q < n4:
+        for it in T.serial(T.ceildiv(hi - lo, THREADS)):
+            q = lo + it * THREADS + tx
+            if q < hi:
                 for v in T.vectorized(4):
                     xs[v] = X[row, q, v]
                 for v in T.unroll(4):
@@ -98,12 +118,20 @@ def topk_kernel(k: int):
                     elif key >> T.uint32(32 - done) == prefix:
                         T.atomic_add(hist[T.Cast("int32", (key >> T.uint32(shift)) & T.uint32(bins - 1))], 1)
         T.sync_threads()
+        if clustered:
+            if step == 0:
+                T.cluster_wait()  # the peer has started (its arrive opened the kernel): its shared memory exists
+            T.copy_cluster(hist[0:bins], received[step, 0:bins], dst_block=1 - rank)
+            T.cluster_sync()  # release our writes into the peer, acquire the peer's into ours
         # thread tx owns bins bins-1-per*tx .. bins-per*(tx+1), highest first, so the scan over
         # threads counts the keys at or above each thread's bins
         own = T.alloc_var("int32")
         own = 0
         for j in T.unroll(per):
-            counts[j] = hist[bins - 1 - (per * tx + j)]
+            if clustered:
+                counts[j] = hist[bins - 1 - (per * tx + j)] + received[step, bins - 1 - (per * tx + j)]
+            else:
+                counts[j] = hist[bins - 1 - (per * tx + j)]
             own = own + counts[j]
         block_scan(own, warp_sums, lane, warp, scan)
         above = T.alloc_var("int32")
@@ -114,16 +142,36 @@ def topk_kernel(k: int):
                 found[1] = above
             above = above + counts[j]
         T.sync_threads()
+        if clustered:
+            if rank == 1:
+                peer = T.alloc_var("int32")
+                peer = 0
+                for j in T.unroll(per):
+                    if bins - 1 - (per * tx + j) > found[0]:
+                        peer = peer + received[step, bins - 1 - (per * tx + j)]
+                peer = T.warp_reduce_sum(peer)
+                if lane == 0:
+                    T.atomic_add(peer_above[0], peer)
         prefix = (prefix << T.uint32(bits)) | T.Cast("uint32", found[0])
         need = need - found[1]
 
     @T.prim_func
     def kernel(X: T.Tensor((rows, n4, 4), "float32"), Idx: T.Tensor((rows, k), "int32")):
-        with T.Kernel(rows, threads=THREADS) as row:
+        with T.Kernel(rows * ctas_per_row, threads=THREADS, cluster_dims=ctas_per_row) as bx:
+            if clustered:
+                T.cluster_arrive_relaxed()  # paired with the cluster_wait before the first exchange
+            row = bx // ctas_per_row
+            rank = bx % ctas_per_row
+            span = T.ceildiv(n4, ctas_per_row)
+            lo = rank * span
+            hi = T.min(n4, lo + span)
             tx = T.get_thread_binding()
             lane = tx % 32
             warp = tx // 32
             hist = T.alloc_shared((BINS,), "int32")
+            # clustered: the peer's histogram of each pass, written by the peer
+            received = T.alloc_shared((len(PASS_BITS) if clustered else 1, BINS if clustered else 1), "int32")
+            peer_above = T.alloc_shared((1,), "int32")  # clustered, rank 1: rank 0's keys above the threshold
             warp_sums = T.alloc_shared((WARPS,), "int32")
             found = T.alloc_shared((2,), "int32")  # the threshold bin, the count of keys above it
             xs = T.alloc_local((PER_THREAD,), "float32")
@@ -134,28 +182,36 @@ def topk_kernel(k: int):
             need = T.alloc_var("int32")
             prefix = T.uint32(0)
             need = k
-            histogram_pass(X, row, tx, lane, warp, hist, warp_sums, found, xs, counts, scan, prefix, need,
-                           0, PASS_BITS[0])
-            histogram_pass(X, row, tx, lane, warp, hist, warp_sums, found, xs, counts, scan, prefix, need,
-                           PASS_BITS[0], PASS_BITS[1])
-            histogram_pass(X, row, tx, lane, warp, hist, warp_sums, found, xs, counts, scan, prefix, need,
-                           PASS_BITS[0] + PASS_BITS[1], PASS_BITS[2])
-            # prefix is now the threshold key t; take every key above t and the first `need` equal to t
+            if clustered:
+                if tx == 0:
+                    peer_above[0] = 0
+            histogram_pass(X, row, lo, hi, rank, tx, lane, warp, hist, received, peer_above, warp_sums, found, xs,
+                           counts, scan, prefix, need, 0)
+            histogram_pass(X, row, lo, hi, rank, tx, lane, warp, hist, received, peer_above, warp_sums, found, xs,
+                           counts, scan, prefix, need, 1)
+            histogram_pass(X, row, lo, hi, rank, tx, lane, warp, hist, received, peer_above, warp_sums, found, xs,
+                           counts, scan, prefix, need, 2)
+            # prefix is now the threshold key t; take every key above t and the first `need` equal
+            # to t; clustered rank 1 starts from rank 0's counts of both
             greater = T.alloc_var("int32")
             equal = T.alloc_var("int32")
             greater = 0
             equal = 0
-            for c in T.serial(T.ceildiv(n4, THREADS * PER_THREAD // 4)):
-                q0 = (c * THREADS + tx) * (PER_THREAD // 4)
+            if clustered:
+                if rank == 1:
+                    greater = peer_above[0]
+                    equal = received[len(PASS_BITS) - 1, found[0]]
+            for c in T.serial(T.ceildiv(hi - lo, THREADS * PER_THREAD // 4)):
+                q0 = lo + (c * THREADS + tx) * (PER_THREAD // 4)
                 for j in T.unroll(PER_THREAD // 4):
-                    if q0 + j < n4:
+                    if q0 + j < hi:
                         for v in T.vectorized(4):
                             xs[j * 4 + v] = X[row, q0 + j, v]
                 packed = T.alloc_var("int32")
                 packed = 0  # keys above t in the low 16 bits, keys equal to t in the high 16
                 for j in T.unroll(PER_THREAD):
-                    keys[j] = T.if_then_else(q0 + j // 4 < n4, ordered_key(xs[j]), T.uint32(0))
-                    if q0 + j // 4 < n4:
+                    keys[j] = T.if_then_else(q0 + j // 4 < hi, ordered_key(xs[j]), T.uint32(0))
+                    if q0 + j // 4 < hi:
                         if keys[j] > prefix:
                             packed = packed + 1
                         elif keys[j] == prefix:
@@ -166,7 +222,7 @@ def topk_kernel(k: int):
                 g = greater + ((scan[0] - packed) & 0xFFFF)
                 e = equal + ((scan[0] - packed) >> 16)
                 for j in T.unroll(PER_THREAD):
-                    if q0 + j // 4 < n4:
+                    if q0 + j // 4 < hi:
                         if keys[j] > prefix:
                             if g + T.min(e, need) < k:
                                 Idx[row, g + T.min(e, need)] = q0 * 4 + j
@@ -181,13 +237,16 @@ def topk_kernel(k: int):
     return kernel
 
 
-def topk_indices(x: torch.Tensor, k: int) -> torch.Tensor:
+def topk_indices(x: torch.Tensor, k: int, ctas_per_row: int = 1) -> torch.Tensor:
     """int32 ``[R, k]``: the indices of the ``k`` largest values of each row of ``x [R, N]``
     (fp32, contiguous, CUDA, ``N % 4 == 0``, ``4 <= N <= 131072``), ties to the lower index,
     in ascending order. A row shorter than k (N <= k) gives all its indices, then -1 (the
-    masked slot of sparse decode); no kernel runs then."""
+    masked slot of sparse decode); no kernel runs then. ``ctas_per_row`` (1 or 2) picks the
+    kernel variant; both give the same bits."""
     if k not in KS:
         raise ValueError(f"k: expected one of {KS}, got {k}")
+    if ctas_per_row not in CTAS_PER_ROW:
+        raise ValueError(f"ctas_per_row: expected one of {CTAS_PER_ROW}, got {ctas_per_row}")
     if not isinstance(x, torch.Tensor) or x.dtype != torch.float32 or x.dim() != 2:
         raise TypeError(f"x: expected a 2-d float32 tensor, got {getattr(x, 'dtype', type(x))} "
                         f"with {getattr(x, 'dim', lambda: '?')()} dims")
@@ -202,5 +261,5 @@ def topk_indices(x: torch.Tensor, k: int) -> torch.Tensor:
         return torch.where(row < n, row, -1).expand(r, k).contiguous()
     out = torch.empty((r, k), dtype=torch.int32, device=x.device)
     if r:
-        topk_kernel(k)(x.view(r, n // 4, 4), out)
+        topk_kernel(k, ctas_per_row)(x.view(r, n // 4, 4), out)
     return out
