@@ -29,8 +29,14 @@ def _staged_row_race(report, buffer):
         # same stage (step % 2), a later round: the producer refills what the consumer still reads
         assert write["loops"]["step"] > read["loops"]["step"] and (write["loops"]["step"] - read["loops"]["step"]) % 2 == 0
         # the producer waited for the phase the consumer's early release completed, and nothing later
-        step = write["loops"]["step"]
-        assert any(f"iteration {{'step': {step}}}: waits on mbarrier[" in s and f"for phase {step // 2 - 1}" in s for s in r["schedule"]), r["schedule"]
+        step, read_step = write["loops"]["step"], read["loops"]["step"]
+        assert step == read_step + 2  # two steps ahead: a later refill waits for a release after the read
+        waited = [s.split("waits on ")[1].split(" for")[0] for s in r["schedule"]
+                  if s.startswith(f"thread {write['thread']}") and f"iteration {{'step': {step}}}: waits on mbarrier[" in s and f"for phase {step // 2 - 1}" in s]
+        assert waited, r["schedule"]
+        # ... which the consumer's release of that stage in the read's step completed before it read
+        assert any(s.startswith(f"thread {read['thread']}") and f"arrives on {waited[0]} (round {read_step // 2}), before the access" in s
+                   for s in r["schedule"]), r["schedule"]
     return found
 
 

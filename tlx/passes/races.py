@@ -684,6 +684,9 @@ class _Pipeline:
             bar = f"{st.barrier.name}[{index}]"
             if st.kind == "wait" and st.order < op.order and self._thread_runs(st, thread):
                 steps.append(f"thread {thread} iteration {loops}: waits on {bar} for phase {ph}" + (" (returns at once)" if ph < 0 else ""))
+            if st.kind == "arrive" and st.order < op.order and self._thread_runs(st, thread):
+                # a release before the access: what a wait for this round no longer orders
+                steps.append(f"thread {thread} iteration {loops}: arrives on {bar} (round {rnd}), before the access")
             if st.op is op:
                 steps.append(f"thread {thread} iteration {loops}: {verb} `{op.text}`, published when {bar} completes phase {rnd}")
                 return steps
