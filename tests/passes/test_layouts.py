@@ -138,5 +138,45 @@ def test_a_fragment_laid_out_for_part_of_it_is_wrong():
     target = {"kind": "cuda", "arch": "sm_90a"}
     bad = {e["buffer"]: e for e in layouts_report(lower(kernel(True), target))["layouts"]}["acc"]
     assert bad["verdict"] == "invalid" and bad["uncovered"] == {"layout": ["64", "64"], "buffer": ["128", "64"]}
+    assert bad["coverage"]["status"] == "violation" and bad["coverage"]["last"][0] >= 64, bad["coverage"]
+    report = layouts_report(lower(kernel(True), target))
+    assert any(line.startswith("kernel main: fragment acc is declared [128, 64] but TileLang laid it out for [64, 64] only") for line in report["summary"]), report["summary"]
     good = {e["buffer"]: e for e in layouts_report(lower(kernel(False), target))["layouts"]}["acc"]
     assert good["verdict"] == "bijective" and "uncovered" not in good
+
+
+def test_a_fragment_declared_smaller_than_the_loops_that_use_it_is_fine():
+    """The attention-sink pattern: a per-row broadcast fragment declared with the wrong extent (4)
+    but written and read only in ``T.Parallel(64)`` loops. TileLang gives it the 64-row layout
+    of those loops and allocates its registers from that layout, so every index has a register
+    of its own: the layout is fine and the declaration is reported as a note, not a violation.
+    Declared with the right extent it gets no note."""
+
+    def kernel(declared: int):
+        @T.prim_func
+        def main(X: T.Tensor((256, 64), "float32"), Bias: T.Tensor((4,), "float32"), Y: T.Tensor((256,), "float32")):
+            with T.Kernel(4, threads=128) as bx:
+                rows = T.alloc_fragment((64, 64), "float32")
+                row_sum = T.alloc_fragment((64,), "float32")
+                bias = T.alloc_fragment((declared,), "float32")
+                T.copy(X[bx * 64, 0], rows)
+                T.reduce_sum(rows, row_sum, dim=1)
+                for i in T.Parallel(64):
+                    bias[i] = Bias[bx]
+                for i in T.Parallel(64):
+                    row_sum[i] += bias[i]
+                T.copy(row_sum, Y[bx * 64])
+
+        return main
+
+    target = {"kind": "cuda", "arch": "sm_90a"}
+    lowered = lower(kernel(4), target)
+    report = layouts_report(lowered)
+    bias = {e["buffer"]: e for e in report["layouts"]}["bias"]
+    assert bias["verdict"] == "bijective" and bias["coverage"] == {"status": "proven"}, bias
+    assert bias["declared_shape"] == {"layout": ["64"], "buffer": ["4"]} and "uncovered" not in bias
+    assert report["invalid"] == 0 and report["unknown"] == 0
+    assert any(line.startswith("kernel main: fragment bias is declared [4] but used over [64]") for line in report["summary"]), report["summary"]
+    layouts_pass(lowered, PassContext(options={"verify": "error"}))  # no LayoutError
+    exact = {e["buffer"]: e for e in layouts_report(lower(kernel(64), target))["layouts"]}["bias"]
+    assert exact["verdict"] == "bijective" and "declared_shape" not in exact and "coverage" not in exact

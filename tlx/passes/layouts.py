@@ -12,6 +12,12 @@ that map. Each property is one Z3 query over the whole domain, so there is no si
   codomain have the same size (pigeonhole); otherwise a Z3 search for an unreached
   slot gives a witness when it can.
 
+A fragment whose layout's domain differs from its declared shape is wrong only if the kernel
+reaches an element outside the domain (such an element has no register): every access in the IR
+after LayoutInference is checked against the domain, with Z3 over the enclosing loops and branch
+conditions. All inside is fine (a note names the declaration to fix); one proven outside is a
+violation with the access; anything undecided is unknown.
+
 XOR swizzles are cross-checked by an independent method: :func:`gf2_map` evaluates the
 index expressions symbolically bit by bit (each output bit a GF(2) polynomial in the
 input bits, additions with exact carries) and, when every output bit is affine, the
@@ -51,6 +57,7 @@ class UsedLayout:
     dtype: str
     layout: Any
     shape: tuple = ()  # the buffer's shape (empty: not known, the coverage check is skipped)
+    data: Any = None  # the buffer's data variable, to find its accesses (None: not known)
 
     @property
     def kind(self) -> str:
@@ -68,7 +75,7 @@ def collect_layouts(kernel: LoweredKernel) -> list[UsedLayout]:
             for buf, lay in node.annotations["layout_map"].items():
                 key = (buf.name, str(lay))
                 if key not in found:
-                    found[key] = UsedLayout(buf.name, buf.scope(), str(buf.dtype), lay, tuple(buf.shape))
+                    found[key] = UsedLayout(buf.name, buf.scope(), str(buf.dtype), lay, tuple(buf.shape), buf.data)
 
     for _, fn in kernel.layout_mod.functions.items():
         if isinstance(fn, tir.PrimFunc):
@@ -327,9 +334,17 @@ def _same_extent(a, b) -> bool:
 
 
 def _verdict(r: dict) -> str:
-    """``bijective`` | ``injective`` (padding left unreached) | ``invalid`` | ``unknown``."""
-    if r["injective"] == "violation" or r["in_range"] == "violation" or "uncovered" in r:
+    """``bijective`` | ``injective`` (padding left unreached) | ``invalid`` | ``unknown``.
+
+    A layout whose domain is not the buffer's shape is invalid unless :func:`_access_coverage`
+    ran: then only an access proven to fall outside the layout makes it invalid, and one it
+    could not decide makes it unknown."""
+    if r["injective"] == "violation" or r["in_range"] == "violation":
         return "invalid"
+    if "uncovered" in r and r.get("coverage", {"status": "violation"})["status"] == "violation":
+        return "invalid"
+    if "uncovered" in r:
+        return "unknown"
     if r["injective"] == "proven" and r["in_range"] == "proven":
         return "bijective" if r["onto"] == "proven" else "injective" if r["onto"] == "violation" else "unknown"
     return "unknown"
@@ -518,6 +533,183 @@ def _gf2_cross_check(m: _Map, result: dict) -> dict:
     return out
 
 
+# ----- does every access stay inside a fragment's layout? -----------------------------------------
+
+
+_ONE_ELEMENT = tir.IntImm("int32", 1)  # the extent of an element access in each dimension
+
+
+class _AccessWalk:
+    """The accesses of one fragment in the IR after LayoutInference, each with the facts that hold
+    where it runs (enclosing loops, thread extents, branch conditions, bindings) as Z3 terms.
+
+    ``exact`` is False once a fact had to be approximated (an opaque value, a ``while`` loop): such
+    an access can still be proven inside the layout, but a model of it is no witness."""
+
+    def __init__(self, enc: Encoder, data):
+        self.enc, self.data = enc, data
+        self.accesses: list[tuple[list, list, list, bool]] = []  # (indices, extents, facts, exact)
+        self.unread: list[str] = []  # what the walk could not follow
+
+    def term(self, expr, boolean=False):
+        """The Z3 term of ``expr``, and whether it is exact (no opaque value stood in for part of it)."""
+        before = (self.enc._fresh, len(self.enc.opaque_loads))
+        term = self.enc.encode_bool(expr) if boolean else self.enc.encode(expr)
+        self.enc.take_obligations()  # index arithmetic is read as exact integer math
+        return term, before == (self.enc._fresh, len(self.enc.opaque_loads))
+
+    def expr(self, e, facts, exact):
+        """Record the fragment's loads and tile-op regions inside expression ``e``."""
+        found, bare = [], []
+
+        def visit(n):
+            if isinstance(n, tir.BufferLoad) and n.buffer.data.same_as(self.data):
+                found.append((list(n.indices), [_ONE_ELEMENT] * len(n.indices)))
+            elif isinstance(n, tir.Call) and getattr(n.op, "name", "") == "tl.region":
+                load = n.args[0]
+                if isinstance(load, tir.BufferLoad) and load.buffer.data.same_as(self.data):
+                    extents = list(n.args[2:])
+                    if len(extents) == len(load.indices):
+                        found.append((list(load.indices), extents))
+                    else:
+                        self.unread.append(f"a region of {len(extents)} extents over a rank-{len(load.indices)} buffer")
+            elif isinstance(n, tir.Var) and n.same_as(self.data):
+                bare.append(n)
+
+        tir.stmt_functor.post_order_visit(e, visit)
+        if bare:
+            self.unread.append("a use of the buffer's address")
+        guarded = _has_conditional(e)
+        for indices, extents in found:
+            self.accesses.append((indices, extents, facts, exact and not guarded))
+
+    def stmt(self, s, facts, exact):
+        if isinstance(s, tir.SeqStmt):
+            for c in s.seq:
+                facts, exact = self._sequential(c, facts, exact)
+            return
+        self._sequential(s, facts, exact)
+
+    def _sequential(self, s, facts, exact):
+        """Walk ``s``; return the facts and exactness that hold after it (a ``Bind`` adds one)."""
+        enc = self.enc
+        if isinstance(s, tir.Bind):
+            self.expr(s.value, facts, exact)
+            value, ok = self.term(s.value)
+            return facts + [enc.var(s.var) == value], exact and ok
+        if isinstance(s, tir.For):
+            self.expr(s.min, facts, exact)
+            self.expr(s.extent, facts, exact)
+            self.stmt(s.body, facts + enc.range_facts(s.loop_var, s.min, s.extent), exact)
+        elif isinstance(s, tir.AttrStmt):
+            inner = facts
+            if s.attr_key == "thread_extent":
+                inner = facts + enc.range_facts(s.node.var, 0, s.value)
+            self.stmt(s.body, inner, exact)
+        elif isinstance(s, tir.IfThenElse):
+            self.expr(s.condition, facts, exact)
+            cond, ok = self.term(s.condition, boolean=True)
+            self.stmt(s.then_case, facts + [cond], exact and ok)
+            if s.else_case is not None:
+                self.stmt(s.else_case, facts + [z3.Not(cond)], exact and ok)
+        elif isinstance(s, tir.SBlockRealize):
+            self.expr(s.predicate, facts, exact)
+            inner, ok = list(facts), exact
+            for iv, value in zip(s.block.iter_vars, s.iter_values, strict=True):
+                self.expr(value, facts, exact)
+                term, exact_value = self.term(value)
+                inner.append(enc.var(iv.var) == term)
+                ok = ok and exact_value
+            pred, exact_pred = self.term(s.predicate, boolean=True)
+            self.stmt(s.block, inner + [pred], ok and exact_pred)
+        elif isinstance(s, tir.SBlock):
+            if s.init is not None:
+                self.stmt(s.init, facts, exact)
+            self.stmt(s.body, facts, exact)
+        elif isinstance(s, tir.BufferStore):
+            if s.buffer.data.same_as(self.data):
+                self.accesses.append((list(s.indices), [_ONE_ELEMENT] * len(s.indices), facts, exact))
+            for e in list(s.indices) + [s.value]:
+                self.expr(e, facts, exact)
+        elif isinstance(s, tir.Evaluate):
+            self.expr(s.value, facts, exact)
+        elif isinstance(s, tir.While):
+            self.expr(s.condition, facts, exact)
+            self.stmt(s.body, facts, False)
+        elif isinstance(s, tir.AssertStmt):
+            self.expr(s.condition, facts, exact)
+        elif isinstance(s, tir.AllocBuffer | tir.DeclBuffer):
+            if isinstance(getattr(s, "body", None), tir.Stmt):
+                self.stmt(s.body, facts, exact)
+        else:
+            self.unread.append(f"a {type(s).__name__} statement")
+        return facts, exact
+
+
+def _has_conditional(e) -> bool:
+    """Does ``e`` contain a select or ``if_then_else`` (an access in it may never run)?"""
+    found = []
+
+    def visit(n):
+        if isinstance(n, tir.Select) or (isinstance(n, tir.Call) and getattr(n.op, "name", "") == "tirx.if_then_else"):
+            found.append(n)
+
+    tir.stmt_functor.post_order_visit(e, visit)
+    return bool(found)
+
+
+def _access_coverage(kernel: LoweredKernel, used: UsedLayout) -> dict:
+    """Does every access of fragment ``used`` fall inside its layout's domain?
+
+    TileLang allocates a fragment's registers from its layout, not from the declared shape, and
+    every access goes through the layout's map: an access inside the domain has a register of its
+    own whatever the declaration says, one outside it has none (it lands on another element's
+    register, or past the thread's array). Seen in TileLang 0.1.15's CUDA: a ``[8]`` fragment
+    used in ``T.Parallel(64)`` loops on 128 threads becomes ``half_t sinks[2]`` per thread, a
+    (128, 64) fragment laid out for (64, 64) becomes ``float acc[32]``.
+
+    Returns ``{"status": "proven"}``, ``{"status": "violation", "access": text, "first": index,
+    "last": index}`` (a reachable access that leaves the domain; ``first``..``last`` is the
+    element or region it touches) or ``{"status": "unknown", "why": text}``."""
+    enc = Encoder()
+    walk = _AccessWalk(enc, used.data)
+    for _, fn in kernel.layout_mod.functions.items():
+        if isinstance(fn, tir.PrimFunc):
+            walk.stmt(fn.body, [], True)
+    if walk.unread:
+        return {"status": "unknown", "why": f"the walk could not follow {walk.unread[0]}"}
+    domain = list(used.layout.get_input_shape())
+    undecided = None
+    for indices, extents, facts, exact in walk.accesses:
+        if len(indices) != len(domain):
+            return {"status": "unknown", "why": f"an access of rank {len(indices)} against a rank-{len(domain)} layout"}
+        encoded = [walk.term(e) for e in indices + extents]
+        exact = exact and all(ok for _, ok in encoded)
+        terms = [t for t, _ in encoded[: len(indices)]]
+        lasts = [t + x - 1 for t, (x, _) in zip(terms, encoded[len(indices) :], strict=True)]
+        bounds = [enc.encode(d) for d in domain]
+        enc.take_obligations()
+        outside = z3.Or([z3.Or(t < 0, last >= b) for t, last, b in zip(terms, lasts, bounds, strict=True)])
+        v = enc.check(facts + [outside])
+        if v.status == "proven":
+            continue
+        if v.status == "violation" and exact:
+            first = [enc.model_value(v.model, t) for t in terms]
+            last = [enc.model_value(v.model, t) for t in lasts]
+            return {"status": "violation", "access": _access_text(used.buffer, indices, extents), "first": first, "last": last}
+        undecided = undecided or f"{_access_text(used.buffer, indices, extents)} was not proven inside it"
+    if undecided:
+        return {"status": "unknown", "why": undecided}
+    return {"status": "proven"}
+
+
+def _access_text(buffer: str, indices: list, extents: list) -> str:
+    """``acc[i, j]`` for an element, ``acc[0:128, 0:64]`` for a tile operation's region."""
+    simplify = tvm.arith.Analyzer().simplify
+    parts = [str(i) if const_int(x) == 1 else f"{i}:{simplify(i + x)}" for i, x in zip(indices, extents, strict=True)]
+    return f"{buffer}[{', '.join(parts)}]"
+
+
 # ----- the pass -------------------------------------------------------------------------------
 
 
@@ -525,12 +717,12 @@ def layouts_report(kernel: LoweredKernel) -> dict:
     """Check every layout of ``kernel``; ``{"layouts": [...], "invalid": n, "unknown": n, "seconds": s}``."""
     t0 = time.perf_counter()
     enc = Encoder()
-    entries = [check_layout(u, enc) for u in collect_layouts(kernel)]
+    entries = [_checked(kernel, u, enc) for u in collect_layouts(kernel)]
     invalid = sum(e["verdict"] in ("invalid", "error") for e in entries)
     unknown = sum(e["verdict"] == "unknown" for e in entries)
     counts = {k: sum(e["verdict"] == k for e in entries) for k in ("bijective", "injective")}
     summary = [f"{len(entries)} layouts: {counts['bijective']} bijective, {counts['injective']} injective with unused slots, {invalid} wrong, {unknown} unknown"]
-    summary += [_describe(e) for e in entries if e["verdict"] in ("invalid", "error")]
+    summary += [_describe(e, kernel.name) for e in entries if e["verdict"] in ("invalid", "error") or "uncovered" in e or "declared_shape" in e]
     return {
         "summary": summary,
         "layouts": entries,
@@ -542,17 +734,55 @@ def layouts_report(kernel: LoweredKernel) -> dict:
     }
 
 
-def _describe(e: dict) -> str:
-    if "uncovered" in e:
-        u = e["uncovered"]
-        return f"layout of {e['buffer']}: defined on {u['layout']}, but the buffer is {u['buffer']}"
+def _checked(kernel: LoweredKernel, used: UsedLayout, enc: Encoder) -> dict:
+    """:func:`check_layout`, and for a fragment laid out on another shape than it is declared
+    with, whether the kernel's accesses stay inside the layout (:func:`_access_coverage`)."""
+    e = check_layout(used, enc)
+    if "uncovered" not in e or used.kind != "fragment" or used.data is None:
+        return e
+    cov = _access_coverage(kernel, used)
+    e["coverage"] = cov
+    if cov["status"] == "proven":
+        e["declared_shape"] = e.pop("uncovered")
+    if e["verdict"] != "error":
+        e["verdict"] = _verdict(e)
+    return e
+
+
+def _describe(e: dict, kernel: str) -> str:
+    """One line a kernel author can act on: the kernel, the buffer, what is wrong and what follows."""
+    where = f"kernel {kernel}: {e['kind']} {e['buffer']}"
+    shape = e.get("uncovered") or e.get("declared_shape")
+    if shape:
+        declared, domain = _shape_text(shape["buffer"]), _shape_text(shape["layout"])
+        cov = e.get("coverage", {"status": "not checked"})
+        if cov["status"] == "proven":
+            return (f"{where} is declared {declared} but used over {domain}, the layout TileLang inferred from the loops "
+                    f"that touch it; every access stays inside that layout and TileLang allocates the fragment's registers "
+                    f"from it, so the results are not affected (declare it {domain} to say what the kernel does)")
+        if cov["status"] == "violation":
+            return (f"{where} is declared {declared} but TileLang laid it out for {domain} only: the access {cov['access']} "
+                    f"covers {_span(cov)}, which leaves the layout; an element outside it has no register of its own "
+                    f"(it reads or overwrites another element's register, or lies past the thread's array)")
+        if cov["status"] == "unknown":
+            return (f"{where} is declared {declared} but laid out for {domain}; tlx could not prove that every access "
+                    f"stays inside the layout ({cov['why']})")
+        return f"{where} is declared {declared} but its layout is defined on {domain}"
     if "collision" in e:
         c = e["collision"]
-        return f"layout of {e['buffer']}: {c['x']} and {c['y']} both map to {c['output']}"
+        return f"{where}: layout maps both {c['x']} and {c['y']} to {c['output']}"
     if "range_witness" in e:
         w = e["range_witness"]
-        return f"layout of {e['buffer']}: {w['input']} maps outside {e['output_shape']} to {w['output']}"
-    return f"layout of {e['buffer']}: Z3 and GF(2) rank disagree ({e['gf2']})"
+        return f"{where}: layout maps {w['input']} outside {e['output_shape']} to {w['output']}"
+    return f"{where}: Z3 and GF(2) rank disagree on its layout ({e['gf2']})"
+
+
+def _span(cov: dict) -> str:
+    return str(cov["first"]) if cov["first"] == cov["last"] else f"{cov['first']}..{cov['last']}"
+
+
+def _shape_text(dims: list) -> str:
+    return "[" + ", ".join(dims) + "]"
 
 
 def layouts_pass(kernel: LoweredKernel, ctx: PassContext) -> LoweredKernel:
@@ -562,7 +792,7 @@ def layouts_pass(kernel: LoweredKernel, ctx: PassContext) -> LoweredKernel:
         return kernel
     report = layouts_report(kernel)
     ctx.reports["layouts"] = report
-    bad = [_describe(e) for e in report["layouts"] if e["verdict"] in ("invalid", "error")]
+    bad = [_describe(e, kernel.name) for e in report["layouts"] if e["verdict"] in ("invalid", "error")]
     if bad:
         raise_or_warn(ctx, LayoutError("\n".join(bad)))
     return kernel
