@@ -3,7 +3,8 @@
 Rows (printed as they are measured, so a timeout still leaves the earlier ones):
 * copy: torch ``copy_`` of 2 GiB (``bench.timing.large_copy_ms``), the bandwidth yardstick;
 * top-k (``kernels/attention/topk.py``) next to ``torch.topk`` on the same fp32 logits, 64 rows,
-  N 32768 / 65536 / 131072, k 512 / 2048 (target: >= 3x at N 65536, k 2048);
+  N 32768 / 65536 / 131072, k 512 / 2048 (target: >= 3x at N 65536, k 2048), a row per variant
+  (one CTA per row, a 2-CTA cluster per row), each checked against a stable sort first;
 * dense FP8 GEMM ``torch._scaled_mm`` (4096 x 4096 x 7168, per-tensor scales): the FP8 rate the
   indexer's percentage is read against;
 * FP8 lightning indexer, prefill form, S 4096, N 8192 (causal, query s sees keys <= N - S + s)
@@ -54,6 +55,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kernels.attention.decode_sparse import SPLIT_SLOTS  # noqa: E402  (no CUDA context: fork stays safe)
+from kernels.attention.topk import CTAS_PER_ROW  # noqa: E402
 
 ROWS = []
 TOL = 2.0**-9  # the indexer tests' tolerance (tests/kernels/attention/test_indexer.py)
@@ -67,7 +69,7 @@ INDEXER_DECODE_TOKENS = (1, 2)
 
 
 # ---- the kernels the run and the decode GPU tests compile ---------------------------------------
-BENCH_CONFIGS = ([("topk", k) for k in sorted({k for _, k in TOPK_SHAPES})]
+BENCH_CONFIGS = ([("topk", k, ctas) for k in sorted({k for _, k in TOPK_SHAPES}) for ctas in CTAS_PER_ROW]
                  + [("indexer", h, d) for h, d in INDEXER_SHAPES]
                  + [("indexer_paged", t) for t in INDEXER_DECODE_TOKENS]
                  + [("mla", t, h, kv) for h, t in MLA_SHAPES for kv in KV_DTYPES]
@@ -75,7 +77,7 @@ BENCH_CONFIGS = ([("topk", k) for k in sorted({k for _, k in TOPK_SHAPES})]
                  + [("sparse", 1, SPARSE_HEADS, SPARSE_TOPK, kv) for kv in KV_DTYPES]
                  + [("combine", 1, SPARSE_HEADS, SPARSE_TOPK // SPLIT_SLOTS, True)])
 MLA_KINDS = ("mla", "combine", "sparse")  # the configurations of --only-mla
-TEST_CONFIGS = ([("topk", k) for k in (512, 1024, 2048)]
+TEST_CONFIGS = ([("topk", k, ctas) for k in (512, 1024, 2048) for ctas in CTAS_PER_ROW]
                 + [("indexer_paged", t) for t in (1, 2, 4)]
                 + [("mla", t, h, kv) for t, h in ((1, 128), (2, 16)) for kv in KV_DTYPES]
                 + [("combine", t, h, 0, False) for t, h in ((1, 128), (2, 16))]
@@ -174,15 +176,18 @@ def topk_rows(reps):
     for n, k in TOPK_SHAPES:
         g = torch.Generator(device="cuda").manual_seed(n + k)
         xs = [torch.randn(64, n, device="cuda", generator=g) for _ in range(2)]
-        out = torch.full((64, k), -1, dtype=torch.int32, device="cuda")
-        topk_kernel(k)(xs[0].view(64, n // 4, 4), out)
-        if not torch.equal(out, reference_topk(xs[0], k)):
-            emit(what="top-k", shape=f"64 x {n}, k {k}", check="FAILED")
-            continue
-        ms = interleaved_ms({"tlx": lambda i=iter(range(1 << 30)): topk_indices(xs[next(i) % 2], k),
-                             "torch": lambda i=iter(range(1 << 30)): torch.topk(xs[next(i) % 2], k, dim=-1)}, reps)
-        emit(what="top-k", shape=f"64 x {n}, k {k}", tlx_us=round(ms["tlx"] * 1e3, 1),
-             torch_topk_us=round(ms["torch"] * 1e3, 1), speedup=round(ms["torch"] / ms["tlx"], 2), check="ok")
+        for ctas in CTAS_PER_ROW:  # a row per variant: one CTA per row, a 2-CTA cluster per row
+            what = f"top-k ({ctas} CTA{'s' if ctas > 1 else ''} per row)"
+            out = torch.full((64, k), -1, dtype=torch.int32, device="cuda")
+            topk_kernel(k, ctas)(xs[0].view(64, n // 4, 4), out)
+            if not torch.equal(out, reference_topk(xs[0], k)):
+                emit(what=what, shape=f"64 x {n}, k {k}", check="FAILED")
+                continue
+            ms = interleaved_ms(
+                {"tlx": lambda i=iter(range(1 << 30)), c=ctas: topk_indices(xs[next(i) % 2], k, c),
+                 "torch": lambda i=iter(range(1 << 30)): torch.topk(xs[next(i) % 2], k, dim=-1)}, reps)
+            emit(what=what, shape=f"64 x {n}, k {k}", tlx_us=round(ms["tlx"] * 1e3, 1),
+                 torch_topk_us=round(ms["torch"] * 1e3, 1), speedup=round(ms["torch"] / ms["tlx"], 2), check="ok")
 
 
 def scaled_mm_row(reps):
