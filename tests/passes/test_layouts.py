@@ -180,3 +180,34 @@ def test_a_fragment_declared_smaller_than_the_loops_that_use_it_is_fine():
     layouts_pass(lowered, PassContext(options={"verify": "error"}))  # no LayoutError
     exact = {e["buffer"]: e for e in layouts_report(lower(kernel(64), target))["layouts"]}["bias"]
     assert exact["verdict"] == "bijective" and "declared_shape" not in exact and "coverage" not in exact
+
+
+@pytest.mark.parametrize("guard", ["data_dependent_branch", "data_dependent_index"])
+def test_an_access_that_may_leave_the_layout_is_unknown_not_fine(guard):
+    """A (128, 64) fragment laid out for (64, 64), with one access that reaches rows 64.. only
+    under a value read from memory (a branch on it, or an offset): tlx cannot show that the
+    access runs, nor that it stays inside, so the layout is unknown, never fine."""
+
+    @T.prim_func
+    def main(A: T.Tensor((512, 64), "float16"), Flag: T.Tensor((1,), "int32"), B: T.Tensor((512, 64), "float32")):
+        with T.Kernel(4, threads=128) as bx:
+            tile = T.alloc_shared((128, 64), "float16")
+            acc = T.alloc_fragment((128, 64), "float32")
+            T.copy(A[bx * 128, 0], tile)
+            for i, j in T.Parallel(64, 64):
+                acc[i, j] = tile[i, j]
+            if guard == "data_dependent_branch":
+                if Flag[0] > 0:
+                    for i, j in T.Parallel(64, 64):
+                        acc[i + 64, j] = tile[i, j]
+            else:
+                for i, j in T.Parallel(64, 64):
+                    acc[i + Flag[0], j] = tile[i, j]
+            T.copy(acc[0:64, 0:64], B[bx * 128, 0])
+
+    report = layouts_report(lower(main, {"kind": "cuda", "arch": "sm_90a"}))
+    acc = {e["buffer"]: e for e in report["layouts"]}["acc"]
+    assert acc["verdict"] == "unknown" and acc["coverage"]["status"] == "unknown", acc
+    assert acc["uncovered"] == {"layout": ["64", "64"], "buffer": ["128", "64"]}
+    assert report["unknown"] == 1 and report["invalid"] == 0
+    assert any("kernel main: fragment acc is declared [128, 64] but laid out for [64, 64]; tlx could not prove" in line for line in report["summary"])
