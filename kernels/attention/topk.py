@@ -65,6 +65,12 @@ def topk_kernel(k: int, ctas_per_row: int = 1):
     n4 = T.dynamic("N4")
     clustered = ctas_per_row == 2
 
+    def in_part(q, lo, part, n4):
+        """Whether quad ``q`` of the CTA's part (quads ``lo ..``) is in the part and in the row;
+        two plain bounds guards, where one compare against a min of both would tie the bound to
+        the CTA's rank."""
+        return q < part if not clustered else T.And(q < part, lo + q < n4)
+
     @T.macro
     def block_scan(value, warp_sums, lane, warp, result):
         """``result[0]``: the inclusive prefix sum of ``value`` over the CTA's threads in thread
@@ -91,11 +97,11 @@ def topk_kernel(k: int, ctas_per_row: int = 1):
             result[0] = result[0] + warp_sums[warp - 1]
 
     @T.macro
-    def histogram_pass(X, row, lo, hi, rank, tx, lane, warp, hist, received, peer_above, warp_sums, found, xs,
+    def histogram_pass(X, row, lo, part, rank, tx, lane, warp, hist, received, peer_above, warp_sums, found, xs,
                        counts, scan, prefix: T.Ref, need: T.Ref, step: int):
         """Extend ``prefix`` (the threshold key's high bits resolved by the earlier steps) by
         ``PASS_BITS[step]`` bits and lower ``need`` by the count of keys above the new prefix.
-        The CTA counts the row's quads ``[lo, hi)``; clustered, the counts are the sum of both
+        The CTA counts the row's quads ``[lo, min(lo + part, N4))``; clustered, the counts are the sum of both
         CTAs' histograms, and rank 1 adds rank 0's count of keys above the new prefix to
         ``peer_above[0]``."""
         done = sum(PASS_BITS[:step])
@@ -106,11 +112,11 @@ def topk_kernel(k: int, ctas_per_row: int = 1):
         for j in T.unroll(BINS // THREADS):
             hist[j * THREADS + tx] = 0
         T.sync_threads()
-        for it in T.serial(T.ceildiv(hi - lo, THREADS)):
-            q = lo + it * THREADS + tx
-            if q < hi:
+        for it in T.serial(T.ceildiv(part, THREADS)):
+            q = it * THREADS + tx  # quad of the CTA's part
+            if in_part(q, lo, part, n4):
                 for v in T.vectorized(4):
-                    xs[v] = X[row, q, v]
+                    xs[v] = X[row, lo + q, v]
                 for v in T.unroll(4):
                     key = ordered_key(xs[v])
                     if done == 0:
@@ -162,9 +168,8 @@ def topk_kernel(k: int, ctas_per_row: int = 1):
                 T.cluster_arrive_relaxed()  # paired with the cluster_wait before the first exchange
             row = bx // ctas_per_row
             rank = bx % ctas_per_row
-            span = T.ceildiv(n4, ctas_per_row)
-            lo = rank * span
-            hi = T.min(n4, lo + span)
+            part = T.ceildiv(n4, ctas_per_row)  # the CTA's part of the row: quads [lo, min(lo + part, N4))
+            lo = rank * part
             tx = T.get_thread_binding()
             lane = tx % 32
             warp = tx // 32
@@ -185,11 +190,11 @@ def topk_kernel(k: int, ctas_per_row: int = 1):
             if clustered:
                 if tx == 0:
                     peer_above[0] = 0
-            histogram_pass(X, row, lo, hi, rank, tx, lane, warp, hist, received, peer_above, warp_sums, found, xs,
+            histogram_pass(X, row, lo, part, rank, tx, lane, warp, hist, received, peer_above, warp_sums, found, xs,
                            counts, scan, prefix, need, 0)
-            histogram_pass(X, row, lo, hi, rank, tx, lane, warp, hist, received, peer_above, warp_sums, found, xs,
+            histogram_pass(X, row, lo, part, rank, tx, lane, warp, hist, received, peer_above, warp_sums, found, xs,
                            counts, scan, prefix, need, 1)
-            histogram_pass(X, row, lo, hi, rank, tx, lane, warp, hist, received, peer_above, warp_sums, found, xs,
+            histogram_pass(X, row, lo, part, rank, tx, lane, warp, hist, received, peer_above, warp_sums, found, xs,
                            counts, scan, prefix, need, 2)
             # prefix is now the threshold key t; take every key above t and the first `need` equal
             # to t; clustered rank 1 starts from rank 0's counts of both
@@ -200,18 +205,20 @@ def topk_kernel(k: int, ctas_per_row: int = 1):
             if clustered:
                 if rank == 1:
                     greater = peer_above[0]
-                    equal = received[len(PASS_BITS) - 1, found[0]]
-            for c in T.serial(T.ceildiv(hi - lo, THREADS * PER_THREAD // 4)):
-                q0 = lo + (c * THREADS + tx) * (PER_THREAD // 4)
+                    # found[0] < 2^PASS_BITS[-1] whenever the row has k keys (the wrapper's case);
+                    # the mask keeps the read in bounds for a direct launch with 4 * N4 < k
+                    equal = received[len(PASS_BITS) - 1, found[0] & ((1 << PASS_BITS[-1]) - 1)]
+            for c in T.serial(T.ceildiv(part, THREADS * PER_THREAD // 4)):
+                q0 = (c * THREADS + tx) * (PER_THREAD // 4)  # quad of the CTA's part
                 for j in T.unroll(PER_THREAD // 4):
-                    if q0 + j < hi:
+                    if in_part(q0 + j, lo, part, n4):
                         for v in T.vectorized(4):
-                            xs[j * 4 + v] = X[row, q0 + j, v]
+                            xs[j * 4 + v] = X[row, lo + q0 + j, v]
                 packed = T.alloc_var("int32")
                 packed = 0  # keys above t in the low 16 bits, keys equal to t in the high 16
                 for j in T.unroll(PER_THREAD):
-                    keys[j] = T.if_then_else(q0 + j // 4 < hi, ordered_key(xs[j]), T.uint32(0))
-                    if q0 + j // 4 < hi:
+                    keys[j] = T.if_then_else(in_part(q0 + j // 4, lo, part, n4), ordered_key(xs[j]), T.uint32(0))
+                    if in_part(q0 + j // 4, lo, part, n4):
                         if keys[j] > prefix:
                             packed = packed + 1
                         elif keys[j] == prefix:
@@ -222,14 +229,14 @@ def topk_kernel(k: int, ctas_per_row: int = 1):
                 g = greater + ((scan[0] - packed) & 0xFFFF)
                 e = equal + ((scan[0] - packed) >> 16)
                 for j in T.unroll(PER_THREAD):
-                    if q0 + j // 4 < hi:
+                    if in_part(q0 + j // 4, lo, part, n4):
                         if keys[j] > prefix:
                             if g + T.min(e, need) < k:
-                                Idx[row, g + T.min(e, need)] = q0 * 4 + j
+                                Idx[row, g + T.min(e, need)] = (lo + q0) * 4 + j
                             g = g + 1
                         elif keys[j] == prefix:
                             if e < need and g + e < k:
-                                Idx[row, g + e] = q0 * 4 + j
+                                Idx[row, g + e] = (lo + q0) * 4 + j
                             e = e + 1
                 greater = greater + (warp_sums[WARPS - 1] & 0xFFFF)
                 equal = equal + (warp_sums[WARPS - 1] >> 16)
