@@ -34,6 +34,8 @@ def test_cluster_variant_launches_clusters_and_exchanges_through_dsmem():
     kernel has none of it."""
     clustered = topk_kernel(2048, 2)
     assert "static const unsigned cluster[3] = {2, 1, 1};" in clustered.host_source
+    (launch,) = clustered.metadata["launches"]
+    assert launch["cluster"] == [2, 1, 1] and launch["grid"][0] == "(R * 2)"  # two CTAs per row
     src = clustered.device_source
     assert src.count("tl::cluster_sync();") == 3  # one exchange per histogram pass
     assert src.count("tl::cluster_arrive_relaxed();") == 1 and src.count("tl::cluster_wait();") == 1
