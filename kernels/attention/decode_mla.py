@@ -331,10 +331,16 @@ def _zeros(device, shape):
 
 
 def mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
-               softmax_scale: float | None = None, kv_scales: torch.Tensor | None = None, out=None):
+               softmax_scale: float | None = None, kv_scales: torch.Tensor | None = None, out=None,
+               num_stages: int = 1):
     """(o ``[B, T, H, 512]`` bf16, lse ``[B, T, H]`` fp32) of MLA decode over the paged cache
     (module docstring); ``softmax_scale`` defaults to ``576 ** -0.5``; ``out``: an (o, lse)
-    pair to write (e.g. poisoned by a test), else new tensors."""
+    pair to write (e.g. poisoned by a test), else new tensors. ``num_stages``: pages in flight
+    per CTA (2: the next page's TMA load overlaps this page's products; bf16 only, the e4m3
+    staging buffers leave no room for it; the same bits either way)."""
+    e4m3 = getattr(kv_cache, "dtype", None) == torch.float8_e4m3fn
+    if num_stages not in ((1,) if e4m3 else (1, 2)):
+        raise ValueError(f"num_stages: expected {'1 for an e4m3 cache' if e4m3 else '1 or 2'}, got {num_stages!r}")
     fp8 = _check(q, kv_cache, kv_scales, block_table, seq_lens, out)
     b, t, h, _ = q.shape
     mp = block_table.shape[1]
@@ -349,8 +355,8 @@ def mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tenso
     kv_scales = kv_scales.view(-1, *SCALE_TILE) if fp8 else _zeros(dev, (1, *SCALE_TILE))
     part_o = torch.empty((b, splits, rows, D_V), dtype=torch.float32, device=dev)
     part_lse = torch.empty((b, splits, rows), dtype=torch.float32, device=dev)
-    mla_split_kernel(t, h, KV_DTYPES[kv_cache.dtype], scale)(q, kv_cache, kv_scales, block_table, seq_lens,
-                                                               part_o, part_lse)
+    mla_split_kernel(t, h, KV_DTYPES[kv_cache.dtype], scale, num_stages)(q, kv_cache, kv_scales, block_table, seq_lens,
+                                                                           part_o, part_lse)
     mla_combine_kernel(t, h)(block_table, seq_lens, part_o, part_lse, _zeros(dev, (h,)), o, lse)
     return o, lse
 

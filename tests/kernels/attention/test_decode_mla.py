@@ -29,6 +29,25 @@ def test_kernels_compile(tokens, heads, kv):
     assert "atomic" not in mla_combine_kernel(tokens, heads).device_source.lower()
 
 
+@pytest.mark.parametrize("tokens, heads", [(1, 16), (2, 128)])
+def test_two_pages_in_flight_fit_and_release_after_last_read(tokens, heads):
+    """bf16 with two pages in flight takes exactly the sm_90 opt-in limit (231424 dynamic bytes
+    beside the driver's reserved KiB; tlx once counted that KiB twice and refused it)."""
+    kernel = mla_split_kernel(tokens, heads, "bfloat16", D_QK ** -0.5, 2)
+    assert_stages_released_after_last_read(kernel.device_source, {"KP_s", "KV_s"})
+    assert int(kernel.metadata["launches"][0]["dynamic_shared_memory"]) == 231424
+
+
+def test_two_pages_in_flight_only_for_bf16():
+    q = torch.zeros(1, 1, 16, D_QK, dtype=torch.bfloat16)
+    kv = torch.zeros(4, PAGE, D_QK, dtype=torch.bfloat16)
+    bt, sl = torch.zeros(1, 3, dtype=torch.int32), torch.ones(1, dtype=torch.int32)
+    with pytest.raises(ValueError, match="num_stages: expected 1 or 2, got 3"):
+        mla_decode(q, kv, bt, sl, num_stages=3)
+    with pytest.raises(ValueError, match="num_stages: expected 1 for an e4m3 cache, got 2"):
+        mla_decode(q, kv.to(E4M3), bt, sl, kv_scales=torch.ones(4, PAGE, D_QK // GROUP), num_stages=2)
+
+
 @pytest.mark.parametrize("kv", ["bfloat16", "float8_e4m3"])
 def test_products_survive_nvcc(kv, tmp_path):
     """The split kernel's PTX (after nvcc's optimiser) still holds the TMA loads and the wgmma
@@ -219,6 +238,16 @@ def test_slots_past_sequence_may_hold_nan(fp8):
     got = mla_decode(q, dirty, table, sl, kv_scales=scales)
     assert torch.equal(got[0].view(torch.int16), clean[0].view(torch.int16))
     assert torch.equal(got[1].view(torch.int32), clean[1].view(torch.int32))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tokens, heads", [(1, 16), (2, 128)])
+def test_two_pages_in_flight_same_bits(tokens, heads):
+    q, kv, table, sl, _ = make_case([1, 63, 65, 4001, 0, 1500], tokens=tokens, heads=heads, seed=30 + tokens)
+    o1, lse1 = mla_decode(q, kv, table, sl)
+    o2, lse2 = mla_decode(q, kv, table, sl, out=poisoned_outputs(q), num_stages=2)
+    assert torch.equal(o2.view(torch.int16), o1.view(torch.int16))
+    assert torch.equal(lse2.view(torch.int32), lse1.view(torch.int32))
 
 
 @pytest.mark.gpu
