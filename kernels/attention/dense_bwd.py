@@ -26,6 +26,15 @@ d = 256) leaves the SM with a single warpgroup whose GEMMs are each waited for b
 elementwise work (240 registers x 256 threads: one CTA per SM), so the tensor cores idle during
 every exp2 / dS step; two warpgroups per CTA (128 keys, or 128 queries) let one warpgroup's
 GEMMs run while the other does its elementwise work, at the same registers per thread.
+
+``tlx check``: every access of the three kernels is proven in bounds (offsets clamped as in
+``dense_fwd.py``; ``delta`` under the launcher-checked ``TQ <= 2147483584``), and determinism
+is "deterministic" for all three. dK / dV and dQ are not reported batch-invariant: their loop
+extents (``groups * n_qb``, ``n_kb``) depend on ``HK`` (through ``groups = H / HK``, the
+model's heads per KV head, not the batch) and on ``TQ`` / ``TK``, which enter only through the
+clamp of the offsets into ``[0, TQ]`` / ``[0, TK]``, a no-op for the offsets that
+``check_cu_seqlens`` accepts; the analysis cannot see that. So each gradient element's sum runs
+over its own sequence's blocks whatever else is in the batch.
 """
 
 import math

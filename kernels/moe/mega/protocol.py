@@ -10,6 +10,19 @@ Only ``exchange_kernel``, ``step_kernel`` and ``gate_kernel`` wait, each in one 
 a rank has at most one waiting CTA at a time (they are on its compute stream), so n ranks hold at
 most n small CTAs while waiting and every kernel they wait on can always be scheduled. Each waits
 only for flags that kernels enqueued before it (on the host) set: see ``exchange_kernel``.
+
+What ``tlx check`` decides here (table in ``kernels/moe/README.md``): every access of every kernel
+is proven in bounds (``gather_ids`` under the launcher-checked ``Tr <= 268435455``). The race
+analysis covers shared memory within one CTA only, where these kernels have nothing to race on
+(race-free, 0 pairs); it does not model global memory, other CTAs, other kernels or other ranks,
+so the flag protocol (system-scope release / acquire on READY, COUNT, DONE and the status words)
+is outside it: why it is ordered and cannot deadlock is argued in ``kernels.moe.mega.layer`` and
+checked by the CPU tests of the launch order and the GPU tests (timeouts, 100 runs). Determinism
+is "deterministic, batch-invariant" for ``gather_ids`` and ``combine``, and "unknown" for
+``announce``, ``exchange``, ``step``, ``gate`` and ``dispatch``: the flag operations are inline PTX
+(``sysflags.py``) whose effects the analysis does not read. No output value of those kernels
+depends on timing: they do no floating-point arithmetic, ``dispatch`` copies bytes to the rows
+that ``entry_of_row`` names, and the flags only say when those bytes may be read.
 """
 
 
