@@ -17,20 +17,6 @@ counts are integers, the output order is the index order):
 
 The row is read four times; at 64 rows x 65536 (16 MiB) it stays in L2 after the first pass.
 
-Bounds: ``tlx check`` proves 257 of the 259 accesses (k 2048, one CTA per row) and leaves 23
-items unknown, none a violation: the two ``Idx`` stores of the collection pass and 21 possible
-int32 / uint32 overflows, all in sums of counts. The verifier does not track what shared memory
-or a variable holds, so it cannot see that every one of these values counts keys of one row and
-is therefore in ``[0, N]``, ``N = 4 * N4 <= 2^17`` (the ``assume``): a histogram bin, a
-thread's ``own``, the block-scan partial sums, ``above``, ``found[1]``, ``g``, ``e``,
-``greater``, ``equal`` (clustered: the sum of both CTAs' counts, still keys of one row). The
-``Idx`` indices ``g + min(e, need)`` and ``g + e`` are below ``k`` by their guards and not
-negative because ``g`` and ``e`` are counts. ``packed`` adds at most 16 keys per thread, so its
-block scan (16384 keys) keeps the low field below 2^16 (no carry) and the high one at most
-2^30. ``need`` starts at ``k`` and only loses ``found[1] < need``; ``found[0]`` is a bin in
-``[0, 2^11)``, so ``prefix`` holds at most 11, 22, then 32 bits and its shifts never drop a set
-bit.
-
 With one CTA per row a 64-row batch keeps 64 of the H200's 132 SMs busy, and a row's time is
 one SM streaming it. ``ctas_per_row=2`` gives each row a 2-CTA thread-block cluster (sm_90):
 CTA rank ``r`` streams quads ``[r * h, min(N4, (r + 1) * h))``, ``h = ceil(N4 / 2)``. After each
@@ -40,6 +26,22 @@ memory, one receive buffer per pass so that no buffer is rewritten), a cluster b
 derive the same threshold. Rank 1 also counts, from rank 0's histograms, rank 0's keys above
 the threshold and equal to it: its collection pass starts from those counts, so its indices
 land after rank 0's, exactly where the 1-CTA kernel puts them.
+
+Bounds: ``tlx check`` proves 257 of the 259 accesses (one CTA per row; 299 of 301 clustered,
+under the launcher-checked ``R <= 1073741823``) and leaves 20 to 25 items unknown (k 512: 20,
+k 2048: 23, clustered k 2048: 25), none a violation: the two ``Idx`` stores of the collection
+pass and possible int32 / uint32 overflows, all in sums of counts. The verifier does not track
+what shared memory or a variable holds, so it cannot see that each of these values counts keys
+of one row and is therefore in ``[0, N]``, ``N = 4 * N4 <= 2^17`` (the ``assume``): a
+histogram bin, a thread's ``own``, the block-scan partial sums, ``above``, ``found[1]``, ``g``,
+``e``, ``greater``, ``equal``, and clustered the sum of both CTAs' bins and rank 1's ``peer`` /
+``peer_above`` (rank 0's keys, still keys of the row). The ``Idx`` indices ``g + min(e, need)``
+and ``g + e`` are below ``k`` by their guards and not negative because ``g`` and ``e`` are
+counts. ``packed`` adds at most 16 keys per thread, so its block scan (16384 keys) keeps the low
+field below 2^16 (no carry) and the high one at most 2^30. ``need`` starts at ``k`` and only
+loses ``found[1] < need``; ``found[0]`` is a bin in ``[0, 2^11)`` (the scan crosses ``need``
+in every pass when the row has more than ``k`` keys, the only rows the wrapper launches), so
+``prefix`` holds at most 11, 22, then 32 bits and its shifts never drop a set bit.
 """
 
 import torch
