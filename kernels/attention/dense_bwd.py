@@ -29,12 +29,14 @@ GEMMs run while the other does its elementwise work, at the same registers per t
 
 ``tlx check``: every access of the three kernels is proven in bounds (offsets clamped as in
 ``dense_fwd.py``; ``delta`` under the launcher-checked ``TQ <= 2147483584``), and determinism
-is "deterministic" for all three. dK / dV and dQ are not reported batch-invariant: their loop
-extents (``groups * n_qb``, ``n_kb``) depend on ``HK`` (through ``groups = H / HK``, the
-model's heads per KV head, not the batch) and on ``TQ`` / ``TK``, which enter only through the
-clamp of the offsets into ``[0, TQ]`` / ``[0, TK]``, a no-op for the offsets that
-``check_cu_seqlens`` accepts; the analysis cannot see that. So each gradient element's sum runs
-over its own sequence's blocks whatever else is in the batch.
+is "deterministic" for all three. dQ's batch invariance is "unknown": its loop extent ``n_kb``
+depends on ``TQ`` / ``TK`` only through the clamp of the offsets read from ``cu_q`` / ``cu_k``
+into ``[0, TQ]`` / ``[0, TK]`` (a dependence on data, a no-op for the offsets that
+``check_cu_seqlens`` accepts). dK / dV is reported not batch-invariant because its extent
+``groups * n_qb`` also depends on ``HK`` (through ``groups = H / HK``): the analysis treats every
+shape variable as one that may vary with the batch, and cannot know that ``HK``, the model's
+KV head count, does not. So each gradient element's sum runs over its own sequence's blocks
+whatever else is in the batch.
 """
 
 import math

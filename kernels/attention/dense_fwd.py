@@ -39,11 +39,12 @@ check`` proves every access in bounds under the ``assume`` list alone, no derive
 (102 of 102, ``pipelined``, d 128 causal; 158 of 158, ``overlap``); ``2 <= NB`` in the assume
 list keeps its precondition search from settling on an empty grid.
 
-Determinism: ``tlx check`` reports "deterministic" (no atomics, no split reduction) but not
-batch-invariant, because the key-block count ``n_blocks`` depends on ``TQ``, the packed row
-count of the whole batch. ``TQ`` enters only through the clamp of the offsets into ``[0, TQ]``,
-which never binds for offsets that ``check_cu_seqlens`` accepts, so a tile's block count is a
-function of its own sequence's lengths; the analysis cannot see that the clamp is a no-op.
+Determinism: ``tlx check`` reports "deterministic" (no atomics, no split reduction) and batch
+invariance "unknown": the key-block count ``n_blocks`` depends on ``TQ``, the packed row count
+of the whole batch, but only through the clamp of the offsets read from ``cu_q`` into
+``[0, TQ]``, which the analysis reports as a dependence on data. That clamp never binds for
+offsets that ``check_cu_seqlens`` accepts, so a tile's block count is a function of its own
+sequence's lengths.
 ``tests/kernels/attention/test_dense_fwd_gpu.py::test_batch_invariance`` checks the property
 on the GPU (one sequence alone and inside a 64-sequence varlen batch).
 """

@@ -131,3 +131,29 @@ def batch_split_row_sum():
                 out[bx * 128 + i] = acc
 
     return batch_split_row_sum
+
+
+def ragged_row_sum(clamp_to_m: bool = True):
+    """Each row sums its own segment ``A[row, off[row]:off[row + 1]]``. With ``clamp_to_m`` the
+    loaded offsets are clamped to the tensor's M (a guard that a valid offsets vector never
+    triggers), so M reaches the loop extent only through values read from memory; without it
+    the extent is the segment length scaled by M itself (planted, batch-dependent)."""
+    M, K = T.dynamic("M"), T.dynamic("K")
+
+    @T.prim_func
+    def ragged_row_sum(A: T.Tensor((M, K), "float32"), off: T.Tensor((M + 1,), "int32"), out: T.Tensor((M,), "float32")):
+        with T.Kernel(M, threads=1) as row:
+            acc = T.alloc_var("float32")
+            acc = 0.0
+            start = T.alloc_var("int32")
+            start = T.min(T.max(off[row], 0), K)
+            if clamp_to_m:
+                length = T.min(off[row + 1], M) - T.min(off[row], M)
+            else:
+                length = (off[row + 1] - off[row]) * M // 4
+            for k in T.serial(length):
+                if start + k < K:
+                    acc += A[row, start + k]
+            out[row] = acc
+
+    return ragged_row_sum

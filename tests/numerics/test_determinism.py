@@ -60,6 +60,17 @@ def test_planted_batch_dependent_split_is_flagged(reports):
     assert r["deterministic"] is True  # same bits run to run, only batch-dependent
 
 
+def test_extent_clamped_to_a_shape_through_loaded_values_is_unknown():
+    """An offset read from memory and clamped to M (dense attention's sequence offsets) makes M
+    reach the loop extent only through the data: not a finding, an unresolved item (unknown)."""
+    target = Options.make(target={"kind": "cuda", "arch": "sm_90a"}, verify="off")
+    clamped = compile_artifacts(D.ragged_row_sum(True), target, stop_after="passes")[1].reports["determinism"]
+    assert clamped["findings"] == [] and clamped["batch_invariant"] == "unknown"
+    assert any("only where a value read from memory is clamped to it" in u and "['M']" in u for u in clamped["unresolved"])
+    scaled = compile_artifacts(D.ragged_row_sum(False), target, stop_after="passes")[1].reports["determinism"]
+    assert [(f["loop"], f["vars"]) for f in scaled["findings"]] == [("k", ["M"])] and scaled["batch_invariant"] is False
+
+
 def test_harness_finds_a_batch_dependent_function():
     def fn(x):  # rows of a batch of 4 or more are summed in the other order
         return x.flip(1).sum(1) if x.shape[0] >= 4 else x.sum(1)

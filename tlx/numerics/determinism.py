@@ -11,7 +11,9 @@ Findings, each ``{"kind", "function", "detail", ...}``:
 - ``batch_dependent_order``: a serial loop or grid dimension that walks an axis of the
   inputs (its variable indexes that axis) but whose extent depends on another symbolic shape
   variable — e.g. a K loop whose chunking is derived from M, so a row's reduction order
-  changes with the number of rows.
+  changes with the number of rows. A shape variable that reaches the extent only as the bound
+  of a ``min``/``max`` clamping a value read from memory (``min(cu_q[b + 1], TQ)``: offsets
+  clamped into the tensor) is a dependence on data, listed as unresolved, not a finding.
 
 ``unresolved`` lists what the analysis could not classify (a symbolic-extent loop that
 indexes no global buffer, a branch on a shape variable that is not a bounds guard, a call to
@@ -80,6 +82,53 @@ def _free_vars(expr, lets: dict) -> set:
             else:
                 out.add(v)
     return out
+
+
+def _clamp_bound_only(expr, lets: dict, shape_vars: set) -> set:
+    """The shape variables of ``expr`` that occur in it only as the bound of a ``min``/``max``
+    whose other side reads memory (``min(cu_q[b + 1], TQ)``: an offset clamped into the
+    tensor). Such a variable changes the value only for inputs the clamp cuts, so the
+    dependence is on data, not on the shape alone."""
+    direct: set = set()
+    clamped: set = set()
+    reads_memory: dict = {}
+
+    def reads(e, depth=0) -> bool:
+        if e in reads_memory:
+            return reads_memory[e]
+        found = []
+        _visit(e, lambda n: found.append(n) if isinstance(n, (tvm.tirx.BufferLoad, tvm.tirx.Var)) else None)
+        hit = any(isinstance(n, tvm.tirx.BufferLoad) for n in found) or (
+            depth < 32 and any(n in lets and reads(lets[n], depth + 1) for n in found if isinstance(n, tvm.tirx.Var)))
+        reads_memory[e] = hit
+        return hit
+
+    def walk(e, into: set, depth=0):
+        if depth > 64:
+            into.update(_free_vars(e, lets) & shape_vars)  # too deep to follow: count as direct
+            return
+        if isinstance(e, tvm.tirx.Var):
+            if e in lets:
+                walk(lets[e], into, depth + 1)
+            elif e in shape_vars:
+                into.add(e)
+            return
+        if isinstance(e, (tvm.tirx.Min, tvm.tirx.Max)):
+            for data, bound in ((e.a, e.b), (e.b, e.a)):
+                if reads(data) and not reads(bound):
+                    walk(data, into, depth + 1)
+                    walk(bound, clamped if into is direct else into, depth + 1)
+                    return
+        for attr in ("a", "b", "value", "condition", "true_value", "false_value"):
+            sub = getattr(e, attr, None)
+            if isinstance(sub, tvm.ir.PrimExpr):
+                walk(sub, into, depth + 1)
+        for sub in list(getattr(e, "args", ())) + list(getattr(e, "indices", ())):
+            if isinstance(sub, tvm.ir.PrimExpr):
+                walk(sub, into, depth + 1)
+
+    walk(expr, direct)
+    return clamped - direct
 
 
 def _is_float(dtype) -> bool:
@@ -230,6 +279,12 @@ def analyze_program(prim_func) -> tuple[list[dict], list[str], set]:
             unresolved.append(f"{name}: {kind} {var.name} has extent {extent} over {_names(ext_vars)} but indexes no input axis")
             return
         foreign = ext_vars - walked
+        through_data = foreign & _clamp_bound_only(extent, lets, shape_vars)
+        if through_data:
+            unresolved.append(f"{name}: {kind} {var.name} has extent {extent}, which depends on {_names(through_data)} "
+                              f"only where a value read from memory is clamped to it (batch invariant unless the "
+                              f"clamp cuts an input)")
+            foreign -= through_data
         if foreign:
             findings.append({"kind": "batch_dependent_order", "function": name, "loop": var.name, "extent": str(extent),
                              "vars": _names(foreign),
