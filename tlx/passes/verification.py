@@ -724,28 +724,32 @@ def _first_store(s):
     return found[0] if found else None
 
 
+def _for_header(s) -> str:
+    return f"for {s.loop_var.name} in range({s.min}, {s.min} + {s.extent})"
+
+
+def _attr_header(s) -> str:
+    node = s.node.var.name if isinstance(s.node, tir.IterVar) else type(s.node).__name__
+    return f"attr {s.attr_key} of {node} = {s.value}"
+
+
+# how each kind of device statement is named in one line (a compound statement by its header)
+_STATEMENT_HEADERS = {
+    tir.BufferStore: lambda s: f"{s.buffer.name}[{', '.join(str(i) for i in s.indices)}] = {s.value}",
+    tir.For: _for_header,
+    tir.IfThenElse: lambda s: f"if {s.condition}",
+    tir.While: lambda s: f"while {s.condition}",
+    tir.AttrStmt: _attr_header,
+    tir.Bind: lambda s: f"{s.var.name} = {s.value}",
+    tir.AssertStmt: lambda s: f"assert {s.condition}",
+    tir.Evaluate: lambda s: str(s.value),
+}
+
+
 def _statement_text(s, limit: int = 160) -> str:
     """One line naming a device statement (a compound statement by its header only)."""
-    if isinstance(s, tir.BufferStore):
-        text = f"{s.buffer.name}[{', '.join(str(i) for i in s.indices)}] = {s.value}"
-    elif isinstance(s, tir.For):
-        text = f"for {s.loop_var.name} in range({s.min}, {s.min} + {s.extent})"
-    elif isinstance(s, tir.IfThenElse):
-        text = f"if {s.condition}"
-    elif isinstance(s, tir.While):
-        text = f"while {s.condition}"
-    elif isinstance(s, tir.AttrStmt):
-        node = s.node.var.name if isinstance(s.node, tir.IterVar) else type(s.node).__name__
-        text = f"attr {s.attr_key} of {node} = {s.value}"
-    elif isinstance(s, tir.Bind):
-        text = f"{s.var.name} = {s.value}"
-    elif isinstance(s, tir.AssertStmt):
-        text = f"assert {s.condition}"
-    elif isinstance(s, tir.Evaluate):
-        text = str(s.value)
-    else:
-        text = type(s).__name__
-    text = " ".join(text.split())
+    header = _STATEMENT_HEADERS.get(type(s))
+    text = " ".join((header(s) if header else type(s).__name__).split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 

@@ -19,30 +19,25 @@ namespace {
 // A DLPack dtype as TileLang and torch name it: "float32", "bfloat16", "float8_e4m3fn",
 // "float4_e2m1fnx2" (lanes appended as "x2").
 std::string dtype_name(DLDataType t) {
-  std::string s;
-  switch (t.code) {
-    case kDLInt: s = "int" + std::to_string(t.bits); break;
-    case kDLUInt: s = "uint" + std::to_string(t.bits); break;
-    case kDLFloat: s = "float" + std::to_string(t.bits); break;
-    case kDLBfloat: s = "bfloat" + std::to_string(t.bits); break;
-    case kDLComplex: s = "complex" + std::to_string(t.bits); break;
-    case kDLOpaqueHandle: s = "handle"; break;
-    case kDLBool: s = "bool"; break;
-    case kDLFloat8_e3m4: s = "float8_e3m4"; break;
-    case kDLFloat8_e4m3: s = "float8_e4m3"; break;
-    case kDLFloat8_e4m3b11fnuz: s = "float8_e4m3b11fnuz"; break;
-    case kDLFloat8_e4m3fn: s = "float8_e4m3fn"; break;
-    case kDLFloat8_e4m3fnuz: s = "float8_e4m3fnuz"; break;
-    case kDLFloat8_e5m2: s = "float8_e5m2"; break;
-    case kDLFloat8_e5m2fnuz: s = "float8_e5m2fnuz"; break;
-    case kDLFloat8_e8m0fnu: s = "float8_e8m0fnu"; break;
-    case kDLFloat6_e2m3fn: s = "float6_e2m3fn"; break;
-    case kDLFloat6_e3m2fn: s = "float6_e3m2fn"; break;
-    case kDLFloat4_e2m1fn: s = "float4_e2m1fn"; break;
-    default: return "dtype(code=" + std::to_string(t.code) + ", bits=" + std::to_string(t.bits) + ", lanes=" + std::to_string(t.lanes) + ")";
+  // integer and float families carry their width in the name; the narrow floats are named whole
+  static const struct { uint8_t code; const char* name; bool sized; } kNames[] = {
+      {kDLInt, "int", true}, {kDLUInt, "uint", true}, {kDLFloat, "float", true},
+      {kDLBfloat, "bfloat", true}, {kDLComplex, "complex", true}, {kDLOpaqueHandle, "handle", false},
+      {kDLBool, "bool", false}, {kDLFloat8_e3m4, "float8_e3m4", false},
+      {kDLFloat8_e4m3, "float8_e4m3", false}, {kDLFloat8_e4m3b11fnuz, "float8_e4m3b11fnuz", false},
+      {kDLFloat8_e4m3fn, "float8_e4m3fn", false}, {kDLFloat8_e4m3fnuz, "float8_e4m3fnuz", false},
+      {kDLFloat8_e5m2, "float8_e5m2", false}, {kDLFloat8_e5m2fnuz, "float8_e5m2fnuz", false},
+      {kDLFloat8_e8m0fnu, "float8_e8m0fnu", false}, {kDLFloat6_e2m3fn, "float6_e2m3fn", false},
+      {kDLFloat6_e3m2fn, "float6_e3m2fn", false}, {kDLFloat4_e2m1fn, "float4_e2m1fn", false},
+  };
+  for (const auto& n : kNames) {
+    if (n.code != t.code) continue;
+    std::string s = n.name;
+    if (n.sized) s += std::to_string(t.bits);
+    if (t.lanes != 1) s += "x" + std::to_string(t.lanes);
+    return s;
   }
-  if (t.lanes != 1) s += "x" + std::to_string(t.lanes);
-  return s;
+  return "dtype(code=" + std::to_string(t.code) + ", bits=" + std::to_string(t.bits) + ", lanes=" + std::to_string(t.lanes) + ")";
 }
 
 const char* type_index_name(int32_t index) {
