@@ -66,7 +66,7 @@ def test_compute_sanitizer_memcheck():
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-8000:]
     assert "ERROR SUMMARY: 0 errors" in out
-    assert "ran 7 operations" in out
+    assert "ran 8 operations" in out
 
 
 if __name__ == "__main__":
