@@ -1,9 +1,10 @@
 """Shared pytest set-up: the `gpu` marker skips cleanly where no CUDA GPU is visible.
 
 Under pytest-xdist (``scripts/gpu-check`` runs ``-n N --dist loadgroup``) several workers share
-one GPU: modules that hold tens of GiB carry ``xdist_group("gpu_memory")`` so they run one after
-another in one worker, and every GPU test hands its cached blocks back to the driver when it
-ends, so that one worker's cache cannot starve the others into out-of-memory failures."""
+one GPU: modules that hold tens of GiB (full V4 layers) carry ``xdist_group("gpu_memory")`` so they
+run one after another in one worker, the IEEE sweeps (a few GiB each) share a second group, and
+every GPU test hands its cached blocks back to the driver when it ends, so that one worker's cache
+cannot starve the others into out-of-memory failures."""
 
 import functools
 

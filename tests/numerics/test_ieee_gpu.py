@@ -19,7 +19,7 @@ from tests.numerics import ieee_kernels as K  # noqa: E402
 from tlx.numerics.parity import build_baseline  # noqa: E402
 from tlx.numerics.sweep import all_fp32_chunks, assert_same_bits, poisoned, random_operands  # noqa: E402
 
-pytestmark = [pytest.mark.gpu, pytest.mark.xdist_group("gpu_memory")]  # 4 GiB chunks: one heavy module at a time
+pytestmark = [pytest.mark.gpu, pytest.mark.xdist_group("ieee_sweeps")]  # 1 GiB operands, a few GiB a test: the sweeps one at a time, beside the V4 layers' worker
 
 HERE = Path(__file__).parent
 CHUNK_ALL = 1 << 28
