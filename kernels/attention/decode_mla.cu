@@ -21,6 +21,7 @@
 #include <math.h>
 
 #include "../moe/common.cuh"
+#include "../sm90.cuh"
 
 namespace {
 
@@ -29,19 +30,6 @@ using tvm::ffi::TensorView;
 constexpr int kRows = 64, kPage = 64, kDqk = 576, kDv = 512, kPanels = kDqk / 64, kGroup = 64;
 constexpr int kSplitPages = 16, kThreads = 256;
 constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
-
-__device__ __forceinline__ int swizzle128(int row, int byte) {
-  return row * 128 + ((((byte >> 4) ^ (row & 7))) << 4) + (byte & 15);
-}
-
-__device__ __forceinline__ uint64_t smem_desc(const void* p) {
-  uint64_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(p));
-  uint64_t desc = (addr & 0x3FFFF) >> 4;
-  desc |= uint64_t(1) << 16;
-  desc |= uint64_t(1024 >> 4) << 32;
-  desc |= uint64_t(1) << 62;
-  return desc;
-}
 
 __device__ __forceinline__ void wgmma_bf16_m64n64k16(float (&d)[32], uint64_t da, uint64_t db) {
   asm volatile(

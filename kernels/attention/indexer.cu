@@ -14,6 +14,8 @@
 #include <tvm/ffi/extra/c_env_api.h>
 #include <tvm/ffi/function.h>
 
+#include "../sm90.cuh"
+
 using tvm::ffi::TensorView;
 
 namespace {
@@ -22,36 +24,6 @@ constexpr int kDim = 128;     // bytes of one e4m3 row = one 128-byte swizzle ro
 constexpr int kTile = 64;     // rows and keys of one tile
 constexpr int kPage = 64;     // tokens per KV page
 constexpr int kThreads = 128;
-
-__device__ __forceinline__ int swizzle128(int row, int byte) {
-  return row * 128 + ((((byte >> 4) ^ (row & 7))) << 4) + (byte & 15);
-}
-
-__device__ __forceinline__ uint64_t smem_desc(const void* p) {
-  uint64_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(p));
-  uint64_t desc = (addr & 0x3FFFF) >> 4;
-  desc |= uint64_t(1) << 16;          // leading byte offset (unused for swizzled K-major)
-  desc |= uint64_t(1024 >> 4) << 32;  // stride byte offset: 8 rows x 128 bytes
-  desc |= uint64_t(1) << 62;          // 128-byte swizzle
-  return desc;
-}
-
-__device__ __forceinline__ void wgmma_m64n64k32(float (&d)[32], uint64_t da, uint64_t db) {
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "setp.ne.b32 p, %34, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-      "%32, %33, p, 1, 1;\n"
-      "}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "l"(da), "l"(db), "r"(1));  // scale-d = 1: accumulate onto the zeroed registers
-}
 
 // The tile's raw dots into s_out[64][64]: rows a_rows (64 x 128 bytes, contiguous), keys whose
 // row i is b_row(i) (nullptr: zeros).

@@ -1,10 +1,13 @@
-"""The parity harness's pieces that need no GPU: assert_bitwise's reports and baseline flags."""
+"""The parity harness's pieces that need no GPU: assert_bitwise's reports, baseline flags, and
+which headers a baseline's build name hashes."""
+
+from pathlib import Path
 
 import pytest
 import torch
 
 from tlx.numerics.modes import nvcc_flags
-from tlx.numerics.parity import assert_bitwise, baseline_flags
+from tlx.numerics.parity import assert_bitwise, baseline_flags, build_baseline, local_headers
 
 
 def test_identical_bits_pass_including_nan_payloads():
@@ -51,3 +54,21 @@ def test_dtype_and_shape_mismatches():
 def test_baseline_flags_follow_the_mode():
     assert baseline_flags("sm_90a", "strict")[-4:] == nvcc_flags("strict")
     assert "-gencode=arch=compute_90a,code=sm_90a" in baseline_flags("sm_90a")
+
+
+def test_quoted_includes_are_hashed_through_parent_folders(tmp_path):
+    family, shared = tmp_path / "family", tmp_path / "shared.cuh"
+    family.mkdir()
+    shared.write_text('#pragma once\n#include "deeper.h"\n__device__ __forceinline__ int twice(int x) { return 2 * x; }\n')
+    (tmp_path / "deeper.h").write_text("#pragma once\n")
+    (family / "unused.cuh").write_text("#pragma once\n")  # beside the source but not included
+    source = family / "k.cu"
+    source.write_text('#include <cstdint>\n#include "../shared.cuh"\n__global__ void k(int* y) { *y = twice(*y); }\n')
+    assert local_headers(source) == [shared.resolve(), (tmp_path / "deeper.h").resolve()]
+    first = build_baseline(source, compile_only=True, build_directory=str(tmp_path / "a"))
+    (tmp_path / "deeper.h").write_text("#pragma once\n// edited\n")
+    second = build_baseline(source, compile_only=True, build_directory=str(tmp_path / "b"))
+    assert Path(first).name != Path(second).name  # the name hashes the edited header two levels down
+    (family / "unused.cuh").write_text("#pragma once\n// edited\n")
+    third = build_baseline(source, compile_only=True, build_directory=str(tmp_path / "c"))
+    assert Path(third).name == Path(second).name

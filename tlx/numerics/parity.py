@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 from pathlib import Path
 
 from tlx.numerics.modes import nvcc_flags
@@ -51,8 +52,7 @@ def build_baseline(
     path = Path(source)
     flags = [*baseline_flags(arch, numerics), *extra_cuda_cflags]
     includes = [_cutlass_include()] if with_cutlass else []
-    # The headers beside the source (shared .cuh/.h of a kernel family) are part of what is built.
-    headers = "".join(h.read_text() for h in sorted(path.parent.glob("*.cuh")) + sorted(path.parent.glob("*.h")))
+    headers = "".join(h.read_text() for h in local_headers(path))
     digest = hashlib.sha256((path.read_text() + headers + "\0".join(flags) + "\0".join(includes)).encode()).hexdigest()[:12]
     name = f"{path.stem}_{digest}"
     if build_directory is None:
@@ -77,6 +77,25 @@ def build_baseline(
         else:
             os.environ["TVM_FFI_CUDA_ARCH_LIST"] = saved
     return tvm_ffi.load_module(lib)
+
+
+_QUOTED_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.MULTILINE)
+
+
+def local_headers(source: Path) -> list[Path]:
+    """The headers ``source`` includes with quotes, found beside the including file, and theirs in
+    turn (a family's shared .cuh, the project's ``kernels/sm90.cuh``): part of what is built, so
+    an edit to one rebuilds every baseline that includes it."""
+    found: list[Path] = []
+    todo = [Path(source)]
+    while todo:
+        including = todo.pop()
+        for name in _QUOTED_INCLUDE.findall(including.read_text()):
+            header = (including.parent / name).resolve()
+            if header.is_file() and header not in found:
+                found.append(header)
+                todo.append(header)
+    return found
 
 
 def _compile_object(source: Path, flags: list[str], output: Path) -> str:
