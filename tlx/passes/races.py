@@ -310,7 +310,7 @@ class _Pipeline:
             k, lo, ext = loops[0]
             if const_int(lo) != 0:
                 raise _NotModelled(f"pipeline loop `{k}` does not start at 0")
-            for _, ilo, iext in loops[1:]:
+            for _, _, iext in loops[1:]:
                 if kind != "tma" or const_int(iext) is None:
                     raise _NotModelled(f"{kind} inside a nested loop")
                 trips *= const_int(iext)

@@ -17,10 +17,10 @@ its load.
 Typical use::
 
     enc = Encoder()
-    enc.assume_range(tx, 0, 128)                 # register a variable with its extent
+    facts = enc.range_facts(tx, 0, 128)          # tx's extent, as facts the caller scopes
     idx = enc.encode(bx * 128 + tx)              # z3 term
     obligations = enc.take_obligations()         # width checks produced by encode
-    verdict = enc.prove(z3.And(idx >= 0, idx < enc.encode(n)), context=[...])
+    verdict = enc.prove(z3.And(idx >= 0, idx < enc.encode(n)), context=facts)
 """
 
 from __future__ import annotations
@@ -220,16 +220,6 @@ class Encoder:
         if scalar_dtype(dtype)[0] == "bool":
             return z3.Bool(name, self.ctx)
         return self._ranged_int(name, dtype).term
-
-    def assume_range(self, v, lo, extent) -> None:
-        """Register ``lo <= v < lo + extent`` as a global fact (thread indices, loop variables of the whole kernel)."""
-        e = self._var(v)
-        lo_e, ext_e = self._enc(lo), self._enc(extent)
-        self._facts.append(e.term >= lo_e.term)
-        self._facts.append(e.term < lo_e.term + ext_e.term)
-        if isinstance(lo, (int, tir.IntImm)) and isinstance(extent, (int, tir.IntImm)):
-            lo_i, ext_i = int(lo), int(extent)
-            e.lo, e.hi = max(e.lo, lo_i) if e.lo is not None else lo_i, lo_i + ext_i - 1
 
     def range_facts(self, v, lo, extent) -> list:
         """``lo <= v < lo + extent`` as Z3 facts without registering them globally (scoped ranges)."""
