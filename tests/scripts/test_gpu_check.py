@@ -4,6 +4,7 @@ is stopped with all its worker processes when pytest ends."""
 
 import os
 import subprocess
+import sys
 import tarfile
 import time
 from pathlib import Path
@@ -14,7 +15,9 @@ ROOT = Path(__file__).resolve().parents[2]
 def _run(tmp_path, *paths, **env):
     out = tmp_path / "out"
     proc = subprocess.run(["bash", "scripts/gpu-check", *paths], cwd=ROOT, capture_output=True, text=True, timeout=600,
-                          env=dict(os.environ, OUT=str(out), TLX_BENCH="none", TLX_GPU_WORKERS="1",
+                          # the script runs `python3`: this interpreter's (a virtual environment's), not the system's
+                          env=dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+                                   OUT=str(out), TLX_BENCH="none", TLX_GPU_WORKERS="1",
                                    TLX_CACHE_DIR=str(tmp_path / "cache"), **env))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     with tarfile.open(out / "gpu-logs.tar.gz") as tar:
