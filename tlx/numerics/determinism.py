@@ -65,23 +65,36 @@ def _let_bindings(body) -> dict:
     return lets
 
 
+def _through_lets(expr, lets: dict) -> list:
+    """``expr`` and the value of every let-bound variable it reaches, transitively, each once."""
+    seen: set = set()
+    out, todo = [], [expr]
+    while todo:
+        e = todo.pop()
+        out.append(e)
+        found: list = []
+        _visit(e, lambda n: found.append(n) if isinstance(n, tvm.tirx.Var) else None)
+        for v in found:
+            if v in lets and v not in seen:
+                seen.add(v)
+                todo.append(lets[v])
+    return out
+
+
 def _free_vars(expr, lets: dict) -> set:
     """Variables of ``expr``, looking through let-bound variables."""
-    seen: set = set()
     out: set = set()
-    todo = [expr]
-    while todo:
-        found: list = []
-        _visit(todo.pop(), lambda n: found.append(n) if isinstance(n, tvm.tirx.Var) else None)
-        for v in found:
-            if v in seen:
-                continue
-            seen.add(v)
-            if v in lets:
-                todo.append(lets[v])
-            else:
-                out.add(v)
+    for e in _through_lets(expr, lets):
+        _visit(e, lambda n: out.add(n) if isinstance(n, tvm.tirx.Var) and n not in lets else None)
     return out
+
+
+def _reads_memory(expr, lets: dict) -> bool:
+    """Whether ``expr`` loads from a buffer, looking through let-bound variables."""
+    found: list = []
+    for e in _through_lets(expr, lets):
+        _visit(e, lambda n: found.append(n) if isinstance(n, tvm.tirx.BufferLoad) else None)
+    return bool(found)
 
 
 def _clamp_bound_only(expr, lets: dict, shape_vars: set) -> set:
@@ -91,17 +104,6 @@ def _clamp_bound_only(expr, lets: dict, shape_vars: set) -> set:
     dependence is on data, not on the shape alone."""
     direct: set = set()
     clamped: set = set()
-    reads_memory: dict = {}
-
-    def reads(e, depth=0) -> bool:
-        if e in reads_memory:
-            return reads_memory[e]
-        found = []
-        _visit(e, lambda n: found.append(n) if isinstance(n, (tvm.tirx.BufferLoad, tvm.tirx.Var)) else None)
-        hit = any(isinstance(n, tvm.tirx.BufferLoad) for n in found) or (
-            depth < 32 and any(n in lets and reads(lets[n], depth + 1) for n in found if isinstance(n, tvm.tirx.Var)))
-        reads_memory[e] = hit
-        return hit
 
     def walk(e, into: set, depth=0):
         if depth > 64:
@@ -115,7 +117,7 @@ def _clamp_bound_only(expr, lets: dict, shape_vars: set) -> set:
             return
         if isinstance(e, (tvm.tirx.Min, tvm.tirx.Max)):
             for data, bound in ((e.a, e.b), (e.b, e.a)):
-                if reads(data) and not reads(bound):
+                if _reads_memory(data, lets) and not _reads_memory(bound, lets):
                     walk(data, into, depth + 1)
                     walk(bound, clamped if into is direct else into, depth + 1)
                     return

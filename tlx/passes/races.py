@@ -504,7 +504,7 @@ class _Pipeline:
         period, out = self.period, []
         needs = [ops for needed, ops in ((_is_wgmma(ev.op), self.wgmma_waits), (need_fence, self.fences)) if needed]
         cp_async = isinstance(ev.op, Access) and ev.op.op == "ptx_cp_async"
-        for st, cond, quotient, residue in self._loop_sites(ev, "arrive"):
+        for st, cond, _, quotient, residue in self._loop_sites(ev, "arrive"):
             if cp_async and not st.op.cp_async:
                 continue
             first = 0 if st.order > ev.order else 1
@@ -519,15 +519,15 @@ class _Pipeline:
         return out
 
     def _loop_sites(self, ev: "_Event", kind: str):
-        """(site, condition, quotient, residue) of every ``kind`` site of the pipeline loops around
-        ``ev`` whose condition is known, with ``ev``'s iteration of that loop split by the period."""
+        """(site, condition, k, quotient, residue) of every ``kind`` site of the pipeline loops around
+        ``ev`` whose condition is known: ``k`` is ``ev``'s iteration of that loop, split by the period."""
         for st in self.sites:
             if st.kind != kind or st.loop not in ev.loops:
                 continue
             cond = self._conds(st.op, ev.env())
             if cond is not None:
                 k = ev.loops[st.loop]
-                yield st, cond, k / self.period, k % self.period
+                yield st, cond, k, k / self.period, k % self.period
 
     def _between(self, w, ev: "_Event", st: _Site, ahead: int):
         """The thread of ``ev`` runs ``w`` after ``ev`` and before ``st``, ``ahead`` iterations later."""
@@ -543,8 +543,7 @@ class _Pipeline:
         """(condition, barrier, index, phase) of the waits of ``ev``'s thread before it: per residue,
         the last such iteration (an earlier one of that residue waits for an earlier phase)."""
         period, out = self.period, []
-        for st, cond, quotient, residue in self._loop_sites(ev, "wait"):
-            k = ev.loops[st.loop]
+        for st, cond, k, quotient, residue in self._loop_sites(ev, "wait"):
             last = 0 if st.order < ev.order else 1
             for own in range(period):
                 for r in range(period):
