@@ -39,7 +39,7 @@ from tlx.passes.assume import dimension_vars, parse_assumption, shape_vars
 
 tir = tvm.tirx
 
-__all__ = ["DEFAULT_RLIMIT", "Encoder", "Obligation", "Verdict", "bind_params", "context_facts", "dtype_range", "kernel_encoder", "shape_setup"]
+__all__ = ["DEFAULT_RLIMIT", "Encoder", "MemoryFacts", "Obligation", "Verdict", "bind_params", "context_facts", "dtype_range", "kernel_encoder", "shape_setup"]
 
 DEFAULT_RLIMIT = 2_000_000
 """Z3 resource units per query: about 0.1-0.3 s of solver work, identical on every machine."""
@@ -123,8 +123,41 @@ class _Enc:
 
 
 def known_term(value):
-    """The Z3 term of a ``known_loads`` value (a term, or an encoded load with its interval)."""
+    """The Z3 term of a :class:`MemoryFacts` value (a term, or an encoded load with its interval)."""
     return value.term if isinstance(value, _Enc) else value
+
+
+@dataclass
+class MemoryFacts:
+    """What the verifier's walk knows of thread-private memory where it stands, handed to the
+    :class:`Encoder` so that loads mean it; the walk owns and updates it as it goes."""
+
+    values: dict = field(default_factory=dict)  # (buffer data var, index) -> Z3 term of the value it holds
+    ranges: dict = field(default_factory=dict)  # private array's data var -> (lo, hi) of every element (private_arrays)
+
+    def remember(self, element, value) -> None:
+        self.values[element] = value
+
+    def forget_element(self, element) -> None:
+        self.values.pop(element, None)
+
+    def forget(self, data_vars) -> None:
+        """Forget every element of the buffers of ``data_vars`` (one data var or a collection)."""
+        if not isinstance(data_vars, (set, list, tuple)):
+            data_vars = {data_vars}
+        for key in [k for k in self.values if any(k[0].same_as(d) for d in data_vars)]:
+            del self.values[key]
+
+    def snapshot(self) -> dict:
+        return dict(self.values)
+
+    def restore(self, snapshot: dict) -> dict:
+        """Go back to ``snapshot`` (e.g. before an ``if``'s other branch); the values it replaces."""
+        replaced, self.values = self.values, dict(snapshot)
+        return replaced
+
+    def set_ranges(self, ranges: dict) -> None:
+        self.ranges = ranges
 
 
 def _iadd(a, b):
@@ -156,8 +189,7 @@ class Encoder:
         self._facts: list = []
         self._obligations: list[Obligation] = []
         self._fresh = 0
-        self.known_loads: dict = {}  # (buffer data var, constant index) -> Z3 term of the value it holds
-        self.content_ranges: dict = {}  # private array's data var -> (lo, hi) of every element (private_arrays)
+        self.memory = MemoryFacts()  # what the caller knows of private memory (see know())
         self.opaque_loads: dict[str, tuple[str, str]] = {}  # fresh variable name -> (load text "ids[i]", buffer scope)
         self.definitions: dict[str, Any] = {}  # bound variable's term name -> the term bound to it (a ``Bind``)
         self.read_only: set = set()  # data vars of inputs the function never writes (see know())
@@ -173,10 +205,12 @@ class Encoder:
         self._names[name] = n + 1
         return name if n == 0 else f"{name}#{n}"
 
-    def know(self, facts: FunctionFacts) -> None:
-        """Use what the code of the device function about to be encoded says (tlx.ir.facts)."""
+    def know(self, facts: FunctionFacts, memory: MemoryFacts) -> None:
+        """Use what the code of the device function about to be encoded says (tlx.ir.facts), and
+        what the caller's walk knows of private memory, which loads then read and extend."""
         self.read_only = facts.read_only
         self.counters = facts.counters
+        self.memory = memory
 
     def bind(self, v, to) -> None:
         """Encode TIR variable ``v`` as the same term as ``to`` (a device parameter that is a shape variable)."""
@@ -454,7 +488,7 @@ class Encoder:
         """A load is opaque unless the caller recorded the value (a thread-private scalar)."""
         idx = expr.indices
         if len(idx) == 1 and isinstance(idx[0], tir.IntImm):
-            t = self.known_loads.get((expr.buffer.data, int(idx[0].value)))
+            t = self.memory.values.get((expr.buffer.data, int(idx[0].value)))
             if t is not None:
                 return t if isinstance(t, _Enc) else _Enc(t, None, None)
         key = element = None
@@ -472,10 +506,10 @@ class Encoder:
                     return self._read_only_loads[key]
             else:
                 element = (expr.buffer.data, index)
-                if element in self.known_loads:
-                    return self.known_loads[element]
+                if element in self.memory.values:
+                    return self.memory.values[element]
         e = self.opaque_load(expr)
-        rng = self.content_ranges.get(expr.buffer.data)
+        rng = self.memory.ranges.get(expr.buffer.data)
         if rng is not None:
             self._facts += [e.term >= rng[0], e.term <= rng[1]]
         if expr.buffer.data in self.counters:
@@ -483,11 +517,11 @@ class Encoder:
         if key is not None:
             self._read_only_loads[key] = e
         elif element is not None:
-            self.known_loads[element] = e
+            self.memory.remember(element, e)
         elif _private_int_scalar(expr):
             # Unknown but fixed until the next store (which the verifier tracks or forgets): every
             # load until then is this one value, e.g. a while loop's condition and its body's.
-            self.known_loads[(expr.buffer.data, int(idx[0].value))] = e
+            self.memory.remember((expr.buffer.data, int(idx[0].value)), e)
         return e
 
     def opaque_load(self, load) -> _Enc:

@@ -38,7 +38,7 @@ from tlx.ir.walk import MATRIX_MOVES, DeviceWalker, is_access_ptr, is_cp_async, 
 from tlx.lowering import LoweredKernel
 from tlx.passes import TlxError
 from tlx.passes.private_arrays import candidate_arrays, initialized_by
-from tlx.passes.smt import DEFAULT_RLIMIT, Encoder, Obligation, bind_params, known_term, shape_setup
+from tlx.passes.smt import DEFAULT_RLIMIT, Encoder, MemoryFacts, Obligation, bind_params, known_term, shape_setup
 
 tir = tvm.tirx
 
@@ -154,6 +154,7 @@ class _Walker(DeviceWalker):
                  least_of=None, arrays: dict | None = None, hulls: dict | None = None):
         super().__init__(func_name)
         self.enc = enc
+        self.memory = MemoryFacts()  # what the walk knows of private memory here (the encoder reads it)
         # Private arrays (see private_arrays): without ``hulls`` the walk collects the hull of each
         # one's stored values (None once unbounded); with them, loads after a full initialization
         # are known to lie in it.
@@ -520,18 +521,17 @@ class _Walker(DeviceWalker):
     def track_local(self, s):
         """Remember ``buf[c] = v`` for thread-private integer buffers so later loads of ``buf[c]`` mean ``v``."""
         data = s.buffer.data
-        known = self.enc.known_loads
         private = str(s.buffer.scope()) in PRIVATE_SCOPES and scalar_dtype(s.buffer.dtype)[0] in ("int", "uint", "bool")
         if private and len(s.indices) == 1 and isinstance(s.indices[0], tir.IntImm) and scalar_dtype(s.value.dtype)[2] == 1:
             name = user_name(s.buffer.name)
             t = self.reliable(s.value, f"{name}[{s.indices[0]}] = {s.value}", as_bool=str(s.buffer.dtype) == "bool", subject=name)
             key = (data, int(s.indices[0].value))
             if t is None:
-                known.pop(key, None)
+                self.memory.forget_element(key)
             else:
-                known[key] = t
+                self.memory.remember(key, t)
             return
-        self.forget(data)
+        self.memory.forget(data)
 
     # ----- private arrays (see private_arrays) --------------------------------------------
     def set_initialized(self, arrays) -> None:
@@ -539,7 +539,7 @@ class _Walker(DeviceWalker):
         of those are known to lie in their hull."""
         self.initialized = frozenset(arrays)
         if self.hulls is not None:
-            self.enc.content_ranges = {d: self.hulls[d] for d in self.initialized if d in self.hulls}
+            self.memory.set_ranges({d: self.hulls[d] for d in self.initialized if d in self.hulls})
 
     def collect_content(self, s) -> None:
         """Widen the hull of the array's stored values by this store's value (first walk). A value
@@ -563,13 +563,6 @@ class _Walker(DeviceWalker):
             hi = -self.enc.minimize(-term, ctx, lo=-far)
         old = self.collected.get(data)
         self.collected[data] = (lo, hi) if old is None else (min(old[0], lo), max(old[1], hi))
-
-    def forget(self, data_vars):
-        if not isinstance(data_vars, (set, list, tuple)):
-            data_vars = {data_vars}
-        known = self.enc.known_loads
-        for key in [k for k in known if any(k[0].same_as(d) for d in data_vars)]:
-            del known[key]
 
     def visit_SeqStmt(self, s):
         self.push()
@@ -597,7 +590,7 @@ class _Walker(DeviceWalker):
         self.visit_expr(s.min)
         self.visit_expr(s.extent)
         stored = _stored_data_vars(s.body)
-        self.forget(stored)
+        self.memory.forget(stored)
         self.push()
         v = self.enc.var(s.loop_var)
         lo = self.reliable(s.min, f"loop start of {s.loop_var.name}", subject=s.loop_var.name)
@@ -619,30 +612,28 @@ class _Walker(DeviceWalker):
         self.visit(s.body)
         self.loops.pop()
         self.pop()
-        self.forget(stored)
+        self.memory.forget(stored)
         self.set_initialized(outside | set(initialized_by(s, self.arrays)))
 
     def visit_IfThenElse(self, s):
         self.statement = s
         self.visit_expr(s.condition)
         c = self.reliable(s.condition, f"condition {s.condition}", as_bool=True)
-        before = dict(self.enc.known_loads)
+        before = self.memory.snapshot()
         outside = self.initialized
         self.push([c] if c is not None else [])
         self.visit(s.then_case)
         self.pop()
         self.set_initialized(outside)
-        after_then = self.enc.known_loads
-        self.enc.known_loads = dict(before)
+        after_then = self.memory.restore(before)
         if s.else_case is not None:
             self.push([z3.Not(c)] if c is not None else [])
             self.visit(s.else_case)
             self.pop()
             self.set_initialized(outside)
-        after_else = self.enc.known_loads
-        self.enc.known_loads = before
+        after_else = self.memory.restore(before)
         stored = _stored_data_vars(s.then_case) | (_stored_data_vars(s.else_case) if s.else_case is not None else set())
-        self.forget(stored)
+        self.memory.forget(stored)
         if c is not None:
             self.join_branches(c, stored, after_then, after_else)
         self.note_guard(s, s.condition, s.then_case, c)
@@ -663,12 +654,12 @@ class _Walker(DeviceWalker):
                 unknown = lambda: self.enc.opaque_load(tir.BufferLoad(buf, [tir.IntImm("int32", index)])).term  # noqa: E731
                 sides = [v if v is not None else unknown() for v in sides]
             if sides[0].sort() == sides[1].sort():
-                self.enc.known_loads[key] = z3.If(cond, sides[0], sides[1])
+                self.memory.remember(key, z3.If(cond, sides[0], sides[1]))
 
     def visit_While(self, s):
         self.statement = s
         stored = _stored_data_vars(s.body)
-        self.forget(stored)
+        self.memory.forget(stored)
         self.visit_expr(s.condition)
         c = self.reliable(s.condition, "while condition", as_bool=True)
         outside = self.initialized
@@ -676,7 +667,7 @@ class _Walker(DeviceWalker):
         self.visit(s.body)
         self.pop()
         self.set_initialized(outside)
-        self.forget(stored)
+        self.memory.forget(stored)
 
     def visit_Bind(self, s):
         self.statement = s
@@ -702,7 +693,7 @@ class _Walker(DeviceWalker):
     def visit_Evaluate(self, s):
         self.statement = s
         self.visit_expr(s.value)
-        self.forget(_stored_data_vars(s))
+        self.memory.forget(_stored_data_vars(s))
 
     def visit_BufferStore(self, s):
         self.statement = s
@@ -852,12 +843,11 @@ def _walk_kernel(kernel, assume, extra_conditions, rlimit, prove_guards, source_
     walkers = {}
     for name, f in device_functions(kernel.device_mod):
         bind_params(enc, f, variables)
-        enc.know(function_facts(f))
         w = _Walker(enc, name, terms, prove_guards, source_map, focus, least_of, candidate_arrays(f),
                     None if hulls is None else hulls.get(name, {}))
+        enc.know(function_facts(f), w.memory)
         w.buffers.update(param_buffers(kernel, f))
         w.visit(f.body)
-        enc.content_ranges = {}
         walkers[name] = w
     return enc, walkers
 
