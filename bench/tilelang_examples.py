@@ -362,6 +362,17 @@ def _snapshot(tensors: list) -> list | str:
         return "not replayed: no memory for a copy of the inputs"
 
 
+def _write_back(t, saved) -> None:
+    """Copy ``saved`` into ``t``'s memory through an alias with a version counter of its own:
+    ``t.copy_`` would advance ``t``'s, and autograd refuses a backward through a tensor saved for
+    it whose version moved (the examples' backward tests failed so in both arms)."""
+    import torch
+
+    alias = torch.empty(0, dtype=t.dtype, device=t.device)
+    with torch.no_grad():
+        alias.set_(t.untyped_storage(), t.storage_offset(), t.size(), t.stride()).copy_(saved)
+
+
 def _replay(run, touched: list, snapshot: list, first: list) -> str:
     """Run a call again from the inputs in ``snapshot`` (copied back into ``touched``) up to
     ``_REPLAY_TRIES`` times: "same" when every run's checksums equal ``first``'s."""
@@ -369,9 +380,8 @@ def _replay(run, touched: list, snapshot: list, first: list) -> str:
 
     for attempt in range(1, _REPLAY_TRIES + 1):
         try:
-            with torch.no_grad():
-                for t, saved in zip(touched, snapshot):
-                    t.copy_(saved)
+            for t, saved in zip(touched, snapshot):
+                _write_back(t, saved)
             again = [_checksum(t) for t in (*_tensors(run()), *touched)]
         except Exception as e:  # noqa: BLE001 - recorded; the test goes on with the state it has
             return f"replay failed: {type(e).__name__}: {str(e)[:200]}"

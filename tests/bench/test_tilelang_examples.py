@@ -174,6 +174,23 @@ def test_replay_finds_a_nondeterministic_kernel_and_leaves_in_place_state_whole(
     assert recorder.calls[-1]["replay"] == "not replayed: an argument's elements share memory"
 
 
+def test_replay_leaves_a_tensor_saved_for_backward_usable(tmp_path):
+    """Restoring a replayed call's inputs must not advance their autograd version: an example's
+    backward through a tensor a kernel read (and the replay wrote back) still runs."""
+    recorder = _recorder(tmp_path)
+    kernel = recorder.kernel_call(lambda self, *args: self.body(*args))
+    x = torch.randn(4, requires_grad=True)
+    saved = x * 2
+    loss = (saved * saved).sum()
+    read = _FakeKernel(lambda t, out: out.copy_(t.detach()), name="read")
+    out = torch.empty(4)
+    kernel(read, saved, out)
+    assert recorder.calls[0]["replay"] == "same"
+    assert torch.equal(out, saved.detach())
+    loss.backward()
+    assert torch.equal(x.grad, 8 * x.detach())
+
+
 def test_pointer_table_checksums_the_tensors_it_points_to(tmp_path):
     """A ``T.ptr`` table holds addresses, which differ between processes: two calls whose
     tables point at equal bytes at different addresses record equal checksums, and the
