@@ -28,20 +28,22 @@ the threshold and equal to it: its collection pass starts from those counts, so 
 land after rank 0's, exactly where the 1-CTA kernel puts them.
 
 Bounds: ``tlx check`` proves 257 of the 259 accesses (one CTA per row; 299 of 301 clustered,
-under the launcher-checked ``R <= 1073741823``) and leaves 20 to 25 items unknown (k 512: 20,
-k 2048: 23, clustered k 2048: 25), none a violation: the two ``Idx`` stores of the collection
-pass and possible int32 / uint32 overflows, all in sums of counts. The verifier does not track
-what shared memory or a variable holds, so it cannot see that each of these values counts keys
-of one row and is therefore in ``[0, N]``, ``N = 4 * N4 <= 2^17`` (the ``assume``): a
-histogram bin, a thread's ``own``, the block-scan partial sums, ``above``, ``found[1]``, ``g``,
-``e``, ``greater``, ``equal``, and clustered the sum of both CTAs' bins and rank 1's ``peer`` /
+under the launcher-checked ``R <= 1073741823``) and leaves 16 to 23 items unknown (k 512: 16,
+k 1024 and 2048: 17, clustered k 2048: 23), none a violation: the two ``Idx`` stores of the
+collection pass and possible int32 / uint32 overflows, all in sums of counts held in shared
+memory. The verifier bounds a private count by the steps its loop takes (``packed`` gains at
+most 16 keys, ``greater`` and ``equal`` at most a 16-bit field per chunk: proven), but it does
+not track what shared memory holds, so it cannot see that each histogram bin, and with it a
+thread's ``own``, the block-scan partial sums, ``above``, ``found[1]``, and so ``g``, ``e``
+and ``need``, counts keys of one row and is therefore in ``[0, N]``, ``N = 4 * N4 <= 2^17``
+(the ``assume``); clustered also the sum of both CTAs' bins and rank 1's ``peer`` /
 ``peer_above`` (rank 0's keys, still keys of the row). The ``Idx`` indices ``g + min(e, need)``
 and ``g + e`` are below ``k`` by their guards and not negative because ``g`` and ``e`` are
-counts. ``packed`` adds at most 16 keys per thread, so its block scan (16384 keys) keeps the low
-field below 2^16 (no carry) and the high one at most 2^30. ``need`` starts at ``k`` and only
-loses ``found[1] < need``; ``found[0]`` is a bin in ``[0, 2^11)`` (the scan crosses ``need``
-in every pass when the row has more than ``k`` keys, the only rows the wrapper launches), so
-``prefix`` holds at most 11, 22, then 32 bits and its shifts never drop a set bit.
+counts. ``packed``'s block scan (16384 keys) keeps the low field below 2^16 (no carry) and the
+high one at most 2^30. ``need`` starts at ``k`` and only loses ``found[1] < need``;
+``found[0]`` is a bin in ``[0, 2^11)`` (the scan crosses ``need`` in every pass when the row has
+more than ``k`` keys, the only rows the wrapper launches), so ``prefix`` holds at most 11, 22,
+then 32 bits and its shifts never drop a set bit.
 """
 
 import torch

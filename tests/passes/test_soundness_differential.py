@@ -77,7 +77,29 @@ def backwards_walk():
     return main
 
 
-KERNELS = [offset_read, strided_read, window_sum, shifted_offset, unsigned_offset, backwards_walk]
+def counted_compaction(steps=16):
+    """A count advanced under a condition the verifier does not decide (bit ``j`` of ``a``): at
+    step ``j`` it is at most ``j``, so ``S[tx * 16 + c]`` stays in the thread's 16 slots of shared
+    memory (which TileLang does not guard) while the loop takes 16 steps; with 17, ``a = -1``
+    (every bit set) writes past the last thread's slots."""
+
+    @T.prim_func
+    def main(Y: T.Tensor((THREADS,), "int32"), a: T.int32):
+        with T.Kernel(1, threads=THREADS):
+            tx = T.get_thread_binding()
+            S = T.alloc_shared((THREADS * 16,), "int32")
+            c = T.alloc_var("int32")
+            c = 0
+            for j in T.serial(steps):
+                if T.shift_right(a, j) % 2 != 0:
+                    S[tx * 16 + c] = j
+                    c = c + 1
+            Y[tx] = S[tx * 16]
+
+    return main
+
+
+KERNELS = [offset_read, strided_read, window_sum, shifted_offset, unsigned_offset, backwards_walk, counted_compaction]
 GRID = (-300, -129, -5, -2, -1, 0, 1, 2, 3, 4, 5, 31, 32, 33, 95, 96, 97, 127, 128, 129, 224, 225, 255, 256, 257)
 PAIR_GRID = (-129, -2, -1, 0, 1, 2, 31, 32, 33, 96, 97, 127, 128, 129)  # two parameters: fewer points each
 DTYPE_RANGE = {"int32": (-(2**31), 2**31 - 1), "uint32": (0, 2**32 - 1), "int64": (-(2**63), 2**63 - 1)}
@@ -183,3 +205,15 @@ def test_data_dependent_counterexample_is_out_of_bounds_only_with_its_input():
     clamped = lower_jit(counted_sum, rows=rows, table=table, clamp=True)
     assert all(a.status == "proven" for a in verify_kernel(clamped).accesses if a.buffer == "S" and a.kind == "load")
     assert out_of_bounds(_device_func(clamped), {}, memory={"counts": counts}) == []
+
+
+def test_a_count_is_bounded_by_the_steps_taken_and_no_further():
+    """The count's bound comes from the loop's steps (``tlx.ir.facts.accumulators``): over 16
+    steps the store is proven and no value of ``a`` leaves the row; over 17 it is not proven
+    (unknown, it depends on the count), and ``a = -1`` does leave it."""
+    for steps, safe in ((16, True), (17, False)):
+        kernel = lower(counted_compaction(steps), TARGET, {}, name=f"counted_compaction_{steps}")
+        (store,) = [a for a in verify_kernel(kernel).accesses if a.buffer == "S" and a.kind == "store"]
+        assert store.status == ("proven" if safe else "unknown"), (steps, store.status, store.detail)
+        reached = out_of_bounds(_device_func(kernel), {"a": -1}, first=True)
+        assert bool(reached) != safe, (steps, reached)

@@ -1,6 +1,7 @@
 """What a device function's code says about its shapes and values, derived once and handed to
 the SMT encoder as an explicit :class:`FunctionFacts`: which device parameters are the user's
-shape variables, which pointer parameters are read-only, and which private scalars are counters."""
+shape variables, which pointer parameters are read-only, and which private scalars are counters;
+and, per loop, which private scalars the loop only accumulates into (:func:`accumulators`)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from tlx.ir.tir import PRIVATE_SCOPES, arith_only, free_vars, nodes, op_name, sc
 
 tir = tvm.tirx
 
-__all__ = ["FunctionFacts", "counters", "function_facts", "param_buffers", "read_only_params", "user_name"]
+__all__ = ["FunctionFacts", "accumulators", "counters", "function_facts", "param_buffers", "read_only_params", "user_name"]
 
 
 @dataclass
@@ -71,6 +72,14 @@ def read_only_params(f) -> set:
     return handles - written
 
 
+def _private_int_cell(buf) -> bool:
+    """A thread-private integer buffer of one element (``T.alloc_var``, ``T.alloc_local((1,))``): a
+    scalar only its own thread's stores change."""
+    shape = list(buf.shape)
+    return (str(buf.scope()) in PRIVATE_SCOPES and scalar_dtype(buf.dtype)[0] in ("int", "uint")
+            and len(shape) == 1 and isinstance(shape[0], tir.IntImm) and shape[0].value == 1)
+
+
 def counters(f) -> dict:
     """Thread-private integer scalars used as counters (a pipeline's stage/phase counter
     ``it = it + 1``): set once to a constant, outside every loop and branch and before any other
@@ -82,18 +91,13 @@ def counters(f) -> dict:
     fixed = {p for p in f.params if not str(p.dtype) == "handle"}
     state: dict = {}  # data var -> {"start": int | None, "sites": [...], "ok": bool}
 
-    def scalar(buf) -> bool:
-        shape = list(buf.shape)
-        return (str(buf.scope()) in PRIVATE_SCOPES and scalar_dtype(buf.dtype)[0] in ("int", "uint")
-                and len(shape) == 1 and isinstance(shape[0], tir.IntImm) and shape[0].value == 1)
-
     def entry(buf):
         return state.setdefault(buf.data, {"start": None, "sites": [], "ok": True})
 
     def scan(expr):
         """Loads: one before the start disqualifies."""
         for load in nodes(expr, tir.BufferLoad):
-            if scalar(load.buffer):
+            if _private_int_cell(load.buffer):
                 e = entry(load.buffer)
                 e["ok"] &= e["start"] is not None
 
@@ -120,7 +124,7 @@ def counters(f) -> dict:
         if isinstance(s, tir.BufferStore):
             for i in s.indices:
                 scan(i)
-            if scalar(s.buffer):
+            if _private_int_cell(s.buffer):
                 e = entry(s.buffer)
                 step = step_of(s.value, s.buffer.data)
                 if e["start"] is None and isinstance(s.value, tir.IntImm) and not nested:
@@ -158,3 +162,98 @@ def counters(f) -> dict:
             if isinstance(n.args[0], tir.BufferLoad) and n.args[0].buffer.data in state:
                 state[n.args[0].buffer.data]["ok"] = False
     return {d: (e["start"], e["sites"]) for d, e in state.items() if e["ok"] and e["start"] is not None}
+
+
+def step_range(expr) -> tuple[int, int] | None:
+    """The closed range every value of integer ``expr`` lies in, read from its form alone (no
+    value it loads is known): constants, ``x & C`` (C >= 0), ``x >> s`` (by x's width and
+    signedness), narrowing-free casts, selects, sums and differences; else None."""
+    kind, bits, lanes = scalar_dtype(expr.dtype)
+    if lanes != 1 or kind not in ("int", "uint", "bool"):
+        return None
+    if isinstance(expr, tir.IntImm):
+        return (int(expr.value), int(expr.value))
+    if kind == "bool":
+        return (0, 1)
+    if isinstance(expr, tir.Cast):
+        inner = step_range(expr.value)
+        lo, hi = (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if kind == "int" else (0, (1 << bits) - 1)
+        return inner if inner is not None and lo <= inner[0] and inner[1] <= hi else None
+    if isinstance(expr, (tir.Add, tir.Sub)):
+        a, b = step_range(expr.a), step_range(expr.b)
+        if a is None or b is None:
+            return None
+        return (a[0] + b[0], a[1] + b[1]) if isinstance(expr, tir.Add) else (a[0] - b[1], a[1] - b[0])
+    if isinstance(expr, tir.Select) or (isinstance(expr, tir.Call) and op_name(expr) == "tirx.if_then_else"):
+        a, b = (expr.true_value, expr.false_value) if isinstance(expr, tir.Select) else expr.args[1:]
+        a, b = step_range(a), step_range(b)
+        return None if a is None or b is None else (min(a[0], b[0]), max(a[1], b[1]))
+    if isinstance(expr, tir.Call) and op_name(expr) == "tirx.bitwise_and":
+        masks = [int(x.value) for x in expr.args if isinstance(x, tir.IntImm) and x.value >= 0]
+        return (0, min(masks)) if masks else None
+    if isinstance(expr, tir.Call) and op_name(expr) == "tirx.shift_right" and isinstance(expr.args[1], tir.IntImm):
+        shift, (src, width, _) = int(expr.args[1].value), scalar_dtype(expr.args[0].dtype)
+        if not 0 <= shift < width or src not in ("int", "uint"):
+            return None
+        return (0, (1 << (width - shift)) - 1) if src == "uint" else (-(1 << (width - 1 - shift)), (1 << (width - 1 - shift)) - 1)
+    return None
+
+
+def accumulators(loop) -> dict:
+    """Private integer scalars that ``loop``'s body changes only by ``x = x + d`` (or ``x - d``) with ``d`` of a
+    known range (:func:`step_range`), at sites inside loops of constant trip count only and
+    never through a pointer. Returns data var -> (buffer, lo, hi): one iteration of ``loop``
+    moves ``x`` by an amount in ``[lo, hi]`` (a site a branch skips adds 0, so ``lo <= 0 <= hi``);
+    at the start of iteration ``k`` it holds its entry value plus ``[lo * k, hi * k]``."""
+    found: dict = {}  # data var -> [buffer, lo, hi] or None once disqualified
+
+    def site(store, trips):
+        buf, value, data = store.buffer, store.value, store.buffer.data
+        def own(load, d) -> bool:
+            return (isinstance(load, tir.BufferLoad) and load.buffer.data.same_as(data)
+                    and not any(x.buffer.data.same_as(data) for x in nodes(d, tir.BufferLoad)))
+
+        step = None
+        if isinstance(value, tir.Add):
+            step = next((step_range(d) for load, d in ((value.a, value.b), (value.b, value.a)) if own(load, d)), None)
+        elif isinstance(value, tir.Sub) and own(value.a, value.b):
+            down = step_range(value.b)
+            step = None if down is None else (-down[1], -down[0])
+        entry = found.setdefault(data, [buf, 0, 0])
+        if step is None or entry is None or trips is None:
+            found[data] = None
+            return
+        entry[1] += min(step[0], 0) * trips
+        entry[2] += max(step[1], 0) * trips
+
+    def walk(s, trips):
+        if isinstance(s, tir.BufferStore):
+            if _private_int_cell(s.buffer):
+                site(s, trips)
+            return
+        if isinstance(s, tir.For):
+            extent = s.extent.value if isinstance(s.extent, tir.IntImm) else None
+            step_one = getattr(s, "step", None) is None or (isinstance(s.step, tir.IntImm) and s.step.value == 1)
+            inner = trips * max(extent, 0) if extent is not None and step_one and trips is not None else None
+            walk(s.body, inner)
+            return
+        if isinstance(s, tir.While):
+            walk(s.body, None)
+            return
+        if isinstance(s, tir.SeqStmt):
+            for x in s.seq:
+                walk(x, trips)
+            return
+        for attr in ("then_case", "else_case", "body"):
+            sub = getattr(s, attr, None)
+            if isinstance(sub, tir.Stmt):
+                walk(sub, trips)
+
+    walk(loop.body, 1)
+    # a pointer use anywhere in the body may change the value unseen
+    for n in nodes(loop.body, (tir.Var, tir.Call)):
+        if isinstance(n, tir.Var) and n in found:
+            found[n] = None
+        elif isinstance(n, tir.Call) and op_name(n) == "tirx.address_of" and isinstance(n.args[0], tir.BufferLoad):
+            found[n.args[0].buffer.data] = None
+    return {d: tuple(e) for d, e in found.items() if e is not None}

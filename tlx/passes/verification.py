@@ -32,7 +32,7 @@ import z3
 import tilelang  # noqa: F401
 from tilelang import tvm
 
-from tlx.ir.facts import function_facts, param_buffers, user_name
+from tlx.ir.facts import accumulators, function_facts, param_buffers, user_name
 from tlx.ir.tir import PRIVATE_SCOPES, arith_only, device_functions, elem_bytes, op_name, scalar_dtype
 from tlx.ir.walk import MATRIX_MOVES, DeviceWalker, is_access_ptr, is_cp_async, pointer_uses
 from tlx.lowering import LoweredKernel
@@ -590,6 +590,7 @@ class _Walker(DeviceWalker):
         self.visit_expr(s.min)
         self.visit_expr(s.extent)
         stored = _stored_data_vars(s.body)
+        sums = {d: (buf, lo_step, hi_step, self.scalar_value(buf)) for d, (buf, lo_step, hi_step) in accumulators(s).items()}
         self.memory.forget(stored)
         self.push()
         v = self.enc.var(s.loop_var)
@@ -607,13 +608,37 @@ class _Walker(DeviceWalker):
                 self.add_fact(k >= 0)
                 self.add_fact(v == lo + k * st)
         self.add_name(s.loop_var.name, v)
+        plain_step = step is None or (isinstance(step, tir.IntImm) and step.value == 1)
+        if lo is not None and plain_step:
+            self.bound_sums(sums, v - lo)
         outside = self.initialized
         self.loops.append(s.loop_var.name)
         self.visit(s.body)
         self.loops.pop()
         self.pop()
         self.memory.forget(stored)
+        if ext is not None and plain_step:
+            self.bound_sums(sums, z3.If(ext > 0, ext, 0))
         self.set_initialized(outside | set(initialized_by(s, self.arrays)))
+
+    def scalar_value(self, buf):
+        """The term of what private scalar ``buf`` holds here (tracked, or a fixed unknown)."""
+        known = self.memory.values.get((buf.data, 0))
+        if known is not None:
+            return known_term(known)
+        value = self.enc.opaque_load(tir.BufferLoad(buf, [tir.IntImm("int32", 0)])).term
+        self.memory.remember((buf.data, 0), value)
+        return value
+
+    def bound_sums(self, sums: dict, steps) -> None:
+        """After ``steps`` iterations of a loop, each of its accumulators (``tlx.ir.facts.
+        accumulators``) holds its entry value moved by ``[lo * steps, hi * steps]``: a fresh value
+        so bounded stands for it (inside the loop, at the start of iteration ``steps``)."""
+        for data, (buf, lo_step, hi_step, entry) in sums.items():
+            value = self.enc.opaque_load(tir.BufferLoad(buf, [tir.IntImm("int32", 0)])).term
+            self.add_fact(value >= entry + lo_step * steps)
+            self.add_fact(value <= entry + hi_step * steps)
+            self.memory.remember((data, 0), value)
 
     def visit_IfThenElse(self, s):
         self.statement = s
