@@ -85,3 +85,19 @@ def test_profiler_checks_and_times_a_tlx_kernel():
     profiler = kernel.get_profiler(tilelang.TensorSupplyType.Randn)
     profiler.assert_allclose(lambda x: x * 2.0, rtol=0, atol=0)
     assert profiler.do_bench(n_warmup=2, n_repeat=5) > 0
+
+
+def test_a_left_out_target_is_tilelangs_default_target(monkeypatch):
+    """As in TileLang, a kernel that names no target compiles for ``$TILELANG_DEFAULT_TARGET``
+    (how a machine without a GPU builds such code); ``"auto"`` always means the visible GPU."""
+    from tlx.lowering import normalize_target
+
+    monkeypatch.setenv("TILELANG_DEFAULT_TARGET", '{"kind": "cuda", "arch": "sm_90a"}')
+    assert normalize_target(None) == {"kind": "cuda", "arch": "sm_90a"}
+    kernel = tlx.jit(out_idx=[1])(J.scale.factory).compile(N=256, block=64)
+    assert kernel.metadata["target"]["arch"] == "sm_90a"
+    monkeypatch.setenv("TILELANG_DEFAULT_TARGET", "sm_80")
+    assert normalize_target(None) == {"kind": "cuda", "arch": "sm_80"}
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="no GPU is visible"):
+            normalize_target("auto")

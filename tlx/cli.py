@@ -103,7 +103,7 @@ def _with_cli_options(options, args):
     changes = {}
     if args.target:
         changes["target"] = {"kind": "cuda", "arch": args.target}
-    elif options.target is None:
+    elif options.target in (None, "auto", "cuda"):  # the machine's GPU, which a check needs none of
         changes["target"] = {"kind": "cuda", "arch": "sm_90a"}
     if args.assume:
         changes["assume"] = (*options.assume, *args.assume)

@@ -271,8 +271,6 @@ def jit(fn: Callable | None = None, *, compile_flags: str | Sequence[str] | None
 def _jit_options(options: dict, compile_flags) -> Options:
     """``Options`` from ``tilelang.jit``/``tilelang.compile`` keywords plus tlx's."""
     options = {k: v for k, v in options.items() if k not in _IGNORED_TILELANG_OPTIONS}
-    if options.get("target") in ("auto", "cuda"):
-        options["target"] = None
     pass_configs = {str(getattr(k, "value", k)): v for k, v in (options.pop("pass_configs", None) or {}).items()}
     if compile_flags:
         pass_configs = _with_compile_flags(pass_configs, compile_flags)

@@ -38,17 +38,22 @@ class LoweredKernel:
 
 
 def normalize_target(target) -> dict:
-    """Accept ``{"kind": "cuda", "arch": "sm_90a"}``, ``"sm_90a"`` or ``None`` (the current GPU)."""
+    """Accept ``{"kind": "cuda", "arch": "sm_90a"}``, ``"sm_90a"``, ``"auto"`` / ``"cuda"`` (the
+    visible GPU) or ``None``, which, as in TileLang, is ``$TILELANG_DEFAULT_TARGET`` (how a machine
+    without a GPU compiles code that leaves the target out; unset, the visible GPU)."""
     if target is None:
+        from tilelang.env import env
+
+        return normalize_target(env.get_default_target())
+    if isinstance(target, str) and target in ("auto", "cuda"):
         import torch
 
         if not torch.cuda.is_available():
-            raise ValueError("target: no GPU is visible; pass target={'kind': 'cuda', 'arch': 'sm_90a'} to compile without one")
+            raise ValueError("target: no GPU is visible; pass target={'kind': 'cuda', 'arch': 'sm_90a'} (or set "
+                             "TILELANG_DEFAULT_TARGET to that, for code that leaves the target out) to compile without one")
         major, minor = torch.cuda.get_device_capability()
         suffix = "a" if major >= 9 else ""
         return {"kind": "cuda", "arch": f"sm_{major}{minor}{suffix}"}
-    if isinstance(target, str) and target in ("auto", "cuda"):
-        return normalize_target(None)
     if type(target).__name__ == "Target" and str(getattr(target.kind, "name", "")) == "cuda" and "arch" in target.attrs:
         return {"kind": "cuda", "arch": str(target.attrs["arch"])}
     if isinstance(target, str):
