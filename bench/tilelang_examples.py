@@ -42,13 +42,16 @@ Steps:
    that differs while every kernel so far reproduced itself is a real divergence
    ("... before any nondeterminism"). Each row also says "same CUDA, same flags" or what
    differs. The summary counts both kinds.
-5. Timing phase (``--timing-rounds``, default 2; 0 turns it off), after every item finished or
+5. Timing phase (``--timing-rounds``, default 3; 0 turns it off), after every item finished or
    ``--deadline`` passed: each item with benchmark times in both arms runs again, rounds of
    tilelang then tlx, ``--timing-jobs`` processes at once whose tests each hold the GPU lock
    exclusively for the whole test (so only their start-up, on the CPU, overlaps), kernels from
    the caches step 2 filled, no checksums or replays. The ratio column is the median over
    rounds of the ratio of summed benchmark times, with the first phase's (beside other items)
    kept beside it; an item the timing phase did not reach keeps that figure and is listed.
+   Each arm's own rounds also give the measurement's noise (the largest ratio of one arm's
+   summed times between rounds): the summary counts the 2% target only over items whose arms
+   each repeat within 2%, since a finer ratio than that is not measured.
    ``--merge RESULTS.json`` starts from an earlier run's table: the TARGETs given (if any) run
    their first phase, then this phase covers every timed row not yet timed alone.
 
@@ -81,12 +84,12 @@ ordering costs are an earlier run's results.json, copied into the carried ignore
     # call 1: everything else, costliest first, then the timing phase in the time left
     python3 bench/tilelang_examples.py .tilelang-examples/checkout/examples --out $OUT/te \\
         --exclude block_causal_attention --costs .tilelang-examples/costs.json --longest-first \\
-        --jobs 12 --timeout 200 --deadline 360 --timing-rounds 2 --timing-jobs 2 --timing-deadline 545 --stop 575
+        --jobs 12 --timeout 200 --deadline 360 --timing-rounds 3 --timing-jobs 2 --timing-deadline 545 --stop 575
     # between the calls, here: cp FILES_AT/te/results.json .tilelang-examples/first.json
     # call 2: block_causal_attention, then the timing phase of the timed items call 1 left
     python3 bench/tilelang_examples.py .tilelang-examples/checkout/examples \\
         block_causal_attention/test_block_causal_attention.py --merge .tilelang-examples/first.json \\
-        --out $OUT/te --jobs 2 --timeout 270 --timing-rounds 2 --timing-jobs 2 --timing-deadline 545 --stop 575
+        --out $OUT/te --jobs 2 --timeout 270 --timing-rounds 3 --timing-jobs 2 --timing-deadline 545 --stop 575
 
 Call 2's results.md is the whole table. On the machine call 1 left warm the kernel caches
 (``~/.tilelang/cache``, ``~/.cache/tlx``) are still there; on a fresh one the timing phase
@@ -765,6 +768,7 @@ class Table:
         base = [r for r in rows if r["tilelang"] == "pass"]
         ratios = [r["ratio"] for r in base if "ratio" in r]
         geomean = math.exp(sum(map(math.log, ratios)) / len(ratios)) if ratios else None
+        settled = [r for r in base if r.get("noise") is not None and r["noise"] <= 0.02]
         return {"items finished": len(rows), "pass under tilelang.jit": len(base),
                 "of those, pass under tlx.jit": sum(r["tlx"] == "pass" for r in base),
                 "of those, outputs bitwise equal": sum(r["outputs"] == "bitwise equal" for r in base),
@@ -775,6 +779,8 @@ class Table:
                 "pass only under tlx.jit": sum(r["tlx"] == "pass" and r["tilelang"] != "pass" for r in rows),
                 "timed": len(ratios), "of those, timed alone": sum("ratio" in r and "ratio beside other items" in r for r in base),
                 "time within 2%": sum(abs(x - 1) <= 0.02 for x in ratios),
+                "of those timed alone, with each arm's rounds within 2% of each other": len(settled),
+                "of those, time within 2%": sum(abs(r["ratio"] - 1) <= 0.02 for r in settled),
                 "time ratio geomean": round(geomean, 4) if geomean else None,
                 "not applicable here": len(self.not_applicable), "files failing collection": len(self.collect_errors),
                 "running when written": len(self.running), "not reached": len(self.pending)}
@@ -843,7 +849,7 @@ def main(argv=None) -> int:
     parser.add_argument("--costs", type=Path, help="an earlier results.json: order items by their measured wall seconds")
     parser.add_argument("--collect-only", action="store_true", help="collect in both arms, compare and stop (needs no GPU)")
     parser.add_argument("--exclude", action="append", default=[], metavar="TEXT", help="leave out test files and items whose id contains TEXT (repeatable)")
-    parser.add_argument("--timing-rounds", type=int, default=2, help="rounds of the timing phase (0: none; each round runs both arms once)")
+    parser.add_argument("--timing-rounds", type=int, default=3, help="rounds of the timing phase (0: none; each round runs both arms once)")
     parser.add_argument("--timing-jobs", type=int, default=2, help="timing-phase processes at once (their tests run one at a time)")
     parser.add_argument("--timing-deadline", type=float, help="seconds after the start after which no item starts its timing rounds")
     parser.add_argument("--merge", type=Path, metavar="RESULTS.json",
@@ -995,7 +1001,7 @@ def apply_timing(row: dict, rounds: list[dict]) -> None:
     first) gives the ratio of the arms' summed benchmark times; the row's ratio becomes the
     median of those, the loaded phase's figure kept beside it. A round where an arm failed or
     timed a different number of benchmarks gives no ratio (its reason is kept)."""
-    ratios, problems = [], []
+    ratios, problems, sums = [], [], {arm: [] for arm in ARMS}
     for i, pair in enumerate(rounds, 1):
         tl, tx = pair["tilelang"], pair["tlx"]
         if tl["status"] != "pass" or tx["status"] != "pass":
@@ -1004,6 +1010,8 @@ def apply_timing(row: dict, rounds: list[dict]) -> None:
             problems.append(f"round {i}: {len(tl['bench_ms'])} vs {len(tx['bench_ms'])} timings")
         else:
             ratios.append(sum(tx["bench_ms"]) / sum(tl["bench_ms"]))
+            for arm in ARMS:
+                sums[arm].append(sum(pair[arm]["bench_ms"]))
     row["timing"] = {"ratios": ratios, "problems": problems,
                      **{f"{arm} ms": [pair[arm]["bench_ms"] for pair in rounds] for arm in ARMS},
                      "wall s": [[pair[arm]["seconds"] for arm in ARMS] for pair in rounds]}
@@ -1013,7 +1021,10 @@ def apply_timing(row: dict, rounds: list[dict]) -> None:
     if "ratio" in row and "ratio beside other items" not in row:
         row["ratio beside other items"] = row["ratio"]
     row["ratio"] = statistics.median(ratios)
-    row["time tlx/tilelang"] = (f"{row['ratio']:.3f} (alone; median of {len(ratios)} rounds: {', '.join(f'{r:.3f}' for r in ratios)}"
+    # how far one arm's own rounds disagree: a ratio finer than that says nothing (one round: unknown)
+    row["noise"] = max(max(t) / min(t) - 1 for t in sums.values()) if len(ratios) > 1 else None
+    noise = "one round: noise unknown" if row["noise"] is None else f"an arm's own rounds differ by up to {100 * row['noise']:.1f}%"
+    row["time tlx/tilelang"] = (f"{row['ratio']:.3f} (alone; median of {len(ratios)} rounds: {', '.join(f'{r:.3f}' for r in ratios)}; {noise}"
                                 + (f"; {'; '.join(problems)}" if problems else "")
                                 + (f"; beside other items {row['ratio beside other items']:.3f}" if "ratio beside other items" in row else "") + ")")
 

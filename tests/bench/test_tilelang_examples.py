@@ -107,6 +107,8 @@ def test_table_writes_rows_lists_and_summary(tmp_path):
     assert state["summary"]["of those, pass under tlx.jit"] == 1
     assert state["summary"]["of those, outputs bitwise equal"] == 1
     assert state["summary"]["time within 2%"] == 1 and state["summary"]["time ratio geomean"] == pytest.approx(1.01)
+    # timed beside other items only: no measure of its noise, so it does not count toward the target
+    assert state["summary"]["of those timed alone, with each arm's rounds within 2% of each other"] == 0
     assert state["not_reached"] == ["d/test_d.py::test_late"] and "c/test_c.py::test_long" in state["running"]
     md = (tmp_path / "results.md").read_text()
     assert "| `a/test_a.py::test_ok` | pass | pass | bitwise equal | 1.010 (1 timings, beside other items) |" in md
@@ -452,7 +454,7 @@ def test_timing_run_holds_the_gpu_lock_for_the_whole_test(fake_kernels, tmp_path
     assert te.run_item(runner, fake_kernels, lock_test, "tilelang", 120)["status"] == "FAIL"  # the first phase: per kernel call only
 
 
-def test_apply_timing_takes_the_median_of_round_ratios():
+def test_apply_timing_takes_the_median_of_round_ratios(tmp_path):
     row = {"ratio": 0.55, "time tlx/tilelang": "0.550 (1 timings, beside other items)"}
     rounds = [{"tilelang": _arm(bench_ms=[1.0, 1.0]), "tlx": _arm(bench_ms=[1.0, 1.02])},
               {"tilelang": _arm(bench_ms=[2.0]), "tlx": _arm(bench_ms=[1.0, 1.0])},  # another count of timings: no ratio
@@ -462,7 +464,15 @@ def test_apply_timing_takes_the_median_of_round_ratios():
     assert row["ratio"] == pytest.approx(1.01) and row["ratio beside other items"] == 0.55
     assert row["timing"]["ratios"] == pytest.approx([1.01, 0.99, 1.05])
     assert row["timing"]["problems"] == ["round 2: 1 vs 2 timings"]
-    assert row["time tlx/tilelang"] == "1.010 (alone; median of 3 rounds: 1.010, 0.990, 1.050; round 2: 1 vs 2 timings; beside other items 0.550)"
+    assert row["noise"] == pytest.approx(2.1 / 1.98 - 1)  # tlx's own rounds: 2.02, 1.98, 2.1 ms
+    table = te.Table(tmp_path, {"command": "x"})
+    steady = {"tilelang": "pass", "tlx": "pass", "outputs": "bitwise equal", "time tlx/tilelang": ""}
+    te.apply_timing(steady, [{"tilelang": _arm(bench_ms=[1.0]), "tlx": _arm(bench_ms=[t])} for t in (1.01, 1.005, 1.012)])
+    table.rows = {"noisy": {**row, "tilelang": "pass", "tlx": "pass", "outputs": "bitwise equal"}, "steady": steady}
+    summary = table.summary()
+    assert summary["of those timed alone, with each arm's rounds within 2% of each other"] == 1 and summary["of those, time within 2%"] == 1
+    assert row["time tlx/tilelang"] == ("1.010 (alone; median of 3 rounds: 1.010, 0.990, 1.050; an arm's own rounds differ by up to 6.1%; "
+                                        "round 2: 1 vs 2 timings; beside other items 0.550)")
     failed = {"ratio": 0.9, "time tlx/tilelang": "0.900 (1 timings, beside other items)"}
     te.apply_timing(failed, [{"tilelang": _arm(bench_ms=[1.0]), "tlx": _arm("timeout")}])
     assert failed["ratio"] == 0.9 and failed["time tlx/tilelang"].endswith("(timing phase gave none: round 1: tilelang pass, tlx timeout)")
