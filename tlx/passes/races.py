@@ -416,11 +416,27 @@ class _Pipeline:
 
     # -- happens-before through mbarriers
     def _table(self, values: list, k_term):
-        """``values[k]`` as a Z3 term of the iteration ``k_term``."""
-        term = z3.IntVal(values[-1], self.enc.ctx)
-        for i in range(len(values) - 2, -1, -1):
-            term = z3.If(k_term == i, values[i], term)
-        return term
+        """``values[k]`` as a Z3 term of the iteration ``k_term`` (``values[-1]`` outside the table).
+
+        A table that repeats with a step, ``values[i] == values[i - p] + c`` (a barrier index
+        ``k % 3``: c 0; its round ``k // 3``: c 1), is written ``values[k % p] + (k / p) * c``,
+        exactly the same function, instead of one ``If`` per iteration: a pipeline of 32 steps
+        then costs the solver 3 cases, not 32 (TileLang's own TMA GEMM ran out of budget)."""
+        n = len(values)
+        period = next(p for p in range(1, n + 1) if all(values[i] - values[i - p] == values[p] - values[0]
+                                                          for i in range(p, n)) or p == n)
+        step = values[period] - values[0] if period < n else 0
+
+        def chain(vals, k):
+            term = z3.IntVal(vals[-1], self.enc.ctx)
+            for i in range(len(vals) - 2, -1, -1):
+                term = z3.If(k == i, vals[i], term)
+            return term
+
+        if period == n:
+            return chain(values, k_term)
+        closed = chain(values[:period], k_term % period) + (k_term / period) * step
+        return z3.If(z3.And(k_term >= 0, k_term < n), closed, values[-1])
 
     def _terms(self, st: _Site, k):
         """(barrier index, round, phase) of ``st`` in iteration ``k`` (a Z3 term)."""
