@@ -46,7 +46,8 @@ def test_long_constant_pipeline_is_race_free_within_the_pass_budget():
     assert r["verdict"] == "race-free", r["summary"]
 
 
-@pytest.mark.parametrize("values", [[3, 4, 5, 3, 4, 5, 3], [0, 0, 0, 1, 1, 1, 2], [-1, -1, 0, 0, 1], [5, 2, 9, 1], [7], [0, 1, 2, 3]])
+@pytest.mark.parametrize("values", [[i % 3 + 3 for i in range(32)], [i // 3 for i in range(32)], [i // 3 - 1 for i in range(31)],
+                                    [2 * i for i in range(20)], [3, 4, 5, 3, 4, 5, 3], [5, 2, 9, 1], [7]])
 def test_barrier_table_term_is_the_table_at_every_iteration(values):
     """The closed form of a repeating table is the same function as the table, also outside it."""
     ctx = z3.Context()

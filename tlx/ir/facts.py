@@ -209,6 +209,7 @@ def accumulators(loop) -> dict:
 
     def site(store, trips):
         buf, value, data = store.buffer, store.value, store.buffer.data
+
         def own(load, d) -> bool:
             return (isinstance(load, tir.BufferLoad) and load.buffer.data.same_as(data)
                     and not any(x.buffer.data.same_as(data) for x in nodes(d, tir.BufferLoad)))
@@ -244,7 +245,7 @@ def accumulators(loop) -> dict:
             for x in s.seq:
                 walk(x, trips)
             return
-        for attr in ("then_case", "else_case", "body"):
+        for attr in ("then_case", "else_case", "body", "init"):
             sub = getattr(s, attr, None)
             if isinstance(sub, tir.Stmt):
                 walk(sub, trips)

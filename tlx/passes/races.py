@@ -99,6 +99,7 @@ _ASYNC_HINTS = ("barrier", "arrive", "tma", "cluster", "wgmma", "warpgroup", "fe
 _ELECT = "tl.tl_shuffle_elect"
 _TABLE_LIMIT = 1024  # iterations of a pipeline loop the mbarrier model tabulates
 _MAX_PERIOD = 16  # longest barrier-index period looked for in a pipeline loop it does not tabulate
+_SHORT_TABLE = 8  # iterations up to which a barrier table stays one If per iteration (cheap enough, and the old queries)
 
 
 class RaceError(TlxError):
@@ -421,7 +422,8 @@ class _Pipeline:
         A table that repeats with a step, ``values[i] == values[i - p] + c`` (a barrier index
         ``k % 3``: c 0; its round ``k // 3``: c 1), is written ``values[k % p] + (k / p) * c``,
         exactly the same function, instead of one ``If`` per iteration: a pipeline of 32 steps
-        then costs the solver 3 cases, not 32 (TileLang's own TMA GEMM ran out of budget)."""
+        then costs the solver 3 cases, not 32 (TileLang's own TMA GEMM ran out of budget). Short
+        tables keep the chain: there the closed form saves nothing and shifts Z3's budget outcomes."""
         n = len(values)
         period = next(p for p in range(1, n + 1) if all(values[i] - values[i - p] == values[p] - values[0]
                                                           for i in range(p, n)) or p == n)
@@ -433,7 +435,7 @@ class _Pipeline:
                 term = z3.If(k == i, vals[i], term)
             return term
 
-        if period == n:
+        if n <= _SHORT_TABLE or period > n // 2:  # a short or barely repeating table: the If chain
             return chain(values, k_term)
         closed = chain(values[:period], k_term % period) + (k_term / period) * step
         return z3.If(z3.And(k_term >= 0, k_term < n), closed, values[-1])
