@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from tilelang import tvm
 
-from tlx.ir.tir import PRIVATE_SCOPES, arith_only, free_vars, nodes, op_name, scalar_dtype
+from tlx.ir.tir import PRIVATE_SCOPES, arith_only, free_vars, nodes, op_name, scalar_dtype, unit_step
 
 tir = tvm.tirx
 
@@ -80,6 +80,19 @@ def _private_int_cell(buf) -> bool:
             and len(shape) == 1 and isinstance(shape[0], tir.IntImm) and shape[0].value == 1)
 
 
+def _pointer_taken(body, data_vars) -> set:
+    """Those of ``data_vars`` that ``body`` uses as a bare pointer or takes an element's
+    ``address_of``: their values may change where no store shows it."""
+    taken = set()
+    for n in nodes(body, (tir.Var, tir.Call)):
+        if isinstance(n, tir.Var) and n in data_vars:
+            taken.add(n)
+        elif (isinstance(n, tir.Call) and op_name(n) == "tirx.address_of" and isinstance(n.args[0], tir.BufferLoad)
+              and n.args[0].buffer.data in data_vars):
+            taken.add(n.args[0].buffer.data)
+    return taken
+
+
 def counters(f) -> dict:
     """Thread-private integer scalars used as counters (a pipeline's stage/phase counter
     ``it = it + 1``): set once to a constant, outside every loop and branch and before any other
@@ -135,8 +148,7 @@ def counters(f) -> dict:
                     e["ok"] = False
             return
         if isinstance(s, tir.For):
-            trip_known = loops is not None and invariant(s.extent) and (
-                getattr(s, "step", None) is None or (isinstance(s.step, tir.IntImm) and s.step.value == 1))
+            trip_known = loops is not None and invariant(s.extent) and unit_step(s)
             walk(s.body, loops + [s.extent] if trip_known else None, True)
             return
         if isinstance(s, tir.While):
@@ -153,14 +165,8 @@ def counters(f) -> dict:
                 walk(sub, loops, nested or branch)
 
     walk(f.body, [], False)
-
-    # a bare use of the data pointer or an ``address_of`` anywhere: the value may change unseen
-    for n in nodes(f.body, (tir.Var, tir.Call)):
-        if isinstance(n, tir.Var) and n in state:
-            state[n]["ok"] = False
-        elif isinstance(n, tir.Call) and op_name(n) == "tirx.address_of":
-            if isinstance(n.args[0], tir.BufferLoad) and n.args[0].buffer.data in state:
-                state[n.args[0].buffer.data]["ok"] = False
+    for data in _pointer_taken(f.body, state):
+        state[data]["ok"] = False
     return {d: (e["start"], e["sites"]) for d, e in state.items() if e["ok"] and e["start"] is not None}
 
 
@@ -234,8 +240,7 @@ def accumulators(loop) -> dict:
             return
         if isinstance(s, tir.For):
             extent = s.extent.value if isinstance(s.extent, tir.IntImm) else None
-            step_one = getattr(s, "step", None) is None or (isinstance(s.step, tir.IntImm) and s.step.value == 1)
-            inner = trips * max(extent, 0) if extent is not None and step_one and trips is not None else None
+            inner = trips * max(extent, 0) if extent is not None and unit_step(s) and trips is not None else None
             walk(s.body, inner)
             return
         if isinstance(s, tir.While):
@@ -251,10 +256,6 @@ def accumulators(loop) -> dict:
                 walk(sub, trips)
 
     walk(loop.body, 1)
-    # a pointer use anywhere in the body may change the value unseen
-    for n in nodes(loop.body, (tir.Var, tir.Call)):
-        if isinstance(n, tir.Var) and n in found:
-            found[n] = None
-        elif isinstance(n, tir.Call) and op_name(n) == "tirx.address_of" and isinstance(n.args[0], tir.BufferLoad):
-            found[n.args[0].buffer.data] = None
+    for data in _pointer_taken(loop.body, found):
+        found[data] = None
     return {d: tuple(e) for d, e in found.items() if e is not None}

@@ -11,8 +11,7 @@ from tilelang import tvm
 
 tir = tvm.tirx
 
-__all__ = ["PRIVATE_SCOPES", "arith_only", "calls", "const_int", "device_functions", "elem_bytes", "eval_numpy", "extern_name",
-           "free_vars", "nodes", "op_name", "scalar_dtype"]
+__all__ = ["PRIVATE_SCOPES", "arith_only", "calls", "const_int", "device_functions", "elem_bytes", "eval_numpy", "extern_name", "free_vars", "nodes", "op_name", "scalar_dtype", "unit_step"]
 
 PRIVATE_SCOPES = ("local", "local.var")  # a thread's own registers: only its own stores change them
 
@@ -61,6 +60,12 @@ def const_int(x) -> int | None:
     if isinstance(x, tir.IntImm):
         return int(x.value)
     return None
+
+
+def unit_step(loop) -> bool:
+    """Whether ``loop`` steps by 1 (TIR's ``For`` has no step, or a step of constant 1)."""
+    step = getattr(loop, "step", None)
+    return step is None or (isinstance(step, tir.IntImm) and step.value == 1)
 
 
 def free_vars(expr) -> list:

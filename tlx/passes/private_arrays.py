@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from tilelang import tvm
 
-from tlx.ir.tir import PRIVATE_SCOPES, op_name, scalar_dtype
+from tlx.ir.tir import PRIVATE_SCOPES, op_name, scalar_dtype, unit_step
 
 tir = tvm.tirx
 
@@ -87,8 +87,7 @@ def initialized_by(loop, candidates: dict) -> list:
     """Data vars of the candidate arrays that ``loop`` stores at every index: the thread itself
     runs ``v`` over every value of ``[0, n)``, ``n`` constant and at least the array's size, and
     the body stores ``a[v]`` outside any branch or inner loop."""
-    step = getattr(loop, "step", None)
-    if not (loop.kind in _EVERY_ITERATION and (step is None or (isinstance(step, tir.IntImm) and step.value == 1))
+    if not (loop.kind in _EVERY_ITERATION and unit_step(loop)
             and isinstance(loop.min, tir.IntImm) and loop.min.value == 0 and isinstance(loop.extent, tir.IntImm)):
         return []
     body = loop.body

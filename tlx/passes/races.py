@@ -62,6 +62,7 @@ thread, synchronised inside the call but not with anything outside it.
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -100,6 +101,19 @@ _ELECT = "tl.tl_shuffle_elect"
 _TABLE_LIMIT = 1024  # iterations of a pipeline loop the mbarrier model tabulates
 _MAX_PERIOD = 16  # longest barrier-index period looked for in a pipeline loop it does not tabulate
 _SHORT_TABLE = 8  # iterations up to which a barrier table stays one If per iteration (cheap enough, and the old queries)
+
+
+@functools.lru_cache(maxsize=256)
+def _repeat(values: tuple) -> tuple[int, int] | None:
+    """``(p, c)`` with ``values[i] == values[i - p] + c`` for every ``i >= p``, the smallest such
+    ``p``, when it is at most half the table; else None. Cached: a site's table is encoded once
+    per query."""
+    n = len(values)
+    for p in range(1, n // 2 + 1):
+        c = values[p] - values[0]
+        if all(values[i] - values[i - p] == c for i in range(p, n)):
+            return p, c
+    return None
 
 
 class RaceError(TlxError):
@@ -424,10 +438,6 @@ class _Pipeline:
         exactly the same function, instead of one ``If`` per iteration: a pipeline of 32 steps
         then costs the solver 3 cases, not 32 (TileLang's own TMA GEMM ran out of budget). Short
         tables keep the chain: there the closed form saves nothing and shifts Z3's budget outcomes."""
-        n = len(values)
-        period = next(p for p in range(1, n + 1) if all(values[i] - values[i - p] == values[p] - values[0]
-                                                          for i in range(p, n)) or p == n)
-        step = values[period] - values[0] if period < n else 0
 
         def chain(vals, k):
             term = z3.IntVal(vals[-1], self.enc.ctx)
@@ -435,8 +445,11 @@ class _Pipeline:
                 term = z3.If(k == i, vals[i], term)
             return term
 
-        if n <= _SHORT_TABLE or period > n // 2:  # a short or barely repeating table: the If chain
+        n = len(values)
+        repeat = _repeat(tuple(values)) if n > _SHORT_TABLE else None
+        if repeat is None:  # a short or barely repeating table: the If chain
             return chain(values, k_term)
+        period, step = repeat
         closed = chain(values[:period], k_term % period) + (k_term / period) * step
         return z3.If(z3.And(k_term >= 0, k_term < n), closed, values[-1])
 

@@ -33,7 +33,7 @@ import tilelang  # noqa: F401
 from tilelang import tvm
 
 from tlx.ir.facts import accumulators, function_facts, param_buffers, user_name
-from tlx.ir.tir import PRIVATE_SCOPES, arith_only, device_functions, elem_bytes, op_name, scalar_dtype
+from tlx.ir.tir import PRIVATE_SCOPES, arith_only, device_functions, elem_bytes, op_name, scalar_dtype, unit_step
 from tlx.ir.walk import MATRIX_MOVES, DeviceWalker, is_access_ptr, is_cp_async, pointer_uses
 from tlx.lowering import LoweredKernel
 from tlx.passes import TlxError
@@ -600,15 +600,14 @@ class _Walker(DeviceWalker):
             self.add_fact(v >= lo)
             if ext is not None:
                 self.add_fact(v < lo + ext)
-        step = getattr(s, "step", None)
-        if step is not None and not (isinstance(step, tir.IntImm) and step.value == 1) and lo is not None:
+        plain_step = unit_step(s)
+        if not plain_step and lo is not None:
             k = z3.Int(f"{s.loop_var.name}!iter", self.enc.ctx)
-            st = self.reliable(step, f"loop step of {s.loop_var.name}", subject=s.loop_var.name)
+            st = self.reliable(s.step, f"loop step of {s.loop_var.name}", subject=s.loop_var.name)
             if st is not None:
                 self.add_fact(k >= 0)
                 self.add_fact(v == lo + k * st)
         self.add_name(s.loop_var.name, v)
-        plain_step = step is None or (isinstance(step, tir.IntImm) and step.value == 1)
         if lo is not None and plain_step:
             self.bound_sums(sums, v - lo)
         outside = self.initialized
@@ -624,8 +623,10 @@ class _Walker(DeviceWalker):
     def scalar_value(self, buf):
         """The term of what private scalar ``buf`` holds here (tracked, or a fixed unknown)."""
         known = self.memory.values.get((buf.data, 0))
-        if known is not None:
-            return known_term(known)
+        return known_term(known) if known is not None else self.unknown_scalar(buf)
+
+    def unknown_scalar(self, buf):
+        """A fresh value for private scalar ``buf``, remembered as what it holds from here on."""
         value = self.enc.opaque_load(tir.BufferLoad(buf, [tir.IntImm("int32", 0)])).term
         self.memory.remember((buf.data, 0), value)
         return value
@@ -634,11 +635,10 @@ class _Walker(DeviceWalker):
         """After ``steps`` iterations of a loop, each of its accumulators (``tlx.ir.facts.
         accumulators``) holds its entry value moved by ``[lo * steps, hi * steps]``: a fresh value
         so bounded stands for it (inside the loop, at the start of iteration ``steps``)."""
-        for data, (buf, lo_step, hi_step, entry) in sums.items():
-            value = self.enc.opaque_load(tir.BufferLoad(buf, [tir.IntImm("int32", 0)])).term
+        for buf, lo_step, hi_step, entry in sums.values():
+            value = self.unknown_scalar(buf)
             self.add_fact(value >= entry + lo_step * steps)
             self.add_fact(value <= entry + hi_step * steps)
-            self.memory.remember((data, 0), value)
 
     def visit_IfThenElse(self, s):
         self.statement = s
