@@ -114,6 +114,18 @@ def test_cluster_variant_bitwise_equals_single_cta(k, n, kind):
 
 
 @pytest.mark.gpu
+def test_default_variant_across_batch_sizes():
+    """No ``ctas_per_row``: a batch small enough for 2-CTA clusters and one too large for them
+    give the rows' stable-sort top-k, and a row's indices do not depend on which was taken."""
+    g = torch.Generator(device="cuda").manual_seed(11)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    x = torch.randn(sms + 1, 8192, device="cuda", generator=g)
+    small, large = topk_indices(x[:8].contiguous(), 512), topk_indices(x, 512)
+    assert torch.equal(large, reference_topk(x, 512))
+    assert torch.equal(small, large[:8])
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("ctas_per_row", CTAS_PER_ROW)
 def test_deterministic_and_batch_invariant(ctas_per_row):
     g = torch.Generator(device="cuda").manual_seed(3)
