@@ -94,7 +94,7 @@ def baseline_configs():
     once here, the test workers load them instead of building the same files at once."""
     import ctypes.util
 
-    return [("baseline", name) for name in ("decode_mla", "indexer")] if ctypes.util.find_library("cuda") else []
+    return [("baseline", name) for name in ("decode_mla", "indexer", "sparse_fwd")] if ctypes.util.find_library("cuda") else []
 
 
 def compile_config(cfg) -> str:

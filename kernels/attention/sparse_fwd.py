@@ -15,7 +15,15 @@ One CTA per (token, 64 heads): the 64 heads share every gathered key, so ``S = Q
 warpgroups, 256 columns each, P through shared memory). Keys in blocks of 64 slots in index-list
 order, then the window's; the online softmax of ``common.py``; the sink enters the sum last,
 ``l += exp2(fma(sink, log2 e, -m_scaled))``. Correctness first: the gather is plain loads
-(no TMA), pipelined by TileLang; there is no CUDA baseline yet.
+(no TMA), pipelined by TileLang.
+
+Fixed orders, the contract with the CUDA baseline ``sparse_fwd.cu`` (bit for bit): S = Q KV^T
+by wgmma with the 512 dims ascending in steps of 16; per block, common.py's softmax steps with
+the row sum in TileLang's reduce order (mla_tile.cuh spells it out: shared with decode_mla's
+baseline, whose TileLang kernel has the same tile); P rounded to bf16; O += P KV with keys
+ascending in steps of 16; blocks in index-list order, then the window's; the sink added last.
+A masked slot still loads the kv row of its index clamped into ``[0, n)``: its score is -inf,
+its P 0, and 0 times that finite row adds nothing (a NaN in it would give NaN in both).
 """
 
 import math

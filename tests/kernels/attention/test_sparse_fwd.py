@@ -1,6 +1,7 @@
-"""DeepSeek-V4 sparse attention forward: the kernel compiles for sm_90a, the reference agrees
-with a dense formulation, bad arguments are named (CPU); the kernel matches the reference at V4
-shapes, with masked slots, all slots masked, the window branch, and 100 identical runs (GPU)."""
+"""DeepSeek-V4 sparse attention forward: the kernel and its CUDA baseline (sparse_fwd.cu) compile
+for sm_90a, the reference agrees with a dense formulation, bad arguments are named (CPU); the
+kernel matches the reference at V4 shapes, with masked slots, all slots masked, the window
+branch, and 100 identical runs, and is bit for bit equal to the baseline (GPU)."""
 
 import math
 
@@ -16,6 +17,15 @@ def test_kernel_compiles_for_sm90a():
     src = sparse_fwd_kernel(128, 1024, 128, LOG2E / math.sqrt(512)).device_source
     assert "64, 32, 16, false, false" in src and "64, 256, 16, false, true" in src  # S: 2 x m64n32, O: 2 x m64n256
     assert "exp2f(__fmaf_rn(acc_s" in src
+
+
+def test_baseline_compiles():
+    from pathlib import Path
+
+    import kernels.attention.sparse_fwd as mod
+    from tlx.numerics.parity import build_baseline
+
+    assert Path(build_baseline(Path(mod.__file__).with_suffix(".cu"), compile_only=True)).stat().st_size > 0
 
 
 def test_reference_matches_dense_softmax_with_sink():
@@ -103,3 +113,29 @@ def test_deterministic_100_runs():
     for _ in range(100):
         o, lse = sparse_attention(q, kv, idx, sink)
         assert torch.equal(o.view(torch.int16), o0.view(torch.int16)) and torch.equal(lse, lse0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("h,k,window", [(64, 512, 0), (128, 1024, 0), (128, 512, 128)])
+def test_bitwise_equal_to_baseline(attention_baseline, h, k, window):
+    """Outputs poisoned with NaN first; masked slots (-1 and past the cache), a token with every
+    slot masked, a slot index repeated, and with a window its branch with masked slots too."""
+    from tlx.numerics.parity import assert_bitwise
+
+    q, kv, idx, sink = _inputs(2, 40, h, 3000, k, 100 + h + k + window, masked=0.2)
+    idx[0, 0] = -1
+    idx[1, 3, :5] = kv.shape[1] + 7  # past the cache: masked, the clamped row loaded
+    idx[1, 4, 1] = idx[1, 4, 0]
+    more = {}
+    wkv, widx = kv, idx[:, :, :1].contiguous()  # read by neither kernel without a window
+    if window:
+        wkv = torch.randn((2, 200, 512), device="cuda").to(torch.bfloat16)
+        pos = torch.arange(40, device="cuda")[:, None] + 200 - 40 - torch.arange(window, device="cuda")[None, :]
+        widx = torch.where(pos >= 0, pos, -1).to(torch.int32)[None].expand(2, -1, -1).contiguous()
+        more = dict(window_kv=wkv, window_indices=widx)
+    o, lse = sparse_attention(q, kv, idx, sink, **more)
+    bo, blse = torch.full_like(o, float("nan")), torch.full_like(lse, float("nan"))
+    attention_baseline("sparse_fwd").sparse_attention_fwd(q, kv, idx, sink, wkv, widx, bo, blse,
+                                                          1.0 / math.sqrt(512) * LOG2E, window)  # the wrapper's constant
+    assert_bitwise(o, bo, name="sparse forward o")
+    assert_bitwise(lse, blse, name="sparse forward lse")
