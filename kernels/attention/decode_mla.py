@@ -332,13 +332,16 @@ def _zeros(device, shape):
 
 def mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
                softmax_scale: float | None = None, kv_scales: torch.Tensor | None = None, out=None,
-               num_stages: int = 1):
+               num_stages: int | None = None):
     """(o ``[B, T, H, 512]`` bf16, lse ``[B, T, H]`` fp32) of MLA decode over the paged cache
     (module docstring); ``softmax_scale`` defaults to ``576 ** -0.5``; ``out``: an (o, lse)
     pair to write (e.g. poisoned by a test), else new tensors. ``num_stages``: pages in flight
     per CTA (2: the next page's TMA load overlaps this page's products; bf16 only, the e4m3
-    staging buffers leave no room for it; the same bits either way)."""
+    staging buffers leave no room for it; the same bits either way). None: 2 for a bf16 cache
+    (1.16-1.26x faster at B128 ctx 8192, H200, 2026-12-02), 1 for e4m3."""
     e4m3 = getattr(kv_cache, "dtype", None) == torch.float8_e4m3fn
+    if num_stages is None:
+        num_stages = 1 if e4m3 else 2
     if num_stages not in ((1,) if e4m3 else (1, 2)):
         raise ValueError(f"num_stages: expected {'1 for an e4m3 cache' if e4m3 else '1 or 2'}, got {num_stages!r}")
     fp8 = _check(q, kv_cache, kv_scales, block_table, seq_lens, out)
