@@ -7,7 +7,8 @@ import pytest
 import tilelang.language as T
 import z3
 
-from tests.passes.async_corpus.pipelines import BUGS, drop_block_barrier, move_proxy_fence, shared_histogram, staged_then_wgmma, tma_pipeline
+from tests.passes.async_corpus.pipelines import (BUGS, drop_block_barrier, drop_call, move_proxy_fence, shared_histogram, staged_then_wgmma,
+                                                 tma_pipeline, tma_store_rounds)
 from tests.passes.layout_corpus import kernels as K
 from tests.tiled_gemm import tiled_gemm
 from tlx.ir.program import collect_program
@@ -249,3 +250,38 @@ def test_race_budget_counts_each_query_once():
     assert sum(r["pairs"] for r in reports) >= 4 and enc.queries >= 10
     context_total = z3.Solver(ctx=enc.ctx).statistics().get_key_value("rlimit count")
     assert 0 < enc.rlimit_used <= context_total
+
+
+def _tma_store_kernel():
+    func, configs = tma_store_rounds()
+    return lower(func, TARGET, configs)
+
+
+def test_tma_store_rounds_are_race_free():
+    """Writes, barrier, then in the elected thread fence + TMA store + tma_store_wait(0); the next
+    round's writes after a barrier: the store's read of the tile is ordered on both sides."""
+    r = races_report(_tma_store_kernel())
+    assert r["verdict"] == "race-free", r["summary"]
+    kernel = r["kernels"][0]
+    assert not kernel["unmodelled_ops"] and kernel["pairs"] >= 2  # the writes against each other and against the store
+
+
+@pytest.mark.parametrize("planted, race_with", [
+    ("tl.tma_store_wait", "the next round's writes overwrite the tile while the store may still read it"),
+    ("tl.fence_proxy_async", "the generic writes are not made visible to the async proxy"),
+])
+def test_tma_store_without_its_wait_or_fence_is_a_race(planted, race_with):
+    r = races_report(drop_call(_tma_store_kernel(), planted))
+    assert r["verdict"] == "race", f"{planted}: {race_with}; got {r['summary']}"
+    pairs = [x for x in _races(r) if "tma_store" in (x["first"]["statement"] + x["second"]["statement"])]
+    assert pairs, _races(r)
+    for x in pairs:
+        store, write = (x["first"], x["second"]) if "tma_store" in x["first"]["statement"] else (x["second"], x["first"])
+        assert store["async"] and not store["write"] and write["write"]
+
+
+def test_tma_store_without_the_barrier_after_the_writes_is_a_race():
+    kernel = _tma_store_kernel()
+    r = races_report(drop_block_barrier(kernel, 1))  # the barrier between a round's writes and its store
+    assert r["verdict"] == "race", r["summary"]
+    assert any("tma_store" in (x["first"]["statement"] + x["second"]["statement"]) for x in _races(r))

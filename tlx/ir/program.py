@@ -5,8 +5,10 @@ legality (``tlx/passes``) all read this one model (:func:`collect_program`).
 
 The async proxy is modelled as TileLang 0.1.15 lowers it for sm_90a: ``tl.tma_load`` writes a
 shared range and completes on an mbarrier (:attr:`Access.barrier`); ``tl.ptx_wgmma_ss`` reads
-the shared ranges its two wgmma descriptors span (``op="wgmma"``); mbarrier init, expect-tx,
-arrive and parity waits, ``warpgroup_wait`` and ``fence.proxy.async`` are :class:`SyncOp` s.
+the shared ranges its two wgmma descriptors span (``op="wgmma"``); ``tl.tma_store`` reads its
+shared box (``op="tma_store"``); mbarrier init, expect-tx, arrive and parity waits,
+``warpgroup_wait``, ``tma_store_wait`` (``bulk_wait``) and ``fence.proxy.async`` are
+:class:`SyncOp` s.
 
 The walk is a :class:`~tlx.ir.walk.DeviceWalker` (the bounds verifier's too), and the ranges
 of ``cp.async``, ``ldmatrix`` / ``stmatrix`` and pointer-taking calls come from
@@ -78,7 +80,8 @@ class SyncOp:
     ``kind``: ``init`` (``arg`` the arrival count), ``expect_tx`` (``arg`` bytes), ``arrive``
     (``arg`` the bytes it also expects, or 0; ``cp_async``: ``cp.async.mbarrier.arrive.noinc``,
     one arrival once the thread's earlier cp.async copies have landed), ``wait`` (``arg`` the
-    phase parity), ``wgmma_wait`` (``arg`` the batches left in flight), ``fence_proxy_async``,
+    phase parity), ``wgmma_wait`` (``arg`` the batches left in flight), ``bulk_wait``
+    (``tma_store_wait``: ``arg`` the bulk groups whose shared reads may still run), ``fence_proxy_async``,
     ``named_barrier`` (``bar.sync index, arg``: ``arg`` threads, not the whole block).
     """
 
@@ -365,6 +368,14 @@ class _Walker(DeviceWalker):
             use = next(u for u in pointer_uses(call, self.is_shared) if u.ptr.same_as(args[2]))
             self.pointer_access("tma_load", call, use, barrier=args[1])
             return True
+        if name == "tl.tma_store" and len(args) > 1 and is_access_ptr(args[1]):
+            self.exprs(list(args[2:]))
+            use = next(u for u in pointer_uses(call, self.is_shared) if u.ptr.same_as(args[1]))
+            self.pointer_access("tma_store", call, use)
+            return True
+        if name == "tl.tma_store_wait":
+            self.sync_op("bulk_wait", None, args[0])
+            return True
         if name == "tl.initialize_wgmma_descriptor" and isinstance(args[0], tir.BufferLoad):
             ptr, added = args[1], tir.IntImm("int32", 0)
             if op_name(ptr) == "tirx.handle_add_byte_offset":  # a later stage: the pointer plus bytes
@@ -459,6 +470,12 @@ class _Walker(DeviceWalker):
             self.prog.accesses.append(
                 Access(data.name, root, storage_scope(data), str(dtype), offset, 1, eb * elems, base, use.read, use.write, short, phase_lanes=8 * (num or 4), exact=not _reads_memory(offset), extent_elems=elems, **common)
             )
+        elif name == "tma_store" and elems is not None:
+            # the bulk copy reads its whole box asynchronously, until a tma_store_wait of its thread
+            self.prog.accesses.append(
+                Access(data.name, root, storage_scope(data), str(dtype), offset, 1, eb * elems, base, True, False, "tma_store", is_async=True,
+                       exact=not _reads_memory(offset), extent_elems=elems, **common)
+            )
         elif short == "ptx_cp_async":
             width = eb * (elems if elems is not None else const_int(extent) or 1)
             self.prog.accesses.append(
@@ -483,7 +500,8 @@ _MBARRIER_OPS = {  # name -> (SyncOp kind, index of the argument it carries)
 _CP_ASYNC_ARRIVE = "tl.ptx_cp_async_barrier_noinc"  # cp.async.mbarrier.arrive.noinc: TileLang's non-TMA producer
 _SWIZZLE_BYTES = {0: 16, 1: 128, 2: 64, 3: 32}  # wgmma descriptor layout type -> swizzle row bytes
 # Calls that order nothing the race model needs and touch no shared memory.
-_NO_MEMORY_OPS = ("tl.prefetch_tma_descriptor", "tl.ptx_fence_barrier_init", "tl.warpgroup_arrive", "tl.warpgroup_commit_batch", "tl.warpgroup_fence_operand")
+_NO_MEMORY_OPS = ("tl.prefetch_tma_descriptor", "tl.ptx_fence_barrier_init", "tl.warpgroup_arrive", "tl.warpgroup_commit_batch", "tl.warpgroup_fence_operand",
+                  "tl.tma_store_arrive")  # commits the bulk group; only tma_store_wait(0) is counted
 
 
 def _handle_args(call):

@@ -16,7 +16,10 @@ writing) is one Z3 query: unsat is a proof of absence; a model is a witness.
 
 The async proxy (sm_90a, as TileLang lowers it). A TMA load writes its shared range
 asynchronously and is published only by the mbarrier it completes on; a wgmma reads the
-ranges its descriptors span until a ``warpgroup_wait(0)`` of its thread. mbarriers are
+ranges its descriptors span until a ``warpgroup_wait(0)`` of its thread, and a TMA store its
+shared box until a ``tma_store_wait(0)`` of its thread (later arrives of that thread release
+either read only with that wait between; a wait that leaves groups in flight is not counted,
+which can only report more races). mbarriers are
 tabulated over the pipeline loop (:class:`_Pipeline`): in iteration ``k`` a statement uses
 barrier ``index[k]`` for its ``round[k]``-th time; phase ``j`` of a barrier collects round
 ``j`` (checked: the threads arriving per round equal the init count, and the TMA bytes per
@@ -51,8 +54,8 @@ threads are in no common group, and every group runs its waits and arrives unifo
 :func:`_named_barrier_gap`) and, in a periodic pipeline, its orderings are exact (no elected wait
 or arrive, one block-barrier epoch); otherwise it is ``unknown``.
 
-Not modelled, and therefore reported as ``unknown`` rather than safe: TMA stores, multicast
-and cluster barriers, pipelines whose barrier index or parity depends on more than the loop
+Not modelled, and therefore reported as ``unknown`` rather than safe: multicast and cluster
+barriers, pipelines whose barrier index or parity depends on more than the loop
 or has no period, barriers under thread-dependent conditions, and wgmma descriptors this model
 did not see built. Calls into TileLang's collective templates
 (``tl::AllReduce`` and the like) are treated as one access of their whole workspace by every
@@ -83,13 +86,16 @@ tir = tvm.tirx
 __all__ = ["RaceError", "find_races", "races_report"]
 
 _THREAD_OPS = ("load", "store", "ptx_ldmatrix", "ptx_stmatrix", "ptx_cp_async")
-_ASYNC_PROXY_OPS = ("tma_load", "wgmma")  # ordered only through mbarriers (and proxy fences)
+_ASYNC_PROXY_OPS = ("tma_load", "wgmma", "tma_store")  # ordered only through mbarriers, waits (and proxy fences)
+# async-proxy reads and the wait kind whose ``wait(0)`` by the reading thread ends them
+_READ_WAITS = {"wgmma": "wgmma_wait", "tma_store": "bulk_wait"}
 _MBARRIER_HINTS = ("mbarrier", "arrive_barrier", "ptx_arrive", "barrier_wait")
 # The sync calls the mbarrier model understands (tlx.ir.program turns them into SyncOps / accesses);
 # any other call that looks like an mbarrier, TMA, cluster or wgmma primitive leaves it unmodelled.
 _MODELLED_CALLS = {
     "tirx.ptx_init_barrier_thread_count", "tl.mbarrier_expect_tx", "tirx.ptx_arrive_barrier",
     "tirx.ptx_arrive_barrier_expect_tx", "tl.mbarrier_wait_parity", "tl.tma_load", "tl.ptx_wgmma_ss",
+    "tl.tma_store", "tl.tma_store_arrive", "tl.tma_store_wait",
     "tl.initialize_wgmma_descriptor", "tl.increase_descriptor_offset", "tl.warpgroup_wait", "tl.fence_proxy_async",
     "tl.prefetch_tma_descriptor", "tl.ptx_fence_barrier_init", "tl.warpgroup_arrive", "tl.warpgroup_commit_batch",
     "tl.warpgroup_fence_operand", "tl.ptx_wgmma_rs", "tl.ptx_cp_async_barrier_noinc",
@@ -298,7 +304,7 @@ class _Pipeline:
         self.sites = [self._site(s, s.kind) for s in prog.syncs if s.barrier is not None and s.kind != "init"]
         self.sites += [self._site(a, "tma") for a in prog.accesses if a.barrier is not None]
         self.fences = [s for s in prog.syncs if s.kind == "fence_proxy_async"]
-        self.wgmma_waits = [s for s in prog.syncs if s.kind == "wgmma_wait" and const_int(s.arg) == 0]
+        self.read_waits = {kind: [s for s in prog.syncs if s.kind == kind and const_int(s.arg) == 0] for kind in _READ_WAITS.values()}
         periodic = [st for st in self.sites if st.period is not None]
         self.period = periodic[0].period if periodic else None
         if periodic and any(st.period != self.period for st in self.sites):
@@ -471,6 +477,10 @@ class _Pipeline:
             return z3.IntVal(0, self.enc.ctx)
         return ev.loops.get(site.loop)
 
+    def _read_waits(self, op) -> list:
+        """The ``wait(0)`` statements that end ``op``'s async read (none for other accesses)."""
+        return self.read_waits[_READ_WAITS[op.op]] if _async_read(op) else []
+
     def releases(self, ev: "_Event", need_fence: bool) -> list:
         """(condition, barrier, index, round): arrivals that publish ``ev``'s access (its own TMA completion, or a later arrive of its thread)."""
         own = [st for st in self.sites if st.op is ev.op and st.kind in ("tma", "arrive")]
@@ -493,7 +503,7 @@ class _Pipeline:
             cond = self._conds(st.op, ev.env(st.loop, k))
             # a wgmma read is over only after a warpgroup_wait(0) of its thread; a generic write
             # reaches the async proxy only through a fence of its thread, both before the arrive
-            for needed, ops in ((_is_wgmma(ev.op), self.wgmma_waits), (need_fence, self.fences)):
+            for needed, ops in ((_async_read(ev.op), self._read_waits(ev.op)), (need_fence, self.fences)):
                 if needed and cond is not None:
                     between = [self._conds(w, ev.env()) for w in ops if ev.order < w.order < st.order and self._same_loop_op(w, ev)]
                     between = [c for c in between if c is not None]
@@ -533,7 +543,7 @@ class _Pipeline:
         if isinstance(ev.op, Access) and ev.op.op == "tma_load":
             return []
         period, out = self.period, []
-        needs = [ops for needed, ops in ((_is_wgmma(ev.op), self.wgmma_waits), (need_fence, self.fences)) if needed]
+        needs = [ops for needed, ops in ((_async_read(ev.op), self._read_waits(ev.op)), (need_fence, self.fences)) if needed]
         cp_async = isinstance(ev.op, Access) and ev.op.op == "ptx_cp_async"
         for st, cond, _, quotient, residue in self._loop_sites(ev, "arrive"):
             if cp_async and not st.op.cp_async:
@@ -802,8 +812,9 @@ def _int_of(term) -> int:
     return term.as_long() if z3.is_int_value(term) else None
 
 
-def _is_wgmma(op) -> bool:
-    return isinstance(op, Access) and op.op == "wgmma"
+def _async_read(op) -> bool:
+    """An async-proxy read (wgmma, TMA store): over only once its thread's wait(0) has passed."""
+    return isinstance(op, Access) and op.op in _READ_WAITS
 
 
 def _one_thread_runs_both(a: _Site, b: _Site) -> bool:
@@ -891,8 +902,7 @@ def _named_barrier_gap(prog: Program, a: Access, b: Access, threads: tuple[int, 
         kinds = {"wait", "arrive"}
         if _generic_write(a) and _async_proxy(b) or _generic_write(b) and _async_proxy(a):
             kinds.add("fence_proxy_async")
-        if "wgmma" in (a.op, b.op):
-            kinds.add("wgmma_wait")
+        kinds.update(_READ_WAITS[x.op] for x in (a, b) if x.op in _READ_WAITS)
         for op in prog.syncs:
             if op.kind not in kinds:
                 continue
@@ -909,8 +919,8 @@ def _named_barrier_gap(prog: Program, a: Access, b: Access, threads: tuple[int, 
 def _epoch_ordered(enc, prog, first: Access, cf: "_Copy", second: Access, cs: "_Copy"):
     """``first`` precedes ``second`` through a block barrier, counting what the async proxy needs.
 
-    A TMA write is never published by a block barrier; a wgmma read is over once a
-    ``warpgroup_wait(0)`` of its thread precedes the barrier; a cp.async write once its group
+    A TMA write is never published by a block barrier; a wgmma read (a TMA store's) is over once a
+    ``warpgroup_wait(0)`` (``tma_store_wait(0)``) of its thread precedes the barrier; a cp.async write once its group
     is retired; a generic write that an async-proxy access reads or overwrites needs a
     ``fence.proxy.async`` of the writing thread before the barrier, or of the async reader
     after it and before its access (where TileLang places it).
@@ -924,9 +934,10 @@ def _epoch_ordered(enc, prog, first: Access, cf: "_Copy", second: Access, cs: "_
 
     if first.op == "tma_load":
         return false
-    if first.op == "wgmma":
-        waits = after_first(s for s in prog.syncs if s.kind == "wgmma_wait" and const_int(s.arg) == 0)
-        return z3.Or([z3.And([enc.encode_bool(c, env) for c in w.conds] + [enc.encode(w.epoch, env) < cs.epoch]) for w in waits] + [false])
+    if first.op in _READ_WAITS:
+        waits = after_first(s for s in prog.syncs if s.kind == _READ_WAITS[first.op] and const_int(s.arg) == 0)
+        return z3.Or([z3.And([enc.encode_bool(c, env) for c in _unshared(w.conds, first.conds)] + [enc.encode(w.epoch, env) < cs.epoch])
+                      for w in waits] + [false])
     published = z3.Not(_not_landed(enc, prog, cf, cs)) if first.op == "ptx_cp_async" else cf.epoch < cs.epoch
     if first.write and _async_proxy(second):
         # the fence by the writer before the barrier, or (as TileLang places it) by the async
@@ -934,12 +945,20 @@ def _epoch_ordered(enc, prog, first: Access, cf: "_Copy", second: Access, cs: "_
         fences = [s for s in prog.syncs if s.kind == "fence_proxy_async"]
         env2 = dict(cs.thread_env)
         env2.update(cs.loop_env)
-        writer = [z3.And([enc.encode_bool(c, env) for c in f.conds] + [enc.encode(f.epoch, env) == cf.epoch])
+        writer = [z3.And([enc.encode_bool(c, env) for c in _unshared(f.conds, first.conds)] + [enc.encode(f.epoch, env) == cf.epoch])
                   for f in fences if f.order > first.order and all(v in cf.loop_env for v, _, _ in f.loops)]
-        reader = [z3.And([enc.encode_bool(c, env2) for c in f.conds] + [enc.encode(f.epoch, env2) == cs.epoch])
+        reader = [z3.And([enc.encode_bool(c, env2) for c in _unshared(f.conds, second.conds)] + [enc.encode(f.epoch, env2) == cs.epoch])
                   for f in fences if f.order < second.order and all(v in cs.loop_env for v, _, _ in f.loops)]
         return z3.Or(z3.And(published, z3.Or(writer + reader + [false])), _fenced_earlier(enc, prog, first, cf, cs, fences))
     return published
+
+
+def _unshared(conds: list, holding: list) -> list:
+    """``conds`` less those that also guard an access known to run (``holding``), for a statement
+    of the same thread and loop iterations: such a condition holds there too. That covers an
+    election (``tl_shuffle_elect(n)`` picks the same thread each time, which the encoder cannot
+    see) as well as plain guards; a condition that reads memory may change and is kept."""
+    return [c for c in conds if nodes(c, tir.BufferLoad) or not any(tvm.ir.structural_equal(c, h) for h in holding)]
 
 
 class _At:

@@ -11,8 +11,9 @@ removes or breaks exactly one of those orderings (``bug``):
 - ``"wrong_phase"``: the consumer waits for the parity of the previous round.
 
 Also: a shared-atomics histogram (:func:`shared_histogram`), stores then wgmma
-(:func:`staged_then_wgmma`), and the lowered-kernel rewrites that plant a missing barrier or
-move a proxy fence (:func:`drop_block_barrier`, :func:`move_proxy_fence`).
+(:func:`staged_then_wgmma`), a shared tile written and TMA-stored round after round
+(:func:`tma_store_rounds`), and the lowered-kernel rewrites that plant a missing barrier, move a
+proxy fence or drop a call (:func:`drop_block_barrier`, :func:`move_proxy_fence`, :func:`drop_call`).
 """
 
 import tilelang.language as T
@@ -102,6 +103,45 @@ def shared_histogram(from_input=False, bins=16, threads=128):
                 out[tx] = hist[tx]
 
     return main, {}
+
+
+def tma_store_rounds(rounds=2, n=64):
+    """Each round the threads write the shared tile ``S``, then ``T.copy`` stores it with TMA
+    (sm_90a): TileLang puts a barrier before the writes and one after them, and in the elected
+    thread ``fence.proxy.async``, the stores, ``tma_store_arrive`` and ``tma_store_wait(0)``, so
+    the next round's writes come after the previous round's stores have read the tile."""
+
+    @T.prim_func
+    def main(X: T.Tensor((rounds * n, n), "float32"), Y: T.Tensor((rounds * n, n), "float32")):
+        with T.Kernel(1, threads=128):
+            S = T.alloc_shared((n, n), "float32")
+            for r in T.serial(rounds):
+                for i, j in T.Parallel(n, n):
+                    S[i, j] = X[r * n + i, j] * 2.0
+                T.copy(S, Y[r * n, 0])
+
+    return main, {}
+
+
+def drop_call(kernel, name: str):
+    """``kernel`` with every ``Evaluate`` of the intrinsic ``name`` (e.g. ``"tl.tma_store_wait"``)
+    removed; refuses a kernel that has none."""
+    from tilelang import tvm
+
+    tir = tvm.tirx
+    seen = []
+
+    def drop(node):
+        call = node.value if isinstance(node, tir.Evaluate) else None
+        if isinstance(call, tir.Call) and getattr(call.op, "name", "") == name:
+            seen.append(node)
+            return tir.Evaluate(0)
+        return None
+
+    funcs = {gv: f.with_body(tir.stmt_functor.ir_transform(f.body, None, drop, ["tirx.Evaluate"])) for gv, f in kernel.device_mod.functions.items()}
+    if not seen:
+        raise ValueError(f"name: the kernel has no {name} call")
+    return kernel.with_device_mod(tvm.IRModule(funcs))
 
 
 def drop_block_barrier(kernel, which: int):
