@@ -8,7 +8,7 @@ import tilelang.language as T
 import z3
 
 from tests.passes.async_corpus.pipelines import (BUGS, drop_block_barrier, drop_call, move_proxy_fence, shared_histogram, staged_then_wgmma,
-                                                 tma_pipeline, tma_store_rounds)
+                                                 tile_once_pipeline, tma_pipeline, tma_store_rounds)
 from tests.passes.layout_corpus import kernels as K
 from tests.tiled_gemm import tiled_gemm
 from tlx.ir.program import collect_program
@@ -285,3 +285,29 @@ def test_tma_store_without_the_barrier_after_the_writes_is_a_race():
     r = races_report(drop_block_barrier(kernel, 1))  # the barrier between a round's writes and its store
     assert r["verdict"] == "race", r["summary"]
     assert any("tma_store" in (x["first"]["statement"] + x["second"]["statement"]) for x in _races(r))
+
+
+def _tile_once(wait_at):
+    func, configs = tile_once_pipeline(wait_at)
+    return lower(func, TARGET, configs)
+
+
+def test_wait_in_the_first_iteration_orders_every_later_read_and_the_overwrite_after_the_loop():
+    """``if k == 0: wait(ready)``: the reads of later iterations and the consumers' overwrite after
+    the loop (behind warpgroup_wait(0) and the consumer group's named barrier) are ordered."""
+    r = races_report(_tile_once(0))
+    assert r["verdict"] == "race-free", r["summary"]
+
+
+def test_wait_in_a_later_iteration_leaves_the_first_reads_racing():
+    r = races_report(_tile_once(1))
+    assert r["verdict"] == "race", r["summary"]
+    pairs = [x for x in _races(r) if {"tma_load", "wgmma"} == {x[s]["statement"].split("(")[0] for s in ("first", "second")}]
+    assert pairs and all(x[s]["loops"].get("k") == 0 for x in pairs for s in ("first", "second") if x[s]["statement"].startswith("wgmma"))
+
+
+def test_overwrite_without_the_consumer_named_barrier_is_a_race():
+    """Without ``bar.sync 3, 128`` a consumer thread may overwrite A_s while another's wgmma reads it."""
+    r = races_report(drop_call(_tile_once(0), "tirx.tvm_storage_sync", nargs=3))
+    assert r["verdict"] == "race", r["summary"]
+    assert any("wgmma" in x["first"]["statement"] + x["second"]["statement"] for x in _races(r))

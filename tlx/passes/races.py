@@ -262,6 +262,12 @@ class _Site:
     # periodic (a loop it does not tabulate): ``index`` lists one period, round ``k // period``,
     # and a wait's ``phase`` holds its offset from the round (0 or -1) for every residue
     period: int | None = None
+    # a wait under a condition of the iteration (``if k == 0``): whether it runs in iteration k;
+    # its rounds count only those iterations (None: it runs in every one)
+    present: list | None = None
+
+    def runs_in(self, k: int) -> bool:
+        return self.present is None or self.present[k]
 
     @property
     def order(self) -> int:
@@ -327,6 +333,14 @@ class _Pipeline:
         loops = op.loops
         bar, idx_expr = (op.barrier, op.index) if kind != "tma" else op.barrier
         trips, period = 1, None
+        if kind == "tma" and loops and not any(loops[0][0].same_as(s.loops[0][0]) for s in self.prog.syncs if s.barrier is not None and s.loops):
+            # a loop of copies with no mbarrier statement in it (the unrolled boxes of one tile,
+            # outside the pipeline loop): one TMA statement of all its copies' bytes
+            for v, _, iext in loops:
+                if const_int(iext) is None or any(x.same_as(v) for x in free_vars(idx_expr)):
+                    raise _NotModelled(f"TMA copies in loop `{v}` outside any mbarrier loop: unknown trip count or barrier per copy")
+                trips *= const_int(iext)
+            loops = []
         if loops:
             k, lo, ext = loops[0]
             if const_int(lo) != 0:
@@ -342,8 +356,14 @@ class _Pipeline:
                 iters = [{k: i} for i in range(const_int(ext))]
         else:
             k, iters = None, [{}]
-        if any(any(v.same_as(lv) for v in free_vars(c) for lv, _, _ in loops) for c in op.conds):
-            raise _NotModelled(f"{kind} under a condition that changes between iterations")
+        present = None
+        varying = [c for c in op.conds if any(v.same_as(lv) for v in free_vars(c) for lv, _, _ in loops)]
+        if varying:
+            # a wait that runs in some iterations only, each known (a condition of the iteration
+            # alone, in a tabulated loop); its acquires carry the condition itself (``_conds``)
+            if kind != "wait" or period is not None:
+                raise _NotModelled(f"{kind} under a condition that changes between iterations")
+            present = [all(bool(self._const(c, env)) for c in varying) for env in iters]
         index = [int(self._const(idx_expr, env)) for env in iters]
         if period is not None:
             if len(set(index)) != period:
@@ -353,20 +373,21 @@ class _Pipeline:
         else:
             seen: dict = {}
             rounds = []
-            for b in index:
+            for i, b in enumerate(index):
                 rounds.append(seen.get(b, 0))
-                seen[b] = seen.get(b, 0) + 1
+                if present is None or present[i]:
+                    seen[b] = seen.get(b, 0) + 1
             phase = None
             if kind == "wait":
                 phase = [r if int(self._const(op.arg, env)) % 2 == r % 2 else r - 1 for r, env in zip(rounds, iters, strict=True)]
-        threads, elected, runners = self._threads(op.conds)
+        threads, elected, runners = self._threads([c for c in op.conds if not any(c is v for v in varying)])
         if kind == "tma":
             nbytes = op.width * trips
         else:
             nbytes = const_int(op.arg) if kind in ("expect_tx", "arrive") else 0
             if nbytes is None:
                 raise _NotModelled(f"{kind} of a computed byte count")
-        return _Site(op, kind, bar, k, index, rounds, phase, threads, elected, runners, nbytes, period)
+        return _Site(op, kind, bar, k, index, rounds, phase, threads, elected, runners, nbytes, period, present)
 
     def _prove_for_every_step(self, k, claim) -> bool:
         """``claim(step)`` (a Z3 formula) holds for every step ``>= 0`` of the pipeline loop ``k``."""
@@ -431,7 +452,7 @@ class _Pipeline:
             if _overlap([st.threads for st in waits]):
                 raise _NotModelled(f"{key[0].name}[{key[1]}]: a thread waits on it from two statements")
             for st in waits:
-                phases = [p for b, p in zip(st.index, st.phase, strict=True) if b == key[1]]
+                phases = [p for i, (b, p) in enumerate(zip(st.index, st.phase, strict=True)) if b == key[1] and st.runs_in(i)]
                 if any(p > q + 1 for q, p in zip([-1] + phases, phases)):
                     raise _NotModelled(f"{key[0].name}[{key[1]}]: a wait skips a phase (its parity cannot tell them apart)")
 
@@ -514,12 +535,35 @@ class _Pipeline:
         return out
 
     def acquires(self, ev: "_Event") -> list:
-        """(condition, barrier, index, phase): waits of ``ev``'s thread before it in its iteration."""
+        """(condition, barrier, index, phase): waits of ``ev``'s thread before it in its iteration
+        and, for a wait that runs in some iterations only, in every earlier iteration it runs in."""
         if self.period is not None:
             return self._periodic_acquires(ev)
         out = []
         for st in self.sites:
-            if st.kind != "wait" or st.order >= ev.order or not self._same_loop(st, ev):
+            if st.kind == "wait" and st.order < ev.order and not self._same_loop(st, ev) and (st.loop is None or st.loop not in ev.loops):
+                # a wait that ran to completion before ``ev``'s loop began: outside loops, or every
+                # iteration of a loop that ``ev`` is not in (those it runs in; the last 8 of a long one)
+                kps = [0] if st.loop is None else ([i for i, runs in enumerate(st.present) if runs] if st.present is not None
+                                                   else range(max(0, len(st.index) - 8), len(st.index)))
+                for kp in kps:
+                    cond = self._conds(st.op, ev.env(st.loop, z3.IntVal(kp, self.enc.ctx)) if st.loop is not None else ev.env())
+                    if cond is not None:
+                        index, _, phase = st.at(kp)
+                        out.append((cond, st.barrier, z3.IntVal(index, self.enc.ctx), z3.IntVal(phase, self.enc.ctx)))
+                continue
+            if st.kind != "wait" or not self._same_loop(st, ev):
+                continue
+            if st.present is not None and st.loop is not None:
+                k = self._iteration(st, ev)
+                for kp in (i for i, runs in enumerate(st.present) if runs):
+                    cond = self._conds(st.op, ev.env(st.loop, z3.IntVal(kp, self.enc.ctx)))
+                    if cond is not None:
+                        before = kp < k if st.order >= ev.order else kp <= k
+                        index, _, phase = st.at(kp)
+                        out.append((z3.And(cond, before), st.barrier, z3.IntVal(index, self.enc.ctx), z3.IntVal(phase, self.enc.ctx)))
+                continue
+            if st.order >= ev.order:
                 continue
             k = self._iteration(st, ev)
             cond = self._conds(st.op, ev.env(st.loop, k))
@@ -661,6 +705,8 @@ class _Pipeline:
                 if not _one_thread_runs_both(w, r2):
                     continue
                 for km in range(len(w.index)):
+                    if not w.runs_in(km):
+                        continue  # no wait in that iteration
                     acq1 = (true, w.barrier, z3.IntVal(w.index[km], self.enc.ctx), z3.IntVal(w.phase[km], self.enc.ctx))
                     hop1 = [m for r in rels if (m := self._match(r, acq1)) is not None]
                     if hop1:
@@ -723,7 +769,7 @@ class _Pipeline:
                 continue
             index, rnd, ph = st.at(k)
             bar = f"{st.barrier.name}[{index}]"
-            if st.kind == "wait" and st.order < op.order and self._thread_runs(st, thread):
+            if st.kind == "wait" and st.order < op.order and self._thread_runs(st, thread) and st.runs_in(k):
                 steps.append(f"thread {thread} iteration {loops}: waits on {bar} for phase {ph}" + (" (returns at once)" if ph < 0 else ""))
             if st.kind == "arrive" and st.order < op.order and self._thread_runs(st, thread):
                 # a release before the access: what a wait for this round no longer orders
@@ -872,6 +918,75 @@ def _thread_sets(prog: Program, conds) -> tuple[frozenset, bool, frozenset]:
     return frozenset(min(ts) for ts in chosen.values()), True, frozenset(members)
 
 
+def _member(term, members: frozenset):
+    """Z3: the linear thread id ``term`` is one of ``members`` (as a few id ranges)."""
+    ids, spans = sorted(members), []
+    for t in ids:
+        if spans and t == spans[-1][1] + 1:
+            spans[-1][1] = t
+        else:
+            spans.append([t, t])
+    return z3.Or([z3.And(term >= lo, term <= hi) for lo, hi in spans] + [z3.BoolVal(False, term.ctx)])
+
+
+def _named_groups(prog: Program) -> dict:
+    """id -> the threads of each named barrier (``bar.sync id, n``), where every named barrier is a
+    statement outside any loop run by exactly its ``n`` threads and one id always by one group:
+    each member then passes an id's barriers in the same sequence, so they pair up. {} otherwise."""
+    groups = {}
+    try:
+        for nb in prog.named_barriers:
+            members, elected, _ = _thread_sets(prog, nb.conds)
+            ident, count = const_int(nb.index), const_int(nb.arg)
+            if nb.loops or elected or ident is None or count != len(members) or groups.setdefault(ident, members) != members:
+                return {}
+    except _NotModelled:
+        return {}
+    return groups
+
+
+def _prefix_loops(op, acc: Access) -> bool:
+    """``op`` sits in ``acc``'s loops or an enclosing part of them (so it runs in ``acc``'s iteration)."""
+    inner = [v for v, _, _ in acc.loops]
+    return len(op.loops) <= len(inner) and all(v.same_as(w) for (v, _, _), w in zip(op.loops, inner))
+
+
+def _runs_in_all(prog: Program, op, members: frozenset, holding: list) -> bool:
+    """Every thread of ``members`` runs ``op`` (its conditions shared with ``holding`` taken as held)."""
+    try:
+        ran, elected, _ = _thread_sets(prog, _unshared(op.conds, holding))
+    except _NotModelled:
+        return False
+    return not elected and members <= ran
+
+
+def _named_barrier_orders(prog: Program, groups: dict, first: Access, second: Access, ident: int) -> bool:
+    """Every instance of ``first`` run by a thread of named barrier ``ident``'s group happens before
+    every instance of ``second`` run by one: a ``bar.sync`` of that id lies between them in program
+    order, and with it what the async proxy needs (a ``wait(0)`` of an async reader before the
+    barrier; a proxy fence of the writer before it, or of the async reader after it, for a generic
+    write the async proxy then touches). A TMA or cp.async write is published only by its mbarrier
+    or wait_group: never by this."""
+    members = groups[ident]
+    if first.op in ("tma_load", "ptx_cp_async"):
+        return False
+    fences = [f for f in prog.syncs if f.kind == "fence_proxy_async"]
+    for nb in prog.named_barriers:
+        if const_int(nb.index) != ident or not first.order < nb.order < second.order:
+            continue
+        if first.op in _READ_WAITS and not any(
+                w.kind == _READ_WAITS[first.op] and const_int(w.arg) == 0 and first.order < w.order < nb.order
+                and _prefix_loops(w, first) and _runs_in_all(prog, w, members, first.conds) for w in prog.syncs):
+            continue
+        if _generic_write(first) and _async_proxy(second) and not any(
+                (first.order < f.order < nb.order and _prefix_loops(f, first) and _runs_in_all(prog, f, members, first.conds))
+                or (nb.order < f.order < second.order and _prefix_loops(f, second) and _runs_in_all(prog, f, members, second.conds))
+                for f in fences):
+            continue
+        return True
+    return False
+
+
 def _named_barrier_gap(prog: Program, a: Access, b: Access, threads: tuple[int, int]) -> str | None:
     """Why a named barrier (``bar.sync id, n``, which this model does not count) might order a race
     between ``a`` and ``b`` run by the linear ``threads``; None when none can.
@@ -906,7 +1021,8 @@ def _named_barrier_gap(prog: Program, a: Access, b: Access, threads: tuple[int, 
         for op in prog.syncs:
             if op.kind not in kinds:
                 continue
-            members_op, elected, runners = _thread_sets(prog, op.conds)
+            # which threads run it; a condition of the iteration (``k == 0``) is the same for all
+            members_op, elected, runners = _thread_sets(prog, [c for c in op.conds if not any(v.same_as(lv) for v in free_vars(c) for lv, _, _ in op.loops)])
             for ident, members in groups.items():
                 part = (runners if elected else members_op) & members
                 if part and (elected or part != members):
@@ -996,9 +1112,13 @@ def _fenced_earlier(enc, prog, first: Access, cf: "_Copy", cs: "_Copy", fences: 
     return z3.Or(out + [z3.BoolVal(False, enc.ctx)])
 
 
-def _pair_query(enc, prog, a: Access, b: Access, pipeline: "_Pipeline | None" = None):
+def _pair_query(enc, prog, a: Access, b: Access, pipeline: "_Pipeline | None" = None, ordered_groups=()):
+    """``ordered_groups``: thread groups inside which every instance pair is known ordered (by a
+    named barrier, :func:`_named_barrier_orders`); a witness must have a thread outside each."""
     ca, cb = _Copy(enc, prog, a, "1"), _Copy(enc, prog, b, "2")
     cons = ca.facts + cb.facts
+    for members in ordered_groups:
+        cons.append(z3.Not(z3.And(_member(_linear(prog, ca), members), _member(_linear(prog, cb), members))))
     other_thread = z3.Or([x != y for (_, x), (_, y) in zip(ca.threads, cb.threads, strict=True)])
     if _async_proxy(a) or _async_proxy(b):
         # an async-proxy access is not ordered by its own thread's program order: the same
@@ -1159,6 +1279,7 @@ def find_races(enc: Encoder, prog: Program, budget: int | None = None) -> dict:
         return _modelled(acc) or _async_proxy(acc) and (acc.op != "tma_load" or pipeline is not None)
 
     unmodelled = sorted({a.op for a in shared if not modelled(a)})
+    named = _named_groups(prog)
     pairs, races, unknown, spans = 0, [], [], {}
     for i, a in enumerate(shared):
         for b in shared[i:]:
@@ -1190,8 +1311,22 @@ def find_races(enc: Encoder, prog: Program, budget: int | None = None) -> dict:
                 unknown.append({"first": a.text, "second": b.text, "data_dependent": True,
                                 "reason": "a race only for some values read from memory (data-dependent index or condition)"})
             elif v.status == "violation":
+                # a witness inside one named barrier's group that the barrier orders: look again
+                # for one with a thread outside that group
+                ordered = []
+                while v.status == "violation":
+                    threads = (enc.model_value(v.model, _linear(prog, ca)), enc.model_value(v.model, _linear(prog, cb)))
+                    ident = next((i for i, m in named.items() if threads[0] in m and threads[1] in m), None)
+                    if ident is None or named[ident] in ordered or not (
+                            _named_barrier_orders(prog, named, a, b, ident) or _named_barrier_orders(prog, named, b, a, ident)):
+                        break
+                    ordered.append(named[ident])
+                    v, ca, cb = _pair_query(enc, prog, a, b, pipeline, ordered)
+                if v.status != "violation":
+                    if v.status == "unknown":
+                        unknown.append({"first": a.text, "second": b.text, "reason": "solver budget"})
+                    continue
                 race = _witness(enc, v.model, a, b, ca, cb, pipeline)
-                threads = (enc.model_value(v.model, _linear(prog, ca)), enc.model_value(v.model, _linear(prog, cb)))
                 gap = _named_barrier_gap(prog, a, b, threads) or (pipeline.inexact(race) if pipeline is not None else None)
                 if gap:
                     unknown.append({"first": a.text, "second": b.text, "reason": f"a race unless {gap}"})

@@ -123,9 +123,42 @@ def tma_store_rounds(rounds=2, n=64):
     return main, {}
 
 
-def drop_call(kernel, name: str):
-    """``kernel`` with every ``Evaluate`` of the intrinsic ``name`` (e.g. ``"tl.tma_store_wait"``)
-    removed; refuses a kernel that has none."""
+def tile_once_pipeline(wait_at=0, steps=4, bm=64, bn=64, bk=64):
+    """A and B tiles loaded once by TMA before the loop (barrier ``ready``); the consumer waits
+    on ``ready`` only in iteration ``wait_at`` (``if k == wait_at``) but multiplies the tiles in
+    every iteration, then overwrites ``A_s`` after the loop. ``wait_at=0``: every read and the
+    overwrite follow the wait; ``wait_at > 0``: the reads of the iterations before it race with
+    the TMA writes."""
+
+    @T.prim_func
+    def main(A: T.Tensor((bm, bk), "float16"), B: T.Tensor((bn, bk), "float16"), C: T.Tensor((bm, bn), "float32")):
+        with T.Kernel(1, threads=256):
+            A_s = T.alloc_shared((bm, bk), "float16")
+            B_s = T.alloc_shared((bn, bk), "float16")
+            C_l = T.alloc_fragment((bm, bn), "float32")
+            ready = T.alloc_barrier([128])
+            tx = T.get_thread_binding()
+            if tx >= 128:
+                T.tma_copy(A, A_s, barrier=ready)
+                T.tma_copy(B, B_s, barrier=ready)
+                T.mbarrier_arrive(ready)
+            else:
+                T.clear(C_l)
+                for k in T.serial(steps):
+                    if k == wait_at:
+                        T.mbarrier_wait_parity(ready, 0)
+                    T.gemm(A_s, B_s, C_l, transpose_B=True)
+                for i, j in T.Parallel(bm, bk):
+                    A_s[i, j] = T.Cast("float16", C_l[i, j])
+                T.copy(C_l, C)
+
+    return main, {"tl.disable_warp_specialized": True}
+
+
+def drop_call(kernel, name: str, nargs: int | None = None):
+    """``kernel`` with every ``Evaluate`` of the intrinsic ``name`` (e.g. ``"tl.tma_store_wait"``;
+    with ``nargs``, only the calls of that many arguments: ``tvm_storage_sync`` with 3 is a named
+    barrier) removed; refuses a kernel that has none."""
     from tilelang import tvm
 
     tir = tvm.tirx
@@ -133,7 +166,7 @@ def drop_call(kernel, name: str):
 
     def drop(node):
         call = node.value if isinstance(node, tir.Evaluate) else None
-        if isinstance(call, tir.Call) and getattr(call.op, "name", "") == name:
+        if isinstance(call, tir.Call) and getattr(call.op, "name", "") == name and nargs in (None, len(call.args)):
             seen.append(node)
             return tir.Evaluate(0)
         return None
