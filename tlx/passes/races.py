@@ -47,9 +47,16 @@ orderings through other threads (wait, then arrive) take any number of hops, as 
 round distance between barriers (:meth:`_Pipeline._round_distances`). Every trip count is covered
 at once. ``cp.async.mbarrier.arrive.noinc`` (TileLang's non-TMA producer) is one arrival that
 releases the thread's cp.async writes and, as TileLang relies on, its earlier plain stores.
+In a tabulated loop a wait may run in some iterations only (``if k == 0``): its rounds count
+those iterations, and it acquires for the rest of the loop. A wait acquires for an access after
+the loop it is in (its iterations that run; the last 8 of a long loop) or outside any loop.
 
-Named barriers (``bar.sync id, n``) are not counted: ignoring an ordering can only report more
-races. A race found is reported as certain only when no named barrier can order it (the two
+Named barriers (``bar.sync id, n``) order accesses only in one form: every barrier of an id
+stands outside loops and is run by exactly its ``n`` threads, one group per id. Then an access
+before such a barrier happens before an access after it, for two threads of the group, with what
+the async proxy needs (:func:`_named_barrier_orders`); a witness of two such threads is set aside
+and the pair solved again for one outside the group. Other named barriers are not counted:
+ignoring an ordering can only report more races. A race found is reported as certain only when no named barrier can order it (the two
 threads are in no common group, and every group runs its waits and arrives uniformly, see
 :func:`_named_barrier_gap`) and, in a periodic pipeline, its orderings are exact (no elected wait
 or arrive, one block-barrier epoch); otherwise it is ``unknown``.
