@@ -7,8 +7,8 @@ import pytest
 import tilelang.language as T
 import z3
 
-from tests.passes.async_corpus.pipelines import (BUGS, drop_block_barrier, drop_call, move_proxy_fence, shared_histogram, staged_then_wgmma,
-                                                 tile_once_pipeline, tma_pipeline, tma_store_rounds)
+from tests.passes.async_corpus.pipelines import (BUGS, drop_block_barrier, drop_call, move_proxy_fence, rename_call, shared_histogram,
+                                                 staged_then_wgmma, tile_once_pipeline, tma_pipeline, tma_store_rounds)
 from tests.passes.layout_corpus import kernels as K
 from tests.tiled_gemm import tiled_gemm
 from tlx.ir.program import collect_program
@@ -311,3 +311,15 @@ def test_overwrite_without_the_consumer_named_barrier_is_a_race():
     r = races_report(drop_call(_tile_once(0), "tirx.tvm_storage_sync", nargs=3))
     assert r["verdict"] == "race", r["summary"]
     assert any("wgmma" in x["first"]["statement"] + x["second"]["statement"] for x in _races(r))
+
+
+def test_wait_wgmma_is_the_warpgroup_wait():
+    """``T.wait_wgmma(0)`` lowers to ``tl.wait_wgmma``: the same wait as ``warpgroup_wait(0)``, so
+    the verdict stays race-free; without it the overwrite is not proven ordered after the wgmma
+    reads (the named barrier alone does not end them), under either spelling."""
+    plain = _tile_once(0)
+    kernel = rename_call(plain, "tl.warpgroup_wait", "tl.wait_wgmma")
+    assert races_report(kernel)["verdict"] == "race-free"
+    dropped = races_report(drop_call(kernel, "tl.wait_wgmma"))
+    assert dropped["verdict"] != "race-free"
+    assert dropped["summary"] == races_report(drop_call(plain, "tl.warpgroup_wait"))["summary"]

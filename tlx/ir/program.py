@@ -397,7 +397,7 @@ class _Walker(DeviceWalker):
         if any(isinstance(x, tir.Var) and x in self.descriptors for x in args):
             self.prog.opaque.append(f"{name} reads shared memory through a wgmma descriptor (not modelled)")
             return True
-        if name == "tl.warpgroup_wait":
+        if name in ("tl.warpgroup_wait", "tl.wait_wgmma"):  # T.wait_wgmma(n) is warpgroup_wait<n>
             self.sync_op("wgmma_wait", None, args[0])
             return True
         if name == "tl.fence_proxy_async":

@@ -103,7 +103,7 @@ _MODELLED_CALLS = {
     "tirx.ptx_init_barrier_thread_count", "tl.mbarrier_expect_tx", "tirx.ptx_arrive_barrier",
     "tirx.ptx_arrive_barrier_expect_tx", "tl.mbarrier_wait_parity", "tl.tma_load", "tl.ptx_wgmma_ss",
     "tl.tma_store", "tl.tma_store_arrive", "tl.tma_store_wait",
-    "tl.initialize_wgmma_descriptor", "tl.increase_descriptor_offset", "tl.warpgroup_wait", "tl.fence_proxy_async",
+    "tl.initialize_wgmma_descriptor", "tl.increase_descriptor_offset", "tl.warpgroup_wait", "tl.wait_wgmma", "tl.fence_proxy_async",
     "tl.prefetch_tma_descriptor", "tl.ptx_fence_barrier_init", "tl.warpgroup_arrive", "tl.warpgroup_commit_batch",
     "tl.warpgroup_fence_operand", "tl.ptx_wgmma_rs", "tl.ptx_cp_async_barrier_noinc",
     # generic shared accesses (thread accesses of the program model) whose names look async

@@ -177,6 +177,26 @@ def drop_call(kernel, name: str, nargs: int | None = None):
     return kernel.with_device_mod(tvm.IRModule(funcs))
 
 
+def rename_call(kernel, name: str, to: str):
+    """``kernel`` with every call of the intrinsic ``name`` made a call of ``to``, same arguments
+    (``tl.warpgroup_wait`` -> ``tl.wait_wgmma``, the same wait spelled as ``T.wait_wgmma``)."""
+    from tilelang import tvm
+
+    tir = tvm.tirx
+    seen = []
+
+    def rename(node):
+        if getattr(node.op, "name", "") == name:
+            seen.append(node)
+            return tir.Call(node.dtype, tvm.ir.Op.get(to), node.args)
+        return None
+
+    funcs = {gv: f.with_body(tir.stmt_functor.ir_transform(f.body, None, rename, ["tirx.Call"])) for gv, f in kernel.device_mod.functions.items()}
+    if not seen:
+        raise ValueError(f"name: the kernel has no {name} call")
+    return kernel.with_device_mod(tvm.IRModule(funcs))
+
+
 def drop_block_barrier(kernel, which: int):
     """``kernel`` with its ``which``-th ``__syncthreads()`` (in program order) removed: a planted
     missing barrier that TileLang's own barrier insertion cannot put back."""
