@@ -364,7 +364,7 @@ class _Pipeline:
         else:
             k, iters = None, [{}]
         present = None
-        varying = [c for c in op.conds if any(v.same_as(lv) for v in free_vars(c) for lv, _, _ in loops)]
+        varying = [c for c in op.conds if _varies_with(c, loops)]
         if varying:
             # a wait that runs in some iterations only, each known (a condition of the iteration
             # alone, in a tabulated loop); its acquires carry the condition itself (``_conds``)
@@ -548,27 +548,20 @@ class _Pipeline:
             return self._periodic_acquires(ev)
         out = []
         for st in self.sites:
-            if st.kind == "wait" and st.order < ev.order and not self._same_loop(st, ev) and (st.loop is None or st.loop not in ev.loops):
-                # a wait that ran to completion before ``ev``'s loop began: outside loops, or every
-                # iteration of a loop that ``ev`` is not in (those it runs in; the last 8 of a long one)
-                kps = [0] if st.loop is None else ([i for i, runs in enumerate(st.present) if runs] if st.present is not None
-                                                   else range(max(0, len(st.index) - 8), len(st.index)))
-                for kp in kps:
-                    cond = self._conds(st.op, ev.env(st.loop, z3.IntVal(kp, self.enc.ctx)) if st.loop is not None else ev.env())
-                    if cond is not None:
-                        index, _, phase = st.at(kp)
-                        out.append((cond, st.barrier, z3.IntVal(index, self.enc.ctx), z3.IntVal(phase, self.enc.ctx)))
+            if st.kind != "wait":
                 continue
-            if st.kind != "wait" or not self._same_loop(st, ev):
+            if not self._same_loop(st, ev):
+                if st.order < ev.order:
+                    # a wait that ran to completion before ``ev``'s loop began: outside loops, or every
+                    # iteration of a loop that ``ev`` is not in (those it runs in; the last 8 of a long one)
+                    kps = [0] if st.loop is None else ([i for i, runs in enumerate(st.present) if runs] if st.present is not None
+                                                       else range(max(0, len(st.index) - 8), len(st.index)))
+                    out += [acq for kp in kps if (acq := self._acquire_at(st, ev, kp)) is not None]
                 continue
             if st.present is not None and st.loop is not None:
                 k = self._iteration(st, ev)
-                for kp in (i for i, runs in enumerate(st.present) if runs):
-                    cond = self._conds(st.op, ev.env(st.loop, z3.IntVal(kp, self.enc.ctx)))
-                    if cond is not None:
-                        before = kp < k if st.order >= ev.order else kp <= k
-                        index, _, phase = st.at(kp)
-                        out.append((z3.And(cond, before), st.barrier, z3.IntVal(index, self.enc.ctx), z3.IntVal(phase, self.enc.ctx)))
+                out += [acq for kp, runs in enumerate(st.present)
+                        if runs and (acq := self._acquire_at(st, ev, kp, kp < k if st.order >= ev.order else kp <= k)) is not None]
                 continue
             if st.order >= ev.order:
                 continue
@@ -578,6 +571,16 @@ class _Pipeline:
                 index, _, phase = self._terms(st, k)
                 out.append((cond, st.barrier, index, phase))
         return out
+
+    def _acquire_at(self, st: _Site, ev: "_Event", kp: int, when=None):
+        """(condition, barrier, index, phase) of wait ``st`` in its iteration ``kp`` (a number) as
+        ``ev``'s thread runs it, under ``when`` if given; None where an election hides the thread."""
+        env = ev.env(st.loop, z3.IntVal(kp, self.enc.ctx)) if st.loop is not None else ev.env()
+        cond = self._conds(st.op, env)
+        if cond is None:
+            return None
+        index, _, phase = st.at(kp)
+        return cond if when is None else z3.And(cond, when), st.barrier, z3.IntVal(index, self.enc.ctx), z3.IntVal(phase, self.enc.ctx)
 
     # -- a pipeline loop of any trip count: every iteration's statements, in closed form
     def _periodic_releases(self, ev: "_Event", need_fence: bool) -> list:
@@ -936,20 +939,29 @@ def _member(term, members: frozenset):
     return z3.Or([z3.And(term >= lo, term <= hi) for lo, hi in spans] + [z3.BoolVal(False, term.ctx)])
 
 
-def _named_groups(prog: Program) -> dict:
-    """id -> the threads of each named barrier (``bar.sync id, n``), where every named barrier is a
-    statement outside any loop run by exactly its ``n`` threads and one id always by one group:
-    each member then passes an id's barriers in the same sequence, so they pair up. {} otherwise."""
+def _barrier_groups(prog: Program) -> tuple[dict, str | None]:
+    """(id -> the threads of each named barrier (``bar.sync id, n``), None) when every named
+    barrier is run by exactly its ``n`` threads and one id always by one group; else ({}, why).
+    Raises :class:`_NotModelled` for a barrier whose threads are not a function of the thread."""
     groups = {}
+    for nb in prog.named_barriers:
+        members, elected, _ = _thread_sets(prog, nb.conds)
+        ident, count = const_int(nb.index), const_int(nb.arg)
+        if elected or ident is None or count != len(members):
+            return {}, f"named barrier `{nb.index}, {nb.arg}` run by {len(members)} threads"
+        if groups.setdefault(ident, members) != members:
+            return {}, f"named barrier {ident} run by different thread groups"
+    return groups, None
+
+
+def _named_groups(prog: Program) -> dict:
+    """The groups of :func:`_barrier_groups` when, besides, every named barrier stands outside any
+    loop: each member then passes an id's barriers in the same sequence, so they pair up. {} otherwise."""
     try:
-        for nb in prog.named_barriers:
-            members, elected, _ = _thread_sets(prog, nb.conds)
-            ident, count = const_int(nb.index), const_int(nb.arg)
-            if nb.loops or elected or ident is None or count != len(members) or groups.setdefault(ident, members) != members:
-                return {}
+        groups, why = _barrier_groups(prog)
     except _NotModelled:
         return {}
-    return groups
+    return {} if why or any(nb.loops for nb in prog.named_barriers) else groups
 
 
 def _prefix_loops(op, acc: Access) -> bool:
@@ -1008,14 +1020,9 @@ def _named_barrier_gap(prog: Program, a: Access, b: Access, threads: tuple[int, 
     if not prog.named_barriers:
         return None
     try:
-        groups = {}
-        for nb in prog.named_barriers:
-            members, elected, _ = _thread_sets(prog, nb.conds)
-            ident, count = const_int(nb.index), const_int(nb.arg)
-            if elected or ident is None or count != len(members):
-                return f"named barrier `{nb.index}, {nb.arg}` run by {len(members)} threads"
-            if groups.setdefault(ident, members) != members:
-                return f"named barrier {ident} run by different thread groups"
+        groups, why = _barrier_groups(prog)
+        if why:
+            return why
         if _overlap(list(set(groups.values()))):
             return "named barriers of overlapping thread groups"
         for ident, members in groups.items():
@@ -1029,7 +1036,7 @@ def _named_barrier_gap(prog: Program, a: Access, b: Access, threads: tuple[int, 
             if op.kind not in kinds:
                 continue
             # which threads run it; a condition of the iteration (``k == 0``) is the same for all
-            members_op, elected, runners = _thread_sets(prog, [c for c in op.conds if not any(v.same_as(lv) for v in free_vars(c) for lv, _, _ in op.loops)])
+            members_op, elected, runners = _thread_sets(prog, [c for c in op.conds if not _varies_with(c, op.loops)])
             for ident, members in groups.items():
                 part = (runners if elected else members_op) & members
                 if part and (elected or part != members):
@@ -1074,6 +1081,11 @@ def _epoch_ordered(enc, prog, first: Access, cf: "_Copy", second: Access, cs: "_
                   for f in fences if f.order < second.order and all(v in cs.loop_env for v, _, _ in f.loops)]
         return z3.Or(z3.And(published, z3.Or(writer + reader + [false])), _fenced_earlier(enc, prog, first, cf, cs, fences))
     return published
+
+
+def _varies_with(cond, loops: list) -> bool:
+    """``cond`` names one of the ``(var, min, extent)`` loops: a condition of the iteration."""
+    return any(v.same_as(lv) for v in free_vars(cond) for lv, _, _ in loops)
 
 
 def _unshared(conds: list, holding: list) -> list:

@@ -155,26 +155,47 @@ def tile_once_pipeline(wait_at=0, steps=4, bm=64, bn=64, bk=64):
     return main, {"tl.disable_warp_specialized": True}
 
 
+def _rewrite_device(kernel, postorder, node_type: str):
+    """``kernel`` with TVM's ``ir_transform`` callback ``postorder`` (a new node, or None to keep
+    it) applied to every ``node_type`` node of its device functions."""
+    from tilelang import tvm
+
+    funcs = {gv: f.with_body(tvm.tirx.stmt_functor.ir_transform(f.body, None, postorder, [node_type]))
+             for gv, f in kernel.device_mod.functions.items()}
+    return kernel.with_device_mod(tvm.IRModule(funcs))
+
+
+def _evaluated(stmt):
+    """The call an ``Evaluate`` statement runs, else None."""
+    from tilelang import tvm
+
+    call = stmt.value if isinstance(stmt, tvm.tirx.Evaluate) else None
+    return call if isinstance(call, tvm.tirx.Call) else None
+
+
+def _call_name(stmt) -> str:
+    call = _evaluated(stmt)
+    return getattr(call.op, "name", "") if call is not None else ""
+
+
 def drop_call(kernel, name: str, nargs: int | None = None):
     """``kernel`` with every ``Evaluate`` of the intrinsic ``name`` (e.g. ``"tl.tma_store_wait"``;
     with ``nargs``, only the calls of that many arguments: ``tvm_storage_sync`` with 3 is a named
     barrier) removed; refuses a kernel that has none."""
     from tilelang import tvm
 
-    tir = tvm.tirx
     seen = []
 
     def drop(node):
-        call = node.value if isinstance(node, tir.Evaluate) else None
-        if isinstance(call, tir.Call) and getattr(call.op, "name", "") == name and nargs in (None, len(call.args)):
+        if _call_name(node) == name and nargs in (None, len(_evaluated(node).args)):
             seen.append(node)
-            return tir.Evaluate(0)
+            return tvm.tirx.Evaluate(0)
         return None
 
-    funcs = {gv: f.with_body(tir.stmt_functor.ir_transform(f.body, None, drop, ["tirx.Evaluate"])) for gv, f in kernel.device_mod.functions.items()}
+    rewritten = _rewrite_device(kernel, drop, "tirx.Evaluate")
     if not seen:
         raise ValueError(f"name: the kernel has no {name} call")
-    return kernel.with_device_mod(tvm.IRModule(funcs))
+    return rewritten
 
 
 def rename_call(kernel, name: str, to: str):
@@ -182,19 +203,18 @@ def rename_call(kernel, name: str, to: str):
     (``tl.warpgroup_wait`` -> ``tl.wait_wgmma``, the same wait spelled as ``T.wait_wgmma``)."""
     from tilelang import tvm
 
-    tir = tvm.tirx
     seen = []
 
     def rename(node):
         if getattr(node.op, "name", "") == name:
             seen.append(node)
-            return tir.Call(node.dtype, tvm.ir.Op.get(to), node.args)
+            return tvm.tirx.Call(node.dtype, tvm.ir.Op.get(to), node.args)
         return None
 
-    funcs = {gv: f.with_body(tir.stmt_functor.ir_transform(f.body, None, rename, ["tirx.Call"])) for gv, f in kernel.device_mod.functions.items()}
+    rewritten = _rewrite_device(kernel, rename, "tirx.Call")
     if not seen:
         raise ValueError(f"name: the kernel has no {name} call")
-    return kernel.with_device_mod(tvm.IRModule(funcs))
+    return rewritten
 
 
 def drop_block_barrier(kernel, which: int):
@@ -202,21 +222,19 @@ def drop_block_barrier(kernel, which: int):
     missing barrier that TileLang's own barrier insertion cannot put back."""
     from tilelang import tvm
 
-    tir = tvm.tirx
     seen = []
 
     def drop(node):
-        call = node.value if isinstance(node, tir.Evaluate) else None
-        if isinstance(call, tir.Call) and getattr(call.op, "name", "") == "tirx.tvm_storage_sync" and len(call.args) == 1:
+        if _call_name(node) == "tirx.tvm_storage_sync" and len(_evaluated(node).args) == 1:
             seen.append(node)
             if len(seen) - 1 == which:
-                return tir.Evaluate(0)
+                return tvm.tirx.Evaluate(0)
         return None
 
-    funcs = {gv: f.with_body(tir.stmt_functor.ir_transform(f.body, None, drop, ["tirx.Evaluate"])) for gv, f in kernel.device_mod.functions.items()}
+    rewritten = _rewrite_device(kernel, drop, "tirx.Evaluate")
     if len(seen) <= which:
         raise ValueError(f"which: the kernel has {len(seen)} block barriers, got {which}")
-    return kernel.with_device_mod(tvm.IRModule(funcs))
+    return rewritten
 
 
 def move_proxy_fence(kernel, to: str):
@@ -225,29 +243,24 @@ def move_proxy_fence(kernel, to: str):
     barrier (every reader fences in an earlier epoch than its wgmma); ``to="none"`` drops it."""
     from tilelang import tvm
 
-    tir = tvm.tirx
     if to not in ("reader", "none"):
         raise ValueError(f"to: expected 'reader' or 'none', got {to!r}")
     moved = []
 
-    def name(stmt):
-        call = stmt.value if isinstance(stmt, tir.Evaluate) else None
-        return getattr(call.op, "name", "") if isinstance(call, tir.Call) else ""
-
     def rewrite(node):
         seq = list(node.seq)
         for i in range(len(seq) - 1):
-            if name(seq[i]) == "tl.fence_proxy_async" and name(seq[i + 1]) == "tirx.tvm_storage_sync":
+            if _call_name(seq[i]) == "tl.fence_proxy_async" and _call_name(seq[i + 1]) == "tirx.tvm_storage_sync":
                 moved.append(i)
                 fence, barrier = seq[i], seq[i + 1]
                 seq[i:i + 2] = [barrier, fence, barrier] if to == "reader" else [barrier]
-                return tir.SeqStmt(seq)
+                return tvm.tirx.SeqStmt(seq)
         return None
 
-    funcs = {gv: f.with_body(tir.stmt_functor.ir_transform(f.body, None, rewrite, ["tirx.SeqStmt"])) for gv, f in kernel.device_mod.functions.items()}
+    rewritten = _rewrite_device(kernel, rewrite, "tirx.SeqStmt")
     if not moved:
         raise ValueError("kernel: no fence.proxy.async right before a block barrier")
-    return kernel.with_device_mod(tvm.IRModule(funcs))
+    return rewritten
 
 
 def staged_rows_pipeline(release_early: bool, rows=64, dim=64):
