@@ -53,7 +53,7 @@ __global__ void __launch_bounds__(kThreads) split_kernel(const __nv_bfloat16* q,
       int tok = (r0 + row) / heads, h = (r0 + row) % heads;
       v = *reinterpret_cast<const uint4*>(q + ((static_cast<int64_t>(b) * tokens + tok) * heads + h) * kDqk + c);
     }
-    *reinterpret_cast<uint4*>(s.q[c / 64] + swizzle128(row, (c % 64) * 2)) = v;
+    put_q(s, row, c, v);
   }
   Softmax st;
   st.init();

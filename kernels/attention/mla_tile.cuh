@@ -65,6 +65,12 @@ __device__ __forceinline__ void wgmma_end() {
   asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
 }
 
+// 16 bytes (8 dims from c, a multiple of 8) of query row `row` into the Q tile.
+template <int kPanels>
+__device__ __forceinline__ void put_q(Smem<kPanels>& s, int row, int c, uint4 v) {
+  *reinterpret_cast<uint4*>(s.q[c / 64] + swizzle128(row, (c % 64) * 2)) = v;
+}
+
 // Key j, dim c of the block into the K tile (and, for c < 512, `v` into V^T).
 template <int kPanels>
 __device__ __forceinline__ void put_key(Smem<kPanels>& s, int j, int c, __nv_bfloat16 k, __nv_bfloat16 v) {

@@ -35,7 +35,7 @@ __global__ void __launch_bounds__(kThreads) sparse_fwd_kernel(const __nv_bfloat1
   for (int i = t.tid; i < kRows * kDim / 8; i += kThreads) {  // 16-byte pieces of Q
     int row = i / (kDim / 8), c = (i % (kDim / 8)) * 8;
     uint4 v = *reinterpret_cast<const uint4*>(q + (at * heads + h0 + row) * kDim + c);
-    *reinterpret_cast<uint4*>(s.q[c / 64] + swizzle128(row, (c % 64) * 2)) = v;
+    put_q(s, row, c, v);
   }
   Softmax st;
   st.init();

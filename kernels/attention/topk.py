@@ -138,11 +138,13 @@ def topk_kernel(k: int, ctas_per_row: int = 1):
         # before any is counted: LOADS loads in flight per thread, not one load per count
         for it in T.serial(T.ceildiv(part, THREADS * LOADS)):
             for j in T.unroll(LOADS):
-                if in_part((it * LOADS + j) * THREADS + tx, lo, part, n4):
+                q = (it * LOADS + j) * THREADS + tx  # quad of the CTA's part
+                if in_part(q, lo, part, n4):
                     for v in T.vectorized(4):
-                        xs[j * 4 + v] = X[row, lo + (it * LOADS + j) * THREADS + tx, v]
+                        xs[j * 4 + v] = X[row, lo + q, v]
             for j in T.unroll(LOADS):
-                if in_part((it * LOADS + j) * THREADS + tx, lo, part, n4):
+                q = (it * LOADS + j) * THREADS + tx
+                if in_part(q, lo, part, n4):
                     for v in T.unroll(4):
                         key = ordered_key(xs[j * 4 + v])
                         if done == 0:
