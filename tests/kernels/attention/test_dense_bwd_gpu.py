@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from kernels.attention import reference as R
-from kernels.attention.dense_bwd import DEFAULT_TILES, TWO_WARPGROUP_TILES, BwdTiles, dense_attention_backward
+from kernels.attention.dense_bwd import SINGLE_WARPGROUP_TILES, TWO_WARPGROUP_TILES, WIDE_DQ_TILES, dense_attention_backward
 from kernels.attention.dense_fwd import dense_attention
 
 pytestmark = pytest.mark.gpu
@@ -82,14 +82,14 @@ def test_deterministic_100_runs(d):
 @pytest.mark.parametrize("causal", [False, True])
 def test_tiles_change_no_bits(d, causal):
     """Each gradient element is one k16 chain in ascending order whatever the block sizes: the
-    candidates bench/attention_prefill.py --sweep times give the default tiles' bits (varlen
+    candidates bench/attention_prefill.py --sweep times give the single-warpgroup tiles' bits (varlen
     with a partial last tile of 128, GQA)."""
     cu = torch.tensor([0, 300, 1000], dtype=torch.int32, device="cuda")
     q, k, v = randn((1000, 8, d), 20), randn((1000, 2, d), 21), randn((1000, 2, d), 22)
     kw = dict(causal=causal, cu_seqlens_q=cu, cu_seqlens_k=cu)
     o, lse = dense_attention(q, k, v, **kw)
     do = randn(q.shape, 23)
-    first = dense_attention_backward(do, q, k, v, o, lse, tiles=DEFAULT_TILES[d], **kw)
-    for tiles in (TWO_WARPGROUP_TILES, BwdTiles(128, 64, 128, 128)):
+    first = dense_attention_backward(do, q, k, v, o, lse, tiles=SINGLE_WARPGROUP_TILES, **kw)
+    for tiles in (TWO_WARPGROUP_TILES, WIDE_DQ_TILES):
         for name, g, g0 in zip(("dq", "dk", "dv"), dense_attention_backward(do, q, k, v, o, lse, tiles=tiles, **kw), first):
             assert torch.equal(g.view(torch.int16), g0.view(torch.int16)), f"{name} differs with {tiles}"
