@@ -28,3 +28,10 @@ def derived_preconditions():
     None may restrict real launches: a precondition search once settled on 'NB <= 1' (an empty
     grid), which the launcher would have enforced on every call."""
     return lambda kernel: [p["text"] for p in kernel.metadata["preconditions"] if p["origin"] != "assume"]
+
+
+@pytest.fixture(scope="session")
+def deterministic():
+    """kernel -> the static determinism verdict its build recorded (``tlx check --only
+    determinism``): True, False or "unknown". Issue 22 asks for True on every prefill kernel."""
+    return lambda kernel: kernel.metadata["reports"]["determinism"]["deterministic"]

@@ -12,12 +12,13 @@ from tests.kernels.staged_release import assert_stages_released_after_last_read
 
 
 @pytest.mark.parametrize("dim,causal", [(128, True), (64, False), (256, True)])
-def test_kernels_compile_without_atomics(dim, causal, derived_preconditions):
+def test_kernels_compile_without_atomics(dim, causal, derived_preconditions, deterministic):
     delta, *dkdv, dq = backward_kernels(dim, causal, 1 / math.sqrt(dim))
     for kernel in (*dkdv, dq):
         assert derived_preconditions(kernel) == []
     for kernel in (delta, *dkdv, dq):
         assert "atomic" not in kernel.device_source.lower()
+        assert deterministic(kernel) is True
     # dV += P^T dO and dK += dS^T Q from registers, m64n{d}k16 (one kernel, or one each at d 256);
     # dQ += dS K likewise
     from_registers = f"tl::DataType::kFloat32, 64, {dim}, 16, false, true"

@@ -17,9 +17,10 @@ KDIR = Path(R.__file__).parent
 
 
 @pytest.mark.parametrize("dim,causal", [(128, True), (256, False)])
-def test_kernel_compiles_for_sm90a(dim, causal, derived_preconditions):
+def test_kernel_compiles_for_sm90a(dim, causal, derived_preconditions, deterministic):
     kernel = dense_fwd_kernel(dim, causal, C.LOG2E / math.sqrt(dim))
     assert derived_preconditions(kernel) == []
+    assert deterministic(kernel) is True
     src = kernel.device_source
     block_n = 64 if dim == 256 else 128
     # S = Q K^T and O += P V: one wgmma chain per consumer warpgroup, P from registers
@@ -32,11 +33,12 @@ def test_kernel_compiles_for_sm90a(dim, causal, derived_preconditions):
     assert_stages_released_after_last_read(src, {"K_s", "V_s"})
 
 
-def test_overlap_kernel_compiles_for_sm90a(derived_preconditions):
+def test_overlap_kernel_compiles_for_sm90a(derived_preconditions, deterministic):
     """The hand-scheduled forward: S = Q K^T issued, then P V, and only S waited for before the
     softmax (wait_wgmma<1>), P V waited for after it."""
     kernel = dense_fwd_overlap_kernel(128, True, C.LOG2E / math.sqrt(128))
     assert derived_preconditions(kernel) == []
+    assert deterministic(kernel) is True
     src = kernel.device_source
     assert src.index("tl::wait_wgmma<1>()") < src.index("tl::wait_wgmma<0>()")
     assert "tl::wgmma_rs<tl::DataType::kBFloat16, tl::DataType::kBFloat16, tl::DataType::kFloat32, 64, 128, 16, false, true" in src

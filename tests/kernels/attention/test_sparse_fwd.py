@@ -13,8 +13,10 @@ from kernels.attention.common import LOG2E
 from kernels.attention.sparse_fwd import sparse_attention, sparse_fwd_kernel
 
 
-def test_kernel_compiles_for_sm90a():
-    src = sparse_fwd_kernel(128, 1024, 128, LOG2E / math.sqrt(512)).device_source
+def test_kernel_compiles_for_sm90a(deterministic):
+    kernel = sparse_fwd_kernel(128, 1024, 128, LOG2E / math.sqrt(512))
+    assert deterministic(kernel) is True
+    src = kernel.device_source
     assert "64, 32, 16, false, false" in src and "64, 256, 16, false, true" in src  # S: 2 x m64n32, O: 2 x m64n256
     assert "exp2f(__fmaf_rn(acc_s" in src
 
