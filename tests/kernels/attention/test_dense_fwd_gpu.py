@@ -177,8 +177,11 @@ def test_deterministic_100_runs(schedule):
         assert torch.equal(o.view(torch.int16), o0.view(torch.int16)) and torch.equal(lse.view(torch.int32), lse0.view(torch.int32))
 
 
-def test_compute_sanitizer_memcheck():
-    """The forward at tail shapes (empty sequences, partial tiles, s_q != s_k) under memcheck."""
+@pytest.mark.parametrize("part,count", [("forward", 4), ("backward", 2), ("sparse", 2)])
+def test_compute_sanitizer_memcheck(part, count):
+    """The prefill kernels at tail shapes (empty sequences, partial tiles, s_q != s_k; the sparse
+    forward with n not a multiple of its key block, masked and out-of-range slots, the window)
+    under memcheck: ``sanitize_attention.py``'s part."""
     import os
     import shutil
     import subprocess
@@ -191,9 +194,9 @@ def test_compute_sanitizer_memcheck():
     script = Path(__file__).with_name("sanitize_attention.py")
     root = Path(R.__file__).parents[2]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.run([tool, "--tool", "memcheck", "--error-exitcode", "3", sys.executable, str(script)],
+    proc = subprocess.run([tool, "--tool", "memcheck", "--error-exitcode", "3", sys.executable, str(script), part],
                           capture_output=True, text=True, env=env, timeout=600)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-8000:]
     assert "ERROR SUMMARY: 0 errors" in out
-    assert "ran 4 operations" in out
+    assert f"ran {count} operations" in out
