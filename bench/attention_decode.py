@@ -61,6 +61,8 @@ ROWS = []
 TOL = 2.0**-9  # the indexer tests' tolerance (tests/kernels/attention/test_indexer.py)
 BATCH, CTX = 128, 8192  # MLA and sparse decode
 MLA_SHAPES = [(16, 1), (128, 1), (128, 2)]  # heads, tokens
+# (e4m3, pages in flight, pages per split) of each MLA row: the defaults, then longer splits
+MLA_VARIANTS = [(False, 1, 16), (False, 2, 16), (True, 1, 16), (False, 2, 64), (True, 1, 64)]
 SPARSE_HEADS, SPARSE_TOPK = 128, 2048
 KV_DTYPES = ("bfloat16", "float8_e4m3")
 TOPK_SHAPES = [(32768, 2048), (65536, 2048), (131072, 2048), (65536, 512)]  # N, k (64 rows)
@@ -72,9 +74,10 @@ INDEXER_DECODE_TOKENS = (1, 2)
 BENCH_CONFIGS = ([("topk", k, ctas) for k in sorted({k for _, k in TOPK_SHAPES}) for ctas in CTAS_PER_ROW]
                  + [("indexer", h, d) for h, d in INDEXER_SHAPES]
                  + [("indexer_paged", t) for t in INDEXER_DECODE_TOKENS]
-                 + [("mla", t, h, kv, 1) for h, t in MLA_SHAPES for kv in KV_DTYPES]
-                 + [("mla", t, h, "bfloat16", 2) for h, t in MLA_SHAPES]
-                 + [("combine", t, h, 0, False) for h, t in MLA_SHAPES]
+                 # each variant, and with two pages in flight its one-page twin (the rows compare their bits)
+                 + sorted({("mla", t, h, KV_DTYPES[fp8], st, split) for h, t in MLA_SHAPES
+                           for fp8, stages, split in MLA_VARIANTS for st in {1, stages}})
+                 + [("combine", t, h, 0, False, split) for h, t in MLA_SHAPES for split in sorted({v[2] for v in MLA_VARIANTS})]
                  + [("sparse", 1, SPARSE_HEADS, SPARSE_TOPK, kv) for kv in KV_DTYPES]
                  + [("combine", 1, SPARSE_HEADS, SPARSE_TOPK // SPLIT_SLOTS, True)])
 MLA_KINDS = ("mla", "combine", "sparse")  # the configurations of --only-mla
@@ -83,6 +86,8 @@ TEST_CONFIGS = ([("topk", k, ctas) for k in (512, 1024, 2048) for ctas in CTAS_P
                 + [("mla", t, h, kv, 1) for t, h in ((1, 128), (2, 16)) for kv in KV_DTYPES]
                 + [("mla", t, h, "bfloat16", 2) for t, h in ((1, 16), (2, 128))]
                 + [("combine", t, h, 0, False) for t, h in ((1, 128), (2, 16))]
+                + [("mla", 1, h, "bfloat16", 2, 64) for h in (16, 128)] + [("mla", 2, 16, "float8_e4m3", 1, 32)]
+                + [("combine", 1, h, 0, False, 64) for h in (16, 128)] + [("combine", 2, 16, 0, False, 32)]
                 + [("sparse", t, h, k, kv) for t, h, k in ((1, 128, 2048), (2, 16, 512)) for kv in KV_DTYPES]
                 + [("combine", t, h, k // SPLIT_SLOTS, sink) for t, h, k in ((1, 128, 2048), (2, 16, 512))
                    for sink in (False, True)])
@@ -118,8 +123,8 @@ def compile_config(cfg) -> str:
 
         indexer_paged_kernel(args[0], 128)
     elif kind == "mla":
-        tokens, heads, kv, stages = args
-        mla_split_kernel(tokens, heads, kv, scale, stages)
+        tokens, heads, kv, stages, *split = args
+        mla_split_kernel(tokens, heads, kv, scale, stages, *split)
     elif kind == "combine":  # MLA decode's (fixed_splits 0, no sink) and sparse decode's
         mla_combine_kernel(*args)
     elif kind == "baseline":
@@ -381,16 +386,17 @@ def mla_rows(reps, copy_gbps):
 
     rates = {}
     for heads, tokens in MLA_SHAPES:
-        for fp8, stages in ((False, 1), (False, 2), (True, 1)):  # two pages in flight: bf16 only (shared memory)
+        for fp8, stages, split in MLA_VARIANTS:  # two pages in flight: bf16 only (shared memory)
             shape = f"B {BATCH} ctx {CTX} H {heads} T {tokens} {'e4m3' if fp8 else 'bf16'}"
-            what = "MLA decode" if stages == 1 else f"MLA decode, {stages} pages in flight"
+            what = ("MLA decode" if stages == 1 else f"MLA decode, {stages} pages in flight") + f", {split}-page splits"
             g = torch.Generator(device="cuda").manual_seed(heads + tokens)
             sets = [mla_case(BATCH, CTX, heads, tokens, fp8, g) for _ in range(2)]
             q, kv, table, sl, scales = sets[0]
-            o, lse = mla_decode(q, kv, table, sl, kv_scales=scales, out=poisoned_outputs(q), num_stages=stages)
+            o, lse = mla_decode(q, kv, table, sl, kv_scales=scales, out=poisoned_outputs(q), num_stages=stages,
+                                split_pages=split)
             check = checked(o, lse, *reference_mla_decode(q, kv, table, sl, kv_scales=scales))
             if check == "ok" and stages > 1:  # the same products in the same order: the same bits
-                o1, lse1 = mla_decode(q, kv, table, sl, kv_scales=scales, num_stages=1)
+                o1, lse1 = mla_decode(q, kv, table, sl, kv_scales=scales, num_stages=1, split_pages=split)
                 if not (torch.equal(o.view(torch.int16), o1.view(torch.int16))
                         and torch.equal(lse.view(torch.int32), lse1.view(torch.int32))):
                     check = "FAILED: not bitwise equal to one page in flight"
@@ -398,8 +404,8 @@ def mla_rows(reps, copy_gbps):
                 emit(what=what, shape=shape, check=check)
                 continue
             del o, lse
-            ms = median_ms([lambda s=st: mla_decode(s[0], s[1], s[2], s[3], kv_scales=s[4], num_stages=stages)
-                            for st in sets], reps)
+            ms = median_ms([lambda s=st: mla_decode(s[0], s[1], s[2], s[3], kv_scales=s[4], num_stages=stages,
+                                                    split_pages=split) for st in sets], reps)
             moved = BATCH * CTX * (D_QK + (D_QK // GROUP) * 4 if fp8 else D_QK * 2)
             flops = 2 * BATCH * tokens * heads * CTX * (D_QK + D_V)
             emit(what=what, shape=shape, tlx_us=round(ms * 1e3, 1), GBps=round(moved / ms / 1e6),

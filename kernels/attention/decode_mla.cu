@@ -2,7 +2,7 @@
 // speed: the same bits by the same arithmetic in the same order.
 //
 // Split kernel: a CTA of two warpgroups owns 64 query rows (token-major t * H + h) and one split
-// (16 pages) of one sequence, and runs mla_tile.cuh's step over its pages (the 576 dims: 9
+// (split_pages pages, the Python side's split_pages) of one sequence, and runs mla_tile.cuh's step over its pages (the 576 dims: 9
 // panels), the mask being key <= seq_len - T + t. Cache slots past the sequence enter V as zeros;
 // e4m3 pages are dequantized to bf16 first (float(q) * scale, one multiply). At the end o = O / l
 // (0 where l == 0), lse = (m_scaled + log2 l) * ln 2 (-inf there); a table entry outside [0, P)
@@ -21,7 +21,6 @@ using tvm::ffi::TensorView;
 using namespace mla_tile;
 
 constexpr int kPage = kKeys, kDqk = 576, kPanels = kDqk / 64, kGroup = 64;
-constexpr int kSplitPages = 16;
 
 // One cache element of page `page`, token slot `j`, column `c` as bf16 (e4m3: dequantized).
 __device__ __forceinline__ __nv_bfloat16 cache_at(const void* kv, const float* kvs, bool fp8, int64_t page, int j,
@@ -36,14 +35,14 @@ __device__ __forceinline__ __nv_bfloat16 cache_at(const void* kv, const float* k
 __global__ void __launch_bounds__(kThreads) split_kernel(const __nv_bfloat16* q, const void* kv, const float* kvs,
                                                          const int* bt, const int* sl, float* op, float* lp,
                                                          int tokens, int heads, int pages, int max_pages, bool fp8,
-                                                         float scale_log2) {
+                                                         float scale_log2, int split_pages) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   Smem<kPanels>& s = aligned_smem<kPanels>(smem_raw);
   int rows = tokens * heads, r0 = blockIdx.x * kRows, sp = blockIdx.y, b = blockIdx.z;
-  int splits = (max_pages + kSplitPages - 1) / kSplitPages;
+  int splits = (max_pages + split_pages - 1) / split_pages;
   int seq = min(sl[b], max_pages * kPage);
   int seq_pages = seq / kPage + (seq % kPage > 0 ? 1 : 0);
-  int first = sp * kSplitPages, count = min(seq_pages - first, kSplitPages);
+  int first = sp * split_pages, count = min(seq_pages - first, split_pages);
   if (count <= 0) return;
   const Lane t(threadIdx.x);
   for (int i = t.tid; i < kRows * kDqk / 8; i += kThreads) {  // 16-byte pieces of Q
@@ -88,12 +87,12 @@ __global__ void __launch_bounds__(kThreads) split_kernel(const __nv_bfloat16* q,
 }
 
 __global__ void combine_kernel(const int* sl, const float* op, const float* lp, __nv_bfloat16* o, float* lse,
-                               int rows, int max_pages) {
+                               int rows, int max_pages, int split_pages) {
   int r = blockIdx.x, b = blockIdx.y, tid = threadIdx.x;
-  int splits = (max_pages + kSplitPages - 1) / kSplitPages;
+  int splits = (max_pages + split_pages - 1) / split_pages;
   int seq = max(min(sl[b], max_pages * kPage), 0);
   int seq_pages = seq / kPage + (seq % kPage > 0 ? 1 : 0);
-  int n = seq_pages / kSplitPages + (seq_pages % kSplitPages > 0 ? 1 : 0);
+  int n = seq_pages / split_pages + (seq_pages % split_pages > 0 ? 1 : 0);
   const float* lrow = lp + static_cast<int64_t>(b) * splits * rows + r;
   float mx = -INFINITY;
   bool bad = false;
@@ -122,15 +121,17 @@ __global__ void combine_kernel(const int* sl, const float* op, const float* lp, 
 // bt [B, MP], sl [B] int32; o [B, T, H, 512] bf16, lse [B, T, H] fp32. scale_log2 =
 // softmax_scale * log2(e), rounded to fp32 here as the TileLang kernel's constant is.
 void mla_decode(TensorView q, TensorView kv, TensorView kvs, TensorView bt, TensorView sl, TensorView o,
-                TensorView lse, double scale_log2) {
+                TensorView lse, double scale_log2, int64_t split_pages) {
   using namespace moe_baseline;
   const char* fn = "mla_decode baseline";
   int b = static_cast<int>(q.size(0)), tokens = static_cast<int>(q.size(1)), heads = static_cast<int>(q.size(2));
   int pages = static_cast<int>(kv.size(0)), max_pages = static_cast<int>(bt.size(1));
   bool fp8 = kv.dtype().bits == 8;
   require(q.size(3) == kDqk && kv.size(1) == kPage && kv.size(2) == kDqk, fn, "shapes");
+  require(split_pages >= 1 && split_pages <= 1024, fn, "split_pages");
   if (b == 0) return;
-  int rows = tokens * heads, splits = (max_pages + kSplitPages - 1) / kSplitPages;
+  int split = static_cast<int>(split_pages);
+  int rows = tokens * heads, splits = (max_pages + split - 1) / split;
   float* op = nullptr;
   float* lp = nullptr;
   cudaStream_t stream = stream_of(q);
@@ -145,11 +146,11 @@ void mla_decode(TensorView q, TensorView kv, TensorView kvs, TensorView bt, Tens
   split_kernel<<<grid, kThreads, smem, stream>>>(
       static_cast<const __nv_bfloat16*>(q.data_ptr()), kv.data_ptr(), static_cast<const float*>(kvs.data_ptr()),
       static_cast<const int*>(bt.data_ptr()), static_cast<const int*>(sl.data_ptr()), op, lp, tokens, heads, pages,
-      max_pages, fp8, static_cast<float>(scale_log2));
+      max_pages, fp8, static_cast<float>(scale_log2), split);
   check_launch(fn);
   combine_kernel<<<dim3(rows, b), 128, 0, stream>>>(static_cast<const int*>(sl.data_ptr()), op, lp,
                                                     static_cast<__nv_bfloat16*>(o.data_ptr()),
-                                                    static_cast<float*>(lse.data_ptr()), rows, max_pages);
+                                                    static_cast<float*>(lse.data_ptr()), rows, max_pages, split);
   check_launch(fn);
   cudaFreeAsync(op, stream);
   cudaFreeAsync(lp, stream);

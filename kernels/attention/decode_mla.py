@@ -7,8 +7,10 @@ group, the project's quantization layout), a block table ``[B, MP]`` int32 and `
 int32 (clamped to ``MP * 64``). Token t of sequence b sees keys ``j <= seq_lens[b] - T + t``.
 Output ``o [B, T, H, 512]`` bf16 and ``lse [B, T, H]`` fp32 (natural log, -inf for no keys).
 
-Batch invariance: a sequence is cut into splits of ``SPLIT_PAGES`` pages (1024 tokens), a count
-that depends on its own length only, never on the batch or the SM count; each split is one CTA
+Batch invariance: a sequence is cut into splits of ``split_pages`` pages (default
+``SPLIT_PAGES``, 1024 tokens), a count that depends on its own length and that constant only,
+never on the batch or the SM count (each split size is its own bit-for-bit contract with the
+baseline, which takes the same constant); each split is one CTA
 per 64 query rows (token-major rows ``t * H + h``) that writes its normalised partial output and
 log-sum-exp, and a second kernel combines the splits in ascending order. No atomics, no
 persistent scheduling: the bits of a sequence are the same alone, in any batch, on any grid.
@@ -45,7 +47,8 @@ D_V = 512
 D_PE = D_QK - D_V
 PAGE = 64
 ROWS = 64  # query rows (token, head) per CTA
-SPLIT_PAGES = 16  # pages per split: the split count is ceil(seq_len / 1024)
+SPLIT_PAGES = 16  # pages per split by default: the split count is ceil(seq_len / 1024)
+SPLIT_CHOICES = (16, 32, 64)  # the split sizes the kernels take (longer splits: fewer CTA prologues / epilogues)
 GROUP = 64  # FP8 scale group (1 x 64 of a token's 576 values)
 GROUPS = D_QK // GROUP
 # a page's 64 x 9 fp32 scales as the split kernel copies them: 4 rows of 144 (576 bytes, a row
@@ -83,8 +86,14 @@ def dequant(x, scale):
     return T.Cast("bfloat16", T.Cast("float32", x) * scale)
 
 
-def splits_of(max_pages):
-    return T.ceildiv(max_pages, SPLIT_PAGES)
+def splits_of(max_pages, split: int):
+    return T.ceildiv(max_pages, split)
+
+
+def check_split(split_pages: int) -> int:
+    if split_pages not in SPLIT_CHOICES:
+        raise ValueError(f"split_pages: expected one of {SPLIT_CHOICES}, got {split_pages!r}")
+    return split_pages
 
 
 def sequence_keys(SL, b, max_pages):
@@ -92,16 +101,18 @@ def sequence_keys(SL, b, max_pages):
     return T.max(T.min(SL[b], max_pages * PAGE), 0)
 
 
-def split_pages(SL, b, sp, max_pages):
-    """The pages of split ``sp`` of sequence b that hold keys (<= 0: the split is empty)."""
-    return T.min(T.ceildiv(sequence_keys(SL, b, max_pages), PAGE) - sp * SPLIT_PAGES, SPLIT_PAGES)
+def pages_in_split(SL, b, sp, max_pages, split: int):
+    """The pages of split ``sp`` (of ``split`` pages) of sequence b that hold keys (<= 0: the split is empty)."""
+    return T.min(T.ceildiv(sequence_keys(SL, b, max_pages), PAGE) - sp * split, split)
 
 
 @tlx.jit(target=C.TARGET, assume=["1 <= P", "1 <= MP", f"MP <= {MAX_PAGES}", "B <= 65535"])
-def mla_split_kernel(tokens: int, heads: int, kv_dtype: str, softmax_scale: float, num_stages: int = 1):
+def mla_split_kernel(tokens: int, heads: int, kv_dtype: str, softmax_scale: float, num_stages: int = 1,
+                     split_pages: int = SPLIT_PAGES):
     """Partial attention of each (64-row block, split, sequence): ``OP [B, NS, T*H, 512]`` fp32
-    normalised, ``LP [B, NS, T*H]`` fp32 log-sum-exp (NS = ceil(MP / 16); splits past the
-    sequence are not written)."""
+    normalised, ``LP [B, NS, T*H]`` fp32 log-sum-exp (NS = ceil(MP / split_pages); splits past
+    the sequence are not written)."""
+    split = check_split(split_pages)
     rows = tokens * heads
     row_blocks = -(-rows // ROWS)
     fp8 = kv_dtype == "float8_e4m3"
@@ -113,9 +124,9 @@ def mla_split_kernel(tokens: int, heads: int, kv_dtype: str, softmax_scale: floa
     @T.prim_func
     def kernel(Q: T.Tensor((batch, tokens, heads, D_QK), bf16), KV: T.Tensor((pages, PAGE, D_QK), kv_dtype),
                KVS: T.Tensor((pages if fp8 else 1, *SCALE_TILE), f32), BT: T.Tensor((batch, max_pages), "int32"),
-               SL: T.Tensor((batch,), "int32"), OP: T.Tensor((batch, splits_of(max_pages), rows, D_V), f32),
-               LP: T.Tensor((batch, splits_of(max_pages), rows), f32)):
-        with T.Kernel(row_blocks, splits_of(max_pages), batch, threads=256) as (rb, sp, b):
+               SL: T.Tensor((batch,), "int32"), OP: T.Tensor((batch, splits_of(max_pages, split), rows, D_V), f32),
+               LP: T.Tensor((batch, splits_of(max_pages, split), rows), f32)):
+        with T.Kernel(row_blocks, splits_of(max_pages, split), batch, threads=256) as (rb, sp, b):
             # the TMA producer gives its registers to the two consumer warpgroups (TileLang
             # leaves the reallocation out by itself here: the producer assigns a variable)
             T.annotate_producer_reg_dealloc(24)
@@ -143,14 +154,14 @@ def mla_split_kernel(tokens: int, heads: int, kv_dtype: str, softmax_scale: floa
             seq = T.alloc_var("int32")  # keys of the sequence (past the table's pages: none)
             count = T.alloc_var("int32")  # pages of this split that hold keys (<= 0: none)
             seq = sequence_keys(SL, b, max_pages)
-            count = split_pages(SL, b, sp, max_pages)
-            first = sp * SPLIT_PAGES
+            count = pages_in_split(SL, b, sp, max_pages, split)
+            first = sp * split
             r0 = rb * ROWS
             # the guard is the expression, not the variable: TileLang's warp specialization
             # evaluates it before the statements above (which it copies into the producer
             # and consumer branches), so `count > 0` read the variable's initial 0 (H200,
             # 2026-12-02: every split was skipped, the combine read uninitialised partials)
-            if split_pages(SL, b, sp, max_pages) > 0:
+            if pages_in_split(SL, b, sp, max_pages, split) > 0:
                 for i, d in T.Parallel(ROWS, D_V):
                     Q_s[i, d] = T.if_then_else(r0 + i < rows, Q[b, T.min(r0 + i, rows - 1) // heads,
                                                                 T.min(r0 + i, rows - 1) % heads, d], T.Cast(bf16, 0))
@@ -213,18 +224,21 @@ def mla_split_kernel(tokens: int, heads: int, kv_dtype: str, softmax_scale: floa
 
 
 @tlx.jit(target=C.TARGET, assume=["1 <= MP", f"MP <= {MAX_PAGES}", "B <= 65535"])
-def mla_combine_kernel(tokens: int, heads: int, fixed_splits: int = 0, with_sink: bool = False):
+def mla_combine_kernel(tokens: int, heads: int, fixed_splits: int = 0, with_sink: bool = False,
+                       split_pages: int = SPLIT_PAGES):
     """``O [B, T, H, 512]`` bf16 and ``LSE [B, T, H]`` from the splits of each sequence (the
     module docstring's order). One CTA per (sequence, token): 128 threads x 4 output columns.
 
     ``fixed_splits`` > 0: every row has that many splits (sparse decode) instead of the count
     from its sequence's length. ``with_sink``: ``SINK [H]`` (natural-log units) joins each
     row's softmax as one more logit without a value: ``m`` starts at the sink and ``s`` at
-    ``exp2((sink - m) * log2 e)``; otherwise SINK is not read."""
+    ``exp2((sink - m) * log2 e)``; otherwise SINK is not read. ``split_pages``: the split
+    kernel's (unused with ``fixed_splits``)."""
+    split = check_split(split_pages)
     rows = tokens * heads
     batch, max_pages = T.dynamic("B"), T.dynamic("MP")
     f32 = "float32"
-    ns = fixed_splits if fixed_splits else splits_of(max_pages)
+    ns = fixed_splits if fixed_splits else splits_of(max_pages, split)
 
     @T.prim_func
     def kernel(BT: T.Tensor((batch, max_pages), "int32"), SL: T.Tensor((batch,), "int32"),
@@ -237,7 +251,7 @@ def mla_combine_kernel(tokens: int, heads: int, fixed_splits: int = 0, with_sink
             s = T.alloc_var(f32)
             acc = T.alloc_local((4,), f32)
             n = T.alloc_var("int32")  # the sequence's splits
-            n = T.ceildiv(T.ceildiv(sequence_keys(SL, b, max_pages), PAGE), SPLIT_PAGES)
+            n = T.ceildiv(T.ceildiv(sequence_keys(SL, b, max_pages), PAGE), split)
             if fixed_splits:
                 n = fixed_splits
             bad = T.alloc_var("int32")  # a split of a bad table entry: the row is NaN
@@ -332,13 +346,15 @@ def _zeros(device, shape):
 
 def mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
                softmax_scale: float | None = None, kv_scales: torch.Tensor | None = None, out=None,
-               num_stages: int | None = None):
+               num_stages: int | None = None, split_pages: int = SPLIT_PAGES):
     """(o ``[B, T, H, 512]`` bf16, lse ``[B, T, H]`` fp32) of MLA decode over the paged cache
     (module docstring); ``softmax_scale`` defaults to ``576 ** -0.5``; ``out``: an (o, lse)
     pair to write (e.g. poisoned by a test), else new tensors. ``num_stages``: pages in flight
     per CTA (2: the next page's TMA load overlaps this page's products; bf16 only, the e4m3
     staging buffers leave no room for it; the same bits either way). None: 2 for a bf16 cache
-    (1.16-1.26x faster at B128 ctx 8192, H200, 2026-12-02), 1 for e4m3."""
+    (1.16-1.26x faster at B128 ctx 8192, H200, 2026-12-02), 1 for e4m3. ``split_pages``: pages
+    per split (``SPLIT_CHOICES``); each size gives its own bits, the baseline's with the same size."""
+    check_split(split_pages)
     e4m3 = getattr(kv_cache, "dtype", None) == torch.float8_e4m3fn
     if num_stages is None:
         num_stages = 1 if e4m3 else 2
@@ -350,7 +366,7 @@ def mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tenso
     scale = float(D_QK ** -0.5 if softmax_scale is None else softmax_scale)
     if not (math.isfinite(scale) and scale > 0):
         raise ValueError(f"softmax_scale: expected a positive finite number, got {softmax_scale}")
-    rows, splits = t * h, -(-mp // SPLIT_PAGES)
+    rows, splits = t * h, -(-mp // split_pages)
     dev = q.device
     o, lse = _outputs(q, out)
     if b == 0:
@@ -358,9 +374,9 @@ def mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tenso
     kv_scales = kv_scales.view(-1, *SCALE_TILE) if fp8 else _zeros(dev, (1, *SCALE_TILE))
     part_o = torch.empty((b, splits, rows, D_V), dtype=torch.float32, device=dev)
     part_lse = torch.empty((b, splits, rows), dtype=torch.float32, device=dev)
-    mla_split_kernel(t, h, KV_DTYPES[kv_cache.dtype], scale, num_stages)(q, kv_cache, kv_scales, block_table, seq_lens,
-                                                                           part_o, part_lse)
-    mla_combine_kernel(t, h)(block_table, seq_lens, part_o, part_lse, _zeros(dev, (h,)), o, lse)
+    mla_split_kernel(t, h, KV_DTYPES[kv_cache.dtype], scale, num_stages, split_pages)(
+        q, kv_cache, kv_scales, block_table, seq_lens, part_o, part_lse)
+    mla_combine_kernel(t, h, split_pages=split_pages)(block_table, seq_lens, part_o, part_lse, _zeros(dev, (h,)), o, lse)
     return o, lse
 
 

@@ -13,7 +13,7 @@ makes that sequence NaN and nothing else."""
 import pytest
 import torch
 
-from kernels.attention.decode_mla import (D_QK, D_V, GROUP, PAGE, dequant_cache, mla_combine_kernel, mla_decode,
+from kernels.attention.decode_mla import (D_QK, D_V, GROUP, PAGE, SPLIT_PAGES, dequant_cache, mla_combine_kernel, mla_decode,
                                           mla_split_kernel, reference_mla_decode)
 from tests.kernels.staged_release import assert_stages_released_after_last_read
 
@@ -38,6 +38,14 @@ def test_two_pages_in_flight_fit_and_release_after_last_read(tokens, heads):
     assert int(kernel.metadata["launches"][0]["dynamic_shared_memory"]) == 231424
 
 
+def test_longer_splits_compile():
+    """64 pages a split (a bench candidate): the same loop body, the split size in the grid and
+    the page range; its combine walks ceil(pages / 64) splits."""
+    split = mla_split_kernel(1, 16, "bfloat16", D_QK ** -0.5, 2, 64).device_source
+    assert "wgmma" in split and "* 64)" in split
+    assert "atomic" not in mla_combine_kernel(1, 16, split_pages=64).device_source.lower()
+
+
 def test_two_pages_in_flight_only_for_bf16():
     q = torch.zeros(1, 1, 16, D_QK, dtype=torch.bfloat16)
     kv = torch.zeros(4, PAGE, D_QK, dtype=torch.bfloat16)
@@ -46,6 +54,15 @@ def test_two_pages_in_flight_only_for_bf16():
         mla_decode(q, kv, bt, sl, num_stages=3)
     with pytest.raises(ValueError, match="num_stages: expected 1 for an e4m3 cache, got 2"):
         mla_decode(q, kv.to(E4M3), bt, sl, kv_scales=torch.ones(4, PAGE, D_QK // GROUP), num_stages=2)
+
+
+def test_split_sizes_are_checked():
+    q, kv = torch.zeros(1, 1, 16, D_QK, dtype=torch.bfloat16), torch.zeros(4, PAGE, D_QK, dtype=torch.bfloat16)
+    bt, sl = torch.zeros(1, 3, dtype=torch.int32), torch.ones(1, dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"split_pages: expected one of \(16, 32, 64\), got 8"):
+        mla_decode(q, kv, bt, sl, split_pages=8)
+    with pytest.raises(ValueError, match=r"split_pages: expected one of \(16, 32, 64\), got 0"):
+        mla_split_kernel(1, 16, "bfloat16", D_QK ** -0.5, 1, 0)
 
 
 @pytest.mark.parametrize("kv", ["bfloat16", "float8_e4m3"])
@@ -250,10 +267,14 @@ def test_two_pages_in_flight_same_bits(tokens, heads):
     assert torch.equal(lse2.view(torch.int32), lse1.view(torch.int32))
 
 
+# every dtype and shape at the default split; the other split sizes (each its own contract) once each
+BASELINE_CASES = ([(fp8, tokens, heads, SPLIT_PAGES) for fp8 in (False, True) for tokens, heads in SHAPES]
+                  + [(False, 1, 128, 64), (False, 1, 16, 64), (True, 2, 16, 32)])
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("fp8", [False, True])
-@pytest.mark.parametrize("tokens, heads", SHAPES)
-def test_bitwise_equal_to_baseline(attention_baseline, fp8, tokens, heads):
+@pytest.mark.parametrize("fp8, tokens, heads, split", BASELINE_CASES)
+def test_bitwise_equal_to_baseline(attention_baseline, fp8, tokens, heads, split):
     from kernels.attention.common import LOG2E
     from kernels.attention.decode_mla import _zeros
     from tlx.numerics.parity import assert_bitwise
@@ -264,10 +285,10 @@ def test_bitwise_equal_to_baseline(attention_baseline, fp8, tokens, heads):
     nan = torch.tensor(float("nan"), device="cuda").to(kv.dtype)
     kv[table[3, 1].long(), 1:] = nan  # slots past sequence 3
     scale = D_QK ** -0.5
-    o, lse = mla_decode(q, kv, table, sl, kv_scales=scales)
+    o, lse = mla_decode(q, kv, table, sl, kv_scales=scales, split_pages=split)
     bo = torch.full_like(o, float("nan"))
     blse = torch.full_like(lse, float("nan"))
     attention_baseline("decode_mla").mla_decode(q, kv, scales if fp8 else _zeros(q.device, (1, PAGE, D_QK // GROUP)),
-                                                table, sl, bo, blse, scale * LOG2E)
+                                                table, sl, bo, blse, scale * LOG2E, split)
     assert_bitwise(o, bo, name="MLA decode o")
     assert_bitwise(lse, blse, name="MLA decode lse")
