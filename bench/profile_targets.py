@@ -1,0 +1,70 @@
+"""The kernels whose targets are furthest off, each run at its benchmark shape, for Nsight
+Compute to profile the kernels of one warm call (the benchmarks time them; this says where the
+time goes). Profiling is on only around that call (``cudaProfilerStart`` / ``Stop``):
+
+    ncu --profile-from-start off --set full python3 bench/profile_targets.py TARGET
+
+TARGET: ``dense_fwd`` (the default forward, b 8 h 32 s 4096 d 128), ``dense_bwd`` (the
+deterministic backward at that shape: delta, dK/dV, dQ), ``mla_h128`` / ``mla_h16`` (MLA decode,
+B 128, ctx 8192, T 1, bf16 cache: split, combine). Inputs are random (never zeros); the first
+call's output is checked for finiteness, so a broken launch is not mistaken for the kernel.
+"""
+# not a benchmark (scripts/gpu-check runs the bench/*.py files without this line)
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def _dense(backward: bool):
+    import torch
+
+    from kernels.attention.dense_bwd import dense_attention_backward
+    from kernels.attention.dense_fwd import dense_attention
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v, do = (torch.randn((8, 4096, 32, 128), generator=g, device="cuda").to(torch.bfloat16) for _ in range(4))
+    o, lse = dense_attention(q, k, v)
+    if not backward:
+        return lambda: dense_attention(q, k, v), o
+    return lambda: dense_attention_backward(do, q, k, v, o, lse), dense_attention_backward(do, q, k, v, o, lse)[0]
+
+
+def _mla(heads: int):
+    import torch
+
+    from bench.attention_decode import BATCH, CTX, mla_case
+    from kernels.attention.decode_mla import mla_decode
+
+    g = torch.Generator(device="cuda").manual_seed(heads)
+    q, kv, table, sl, _ = mla_case(BATCH, CTX, heads, 1, False, g)
+    return lambda: mla_decode(q, kv, table, sl), mla_decode(q, kv, table, sl)[0]
+
+
+TARGETS = {"dense_fwd": lambda: _dense(False), "dense_bwd": lambda: _dense(True),
+           "mla_h128": lambda: _mla(128), "mla_h16": lambda: _mla(16)}
+
+
+def main(target: str) -> None:
+    import torch
+
+    if target not in TARGETS:
+        raise SystemExit(f"target: expected one of {sorted(TARGETS)}, got {target!r}")
+    run, first = TARGETS[target]()
+    if not bool(torch.isfinite(first.float()).all()):
+        raise SystemExit(f"{target}: the first call's output is not finite")
+    for _ in range(3):  # warm: caches built, clocks up
+        run()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStart()
+    run()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStop()
+    print(f"{target}: ran")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "")
