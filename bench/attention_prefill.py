@@ -11,7 +11,14 @@ Rows (printed as they are measured, so a timeout still leaves the earlier ones),
   against SDPA's backward (``torch.autograd.grad`` of its output); 2.5 times the forward's FLOPs
   (the usual count: five s x s GEMMs of which the forward has two);
 * DeepSeek-V4 sparse forward (``sparse_fwd.py``) at b 1 s 4096 h 128 n 8192 d 512 top-k 1024,
-  no torch counterpart (anchors in the issue); 4 b s h k 512 FLOPs.
+  no torch counterpart (anchors in the issue); 4 b s h k 512 FLOPs;
+* its deterministic backward (``sparse_bwd.py``) at the same shape, from the forward's o and lse;
+  2.5 times the forward's FLOPs (five s x k GEMMs per head where the forward has two: S, dP,
+  dQ and the two of G; the delta / dsink / per-key sums not counted). Checked, before timing:
+  every gradient element written (no NaN, outputs poisoned), dq of the first 32 tokens against
+  autograd of the fp32 reference on those tokens (a token's dq depends on that token only), and
+  dkv and dsink of the backward run on those 32 tokens alone against the same autograd (the
+  full shape's dkv and dsink sum over all 4096 tokens: not checked there).
 
 Targets (issue 22): dense forward >= 650 / 580 TFLOP/s at d 128 and faster than SDPA at d 64 and
 256; backward >= SDPA's; sparse forward >= 550.
@@ -73,10 +80,12 @@ def backward_configs(dims=(64, 128, 256)):
 
 
 BENCH_CONFIGS = (dense_forward_configs() + backward_configs()
-                 + [("sparse", SPARSE_SHAPE[2], SPARSE_SHAPE[4], 0)])
+                 + [("sparse", SPARSE_SHAPE[2], SPARSE_SHAPE[4], 0), ("sparse_bwd", SPARSE_SHAPE[2], SPARSE_SHAPE[4], 0)])
 TEST_CONFIGS = (dense_forward_configs(dims=(128,), dtypes=("float16",))
                 + [("forward", "overlap", "bfloat16", 64, False, 0.3)]
-                + [("sparse", h, k, w) for h, k, w in ((64, 512, 0), (128, 2048, 0), (64, 512, 128))])
+                + [("sparse", h, k, w) for h, k, w in ((64, 512, 0), (128, 2048, 0), (64, 512, 128), (128, 512, 0), (64, 1024, 0))]
+                + [("sparse_bwd", h, k, w) for h, k, w in ((64, 512, 0), (128, 512, 0), (64, 1024, 0), (128, 1024, 0),
+                                                            (64, 512, 128), (128, 512, 64))])
 
 
 # ---- the sweep's candidates: name -> keyword options (forward) or tiles (backward) -----------
@@ -175,6 +184,10 @@ def _compile_config(cfg) -> str:
                 bwd_dkdv_kernel(d, causal, scale * LOG2E, scale, "bfloat16", "dkdv", *blocks)
             else:
                 bwd_dq_kernel(d, causal, scale * LOG2E, scale, "bfloat16", *blocks)
+    elif kind == "sparse_bwd":
+        from kernels.attention.sparse_bwd import DIM, backward_kernels
+
+        backward_kernels(*args, 1.0 / math.sqrt(DIM))
     else:
         from kernels.attention.sparse_fwd import DIM, sparse_fwd_kernel
 
@@ -411,6 +424,40 @@ def sparse_row(reps, seed):
                {"pipelined": lambda: sparse_attention(q, kv, idx, sink)}, {"pipelined": check}, None, reps)
 
 
+def sparse_bwd_row(reps, seed):
+    import torch
+
+    from kernels.attention import reference as R
+    from kernels.attention.sparse_bwd import sparse_attention_backward
+    from kernels.attention.sparse_fwd import DIM, sparse_attention
+
+    b, s, h, n, topk = SPARSE_SHAPE
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q, kv = randn((b, s, h, DIM), g, torch.bfloat16), randn((b, n, DIM), g, torch.bfloat16)
+    idx = torch.randint(0, n, (b, s, topk), generator=g, device="cuda", dtype=torch.int32)
+    idx[:, :, -topk // 8:] = -1  # some masked slots
+    sink = randn((h,), g, torch.float32)
+    do = randn((b, s, h, DIM), g, torch.bfloat16)
+    o, lse = sparse_attention(q, kv, idx, sink)
+    grads = (torch.full_like(q, float("nan")), torch.full_like(kv, float("nan")), torch.full_like(sink, float("nan")))
+
+    def tlx_bwd():
+        return sparse_attention_backward(q, kv, idx, sink, o, lse, do, out=grads)
+
+    tlx_bwd()
+    few = 32  # see the module docstring for what is checked where
+    leaves = [t.float().requires_grad_() for t in (q[:, :few], kv, sink)]
+    ref_o, _ = R.sparse_attention_ref(leaves[0], leaves[1], idx[:, :few], leaves[2])
+    ref_o.backward(do[:, :few].float())
+    q_few, idx_few, o_few, lse_few, do_few = (t[:, :few].contiguous() for t in (q, idx, o, lse, do))
+    part = sparse_attention_backward(q_few, kv, idx_few, sink, o_few, lse_few, do_few)
+    check = checked([grads[0][:, :few], part[1], part[2]], [t.grad for t in leaves], 3e-2)
+    if any(bool(torch.isnan(t).any()) for t in grads):
+        check = "FAILED (NaN: a gradient element not written)"
+    timed_rows("sparse bwd bf16 (V4)", f"b{b} s{s} h{h} n{n} d{DIM} k{topk}", 2.5 * 4 * b * s * h * topk * DIM,
+               {"deterministic": tlx_bwd}, {"deterministic": check}, None, reps)
+
+
 def main():
     if len(sys.argv) > 1 and sys.argv[1] in ("--precompile", "--precompile-sweep"):
         configs = sweep_configs() if sys.argv[1] == "--precompile-sweep" else baseline_configs() + BENCH_CONFIGS + TEST_CONFIGS
@@ -445,6 +492,7 @@ def main():
             dense_rows(b, h, s, d, causal, args.reps, seed)
             torch.cuda.empty_cache()
     sparse_row(args.reps, seed + 1)
+    sparse_bwd_row(args.reps, seed + 2)
     if args.out:
         Path(args.out).write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "rows": ROWS}, indent=1))
 
