@@ -446,7 +446,7 @@ def sparse_bwd_row(reps, seed):
 
     tlx_bwd()
     few = 32  # see the module docstring for what is checked where
-    leaves = [t.float().requires_grad_() for t in (q[:, :few], kv, sink)]
+    leaves = [t.detach().float().requires_grad_() for t in (q[:, :few], kv, sink)]  # detach: sink stays a plain tensor
     ref_o, _ = R.sparse_attention_ref(leaves[0], leaves[1], idx[:, :few], leaves[2])
     ref_o.backward(do[:, :few].float())
     q_few, idx_few, o_few, lse_few, do_few = (t[:, :few].contiguous() for t in (q, idx, o, lse, do))

@@ -175,7 +175,7 @@ def _backward(q, kv, idx, sink, do, **window):
 
 
 def _reference(q, kv, idx, sink, do, window_kv=None, window_indices=None):
-    leaves = [t.float().requires_grad_() for t in ((q, kv, sink) + ((window_kv,) if window_kv is not None else ()))]
+    leaves = [t.detach().float().requires_grad_() for t in ((q, kv, sink) + ((window_kv,) if window_kv is not None else ()))]
     o, _ = R.sparse_attention_ref(leaves[0], leaves[1], idx, leaves[2], window_kv=leaves[3] if window_kv is not None else None,
                                   window_indices=window_indices)
     o.backward(do.float())
