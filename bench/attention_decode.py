@@ -62,7 +62,7 @@ TOL = 2.0**-9  # the indexer tests' tolerance (tests/kernels/attention/test_inde
 BATCH, CTX = 128, 8192  # MLA and sparse decode
 MLA_SHAPES = [(16, 1), (128, 1), (128, 2)]  # heads, tokens
 # (e4m3, pages in flight, pages per split) of each MLA row: the defaults, then longer splits
-MLA_VARIANTS = [(False, 1, 16), (False, 2, 16), (True, 1, 16), (False, 2, 64), (True, 1, 64)]
+MLA_VARIANTS = [(False, 1, 16), (False, 2, 16), (True, 1, 16), (True, 2, 16), (False, 2, 64), (True, 2, 64)]
 SPARSE_HEADS, SPARSE_TOPK = 128, 2048
 KV_DTYPES = ("bfloat16", "float8_e4m3")
 TOPK_SHAPES = [(32768, 2048), (65536, 2048), (131072, 2048), (65536, 512)]  # N, k (64 rows)
@@ -84,7 +84,7 @@ MLA_KINDS = ("mla", "combine", "sparse")  # the configurations of --only-mla
 TEST_CONFIGS = ([("topk", k, ctas) for k in (512, 1024, 2048) for ctas in CTAS_PER_ROW]
                 + [("indexer_paged", t) for t in (1, 2, 4)]
                 + [("mla", t, h, kv, 1) for t, h in ((1, 128), (2, 16)) for kv in KV_DTYPES]
-                + [("mla", t, h, "bfloat16", 2) for t, h in ((1, 16), (2, 128))]
+                + [("mla", t, h, kv, st) for t, h in ((1, 16), (2, 128)) for kv in KV_DTYPES for st in (1, 2)]
                 + [("combine", t, h, 0, False) for t, h in ((1, 128), (2, 16))]
                 + [("mla", 1, h, "bfloat16", 2, 64) for h in (16, 128)] + [("mla", 2, 16, "float8_e4m3", 1, 32)]
                 + [("combine", 1, h, 0, False, 64) for h in (16, 128)] + [("combine", 2, 16, 0, False, 32)]
@@ -386,7 +386,7 @@ def mla_rows(reps, copy_gbps):
 
     rates = {}
     for heads, tokens in MLA_SHAPES:
-        for fp8, stages, split in MLA_VARIANTS:  # two pages in flight: bf16 only (shared memory)
+        for fp8, stages, split in MLA_VARIANTS:
             shape = f"B {BATCH} ctx {CTX} H {heads} T {tokens} {'e4m3' if fp8 else 'bf16'}"
             what = ("MLA decode" if stages == 1 else f"MLA decode, {stages} pages in flight") + f", {split}-page splits"
             g = torch.Generator(device="cuda").manual_seed(heads + tokens)

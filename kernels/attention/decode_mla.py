@@ -141,7 +141,10 @@ def mla_split_kernel(tokens: int, heads: int, kv_dtype: str, softmax_scale: floa
                 KS_s = T.alloc_shared(SCALE_TILE, f32)  # the page's 64 x 9 scales, row-major
                 KQ_f = T.alloc_fragment((PAGE, D_V), kv_dtype)
             acc_s = T.alloc_fragment((ROWS, PAGE), f32)
-            P_s = T.alloc_shared((ROWS, PAGE), bf16)  # the two warpgroups' key halves meet here
+            # P (the two warpgroups' key halves meet here): with an e4m3 cache in KP_s, the dequantized
+            # rope keys, dead once S is computed (both warpgroups have passed the softmax's barriers
+            # before P is written); that 8 KB lets two e4m3 pages be in flight
+            P_s = KP_s if fp8 else T.alloc_shared((ROWS, PAGE), bf16)
             acc_o = T.alloc_fragment((ROWS, D_V), f32)
             m = T.alloc_fragment((ROWS,), f32)
             m_prev = T.alloc_fragment((ROWS,), f32)
@@ -350,16 +353,16 @@ def mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tenso
     """(o ``[B, T, H, 512]`` bf16, lse ``[B, T, H]`` fp32) of MLA decode over the paged cache
     (module docstring); ``softmax_scale`` defaults to ``576 ** -0.5``; ``out``: an (o, lse)
     pair to write (e.g. poisoned by a test), else new tensors. ``num_stages``: pages in flight
-    per CTA (2: the next page's TMA load overlaps this page's products; bf16 only, the e4m3
-    staging buffers leave no room for it; the same bits either way). None: 2 for a bf16 cache
-    (1.16-1.26x faster at B128 ctx 8192, H200, 2026-12-02), 1 for e4m3. ``split_pages``: pages
+    per CTA (2: the next page's TMA load overlaps this page's products; the same bits either
+    way). None: 2 for a bf16 cache (1.16-1.26x faster at B128 ctx 8192, H200, 2026-12-02), 1 for
+    e4m3 (two fit since P shares the rope keys' buffer; not yet timed). ``split_pages``: pages
     per split (``SPLIT_CHOICES``); each size gives its own bits, the baseline's with the same size."""
     check_split(split_pages)
     e4m3 = getattr(kv_cache, "dtype", None) == torch.float8_e4m3fn
     if num_stages is None:
         num_stages = 1 if e4m3 else 2
-    if num_stages not in ((1,) if e4m3 else (1, 2)):
-        raise ValueError(f"num_stages: expected {'1 for an e4m3 cache' if e4m3 else '1 or 2'}, got {num_stages!r}")
+    if num_stages not in (1, 2):
+        raise ValueError(f"num_stages: expected 1 or 2, got {num_stages!r}")
     fp8 = _check(q, kv_cache, kv_scales, block_table, seq_lens, out)
     b, t, h, _ = q.shape
     mp = block_table.shape[1]

@@ -29,13 +29,25 @@ def test_kernels_compile(tokens, heads, kv):
     assert "atomic" not in mla_combine_kernel(tokens, heads).device_source.lower()
 
 
-@pytest.mark.parametrize("tokens, heads", [(1, 16), (2, 128)])
-def test_two_pages_in_flight_fit_and_release_after_last_read(tokens, heads):
-    """bf16 with two pages in flight takes exactly the sm_90 opt-in limit (231424 dynamic bytes
-    beside the driver's reserved KiB; tlx once counted that KiB twice and refused it)."""
-    kernel = mla_split_kernel(tokens, heads, "bfloat16", D_QK ** -0.5, 2)
-    assert_stages_released_after_last_read(kernel.device_source, {"KP_s", "KV_s"})
-    assert int(kernel.metadata["launches"][0]["dynamic_shared_memory"]) == 231424
+@pytest.mark.parametrize("tokens, heads, kv", [(1, 16, "bfloat16"), (2, 128, "bfloat16"), (1, 16, "float8_e4m3")])
+def test_two_pages_in_flight_fit_and_release_after_last_read(tokens, heads, kv):
+    """Two pages in flight fit the sm_90 opt-in limit (231424 dynamic bytes beside the driver's
+    reserved KiB; tlx once counted that KiB twice and refused bf16's exactly-full 231424); with
+    an e4m3 cache only because P shares the dequantized rope keys' buffer."""
+    kernel = mla_split_kernel(tokens, heads, kv, D_QK ** -0.5, 2)
+    staged = {"KP_s", "KV_s"} if kv == "bfloat16" else {"KQ_s", "KQP_s", "KS_s"}
+    assert_stages_released_after_last_read(kernel.device_source, staged)
+    assert int(kernel.metadata["launches"][0]["dynamic_shared_memory"]) == (231424 if kv == "bfloat16" else 227840)
+
+
+def test_pages_in_flight_checked():
+    q = torch.zeros(1, 1, 16, D_QK, dtype=torch.bfloat16)
+    kv = torch.zeros(4, PAGE, D_QK, dtype=torch.bfloat16)
+    bt, sl = torch.zeros(1, 3, dtype=torch.int32), torch.ones(1, dtype=torch.int32)
+    with pytest.raises(ValueError, match="num_stages: expected 1 or 2, got 3"):
+        mla_decode(q, kv, bt, sl, num_stages=3)
+    with pytest.raises(ValueError, match="num_stages: expected 1 or 2, got 0"):
+        mla_decode(q, kv.to(E4M3), bt, sl, kv_scales=torch.ones(4, PAGE, D_QK // GROUP), num_stages=0)
 
 
 def test_longer_splits_compile():
@@ -44,16 +56,6 @@ def test_longer_splits_compile():
     split = mla_split_kernel(1, 16, "bfloat16", D_QK ** -0.5, 2, 64).device_source
     assert "wgmma" in split and "* 64)" in split
     assert "atomic" not in mla_combine_kernel(1, 16, split_pages=64).device_source.lower()
-
-
-def test_two_pages_in_flight_only_for_bf16():
-    q = torch.zeros(1, 1, 16, D_QK, dtype=torch.bfloat16)
-    kv = torch.zeros(4, PAGE, D_QK, dtype=torch.bfloat16)
-    bt, sl = torch.zeros(1, 3, dtype=torch.int32), torch.ones(1, dtype=torch.int32)
-    with pytest.raises(ValueError, match="num_stages: expected 1 or 2, got 3"):
-        mla_decode(q, kv, bt, sl, num_stages=3)
-    with pytest.raises(ValueError, match="num_stages: expected 1 for an e4m3 cache, got 2"):
-        mla_decode(q, kv.to(E4M3), bt, sl, kv_scales=torch.ones(4, PAGE, D_QK // GROUP), num_stages=2)
 
 
 def test_split_sizes_are_checked():
@@ -258,11 +260,11 @@ def test_slots_past_sequence_may_hold_nan(fp8):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("tokens, heads", [(1, 16), (2, 128)])
-def test_two_pages_in_flight_same_bits(tokens, heads):
-    q, kv, table, sl, _ = make_case([1, 63, 65, 4001, 0, 1500], tokens=tokens, heads=heads, seed=30 + tokens)
-    o1, lse1 = mla_decode(q, kv, table, sl, num_stages=1)
-    o2, lse2 = mla_decode(q, kv, table, sl, out=poisoned_outputs(q), num_stages=2)
+@pytest.mark.parametrize("tokens, heads, fp8", [(1, 16, False), (2, 128, False), (1, 16, True), (2, 128, True)])
+def test_two_pages_in_flight_same_bits(tokens, heads, fp8):
+    q, kv, table, sl, scales = make_case([1, 63, 65, 4001, 0, 1500], tokens=tokens, heads=heads, fp8=fp8, seed=30 + tokens)
+    o1, lse1 = mla_decode(q, kv, table, sl, kv_scales=scales, num_stages=1)
+    o2, lse2 = mla_decode(q, kv, table, sl, kv_scales=scales, out=poisoned_outputs(q), num_stages=2)
     assert torch.equal(o2.view(torch.int16), o1.view(torch.int16))
     assert torch.equal(lse2.view(torch.int32), lse1.view(torch.int32))
 
