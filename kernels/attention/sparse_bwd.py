@@ -12,7 +12,7 @@ its outputs ``o``, ``lse`` and the output gradient ``do``. With ``scale`` the so
   ``dkv[n]`` is the sum of the rows ``G`` of every (token, slot) whose index is ``n``;
 * ``dsink[h] = -sum_{b, s} p_sink delta``.
 
-Five kernels, no atomics (each output element is summed by one thread, in a fixed order):
+Four kernels, no atomics (each output element is summed by one thread, in a fixed order):
 
 1. ``delta`` (``sparse_bwd_delta_kernel``): per (token, head), d ascending per thread, then
    TileLang's reduce_sum across the threads of a row;
