@@ -398,18 +398,27 @@ def sweep(reps):
             torch.cuda.empty_cache()
 
 
-def sparse_row(reps, seed):
+def sparse_inputs(seed):
+    """The generator and the sparse rows' random q, kv, indices (the last eighth of each list
+    masked) and sink at ``SPARSE_SHAPE``."""
     import torch
 
-    from kernels.attention import reference as R
-    from kernels.attention.sparse_fwd import DIM, sparse_attention
+    from kernels.attention.sparse_fwd import DIM
 
     b, s, h, n, topk = SPARSE_SHAPE
     g = torch.Generator(device="cuda").manual_seed(seed)
     q, kv = randn((b, s, h, DIM), g, torch.bfloat16), randn((b, n, DIM), g, torch.bfloat16)
     idx = torch.randint(0, n, (b, s, topk), generator=g, device="cuda", dtype=torch.int32)
     idx[:, :, -topk // 8:] = -1  # some masked slots
-    sink = randn((h,), g, torch.float32)
+    return g, q, kv, idx, randn((h,), g, torch.float32)
+
+
+def sparse_row(reps, seed):
+    from kernels.attention import reference as R
+    from kernels.attention.sparse_fwd import DIM, sparse_attention
+
+    b, s, h, n, topk = SPARSE_SHAPE
+    _, q, kv, idx, sink = sparse_inputs(seed)
     # the wrapper allocates its outputs: poison a first result and free it, so that the caching
     # allocator hands the same (poisoned) blocks to the checked call; said in the row if it did not
     o, lse = sparse_attention(q, kv, idx, sink)
@@ -432,11 +441,7 @@ def sparse_bwd_row(reps, seed):
     from kernels.attention.sparse_fwd import DIM, sparse_attention
 
     b, s, h, n, topk = SPARSE_SHAPE
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    q, kv = randn((b, s, h, DIM), g, torch.bfloat16), randn((b, n, DIM), g, torch.bfloat16)
-    idx = torch.randint(0, n, (b, s, topk), generator=g, device="cuda", dtype=torch.int32)
-    idx[:, :, -topk // 8:] = -1  # some masked slots
-    sink = randn((h,), g, torch.float32)
+    g, q, kv, idx, sink = sparse_inputs(seed)
     do = randn((b, s, h, DIM), g, torch.bfloat16)
     o, lse = sparse_attention(q, kv, idx, sink)
     grads = (torch.full_like(q, float("nan")), torch.full_like(kv, float("nan")), torch.full_like(sink, float("nan")))

@@ -52,7 +52,7 @@ batch size or chunking; ``dsink`` sums over every token of every batch (not per 
 
 Outputs: ``dq`` in q's dtype, ``dkv`` (and ``dwindow_kv``) in kv's dtype (bf16: one rounding
 of the fp32 sums), ``dsink`` fp32 ``[h]``. Supported: h 64 / 128, d 512, k 512 / 1024 / 2048,
-the window branch with ``w`` a multiple of 32 (``dwindow_kv`` is returned then).
+the window branch with ``w`` a multiple of 64, as the forward takes it (``dwindow_kv`` is returned then).
 
 Bounds (``assume``): ``1 <= N, NW <= 2^30`` as the forward; q has at most 2^31 - 1 elements
 (``check_tensor``) and h * 512 >= 2^15 of them a token, so its (batch, token) rows ``RT`` and
@@ -75,12 +75,10 @@ import tilelang.language as T
 import tlx
 
 from kernels.attention import common as C
+from kernels.attention.sparse_fwd import DIM, SUPPORTED_HEADS, check_inputs, check_kernel_shape, gather_slots
 
-DIM = 512
 HEADS_PER_CTA = 64
 BLOCK_K = 32  # slots per step of the per-token kernel (its 64 x 512 dQ and 32 x 512 G accumulators fill the registers)
-SUPPORTED_HEADS = (64, 128)
-SUPPORTED_TOPK = (512, 1024, 2048)
 SCRATCH_ELEMENTS = C.INT32_LIMIT  # fp32 values of G per chunk of tokens (int32-indexed)
 DELTA_ROWS = 32
 SINK_THREADS = 128
@@ -152,12 +150,7 @@ def sparse_bwd_token_kernel(heads: int, topk: int, window: int, scale_log2: floa
     dO [B, S, H, 512], LSE, Delta [B, S, H] fp32, dQ [B, S, H, 512], G, s0`` (``window`` 0: the
     window tensors are not read). Tokens past ``S`` (the last chunk's tail) recompute token
     ``S - 1`` into their own scratch rows, which no entry names, and write no dQ."""
-    if heads not in SUPPORTED_HEADS:
-        raise ValueError(f"heads: expected one of {SUPPORTED_HEADS}, got {heads}")
-    if topk % BLOCK_K or topk <= 0:
-        raise ValueError(f"topk: expected a positive multiple of {BLOCK_K}, got {topk}")
-    if window % BLOCK_K or window < 0:
-        raise ValueError(f"window: expected 0 or a multiple of {BLOCK_K}, got {window}")
+    check_kernel_shape(heads, topk, window, BLOCK_K)
     hb, bk, f32 = HEADS_PER_CTA, BLOCK_K, "float32"
     groups, slots = heads // hb, topk + window
     n_top, n_blocks = topk // bk, slots // bk
@@ -190,17 +183,7 @@ def sparse_bwd_token_kernel(heads: int, topk: int, window: int, scale_log2: floa
                 delta_r[i] = Delta[bz, t, by * hb + i]
             T.fill(acc_dq, 0)
             for kb in T.Pipelined(n_blocks, num_stages=2):
-                for j in T.Parallel(bk):
-                    if kb < n_top:
-                        valid[j] = T.if_then_else(T.And(Idx[bz, t, kb * bk + j] >= 0, Idx[bz, t, kb * bk + j] < n_kv), 1, 0)
-                    else:
-                        valid[j] = T.if_then_else(T.And(WIdx[bz, t, T.max(kb - n_top, 0) * bk + j] >= 0,
-                                                        WIdx[bz, t, T.max(kb - n_top, 0) * bk + j] < n_window_kv), 1, 0)
-                for j, d in T.Parallel(bk, DIM):
-                    if kb < n_top:
-                        KV_s[j, d] = KV[bz, T.min(T.max(Idx[bz, t, kb * bk + j], 0), n_kv - 1), d]
-                    else:
-                        KV_s[j, d] = WKV[bz, T.min(T.max(WIdx[bz, t, T.max(kb - n_top, 0) * bk + j], 0), n_window_kv - 1), d]
+                gather_slots(valid, KV_s, KV, Idx, WKV, WIdx, bz, t, kb, bk, n_top)
                 T.gemm(Q_s, KV_s, acc_s, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullCol)
                 T.gemm(dO_s, KV_s, acc_dp, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullCol)
                 for i, j in T.Parallel(hb, bk):
@@ -259,12 +242,6 @@ def sparse_bwd_dkv_kernel(groups: int, dtype: str = "bfloat16"):
     return main
 
 
-def _check_index(name: str, t) -> None:
-    if not isinstance(t, torch.Tensor) or t.dtype != torch.int32:
-        raise TypeError(f"{name}: expected an int32 tensor, got {getattr(t, 'dtype', type(t).__name__)}")
-    C.check_tensor(name, t, (torch.int32,), 3)
-
-
 def inverse_index(indices: torch.Tensor, n: int, slots: int, offset: int):
     """The key-major view of one branch's index list: ``(entries, sort_keys)``, both ``[b, s * k]``.
     ``entries[b]`` lists the flattened scratch positions ``token * slots + offset + j`` of the
@@ -305,25 +282,11 @@ def sparse_attention_backward(q, kv, indices, sink, o, lse, do, *, softmax_scale
     gradient of ``o``). Deterministic (module docstring). ``dq`` in q's dtype, ``dkv`` and
     ``dwindow_kv`` in kv's, ``dsink`` fp32. ``out`` (a tuple of those, contiguous) is written
     instead of new tensors and returned."""
-    C.check_tensor("q", q, (torch.bfloat16,), 4)
-    C.check_tensor("kv", kv, (torch.bfloat16,), 3)
-    _check_index("indices", indices)
-    C.check_tensor("sink", sink, (torch.float32,), 1)
-    b, s, h, d = q.shape
-    if d != DIM:
-        raise ValueError(f"q: head dim expected {DIM}, got {d}")
-    if h not in SUPPORTED_HEADS:
-        raise ValueError(f"q: head count expected one of {SUPPORTED_HEADS}, got {h}")
-    C.check_dim("kv", kv, 0, b, "the batch of q")
-    C.check_dim("kv", kv, 2, DIM, "the head dim")
-    if kv.shape[1] < 1:
-        raise ValueError("kv: expected at least one row")
-    C.check_dim("indices", indices, 0, b, "the batch of q")
-    C.check_dim("indices", indices, 1, s, "the tokens of q")
+    b, s, h, window, window_kv, window_indices = check_inputs(q, kv, indices, sink, window_kv, window_indices)
     topk = indices.shape[2]
-    if topk not in SUPPORTED_TOPK:
-        raise ValueError(f"indices: top-k expected one of {SUPPORTED_TOPK}, got {topk}")
-    C.check_dim("sink", sink, 0, h, "the head count of q")
+    for name, rows in (("kv", kv), ("window_kv", window_kv)):
+        if rows.shape[1] < 1:
+            raise ValueError(f"{name}: expected at least one row")
     for name, t in (("o", o), ("do", do)):
         C.check_tensor(name, t, (q.dtype,), 4)
         if tuple(t.shape) != tuple(q.shape):
@@ -331,23 +294,7 @@ def sparse_attention_backward(q, kv, indices, sink, o, lse, do, *, softmax_scale
     C.check_tensor("lse", lse, (torch.float32,), 3)
     if tuple(lse.shape) != (b, s, h):
         raise ValueError(f"lse: expected shape {(b, s, h)}, got {tuple(lse.shape)}")
-    if (window_kv is None) != (window_indices is None):
-        raise ValueError("window_kv, window_indices: expected both or neither")
-    branches = [(kv, indices)]
-    if window_kv is not None:
-        C.check_tensor("window_kv", window_kv, (torch.bfloat16,), 3)
-        _check_index("window_indices", window_indices)
-        C.check_dim("window_kv", window_kv, 0, b, "the batch of q")
-        C.check_dim("window_kv", window_kv, 2, DIM, "the head dim")
-        if window_kv.shape[1] < 1:
-            raise ValueError("window_kv: expected at least one row")
-        if tuple(window_indices.shape[:2]) != (b, s) or window_indices.shape[2] % BLOCK_K or window_indices.shape[2] == 0:
-            raise ValueError(f"window_indices: expected [{b}, {s}, a positive multiple of {BLOCK_K}], got {tuple(window_indices.shape)}")
-        window = window_indices.shape[2]
-        branches.append((window_kv, window_indices))
-    else:
-        window = 0
-        window_kv, window_indices = kv, indices[:, :, :1].contiguous()  # shapes only: not read
+    branches = [(kv, indices)] + ([(window_kv, window_indices)] if window else [])
     slots, groups = topk + window, h // HEADS_PER_CTA
     per_token = b * slots * groups * DIM
     if per_token > SCRATCH_ELEMENTS or s * slots > C.INT32_LIMIT:

@@ -47,17 +47,41 @@ n_kv = T.dynamic("N")
 n_window_kv = T.dynamic("NW")
 
 
+def check_kernel_shape(heads: int, topk: int, window: int, block: int) -> None:
+    """A kernel factory's head count, and its top-k and window in whole blocks of ``block`` slots."""
+    if heads not in SUPPORTED_HEADS:
+        raise ValueError(f"heads: expected one of {SUPPORTED_HEADS}, got {heads}")
+    if topk % block or topk <= 0:
+        raise ValueError(f"topk: expected a positive multiple of {block}, got {topk}")
+    if window % block or window < 0:
+        raise ValueError(f"window: expected 0 or a multiple of {block}, got {window}")
+
+
+@T.macro
+def gather_slots(valid, KV_s, KV, Idx, WKV, WIdx, b, t, kb, bk: int, n_top: int):
+    """Block ``kb`` of ``bk`` slots of token ``t`` of batch ``b`` (the top-k list's blocks, then the
+    window's from block ``n_top`` on): ``valid[j]`` 1 where slot j names a row of its tensor, and
+    that row (the index clamped into the tensor for a masked slot) in ``KV_s[j, :]``. Shared by
+    the forward and the backward, so both read the same rows for the same slots."""
+    for j in T.Parallel(bk):
+        if kb < n_top:
+            valid[j] = T.if_then_else(T.And(Idx[b, t, kb * bk + j] >= 0, Idx[b, t, kb * bk + j] < KV.shape[1]), 1, 0)
+        else:
+            valid[j] = T.if_then_else(T.And(WIdx[b, t, T.max(kb - n_top, 0) * bk + j] >= 0,
+                                            WIdx[b, t, T.max(kb - n_top, 0) * bk + j] < WKV.shape[1]), 1, 0)
+    for j, d in T.Parallel(bk, DIM):
+        if kb < n_top:
+            KV_s[j, d] = KV[b, T.min(T.max(Idx[b, t, kb * bk + j], 0), KV.shape[1] - 1), d]
+        else:
+            KV_s[j, d] = WKV[b, T.min(T.max(WIdx[b, t, T.max(kb - n_top, 0) * bk + j], 0), WKV.shape[1] - 1), d]
+
+
 @tlx.jit(target=C.TARGET, assume=["1 <= N", "N <= 1073741824", "1 <= NW", "NW <= 1073741824"])
 def sparse_fwd_kernel(heads: int, topk: int, window: int, scale_log2: float, dtype: str = "bfloat16"):
     """Parameters ``Q [B, S, H, 512], KV [B, N, 512], Idx [B, S, topk] int32, Sink [H] fp32,
     WKV [B, NW, 512], WIdx [B, S, max(window, 1)] int32, O [B, S, H, 512], LSE [B, S, H] fp32``
     (``window`` 0: the window tensors are not read)."""
-    if heads not in SUPPORTED_HEADS:
-        raise ValueError(f"heads: expected one of {SUPPORTED_HEADS}, got {heads}")
-    if topk % BLOCK_K or topk <= 0:
-        raise ValueError(f"topk: expected a positive multiple of {BLOCK_K}, got {topk}")
-    if window % BLOCK_K or window < 0:
-        raise ValueError(f"window: expected 0 or a multiple of {BLOCK_K}, got {window}")
+    check_kernel_shape(heads, topk, window, BLOCK_K)
     hb, bk, f32 = HEADS_PER_CTA, BLOCK_K, "float32"
     n_top, n_blocks = topk // bk, (topk + window) // bk
 
@@ -84,17 +108,7 @@ def sparse_fwd_kernel(heads: int, topk: int, window: int, scale_log2: float, dty
             T.copy(Q[bz, bx, by * hb:(by + 1) * hb, :], Q_s)
             C.init_softmax(m, m_scaled, l, acc_o)
             for kb in T.Pipelined(n_blocks, num_stages=2):
-                for j in T.Parallel(bk):
-                    if kb < n_top:
-                        valid[j] = T.if_then_else(T.And(Idx[bz, bx, kb * bk + j] >= 0, Idx[bz, bx, kb * bk + j] < n_kv), 1, 0)
-                    else:
-                        valid[j] = T.if_then_else(T.And(WIdx[bz, bx, T.max(kb - n_top, 0) * bk + j] >= 0,
-                                                        WIdx[bz, bx, T.max(kb - n_top, 0) * bk + j] < n_window_kv), 1, 0)
-                for j, d in T.Parallel(bk, DIM):
-                    if kb < n_top:
-                        KV_s[j, d] = KV[bz, T.min(T.max(Idx[bz, bx, kb * bk + j], 0), n_kv - 1), d]
-                    else:
-                        KV_s[j, d] = WKV[bz, T.min(T.max(WIdx[bz, bx, T.max(kb - n_top, 0) * bk + j], 0), n_window_kv - 1), d]
+                gather_slots(valid, KV_s, KV, Idx, WKV, WIdx, bz, bx, kb, bk, n_top)
                 T.gemm(Q_s, KV_s, acc_s, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullCol)
                 for i, j in T.Parallel(hb, bk):
                     acc_s[i, j] = T.if_then_else(valid[j] == 1, acc_s[i, j], C.neg_inf())
@@ -111,16 +125,19 @@ def sparse_fwd_kernel(heads: int, topk: int, window: int, scale_log2: float, dty
     return main
 
 
-def sparse_attention(q, kv, indices, sink, *, softmax_scale: float | None = None, window_kv=None, window_indices=None):
-    """``(o, lse)`` of DeepSeek-V4 sparse attention (module docstring): ``q [b, s, h, 512]``
-    (bf16), ``kv [b, n, 512]``, ``indices [b, s, k]`` int32, ``sink [h]`` fp32; optional window
-    ``window_kv [b, n_w, 512]`` with ``window_indices [b, s, w]``. ``softmax_scale`` defaults to
-    ``1 / sqrt(512)``."""
+def check_index(name: str, t) -> None:
+    if not isinstance(t, torch.Tensor) or t.dtype != torch.int32:
+        raise TypeError(f"{name}: expected an int32 tensor, got {getattr(t, 'dtype', type(t).__name__)}")
+    C.check_tensor(name, t, (torch.int32,), 3)
+
+
+def check_inputs(q, kv, indices, sink, window_kv, window_indices):
+    """The checks of the forward's inputs (the backward's too): ``(b, s, h, window, window_kv,
+    window_indices)``, the window tensors replaced by stand-ins of the right rank (never read)
+    when there is no window."""
     C.check_tensor("q", q, (torch.bfloat16,), 4)
     C.check_tensor("kv", kv, (torch.bfloat16,), 3)
-    if not isinstance(indices, torch.Tensor) or indices.dtype != torch.int32:
-        raise TypeError(f"indices: expected an int32 tensor, got {getattr(indices, 'dtype', type(indices).__name__)}")
-    C.check_tensor("indices", indices, (torch.int32,), 3)
+    check_index("indices", indices)
     C.check_tensor("sink", sink, (torch.float32,), 1)
     b, s, h, d = q.shape
     if d != DIM:
@@ -136,19 +153,23 @@ def sparse_attention(q, kv, indices, sink, *, softmax_scale: float | None = None
     C.check_dim("sink", sink, 0, h, "the head count of q")
     if (window_kv is None) != (window_indices is None):
         raise ValueError("window_kv, window_indices: expected both or neither")
-    if window_kv is not None:
-        C.check_tensor("window_kv", window_kv, (torch.bfloat16,), 3)
-        if not isinstance(window_indices, torch.Tensor) or window_indices.dtype != torch.int32:
-            raise TypeError(f"window_indices: expected an int32 tensor, got {getattr(window_indices, 'dtype', type(window_indices).__name__)}")
-        C.check_tensor("window_indices", window_indices, (torch.int32,), 3)
-        C.check_dim("window_kv", window_kv, 0, b, "the batch of q")
-        C.check_dim("window_kv", window_kv, 2, DIM, "the head dim")
-        if tuple(window_indices.shape[:2]) != (b, s) or window_indices.shape[2] % BLOCK_K:
-            raise ValueError(f"window_indices: expected [{b}, {s}, a multiple of {BLOCK_K}], got {tuple(window_indices.shape)}")
-        window = window_indices.shape[2]
-    else:
-        window = 0
-        window_kv, window_indices = kv, indices[:, :, :1].contiguous()  # shapes only: not read
+    if window_kv is None:
+        return b, s, h, 0, kv, indices[:, :, :1].contiguous()
+    C.check_tensor("window_kv", window_kv, (torch.bfloat16,), 3)
+    check_index("window_indices", window_indices)
+    C.check_dim("window_kv", window_kv, 0, b, "the batch of q")
+    C.check_dim("window_kv", window_kv, 2, DIM, "the head dim")
+    if tuple(window_indices.shape[:2]) != (b, s) or window_indices.shape[2] % BLOCK_K:
+        raise ValueError(f"window_indices: expected [{b}, {s}, a multiple of {BLOCK_K}], got {tuple(window_indices.shape)}")
+    return b, s, h, window_indices.shape[2], window_kv, window_indices
+
+
+def sparse_attention(q, kv, indices, sink, *, softmax_scale: float | None = None, window_kv=None, window_indices=None):
+    """``(o, lse)`` of DeepSeek-V4 sparse attention (module docstring): ``q [b, s, h, 512]``
+    (bf16), ``kv [b, n, 512]``, ``indices [b, s, k]`` int32, ``sink [h]`` fp32; optional window
+    ``window_kv [b, n_w, 512]`` with ``window_indices [b, s, w]``. ``softmax_scale`` defaults to
+    ``1 / sqrt(512)``."""
+    b, s, h, window, window_kv, window_indices = check_inputs(q, kv, indices, sink, window_kv, window_indices)
     scale = 1.0 / math.sqrt(DIM) if softmax_scale is None else float(softmax_scale)
     C.check_cuda(q=q, kv=kv, indices=indices, sink=sink, window_kv=window_kv, window_indices=window_indices)
     o = torch.empty_like(q)

@@ -122,7 +122,7 @@ def test_bad_arguments_are_named():
         sparse_attention_backward(q, kv, idx, sink, q, lse.bfloat16(), q)
     with pytest.raises(ValueError, match="window_kv, window_indices: expected both or neither"):
         sparse_attention_backward(q, kv, idx, sink, q, lse, q, window_kv=kv)
-    with pytest.raises(ValueError, match="window_indices: expected \\[1, 4, a positive multiple of 32\\]"):
+    with pytest.raises(ValueError, match="window_indices: expected \\[1, 4, a multiple of 64\\]"):
         sparse_attention_backward(q, kv, idx, sink, q, lse, q, window_kv=kv, window_indices=idx[..., :48].contiguous())
     with pytest.raises(ValueError, match="out: expected a tuple of 3 tensors"):
         sparse_attention_backward(q, kv, idx, sink, q, lse, q, out=(q, kv))
