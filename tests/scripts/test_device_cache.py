@@ -1,0 +1,47 @@
+"""scripts/device-cache without a GPU: the newest cache entries that fit the budget go out in
+parts, come back joined, and unpack into another cache byte for byte; no carried archive is a
+no-op."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _run(*args, cache: Path):
+    proc = subprocess.run([sys.executable, "scripts/device-cache", *map(str, args)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300, env=dict(os.environ, TLX_CACHE_DIR=str(cache)))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout
+
+
+def _entry(cache: Path, name: str, seed: int, mtime: int) -> bytes:
+    entry = cache / "kernels" / name
+    entry.mkdir(parents=True)
+    data = os.urandom(1 << 20) if seed else b""  # incompressible: the budget decides how many fit
+    (entry / "kernel.cubin").write_bytes(data)
+    (entry / "MANIFEST").write_text("{}")
+    os.utime(entry, (mtime, mtime))
+    return data
+
+
+def test_round_trip_keeps_the_newest_entries(tmp_path):
+    cache, out, archive = tmp_path / "cache", tmp_path / "out", tmp_path / "carry" / "tlx-cache.tar.xz"
+    blobs = {f"k{i}": _entry(cache, f"k{i}", 1, 1_000_000 + i) for i in range(4)}
+    (cache / "kernels" / "unfinished").mkdir()  # no MANIFEST: a build in progress, never packed
+    said = _run("pack", out, "--budget", "2.5", cache=cache)
+    assert "2 of 4 entries" in said  # 4 MiB do not fit 2.5, the newest 2 do
+    assert [p.name for p in sorted(out.iterdir())] == ["tlx-cache.tar.xz.part00"]
+    _run("keep", out, "--archive", archive, cache=cache)
+    other = tmp_path / "other"
+    _run("unpack", "--archive", archive, cache=other)
+    assert sorted(p.name for p in (other / "kernels").iterdir()) == ["k2", "k3"]
+    for name in ("k2", "k3"):
+        assert (other / "kernels" / name / "kernel.cubin").read_bytes() == blobs[name]
+
+
+def test_unpack_without_archive_is_a_no_op(tmp_path):
+    said = _run("unpack", "--archive", tmp_path / "none.tar.xz", cache=tmp_path / "cache")
+    assert "no carried cache" in said and not (tmp_path / "cache").exists()
