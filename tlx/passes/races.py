@@ -1418,11 +1418,14 @@ def races_report(kernel: LoweredKernel, programs: list[Program] | None = None, b
             "rlimit_used": enc.rlimit_used, "seconds": round(time.perf_counter() - t0, 4)}
 
 
-PASS_BUDGET = 5_000_000
+PASS_BUDGET = 6_000_000
 """Z3 resource units the compile-time pass spends per kernel, each query's own work counted once
-(about 2-5 s on 2 cores: the top-k kernel's 584 pairs take 10.7M units, 23 s on a loaded
+(about 2-6 s on 2 cores: the top-k kernel's 584 pairs take 10.7M units, 23 s on a loaded
 machine); pairs beyond it are unknown. ``races_report(kernel)`` without a budget checks every pair.
-(Until this was counted per query, 20M of the context's running totals bought about 1M of work.)"""
+(Until this was counted per query, 20M of the context's running totals bought about 1M of work.)
+6M, not 5M: TileLang's FP8 2xAcc GEMM example needs 4.9M or 5.3M units depending only on the
+order in which the same terms reach Z3 (a refactor that kept every query's meaning moved it from
+one to the other, 2026-12-02), so 5M decided it by chance."""
 
 
 def races_pass(kernel: LoweredKernel, ctx: PassContext) -> LoweredKernel:
