@@ -314,15 +314,25 @@ def backward_tiles(dim: int, tiles: BwdTiles | None) -> BwdTiles:
     return tiles
 
 
-def backward_kernels(dim: int, causal: bool, softmax_scale: float, dtype: str = "bfloat16", tiles: BwdTiles | None = None) -> list:
-    """The kernels ``dense_attention_backward`` launches, in launch order: delta, dK/dV (two at
-    the head dims of ``SPLIT_DIMS``), dQ (also what a precompile step builds)."""
+def backward_builds(dim: int, causal: bool, softmax_scale: float, dtype: str = "bfloat16",
+                    tiles: BwdTiles | None = None) -> dict:
+    """name -> a call that builds that kernel of ``dense_attention_backward``, in launch order:
+    "delta", "dkdv" (at the head dims of ``SPLIT_DIMS`` "dv" and "dk"), "dq". One kernel a call,
+    so that a tool can take any one of them (scripts/verdict-share)."""
     t = backward_tiles(dim, tiles)
     scale_log2 = softmax_scale * C.LOG2E
-    dkdv = [bwd_dkdv_kernel(dim, bool(causal), scale_log2, softmax_scale, dtype, grads, t.dkdv_keys, t.dkdv_queries)
-            for grads in (("dv", "dk") if dim in SPLIT_DIMS else ("dkdv",))]
-    dq = bwd_dq_kernel(dim, bool(causal), scale_log2, softmax_scale, dtype, t.dq_queries, t.dq_keys)
-    return [bwd_delta_kernel(dim, dtype), *dkdv, dq]
+    builds = {"delta": lambda: bwd_delta_kernel(dim, dtype)}
+    for grads in ("dv", "dk") if dim in SPLIT_DIMS else ("dkdv",):
+        builds[grads] = lambda g=grads: bwd_dkdv_kernel(dim, bool(causal), scale_log2, softmax_scale, dtype, g,
+                                                        t.dkdv_keys, t.dkdv_queries)
+    builds["dq"] = lambda: bwd_dq_kernel(dim, bool(causal), scale_log2, softmax_scale, dtype, t.dq_queries, t.dq_keys)
+    return builds
+
+
+def backward_kernels(dim: int, causal: bool, softmax_scale: float, dtype: str = "bfloat16", tiles: BwdTiles | None = None) -> list:
+    """The kernels ``dense_attention_backward`` launches, in launch order (``backward_builds``;
+    also what a precompile step builds)."""
+    return [build() for build in backward_builds(dim, causal, softmax_scale, dtype, tiles).values()]
 
 
 def dense_attention_backward(do, q, k, v, o, lse, *, causal: bool = False, softmax_scale: float | None = None,

@@ -267,12 +267,18 @@ def key_ranges(sort_keys: torch.Tensor, n: int, span: int, lo_pos: int, hi_pos: 
     return lo.to(torch.int32), hi.to(torch.int32)
 
 
+def backward_builds(heads: int, topk: int, window: int, softmax_scale: float, dtype: str = "bfloat16") -> dict:
+    """name -> a call that builds that kernel of ``sparse_attention_backward``: "delta", "sink",
+    "token", "dkv" (one kernel a call, so that a tool can take any one: scripts/verdict-share)."""
+    return {"delta": lambda: sparse_bwd_delta_kernel(dtype), "sink": lambda: sparse_bwd_sink_kernel(heads),
+            "token": lambda: sparse_bwd_token_kernel(heads, topk, window, softmax_scale * C.LOG2E, softmax_scale, dtype),
+            "dkv": lambda: sparse_bwd_dkv_kernel(heads // HEADS_PER_CTA, dtype)}
+
+
 def backward_kernels(heads: int, topk: int, window: int, softmax_scale: float, dtype: str = "bfloat16") -> list:
     """The kernels ``sparse_attention_backward`` launches: delta, dsink, per token, per key (also
     what a precompile step builds)."""
-    return [sparse_bwd_delta_kernel(dtype), sparse_bwd_sink_kernel(heads),
-            sparse_bwd_token_kernel(heads, topk, window, softmax_scale * C.LOG2E, softmax_scale, dtype),
-            sparse_bwd_dkv_kernel(heads // HEADS_PER_CTA, dtype)]
+    return [build() for build in backward_builds(heads, topk, window, softmax_scale, dtype).values()]
 
 
 def sparse_attention_backward(q, kv, indices, sink, o, lse, do, *, softmax_scale: float | None = None, window_kv=None,
