@@ -21,6 +21,9 @@ Rows (printed as they are measured, so a timeout still leaves the earlier ones):
   caches: 16 heads, T 1 (memory bound: GB/s of cache read, values + scales, target >= 85% of
   the copy's) and 128 heads, T 1 / 2 (compute bound: TFLOP/s = 2 B T H ctx (576 + 512), target
   >= 550);
+* TileLang's own MLA decode examples (``examples/deepseek_mla/example_mla_decode.py`` and its
+  warp-specialized form, from the carried examples copy) at the 128-head shape, interleaved with ``mla_decode`` on the same
+  values: what the same two-warpgroup design reaches with TileLang's choices (an anchor);
 * sparse MLA decode (``kernels/attention/decode_sparse.py``), batch 128, context 8192, k 2048,
   128 heads, T 1, bf16 / e4m3, with a sink: TFLOP/s per selected key (2 B T H k (576 + 512)),
   and its ratio to the dense row's rate per key (target >= 80%).
@@ -61,8 +64,8 @@ ROWS = []
 TOL = 2.0**-9  # the indexer tests' tolerance (tests/kernels/attention/test_indexer.py)
 BATCH, CTX = 128, 8192  # MLA and sparse decode
 MLA_SHAPES = [(16, 1), (128, 1), (128, 2)]  # heads, tokens
-# (e4m3, pages in flight, pages per split) of each MLA row: the defaults, then longer splits
-MLA_VARIANTS = [(False, 1, 16), (False, 2, 16), (True, 1, 16), (True, 2, 16), (False, 2, 64), (True, 2, 64)]
+# (e4m3, pages in flight, pages per split) of each MLA row: the default split, then shorter and longer ones
+MLA_VARIANTS = [(False, 1, 64), (False, 2, 64), (True, 1, 64), (True, 2, 64), (False, 2, 16), (False, 2, 128), (True, 2, 128)]
 SPARSE_HEADS, SPARSE_TOPK = 128, 2048
 KV_DTYPES = ("bfloat16", "float8_e4m3")
 TOPK_SHAPES = [(32768, 2048), (65536, 2048), (131072, 2048), (65536, 512)]  # N, k (64 rows)
@@ -86,8 +89,8 @@ TEST_CONFIGS = ([("topk", k, ctas) for k in (512, 1024, 2048) for ctas in CTAS_P
                 + [("mla", t, h, kv, 1) for t, h in ((1, 128), (2, 16)) for kv in KV_DTYPES]
                 + [("mla", t, h, kv, st) for t, h in ((1, 16), (2, 128)) for kv in KV_DTYPES for st in (1, 2)]
                 + [("combine", t, h, 0, False) for t, h in ((1, 128), (2, 16))]
-                + [("mla", 1, h, "bfloat16", 2, 64) for h in (16, 128)] + [("mla", 2, 16, "float8_e4m3", 1, 32)]
-                + [("combine", 1, h, 0, False, 64) for h in (16, 128)] + [("combine", 2, 16, 0, False, 32)]
+                + [("mla", 1, h, "bfloat16", 2, split) for h, split in ((128, 16), (16, 128))] + [("mla", 2, 16, "float8_e4m3", 1, 32)]
+                + [("combine", 1, h, 0, False, split) for h, split in ((128, 16), (16, 128))] + [("combine", 2, 16, 0, False, 32)]
                 + [("sparse", t, h, k, kv) for t, h, k in ((1, 128, 2048), (2, 16, 512)) for kv in KV_DTYPES]
                 + [("combine", t, h, k // SPLIT_SLOTS, sink) for t, h, k in ((1, 128, 2048), (2, 16, 512))
                    for sink in (False, True)])
@@ -214,18 +217,21 @@ def scaled_mm_row(reps):
     return tf
 
 
+CARRIED_EXAMPLES = Path(__file__).resolve().parents[1] / ".tilelang-examples/checkout/examples"
+
+
 def _carried_upstream_indexer() -> str | None:
     """The upstream indexer in the carried examples copy, when this checkout has one."""
-    path = Path(__file__).resolve().parents[1] / ".tilelang-examples/checkout/examples/deepseek_v32/fp8_lighting_indexer.py"
+    path = CARRIED_EXAMPLES / "deepseek_v32/fp8_lighting_indexer.py"
     return str(path) if path.is_file() else None
 
 
-def load_upstream(path):
+def load_upstream(path, name="upstream_fp8_indexer"):
     """The upstream example module, imported from its own directory (it imports ``utils``)."""
     if not path:
         return None
     sys.path.insert(0, str(Path(path).resolve().parent))
-    spec = importlib.util.spec_from_file_location("upstream_fp8_indexer", path)
+    spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -417,6 +423,58 @@ def mla_rows(reps, copy_gbps):
     return rates
 
 
+UPSTREAM_MLA = {  # TileLang's MLA decode examples: file, whether its kernel takes glse and the partials
+    "example": ("example_mla_decode.py", False),
+    "warp-specialized example": ("example_mla_decode_ws.py", True),
+}
+
+
+def upstream_mla_rows(reps):
+    """TileLang's own MLA decode examples (``examples/deepseek_mla/`` of the carried checkout,
+    never part of this project) at the MLA rows' 128-head shape, each timed interleaved with
+    ``mla_decode`` on the same values: what the same two-warpgroup design reaches in TileLang
+    with the examples' choices (contiguous fp16 KV, no pages, fast math, no split). Each output
+    is checked against ours first (fp16 against bf16 rounding: 2e-2 of the largest value)."""
+    import torch
+
+    from bench.timing import interleaved_ms
+    from kernels.attention.decode_mla import D_QK, D_V, PAGE, mla_decode
+
+    heads = max(h for h, t in MLA_SHAPES if t == 1)
+    shape = f"B {BATCH} ctx {CTX} H {heads} T 1 bf16"
+    g = torch.Generator(device="cuda").manual_seed(heads)
+    q, kv, table, sl, _ = mla_case(BATCH, CTX, heads, 1, False, g)
+    cont = kv[table.long()].view(BATCH, CTX, 1, D_QK).half()  # each sequence's keys in order
+    qh = q[:, 0].half()
+    args = (qh[..., :D_V].contiguous(), qh[..., D_V:].contiguous(), cont[..., :D_V].contiguous(), cont[..., D_V:].contiguous())
+    del cont
+    ours = mla_decode(q, kv, table, sl)[0][:, 0].float()
+    flops = 2 * BATCH * heads * CTX * (D_QK + D_V)
+    for name, (file, partials) in UPSTREAM_MLA.items():
+        what = f"MLA decode, upstream {name} (contiguous fp16, fast math)"
+        path = CARRIED_EXAMPLES / "deepseek_mla" / file
+        if not path.is_file():
+            emit(what=what, check="not run: no carried TileLang examples")
+            continue
+        try:
+            up = load_upstream(str(path), f"upstream_{path.stem}")
+            kernel = up.flashattn(BATCH, heads, 1, CTX, D_V, D_QK - D_V, PAGE, 64, 1, D_QK**-0.5)
+            extra = ((torch.empty(BATCH, heads, 1, device="cuda", dtype=torch.half),
+                      torch.empty(BATCH, heads, 1, D_V, device="cuda", dtype=torch.half)) if partials else ())
+            theirs = kernel(*args, *extra).float()
+        except Exception as e:  # noqa: BLE001 - an anchor that cannot run says why; ours are measured
+            emit(what=what, shape=shape, check=f"not run: {type(e).__name__}: {str(e)[:200]}")
+            continue
+        err = ((theirs - ours).abs().max() / ours.abs().max()).item()
+        if not err <= 2e-2:
+            emit(what=what, shape=shape, check=f"FAILED: differs from ours by {err:.3g}")
+            continue
+        ms = interleaved_ms({"upstream": lambda: kernel(*args, *extra), "tlx": lambda: mla_decode(q, kv, table, sl)}, reps)
+        emit(what=what, shape=shape, upstream_us=round(ms["upstream"] * 1e3, 1),
+             upstream_TFLOPs=round(flops / ms["upstream"] / 1e9), tlx_us=round(ms["tlx"] * 1e3, 1),
+             tlx_TFLOPs=round(flops / ms["tlx"] / 1e9), check="ok")
+
+
 def sparse_rows(reps, dense_rates):
     import torch
 
@@ -479,6 +537,7 @@ def main():
         indexer_rows(reps, upstream, fp8)
         indexer_decode_rows(reps, copy_gbps)
     sparse_rows(reps, mla_rows(reps, copy_gbps))
+    upstream_mla_rows(reps)
     if args.out:
         Path(args.out).write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "rows": ROWS}, indent=1))
 

@@ -8,7 +8,7 @@ int32 (clamped to ``MP * 64``). Token t of sequence b sees keys ``j <= seq_lens[
 Output ``o [B, T, H, 512]`` bf16 and ``lse [B, T, H]`` fp32 (natural log, -inf for no keys).
 
 Batch invariance: a sequence is cut into splits of ``split_pages`` pages (default
-``SPLIT_PAGES``, 1024 tokens), a count that depends on its own length and that constant only,
+``SPLIT_PAGES``, 4096 tokens), a count that depends on its own length and that constant only,
 never on the batch or the SM count (each split size is its own bit-for-bit contract with the
 baseline, which takes the same constant); each split is one CTA
 per 64 query rows (token-major rows ``t * H + h``) that writes its normalised partial output and
@@ -47,8 +47,12 @@ D_V = 512
 D_PE = D_QK - D_V
 PAGE = 64
 ROWS = 64  # query rows (token, head) per CTA
-SPLIT_PAGES = 16  # pages per split by default: the split count is ceil(seq_len / 1024)
-SPLIT_CHOICES = (16, 32, 64)  # the split sizes the kernels take (longer splits: fewer CTA prologues / epilogues)
+# pages per split by default: the split count is ceil(seq_len / 4096). On an H200 (2026-12-03,
+# B 128, ctx 8192) 64-page splits ran 1.5x faster than 16-page ones at H 128 and 1.3x at H 16:
+# each split CTA loads its 64 query rows and writes fp32 partials that the combine reads back,
+# and shorter splits repeat that for fewer keys. Shorter splits suit small batches (more CTAs).
+SPLIT_PAGES = 64
+SPLIT_CHOICES = (16, 32, 64, 128)  # the split sizes the kernels take
 GROUP = 64  # FP8 scale group (1 x 64 of a token's 576 values)
 GROUPS = D_QK // GROUP
 # a page's 64 x 9 fp32 scales as the split kernel copies them: 4 rows of 144 (576 bytes, a row
@@ -172,12 +176,17 @@ def mla_split_kernel(tokens: int, heads: int, kv_dtype: str, softmax_scale: floa
                     QP_s[i, d] = T.if_then_else(r0 + i < rows, Q[b, T.min(r0 + i, rows - 1) // heads,
                                                                  T.min(r0 + i, rows - 1) % heads, D_V + d], T.Cast(bf16, 0))
                 C.init_softmax(m, m_scaled, l, acc_o)
+                # the split's table entries checked once, up front: independent loads, unrolled, where
+                # a check inside the page loop stalled each page's consumers on a global load (the
+                # page count as an expression: TileLang assigns `count` in the consumer branch after this)
                 bad = 0
-                for t in T.Pipelined(count, num_stages=num_stages):
-                    # the table entry is read where it is used (not kept in a variable): the
-                    # copies run in TileLang's producer warps, which do not see the consumers' variables
-                    if table_entry(BT, b, first + t) < 0 or table_entry(BT, b, first + t) >= pages:
+                for t in T.unroll(split):
+                    if t < pages_in_split(SL, b, sp, max_pages, split) and (
+                            table_entry(BT, b, first + t) < 0 or table_entry(BT, b, first + t) >= pages):
                         bad = 1
+                for t in T.Pipelined(count, num_stages=num_stages):
+                    # the copies read the table entry where they use it (not from a variable): they run
+                    # in TileLang's producer warps, which do not see the consumers' variables
                     if fp8:
                         T.copy(KV[clamped_page(BT, b, first + t, pages), :, 0:D_V], KQ_s)
                         T.copy(KV[clamped_page(BT, b, first + t, pages), :, D_V:D_QK], KQP_s)
@@ -198,7 +207,8 @@ def mla_split_kernel(tokens: int, heads: int, kv_dtype: str, softmax_scale: floa
                         T.copy(KV[clamped_page(BT, b, first + t, pages), :, 0:D_V], KV_s)
                         T.copy(KV[clamped_page(BT, b, first + t, pages), :, D_V:D_QK], KP_s)
                     k0 = (first + t) * PAGE
-                    T.gemm(Q_s, KV_s, acc_s, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullCol)
+                    # the nope product is issued without waiting for it: the rope product's wait covers both
+                    T.wgmma_gemm(Q_s, KV_s, acc_s, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullCol)
                     T.gemm(QP_s, KP_s, acc_s, transpose_B=True, policy=T.GemmWarpPolicy.FullCol)
                     if not fp8 and k0 + PAGE > seq:
                         # the last page's slots past the sequence may hold anything (NaN too):
@@ -354,9 +364,10 @@ def mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tenso
     (module docstring); ``softmax_scale`` defaults to ``576 ** -0.5``; ``out``: an (o, lse)
     pair to write (e.g. poisoned by a test), else new tensors. ``num_stages``: pages in flight
     per CTA (2: the next page's TMA load overlaps this page's products; the same bits either
-    way). None: 2 for a bf16 cache (1.16-1.26x faster at B128 ctx 8192, H200, 2026-12-02), 1 for
-    e4m3 (two fit since P shares the rope keys' buffer; not yet timed). ``split_pages``: pages
-    per split (``SPLIT_CHOICES``); each size gives its own bits, the baseline's with the same size."""
+    way). None: 2 for a bf16 cache (1.28-1.32x faster at B128 ctx 8192, H200, 2026-12-03), 1 for
+    e4m3 (two fit since P shares the rope keys' buffer, but ran no faster: its dequant, not the
+    copy, is the wait). ``split_pages``: pages per split (``SPLIT_CHOICES``); each size gives its
+    own bits, the baseline's with the same size."""
     check_split(split_pages)
     e4m3 = getattr(kv_cache, "dtype", None) == torch.float8_e4m3fn
     if num_stages is None:

@@ -51,19 +51,19 @@ def test_pages_in_flight_checked():
 
 
 def test_longer_splits_compile():
-    """64 pages a split (a bench candidate): the same loop body, the split size in the grid and
-    the page range; its combine walks ceil(pages / 64) splits."""
-    split = mla_split_kernel(1, 16, "bfloat16", D_QK ** -0.5, 2, 64).device_source
-    assert "wgmma" in split and "* 64)" in split
-    assert "atomic" not in mla_combine_kernel(1, 16, split_pages=64).device_source.lower()
+    """128 pages a split (longer than the default 64): the same loop body, the split size in the
+    grid and the page range; its combine walks ceil(pages / 128) splits."""
+    split = mla_split_kernel(1, 16, "bfloat16", D_QK ** -0.5, 2, 128).device_source
+    assert "wgmma" in split and "* 128)" in split
+    assert "atomic" not in mla_combine_kernel(1, 16, split_pages=128).device_source.lower()
 
 
 def test_split_sizes_are_checked():
     q, kv = torch.zeros(1, 1, 16, D_QK, dtype=torch.bfloat16), torch.zeros(4, PAGE, D_QK, dtype=torch.bfloat16)
     bt, sl = torch.zeros(1, 3, dtype=torch.int32), torch.ones(1, dtype=torch.int32)
-    with pytest.raises(ValueError, match=r"split_pages: expected one of \(16, 32, 64\), got 8"):
+    with pytest.raises(ValueError, match=r"split_pages: expected one of \(16, 32, 64, 128\), got 8"):
         mla_decode(q, kv, bt, sl, split_pages=8)
-    with pytest.raises(ValueError, match=r"split_pages: expected one of \(16, 32, 64\), got 0"):
+    with pytest.raises(ValueError, match=r"split_pages: expected one of \(16, 32, 64, 128\), got 0"):
         mla_split_kernel(1, 16, "bfloat16", D_QK ** -0.5, 1, 0)
 
 
@@ -271,7 +271,7 @@ def test_two_pages_in_flight_same_bits(tokens, heads, fp8):
 
 # every dtype and shape at the default split; the other split sizes (each its own contract) once each
 BASELINE_CASES = ([(fp8, tokens, heads, SPLIT_PAGES) for fp8 in (False, True) for tokens, heads in SHAPES]
-                  + [(False, 1, 128, 64), (False, 1, 16, 64), (True, 2, 16, 32)])
+                  + [(False, 1, 128, 16), (False, 1, 16, 128), (True, 2, 16, 32)])
 
 
 @pytest.mark.gpu
@@ -281,7 +281,7 @@ def test_bitwise_equal_to_baseline(attention_baseline, fp8, tokens, heads, split
     from kernels.attention.decode_mla import _zeros
     from tlx.numerics.parity import assert_bitwise
 
-    seq_lens = [1, 63, 64, 65, 4001, 0, 1500]
+    seq_lens = [1, 63, 64, 65, 4001, 0, 1500, 9000]  # 9000: three splits at the default size
     q, kv, table, sl, scales = make_case(seq_lens, tokens=tokens, heads=heads, fp8=fp8, seed=20 + tokens)
     table[1, 0] = kv.shape[0] + 3  # a bad entry: sequence 1 is NaN in both
     nan = torch.tensor(float("nan"), device="cuda").to(kv.dtype)
