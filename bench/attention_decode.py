@@ -57,7 +57,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kernels.attention.decode_sparse import SPLIT_SLOTS  # noqa: E402  (no CUDA context: fork stays safe)
+from kernels.attention.decode_sparse import splits_of  # noqa: E402  (no CUDA context: fork stays safe)
 from kernels.attention.topk import CTAS_PER_ROW  # noqa: E402
 
 ROWS = []
@@ -82,7 +82,7 @@ BENCH_CONFIGS = ([("topk", k, ctas) for k in sorted({k for _, k in TOPK_SHAPES})
                            for fp8, stages, split in MLA_VARIANTS for st in {1, stages}})
                  + [("combine", t, h, 0, False, split) for h, t in MLA_SHAPES for split in sorted({v[2] for v in MLA_VARIANTS})]
                  + [("sparse", 1, SPARSE_HEADS, SPARSE_TOPK, kv) for kv in KV_DTYPES]
-                 + [("combine", 1, SPARSE_HEADS, SPARSE_TOPK // SPLIT_SLOTS, True)])
+                 + [("combine", 1, SPARSE_HEADS, splits_of(SPARSE_TOPK), True)])
 MLA_KINDS = ("mla", "combine", "sparse")  # the configurations of --only-mla
 TEST_CONFIGS = ([("topk", k, ctas) for k in (512, 1024, 2048) for ctas in CTAS_PER_ROW]
                 + [("indexer_paged", t) for t in (1, 2, 4)]
@@ -92,7 +92,7 @@ TEST_CONFIGS = ([("topk", k, ctas) for k in (512, 1024, 2048) for ctas in CTAS_P
                 + [("mla", 1, h, "bfloat16", 2, split) for h, split in ((128, 16), (16, 128))] + [("mla", 2, 16, "float8_e4m3", 1, 32)]
                 + [("combine", 1, h, 0, False, split) for h, split in ((128, 16), (16, 128))] + [("combine", 2, 16, 0, False, 32)]
                 + [("sparse", t, h, k, kv) for t, h, k in ((1, 128, 2048), (2, 16, 512)) for kv in KV_DTYPES]
-                + [("combine", t, h, k // SPLIT_SLOTS, sink) for t, h, k in ((1, 128, 2048), (2, 16, 512))
+                + [("combine", t, h, splits_of(k), sink) for t, h, k in ((1, 128, 2048), (2, 16, 512))
                    for sink in (False, True)])
 
 

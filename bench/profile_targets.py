@@ -6,7 +6,8 @@ time goes). Profiling is on only around that call (``cudaProfilerStart`` / ``Sto
 
 TARGET: ``dense_fwd`` (the default forward, b 8 h 32 s 4096 d 128), ``dense_bwd`` (the
 deterministic backward at that shape: delta, dK/dV, dQ), ``mla_h128`` / ``mla_h16`` (MLA decode,
-B 128, ctx 8192, T 1, bf16 cache: split, combine). Inputs are random (never zeros); the first
+B 128, ctx 8192, T 1, bf16 cache: split, combine), ``sparse`` / ``sparse_e4m3`` (sparse MLA
+decode at the benchmark's shape: B 128, H 128, k 2048, bf16 / e4m3 cache). Inputs are random (never zeros); the first
 call's output is checked for finiteness, so a broken launch is not mistaken for the kernel.
 """
 # not a benchmark (scripts/gpu-check runs the bench/*.py files without this line)
@@ -44,8 +45,23 @@ def _mla(heads: int):
     return lambda: mla_decode(q, kv, table, sl), mla_decode(q, kv, table, sl)[0]
 
 
+def _sparse(fp8: bool):
+    import torch
+
+    from bench.attention_decode import BATCH, CTX, SPARSE_HEADS, SPARSE_TOPK, mla_case
+    from kernels.attention.decode_sparse import sparse_mla_decode
+
+    g = torch.Generator(device="cuda").manual_seed(SPARSE_TOPK)
+    q, kv, table, sl, scales = mla_case(BATCH, CTX, SPARSE_HEADS, 1, fp8, g)
+    idx = torch.argsort(torch.rand(BATCH, 1, CTX, device="cuda", generator=g), dim=-1)[..., :SPARSE_TOPK].to(torch.int32)
+    sink = torch.randn(SPARSE_HEADS, device="cuda", generator=g)
+    call = lambda: sparse_mla_decode(q, kv, table, sl, idx.contiguous(), sink=sink, kv_scales=scales)  # noqa: E731
+    return call, call()[0]
+
+
 TARGETS = {"dense_fwd": lambda: _dense(False), "dense_bwd": lambda: _dense(True),
-           "mla_h128": lambda: _mla(128), "mla_h16": lambda: _mla(16)}
+           "mla_h128": lambda: _mla(128), "mla_h16": lambda: _mla(16),
+           "sparse": lambda: _sparse(False), "sparse_e4m3": lambda: _sparse(True)}
 
 
 def main(target: str) -> None:

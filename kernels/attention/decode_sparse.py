@@ -8,12 +8,13 @@ the token may see, ``0 <= index <= seq_lens[b] - T + t``; a masked slot's block-
 not used and its values enter the products as zeros. A visible index whose table entry lies outside ``[0, P)`` makes the
 token's rows NaN (documented guard; that page is not read).
 
-Batch invariance: the K slots are cut into ``K / 512`` splits (a constant of the call, never
+Batch invariance: the K slots are cut into splits of ``min(K, 1024)`` slots (a constant of the call, never
 the batch or the SM count); one CTA per (64 heads, split, token) runs the online softmax of
 ``kernels/attention/common.py`` over its slots in order, 64 at a time, gathering each slot's
 key row through the block table (the rows found once per 64 slots, then 16-byte gathers; the
-e4m3 cache dequantized on the way as in dense decode); :func:`decode_mla.mla_combine_kernel`
-combines the splits in order and adds the sink.
+e4m3 cache dequantized on the way as in dense decode) in a producer warpgroup, two chunks ahead
+of the consumers (:func:`sparse_split_kernel`); :func:`decode_mla.mla_combine_kernel` combines
+the splits in order and adds the sink.
 """
 
 import math
@@ -23,27 +24,48 @@ import tilelang.language as T
 
 import tlx
 from kernels.attention import common as C
-from kernels.attention.decode_mla import (D_PE, D_QK, D_V, DEQUANT_LAYOUT, GROUP, KV_DTYPES, MAX_PAGES, PAGE, ROWS,
+from kernels.attention.decode_mla import (D_PE, D_QK, D_V, GROUP, KV_DTYPES, MAX_PAGES, PAGE, ROWS,
                                           _check, _outputs, _zeros, dequant, mla_combine_kernel, nan,
                                           reference_mla_decode)
 from kernels.attention.indexer import table_entry
 
 TOPKS = (512, 1024, 2048)
-SPLIT_SLOTS = 512
+SPLIT_SLOTS = 1024  # slots per split (fewer when K is smaller): each split CTA loads its queries and writes fp32 partials
+STAGES = 2  # chunks of 64 slots in flight
+WARPGROUP = 128
+REGISTERS = {False: (24, 240), True: (56, 224)}  # (producer, consumer) per thread, bf16 / e4m3 cache
+PRODUCER_BARRIER = 8  # the producer's named barrier (TileLang's own use ids 0-7)
 MASKED_ROW = -1  # slot_row of a masked slot
 BAD_ROW = -2  # slot_row of a visible slot whose table entry lies outside [0, P)
 
 
-@tlx.jit(target=C.TARGET, assume=["1 <= P", "1 <= MP", f"MP <= {MAX_PAGES}", "B <= 65535"])
+def splits_of(topk: int) -> int:
+    """The splits of a top-k of ``topk`` slots: ``SPLIT_SLOTS`` slots each, or one split of all."""
+    return max(topk // SPLIT_SLOTS, 1)
+
+
+# a cache row (page * 64 + slot) is an int32: at most 2^25 pages (2.5 TB of bf16 cache)
+@tlx.jit(target=C.TARGET, assume=["1 <= P", f"P <= {2 ** 31 // PAGE}", "1 <= MP", f"MP <= {MAX_PAGES}", "B <= 65535"])
 def sparse_split_kernel(tokens: int, heads: int, topk: int, kv_dtype: str, softmax_scale: float):
-    """Partial attention of (64-row block of one token's heads, split, token): ``OP [B, K/512,
-    T*H, 512]`` normalised and ``LP [B, K/512, T*H]`` log-sum-exp (-inf: every slot masked)."""
+    """Partial attention of (64-row block of one token's heads, split, token): ``OP [B, NS,
+    T*H, 512]`` normalised and ``LP [B, NS, T*H]`` log-sum-exp (-inf: every slot masked; NS =
+    ``splits_of(K)``).
+
+    Warp-specialized: a producer warpgroup gathers the next chunks' key rows into shared memory
+    (``STAGES`` chunks in flight: a bf16 row by predicated 16-byte cp.async, zeros for a masked
+    slot; an e4m3 row by 8-byte loads, dequantized on the way) while the two consumer
+    warpgroups compute on the current one. Each consumer computes the whole 64 x 64 score tile
+    and its softmax itself (the same instructions on the same data: the same values in both)
+    and owns 256 of the 512 output columns, so the consumers never wait for each other."""
     fp8 = kv_dtype == "float8_e4m3"
     head_blocks = -(-heads // ROWS)
-    splits = topk // SPLIT_SLOTS
+    splits = splits_of(topk)
+    chunks = topk // splits // PAGE
     scale_log2 = softmax_scale * C.LOG2E
     batch, pages, max_pages = T.dynamic("B"), T.dynamic("P"), T.dynamic("MP")
     f32, bf16 = "float32", "bfloat16"
+    half = D_V // 2
+    producer_regs, consumer_regs = REGISTERS[fp8]
 
     def visible(IDX, b, t, slot, seq):
         """Slot ``slot`` of token t holds a key the token may see. Compared in int64: TileLang
@@ -59,79 +81,147 @@ def sparse_split_kernel(tokens: int, heads: int, topk: int, kv_dtype: str, softm
                               T.if_then_else(T.Or(entry < 0, entry >= pages), BAD_ROW, entry * PAGE + IDX[b, t, slot] % PAGE),
                               MASKED_ROW)
 
-    def row_value(KV, KVS, row, d):
-        """Column d of cache row ``row`` (>= 0) as bf16, an e4m3 value dequantized; the page
-        clamped into [0, P) for the bounds proof (it does not follow values read from memory)."""
-        pg = T.min(T.max(row // PAGE, 0), pages - 1)
+    def page_of(row):
+        """The page of cache row ``row``, clamped into [0, P) for the bounds proof (it does not
+        follow values read from memory; a masked slot's row is negative and never read)."""
+        return T.min(T.max(row // PAGE, 0), pages - 1)
+
+    @T.macro
+    def gather(KV, KVS, dst, raw, scale, row, st, j, col, dst_col):
+        """Eight values of key row ``row`` (slot j) from column ``col`` into ``dst[st, j,
+        dst_col:+8]``; zeros for a masked slot (whatever the cache holds there, NaN too). e4m3:
+        loaded (values into ``raw``, their scale into ``scale``) from a row that always exists (a
+        masked slot's: row 0), then chosen, so that no load waits behind a branch and the unrolled
+        loads are all in flight at once."""
         if fp8:
-            return dequant(KV[pg, row % PAGE, d], KVS[pg, row % PAGE, d // GROUP])
-        return KV[pg, row % PAGE, d]
+            for v in T.vectorized(8):
+                raw[v] = KV[page_of(T.max(row, 0)), T.max(row, 0) % PAGE, col + v]
+            scale[0] = KVS[page_of(T.max(row, 0)), T.max(row, 0) % PAGE, col // GROUP]
+            for v in T.vectorized(8):
+                dst[st, j, dst_col + v] = T.if_then_else(row >= 0, dequant(raw[v], scale[0]), T.Cast(bf16, 0))
+        else:
+            T.ptx_cp_async(T.access_ptr(dst[st, j, dst_col], "w", 8), T.access_ptr(KV[page_of(row), row % PAGE, col], "r", 8),
+                           8, predicate=row >= 0)
+
+    @T.macro
+    def consume(Q_s, QP_s, KV_s, KP_s, ROW_s, full, empty, acc_s, p, acc_o, m, m_prev, m_scaled, alpha, l, row_sum,
+                lse_rows, OP, LP, b, sp, t, h0, w: int):
+        """Consumer warpgroup w: the online softmax over the split's chunks, output columns
+        ``[256 w, 256 w + 256)``."""
+        bad = T.alloc_var("int32")  # a visible slot's table entry lies outside [0, P)
+        C.init_softmax(m, m_scaled, l, acc_o)
+        bad = 0
+        for c in T.serial(chunks):
+            T.mbarrier_wait_parity(full[c % STAGES], (c // STAGES) & 1)
+            T.fence_proxy_async()  # the producer's rows (cp.async or stores) before this warpgroup's wgmma reads them
+            # the scores sum the rope part first, then the 512 nope dims
+            T.gemm(QP_s, KP_s[c % STAGES, :, :], acc_s, transpose_B=True, clear_accum=True)
+            T.gemm(Q_s, KV_s[c % STAGES, :, :], acc_s, transpose_B=True)
+            for j in T.unroll(PAGE):  # unrolled: 64 independent shared loads, not a loop of waits
+                bad = T.if_then_else(ROW_s[c % STAGES, j] == BAD_ROW, 1, bad)
+            for i, j in T.Parallel(ROWS, PAGE):
+                acc_s[i, j] = T.if_then_else(ROW_s[c % STAGES, j] != MASKED_ROW, acc_s[i, j], C.neg_inf())
+            C.softmax_step(acc_s, m, m_prev, m_scaled, alpha, l, row_sum, scale_log2, ROWS, PAGE)
+            T.copy(acc_s, p)
+            C.rescale_rows(acc_o, alpha, ROWS, half)
+            T.gemm(p, KV_s[c % STAGES, :, w * half:(w + 1) * half], acc_o)
+            T.mbarrier_arrive(empty[c % STAGES])
+        C.finish_rows(acc_o, l, m_scaled, lse_rows, ROWS, half)
+        for i, d in T.Parallel(ROWS, half):
+            if h0 + i < heads:
+                OP[b, sp, t * heads + h0 + i, w * half + d] = T.if_then_else(bad == 0, acc_o[i, d], nan())
+        if w == 0:
+            for i in T.Parallel(ROWS):
+                if h0 + i < heads:
+                    LP[b, sp, t * heads + h0 + i] = T.if_then_else(bad == 0, lse_rows[i], nan())
 
     @T.prim_func
     def kernel(Q: T.Tensor((batch, tokens, heads, D_QK), bf16), KV: T.Tensor((pages, PAGE, D_QK), kv_dtype),
                KVS: T.Tensor((pages if fp8 else 1, PAGE, D_QK // GROUP), f32), BT: T.Tensor((batch, max_pages), "int32"),
                SL: T.Tensor((batch,), "int32"), IDX: T.Tensor((batch, tokens, topk), "int32"),
                OP: T.Tensor((batch, splits, tokens * heads, D_V), f32), LP: T.Tensor((batch, splits, tokens * heads), f32)):
-        with T.Kernel(head_blocks, splits, batch * tokens, threads=256) as (hb, sp, bt):
+        with T.Kernel(head_blocks, splits, batch * tokens, threads=3 * WARPGROUP) as (hb, sp, bt):
             Q_s = T.alloc_shared((ROWS, D_V), bf16)
             QP_s = T.alloc_shared((ROWS, D_PE), bf16)
-            KV_s = T.alloc_shared((PAGE, D_V), bf16)
-            KP_s = T.alloc_shared((PAGE, D_PE), bf16)
-            P_s = T.alloc_shared((ROWS, PAGE), bf16)
-            ROW_s = T.alloc_shared((PAGE,), "int32")  # the chunk's cache rows (slot_row)
-            acc_s = T.alloc_fragment((ROWS, PAGE), f32)
-            acc_o = T.alloc_fragment((ROWS, D_V), f32)
-            m = T.alloc_fragment((ROWS,), f32)
-            m_prev = T.alloc_fragment((ROWS,), f32)
-            m_scaled = T.alloc_fragment((ROWS,), f32)
-            alpha = T.alloc_fragment((ROWS,), f32)
-            l = T.alloc_fragment((ROWS,), f32)
-            row_sum = T.alloc_fragment((ROWS,), f32)
-            lse_rows = T.alloc_fragment((ROWS,), f32)
-            bad = T.alloc_var("int32")  # a visible slot's table entry lies outside [0, P)
+            KV_s = T.alloc_shared((STAGES, PAGE, D_V), bf16)
+            KP_s = T.alloc_shared((STAGES, PAGE, D_PE), bf16)
+            ROW_s = T.alloc_shared((STAGES, PAGE), "int32")  # each chunk's cache rows (slot_row)
+            # full: the producer's 128 gathering threads and the 64 that wrote ROW_s; empty: both consumers
+            full = T.alloc_barrier([WARPGROUP + PAGE] * STAGES)
+            empty = T.alloc_barrier([2 * WARPGROUP] * STAGES)
+            # each consumer's own scores, probabilities, softmax state and half of the output
+            acc_s0 = T.alloc_fragment((ROWS, PAGE), f32)
+            p0 = T.alloc_fragment((ROWS, PAGE), bf16)
+            acc_o0 = T.alloc_fragment((ROWS, half), f32)
+            m0 = T.alloc_fragment((ROWS,), f32)
+            m_prev0 = T.alloc_fragment((ROWS,), f32)
+            m_scaled0 = T.alloc_fragment((ROWS,), f32)
+            alpha0 = T.alloc_fragment((ROWS,), f32)
+            l0 = T.alloc_fragment((ROWS,), f32)
+            row_sum0 = T.alloc_fragment((ROWS,), f32)
+            lse_rows0 = T.alloc_fragment((ROWS,), f32)
+            acc_s1 = T.alloc_fragment((ROWS, PAGE), f32)
+            p1 = T.alloc_fragment((ROWS, PAGE), bf16)
+            acc_o1 = T.alloc_fragment((ROWS, half), f32)
+            m1 = T.alloc_fragment((ROWS,), f32)
+            m_prev1 = T.alloc_fragment((ROWS,), f32)
+            m_scaled1 = T.alloc_fragment((ROWS,), f32)
+            alpha1 = T.alloc_fragment((ROWS,), f32)
+            l1 = T.alloc_fragment((ROWS,), f32)
+            row_sum1 = T.alloc_fragment((ROWS,), f32)
+            lse_rows1 = T.alloc_fragment((ROWS,), f32)
             seq = T.alloc_var("int32")
             b = bt // tokens
             t = bt % tokens
             h0 = hb * ROWS
+            tx = T.get_thread_binding()
             seq = T.min(SL[b], max_pages * PAGE)
             for i, d in T.Parallel(ROWS, D_V):
                 Q_s[i, d] = T.if_then_else(h0 + i < heads, Q[b, t, T.min(h0 + i, heads - 1), d], T.Cast(bf16, 0))
             for i, d in T.Parallel(ROWS, D_PE):
                 QP_s[i, d] = T.if_then_else(h0 + i < heads, Q[b, t, T.min(h0 + i, heads - 1), D_V + d], T.Cast(bf16, 0))
-            C.init_softmax(m, m_scaled, l, acc_o)
-            bad = 0
-            for c in T.Pipelined(SPLIT_SLOTS // PAGE, num_stages=1):
-                s0 = sp * SPLIT_SLOTS + c * PAGE
-                # each slot's cache row, found once (not per element: every element of a slot
-                # waited for its index, then its table entry, then the value and its scale)
-                for j in T.Parallel(PAGE):
-                    ROW_s[j] = slot_row(BT, IDX, b, t, s0 + j, seq)
-                for j in T.serial(PAGE):
-                    bad = T.if_then_else(ROW_s[j] == BAD_ROW, 1, bad)
-                # a masked slot's values are zeros (whatever the cache holds there, NaN too)
-                for j, d in T.Parallel(PAGE, D_V, loop_layout=DEQUANT_LAYOUT):
-                    KV_s[j, d] = T.if_then_else(ROW_s[j] >= 0, row_value(KV, KVS, ROW_s[j], d), T.Cast(bf16, 0))
-                for j, d in T.Parallel(PAGE, D_PE):
-                    KP_s[j, d] = T.if_then_else(ROW_s[j] >= 0, row_value(KV, KVS, ROW_s[j], D_V + d), T.Cast(bf16, 0))
-                # the scores sum the rope part first, then the 512 nope dims (the gathers are
-                # plain 16-byte stores now: TileLang's barrier and fence.proxy.async precede both)
-                T.gemm(QP_s, KP_s, acc_s, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullCol)
-                T.gemm(Q_s, KV_s, acc_s, transpose_B=True, policy=T.GemmWarpPolicy.FullCol)
-                for i, j in T.Parallel(ROWS, PAGE):
-                    acc_s[i, j] = T.if_then_else(ROW_s[j] != MASKED_ROW, acc_s[i, j], C.neg_inf())
-                C.softmax_step(acc_s, m, m_prev, m_scaled, alpha, l, row_sum, scale_log2, ROWS, PAGE)
-                T.copy(acc_s, P_s)
-                C.rescale_rows(acc_o, alpha, ROWS, D_V)
-                T.gemm(P_s, KV_s, acc_o, policy=T.GemmWarpPolicy.FullCol)
-            C.finish_rows(acc_o, l, m_scaled, lse_rows, ROWS, D_V)
-            for i, d in T.Parallel(ROWS, D_V):
-                if h0 + i < heads:
-                    OP[b, sp, t * heads + h0 + i, d] = T.if_then_else(bad == 0, acc_o[i, d], nan())
-            for i in T.Parallel(ROWS):
-                if h0 + i < heads:
-                    LP[b, sp, t * heads + h0 + i] = T.if_then_else(bad == 0, lse_rows[i], nan())
+            T.sync_threads()
+            if tx < WARPGROUP:
+                T.set_max_nreg(consumer_regs, 1)
+                consume(Q_s, QP_s, KV_s, KP_s, ROW_s, full, empty, acc_s0, p0, acc_o0, m0, m_prev0, m_scaled0, alpha0,
+                        l0, row_sum0, lse_rows0, OP, LP, b, sp, t, h0, 0)
+            elif tx < 2 * WARPGROUP:
+                T.set_max_nreg(consumer_regs, 1)
+                consume(Q_s, QP_s, KV_s, KP_s, ROW_s, full, empty, acc_s1, p1, acc_o1, m1, m_prev1, m_scaled1, alpha1,
+                        l1, row_sum1, lse_rows1, OP, LP, b, sp, t, h0, 1)
+            else:
+                T.set_max_nreg(producer_regs, 0)
+                g = tx - 2 * WARPGROUP
+                raw = T.alloc_local((8,), kv_dtype)  # e4m3: one 8-value piece on its way to bf16
+                scale = T.alloc_local((1,), f32)  # ... and its scale
+                mine = T.alloc_var("int32")  # this thread's slot of the chunk (g < 64): its cache row
+                row = T.alloc_var("int32")  # the slot this thread gathers (two threads a slot)
+                for c in T.serial(chunks):
+                    # each slot's cache row, found once (not per element: every element of a slot
+                    # waited for its index, then its table entry, then the value and its scale),
+                    # and before the stage is free: those two loads wait beside the consumers' work
+                    if g < PAGE:
+                        mine = slot_row(BT, IDX, b, t, sp * (topk // splits) + c * PAGE + g, seq)
+                    T.mbarrier_wait_parity(empty[c % STAGES], ((c // STAGES) & 1) ^ 1)
+                    if g < PAGE:
+                        ROW_s[c % STAGES, g] = mine
+                        T.mbarrier_arrive(full[c % STAGES])
+                    T.sync_threads(PRODUCER_BARRIER, WARPGROUP)
+                    # two threads a slot, each its alternate 16-byte pieces: one row a thread (read
+                    # from shared memory once), a warp's instruction 32 contiguous bytes of 16 rows
+                    row = ROW_s[c % STAGES, g // 2]
+                    for i in T.unroll(D_V // 16):
+                        gather(KV, KVS, KV_s, raw, scale, row, c % STAGES, g // 2, (2 * i + g % 2) * 8, (2 * i + g % 2) * 8)
+                    for i in T.unroll(D_PE // 16):
+                        gather(KV, KVS, KP_s, raw, scale, row, c % STAGES, g // 2, D_V + (2 * i + g % 2) * 8, (2 * i + g % 2) * 8)
+                    if fp8:
+                        T.fence_proxy_async()  # rows stored by threads, read by the consumers' wgmma
+                        T.mbarrier_arrive(full[c % STAGES])
+                    else:
+                        T.cp_async_barrier_noinc(full[c % STAGES])
 
     return kernel
+
 
 
 def sparse_mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
@@ -160,7 +250,7 @@ def sparse_mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torc
     o, lse = _outputs(q, out)
     if b == 0:
         return o, lse
-    splits = k // SPLIT_SLOTS
+    splits = splits_of(k)
     part_o = torch.empty((b, splits, t * h, D_V), dtype=torch.float32, device=dev)
     part_lse = torch.empty((b, splits, t * h), dtype=torch.float32, device=dev)
     scales = kv_scales if fp8 else _zeros(dev, (1, PAGE, D_QK // GROUP))
@@ -202,4 +292,4 @@ def reference_sparse_mla_decode(q, kv_cache, block_table, seq_lens, indices, sin
     return o, lse
 
 
-__all__ = ["sparse_mla_decode", "sparse_split_kernel", "reference_sparse_mla_decode", "reference_mla_decode"]
+__all__ = ["sparse_mla_decode", "sparse_split_kernel", "splits_of", "reference_sparse_mla_decode", "reference_mla_decode"]
