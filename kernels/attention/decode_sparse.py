@@ -83,7 +83,8 @@ def sparse_split_kernel(tokens: int, heads: int, topk: int, kv_dtype: str, softm
 
     def page_of(row):
         """The page of cache row ``row``, clamped into [0, P) for the bounds proof (it does not
-        follow values read from memory; a masked slot's row is negative and never read)."""
+        follow values read from memory; a masked slot's negative row is not read: its bf16
+        copy is predicated off, its e4m3 load reads row 0 instead)."""
         return T.min(T.max(row // PAGE, 0), pages - 1)
 
     @T.macro
