@@ -54,6 +54,28 @@ def _default_swiglu_quant(h, clamp, rows):
     return swiglu_cast(h, clamp=clamp, group=128, rows=rows)
 
 
+def _check_layer_args(x, logits, w1, w2, cfg: MoEConfig, n_ranks: int, ranks_name: str = "n_ranks") -> None:
+    e, two_i, h = w1.shape
+    if x.dtype != torch.bfloat16 or x.dim() != 2 or x.shape[1] != h:
+        raise ValueError(f"x: expected bf16 [T, {h}], got {x.dtype} of shape {tuple(x.shape)}")
+    if tuple(logits.shape) != (x.shape[0], e) or e != cfg.n_experts:
+        raise ValueError(f"logits: expected [{x.shape[0]}, {cfg.n_experts}] for w1 of {e} experts, got {tuple(logits.shape)}")
+    if tuple(w2.shape) != (e, h, two_i // 2):
+        raise ValueError(f"w2: expected shape {(e, h, two_i // 2)}, got {tuple(w2.shape)}")
+    if n_ranks < 1 or e % n_ranks:
+        raise ValueError(f"{ranks_name}: expected a divisor of {e} experts, got {n_ranks}")
+
+
+def _expert_rows(xq, xs, ids, meta, w1, s1, w2, s2, clamp: float, swiglu_quant):
+    """One rank's experts (``w1 .. s2`` its slices) on the entries of ``ids`` that ``meta`` (its
+    ``routing_metadata``) routes to it: permute, L1, SwiGLU cast, L2. Returns y [R, H] bf16, in
+    the metadata's expert-contiguous row order."""
+    xp, sp = permute(xq, meta, ids.shape[1], xs)
+    hid = grouped_gemm_contiguous(xp, sp, w1, s1, meta["block_expert"])
+    hq, hs = swiglu_quant(hid, clamp, meta["entry_of_row"])
+    return grouped_gemm_contiguous(hq, hs, w2, s2, meta["block_expert"])
+
+
 def moe_layer(x, logits, w1, s1, w2, s2, cfg: MoEConfig, bias=None, *, n_ranks: int = 1, act_quant=None,
               swiglu_quant=None, return_routing: bool = False):
     """Routed experts of one layer: x [T, H] bf16, logits [T, E] fp32, w1 [E, 2I, H] / w2 [E, H, I]
@@ -66,15 +88,8 @@ def moe_layer(x, logits, w1, s1, w2, s2, cfg: MoEConfig, bias=None, *, n_ranks: 
     """
     act_quant = act_quant or _default_act_quant
     swiglu_quant = swiglu_quant or _default_swiglu_quant
-    e, two_i, h = w1.shape
-    if x.dtype != torch.bfloat16 or x.dim() != 2 or x.shape[1] != h:
-        raise ValueError(f"x: expected bf16 [T, {h}], got {x.dtype} of shape {tuple(x.shape)}")
-    if tuple(logits.shape) != (x.shape[0], e) or e != cfg.n_experts:
-        raise ValueError(f"logits: expected [{x.shape[0]}, {cfg.n_experts}] for w1 of {e} experts, got {tuple(logits.shape)}")
-    if tuple(w2.shape) != (e, h, two_i // 2):
-        raise ValueError(f"w2: expected shape {(e, h, two_i // 2)}, got {tuple(w2.shape)}")
-    if n_ranks < 1 or e % n_ranks:
-        raise ValueError(f"n_ranks: expected a divisor of {e} experts, got {n_ranks}")
+    _check_layer_args(x, logits, w1, w2, cfg, n_ranks)
+    e = w1.shape[0]
     ids, weights = gating(logits, bias, cfg.topk, cfg.score_func, cfg.n_groups, cfg.topk_groups, cfg.renormalize,
                           cfg.routed_scaling)
     xq, xs = act_quant(x)
@@ -84,12 +99,9 @@ def moe_layer(x, logits, w1, s1, w2, s2, cfg: MoEConfig, bias=None, *, n_ranks: 
     for r in range(n_ranks):
         mine = slice(r * el, (r + 1) * el)
         meta = routing_metadata(ids, e, r, n_ranks)
-        xp, sp = permute(xq, meta, cfg.topk, xs)
-        hid = grouped_gemm_contiguous(xp, sp, w1[mine], s1[mine], meta["block_expert"])
-        hq, hs = swiglu_quant(hid, cfg.clamp, meta["entry_of_row"])
-        outputs.append(grouped_gemm_contiguous(hq, hs, w2[mine], s2[mine], meta["block_expert"]))
+        outputs.append(_expert_rows(xq, xs, ids, meta, w1[mine], s1[mine], w2[mine], s2[mine], cfg.clamp, swiglu_quant))
         row_maps.append(torch.where(meta["row_of"] >= 0, meta["row_of"] + base, -1) if base else meta["row_of"])
-        base += xp.shape[0]
+        base += outputs[-1].shape[0]
     if n_ranks == 1:
         y, row_of = outputs[0], row_maps[0]
     else:
@@ -98,3 +110,71 @@ def moe_layer(x, logits, w1, s1, w2, s2, cfg: MoEConfig, bias=None, *, n_ranks: 
         row_of = torch.stack(row_maps).amax(dim=0)
     out = combine(y, row_of, weights)
     return (out, ids, weights) if return_routing else out
+
+
+def ep_plan(ids: torch.Tensor, experts_per_rank: int, n_ranks: int):
+    """The order in which a rank sends its (token, slot) entries, flattened ``t * k + slot``, and
+    how many go to each rank: grouped by the rank that owns the entry's expert, token-major and
+    in slot order within a group (a stable order: the receiver's rows, and so every bit, follow
+    from the routing alone)."""
+    t, k = ids.shape
+    dest = (ids.long() // experts_per_rank).flatten()
+    order = torch.argsort(dest * (t * k) + torch.arange(t * k, device=ids.device))
+    return order, torch.bincount(dest, minlength=n_ranks)
+
+
+def ep_expert_rows(xq, xs, ids, group, experts_per_rank: int, compute):
+    """Every (token, slot) entry's expert output, computed on the rank that owns the expert: the
+    entries' rows (e4m3 values, fp32 scales and the global expert id, packed as bytes) go out in
+    ``ep_plan``'s order with one all-to-all (``torch.distributed.all_to_all_single``, NCCL on
+    GPUs), ``compute(xq_rows, xs_rows, expert_ids) -> [N, H]`` runs on the rows that arrive
+    (source-rank-major), and a second all-to-all brings the results back. Returns ``y`` [T*k, H]
+    and ``row_of`` [T, k] int32 (entry -> its row of ``y``), what ``combine`` takes."""
+    import torch.distributed as dist
+
+    t, k = ids.shape
+    h, hs = xq.shape[1], xs.shape[1] * 4
+    order, send = ep_plan(ids, experts_per_rank, group.size())
+    recv = torch.empty_like(send)
+    dist.all_to_all_single(recv, send, group=group)
+    sends, recvs = send.tolist(), recv.tolist()  # the split sizes (a host sync)
+    tok = order // k
+    packed = torch.cat([xq[tok].view(torch.uint8), xs[tok].contiguous().view(torch.uint8),
+                        ids.flatten()[order].to(torch.int32).view(torch.uint8).view(-1, 4)], dim=1)
+    arrived = packed.new_empty(sum(recvs), packed.shape[1])
+    dist.all_to_all_single(arrived, packed, recvs, sends, group=group)
+    rows = compute(arrived[:, :h].contiguous().view(torch.float8_e4m3fn), arrived[:, h:h + hs].contiguous().view(torch.float32),
+                   arrived[:, h + hs:].contiguous().view(torch.int32).flatten())
+    y = rows.new_empty(t * k, rows.shape[1])
+    dist.all_to_all_single(y, rows.contiguous(), sends, recvs, group=group)
+    row_of = torch.empty(t * k, dtype=torch.int32, device=ids.device)
+    row_of[order] = torch.arange(t * k, dtype=torch.int32, device=ids.device)
+    return y, row_of.view(t, k)
+
+
+def moe_layer_ep(x, logits, w1, s1, w2, s2, cfg: MoEConfig, group, bias=None, *, act_quant=None, swiglu_quant=None):
+    """The unfused expert-parallel layer over a process group (one GPU a rank): this rank's
+    tokens x [T, H] and logits [T, E], ``moe_layer``'s full weights (the rank computes with its
+    slice, experts ``[r E/n, (r+1) E/n)``). Gating and the FP8 cast run on the token's rank; its
+    entries travel to their experts' ranks and back with NCCL all-to-all (``ep_expert_rows``);
+    the combine runs in k order on the token's rank. Every step computes a row from that row
+    alone, so the output equals ``moe_layer`` of the gathered tokens bit for bit."""
+    act_quant = act_quant or _default_act_quant
+    swiglu_quant = swiglu_quant or _default_swiglu_quant
+    n, r = group.size(), group.rank()
+    _check_layer_args(x, logits, w1, w2, cfg, n, "group")
+    e = w1.shape[0]
+    el = e // n
+    mine = slice(r * el, (r + 1) * el)
+    ids, weights = gating(logits, bias, cfg.topk, cfg.score_func, cfg.n_groups, cfg.topk_groups, cfg.renormalize,
+                          cfg.routed_scaling)
+    xq, xs = act_quant(x)
+
+    def local_experts(xq_rows, xs_rows, expert_ids):
+        meta = routing_metadata(expert_ids[:, None].contiguous(), e, r, n)  # one entry a received row
+        y = _expert_rows(xq_rows, xs_rows, expert_ids[:, None], meta, w1[mine], s1[mine], w2[mine], s2[mine], cfg.clamp,
+                         swiglu_quant)
+        return y[meta["row_of"][:, 0].long()]
+
+    y, row_of = ep_expert_rows(xq, xs, ids, group, el, local_experts)
+    return combine(y, row_of, weights)
