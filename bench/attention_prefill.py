@@ -79,11 +79,16 @@ def backward_configs(dims=(64, 128, 256)):
     return [("backward", d, c) for d in dims for c in (False, True)]
 
 
+SPARSE_SCHEDULES = ("pipelined", "producer")  # kernels/attention/sparse_fwd.py's SCHEDULES, timed side by side
+
+
 BENCH_CONFIGS = (dense_forward_configs() + backward_configs()
-                 + [("sparse", SPARSE_SHAPE[2], SPARSE_SHAPE[4], 0), ("sparse_bwd", SPARSE_SHAPE[2], SPARSE_SHAPE[4], 0)])
+                 + [("sparse", SPARSE_SHAPE[2], SPARSE_SHAPE[4], 0, schedule) for schedule in SPARSE_SCHEDULES]
+                 + [("sparse_bwd", SPARSE_SHAPE[2], SPARSE_SHAPE[4], 0)])
 TEST_CONFIGS = (dense_forward_configs(dims=(128,), dtypes=("float16",))
                 + [("forward", "overlap", "bfloat16", 64, False, 0.3)]
-                + [("sparse", h, k, w) for h, k, w in ((64, 512, 0), (128, 2048, 0), (64, 512, 128), (128, 512, 0), (64, 1024, 0))]
+                + [("sparse", h, k, w, schedule) for h, k, w in ((64, 512, 0), (128, 2048, 0), (64, 512, 128), (128, 512, 0),
+                                                                  (64, 1024, 0)) for schedule in SPARSE_SCHEDULES]
                 + [("sparse_bwd", h, k, w) for h, k, w in ((64, 512, 0), (128, 512, 0), (64, 1024, 0), (128, 1024, 0),
                                                             (64, 512, 128), (128, 512, 64))])
 
@@ -189,9 +194,10 @@ def _compile_config(cfg) -> str:
 
         backward_kernels(*args, 1.0 / math.sqrt(DIM))
     else:
-        from kernels.attention.sparse_fwd import DIM, sparse_fwd_kernel
+        from kernels.attention.sparse_fwd import DIM, SCHEDULES
 
-        sparse_fwd_kernel(*args, 1.0 / math.sqrt(DIM) * LOG2E)
+        *shape, schedule = args
+        SCHEDULES[schedule](*shape, 1.0 / math.sqrt(DIM) * LOG2E)
     return f"{cfg}: {time.time() - t0:.1f} s"
 
 
@@ -414,23 +420,33 @@ def sparse_inputs(seed):
 
 
 def sparse_row(reps, seed):
+    import torch
+
     from kernels.attention import reference as R
     from kernels.attention.sparse_fwd import DIM, sparse_attention
 
     b, s, h, n, topk = SPARSE_SHAPE
     _, q, kv, idx, sink = sparse_inputs(seed)
-    # the wrapper allocates its outputs: poison a first result and free it, so that the caching
-    # allocator hands the same (poisoned) blocks to the checked call; said in the row if it did not
-    o, lse = sparse_attention(q, kv, idx, sink)
-    poisoned = (o.fill_(float("nan")).data_ptr(), lse.fill_(float("nan")).data_ptr())
-    del o, lse
-    o, lse = sparse_attention(q, kv, idx, sink)
     ref_o, ref_lse = R.sparse_attention_ref(q[:, :32], kv, idx[:, :32], sink)
-    check = checked([o[:, :32], lse[:, :32]], [ref_o, ref_lse], 1e-2)
-    if (o.data_ptr(), lse.data_ptr()) != poisoned:
-        check += ", outputs not poisoned"
+    checks, first = {}, None
+    for schedule in SPARSE_SCHEDULES:
+        # the wrapper allocates its outputs: poison a first result and free it, so that the caching
+        # allocator hands the same (poisoned) blocks to the checked call; said in the row if it did not
+        o, lse = sparse_attention(q, kv, idx, sink, schedule=schedule)
+        poisoned = (o.fill_(float("nan")).data_ptr(), lse.fill_(float("nan")).data_ptr())
+        del o, lse
+        o, lse = sparse_attention(q, kv, idx, sink, schedule=schedule)
+        checks[schedule] = checked([o[:, :32], lse[:, :32]], [ref_o, ref_lse], 1e-2)
+        if (o.data_ptr(), lse.data_ptr()) != poisoned:
+            checks[schedule] += ", outputs not poisoned"
+        if first is None:
+            first = (o, lse)
+        elif not (torch.equal(o.view(torch.int16), first[0].view(torch.int16))
+                  and torch.equal(lse.view(torch.int32), first[1].view(torch.int32))):
+            checks[schedule] += ", bits differ from the first schedule's"
     timed_rows("sparse fwd bf16 (V4)", f"b{b} s{s} h{h} n{n} d{DIM} k{topk}", 4 * b * s * h * topk * DIM,
-               {"pipelined": lambda: sparse_attention(q, kv, idx, sink)}, {"pipelined": check}, None, reps)
+               {sc: (lambda sc=sc: sparse_attention(q, kv, idx, sink, schedule=sc)) for sc in SPARSE_SCHEDULES}, checks,
+               None, reps)
 
 
 def sparse_bwd_row(reps, seed):

@@ -53,12 +53,13 @@ def test_compile_step_covers_every_kernel_of_the_rows(monkeypatch):
 
     compiled, requested = compiled_and_launched(monkeypatch, bench.BENCH_CONFIGS, rows)
     _, _, h, _, k = bench.SPARSE_SHAPE
-    sparse_fwd.sparse_attention(torch.zeros(1, 1, h, sparse_fwd.DIM, dtype=torch.bfloat16),
-                                torch.zeros(1, 8, sparse_fwd.DIM, dtype=torch.bfloat16),
-                                torch.zeros(1, 1, k, dtype=torch.int32), torch.zeros(h))
+    for schedule in bench.SPARSE_SCHEDULES:
+        sparse_fwd.sparse_attention(torch.zeros(1, 1, h, sparse_fwd.DIM, dtype=torch.bfloat16),
+                                    torch.zeros(1, 8, sparse_fwd.DIM, dtype=torch.bfloat16),
+                                    torch.zeros(1, 1, k, dtype=torch.int32), torch.zeros(h), schedule=schedule)
     launched = set(requested)
 
-    assert len(launched) == 30  # 12 forward, 3 or 4 backward per (d, causal), 1 sparse
+    assert len(launched) == 31  # 12 forward, 3 or 4 backward per (d, causal), 2 sparse (one per schedule)
     assert launched <= compiled, f"launched but not compiled first: {sorted(launched - compiled)}"
 
 

@@ -1,7 +1,8 @@
-"""DeepSeek-V4 sparse attention forward: the kernel and its CUDA baseline (sparse_fwd.cu) compile
-for sm_90a, the reference agrees with a dense formulation, bad arguments are named (CPU); the
-kernel matches the reference at V4 shapes, with masked slots, all slots masked, the window
-branch, and 100 identical runs, and is bit for bit equal to the baseline (GPU)."""
+"""DeepSeek-V4 sparse attention forward: the kernel (both schedules) and its CUDA baseline
+(sparse_fwd.cu) compile for sm_90a, the reference agrees with a dense formulation, bad arguments
+are named (CPU); the kernel matches the reference at V4 shapes, with masked slots, all slots
+masked, the window branch, and 100 identical runs, and each schedule is bit for bit equal to the
+baseline (GPU)."""
 
 import math
 
@@ -10,7 +11,7 @@ import torch
 
 from kernels.attention import reference as R
 from kernels.attention.common import LOG2E
-from kernels.attention.sparse_fwd import sparse_attention, sparse_fwd_kernel
+from kernels.attention.sparse_fwd import sparse_attention, sparse_fwd_kernel, sparse_fwd_producer_kernel
 
 
 def test_kernel_compiles_for_sm90a(deterministic):
@@ -19,6 +20,25 @@ def test_kernel_compiles_for_sm90a(deterministic):
     src = kernel.device_source
     assert "64, 32, 16, false, false" in src and "64, 256, 16, false, true" in src  # S: 2 x m64n32, O: 2 x m64n256
     assert "exp2f(__fmaf_rn(acc_s" in src
+
+
+def test_producer_schedule_compiles_with_the_same_consumer_arithmetic(deterministic):
+    """The producer schedule's consumers run the same wgmma shapes and the same cross-warpgroup
+    row reductions as the pipelined kernel (the bits' contract); a producer warpgroup gathers by
+    cp.async; every access is proven in bounds."""
+    scale = LOG2E / math.sqrt(512)
+    kernel = sparse_fwd_producer_kernel(128, 1024, 128, scale)
+    assert deterministic(kernel) is True
+    src, base = kernel.device_source, sparse_fwd_kernel(128, 1024, 128, scale).device_source
+    for needle in ("64, 32, 16, false, false", "64, 256, 16, false, true", "exp2f(__fmaf_rn(acc_s",
+                   "AllReduce<tl::MaxOp, 256, 128, 0, tl::NamedBarrier<256>>", "AllReduce<tl::SumOp, 256, 128, 0, tl::NamedBarrier<256>>"):
+        assert needle in src and needle in base, needle
+    assert "cp_async_gs" in src and "warpgroup_reg_dealloc<24>" in src
+    report = kernel.metadata["reports"]["bounds"]
+    assert (report["unknown"], report["violations"]) == ([], []) and report["proven"] == report["accesses"] > 0
+    with pytest.raises(ValueError, match=r"schedule: expected one of \('pipelined', 'producer'\), got 'tma'"):
+        sparse_attention(torch.zeros(1, 1, 64, 512, dtype=torch.bfloat16), torch.zeros(1, 8, 512, dtype=torch.bfloat16),
+                         torch.zeros(1, 1, 512, dtype=torch.int32), torch.zeros(64), schedule="tma")
 
 
 def test_baseline_compiles():
@@ -118,8 +138,9 @@ def test_deterministic_100_runs():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("schedule", ["pipelined", "producer"])
 @pytest.mark.parametrize("h,k,window", [(64, 512, 0), (128, 1024, 0), (128, 512, 128)])
-def test_bitwise_equal_to_baseline(attention_baseline, h, k, window):
+def test_bitwise_equal_to_baseline(attention_baseline, h, k, window, schedule):
     """Outputs poisoned with NaN first; masked slots (-1 and past the cache), a token with every
     slot masked, a slot index repeated, and with a window its branch with masked slots too."""
     from tlx.numerics.parity import assert_bitwise
@@ -135,7 +156,7 @@ def test_bitwise_equal_to_baseline(attention_baseline, h, k, window):
         pos = torch.arange(40, device="cuda")[:, None] + 200 - 40 - torch.arange(window, device="cuda")[None, :]
         widx = torch.where(pos >= 0, pos, -1).to(torch.int32)[None].expand(2, -1, -1).contiguous()
         more = dict(window_kv=wkv, window_indices=widx)
-    o, lse = sparse_attention(q, kv, idx, sink, **more)
+    o, lse = sparse_attention(q, kv, idx, sink, schedule=schedule, **more)
     bo, blse = torch.full_like(o, float("nan")), torch.full_like(lse, float("nan"))
     attention_baseline("sparse_fwd").sparse_attention_fwd(q, kv, idx, sink, wkv, widx, bo, blse,
                                                           1.0 / math.sqrt(512) * LOG2E, window)  # the wrapper's constant
