@@ -105,6 +105,13 @@ def neg_inf():
     return -T.infinity("float32")
 
 
+def row_state(rows: int):
+    """The fp32 per-row fragments of the online softmax, allocated where this is called inside a
+    kernel: ``(m, m_prev, m_scaled, alpha, l, row_sum, lse_rows)`` (the names ``softmax_step`` and
+    ``finish_rows`` take)."""
+    return tuple(T.alloc_fragment((rows,), "float32") for _ in range(7))
+
+
 @T.macro
 def init_softmax(m, m_scaled, l, acc_o):
     """Running max -inf (scaled: 0), running sum 0, output accumulator 0."""
