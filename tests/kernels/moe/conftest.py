@@ -44,3 +44,23 @@ def e4m3():
     from types import SimpleNamespace
 
     return SimpleNamespace(wide=_random_e4m3, small=_small_e4m3)
+
+
+class _FakeGroup:
+    """What the expert-parallel layers ask of a process group before any communication: its
+    size and this process's rank."""
+
+    def __init__(self, size, rank=0):
+        self._size, self._rank = size, rank
+
+    def size(self):
+        return self._size
+
+    def rank(self):
+        return self._rank
+
+
+@pytest.fixture
+def fake_group():
+    """``fake_group(size, rank=0)``: a stand-in process group for argument checks (CPU)."""
+    return _FakeGroup

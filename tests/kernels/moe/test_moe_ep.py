@@ -1,13 +1,12 @@
 """The unfused expert-parallel layer over a process group (kernels/moe/pipeline.py): CPU tests of
 its exchange with three gloo processes (``ep_plan``'s order, the all-to-all of packed e4m3 rows,
-scales and expert ids, the results' way back, ``row_of``), with a torch stand-in for the experts;
-its argument checks. The CUDA path (NCCL, the project's kernels, bitwise against ``moe_layer``)
-runs under ``torchrun`` in ``bench/mega_moe_ep.py``."""
+scales and expert ids, the results' way back, ``row_of``), with a torch stand-in for the experts
+(its argument checks: test_moe_pipeline.py). The CUDA path (NCCL, the project's kernels, bitwise
+against ``moe_layer``) runs under ``torchrun`` in ``bench/mega_moe_ep.py``."""
 
-import pytest
 import torch
 
-from kernels.moe.pipeline import MoEConfig, ep_expert_rows, ep_plan, moe_layer_ep
+from kernels.moe.pipeline import ep_expert_rows, ep_plan
 
 H, K, EXPERTS, RANKS = 256, 3, 6, 3  # two experts a rank
 
@@ -66,28 +65,3 @@ def test_exchange_brings_every_entry_back_to_its_slot(tmp_path):
         got = dict(received)
     # every entry went to the rank of its expert: rank 2 owns experts 4-5, which nobody chose
     assert got[2] == 0 and got[0] + got[1] == sum((r + 2) * K for r in range(RANKS))
-
-
-class _Group:
-    def __init__(self, size: int, rank: int = 0):
-        self._size, self._rank = size, rank
-
-    def size(self):
-        return self._size
-
-    def rank(self):
-        return self._rank
-
-
-def test_layer_rejects_bad_arguments():
-    cfg = MoEConfig(4, 2)
-    w1 = torch.zeros(4, 256, 128, dtype=torch.float8_e4m3fn)
-    w2 = torch.zeros(4, 128, 128, dtype=torch.float8_e4m3fn)
-    s1, s2 = torch.ones(4, 2, 1), torch.ones(4, 1, 1)
-    x = torch.zeros(3, 128, dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match=r"group: expected a divisor of 4 experts, got 3"):
-        moe_layer_ep(x, torch.zeros(3, 4), w1, s1, w2, s2, cfg, _Group(3))
-    with pytest.raises(ValueError, match="logits"):
-        moe_layer_ep(x, torch.zeros(3, 5), w1, s1, w2, s2, cfg, _Group(2))
-    with pytest.raises(ValueError, match="x: expected bf16"):
-        moe_layer_ep(x.float(), torch.zeros(3, 4), w1, s1, w2, s2, cfg, _Group(2))

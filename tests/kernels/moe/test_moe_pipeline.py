@@ -1,11 +1,11 @@
-"""The unfused MoE layer: argument checks (CPU); against the float64 reference, determinism,
+"""The unfused MoE layer: argument checks, also of its expert-parallel form (CPU); against the float64 reference, determinism,
 batch invariance and the simulated multi-rank mode (GPU), on the V4 model shapes."""
 
 import pytest
 import torch
 
 from kernels.moe import reference as R
-from kernels.moe.pipeline import V4_FLASH, V4_PRO, MoEConfig, moe_layer
+from kernels.moe.pipeline import V4_FLASH, V4_PRO, MoEConfig, moe_layer, moe_layer_ep
 from kernels.quant.group_cast import swiglu_cast
 
 pytestmark = pytest.mark.xdist_group("gpu_memory")  # full V4 layers (tens of GiB): one heavy module at a time
@@ -13,7 +13,7 @@ pytestmark = pytest.mark.xdist_group("gpu_memory")  # full V4 layers (tens of Gi
 CUDA = "cuda"
 
 
-def test_pipeline_rejects_mismatched_shapes():
+def test_pipeline_rejects_mismatched_shapes(fake_group):
     cfg = MoEConfig(4, 2)
     w1 = torch.zeros(4, 256, 128, dtype=torch.float8_e4m3fn)
     w2 = torch.zeros(4, 128, 128, dtype=torch.float8_e4m3fn)
@@ -25,6 +25,13 @@ def test_pipeline_rejects_mismatched_shapes():
         moe_layer(x.float(), torch.zeros(3, 4), w1, s1, w2, s2, cfg)
     with pytest.raises(ValueError, match="n_ranks"):
         moe_layer(x, torch.zeros(3, 4), w1, s1, w2, s2, cfg, n_ranks=3)
+    # the expert-parallel baseline takes the same arguments, checked the same way, and a group
+    with pytest.raises(ValueError, match=r"group: expected a divisor of 4 experts, got 3"):
+        moe_layer_ep(x, torch.zeros(3, 4), w1, s1, w2, s2, cfg, fake_group(3))
+    with pytest.raises(ValueError, match="logits"):
+        moe_layer_ep(x, torch.zeros(3, 5), w1, s1, w2, s2, cfg, fake_group(2))
+    with pytest.raises(ValueError, match="x: expected bf16"):
+        moe_layer_ep(x.float(), torch.zeros(3, 4), w1, s1, w2, s2, cfg, fake_group(2))
 
 
 def make_inputs(model, t, seed):

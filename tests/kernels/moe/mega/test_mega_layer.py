@@ -206,25 +206,12 @@ def test_mega_moe_wants_exactly_one_of_group_and_virtual_ranks():
         mega_moe(*args, n_virtual_ranks=2, fusion="all")
 
 
-class _FakeGroup:
-    """What mega_moe asks of a process group before any GPU work: its size and this rank."""
-
-    def __init__(self, size, rank=0):
-        self._size, self._rank = size, rank
-
-    def size(self):
-        return self._size
-
-    def rank(self):
-        return self._rank
-
-
-def test_group_mode_checks_the_group_size_and_local_tokens():
+def test_group_mode_checks_the_group_size_and_local_tokens(fake_group):
     x, logits, w1, s1, w2, s2, cfg = _small()
     with pytest.raises(ValueError, match="n_ranks: expected 1 to 8 ranks dividing 4 experts, got 16"):
-        mega_moe(x, logits, w1, s1, w2, s2, cfg, group=_FakeGroup(16))
+        mega_moe(x, logits, w1, s1, w2, s2, cfg, group=fake_group(16))
     with pytest.raises(ValueError, match="n_ranks: expected 1 to 8 ranks dividing 4 experts, got 3"):
-        mega_moe(x, logits, w1, s1, w2, s2, cfg, group=_FakeGroup(3))
+        mega_moe(x, logits, w1, s1, w2, s2, cfg, group=fake_group(3))
     # a rank with no tokens of its own is legal in group mode (it still serves its experts): the
     # checks get past the token count to the device (these tensors are on the CPU)
     with pytest.raises(ValueError, match="x: expected a tensor on w1's CUDA device"):
