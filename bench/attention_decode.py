@@ -369,6 +369,17 @@ def mla_case(b, ctx, heads, tokens, fp8, g):
     return q, kv, table, sl, scales
 
 
+def sparse_case(fp8, g):
+    """The sparse rows' inputs: ``mla_case``'s at ``SPARSE_HEADS``, each sequence's top-k a random
+    ``SPARSE_TOPK`` of its keys, a random sink: (q, kv, table, seq_lens, indices, sink, scales)."""
+    import torch
+
+    q, kv, table, sl, scales = mla_case(BATCH, CTX, SPARSE_HEADS, 1, fp8, g)
+    idx = torch.argsort(torch.rand(BATCH, 1, CTX, device="cuda", generator=g), dim=-1)[..., :SPARSE_TOPK]
+    sink = torch.randn(SPARSE_HEADS, device="cuda", generator=g)
+    return q, kv, table, sl, idx.to(torch.int32).contiguous(), sink, scales
+
+
 def checked(o, lse, ref_o, ref_lse) -> str:
     """The decode tests' check (``check_close`` of tests/kernels/attention/test_decode_mla.py)."""
     from tests.kernels.attention.test_decode_mla import check_close
@@ -486,12 +497,7 @@ def sparse_rows(reps, dense_rates):
     for fp8 in (False, True):
         shape = f"B {BATCH} ctx {CTX} H {SPARSE_HEADS} T 1 k {SPARSE_TOPK} {'e4m3' if fp8 else 'bf16'}"
         g = torch.Generator(device="cuda").manual_seed(SPARSE_TOPK)
-        sets = []
-        for _ in range(2):
-            q, kv, table, sl, scales = mla_case(BATCH, CTX, SPARSE_HEADS, 1, fp8, g)
-            idx = torch.argsort(torch.rand(BATCH, 1, CTX, device="cuda", generator=g), dim=-1)[..., :SPARSE_TOPK]
-            sink = torch.randn(SPARSE_HEADS, device="cuda", generator=g)
-            sets.append((q, kv, table, sl, idx.to(torch.int32).contiguous(), sink, scales))
+        sets = [sparse_case(fp8, g) for _ in range(2)]
         q, kv, table, sl, idx, sink, scales = sets[0]
         o, lse = sparse_mla_decode(q, kv, table, sl, idx, sink=sink, kv_scales=scales, out=poisoned_outputs(q))
         check = checked(o, lse, *reference_sparse_mla_decode(q, kv, table, sl, idx, sink=sink, kv_scales=scales))

@@ -42,7 +42,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-MODELS = ("V4-Flash", "V4-Pro")
+from bench.mega_moe import MODELS  # noqa: E402  (the models' dims, as the one-GPU bench has them)
 
 
 def parse_args(argv=None):
@@ -189,11 +189,9 @@ def main():
         if every_rank or group.rank() == 0:
             print("| " + " | ".join(f"{k}={v}" for k, v in row.items()) + " |", flush=True)
 
-    from bench.mega_moe import MODELS as DIMS
-
     try:
         for name in args.models:
-            m = DIMS[name]
+            m = MODELS[name]
             cfg = (V4_FLASH if name == "V4-Flash" else V4_PRO)["cfg"]
             layer_w = random_layer(m, seed=1)  # the same weights on every rank (same seed, same device kind)
             if args.absent_rank is not None:

@@ -48,14 +48,11 @@ def _mla(heads: int):
 def _sparse(fp8: bool):
     import torch
 
-    from bench.attention_decode import BATCH, CTX, SPARSE_HEADS, SPARSE_TOPK, mla_case
+    from bench.attention_decode import SPARSE_TOPK, sparse_case
     from kernels.attention.decode_sparse import sparse_mla_decode
 
-    g = torch.Generator(device="cuda").manual_seed(SPARSE_TOPK)
-    q, kv, table, sl, scales = mla_case(BATCH, CTX, SPARSE_HEADS, 1, fp8, g)
-    idx = torch.argsort(torch.rand(BATCH, 1, CTX, device="cuda", generator=g), dim=-1)[..., :SPARSE_TOPK].to(torch.int32)
-    sink = torch.randn(SPARSE_HEADS, device="cuda", generator=g)
-    call = lambda: sparse_mla_decode(q, kv, table, sl, idx.contiguous(), sink=sink, kv_scales=scales)  # noqa: E731
+    q, kv, table, sl, idx, sink, scales = sparse_case(fp8, torch.Generator(device="cuda").manual_seed(SPARSE_TOPK))
+    call = lambda: sparse_mla_decode(q, kv, table, sl, idx, sink=sink, kv_scales=scales)  # noqa: E731
     return call, call()[0]
 
 

@@ -32,6 +32,10 @@ from kernels.quant.common import check_cuda  # noqa: F401  (one device check for
 TARGET = {"kind": "cuda", "arch": "sm_90a"}
 LOG2E = math.log2(math.e)
 LN2 = math.log(2.0)
+WARPGROUP = 128  # threads
+# the first named-barrier id free for a kernel's own use (TileLang's generated code uses ids 0-7):
+# the producer warpgroup's barrier of the warp-specialized kernels, the first turn of dense_fwd's
+NAMED_BARRIER = 8
 TORCH_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
 INT32_LIMIT = 2**31 - 1
 

@@ -32,9 +32,7 @@ from kernels.attention.indexer import table_entry
 TOPKS = (512, 1024, 2048)
 SPLIT_SLOTS = 1024  # slots per split (fewer when K is smaller): each split CTA loads its queries and writes fp32 partials
 STAGES = 2  # chunks of 64 slots in flight
-WARPGROUP = 128
 REGISTERS = {False: (24, 240), True: (56, 224)}  # (producer, consumer) per thread, bf16 / e4m3 cache
-PRODUCER_BARRIER = 8  # the producer's named barrier (TileLang's own use ids 0-7)
 MASKED_ROW = -1  # slot_row of a masked slot
 BAD_ROW = -2  # slot_row of a visible slot whose table entry lies outside [0, P)
 
@@ -141,15 +139,15 @@ def sparse_split_kernel(tokens: int, heads: int, topk: int, kv_dtype: str, softm
                KVS: T.Tensor((pages if fp8 else 1, PAGE, D_QK // GROUP), f32), BT: T.Tensor((batch, max_pages), "int32"),
                SL: T.Tensor((batch,), "int32"), IDX: T.Tensor((batch, tokens, topk), "int32"),
                OP: T.Tensor((batch, splits, tokens * heads, D_V), f32), LP: T.Tensor((batch, splits, tokens * heads), f32)):
-        with T.Kernel(head_blocks, splits, batch * tokens, threads=3 * WARPGROUP) as (hb, sp, bt):
+        with T.Kernel(head_blocks, splits, batch * tokens, threads=3 * C.WARPGROUP) as (hb, sp, bt):
             Q_s = T.alloc_shared((ROWS, D_V), bf16)
             QP_s = T.alloc_shared((ROWS, D_PE), bf16)
             KV_s = T.alloc_shared((STAGES, PAGE, D_V), bf16)
             KP_s = T.alloc_shared((STAGES, PAGE, D_PE), bf16)
             ROW_s = T.alloc_shared((STAGES, PAGE), "int32")  # each chunk's cache rows (slot_row)
             # full: the producer's 128 gathering threads and the 64 that wrote ROW_s; empty: both consumers
-            full = T.alloc_barrier([WARPGROUP + PAGE] * STAGES)
-            empty = T.alloc_barrier([2 * WARPGROUP] * STAGES)
+            full = T.alloc_barrier([C.WARPGROUP + PAGE] * STAGES)
+            empty = T.alloc_barrier([2 * C.WARPGROUP] * STAGES)
             # each consumer's own scores, probabilities, softmax state and half of the output
             acc_s0 = T.alloc_fragment((ROWS, PAGE), f32)
             p0 = T.alloc_fragment((ROWS, PAGE), bf16)
@@ -170,17 +168,17 @@ def sparse_split_kernel(tokens: int, heads: int, topk: int, kv_dtype: str, softm
             for i, d in T.Parallel(ROWS, D_PE):
                 QP_s[i, d] = T.if_then_else(h0 + i < heads, Q[b, t, T.min(h0 + i, heads - 1), D_V + d], T.Cast(bf16, 0))
             T.sync_threads()
-            if tx < WARPGROUP:
+            if tx < C.WARPGROUP:
                 T.set_max_nreg(consumer_regs, 1)
                 consume(Q_s, QP_s, KV_s, KP_s, ROW_s, full, empty, acc_s0, p0, acc_o0, m0, m_prev0, m_scaled0, alpha0,
                         l0, row_sum0, lse_rows0, OP, LP, b, sp, t, h0, 0)
-            elif tx < 2 * WARPGROUP:
+            elif tx < 2 * C.WARPGROUP:
                 T.set_max_nreg(consumer_regs, 1)
                 consume(Q_s, QP_s, KV_s, KP_s, ROW_s, full, empty, acc_s1, p1, acc_o1, m1, m_prev1, m_scaled1, alpha1,
                         l1, row_sum1, lse_rows1, OP, LP, b, sp, t, h0, 1)
             else:
                 T.set_max_nreg(producer_regs, 0)
-                g = tx - 2 * WARPGROUP
+                g = tx - 2 * C.WARPGROUP
                 raw = T.alloc_local((8,), kv_dtype)  # e4m3: one 8-value piece on its way to bf16
                 scale = T.alloc_local((1,), f32)  # ... and its scale
                 mine = T.alloc_var("int32")  # this thread's slot of the chunk (g < 64): its cache row
@@ -195,7 +193,7 @@ def sparse_split_kernel(tokens: int, heads: int, topk: int, kv_dtype: str, softm
                     if g < PAGE:
                         ROW_s[c % STAGES, g] = mine
                         T.mbarrier_arrive(full[c % STAGES])
-                    T.sync_threads(PRODUCER_BARRIER, WARPGROUP)
+                    T.sync_threads(C.NAMED_BARRIER, C.WARPGROUP)
                     # two threads a slot, each its alternate 16-byte pieces: one row a thread (read
                     # from shared memory once), a warp's instruction 32 contiguous bytes of 16 rows
                     row = ROW_s[c % STAGES, g // 2]

@@ -61,12 +61,11 @@ from kernels.attention import common as C
 
 SUPPORTED_DIMS = (64, 128, 256)
 BLOCK_M = 128  # query rows of a CTA with two consumer warpgroups
-WARPGROUP = 128  # threads
 CONSUMER_ROWS = 64  # query rows of one consumer warpgroup (its wgmma M)
 # registers a thread (setmaxnreg) of the producer and of each consumer warpgroup, by consumer
 # count: together within the SM's 64K (2 x 128 x 240 + 128 x 24, 3 x 128 x 160 + 128 x 24)
 REGISTER_SPLIT = {2: (24, 240), 3: (24, 160)}
-TURN_BARRIER = 8  # first named-barrier id of the warpgroups' turns (TileLang's own use ids 0-7)
+TURN_BARRIER = C.NAMED_BARRIER  # first named-barrier id of the warpgroups' turns
 
 total_q = T.dynamic("TQ")
 total_k = T.dynamic("TK")
@@ -210,7 +209,7 @@ def dense_fwd_overlap_kernel(dim: int, causal: bool, scale_log2: float, dtype: s
     if num_stages < 1:
         raise ValueError(f"num_stages: expected >= 1, got {num_stages}")
     block_m, block_n = CONSUMER_ROWS * consumers, block_n_for(dim)
-    consumer_threads = WARPGROUP * consumers
+    consumer_threads = C.WARPGROUP * consumers
     producer_regs, consumer_regs = REGISTER_SPLIT[consumers]
     f32 = "float32"
     S = num_stages
@@ -220,7 +219,7 @@ def dense_fwd_overlap_kernel(dim: int, causal: bool, scale_log2: float, dtype: s
              V: T.Tensor((total_k, kv_heads, dim), dtype), cu_q: T.Tensor((n_offsets,), "int32"),
              cu_k: T.Tensor((n_offsets,), "int32"), O: T.Tensor((total_q, heads, dim), dtype),
              LSE: T.Tensor((heads, total_q), f32), q_tiles: T.int32):
-        with T.Kernel(q_tiles, heads, n_offsets - 1, threads=consumer_threads + WARPGROUP) as (bx, by, bz):
+        with T.Kernel(q_tiles, heads, n_offsets - 1, threads=consumer_threads + C.WARPGROUP) as (bx, by, bz):
             Q_s = T.alloc_shared((block_m, dim), dtype)
             K_s = T.alloc_shared((S, block_n, dim), dtype)
             V_s = T.alloc_shared((S, block_n, dim), dtype)
@@ -240,7 +239,7 @@ def dense_fwd_overlap_kernel(dim: int, causal: bool, scale_log2: float, dtype: s
             n_blocks = T.if_then_else(row0 < len_q, T.ceildiv(keys_seen(row0, block_m, len_q, len_k, causal), block_n), 0)
             kvh = by // (heads // kv_heads)
             tx = T.get_thread_binding()
-            warpgroup = tx // WARPGROUP
+            warpgroup = tx // C.WARPGROUP
 
             if tx >= consumer_threads:
                 T.set_max_nreg(producer_regs, 0)
@@ -256,7 +255,7 @@ def dense_fwd_overlap_kernel(dim: int, causal: bool, scale_log2: float, dtype: s
             else:
                 T.set_max_nreg(consumer_regs, 1)
                 if pingpong and warpgroup == consumers - 1:
-                    T.named_barrier_arrive(TURN_BARRIER, 2 * WARPGROUP)  # warpgroup 0 goes first
+                    T.named_barrier_arrive(TURN_BARRIER, 2 * C.WARPGROUP)  # warpgroup 0 goes first
                 C.init_softmax(m, m_scaled, l, acc_o)
                 T.mbarrier_wait_parity(q_full, 0)
                 if n_blocks > 0:
@@ -270,13 +269,13 @@ def dense_fwd_overlap_kernel(dim: int, causal: bool, scale_log2: float, dtype: s
                 for kb in T.serial(1, T.max(n_blocks, 1)):
                     T.mbarrier_wait_parity(k_full[kb % S], (kb // S) & 1)
                     if pingpong:  # this warpgroup's turn: the one before it has issued its GEMMs
-                        T.sync_threads(TURN_BARRIER + warpgroup, 2 * WARPGROUP)
+                        T.sync_threads(TURN_BARRIER + warpgroup, 2 * C.WARPGROUP)
                     T.wgmma_gemm(Q_s, K_s[kb % S, :, :], acc_s, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
                     T.mbarrier_wait_parity(v_full[(kb - 1) % S], ((kb - 1) // S) & 1)
                     C.rescale_rows(acc_o, alpha, block_m, dim)
                     T.wgmma_gemm(p, V_s[(kb - 1) % S, :, :], acc_o, policy=T.GemmWarpPolicy.FullRow)
                     if pingpong:  # the next warpgroup's turn
-                        T.named_barrier_arrive(TURN_BARRIER + (warpgroup + 1) % consumers, 2 * WARPGROUP)
+                        T.named_barrier_arrive(TURN_BARRIER + (warpgroup + 1) % consumers, 2 * C.WARPGROUP)
                     T.wait_wgmma(1)
                     T.mbarrier_arrive(k_empty[kb % S])
                     mask_block(acc_s, kb, row0, len_q, len_k, causal, block_m, block_n)

@@ -121,9 +121,7 @@ def sparse_fwd_kernel(heads: int, topk: int, window: int, scale_log2: float, dty
     return main
 
 
-WARPGROUP = 128
 STAGES = 2  # gathered key blocks in flight (producer schedule)
-PRODUCER_BARRIER = 8  # the producer's named barrier (TileLang's own use ids 0-7)
 
 
 @tlx.jit(target=C.TARGET, assume=["1 <= N", "N <= 1073741824", "1 <= NW", "NW <= 1073741824"])
@@ -138,7 +136,7 @@ def sparse_fwd_producer_kernel(heads: int, topk: int, window: int, scale_log2: f
     check_kernel_shape(heads, topk, window, BLOCK_K)
     hb, bk, f32 = HEADS_PER_CTA, BLOCK_K, "float32"
     n_top, n_blocks = topk // bk, (topk + window) // bk
-    consumers = 2 * WARPGROUP
+    consumers = 2 * C.WARPGROUP
 
     @T.macro
     def row_copy(dst, st, src, b, row, j, piece):
@@ -150,7 +148,7 @@ def sparse_fwd_producer_kernel(heads: int, topk: int, window: int, scale_log2: f
              Idx: T.Tensor((batch, seq, topk), "int32"), Sink: T.Tensor((heads,), f32),
              WKV: T.Tensor((batch, n_window_kv, DIM), dtype), WIdx: T.Tensor((batch, seq, max(window, 1)), "int32"),
              O: T.Tensor((batch, seq, heads, DIM), dtype), LSE: T.Tensor((batch, seq, heads), f32)):
-        with T.Kernel(seq, heads // hb, batch, threads=consumers + WARPGROUP) as (bx, by, bz):
+        with T.Kernel(seq, heads // hb, batch, threads=consumers + C.WARPGROUP) as (bx, by, bz):
             Q_s = T.alloc_shared((hb, DIM), dtype)
             KV_s = T.alloc_shared((STAGES, bk, DIM), dtype)
             P_s = T.alloc_shared((hb, bk), dtype)
@@ -159,7 +157,7 @@ def sparse_fwd_producer_kernel(heads: int, topk: int, window: int, scale_log2: f
             acc_o = T.alloc_fragment((hb, DIM), f32)
             m, m_prev, m_scaled, alpha, l, row_sum, lse_rows = C.row_state(hb)
             # full: the producer's 128 copying threads and the 64 that wrote `valid`; empty: the consumers
-            full = T.alloc_barrier([WARPGROUP + bk] * STAGES)
+            full = T.alloc_barrier([C.WARPGROUP + bk] * STAGES)
             empty = T.alloc_barrier([consumers] * STAGES)
             tx = T.get_thread_binding()
             for i, d in T.Parallel(hb, DIM):
@@ -200,7 +198,7 @@ def sparse_fwd_producer_kernel(heads: int, topk: int, window: int, scale_log2: f
                         valid[kb % STAGES, g] = T.if_then_else(
                             T.And(index >= 0, index < T.if_then_else(kb < n_top, KV.shape[1], WKV.shape[1])), 1, 0)
                         T.mbarrier_arrive(full[kb % STAGES])
-                    T.sync_threads(PRODUCER_BARRIER, WARPGROUP)
+                    T.sync_threads(C.NAMED_BARRIER, C.WARPGROUP)
                     # a masked slot still loads the row of its index clamped into the tensor (module docstring)
                     if kb < n_top:
                         row = T.min(T.max(Idx[bz, bx, T.min(kb, n_top - 1) * bk + g // 2], 0), KV.shape[1] - 1)
