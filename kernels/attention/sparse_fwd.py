@@ -14,10 +14,16 @@ One CTA per (token, 64 heads): the 64 heads share every gathered key, so ``S = Q
 64 x 64 block per step (two warpgroups, 32 keys each) and ``O += P KV`` a 64 x 512 block (two
 warpgroups, 256 columns each, P through shared memory). Keys in blocks of 64 slots in index-list
 order, then the window's; the online softmax of ``common.py``; the sink enters the sum last,
-``l += exp2(fma(sink, log2 e, -m_scaled))``. The gather is plain loads (no TMA) in
-``sparse_fwd_kernel``, which ``T.Pipelined`` leaves synchronous; ``sparse_fwd_producer_kernel``
-(``schedule="producer"``) moves it into a producer warpgroup (cp.async, two blocks ahead) and
-keeps the consumers' instructions, so it gives the same bits.
+``l += exp2(fma(sink, log2 e, -m_scaled))``. In ``sparse_fwd_kernel`` (the default) the two
+warpgroups gather a block themselves, and ``T.Pipelined`` issues that gather as 16-byte cp.async
+one block ahead; ``sparse_fwd_producer_kernel`` (``schedule="producer"``) moves it into a third,
+producer warpgroup, two blocks ahead, and keeps the consumers' instructions, so it gives the same
+bits. On an H200 (2026-12-03, b 1, s 4096, h 128, k 1024) the default ran at 255 TFLOP/s and the
+producer schedule at 243: the gather is not what bounds either. Under ncu the L2 is 15% busy and
+the schedulers issue in 34% of cycles: both consumer warpgroups step through the same block in
+lockstep (scores, cross-warpgroup softmax reductions, then P V), so the tensor cores idle through
+every softmax. Going faster takes warpgroups on different blocks (one's products under the
+other's softmax), with a new order contract.
 
 Fixed orders, the contract with the CUDA baseline ``sparse_fwd.cu`` (bit for bit): S = Q KV^T
 by wgmma with the 512 dims ascending in steps of 16; per block, common.py's softmax steps with
@@ -130,9 +136,8 @@ def sparse_fwd_producer_kernel(heads: int, topk: int, window: int, scale_log2: f
     order on the consumers: the same bits) with the gather moved into a producer warpgroup:
     it finds each block's 64 rows (the slots' validity into ``valid``, before the stage frees),
     then copies them by 16-byte cp.async, ``STAGES`` blocks ahead of the two consumer warpgroups,
-    which wait on an mbarrier instead of loading the rows themselves. (TileLang's ``T.Pipelined``
-    leaves a gather of plain loads synchronous: in sparse decode the same move ran 1.72x faster
-    on an H200.)"""
+    which wait on an mbarrier instead of loading the rows themselves (module docstring: on an
+    H200 it is not faster than the default)."""
     check_kernel_shape(heads, topk, window, BLOCK_K)
     hb, bk, f32 = HEADS_PER_CTA, BLOCK_K, "float32"
     n_top, n_blocks = topk // bk, (topk + window) // bk
@@ -186,28 +191,30 @@ def sparse_fwd_producer_kernel(heads: int, topk: int, window: int, scale_log2: f
             else:
                 T.set_max_nreg(24, 0)
                 g = tx - consumers
-                index = T.alloc_var("int32")  # this thread's slot of the block (g < 64): its index
-                row = T.alloc_var("int32")  # the row this thread copies (two threads a row), clamped into its tensor
+                index = T.alloc_var("int32")  # the index of this thread's slot of the block
+                row = T.alloc_var("int32")  # the row being copied, clamped into its tensor
                 for kb in T.serial(n_blocks):
-                    # the slot's index is read before the stage is free: that load waits beside the consumers
-                    if g < bk:
-                        index = T.if_then_else(kb < n_top, Idx[bz, bx, T.min(kb, n_top - 1) * bk + g],
-                                               WIdx[bz, bx, T.max(kb - n_top, 0) * bk + g])
+                    # lanes l and l + 16 of warp w hold slot 16 w + l % 16's index, read before the
+                    # stage is free: that load waits beside the consumers
+                    index = T.if_then_else(kb < n_top, Idx[bz, bx, T.min(kb, n_top - 1) * bk + g // 32 * 16 + g % 16],
+                                           WIdx[bz, bx, T.max(kb - n_top, 0) * bk + g // 32 * 16 + g % 16])
                     T.mbarrier_wait_parity(empty[kb % STAGES], ((kb // STAGES) & 1) ^ 1)
-                    if g < bk:
-                        valid[kb % STAGES, g] = T.if_then_else(
+                    if g % 32 < 16:
+                        valid[kb % STAGES, g // 32 * 16 + g % 16] = T.if_then_else(
                             T.And(index >= 0, index < T.if_then_else(kb < n_top, KV.shape[1], WKV.shape[1])), 1, 0)
                         T.mbarrier_arrive(full[kb % STAGES])
-                    T.sync_threads(C.NAMED_BARRIER, C.WARPGROUP)
-                    # a masked slot still loads the row of its index clamped into the tensor (module docstring)
+                    # a warp copies its 16 rows, 512 contiguous bytes of one row per instruction (two
+                    # threads a row, 32 bytes each, ran 1.55x slower); the row comes from the lane that
+                    # read its index, clamped again (the shuffle is opaque to tlx check). A masked slot
+                    # still loads the row of its index clamped into the tensor (module docstring).
                     if kb < n_top:
-                        row = T.min(T.max(Idx[bz, bx, T.min(kb, n_top - 1) * bk + g // 2], 0), KV.shape[1] - 1)
-                        for i in T.unroll(DIM // 16):
-                            row_copy(KV_s, kb % STAGES, KV, bz, row, g // 2, 2 * i + g % 2)
+                        for q in T.unroll(32):
+                            row = T.min(T.max(T.shfl_sync(index, q // 2), 0), KV.shape[1] - 1)
+                            row_copy(KV_s, kb % STAGES, KV, bz, row, g // 32 * 16 + q // 2, q % 2 * 32 + g % 32)
                     else:
-                        row = T.min(T.max(WIdx[bz, bx, T.max(kb - n_top, 0) * bk + g // 2], 0), WKV.shape[1] - 1)
-                        for i in T.unroll(DIM // 16):
-                            row_copy(KV_s, kb % STAGES, WKV, bz, row, g // 2, 2 * i + g % 2)
+                        for q in T.unroll(32):
+                            row = T.min(T.max(T.shfl_sync(index, q // 2), 0), WKV.shape[1] - 1)
+                            row_copy(KV_s, kb % STAGES, WKV, bz, row, g // 32 * 16 + q // 2, q % 2 * 32 + g % 32)
                     T.cp_async_barrier_noinc(full[kb % STAGES])
 
     return main
@@ -261,7 +268,7 @@ def sparse_attention(q, kv, indices, sink, *, softmax_scale: float | None = None
     (bf16), ``kv [b, n, 512]``, ``indices [b, s, k]`` int32, ``sink [h]`` fp32; optional window
     ``window_kv [b, n_w, 512]`` with ``window_indices [b, s, w]``. ``softmax_scale`` defaults to
     ``1 / sqrt(512)``. ``schedule``: "pipelined" (``sparse_fwd_kernel``) or "producer"
-    (``sparse_fwd_producer_kernel``: the same bits; not yet run on a GPU, hence not the default)."""
+    (``sparse_fwd_producer_kernel``: the same bits, 5% slower on an H200)."""
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule: expected one of {tuple(SCHEDULES)}, got {schedule!r}")
     b, s, h, window, window_kv, window_indices = check_inputs(q, kv, indices, sink, window_kv, window_indices)

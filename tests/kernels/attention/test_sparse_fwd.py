@@ -25,7 +25,8 @@ def test_kernel_compiles_for_sm90a(deterministic):
 def test_producer_schedule_compiles_with_the_same_consumer_arithmetic(deterministic):
     """The producer schedule's consumers run the same wgmma shapes and the same cross-warpgroup
     row reductions as the pipelined kernel (the bits' contract); a producer warpgroup gathers by
-    cp.async; every access is proven in bounds."""
+    cp.async, each warp one row at a time (the row index shuffled from the lane that read it);
+    every access is proven in bounds."""
     scale = LOG2E / math.sqrt(512)
     kernel = sparse_fwd_producer_kernel(128, 1024, 128, scale)
     assert deterministic(kernel) is True
@@ -33,7 +34,7 @@ def test_producer_schedule_compiles_with_the_same_consumer_arithmetic(determinis
     for needle in ("64, 32, 16, false, false", "64, 256, 16, false, true", "exp2f(__fmaf_rn(acc_s",
                    "AllReduce<tl::MaxOp, 256, 128, 0, tl::NamedBarrier<256>>", "AllReduce<tl::SumOp, 256, 128, 0, tl::NamedBarrier<256>>"):
         assert needle in src and needle in base, needle
-    assert "cp_async_gs" in src and "warpgroup_reg_dealloc<24>" in src
+    assert "cp_async_gs" in src and "warpgroup_reg_dealloc<24>" in src and "__shfl_sync" in src
     report = kernel.metadata["reports"]["bounds"]
     assert (report["unknown"], report["violations"]) == ([], []) and report["proven"] == report["accesses"] > 0
     with pytest.raises(ValueError, match=r"schedule: expected one of \('pipelined', 'producer'\), got 'tma'"):
