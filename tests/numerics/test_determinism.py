@@ -154,3 +154,74 @@ def test_declared_pure_helper_counts_as_arithmetic():
     determinism.declare_pure("test_only_twice")
     after = determinism.analyze(kernel)
     assert after["deterministic"] is True and after["batch_invariant"] is True and after["unresolved"] == []
+
+
+def _flag_kernel(record_outside_failure: bool, float_flag: bool = False):
+    """One thread waits on a flag (recording a failure where the wait returned 0, or, planted,
+    wherever), then copies a row and raises a counter: the synchronization of MegaMoE's kernels
+    in miniature, through helpers whose names only these tests declare."""
+    import tilelang.language as T
+
+    from tlx.lowering import lower
+
+    n = T.dynamic("n")
+
+    @T.prim_func
+    def copy_after_flag(flags: T.Tensor((4,), "int32"), x: T.Tensor((n,), "float32"), y: T.Tensor((n,), "float32")):
+        with T.Kernel(T.ceildiv(n, 128), threads=128) as bx:
+            if T.get_thread_binding() == 0:
+                if T.call_extern("int32", "test_only_wait", T.address_of(flags[0]), 1) == 0:
+                    T.evaluate(T.call_extern("handle", "test_only_record", T.address_of(flags[1]), 7))
+                if record_outside_failure:
+                    T.evaluate(T.call_extern("handle", "test_only_record", T.address_of(flags[1]), 8))
+            T.evaluate(T.call_extern("handle", "test_only_fence"))
+            for i in T.Parallel(128):
+                if bx * 128 + i < n:
+                    y[bx * 128 + i] = x[bx * 128 + i]
+            if T.get_thread_binding() == 0:
+                T.evaluate(T.call_extern("handle", "test_only_add", T.address_of(flags[2]),
+                                         T.float32(1) if float_flag else 1))
+
+    return lower(copy_after_flag, {"kind": "cuda", "arch": "sm_90a"})
+
+
+def test_declared_sync_helpers_give_a_verdict_under_the_wait_assumption():
+    """Undeclared, the flag helpers leave the verdict unknown; declared by effect, the kernel is
+    deterministic and batch-invariant under the stated wait assumption, and ``tlx check`` says
+    so. A failure record outside a failed wait's branch, a counter given a float, or an unknown
+    effect name are not accepted."""
+    from tlx.numerics import determinism
+    from tlx.passes.check import section_verdict
+
+    kernel = _flag_kernel(False)
+    before = determinism.analyze(kernel)
+    assert before["deterministic"] == "unknown" and any("test_only_wait" in u for u in before["unresolved"])
+    with pytest.raises(ValueError, match=r"effect of test_only_wait expected one of .*got 'spin'"):
+        determinism.declare_sync(test_only_wait="spin")
+    determinism.declare_sync(test_only_wait="wait", test_only_record="failure_record", test_only_fence="fence",
+                             test_only_add="counter_add")
+    after = determinism.analyze(kernel)
+    assert (after["deterministic"], after["batch_invariant"], after["unresolved"]) == (True, True, [])
+    assert after["assumptions"] == [determinism.WAIT_ASSUMPTION]
+    verdict, summary = section_verdict("determinism", after)
+    assert verdict == "ok" and summary.endswith("assuming " + determinism.WAIT_ASSUMPTION)
+
+    stray = determinism.analyze(_flag_kernel(True))
+    assert stray["deterministic"] == "unknown"
+    assert any("test_only_record records a failure outside" in u for u in stray["unresolved"]), stray["unresolved"]
+    floaty = determinism.analyze(_flag_kernel(False, float_flag=True))
+    assert floaty["deterministic"] == "unknown"
+    assert any("test_only_add (counter_add) given a floating-point argument" in u for u in floaty["unresolved"])
+
+
+def test_megamoe_flag_kernels_are_deterministic_under_the_wait_assumption():
+    """The MegaMoE kernels whose flags are inline PTX (kernels/moe/mega/sysflags.py declares
+    them): deterministic; the ones that wait say what they assume."""
+    from kernels.moe.mega import protocol as K
+    from tlx.numerics import determinism
+
+    for kernel, waits in ((K.announce_kernel(), False), (K.exchange_kernel(2), True),
+                          (K.dispatch_kernel(2, 4096, 6, 1, 16, 32, 16), False)):
+        r = kernel.metadata["reports"]["determinism"]
+        assert r["deterministic"] is True, (kernel.name, r["unresolved"])
+        assert r["assumptions"] == ([determinism.WAIT_ASSUMPTION] if waits else []), kernel.name

@@ -19,7 +19,14 @@ Findings, each ``{"kind", "function", "detail", ...}``:
 indexes no global buffer, a branch on a shape variable that is not a bounds guard, a call to
 an unknown external function). The verdicts ``deterministic`` and ``batch_invariant`` are
 ``False`` when a finding says so, ``True`` only when nothing was found and nothing was left
-unresolved, and ``"unknown"`` otherwise. A kernel whose shapes are all static gets
+unresolved, and ``"unknown"`` otherwise.
+
+Synchronization helpers written as inline PTX (flags between CTAs, kernels or GPUs) are opaque
+calls; a kernel library declares them by effect (:func:`declare_sync`). A spin-wait on another
+agent's flag is then accepted under a stated assumption, listed in ``assumptions``: every wait
+arrives (its 0 result, a timeout or an abort, leaves the outputs unspecified and the caller
+raises an error), and a flag's release orders the data it guards. A failure record must sit in
+the branch of a wait that returned 0, or it stays unresolved. A kernel whose shapes are all static gets
 ``batch_invariant: "unknown"``: each batch size is then a separate compile, whose tile choices
 only the GPU harness (:mod:`tlx.numerics.invariance`) can compare.
 """
@@ -30,7 +37,7 @@ from tilelang import tvm
 
 from tlx.ir.tir import device_functions, extern_name, op_name
 
-__all__ = ["analyze", "analyze_device", "analyze_program", "declare_pure"]
+__all__ = ["SYNC_EFFECTS", "analyze", "analyze_device", "analyze_program", "declare_pure", "declare_sync"]
 
 
 ATOMIC_ADD_OPS = frozenset(
@@ -45,6 +52,46 @@ def declare_pure(*names: str) -> None:
     memory access, no atomics, same result on every call. Calls to them then count as
     arithmetic; any other unknown external call keeps the verdicts at "unknown"."""
     _PURE_EXTERNS.update(names)
+
+
+SYNC_EFFECTS = {
+    "fence": "orders this thread's memory accesses; moves no data",
+    "flag_store": "stores its integer argument to a flag word",
+    "counter_add": "adds an integer to a counter word: exact in any order",
+    "wait": "spins until another agent's flag arrives; returns 0 only on a timeout or an abort",
+    "failure_record": "records which wait failed (run only where a wait returned 0)",
+}
+_SYNC_EXTERNS: dict[str, str] = {}
+WAIT_ASSUMPTION = ("every wait on a flag or counter arrives (a wait that returns 0 leaves the outputs unspecified "
+                   "and the caller raises an error), and a flag's release orders the data it guards")
+
+
+def declare_sync(**effects: str) -> None:
+    """Declare device helpers that synchronize through memory (inline PTX the analysis cannot
+    read) by their effect, one of :data:`SYNC_EFFECTS`: ``declare_sync(tlx_wait_flag_sys="wait")``.
+    Integer arguments only: a helper given a floating-point value stays unresolved."""
+    for name, effect in effects.items():
+        if effect not in SYNC_EFFECTS:
+            raise ValueError(f"declare_sync: effect of {name} expected one of {sorted(SYNC_EFFECTS)}, got {effect!r}")
+    _SYNC_EXTERNS.update(effects)
+
+
+def _failure_branches(body) -> set:
+    """The failure-record calls that sit in the then-branch of ``if (wait(...) == 0)``."""
+    covered: set = set()
+
+    def visit(node):
+        if isinstance(node, tvm.tirx.IfThenElse) and isinstance(node.condition, tvm.tirx.EQ):
+            cond = node.condition
+            for call, zero in ((cond.a, cond.b), (cond.b, cond.a)):
+                if (isinstance(call, tvm.tirx.Call) and _SYNC_EXTERNS.get(extern_name(call)) == "wait"
+                        and isinstance(zero, tvm.tirx.IntImm) and int(zero) == 0):
+                    _visit(node.then_case, lambda n: covered.add(n) if isinstance(n, tvm.tirx.Call)
+                           and _SYNC_EXTERNS.get(extern_name(n)) == "failure_record" else None)  # fmt: skip
+
+    _visit(body, visit)
+    return covered
+
 
 _COMPARISONS = (tvm.tirx.LT, tvm.tirx.LE, tvm.tirx.GT, tvm.tirx.GE, tvm.tirx.EQ, tvm.tirx.NE)
 _SERIAL_KINDS = (tvm.tirx.ForKind.SERIAL, tvm.tirx.ForKind.UNROLLED)
@@ -170,13 +217,15 @@ def _atomic_target(call):
     return None
 
 
-def analyze_device(device_mod) -> tuple[list[dict], list[str]]:
-    """Findings and unresolved items of the lowered device kernels."""
+def analyze_device(device_mod) -> tuple[list[dict], list[str], list[str]]:
+    """Findings, unresolved items and assumptions of the lowered device kernels."""
     findings: list[dict] = []
     unresolved: list[str] = []
+    assumptions: list[str] = []
     for fname, func in device_functions(device_mod):
         lets = _let_bindings(func.body)
         blocks = _block_vars(func)
+        failure_branches = _failure_branches(func.body)
 
         def missing_blocks(index):
             used = set()
@@ -184,11 +233,19 @@ def analyze_device(device_mod) -> tuple[list[dict], list[str]]:
                 used |= _free_vars(e, lets)
             return [tag for var, tag in blocks if var not in used]
 
-        def visit(node, fname=fname, missing_blocks=missing_blocks):
+        def visit(node, fname=fname, missing_blocks=missing_blocks, failure_branches=failure_branches):
             if isinstance(node, tvm.tirx.Call):
                 op = op_name(node)
                 ext = extern_name(node)
-                if op in ATOMIC_ADD_OPS:
+                effect = _SYNC_EXTERNS.get(ext) if op == "tirx.call_extern" else None
+                if effect is not None:
+                    if any(_is_float(a.dtype) for a in node.args[1:] if isinstance(a, tvm.ir.PrimExpr)):
+                        unresolved.append(f"{fname}: {ext} ({effect}) given a floating-point argument")
+                    elif effect == "failure_record" and node not in failure_branches:
+                        unresolved.append(f"{fname}: {ext} records a failure outside the branch of a wait that returned 0")
+                    elif effect == "wait" and WAIT_ASSUMPTION not in assumptions:
+                        assumptions.append(WAIT_ASSUMPTION)
+                elif op in ATOMIC_ADD_OPS:
                     target = _atomic_target(node)
                     if target is None:
                         unresolved.append(f"{fname}: atomic add with an unrecognized destination {node.args[0]}")
@@ -222,7 +279,7 @@ def analyze_device(device_mod) -> tuple[list[dict], list[str]]:
                                          "detail": f"blocks along {', '.join(lost)} read-modify-write the same elements of {name} without atomics (racy split-K)"})
 
         _visit(func.body, visit)
-    return findings, unresolved
+    return findings, unresolved, assumptions
 
 
 # ---- program level: loop and grid extents, branches on shape variables -----------------
@@ -330,7 +387,7 @@ def _verdict(bad: bool, unresolved: list) -> bool | str:
 
 def analyze(kernel) -> dict:
     """The determinism report of one lowered kernel (see the module docstring)."""
-    dev_findings, dev_unresolved = analyze_device(kernel.device_mod)
+    dev_findings, dev_unresolved, assumptions = analyze_device(kernel.device_mod)
     prog_findings, prog_unresolved, shape_vars = analyze_program(kernel.prim_func)
     findings = dev_findings + prog_findings
     kinds = {f["kind"] for f in findings}
@@ -344,6 +401,7 @@ def analyze(kernel) -> dict:
         "batch_invariant": batch_invariant,
         "findings": findings,
         "unresolved": dev_unresolved + batch_unresolved,
+        "assumptions": assumptions,
         "shape_vars": _names(shape_vars),
     }
 
@@ -360,5 +418,5 @@ def determinism_pass(kernel, ctx):
 
         warnings.warn(f"tlx determinism analysis of {kernel.name!r} failed: {e!r}; reporting unknown", RuntimeWarning, stacklevel=2)
         ctx.reports["determinism"] = {"deterministic": "unknown", "batch_invariant": "unknown", "findings": [],
-                                      "unresolved": [f"analysis failed: {e!r}"], "shape_vars": []}  # fmt: skip
+                                      "unresolved": [f"analysis failed: {e!r}"], "assumptions": [], "shape_vars": []}  # fmt: skip
     return kernel

@@ -79,7 +79,8 @@ def section_verdict(analysis: str, payload: Any) -> tuple[str, str]:
         flags = (payload.get("deterministic"), payload.get("batch_invariant"))
         failed = any(str(u).startswith("analysis failed") for u in payload.get("unresolved", []))
         verdict = "error" if failed else "unknown" if "unknown" in flags else "ok" if all(flags) else "violation"
-        return verdict, f"deterministic: {flags[0]}, batch-invariant: {flags[1]}, {len(payload.get('findings', []))} findings"
+        assumed = "".join(f", assuming {a}" for a in payload.get("assumptions", []))
+        return verdict, f"deterministic: {flags[0]}, batch-invariant: {flags[1]}, {len(payload.get('findings', []))} findings{assumed}"
     code = payload.get("exit_code", EXIT_OK)
     verdict = {EXIT_OK: "ok", EXIT_VIOLATION: "violation", EXIT_UNKNOWN: "unknown"}.get(code, "error")
     if analysis == "numerics" and not summary:

@@ -30,6 +30,7 @@ import tilelang.language as T
 
 import tlx
 from kernels.moe.mega.sysflags import PRELUDE, release_add, release_store, wait_at_least, wait_equal
+from tlx.numerics import determinism
 
 TARGET = {"kind": "cuda", "arch": "sm_90a"}
 PEERS = 8  # ranks at most
@@ -72,6 +73,9 @@ __device__ __forceinline__ void tlx_mega_record_failure(int* status, int code, i
 }
 #endif
 """
+
+
+determinism.declare_sync(tlx_mega_record_failure="failure_record")
 
 
 def record_failure(status_ref, code, rank, wave, peer):

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import tilelang.language as T
 
+from tlx.numerics import determinism
+
 PRELUDE = r"""
 #ifndef TLX_SYSFLAGS_PRELUDE_
 #define TLX_SYSFLAGS_PRELUDE_
@@ -82,6 +84,12 @@ __device__ __forceinline__ void tlx_count_release_sys(int* counts, int index) {
 }
 #endif
 """
+
+
+# what `tlx check`'s determinism analysis may assume of each helper (it does not read inline PTX)
+determinism.declare_sync(tlx_release_store_sys="flag_store", tlx_release_add_sys="counter_add",
+                         tlx_count_release_sys="counter_add", tlx_wait_flag_sys="wait", tlx_wait_count_sys="wait",
+                         tlx_fence_proxy_async_global="fence")
 
 
 def fence_proxy_async_global():

@@ -8,12 +8,13 @@ L1 and L2 tile computes its elements with the same operations in the same order 
 kernels (bitwise equal by construction; the GPU tests check it).
 
 ``tlx check`` proves every access in bounds (under the launcher-checked ``R <= 2147483391``). Its
-race and determinism verdicts are "unknown": the race analysis does not model the mbarrier / TMA /
-cluster synchronisation of the pipeline (the grouped GEMMs' verdict too) nor global memory, so the
-row-block counters between L1 and L2 tiles are outside it; the determinism analysis does not read
-the inline PTX of the counter release / acquire. Unless a wait times out (an error), no value
-depends on timing: an L2 tile reads its row block only after acquiring all ``I / 128`` L1 tiles'
-releases, and each element is one fixed chain (above).
+race verdict is "unknown": the race analysis does not model the mbarrier / TMA / cluster
+synchronisation of the pipeline (the grouped GEMMs' verdict too) nor global memory, so the
+row-block counters between L1 and L2 tiles are outside it. Its determinism verdict is
+deterministic and batch-invariant under the wait assumption (``sysflags.py`` declares the counter
+helpers to the analysis): unless a wait times out (an error), no value depends on timing, since
+an L2 tile reads its row block only after acquiring all ``I / 128`` L1 tiles' releases, and each
+element is one fixed chain (above).
 """
 
 import tlx
