@@ -8,8 +8,10 @@
 // in common.py's order: mask (-inf), row max, m_scaled, alpha, p = exp2(fma(s, scale_log2,
 // -m_scaled)), the row sum in TileLang's order (per row and lane quad q: the keys 8j + 2q + c of
 // each 32-key half in the order (j, c) = (0,0) (1,0) (2,0) (3,0) (0,1) (1,1) (2,1) (3,1), the
-// halves added, then the quad's xor-2 and xor-1 shuffles), l = fma(l, alpha, sum), P rounded to
-// bf16, O *= alpha, O += P V (wgmma m64n64k16, keys ascending).
+// halves added, then the quad's xor-2 and xor-1 shuffles; with kOneChain, TileLang's order for
+// one warpgroup's whole 64-key tile: one chain (j, c) = (0,0) (1,0) ... (7,0) (0,1) ... (7,1),
+// then the same shuffles), l = fma(l, alpha, sum), P rounded to bf16, O *= alpha, O += P V
+// (wgmma m64n64k16, keys ascending).
 // Shared tiles are K-major with the 128-byte swizzle (V is stored transposed, keys contiguous, so
 // both products use one descriptor form); the kernels fill them with plain loads.
 // Included by relative path ("mla_tile.cuh"); build_baseline hashes it with the source.
@@ -98,7 +100,7 @@ struct Softmax {
 // One key block, its K and V^T tiles filled (and a __syncthreads since): scores, softmax with
 // `masked(h, r)` (score register r of row half h is -inf), P, O. Leaves the tiles free to refill
 // after a __syncthreads.
-template <int kPanels, class Masked>
+template <int kPanels, bool kOneChain = false, class Masked>
 __device__ void step(Smem<kPanels>& s, const Lane& t, Softmax& st, float scale_log2, Masked masked) {
   float sc[32];
   for (int r = 0; r < 32; ++r) sc[r] = 0.0f;
@@ -122,18 +124,29 @@ __device__ void step(Smem<kPanels>& s, const Lane& t, Softmax& st, float scale_l
     alpha[h] = st.m[h] == -INFINITY ? 0.0f : exp2f(__fsub_rn(st.m_scaled[h], ms));
     st.m[h] = mx;
     st.m_scaled[h] = ms;
-    float half_sum[2];
-    for (int half = 0; half < 2; ++half) {
-      float acc = 0.0f;
+    float x;
+    if (kOneChain) {
+      x = 0.0f;
       for (int c = 0; c < 2; ++c)
-        for (int j = 0; j < 4; ++j) {
-          int r = (half * 4 + j) * 4 + h * 2 + c;
+        for (int j = 0; j < 8; ++j) {
+          int r = j * 4 + h * 2 + c;
           sc[r] = exp2f(__fmaf_rn(sc[r], scale_log2, -ms));
-          acc = __fadd_rn(acc, sc[r]);
+          x = __fadd_rn(x, sc[r]);
         }
-      half_sum[half] = acc;
+    } else {
+      float half_sum[2];
+      for (int half = 0; half < 2; ++half) {
+        float acc = 0.0f;
+        for (int c = 0; c < 2; ++c)
+          for (int j = 0; j < 4; ++j) {
+            int r = (half * 4 + j) * 4 + h * 2 + c;
+            sc[r] = exp2f(__fmaf_rn(sc[r], scale_log2, -ms));
+            acc = __fadd_rn(acc, sc[r]);
+          }
+        half_sum[half] = acc;
+      }
+      x = __fadd_rn(half_sum[0], half_sum[1]);
     }
-    float x = __fadd_rn(half_sum[0], half_sum[1]);
     x = __fadd_rn(x, __shfl_xor_sync(0xFFFFFFFF, x, 2));
     x = __fadd_rn(x, __shfl_xor_sync(0xFFFFFFFF, x, 1));
     st.l[h] = __fmaf_rn(st.l[h], alpha[h], x);

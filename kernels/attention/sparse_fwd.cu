@@ -20,6 +20,7 @@ using namespace mla_tile;
 
 constexpr int kDim = 512, kPanels = kDim / 64;
 
+template <bool kOneChain>
 __global__ void __launch_bounds__(kThreads) sparse_fwd_kernel(const __nv_bfloat16* q, const __nv_bfloat16* kv,
                                                               const int* idx, const float* sink,
                                                               const __nv_bfloat16* wkv, const int* widx,
@@ -53,7 +54,7 @@ __global__ void __launch_bounds__(kThreads) sparse_fwd_kernel(const __nv_bfloat1
       put_key(s, j, c, v, v);
     }
     __syncthreads();
-    step(s, t, st, scale_log2, [&](int, int r) { return !valid[t.key_of(r)]; });
+    step<kPanels, kOneChain>(s, t, st, scale_log2, [&](int, int r) { return !valid[t.key_of(r)]; });
   }
   for (int h = 0; h < 2; ++h)
     st.l[h] = __fadd_rn(st.l[h], exp2f(__fmaf_rn(sink[h0 + t.row_of(h)], kLog2e, -st.m_scaled[h])));
@@ -69,9 +70,11 @@ __global__ void __launch_bounds__(kThreads) sparse_fwd_kernel(const __nv_bfloat1
 // q [B, S, H, 512], kv [B, N, 512], idx [B, S, K] int32, sink [H] fp32, wkv [B, NW, 512],
 // widx [B, S, W] int32 (window: W, or 0 to read neither), o [B, S, H, 512] bf16, lse [B, S, H]
 // fp32; bf16 tensors; H a multiple of 64, K and W multiples of 64. scale_log2 = softmax_scale *
-// log2(e), rounded to fp32 here as the TileLang kernel's constant is.
+// log2(e), rounded to fp32 here as the TileLang kernel's constant is. one_chain: the row sums of
+// the "independent" schedule (mla_tile.cuh's kOneChain), else those of the other two.
 void sparse_attention_fwd(TensorView q, TensorView kv, TensorView idx, TensorView sink, TensorView wkv,
-                          TensorView widx, TensorView o, TensorView lse, double scale_log2, int64_t window) {
+                          TensorView widx, TensorView o, TensorView lse, double scale_log2, int64_t window,
+                          bool one_chain) {
   using namespace moe_baseline;
   const char* fn = "sparse_attention_fwd baseline";
   require(is(q, kDLBfloat, 16, 4) && is(kv, kDLBfloat, 16, 3) && is(wkv, kDLBfloat, 16, 3) && is(o, kDLBfloat, 16, 4),
@@ -84,8 +87,9 @@ void sparse_attention_fwd(TensorView q, TensorView kv, TensorView idx, TensorVie
   require(topk % kKeys == 0 && window % kKeys == 0 && (window == 0 || widx.size(2) == window), fn, "top-k and window");
   if (b == 0 || seq == 0 || n == 0 || (window > 0 && n_window == 0)) return;
   int smem = static_cast<int>(sizeof(Smem<kPanels>)) + 1024;
-  cudaFuncSetAttribute(sparse_fwd_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  sparse_fwd_kernel<<<dim3(seq, heads / kRows, b), kThreads, smem, stream_of(q)>>>(
+  auto kernel = one_chain ? sparse_fwd_kernel<true> : sparse_fwd_kernel<false>;
+  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  kernel<<<dim3(seq, heads / kRows, b), kThreads, smem, stream_of(q)>>>(
       static_cast<const __nv_bfloat16*>(q.data_ptr()), static_cast<const __nv_bfloat16*>(kv.data_ptr()),
       static_cast<const int*>(idx.data_ptr()), static_cast<const float*>(sink.data_ptr()),
       static_cast<const __nv_bfloat16*>(wkv.data_ptr()), static_cast<const int*>(widx.data_ptr()),

@@ -22,13 +22,17 @@ bits. On an H200 (2026-12-03, b 1, s 4096, h 128, k 1024) the default ran at 255
 producer schedule at 243: the gather is not what bounds either. Under ncu the L2 is 15% busy and
 the schedulers issue in 34% of cycles: both consumer warpgroups step through the same block in
 lockstep (scores, cross-warpgroup softmax reductions, then P V), so the tensor cores idle through
-every softmax. Going faster takes warpgroups on different blocks (one's products under the
-other's softmax), with a new order contract.
+every softmax. ``schedule="independent"`` (not yet run on a GPU) lets the two warpgroups drift
+apart: each computes every block's whole score tile and its own softmax (the scores twice, no
+cross-warpgroup step), so that one's softmax can run under the other's products; its row sums
+are one chain per thread, the baseline's ``one_chain`` order. FlashMLA's layout (warpgroups on
+alternate blocks, the scores once, the softmax state handed over) is the step after that.
 
 Fixed orders, the contract with the CUDA baseline ``sparse_fwd.cu`` (bit for bit): S = Q KV^T
 by wgmma with the 512 dims ascending in steps of 16; per block, common.py's softmax steps with
 the row sum in TileLang's reduce order (mla_tile.cuh spells it out: shared with decode_mla's
-baseline, whose TileLang kernel has the same tile); P rounded to bf16; O += P KV with keys
+baseline, whose TileLang kernel has the same tile; the "independent" schedule's order is its
+``kOneChain``, the baseline's ``one_chain``); P rounded to bf16; O += P KV with keys
 ascending in steps of 16; blocks in index-list order, then the window's; the sink added last.
 A masked slot still loads the kv row of its index clamped into ``[0, n)``: its score is -inf,
 its P 0, and 0 times that finite row adds nothing (a NaN in it would give NaN in both).
@@ -131,22 +135,110 @@ STAGES = 2  # gathered key blocks in flight (producer schedule)
 
 
 @tlx.jit(target=C.TARGET, assume=["1 <= N", "N <= 1073741824", "1 <= NW", "NW <= 1073741824"])
-def sparse_fwd_producer_kernel(heads: int, topk: int, window: int, scale_log2: float, dtype: str = "bfloat16"):
+def sparse_fwd_producer_kernel(heads: int, topk: int, window: int, scale_log2: float, dtype: str = "bfloat16",
+                               independent: bool = False):
     """``sparse_fwd_kernel``'s computation (same parameters, the same instructions in the same
     order on the consumers: the same bits) with the gather moved into a producer warpgroup:
     it finds each block's 64 rows (the slots' validity into ``valid``, before the stage frees),
     then copies them by 16-byte cp.async, ``STAGES`` blocks ahead of the two consumer warpgroups,
     which wait on an mbarrier instead of loading the rows themselves (module docstring: on an
-    H200 it is not faster than the default)."""
+    H200 it is not faster than the default).
+
+    ``independent`` (``schedule="independent"``): each consumer warpgroup computes the whole
+    64 x 64 score tile of every block itself and runs its own softmax (no cross-warpgroup
+    reduction, P stays in registers), then its 256 output columns, so the two warpgroups never
+    wait for each other and one's softmax can run under the other's products, at the price of
+    computing the scores twice. Its row sums take TileLang's order for one warpgroup's 64-key
+    tile (one chain over the thread's 16 scores), not the default's (two 32-key chains added):
+    other bits than the other schedules, and no CUDA baseline yet."""
     check_kernel_shape(heads, topk, window, BLOCK_K)
     hb, bk, f32 = HEADS_PER_CTA, BLOCK_K, "float32"
     n_top, n_blocks = topk // bk, (topk + window) // bk
-    consumers = 2 * C.WARPGROUP
+    consumers, half = 2 * C.WARPGROUP, DIM // 2
 
     @T.macro
     def row_copy(dst, st, src, b, row, j, piece):
         """16 bytes (8 values) ``piece`` of row ``row`` of ``src[b]`` into ``dst[st, j]``."""
         T.ptx_cp_async(T.access_ptr(dst[st, j, piece * 8], "w", 8), T.access_ptr(src[b, row, piece * 8], "r", 8), 8)
+
+    @T.macro
+    def consume_alone(Q_s, KV_s, valid, full, empty, acc_s, p, acc_o, rows, Sink, O, LSE, bz, bx, by, w: int):
+        """Consumer warpgroup w of the independent schedule: every block's whole score tile and
+        softmax, output columns ``[256 w, 256 w + 256)``."""
+        m, m_prev, m_scaled, alpha, l, row_sum, lse_rows = rows
+        C.init_softmax(m, m_scaled, l, acc_o)
+        for kb in T.serial(n_blocks):
+            T.mbarrier_wait_parity(full[kb % STAGES], (kb // STAGES) & 1)
+            T.fence_proxy_async()  # the producer's cp.async rows before the wgmma reads them
+            T.gemm(Q_s, KV_s[kb % STAGES, :, :], acc_s, transpose_B=True, clear_accum=True)
+            for i, j in T.Parallel(hb, bk):
+                acc_s[i, j] = T.if_then_else(valid[kb % STAGES, j] == 1, acc_s[i, j], C.neg_inf())
+            C.softmax_step(acc_s, m, m_prev, m_scaled, alpha, l, row_sum, scale_log2, hb, bk)
+            T.copy(acc_s, p)
+            C.rescale_rows(acc_o, alpha, hb, half)
+            T.gemm(p, KV_s[kb % STAGES, :, w * half:(w + 1) * half], acc_o)
+            T.mbarrier_arrive(empty[kb % STAGES])
+        for i in T.Parallel(hb):
+            l[i] = l[i] + T.exp2(T.ieee_fmaf(Sink[by * hb + i], T.float32(C.LOG2E), -m_scaled[i]))
+        C.finish_rows(acc_o, l, m_scaled, lse_rows, hb, half)
+        T.copy(acc_o, O[bz, bx, by * hb:(by + 1) * hb, w * half:(w + 1) * half])
+        if w == 0:
+            T.copy(lse_rows, LSE[bz, bx, by * hb:(by + 1) * hb])
+
+    @T.macro
+    def consume_shared(Q_s, KV_s, P_s, valid, full, empty, acc_s, acc_o, m, m_prev, m_scaled, alpha, l, row_sum,
+                       lse_rows, Sink, O, LSE, bz, bx, by):
+        """Both consumer warpgroups on every block: 32 of its keys' scores each, the softmax's
+        reductions across both, P through shared memory, 256 output columns each (the default's
+        instructions)."""
+        C.init_softmax(m, m_scaled, l, acc_o)
+        for kb in T.serial(n_blocks):
+            T.mbarrier_wait_parity(full[kb % STAGES], (kb // STAGES) & 1)
+            T.fence_proxy_async()  # the producer's cp.async rows before the wgmma reads them
+            T.gemm(Q_s, KV_s[kb % STAGES, :, :], acc_s, transpose_B=True, clear_accum=True,
+                   policy=T.GemmWarpPolicy.FullCol)
+            for i, j in T.Parallel(hb, bk):
+                acc_s[i, j] = T.if_then_else(valid[kb % STAGES, j] == 1, acc_s[i, j], C.neg_inf())
+            C.softmax_step(acc_s, m, m_prev, m_scaled, alpha, l, row_sum, scale_log2, hb, bk)
+            T.copy(acc_s, P_s)
+            C.rescale_rows(acc_o, alpha, hb, DIM)
+            T.gemm(P_s, KV_s[kb % STAGES, :, :], acc_o, policy=T.GemmWarpPolicy.FullCol)
+            T.mbarrier_arrive(empty[kb % STAGES])
+        for i in T.Parallel(hb):
+            l[i] = l[i] + T.exp2(T.ieee_fmaf(Sink[by * hb + i], T.float32(C.LOG2E), -m_scaled[i]))
+        C.finish_rows(acc_o, l, m_scaled, lse_rows, hb, DIM)
+        T.copy(acc_o, O[bz, bx, by * hb:(by + 1) * hb, :])
+        T.copy(lse_rows, LSE[bz, bx, by * hb:(by + 1) * hb])
+
+    @T.macro
+    def produce(KV, Idx, WKV, WIdx, KV_s, valid, full, empty, bz, bx, g):
+        """The producer warpgroup (thread g of it): each block's slot validity and rows, ``STAGES``
+        blocks ahead."""
+        index = T.alloc_var("int32")  # the index of this thread's slot of the block
+        row = T.alloc_var("int32")  # the row being copied, clamped into its tensor
+        for kb in T.serial(n_blocks):
+            # lanes l and l + 16 of warp w hold slot 16 w + l % 16's index, read before the
+            # stage is free: that load waits beside the consumers
+            index = T.if_then_else(kb < n_top, Idx[bz, bx, T.min(kb, n_top - 1) * bk + g // 32 * 16 + g % 16],
+                                   WIdx[bz, bx, T.max(kb - n_top, 0) * bk + g // 32 * 16 + g % 16])
+            T.mbarrier_wait_parity(empty[kb % STAGES], ((kb // STAGES) & 1) ^ 1)
+            if g % 32 < 16:
+                valid[kb % STAGES, g // 32 * 16 + g % 16] = T.if_then_else(
+                    T.And(index >= 0, index < T.if_then_else(kb < n_top, KV.shape[1], WKV.shape[1])), 1, 0)
+                T.mbarrier_arrive(full[kb % STAGES])
+            # a warp copies its 16 rows, 512 contiguous bytes of one row per instruction (two
+            # threads a row, 32 bytes each, ran 1.55x slower); the row comes from the lane that
+            # read its index, clamped again (the shuffle is opaque to tlx check). A masked slot
+            # still loads the row of its index clamped into the tensor (module docstring).
+            if kb < n_top:
+                for q in T.unroll(32):
+                    row = T.min(T.max(T.shfl_sync(index, q // 2), 0), KV.shape[1] - 1)
+                    row_copy(KV_s, kb % STAGES, KV, bz, row, g // 32 * 16 + q // 2, q % 2 * 32 + g % 32)
+            else:
+                for q in T.unroll(32):
+                    row = T.min(T.max(T.shfl_sync(index, q // 2), 0), WKV.shape[1] - 1)
+                    row_copy(KV_s, kb % STAGES, WKV, bz, row, g // 32 * 16 + q // 2, q % 2 * 32 + g % 32)
+            T.cp_async_barrier_noinc(full[kb % STAGES])
 
     @T.prim_func
     def main(Q: T.Tensor((batch, seq, heads, DIM), dtype), KV: T.Tensor((batch, n_kv, DIM), dtype),
@@ -156,11 +248,15 @@ def sparse_fwd_producer_kernel(heads: int, topk: int, window: int, scale_log2: f
         with T.Kernel(seq, heads // hb, batch, threads=consumers + C.WARPGROUP) as (bx, by, bz):
             Q_s = T.alloc_shared((hb, DIM), dtype)
             KV_s = T.alloc_shared((STAGES, bk, DIM), dtype)
-            P_s = T.alloc_shared((hb, bk), dtype)
             valid = T.alloc_shared((STAGES, bk), "int32")
-            acc_s = T.alloc_fragment((hb, bk), f32)
-            acc_o = T.alloc_fragment((hb, DIM), f32)
-            m, m_prev, m_scaled, alpha, l, row_sum, lse_rows = C.row_state(hb)
+            if independent:  # each consumer's own scores, probabilities, softmax state and output half
+                state = [(T.alloc_fragment((hb, bk), f32), T.alloc_fragment((hb, bk), dtype),
+                          T.alloc_fragment((hb, half), f32), C.row_state(hb)) for _ in range(2)]
+            else:
+                P_s = T.alloc_shared((hb, bk), dtype)
+                acc_s = T.alloc_fragment((hb, bk), f32)
+                acc_o = T.alloc_fragment((hb, DIM), f32)
+                m, m_prev, m_scaled, alpha, l, row_sum, lse_rows = C.row_state(hb)
             # full: the producer's 128 copying threads and the 64 that wrote `valid`; empty: the consumers
             full = T.alloc_barrier([C.WARPGROUP + bk] * STAGES)
             empty = T.alloc_barrier([consumers] * STAGES)
@@ -168,59 +264,31 @@ def sparse_fwd_producer_kernel(heads: int, topk: int, window: int, scale_log2: f
             for i, d in T.Parallel(hb, DIM):
                 Q_s[i, d] = Q[bz, bx, by * hb + i, d]
             T.sync_threads()
-            if tx < consumers:
-                T.set_max_nreg(240, 1)
-                C.init_softmax(m, m_scaled, l, acc_o)
-                for kb in T.serial(n_blocks):
-                    T.mbarrier_wait_parity(full[kb % STAGES], (kb // STAGES) & 1)
-                    T.fence_proxy_async()  # the producer's cp.async rows before the wgmma reads them
-                    T.gemm(Q_s, KV_s[kb % STAGES, :, :], acc_s, transpose_B=True, clear_accum=True,
-                           policy=T.GemmWarpPolicy.FullCol)
-                    for i, j in T.Parallel(hb, bk):
-                        acc_s[i, j] = T.if_then_else(valid[kb % STAGES, j] == 1, acc_s[i, j], C.neg_inf())
-                    C.softmax_step(acc_s, m, m_prev, m_scaled, alpha, l, row_sum, scale_log2, hb, bk)
-                    T.copy(acc_s, P_s)
-                    C.rescale_rows(acc_o, alpha, hb, DIM)
-                    T.gemm(P_s, KV_s[kb % STAGES, :, :], acc_o, policy=T.GemmWarpPolicy.FullCol)
-                    T.mbarrier_arrive(empty[kb % STAGES])
-                for i in T.Parallel(hb):
-                    l[i] = l[i] + T.exp2(T.ieee_fmaf(Sink[by * hb + i], T.float32(C.LOG2E), -m_scaled[i]))
-                C.finish_rows(acc_o, l, m_scaled, lse_rows, hb, DIM)
-                T.copy(acc_o, O[bz, bx, by * hb:(by + 1) * hb, :])
-                T.copy(lse_rows, LSE[bz, bx, by * hb:(by + 1) * hb])
+            if independent:
+                if tx < C.WARPGROUP:
+                    T.set_max_nreg(240, 1)
+                    consume_alone(Q_s, KV_s, valid, full, empty, *state[0], Sink, O, LSE, bz, bx, by, 0)
+                elif tx < consumers:
+                    T.set_max_nreg(240, 1)
+                    consume_alone(Q_s, KV_s, valid, full, empty, *state[1], Sink, O, LSE, bz, bx, by, 1)
+                else:
+                    T.set_max_nreg(24, 0)
+                    produce(KV, Idx, WKV, WIdx, KV_s, valid, full, empty, bz, bx, tx - consumers)
             else:
-                T.set_max_nreg(24, 0)
-                g = tx - consumers
-                index = T.alloc_var("int32")  # the index of this thread's slot of the block
-                row = T.alloc_var("int32")  # the row being copied, clamped into its tensor
-                for kb in T.serial(n_blocks):
-                    # lanes l and l + 16 of warp w hold slot 16 w + l % 16's index, read before the
-                    # stage is free: that load waits beside the consumers
-                    index = T.if_then_else(kb < n_top, Idx[bz, bx, T.min(kb, n_top - 1) * bk + g // 32 * 16 + g % 16],
-                                           WIdx[bz, bx, T.max(kb - n_top, 0) * bk + g // 32 * 16 + g % 16])
-                    T.mbarrier_wait_parity(empty[kb % STAGES], ((kb // STAGES) & 1) ^ 1)
-                    if g % 32 < 16:
-                        valid[kb % STAGES, g // 32 * 16 + g % 16] = T.if_then_else(
-                            T.And(index >= 0, index < T.if_then_else(kb < n_top, KV.shape[1], WKV.shape[1])), 1, 0)
-                        T.mbarrier_arrive(full[kb % STAGES])
-                    # a warp copies its 16 rows, 512 contiguous bytes of one row per instruction (two
-                    # threads a row, 32 bytes each, ran 1.55x slower); the row comes from the lane that
-                    # read its index, clamped again (the shuffle is opaque to tlx check). A masked slot
-                    # still loads the row of its index clamped into the tensor (module docstring).
-                    if kb < n_top:
-                        for q in T.unroll(32):
-                            row = T.min(T.max(T.shfl_sync(index, q // 2), 0), KV.shape[1] - 1)
-                            row_copy(KV_s, kb % STAGES, KV, bz, row, g // 32 * 16 + q // 2, q % 2 * 32 + g % 32)
-                    else:
-                        for q in T.unroll(32):
-                            row = T.min(T.max(T.shfl_sync(index, q // 2), 0), WKV.shape[1] - 1)
-                            row_copy(KV_s, kb % STAGES, WKV, bz, row, g // 32 * 16 + q // 2, q % 2 * 32 + g % 32)
-                    T.cp_async_barrier_noinc(full[kb % STAGES])
+                if tx < consumers:
+                    T.set_max_nreg(240, 1)
+                    consume_shared(Q_s, KV_s, P_s, valid, full, empty, acc_s, acc_o, m, m_prev, m_scaled, alpha, l,
+                                   row_sum, lse_rows, Sink, O, LSE, bz, bx, by)
+                else:
+                    T.set_max_nreg(24, 0)
+                    produce(KV, Idx, WKV, WIdx, KV_s, valid, full, empty, bz, bx, tx - consumers)
 
     return main
 
 
-SCHEDULES = {"pipelined": sparse_fwd_kernel, "producer": sparse_fwd_producer_kernel}
+SCHEDULES = {"pipelined": sparse_fwd_kernel, "producer": sparse_fwd_producer_kernel,
+             "independent": lambda *a: sparse_fwd_producer_kernel(*a, independent=True)}
+ONE_CHAIN = frozenset({"independent"})  # schedules whose row sums are one chain (sparse_fwd.cu's one_chain)
 
 
 def check_index(name: str, t) -> None:
@@ -267,8 +335,9 @@ def sparse_attention(q, kv, indices, sink, *, softmax_scale: float | None = None
     """``(o, lse)`` of DeepSeek-V4 sparse attention (module docstring): ``q [b, s, h, 512]``
     (bf16), ``kv [b, n, 512]``, ``indices [b, s, k]`` int32, ``sink [h]`` fp32; optional window
     ``window_kv [b, n_w, 512]`` with ``window_indices [b, s, w]``. ``softmax_scale`` defaults to
-    ``1 / sqrt(512)``. ``schedule``: "pipelined" (``sparse_fwd_kernel``) or "producer"
-    (``sparse_fwd_producer_kernel``: the same bits, 5% slower on an H200)."""
+    ``1 / sqrt(512)``. ``schedule``: "pipelined" (``sparse_fwd_kernel``), "producer"
+    (``sparse_fwd_producer_kernel``: the same bits, 5% slower on an H200) or "independent" (its
+    ``independent`` form: other row-sum bits, not yet run on a GPU)."""
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule: expected one of {tuple(SCHEDULES)}, got {schedule!r}")
     b, s, h, window, window_kv, window_indices = check_inputs(q, kv, indices, sink, window_kv, window_indices)

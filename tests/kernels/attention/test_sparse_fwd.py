@@ -1,4 +1,4 @@
-"""DeepSeek-V4 sparse attention forward: the kernel (both schedules) and its CUDA baseline
+"""DeepSeek-V4 sparse attention forward: the kernel (its three schedules) and its CUDA baseline
 (sparse_fwd.cu) compile for sm_90a, the reference agrees with a dense formulation, bad arguments
 are named (CPU); the kernel matches the reference at V4 shapes, with masked slots, all slots
 masked, the window branch, and 100 identical runs, and each schedule is bit for bit equal to the
@@ -11,7 +11,7 @@ import torch
 
 from kernels.attention import reference as R
 from kernels.attention.common import LOG2E
-from kernels.attention.sparse_fwd import sparse_attention, sparse_fwd_kernel, sparse_fwd_producer_kernel
+from kernels.attention.sparse_fwd import ONE_CHAIN, SCHEDULES, sparse_attention, sparse_fwd_kernel, sparse_fwd_producer_kernel
 
 
 def test_kernel_compiles_for_sm90a(deterministic):
@@ -37,9 +37,25 @@ def test_producer_schedule_compiles_with_the_same_consumer_arithmetic(determinis
     assert "cp_async_gs" in src and "warpgroup_reg_dealloc<24>" in src and "__shfl_sync" in src
     report = kernel.metadata["reports"]["bounds"]
     assert (report["unknown"], report["violations"]) == ([], []) and report["proven"] == report["accesses"] > 0
-    with pytest.raises(ValueError, match=r"schedule: expected one of \('pipelined', 'producer'\), got 'tma'"):
+    with pytest.raises(ValueError, match=r"schedule: expected one of \('pipelined', 'producer', 'independent'\), got 'tma'"):
         sparse_attention(torch.zeros(1, 1, 64, 512, dtype=torch.bfloat16), torch.zeros(1, 8, 512, dtype=torch.bfloat16),
                          torch.zeros(1, 1, 512, dtype=torch.int32), torch.zeros(64), schedule="tma")
+
+
+def test_independent_schedule_has_no_cross_warpgroup_step(deterministic):
+    """The independent schedule: each consumer warpgroup computes a block's whole 64 x 64 score
+    tile (m64n64) and its own softmax (reductions within a lane quad only, no 256-thread
+    barrier), its P V from registers (m64n256, RS); the producer is the producer schedule's;
+    every access is proven in bounds."""
+    scale = LOG2E / math.sqrt(512)
+    kernel = SCHEDULES["independent"](128, 1024, 128, scale)
+    assert deterministic(kernel) is True
+    src = kernel.device_source
+    assert "64, 64, 16, false, false" in src and "wgmma_rs<tl::DataType::kBFloat16, tl::DataType::kBFloat16, tl::DataType::kFloat32, 64, 256, 16" in src
+    assert "NamedBarrier<256>" not in src and "AllReduce<tl::SumOp, 4, 1" in src
+    assert "__shfl_sync" in src and "warpgroup_reg_dealloc<24>" in src
+    report = kernel.metadata["reports"]["bounds"]
+    assert (report["unknown"], report["violations"]) == ([], []) and report["proven"] == report["accesses"] > 0
 
 
 def test_baseline_compiles():
@@ -139,7 +155,7 @@ def test_deterministic_100_runs():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("schedule", ["pipelined", "producer"])
+@pytest.mark.parametrize("schedule", sorted(SCHEDULES))
 @pytest.mark.parametrize("h,k,window", [(64, 512, 0), (128, 1024, 0), (128, 512, 128)])
 def test_bitwise_equal_to_baseline(attention_baseline, h, k, window, schedule):
     """Outputs poisoned with NaN first; masked slots (-1 and past the cache), a token with every
@@ -160,6 +176,7 @@ def test_bitwise_equal_to_baseline(attention_baseline, h, k, window, schedule):
     o, lse = sparse_attention(q, kv, idx, sink, schedule=schedule, **more)
     bo, blse = torch.full_like(o, float("nan")), torch.full_like(lse, float("nan"))
     attention_baseline("sparse_fwd").sparse_attention_fwd(q, kv, idx, sink, wkv, widx, bo, blse,
-                                                          1.0 / math.sqrt(512) * LOG2E, window)  # the wrapper's constant
+                                                          1.0 / math.sqrt(512) * LOG2E, window,  # the wrapper's constant
+                                                          schedule in ONE_CHAIN)
     assert_bitwise(o, bo, name="sparse forward o")
     assert_bitwise(lse, blse, name="sparse forward lse")
