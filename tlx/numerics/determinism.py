@@ -19,16 +19,16 @@ Findings, each ``{"kind", "function", "detail", ...}``:
 indexes no global buffer, a branch on a shape variable that is not a bounds guard, a call to
 an unknown external function). The verdicts ``deterministic`` and ``batch_invariant`` are
 ``False`` when a finding says so, ``True`` only when nothing was found and nothing was left
-unresolved, and ``"unknown"`` otherwise.
+unresolved, and ``"unknown"`` otherwise. A kernel whose shapes are all static gets
+``batch_invariant: "unknown"``: each batch size is then a separate compile, whose tile choices
+only the GPU harness (:mod:`tlx.numerics.invariance`) can compare.
 
 Synchronization helpers written as inline PTX (flags between CTAs, kernels or GPUs) are opaque
 calls; a kernel library declares them by effect (:func:`declare_sync`). A spin-wait on another
 agent's flag is then accepted under a stated assumption, listed in ``assumptions``: every wait
 arrives (its 0 result, a timeout or an abort, leaves the outputs unspecified and the caller
 raises an error), and a flag's release orders the data it guards. A failure record must sit in
-the branch of a wait that returned 0, or it stays unresolved. A kernel whose shapes are all static gets
-``batch_invariant: "unknown"``: each batch size is then a separate compile, whose tile choices
-only the GPU harness (:mod:`tlx.numerics.invariance`) can compare.
+the branch of a wait that returned 0, or it stays unresolved.
 """
 
 from __future__ import annotations
