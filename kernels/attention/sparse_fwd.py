@@ -150,7 +150,7 @@ def sparse_fwd_producer_kernel(heads: int, topk: int, window: int, scale_log2: f
     wait for each other and one's softmax can run under the other's products, at the price of
     computing the scores twice. Its row sums take TileLang's order for one warpgroup's 64-key
     tile (one chain over the thread's 16 scores), not the default's (two 32-key chains added):
-    other bits than the other schedules, and no CUDA baseline yet."""
+    other bits than the other schedules, those of ``sparse_fwd.cu`` with ``one_chain``."""
     check_kernel_shape(heads, topk, window, BLOCK_K)
     hb, bk, f32 = HEADS_PER_CTA, BLOCK_K, "float32"
     n_top, n_blocks = topk // bk, (topk + window) // bk
