@@ -88,6 +88,44 @@ def gather_slots(valid, KV_s, KV, Idx, WKV, WIdx, b, t, kb, bk: int, n_top: int)
             KV_s[j, d] = WKV[b, T.min(T.max(WIdx[b, t, T.max(kb - n_top, 0) * bk + j], 0), WKV.shape[1] - 1), d]
 
 
+@T.macro
+def block_step(Q_s, K_tile, V_tile, valid, stage, acc_s, p, acc_o, rows, scale_log2: float, split: bool):
+    """A consumer's step on one gathered key block: S = Q K^T (``split``: the two warpgroups 32
+    keys each, FullCol; else this warpgroup the whole tile), masked where ``valid`` (row
+    ``stage`` of it, or all of it for ``stage`` None) is 0, the
+    softmax step of common.py, P rounded into ``p`` (shared memory or a fragment), O *= alpha,
+    O += P V over ``V_tile``'s columns."""
+    m, m_prev, m_scaled, alpha, l, row_sum, _ = rows
+    hb, bk = acc_s.shape
+    if split:
+        T.gemm(Q_s, K_tile, acc_s, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullCol)
+    else:
+        T.gemm(Q_s, K_tile, acc_s, transpose_B=True, clear_accum=True)
+    for i, j in T.Parallel(hb, bk):
+        acc_s[i, j] = T.if_then_else((valid[j] if stage is None else valid[stage, j]) == 1, acc_s[i, j], C.neg_inf())
+    C.softmax_step(acc_s, m, m_prev, m_scaled, alpha, l, row_sum, scale_log2, hb, bk)
+    T.copy(acc_s, p)
+    C.rescale_rows(acc_o, alpha, hb, acc_o.shape[1])
+    if split:
+        T.gemm(p, V_tile, acc_o, policy=T.GemmWarpPolicy.FullCol)
+    else:
+        T.gemm(p, V_tile, acc_o)
+
+
+@T.macro
+def write_rows(acc_o, rows, Sink, h0, O_tile, LSE_tile):
+    """The sink into the sum, O / l into ``O_tile`` and the lse into ``LSE_tile`` (None: not written
+    here)."""
+    m, m_prev, m_scaled, alpha, l, row_sum, lse_rows = rows
+    hb, cols = acc_o.shape
+    for i in T.Parallel(hb):
+        l[i] = l[i] + T.exp2(T.ieee_fmaf(Sink[h0 + i], T.float32(C.LOG2E), -m_scaled[i]))
+    C.finish_rows(acc_o, l, m_scaled, lse_rows, hb, cols)
+    T.copy(acc_o, O_tile)
+    if LSE_tile is not None:
+        T.copy(lse_rows, LSE_tile)
+
+
 @tlx.jit(target=C.TARGET, assume=["1 <= N", "N <= 1073741824", "1 <= NW", "NW <= 1073741824"])
 def sparse_fwd_kernel(heads: int, topk: int, window: int, scale_log2: float, dtype: str = "bfloat16"):
     """Parameters ``Q [B, S, H, 512], KV [B, N, 512], Idx [B, S, topk] int32, Sink [H] fp32,
@@ -109,24 +147,14 @@ def sparse_fwd_kernel(heads: int, topk: int, window: int, scale_log2: float, dty
             valid = T.alloc_shared((bk,), "int32")
             acc_s = T.alloc_fragment((hb, bk), f32)
             acc_o = T.alloc_fragment((hb, DIM), f32)
-            m, m_prev, m_scaled, alpha, l, row_sum, lse_rows = C.row_state(hb)
+            rows = C.row_state(hb)
 
             T.copy(Q[bz, bx, by * hb:(by + 1) * hb, :], Q_s)
-            C.init_softmax(m, m_scaled, l, acc_o)
+            C.init_softmax(rows[0], rows[2], rows[4], acc_o)
             for kb in T.Pipelined(n_blocks, num_stages=2):
                 gather_slots(valid, KV_s, KV, Idx, WKV, WIdx, bz, bx, kb, bk, n_top)
-                T.gemm(Q_s, KV_s, acc_s, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullCol)
-                for i, j in T.Parallel(hb, bk):
-                    acc_s[i, j] = T.if_then_else(valid[j] == 1, acc_s[i, j], C.neg_inf())
-                C.softmax_step(acc_s, m, m_prev, m_scaled, alpha, l, row_sum, scale_log2, hb, bk)
-                T.copy(acc_s, P_s)
-                C.rescale_rows(acc_o, alpha, hb, DIM)
-                T.gemm(P_s, KV_s, acc_o, policy=T.GemmWarpPolicy.FullCol)
-            for i in T.Parallel(hb):
-                l[i] = l[i] + T.exp2(T.ieee_fmaf(Sink[by * hb + i], T.float32(C.LOG2E), -m_scaled[i]))
-            C.finish_rows(acc_o, l, m_scaled, lse_rows, hb, DIM)
-            T.copy(acc_o, O[bz, bx, by * hb:(by + 1) * hb, :])
-            T.copy(lse_rows, LSE[bz, bx, by * hb:(by + 1) * hb])
+                block_step(Q_s, KV_s, KV_s, valid, None, acc_s, P_s, acc_o, rows, scale_log2, True)
+            write_rows(acc_o, rows, Sink, by * hb, O[bz, bx, by * hb:(by + 1) * hb, :], LSE[bz, bx, by * hb:(by + 1) * hb])
 
     return main
 
@@ -162,53 +190,21 @@ def sparse_fwd_producer_kernel(heads: int, topk: int, window: int, scale_log2: f
         T.ptx_cp_async(T.access_ptr(dst[st, j, piece * 8], "w", 8), T.access_ptr(src[b, row, piece * 8], "r", 8), 8)
 
     @T.macro
-    def consume_alone(Q_s, KV_s, valid, full, empty, acc_s, p, acc_o, rows, Sink, O, LSE, bz, bx, by, w: int):
-        """Consumer warpgroup w of the independent schedule: every block's whole score tile and
-        softmax, output columns ``[256 w, 256 w + 256)``."""
-        m, m_prev, m_scaled, alpha, l, row_sum, lse_rows = rows
-        C.init_softmax(m, m_scaled, l, acc_o)
+    def consume(Q_s, KV_s, valid, full, empty, acc_s, p, acc_o, rows, Sink, O, LSE, bz, bx, by, w: int, split: bool):
+        """A consumer warpgroup over every block: ``split``, the two warpgroups share each block
+        (the default's instructions, P through shared memory ``p``, all 512 output columns);
+        else warpgroup w alone (its own scores and softmax, P in the fragment ``p``, output
+        columns ``[256 w, 256 w + 256)``)."""
+        cols = DIM if split else half
+        C.init_softmax(rows[0], rows[2], rows[4], acc_o)
         for kb in T.serial(n_blocks):
             T.mbarrier_wait_parity(full[kb % STAGES], (kb // STAGES) & 1)
             T.fence_proxy_async()  # the producer's cp.async rows before the wgmma reads them
-            T.gemm(Q_s, KV_s[kb % STAGES, :, :], acc_s, transpose_B=True, clear_accum=True)
-            for i, j in T.Parallel(hb, bk):
-                acc_s[i, j] = T.if_then_else(valid[kb % STAGES, j] == 1, acc_s[i, j], C.neg_inf())
-            C.softmax_step(acc_s, m, m_prev, m_scaled, alpha, l, row_sum, scale_log2, hb, bk)
-            T.copy(acc_s, p)
-            C.rescale_rows(acc_o, alpha, hb, half)
-            T.gemm(p, KV_s[kb % STAGES, :, w * half:(w + 1) * half], acc_o)
+            block_step(Q_s, KV_s[kb % STAGES, :, :], KV_s[kb % STAGES, :, w * cols:(w + 1) * cols], valid,
+                       kb % STAGES, acc_s, p, acc_o, rows, scale_log2, split)
             T.mbarrier_arrive(empty[kb % STAGES])
-        for i in T.Parallel(hb):
-            l[i] = l[i] + T.exp2(T.ieee_fmaf(Sink[by * hb + i], T.float32(C.LOG2E), -m_scaled[i]))
-        C.finish_rows(acc_o, l, m_scaled, lse_rows, hb, half)
-        T.copy(acc_o, O[bz, bx, by * hb:(by + 1) * hb, w * half:(w + 1) * half])
-        if w == 0:
-            T.copy(lse_rows, LSE[bz, bx, by * hb:(by + 1) * hb])
-
-    @T.macro
-    def consume_shared(Q_s, KV_s, P_s, valid, full, empty, acc_s, acc_o, m, m_prev, m_scaled, alpha, l, row_sum,
-                       lse_rows, Sink, O, LSE, bz, bx, by):
-        """Both consumer warpgroups on every block: 32 of its keys' scores each, the softmax's
-        reductions across both, P through shared memory, 256 output columns each (the default's
-        instructions)."""
-        C.init_softmax(m, m_scaled, l, acc_o)
-        for kb in T.serial(n_blocks):
-            T.mbarrier_wait_parity(full[kb % STAGES], (kb // STAGES) & 1)
-            T.fence_proxy_async()  # the producer's cp.async rows before the wgmma reads them
-            T.gemm(Q_s, KV_s[kb % STAGES, :, :], acc_s, transpose_B=True, clear_accum=True,
-                   policy=T.GemmWarpPolicy.FullCol)
-            for i, j in T.Parallel(hb, bk):
-                acc_s[i, j] = T.if_then_else(valid[kb % STAGES, j] == 1, acc_s[i, j], C.neg_inf())
-            C.softmax_step(acc_s, m, m_prev, m_scaled, alpha, l, row_sum, scale_log2, hb, bk)
-            T.copy(acc_s, P_s)
-            C.rescale_rows(acc_o, alpha, hb, DIM)
-            T.gemm(P_s, KV_s[kb % STAGES, :, :], acc_o, policy=T.GemmWarpPolicy.FullCol)
-            T.mbarrier_arrive(empty[kb % STAGES])
-        for i in T.Parallel(hb):
-            l[i] = l[i] + T.exp2(T.ieee_fmaf(Sink[by * hb + i], T.float32(C.LOG2E), -m_scaled[i]))
-        C.finish_rows(acc_o, l, m_scaled, lse_rows, hb, DIM)
-        T.copy(acc_o, O[bz, bx, by * hb:(by + 1) * hb, :])
-        T.copy(lse_rows, LSE[bz, bx, by * hb:(by + 1) * hb])
+        write_rows(acc_o, rows, Sink, by * hb, O[bz, bx, by * hb:(by + 1) * hb, w * cols:(w + 1) * cols],
+                   LSE[bz, bx, by * hb:(by + 1) * hb] if w == 0 else None)
 
     @T.macro
     def produce(KV, Idx, WKV, WIdx, KV_s, valid, full, empty, bz, bx, g):
@@ -256,7 +252,7 @@ def sparse_fwd_producer_kernel(heads: int, topk: int, window: int, scale_log2: f
                 P_s = T.alloc_shared((hb, bk), dtype)
                 acc_s = T.alloc_fragment((hb, bk), f32)
                 acc_o = T.alloc_fragment((hb, DIM), f32)
-                m, m_prev, m_scaled, alpha, l, row_sum, lse_rows = C.row_state(hb)
+                rows = C.row_state(hb)
             # full: the producer's 128 copying threads and the 64 that wrote `valid`; empty: the consumers
             full = T.alloc_barrier([C.WARPGROUP + bk] * STAGES)
             empty = T.alloc_barrier([consumers] * STAGES)
@@ -267,18 +263,17 @@ def sparse_fwd_producer_kernel(heads: int, topk: int, window: int, scale_log2: f
             if independent:
                 if tx < C.WARPGROUP:
                     T.set_max_nreg(240, 1)
-                    consume_alone(Q_s, KV_s, valid, full, empty, *state[0], Sink, O, LSE, bz, bx, by, 0)
+                    consume(Q_s, KV_s, valid, full, empty, *state[0], Sink, O, LSE, bz, bx, by, 0, False)
                 elif tx < consumers:
                     T.set_max_nreg(240, 1)
-                    consume_alone(Q_s, KV_s, valid, full, empty, *state[1], Sink, O, LSE, bz, bx, by, 1)
+                    consume(Q_s, KV_s, valid, full, empty, *state[1], Sink, O, LSE, bz, bx, by, 1, False)
                 else:
                     T.set_max_nreg(24, 0)
                     produce(KV, Idx, WKV, WIdx, KV_s, valid, full, empty, bz, bx, tx - consumers)
             else:
                 if tx < consumers:
                     T.set_max_nreg(240, 1)
-                    consume_shared(Q_s, KV_s, P_s, valid, full, empty, acc_s, acc_o, m, m_prev, m_scaled, alpha, l,
-                                   row_sum, lse_rows, Sink, O, LSE, bz, bx, by)
+                    consume(Q_s, KV_s, valid, full, empty, acc_s, P_s, acc_o, rows, Sink, O, LSE, bz, bx, by, 0, True)
                 else:
                     T.set_max_nreg(24, 0)
                     produce(KV, Idx, WKV, WIdx, KV_s, valid, full, empty, bz, bx, tx - consumers)
