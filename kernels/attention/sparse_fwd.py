@@ -92,9 +92,9 @@ def gather_slots(valid, KV_s, KV, Idx, WKV, WIdx, b, t, kb, bk: int, n_top: int)
 def block_step(Q_s, K_tile, V_tile, valid, stage, acc_s, p, acc_o, rows, scale_log2: float, split: bool):
     """A consumer's step on one gathered key block: S = Q K^T (``split``: the two warpgroups 32
     keys each, FullCol; else this warpgroup the whole tile), masked where ``valid`` (row
-    ``stage`` of it, or all of it for ``stage`` None) is 0, the
-    softmax step of common.py, P rounded into ``p`` (shared memory or a fragment), O *= alpha,
-    O += P V over ``V_tile``'s columns."""
+    ``stage`` of it, or all of it for ``stage`` None) is 0, the softmax step of common.py, P
+    rounded into ``p`` (shared memory or a fragment), O *= alpha, O += P V over ``V_tile``'s
+    columns."""
     m, m_prev, m_scaled, alpha, l, row_sum, _ = rows
     hb, bk = acc_s.shape
     if split:
