@@ -3,6 +3,7 @@
     python3 bench/tilelang_examples.py EXAMPLES_DIR [TARGET ...] [--out DIR] [--jobs N] [--exclude TEXT]
         [--timeout S] [--deadline S] [--stop S] [--costs OLD_RESULTS.json] [--collect-only]
         [--timing-rounds R] [--timing-jobs N] [--timing-deadline S] [--merge RESULTS.json] [--longest-first]
+        [--paired-rounds R]
 
 EXAMPLES_DIR is a TileLang checkout's ``examples/`` (or the checkout itself); its files are used
 in place, never copied into this repository. A TARGET is a path under it: a ``test_*.py`` file,
@@ -42,7 +43,19 @@ Steps:
    that differs while every kernel so far reproduced itself is a real divergence
    ("... before any nondeterminism"). Each row also says "same CUDA, same flags" or what
    differs. The summary counts both kinds.
-5. Timing phase (``--timing-rounds``, default 3; 0 turns it off), after every item finished or
+5. Paired kernel timing (``--paired-rounds R``, default 9; 0 turns it off), in the tlx arm: the
+   first recorded call of each kernel (up to ``_PAIRED_KERNELS`` per item) is timed against
+   TileLang's own build of the same program (tlx's ``compile_kernel`` hooked to remember the
+   program and options; ``tilelang.compile`` with the same outputs, target and pass configs,
+   served by the kernel cache the tilelang arm just filled) with the same arguments, in the
+   same process, under the GPU lock held exclusively: CUDA events around back-to-back calls
+   (about 2 ms a sample), R rounds of one sample per arm in alternating order, the median
+   per arm. The arguments' state after the call is restored afterwards. The row's "kernel
+   time" is the ratio of the summed medians, with the largest spread (interquartile range
+   over median) of any arm's samples and whether both builds have the same CUDA source. It
+   is the figure for the 2% target: the two launches differ only in the launcher, on one
+   GPU in one state, whatever else the machine does between samples.
+6. Timing phase (``--timing-rounds``, default 3; 0 turns it off), after every item finished or
    ``--deadline`` passed: each item with benchmark times in both arms runs again, rounds of
    tilelang then tlx, ``--timing-jobs`` processes at once whose tests each hold the GPU lock
    exclusively for the whole test (so only their start-up, on the CPU, overlaps), kernels from
@@ -121,7 +134,11 @@ import pytest
 ARMS = ("tilelang", "tlx")
 _ENV_ARM, _ENV_LOG, _ENV_LOCK, _ENV_COLLECT = "TLX_DROPIN_ARM", "TLX_DROPIN_LOG", "TLX_DROPIN_GPU_LOCK", "TLX_DROPIN_COLLECT"
 _ENV_TIMING = "TLX_DROPIN_TIMING"  # set: the timing phase (the test body holds the GPU lock whole, no checks)
+_ENV_PAIRED = "TLX_DROPIN_PAIRED"  # rounds of the tlx arm's paired timing of each kernel against TileLang's build (0: none)
 _MAX_RECORDED_CALLS = 64  # per process: enough to compare every correctness check's outputs
+_PAIRED_KERNELS = 8  # per process: the kernels of an item that get a paired timing (autotuners build dozens)
+_PAIRED_SAMPLE_MS = 2.0  # a paired timing's sample runs back-to-back calls for about this long
+_PAIRED_MAX_CALLS = 200  # ... and at most this many calls
 _ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -167,6 +184,11 @@ class _Recorder:
         self.outcomes: list[dict] = []
         self.in_bench = 0
         self.kernel_calls = 0
+        # paired timing (tlx arm): kernel -> TileLang's build of the same program, a clock, rounds
+        self.twin = None
+        self.clock = None
+        self.paired_rounds = 0
+        self.paired: list[dict] = []  # per timed kernel: kernel index, same CUDA, ms per call of each arm
 
     def kernel_call(self, fn):
         recorder = self
@@ -176,6 +198,8 @@ class _Recorder:
             with contextlib.nullcontext() if recorder.in_bench else recorder.lock.hold(exclusive=False):
                 out = recorder.record(fn, kernel, args, kwargs) if recording else fn(kernel, *args, **kwargs)
             recorder.kernel_calls += 1
+            if recording and recorder.wants_pair(kernel):
+                recorder.paired.append(recorder.time_pair(fn, kernel, args, kwargs))
             return out
 
         return call
@@ -199,6 +223,40 @@ class _Recorder:
             entry["replay"] = snapshot
         self.calls.append(entry)
         return out
+
+    def wants_pair(self, kernel) -> bool:
+        """A kernel's first recorded call gets a paired timing (tlx arm, up to ``_PAIRED_KERNELS``)."""
+        return (self.twin is not None and self.paired_rounds > 0 and len(self.paired) < _PAIRED_KERNELS
+                and self.kernel_of(kernel) not in {p["kernel"] for p in self.paired})
+
+    def time_pair(self, fn, kernel, args, kwargs) -> dict:
+        """The call just made, timed against TileLang's own build of the same program with the
+        same arguments, interleaved in this process (``paired_times``) while holding the GPU
+        lock exclusively. The arguments' state after the call is restored afterwards, so the
+        test goes on from what one call left (in-place and accumulating kernels included)."""
+        index = self.kernel_of(kernel)
+        entry = {"kernel": index}
+        try:
+            twin = self.twin(kernel)
+            entry["same CUDA"] = hashlib.sha256(twin.get_kernel_source().encode()).hexdigest() == self.kernels[index]["cuda_sha256"]
+        except Exception as e:  # noqa: BLE001 - recorded; the test goes on
+            entry["not timed"] = f"no TileLang build: {type(e).__name__}: {str(e)[:200]}"
+            return entry
+        touched = _touched_tensors([*args, *kwargs.values()])
+        saved = _snapshot(touched)
+        if isinstance(saved, str):
+            entry["not timed"] = saved.replace("not replayed", "not timed")
+            return entry
+        runs = {"tilelang": lambda: twin(*args, **kwargs), "tlx": lambda: fn(kernel, *args, **kwargs)}
+        try:
+            with self.lock.hold(exclusive=True):
+                entry.update(paired_times(runs, self.clock, self.paired_rounds))
+        except Exception as e:  # noqa: BLE001 - recorded; the test goes on
+            entry["not timed"] = f"{type(e).__name__}: {str(e)[:200]}"
+        finally:
+            for t, s in zip(touched, saved):
+                _write_back(t, s)
+        return entry
 
     def kernel_of(self, kernel) -> int:
         """The kernel's index in ``self.kernels``, recording its CUDA source hash and nvcc flags on first sight."""
@@ -253,13 +311,96 @@ class _Recorder:
 
     def save(self) -> None:
         record = {"outcomes": self.outcomes, "calls": self.calls, "kernels": self.kernels, "bench_ms": self.bench_ms,
-                  "lock_wait_s": round(self.lock.wait_s, 2)}
+                  "paired": self.paired, "lock_wait_s": round(self.lock.wait_s, 2)}
         Path(self.log).write_text(json.dumps(record))
 
 
 _recorder: _Recorder | None = None
 _REPLAYED_CALLS = 2  # per kernel: the first calls, run again to see whether the kernel reproduces itself
 _REPLAY_TRIES = 3  # runs of each replayed call (stopping at the first that differs): atomics' order varies run to run
+
+
+def paired_times(runs: dict, clock, rounds: int) -> dict:
+    """Each arm's milliseconds per call, measured side by side: ``runs`` maps an arm to a
+    zero-argument call, ``clock(run, n)`` gives the ms per call of n back-to-back calls. Two
+    warm-up calls each (a call one arm refuses raises here), then ``rounds`` rounds of one
+    sample per arm, the order alternating, n calls a sample (about ``_PAIRED_SAMPLE_MS``);
+    the median per arm and the spread of its samples (interquartile range over the median)."""
+    for run in runs.values():
+        clock(run, 2)
+    single = max(clock(run, 1) for run in runs.values())
+    n = max(1, min(_PAIRED_MAX_CALLS, int(_PAIRED_SAMPLE_MS / max(single, 1e-4))))
+    arms = list(runs)
+    samples = {arm: [] for arm in arms}
+    for r in range(rounds):
+        for arm in arms if r % 2 == 0 else arms[::-1]:
+            samples[arm].append(clock(runs[arm], n))
+    median = {arm: statistics.median(v) for arm, v in samples.items()}
+    spread = {}
+    for arm, v in samples.items():
+        q1, _, q3 = statistics.quantiles(v, n=4)
+        spread[arm] = (q3 - q1) / median[arm] if median[arm] > 0 else math.inf
+    return {"calls per sample": n, "rounds": rounds, "ms": median, "spread": spread}
+
+
+def _cuda_clock(run, n: int) -> float:
+    """ms per call of n back-to-back calls, between CUDA events on the current stream (where
+    both arms' launchers launch)."""
+    import torch
+
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    for _ in range(n):
+        run()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / n
+
+
+def _tilelang_twins(tilelang_compile):
+    """Hook tlx's ``compile_kernel`` to remember each kernel's program and options, and return
+    kernel -> TileLang's build of that program (``tilelang_compile``, TileLang's own compile:
+    the same outputs, target and pass configs, nvcc flags among them), built on first use."""
+    import tlx.compiler
+
+    compile_kernel, programs, twins = tlx.compiler.compile_kernel, {}, {}
+
+    def remembered(program, options, name=None, program_key=None):
+        kernel = compile_kernel(program, options, name=name, program_key=program_key)
+        programs[id(kernel)] = (kernel, program, options)  # the kernel held: its id stays unique
+        return kernel
+
+    def twin(kernel):
+        if id(kernel) not in twins:
+            if id(kernel) not in programs:
+                raise LookupError("the kernel was not built through tlx.compiler.compile_kernel")
+            prim_func, options = tlx.compiler.build_program(*programs[id(kernel)][1:])
+            twins[id(kernel)] = tilelang_compile(prim_func, target=options.target_dict(), **_caller_options(prim_func, options))
+        return twins[id(kernel)]
+
+    tlx.compiler.compile_kernel = remembered
+    return twin
+
+
+def _caller_options(prim_func, options) -> dict:
+    """``out_idx`` and ``pass_configs`` as the caller gave them to tlx: without what tlx merged
+    in from the program itself (``T.empty`` outputs, its compile flags appended to the device
+    flags, jit._program_options), which ``tilelang.compile`` merges in again from the same
+    attributes."""
+    from tlx.numerics.modes import DEVICE_FLAGS_CONFIG
+
+    attrs = prim_func.attrs or {}
+    pass_configs = options.pass_config_dict()
+    if "tilelang_compile_flags" in attrs:
+        own = [str(f) for f in attrs["tilelang_compile_flags"]]
+        flags = list(pass_configs.get(DEVICE_FLAGS_CONFIG) or [])
+        if own and flags[-len(own):] == own:
+            pass_configs[DEVICE_FLAGS_CONFIG] = flags[:-len(own)]
+            if not pass_configs[DEVICE_FLAGS_CONFIG]:
+                del pass_configs[DEVICE_FLAGS_CONFIG]
+    out_idx = None if "tilelang_out_idx" in attrs else list(options.out_idx) or None
+    return {"out_idx": out_idx, "pass_configs": pass_configs or None}
 
 
 def _tensors(value) -> list:
@@ -415,6 +556,9 @@ def install() -> None:
         import tlx
         from tlx.kernel import Kernel
 
+        recorder.paired_rounds = int(os.environ.get(_ENV_PAIRED) or 0)
+        if recorder.paired_rounds and recorder.checks:
+            recorder.twin, recorder.clock = _tilelang_twins(tilelang.compile), _cuda_clock
         tilelang.jit, tilelang.compile = tlx.jit, tlx.compile
         tilelang.autotune = tilelang.autotuner.autotune = tlx.autotune
         Kernel.__call__ = recorder.kernel_call(_call_of(Kernel))
@@ -503,11 +647,14 @@ if os.environ.get(_ENV_ARM) and os.environ.get(_ENV_LOG):
 
 
 # ---- the driver -----------------------------------------------------------------------------
-def _env(arm: str, log: Path, file: Path, lock: Path | None, collect: Path | None = None, timing: bool = False) -> dict:
+def _env(arm: str, log: Path, file: Path, lock: Path | None, collect: Path | None = None, timing: bool = False,
+         paired_rounds: int = 0) -> dict:
     env = {**os.environ, _ENV_ARM: arm, _ENV_LOG: str(log), "TILELANG_AUTO_TUNING_DISABLE_CACHE": "1",
            "PYTHONPATH": os.pathsep.join(p for p in (str(_ROOT), str(file.parent), os.environ.get("PYTHONPATH", "")) if p)}
     if timing:
         env[_ENV_TIMING] = "1"
+    if paired_rounds:
+        env[_ENV_PAIRED] = str(paired_rounds)
     if lock:
         env[_ENV_LOCK] = str(lock)
     if collect:
@@ -524,8 +671,8 @@ def _pytest(*args: str) -> list[str]:
 class Runner:
     """Starts test processes in their own process groups so that a stop kills them whole."""
 
-    def __init__(self, out: Path, lock: Path | None):
-        self.out, self.lock = out, lock
+    def __init__(self, out: Path, lock: Path | None, paired_rounds: int = 0):
+        self.out, self.lock, self.paired_rounds = out, lock, paired_rounds
         self.procs: set[subprocess.Popen] = set()
         self.guard = threading.Lock()
         self.stopped = False
@@ -618,7 +765,7 @@ def run_item(runner: Runner, examples: Path, nodeid: str, arm: str, timeout: flo
     log.parent.mkdir(parents=True, exist_ok=True)
     log.unlink(missing_ok=True)
     t0 = time.perf_counter()
-    env = _env(arm, log, path, runner.lock, timing=timing_round is not None)
+    env = _env(arm, log, path, runner.lock, timing=timing_round is not None, paired_rounds=runner.paired_rounds)
     rc, text = runner.run(_pytest("-x", f"{path.name}::{name}"), path.parent, env, timeout)
     seconds = round(time.perf_counter() - t0, 1)
     (runner.out / "items" / f"{stem}.log").write_text(text)
@@ -635,7 +782,7 @@ def run_item(runner: Runner, examples: Path, nodeid: str, arm: str, timeout: flo
     return {"status": status, "rc": rc, "seconds": seconds, "error": "" if status in ("pass", "skipped") else _last_error(text),
             "skip_reason": "; ".join(o["reason"] for o in outcomes if o["outcome"] == "skipped"),
             "oom": "out of memory" in text.lower() or "OutOfMemoryError" in text,
-            **{k: recorded.get(k, []) for k in ("calls", "kernels", "bench_ms")}, "lock_wait_s": recorded.get("lock_wait_s")}
+            **{k: recorded.get(k, []) for k in ("calls", "kernels", "bench_ms", "paired")}, "lock_wait_s": recorded.get("lock_wait_s")}
 
 
 def compare(results: dict) -> dict:
@@ -657,8 +804,27 @@ def compare(results: dict) -> dict:
         row["ratio"] = tb / ta
     else:
         row["time tlx/tilelang"] = "n/a" if not (tl["bench_ms"] or tx["bench_ms"]) else f"n/a ({len(tl['bench_ms'])} vs {len(tx['bench_ms'])} timings)"
+    row.update(paired_row(tl, tx))
     row["wall s"] = f"{tl['seconds']} / {tx['seconds']}"
     return row
+
+
+def paired_row(tl: dict, tx: dict) -> dict:
+    """The tlx arm's paired timings as row cells: the ratio of the summed ms per call of the
+    kernels timed against TileLang's builds (each kernel weighted by its time), the largest
+    spread of any arm's samples, and how many of the pairs compiled the same CUDA."""
+    paired = tx.get("paired", [])
+    timed = [p for p in paired if "ms" in p]
+    if tl["status"] != "pass" or tx["status"] != "pass" or not timed:
+        reasons = sorted({p["not timed"] for p in paired if "not timed" in p})
+        return {"kernel time tlx/tilelang": "n/a" + (f" ({'; '.join(reasons)[:200]})" if reasons else "")}
+    a, b = (sum(p["ms"][arm] for p in timed) for arm in ARMS)
+    spread = max(max(p["spread"].values()) for p in timed)
+    same = sum(bool(p.get("same CUDA")) for p in timed)
+    untimed = f", {len(paired) - len(timed)} not timed" if len(timed) < len(paired) else ""
+    return {"paired ratio": b / a, "paired spread": spread,
+            "kernel time tlx/tilelang": f"{b / a:.3f} ({len(timed)} kernels{untimed}, {a * 1e3:.1f} us a call set under "
+                                        f"TileLang; spread {spread:.1%}; same CUDA {same}/{len(timed)})"}
 
 
 def classify_outputs(tl: dict, tx: dict) -> dict:
@@ -782,12 +948,13 @@ class Table:
                 "of those timed alone, with each arm's rounds within 2% of each other": len(settled),
                 "of those, time within 2%": sum(abs(r["ratio"] - 1) <= 0.02 for r in settled),
                 "time ratio geomean": round(geomean, 4) if geomean else None,
+                **paired_summary(base),
                 "not applicable here": len(self.not_applicable), "files failing collection": len(self.collect_errors),
                 "running when written": len(self.running), "not reached": len(self.pending)}
 
     @staticmethod
     def markdown(state: dict) -> str:
-        columns = ["tilelang", "tlx", "outputs", "time tlx/tilelang", "wall s"]
+        columns = ["tilelang", "tlx", "outputs", "kernel time tlx/tilelang", "time tlx/tilelang", "wall s"]
         lines = [f"TileLang example tests, tilelang.jit vs tlx.jit ({state['meta']['written']}; {state['meta']['command']})",
                  *(f"Continues the table of {m.get('written')}; {m.get('command')}" for m in state["meta"].get("merged", [])), "",
                  "| test | " + " | ".join(columns) + " |", "|" + " --- |" * (len(columns) + 1)]
@@ -808,6 +975,18 @@ class Table:
             if entries:
                 lines += ["", f"{title}: {len(entries)}", *(f"- `{k}`{': ' + v if v else ''}" for k, v in entries.items())]
         return "\n".join(lines) + "\n"
+
+
+def paired_summary(rows: list[dict]) -> dict:
+    """The summary's counts of the paired timings (rows that pass under tilelang.jit)."""
+    ratios = [r["paired ratio"] for r in rows if "paired ratio" in r]
+    settled = [r for r in rows if r.get("paired spread", math.inf) <= 0.02]
+    return {"kernel-timed (paired, in one process)": len(ratios),
+            "kernel time within 2%": sum(abs(x - 1) <= 0.02 for x in ratios),
+            "kernel time ratio geomean": round(math.exp(sum(map(math.log, ratios)) / len(ratios)), 4) if ratios else None,
+            "kernel time ratio range": [round(min(ratios), 4), round(max(ratios), 4)] if ratios else None,
+            "of those kernel-timed, spread within 2%": len(settled),
+            "of those, kernel time within 2%": sum(abs(r["paired ratio"] - 1) <= 0.02 for r in settled)}
 
 
 def _write_atomic(path: Path, text: str) -> None:
@@ -852,6 +1031,8 @@ def main(argv=None) -> int:
     parser.add_argument("--timing-rounds", type=int, default=3, help="rounds of the timing phase (0: none; each round runs both arms once)")
     parser.add_argument("--timing-jobs", type=int, default=2, help="timing-phase processes at once (their tests run one at a time)")
     parser.add_argument("--timing-deadline", type=float, help="seconds after the start after which no item starts its timing rounds")
+    parser.add_argument("--paired-rounds", type=int, default=9,
+                        help="rounds of the tlx arm's paired timing of each kernel against TileLang's build of it (0: none)")
     parser.add_argument("--merge", type=Path, metavar="RESULTS.json",
                         help="start from an earlier run's table: only the TARGETs given run (none: no first phase), then the timing phase")
     parser.add_argument("--longest-first", action="store_true", help="start the costliest items first (shortest run when all must finish)")
@@ -864,12 +1045,14 @@ def main(argv=None) -> int:
             parser.error(f"--{name.replace('_', '-')}: expected at least 1, got {getattr(args, name)}")
     if args.timing_rounds < 0:
         parser.error(f"--timing-rounds: expected 0 or more, got {args.timing_rounds}")
+    if args.paired_rounds != 0 and args.paired_rounds < 3:
+        parser.error(f"--paired-rounds: expected 0 or at least 3 (a spread needs quartiles), got {args.paired_rounds}")
     if args.merge and not args.merge.is_file():
         parser.error(f"--merge: {args.merge} is not a file")
     start = time.monotonic()
     args.out.mkdir(parents=True, exist_ok=True)
     files = [(f, n) for f, n in test_files(examples, args.targets) if not any(text in f for text in args.exclude)]
-    runner = Runner(args.out, args.out / "gpu.lock")
+    runner = Runner(args.out, args.out / "gpu.lock", args.paired_rounds)
     table = Table(args.out, {"command": " ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]), "jobs": args.jobs,
                              "examples": str(examples)})
 
@@ -991,7 +1174,8 @@ def _run_all(runner: Runner, examples: Path, files: list, args, table: Table, st
             else:
                 table.rows[nodeid] = row
         table.write()
-        print(f"[{time.monotonic() - start:6.0f}s] {nodeid}: {row['tilelang']} / {row['tlx']}; {row['outputs']}; {row['time tlx/tilelang']}", flush=True)
+        print(f"[{time.monotonic() - start:6.0f}s] {nodeid}: {row['tilelang']} / {row['tlx']}; {row['outputs']}; kernels {row['kernel time tlx/tilelang']}; "
+              f"do_bench {row['time tlx/tilelang']}", flush=True)
 
     _parallel(args.jobs, work, one)
 

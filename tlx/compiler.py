@@ -453,7 +453,7 @@ def compile_kernel(program, options: Options, name: str | None = None, program_k
     target = normalize_target(options.target_dict())
     prim_func = None
     if program_key is None:
-        prim_func, options = _build(program, options)
+        prim_func, options = build_program(program, options)
         program_key = prim_func.script()
     # pass_configs steer TileLang's lowering: two builds differing only there are two kernels
     key = cache_key(program_key, {**pass_options(options, target), "name": name,
@@ -468,7 +468,7 @@ def compile_kernel(program, options: Options, name: str | None = None, program_k
             warnings.warn(f"tlx: cache entry {entry} is corrupted; rebuilding it", RuntimeWarning, stacklevel=3)
             shutil.rmtree(entry, ignore_errors=True)
         if prim_func is None:
-            prim_func, options = _build(program, options)
+            prim_func, options = build_program(program, options)
         _, build = compile_artifacts(prim_func, options, name=name, keep_workdir=True)
         build.cache_key = key
         try:
@@ -496,6 +496,8 @@ def _build_lock(key: str):
         os.close(fd)  # closing the descriptor releases the lock
 
 
-def _build(program, options: Options):
+def build_program(program, options: Options):
+    """``compile_kernel``'s program as ``(prim_func, options)``: a factory's thunk is run, and
+    a thunk that refines the options returns them with its PrimFunc."""
     built = program() if callable(program) else program
     return built if isinstance(built, tuple) else (built, options)

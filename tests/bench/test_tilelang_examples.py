@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -111,7 +112,7 @@ def test_table_writes_rows_lists_and_summary(tmp_path):
     assert state["summary"]["of those timed alone, with each arm's rounds within 2% of each other"] == 0
     assert state["not_reached"] == ["d/test_d.py::test_late"] and "c/test_c.py::test_long" in state["running"]
     md = (tmp_path / "results.md").read_text()
-    assert "| `a/test_a.py::test_ok` | pass | pass | bitwise equal | 1.010 (1 timings, beside other items) |" in md
+    assert "| `a/test_a.py::test_ok` | pass | pass | bitwise equal | n/a | 1.010 (1 timings, beside other items) |" in md
     assert "FAIL: E   AttributeError: 'Kernel' has no \\| attribute" in md  # the error, its pipe escaped
     assert "Not applicable here: skipped by the test's own marks or by itself (reason given): 1" in md
     assert "- `d/test_d.py::test_late`" in md and "Running when written (cut): 1" in md
@@ -238,6 +239,88 @@ def test_call_of_reaches_a_property_call_and_a_method():
 
     assert te._call_of(PropertyCall)(PropertyCall(), 1, 2) == ("launched", (1, 2))
     assert te._call_of(MethodCall)(MethodCall(), 1, 2, scale=3) == [3, 6]
+
+
+def test_paired_times_alternate_arms_and_size_samples():
+    """Two warm-up and one sizing call per arm, then rounds of one sample per arm in
+    alternating order, each sample as many calls as fill about 2 ms; medians and spreads."""
+    seen = []
+    per_call = {"tilelang": [0.5, 0.5, 0.5, 0.5, 0.6, 0.5, 0.5], "tlx": [0.25] * 7}
+
+    def clock(run, n):
+        arm = run()
+        seen.append((arm, n))
+        return per_call[arm][sum(a == arm for a, _ in seen) - 3] if len([a for a, _ in seen if a == arm]) > 2 else 0.5
+
+    out = te.paired_times({"tilelang": lambda: "tilelang", "tlx": lambda: "tlx"}, clock, rounds=5)
+    assert seen[:4] == [("tilelang", 2), ("tlx", 2), ("tilelang", 1), ("tlx", 1)]
+    assert [a for a, _ in seen[4:]] == ["tilelang", "tlx", "tlx", "tilelang", "tilelang", "tlx", "tlx", "tilelang", "tilelang", "tlx"]
+    assert {n for _, n in seen[4:]} == {4}  # 2 ms / 0.5 ms, the slower arm's single call
+    assert out["ms"] == {"tilelang": 0.5, "tlx": 0.25} and out["calls per sample"] == 4 and out["rounds"] == 5
+    assert out["spread"]["tlx"] == 0.0 and out["spread"]["tilelang"] > 0
+
+
+def test_recorder_times_a_kernel_against_its_twin_and_restores_its_arguments(tmp_path):
+    """The tlx arm's first call of a kernel is timed against TileLang's build of it (here a
+    stand-in twin) with the same arguments; an accumulating kernel's output is left as one call
+    left it; a later call of the same kernel and a kernel without a twin are not timed."""
+    recorder = _recorder(tmp_path)
+    accumulate = _FakeKernel(lambda a, c: c.add_(a), name="accumulate")
+    twin = _Twin(accumulate)
+
+    def twin_of(k):
+        if k is not accumulate:
+            raise LookupError("no program")
+        return twin
+
+    def clock(run, n):
+        t = time.perf_counter()
+        for _ in range(n):
+            run()
+        return (time.perf_counter() - t) * 1e3 / n
+
+    recorder.twin, recorder.clock, recorder.paired_rounds = twin_of, clock, 3
+    kernel = recorder.kernel_call(lambda self, *args: self.body(*args))
+    a, c = torch.arange(4, dtype=torch.float32), torch.ones(4)
+    kernel(accumulate, a, c)
+    assert c.tolist() == [1.0, 2.0, 3.0, 4.0]  # replays and timed calls ran, each undone
+    assert twin.calls >= 6  # the twin ran: warm-up, sizing and three samples
+    kernel(accumulate, a, c)
+    kernel(_FakeKernel(lambda a: a, name="lonely", source="other"), a)
+    assert [p["kernel"] for p in recorder.paired] == [0, 1]
+    timed, lonely = recorder.paired
+    assert timed["same CUDA"] is True and set(timed["ms"]) == {"tilelang", "tlx"} and timed["rounds"] == 3
+    assert lonely == {"kernel": 1, "not timed": "no TileLang build: LookupError: no program"}
+
+
+class _Twin:
+    """TileLang's build of a kernel, as the paired timing sees it: its source, counted calls."""
+
+    def __init__(self, kernel):
+        self.kernel, self.calls = kernel, 0
+
+    def get_kernel_source(self, kernel_only=True):
+        return self.kernel.source
+
+    def __call__(self, *args):
+        self.calls += 1
+        return self.kernel.body(*args)
+
+
+def test_paired_row_and_summary():
+    tl = _arm(checksums=[["a"]])
+    tx = {**_arm(checksums=[["a"]]), "paired": [
+        {"kernel": 0, "same CUDA": True, "ms": {"tilelang": 1.0, "tlx": 1.01}, "spread": {"tilelang": 0.004, "tlx": 0.01}},
+        {"kernel": 1, "same CUDA": False, "ms": {"tilelang": 0.01, "tlx": 0.008}, "spread": {"tilelang": 0.03, "tlx": 0.01}},
+        {"kernel": 2, "not timed": "no TileLang build: LookupError: x"}]}
+    row = te.compare({"tilelang": tl, "tlx": tx})
+    assert row["paired ratio"] == pytest.approx(1.018 / 1.01) and row["paired spread"] == 0.03
+    assert row["kernel time tlx/tilelang"] == "1.008 (2 kernels, 1 not timed, 1010.0 us a call set under TileLang; spread 3.0%; same CUDA 1/2)"
+    untimed = te.compare({"tilelang": tl, "tlx": {**tx, "paired": tx["paired"][2:]}})
+    assert untimed["kernel time tlx/tilelang"] == "n/a (no TileLang build: LookupError: x)" and "paired ratio" not in untimed
+    summary = te.paired_summary([row, untimed, {**row, "paired ratio": 1.05, "paired spread": 0.01}])
+    assert summary["kernel-timed (paired, in one process)"] == 2 and summary["kernel time within 2%"] == 1
+    assert summary["of those kernel-timed, spread within 2%"] == 1 and summary["of those, kernel time within 2%"] == 0
 
 
 def test_gpu_lock_shared_for_kernels_exclusive_for_benchmarks(tmp_path):
@@ -516,7 +599,8 @@ def test_timing_phase_alternates_arms_on_timed_rows_only(tmp_path, monkeypatch):
 def test_tlx_arm_patches_an_example_and_compiles_it(tmp_path, cpu_target):
     """Under the tlx arm TileLang's gemm example's ``@tilelang.jit`` is tlx's, and its own
     ``matmul.compile(M=..., ...)`` (eager style, ``T.const``/``T.empty``) builds a tlx kernel
-    for sm_90a whose ``get_kernel_source`` is the CUDA tlx compiled; a call through the
+    for sm_90a whose ``get_kernel_source`` is the CUDA tlx compiled, the same as TileLang's own
+    build of that program (the paired timing's counterpart); a call through the
     recorder's hook reaches the launcher (which refuses CPU tensors)."""
     code = textwrap.dedent(f"""
         import dataclasses
@@ -533,6 +617,9 @@ def test_tlx_arm_patches_an_example_and_compiles_it(tmp_path, cpu_target):
         assert type(kernel) is Kernel, type(kernel)
         source = kernel.get_kernel_source()
         assert "__global__" in source, source[:400]
+        # the paired timing's counterpart: TileLang's own build of the program tlx compiled
+        twin = bench.tilelang_examples._recorder.twin(kernel)
+        assert type(twin).__name__ == "JITKernel" and twin.get_kernel_source() == source, "TileLang's build differs"
         a = torch.zeros(1024, 1024, dtype=torch.float16)  # on the CPU: through the recorder to the launcher's check
         try:
             kernel(a, a)
@@ -540,7 +627,7 @@ def test_tlx_arm_patches_an_example_and_compiles_it(tmp_path, cpu_target):
             print("OK", kernel, "launcher refused:", e)
     """)
     gemm = CHECKOUT / "examples" / "gemm"
-    env = {**os.environ, te._ENV_ARM: "tlx", te._ENV_LOG: str(tmp_path / "log.json"), "TLX_CACHE_DIR": str(tmp_path / "cache"),
+    env = {**os.environ, te._ENV_ARM: "tlx", te._ENV_LOG: str(tmp_path / "log.json"), te._ENV_PAIRED: "3", "TLX_CACHE_DIR": str(tmp_path / "cache"),
            "PYTHONPATH": os.pathsep.join([str(_ROOT), str(gemm)])}
     proc = subprocess.run([sys.executable, "-c", code], cwd=gemm, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0 and "OK" in proc.stdout and "launcher refused" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-4000:]
