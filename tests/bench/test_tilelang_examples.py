@@ -84,6 +84,15 @@ def test_same_code_says_what_differs():
     assert te._same_code([{**k, "nvcc_flags": None}], [k], {0}) == "same CUDA, flags unknown for 1/1 (tilelang cache hit)"
     assert te._same_code([k], [{**k, "cuda_sha256": None}], {0}).startswith("CUDA differs in 1/1 kernels")
     assert te._same_code([k], [k, k], {0}) == "1 vs 2 kernels"
+    # two builds whose sources differ only in TileLang's numbering of reduction workspaces
+    one = "float* workspace_1; float* workspace_2; run(workspace_1); run(workspace_2);"
+    two = "float* workspace_1; float* workspace_2; run(workspace_2); run(workspace_1);"
+    other = "float* workspace_1; run(workspace_1); run(workspace_1);"
+    built = [{**k, "cuda_sha256": sha, "cuda_sha256_renamed": renamed} for sha, renamed in map(te._cuda_hashes, (one, two, other))]
+    assert te._same_code([built[0], built[0]], [built[1], built[1]], {0, 1}) == \
+        "CUDA differs in 2/2 kernels (all up to workspace numbering), same flags"
+    assert te._same_code([built[0], built[0]], [built[1], built[2]], {0, 1}) == \
+        "CUDA differs in 2/2 kernels (1 up to workspace numbering), same flags"
 
 
 def test_nvcc_flags_drop_paths_and_sort():
@@ -148,7 +157,7 @@ def test_recorder_checksums_kernel_calls_outside_benchmarks(tmp_path):
     assert len(log["calls"]) == 1  # the call inside the benchmark is not recorded
     assert log["calls"][0] == {"kernel": 0, "checksums": [te._checksum(out), te._checksum(a), te._checksum(b)], "replay": "same"}
     sha = __import__("hashlib").sha256(add.source.encode()).hexdigest()
-    assert log["kernels"] == [{"name": "k", "cuda_sha256": sha, "nvcc_flags": None}]
+    assert log["kernels"] == [{"name": "k", "cuda_sha256": sha, "cuda_sha256_renamed": te._cuda_hashes(add.source)[1], "nvcc_flags": None}]
     changed = out.clone()
     changed.view(torch.uint8)[5] ^= 1
     assert te._checksum(changed) != te._checksum(out)
@@ -311,11 +320,11 @@ def test_paired_row_and_summary():
     tl = _arm(checksums=[["a"]])
     tx = {**_arm(checksums=[["a"]]), "paired": [
         {"kernel": 0, "same CUDA": True, "ms": {"tilelang": 1.0, "tlx": 1.01}, "spread": {"tilelang": 0.004, "tlx": 0.01}},
-        {"kernel": 1, "same CUDA": False, "ms": {"tilelang": 0.01, "tlx": 0.008}, "spread": {"tilelang": 0.03, "tlx": 0.01}},
+        {"kernel": 1, "same CUDA": te._WORKSPACES, "ms": {"tilelang": 0.01, "tlx": 0.008}, "spread": {"tilelang": 0.03, "tlx": 0.01}},
         {"kernel": 2, "not timed": "no TileLang build: LookupError: x"}]}
     row = te.compare({"tilelang": tl, "tlx": tx})
     assert row["paired ratio"] == pytest.approx(1.018 / 1.01) and row["paired spread"] == 0.03
-    assert row["kernel time tlx/tilelang"] == "1.008 (2 kernels, 1 not timed, 1010.0 us a call set under TileLang; spread 3.0%; same CUDA 1/2)"
+    assert row["kernel time tlx/tilelang"] == "1.008 (2 kernels, 1 not timed, 1010.0 us a call set under TileLang; spread 3.0%; same CUDA 1/2, 1 more up to workspace numbering)"
     untimed = te.compare({"tilelang": tl, "tlx": {**tx, "paired": tx["paired"][2:]}})
     assert untimed["kernel time tlx/tilelang"] == "n/a (no TileLang build: LookupError: x)" and "paired ratio" not in untimed
     summary = te.paired_summary([row, untimed, {**row, "paired ratio": 1.05, "paired spread": 0.01}])
