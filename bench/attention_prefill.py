@@ -79,7 +79,7 @@ def backward_configs(dims=(64, 128, 256)):
     return [("backward", d, c) for d in dims for c in (False, True)]
 
 
-SPARSE_SCHEDULES = ("pipelined", "producer", "independent")  # kernels/attention/sparse_fwd.py's SCHEDULES, timed side by side
+SPARSE_SCHEDULES = ("pipelined", "producer", "independent", "alternate")  # kernels/attention/sparse_fwd.py's SCHEDULES, timed side by side
 
 
 BENCH_CONFIGS = (dense_forward_configs() + backward_configs()

@@ -8,7 +8,7 @@ TARGET: ``dense_fwd`` (the default forward, b 8 h 32 s 4096 d 128), ``dense_bwd`
 deterministic backward at that shape: delta, dK/dV, dQ), ``mla_h128`` / ``mla_h16`` (MLA decode,
 B 128, ctx 8192, T 1, bf16 cache: split, combine), ``sparse`` / ``sparse_e4m3`` (sparse MLA
 decode at the benchmark's shape: B 128, H 128, k 2048, bf16 / e4m3 cache), ``sparse_fwd`` /
-``sparse_fwd_producer`` / ``sparse_fwd_independent`` (the sparse prefill forward at its
+``sparse_fwd_producer`` / ``sparse_fwd_independent`` / ``sparse_fwd_alternate`` (the sparse prefill forward at its
 benchmark shape, each schedule). Inputs are random (never zeros); the first
 call's output is checked for finiteness, so a broken launch is not mistaken for the kernel.
 """
@@ -71,7 +71,7 @@ TARGETS = {"dense_fwd": lambda: _dense(False), "dense_bwd": lambda: _dense(True)
            "mla_h128": lambda: _mla(128), "mla_h16": lambda: _mla(16),
            "sparse": lambda: _sparse(False), "sparse_e4m3": lambda: _sparse(True),
            "sparse_fwd": lambda: _sparse_fwd("pipelined"), "sparse_fwd_producer": lambda: _sparse_fwd("producer"),
-           "sparse_fwd_independent": lambda: _sparse_fwd("independent")}
+           "sparse_fwd_independent": lambda: _sparse_fwd("independent"), "sparse_fwd_alternate": lambda: _sparse_fwd("alternate")}
 
 
 def main(target: str) -> None:

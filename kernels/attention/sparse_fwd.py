@@ -26,8 +26,10 @@ every softmax. ``schedule="independent"`` lets the two warpgroups drift apart: e
 every block's whole score tile and its own softmax (the scores twice, no cross-warpgroup step),
 so that one's softmax can run under the other's products; its row sums are one chain per
 thread, the baseline's ``one_chain`` order. It ran at 227 TFLOP/s: the second score product
-costs more than the overlap gains. FlashMLA's layout (warpgroups on alternate blocks, the scores
-once, the softmax state handed over) is the step after that.
+costs more than the overlap gains. ``schedule="alternate"`` (FlashMLA's layout, not yet run on a
+GPU) computes the scores once: the warpgroups own alternate blocks, hand the softmax state and
+P over through shared memory, and both add every block into their own output columns; its
+arithmetic is the independent schedule's, step for step.
 
 Fixed orders, the contract with the CUDA baseline ``sparse_fwd.cu`` (bit for bit): S = Q KV^T
 by wgmma with the 512 dims ascending in steps of 16; per block, common.py's softmax steps with
@@ -165,7 +167,7 @@ STAGES = 2  # gathered key blocks in flight (producer schedule)
 
 @tlx.jit(target=C.TARGET, assume=["1 <= N", "N <= 1073741824", "1 <= NW", "NW <= 1073741824"])
 def sparse_fwd_producer_kernel(heads: int, topk: int, window: int, scale_log2: float, dtype: str = "bfloat16",
-                               independent: bool = False):
+                               consumers: str = "shared"):
     """``sparse_fwd_kernel``'s computation (same parameters, the same instructions in the same
     order on the consumers: the same bits) with the gather moved into a producer warpgroup:
     it finds each block's 64 rows (the slots' validity into ``valid``, before the stage frees),
@@ -173,17 +175,31 @@ def sparse_fwd_producer_kernel(heads: int, topk: int, window: int, scale_log2: f
     which wait on an mbarrier instead of loading the rows themselves (module docstring: on an
     H200 it is not faster than the default).
 
-    ``independent`` (``schedule="independent"``): each consumer warpgroup computes the whole
+    ``consumers="independent"`` (``schedule="independent"``): each consumer warpgroup computes the whole
     64 x 64 score tile of every block itself and runs its own softmax (no cross-warpgroup
     reduction, P stays in registers), then its 256 output columns, so the two warpgroups never
     wait for each other and one's softmax can run under the other's products, at the price of
     computing the scores twice. Its row sums take TileLang's order for one warpgroup's 64-key
     tile (one chain over the thread's 16 scores), not the default's (two 32-key chains added):
-    other bits than the other schedules, those of ``sparse_fwd.cu`` with ``one_chain``."""
+    other bits than the other schedules, those of ``sparse_fwd.cu`` with ``one_chain``.
+
+    ``consumers="alternate"`` (``schedule="alternate"``, FlashMLA's layout): warpgroup w owns the
+    blocks ``j % 2 == w``. It computes block j's whole score tile (m64n64, once), waits for the
+    softmax state after block j - 1 (row max, scaled max, row sum: from the other warpgroup,
+    through shared memory), runs block j's softmax step and hands P_j (bf16) and the state after
+    j over in slot ``j % 2``; then both warpgroups add first the other's block j - 1 and then
+    block j into their own 256 output columns (O *= alpha, O += P V, P from shared memory). The
+    softmax steps thus run in block order, one warpgroup's under the other's products, and the
+    arithmetic is the independent schedule's step for step: the bits of ``sparse_fwd.cu`` with
+    ``one_chain``. mbarriers: ``ready[s]`` (the owner's 128 threads: P_j and the state after j
+    are in slot s = j % 2), ``free[s]`` (the other's: it has read slot s for block j, so block
+    j + 2 may overwrite it)."""
+    if consumers not in ("shared", "independent", "alternate"):
+        raise ValueError(f"consumers: expected 'shared', 'independent' or 'alternate', got {consumers!r}")
     check_kernel_shape(heads, topk, window, BLOCK_K)
     hb, bk, f32 = HEADS_PER_CTA, BLOCK_K, "float32"
     n_top, n_blocks = topk // bk, (topk + window) // bk
-    consumers, half = 2 * C.WARPGROUP, DIM // 2
+    consumer_threads, half = 2 * C.WARPGROUP, DIM // 2
 
     @T.macro
     def row_copy(dst, st, src, b, row, j, piece):
@@ -205,6 +221,65 @@ def sparse_fwd_producer_kernel(heads: int, topk: int, window: int, scale_log2: f
                        kb % STAGES, acc_s, p, acc_o, rows, scale_log2, split)
             T.mbarrier_arrive(empty[kb % STAGES])
         write_rows(acc_o, rows, Sink, by * hb, O[bz, bx, by * hb:(by + 1) * hb, w * cols:(w + 1) * cols],
+                   LSE[bz, bx, by * hb:(by + 1) * hb] if w == 0 else None)
+
+    @T.macro
+    def add_block(acc_o, alpha_of, P_s, KV_s, kb, w: int):
+        """O *= alpha, O += P V over block ``kb``'s keys, into this warpgroup's 256 columns (P and
+        alpha of the block from slot ``kb % 2``)."""
+        for i, d in T.Parallel(hb, half):
+            acc_o[i, d] = acc_o[i, d] * alpha_of[kb % 2, 3, i]
+        T.gemm(P_s[kb % 2, :, :], KV_s[kb % STAGES, :, w * half:(w + 1) * half], acc_o)
+
+    @T.macro
+    def consume_alternate(Q_s, KV_s, valid, full, empty, ready, free, P_s, state_s, acc_s, acc_o, rows, Sink, O, LSE,
+                          bz, bx, by, w: int):
+        """Consumer warpgroup w of the alternate layout (docstring): its own blocks' scores and
+        softmax steps, every block's products into its output columns, in block order."""
+        m, m_prev, m_scaled, alpha, l, row_sum, _ = rows
+        T.fill(acc_o, 0)
+        for step in T.serial((n_blocks - w + 1) // 2):
+            j = 2 * step + w
+            T.mbarrier_wait_parity(full[j % STAGES], (j // STAGES) & 1)
+            T.fence_proxy_async()  # the producer's cp.async rows before the wgmma reads them
+            T.gemm(Q_s, KV_s[j % STAGES, :, :], acc_s, transpose_B=True, clear_accum=True)
+            for i, c in T.Parallel(hb, bk):
+                acc_s[i, c] = T.if_then_else(valid[j % STAGES, c] == 1, acc_s[i, c], C.neg_inf())
+            if j == 0:
+                T.fill(m, C.neg_inf())
+                T.fill(m_scaled, 0)
+                T.fill(l, 0)
+            else:  # the state after block j - 1, handed over by the other warpgroup
+                T.mbarrier_wait_parity(ready[(j - 1) % 2], ((j - 1) // 2) & 1)
+                for i in T.Parallel(hb):
+                    m[i] = state_s[(j - 1) % 2, 0, i]
+                    m_scaled[i] = state_s[(j - 1) % 2, 1, i]
+                    l[i] = state_s[(j - 1) % 2, 2, i]
+            C.softmax_step(acc_s, m, m_prev, m_scaled, alpha, l, row_sum, scale_log2, hb, bk)
+            if j >= 2:  # the other warpgroup has added block j - 2 from this slot
+                T.mbarrier_wait_parity(free[j % 2], ((j - 2) // 2) & 1)
+            T.copy(acc_s, P_s[j % 2, :, :])
+            for i in T.Parallel(hb):
+                state_s[j % 2, 0, i] = m[i]
+                state_s[j % 2, 1, i] = m_scaled[i]
+                state_s[j % 2, 2, i] = l[i]
+                state_s[j % 2, 3, i] = alpha[i]
+            T.fence_proxy_async()  # P's generic stores before the other warpgroup's wgmma reads them
+            T.mbarrier_arrive(ready[j % 2])
+            if j > 0:  # the other warpgroup's block j - 1 first: the products in block order
+                add_block(acc_o, state_s, P_s, KV_s, j - 1, w)
+                T.mbarrier_arrive(free[(j - 1) % 2])
+                T.mbarrier_arrive(empty[(j - 1) % STAGES])
+            add_block(acc_o, state_s, P_s, KV_s, j, w)
+            T.mbarrier_arrive(empty[j % STAGES])
+        if (n_blocks - 1) % 2 != w:  # the other's last block, after this warpgroup's last one
+            T.mbarrier_wait_parity(ready[(n_blocks - 1) % 2], ((n_blocks - 1) // 2) & 1)
+            add_block(acc_o, state_s, P_s, KV_s, n_blocks - 1, w)
+            T.mbarrier_arrive(empty[(n_blocks - 1) % STAGES])
+            for i in T.Parallel(hb):
+                m_scaled[i] = state_s[(n_blocks - 1) % 2, 1, i]
+                l[i] = state_s[(n_blocks - 1) % 2, 2, i]
+        write_rows(acc_o, rows, Sink, by * hb, O[bz, bx, by * hb:(by + 1) * hb, w * half:(w + 1) * half],
                    LSE[bz, bx, by * hb:(by + 1) * hb] if w == 0 else None)
 
     @T.macro
@@ -242,13 +317,19 @@ def sparse_fwd_producer_kernel(heads: int, topk: int, window: int, scale_log2: f
              Idx: T.Tensor((batch, seq, topk), "int32"), Sink: T.Tensor((heads,), f32),
              WKV: T.Tensor((batch, n_window_kv, DIM), dtype), WIdx: T.Tensor((batch, seq, max(window, 1)), "int32"),
              O: T.Tensor((batch, seq, heads, DIM), dtype), LSE: T.Tensor((batch, seq, heads), f32)):
-        with T.Kernel(seq, heads // hb, batch, threads=consumers + C.WARPGROUP) as (bx, by, bz):
+        with T.Kernel(seq, heads // hb, batch, threads=consumer_threads + C.WARPGROUP) as (bx, by, bz):
             Q_s = T.alloc_shared((hb, DIM), dtype)
             KV_s = T.alloc_shared((STAGES, bk, DIM), dtype)
             valid = T.alloc_shared((STAGES, bk), "int32")
-            if independent:  # each consumer's own scores, probabilities, softmax state and output half
+            if consumers == "independent":  # each consumer's own scores, probabilities, softmax state and output half
                 state = [(T.alloc_fragment((hb, bk), f32), T.alloc_fragment((hb, bk), dtype),
                           T.alloc_fragment((hb, half), f32), C.row_state(hb)) for _ in range(2)]
+            elif consumers == "alternate":  # each consumer's scores, output half and softmax state; P and the state handed over
+                P_s = T.alloc_shared((2, hb, bk), dtype)
+                state_s = T.alloc_shared((2, 4, hb), f32)  # per slot: row max, scaled max, row sum, alpha
+                state = [(T.alloc_fragment((hb, bk), f32), T.alloc_fragment((hb, half), f32), C.row_state(hb)) for _ in range(2)]
+                ready = T.alloc_barrier([C.WARPGROUP] * 2)
+                free = T.alloc_barrier([C.WARPGROUP] * 2)
             else:
                 P_s = T.alloc_shared((hb, bk), dtype)
                 acc_s = T.alloc_fragment((hb, bk), f32)
@@ -256,35 +337,46 @@ def sparse_fwd_producer_kernel(heads: int, topk: int, window: int, scale_log2: f
                 rows = C.row_state(hb)
             # full: the producer's 128 copying threads and the 64 that wrote `valid`; empty: the consumers
             full = T.alloc_barrier([C.WARPGROUP + bk] * STAGES)
-            empty = T.alloc_barrier([consumers] * STAGES)
+            empty = T.alloc_barrier([consumer_threads] * STAGES)
             tx = T.get_thread_binding()
             for i, d in T.Parallel(hb, DIM):
                 Q_s[i, d] = Q[bz, bx, by * hb + i, d]
             T.sync_threads()
-            if independent:
+            if consumers == "alternate":
+                if tx < C.WARPGROUP:
+                    T.set_max_nreg(240, 1)
+                    consume_alternate(Q_s, KV_s, valid, full, empty, ready, free, P_s, state_s, *state[0], Sink, O, LSE, bz, bx, by, 0)
+                elif tx < consumer_threads:
+                    T.set_max_nreg(240, 1)
+                    consume_alternate(Q_s, KV_s, valid, full, empty, ready, free, P_s, state_s, *state[1], Sink, O, LSE, bz, bx, by, 1)
+                else:
+                    T.set_max_nreg(24, 0)
+                    produce(KV, Idx, WKV, WIdx, KV_s, valid, full, empty, bz, bx, tx - consumer_threads)
+            elif consumers == "independent":
                 if tx < C.WARPGROUP:
                     T.set_max_nreg(240, 1)
                     consume(Q_s, KV_s, valid, full, empty, *state[0], Sink, O, LSE, bz, bx, by, 0, False)
-                elif tx < consumers:
+                elif tx < consumer_threads:
                     T.set_max_nreg(240, 1)
                     consume(Q_s, KV_s, valid, full, empty, *state[1], Sink, O, LSE, bz, bx, by, 1, False)
                 else:
                     T.set_max_nreg(24, 0)
-                    produce(KV, Idx, WKV, WIdx, KV_s, valid, full, empty, bz, bx, tx - consumers)
+                    produce(KV, Idx, WKV, WIdx, KV_s, valid, full, empty, bz, bx, tx - consumer_threads)
             else:
-                if tx < consumers:
+                if tx < consumer_threads:
                     T.set_max_nreg(240, 1)
                     consume(Q_s, KV_s, valid, full, empty, acc_s, P_s, acc_o, rows, Sink, O, LSE, bz, bx, by, 0, True)
                 else:
                     T.set_max_nreg(24, 0)
-                    produce(KV, Idx, WKV, WIdx, KV_s, valid, full, empty, bz, bx, tx - consumers)
+                    produce(KV, Idx, WKV, WIdx, KV_s, valid, full, empty, bz, bx, tx - consumer_threads)
 
     return main
 
 
 SCHEDULES = {"pipelined": sparse_fwd_kernel, "producer": sparse_fwd_producer_kernel,
-             "independent": lambda *a: sparse_fwd_producer_kernel(*a, independent=True)}
-ONE_CHAIN = frozenset({"independent"})  # schedules whose row sums are one chain (sparse_fwd.cu's one_chain)
+             "independent": lambda *a: sparse_fwd_producer_kernel(*a, consumers="independent"),
+             "alternate": lambda *a: sparse_fwd_producer_kernel(*a, consumers="alternate")}
+ONE_CHAIN = frozenset({"independent", "alternate"})  # schedules whose row sums are one chain (sparse_fwd.cu's one_chain)
 
 
 def check_index(name: str, t) -> None:
@@ -332,8 +424,9 @@ def sparse_attention(q, kv, indices, sink, *, softmax_scale: float | None = None
     (bf16), ``kv [b, n, 512]``, ``indices [b, s, k]`` int32, ``sink [h]`` fp32; optional window
     ``window_kv [b, n_w, 512]`` with ``window_indices [b, s, w]``. ``softmax_scale`` defaults to
     ``1 / sqrt(512)``. ``schedule``: "pipelined" (``sparse_fwd_kernel``), "producer"
-    (``sparse_fwd_producer_kernel``: the same bits, 4% slower on an H200) or "independent" (its
-    ``independent`` form: other row-sum bits, 12% slower)."""
+    (``sparse_fwd_producer_kernel``: the same bits, 4% slower on an H200), "independent" (its
+    ``consumers="independent"`` form: other row-sum bits, 12% slower) or "alternate"
+    (``consumers="alternate"``: the independent schedule's bits; not yet run on a GPU)."""
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule: expected one of {tuple(SCHEDULES)}, got {schedule!r}")
     b, s, h, window, window_kv, window_indices = check_inputs(q, kv, indices, sink, window_kv, window_indices)

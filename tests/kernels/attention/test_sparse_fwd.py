@@ -37,7 +37,7 @@ def test_producer_schedule_compiles_with_the_same_consumer_arithmetic(determinis
     assert "cp_async_gs" in src and "warpgroup_reg_dealloc<24>" in src and "__shfl_sync" in src
     report = kernel.metadata["reports"]["bounds"]
     assert (report["unknown"], report["violations"]) == ([], []) and report["proven"] == report["accesses"] > 0
-    with pytest.raises(ValueError, match=r"schedule: expected one of \('pipelined', 'producer', 'independent'\), got 'tma'"):
+    with pytest.raises(ValueError, match=r"schedule: expected one of \('pipelined', 'producer', 'independent', 'alternate'\), got 'tma'"):
         sparse_attention(torch.zeros(1, 1, 64, 512, dtype=torch.bfloat16), torch.zeros(1, 8, 512, dtype=torch.bfloat16),
                          torch.zeros(1, 1, 512, dtype=torch.int32), torch.zeros(64), schedule="tma")
 
@@ -54,6 +54,23 @@ def test_independent_schedule_has_no_cross_warpgroup_step(deterministic):
     assert "64, 64, 16, false, false" in src and "wgmma_rs<tl::DataType::kBFloat16, tl::DataType::kBFloat16, tl::DataType::kFloat32, 64, 256, 16" in src
     assert "NamedBarrier<256>" not in src and "AllReduce<tl::SumOp, 4, 1" in src
     assert "__shfl_sync" in src and "warpgroup_reg_dealloc<24>" in src
+    report = kernel.metadata["reports"]["bounds"]
+    assert (report["unknown"], report["violations"]) == ([], []) and report["proven"] == report["accesses"] > 0
+
+
+@pytest.mark.parametrize("window", [128, 64])  # 18 key blocks (warpgroup 0 adds the last, 1's) and 17 (the reverse)
+def test_alternate_schedule_hands_the_softmax_state_over(deterministic, window):
+    """The alternate schedule: each consumer warpgroup computes the whole 64 x 64 score tile of
+    its own blocks only (m64n64, no 256-thread reduction), hands P and the softmax state over
+    through shared memory (the ``ready`` / ``free`` mbarriers, 128 arrivals each) and adds every
+    block into its 256 columns with P from shared memory (m64n256, SS); every access proven."""
+    kernel = SCHEDULES["alternate"](128, 1024, window, LOG2E / math.sqrt(512))
+    assert deterministic(kernel) is True
+    src = kernel.device_source
+    assert src.count("tl::DataType::kFloat32, 64, 64, 16, false, false") == 2  # one score product per warpgroup
+    assert src.count("tl::DataType::kFloat32, 64, 256, 16, false, true") == 5  # per warpgroup the other's block and its own; one tail
+    assert "wgmma_rs" not in src and "NamedBarrier<256>" not in src
+    assert all(f"{name}[{i}].init(128);" in src for name in ("ready", "free") for i in (0, 1))
     report = kernel.metadata["reports"]["bounds"]
     assert (report["unknown"], report["violations"]) == ([], []) and report["proven"] == report["accesses"] > 0
 
@@ -156,7 +173,7 @@ def test_deterministic_100_runs():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("schedule", sorted(SCHEDULES))
-@pytest.mark.parametrize("h,k,window", [(64, 512, 0), (128, 1024, 0), (128, 512, 128)])
+@pytest.mark.parametrize("h,k,window", [(64, 512, 0), (128, 1024, 0), (128, 512, 128), (64, 512, 64)])
 def test_bitwise_equal_to_baseline(attention_baseline, h, k, window, schedule):
     """Outputs poisoned with NaN first; masked slots (-1 and past the cache), a token with every
     slot masked, a slot index repeated, and with a window its branch with masked slots too."""
