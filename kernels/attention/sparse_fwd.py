@@ -251,6 +251,7 @@ def sparse_fwd_producer_kernel(heads: int, topk: int, window: int, scale_log2: f
                 T.fill(l, 0)
             else:  # the state after block j - 1, handed over by the other warpgroup
                 T.mbarrier_wait_parity(ready[(j - 1) % 2], ((j - 1) // 2) & 1)
+                T.fence_proxy_async()  # block j - 1's rows and P, which this thread's wgmma reads below
                 for i in T.Parallel(hb):
                     m[i] = state_s[(j - 1) % 2, 0, i]
                     m_scaled[i] = state_s[(j - 1) % 2, 1, i]
@@ -274,6 +275,7 @@ def sparse_fwd_producer_kernel(heads: int, topk: int, window: int, scale_log2: f
             T.mbarrier_arrive(empty[j % STAGES])
         if (n_blocks - 1) % 2 != w:  # the other's last block, after this warpgroup's last one
             T.mbarrier_wait_parity(ready[(n_blocks - 1) % 2], ((n_blocks - 1) // 2) & 1)
+            T.fence_proxy_async()
             add_block(acc_o, state_s, P_s, KV_s, n_blocks - 1, w)
             T.mbarrier_arrive(empty[(n_blocks - 1) % STAGES])
             for i in T.Parallel(hb):
