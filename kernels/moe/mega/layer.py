@@ -90,6 +90,12 @@ e-1 or e while a rank waits for e, and equality is exact. The reads of peer data
 kernels that follow the acquiring kernel in stream order (never in the kernel that waited), so
 no stale line of a non-coherent cache can be read.
 
+Race freedom of that traffic is checked, not only argued: ``protocol_segments`` writes two calls
+of the protocol on every rank as segments for ``tlx.passes.protocol`` (what each kernel reads and
+writes of which rank's buffer, per wave where the wave owns the rows; the flags per call; the
+stream joins), whose happens-before check finds no unordered conflicting pair, and finds the race
+each synchronisation of ``SYNC`` prevents when it is left out (tests/kernels/moe/mega).
+
 Launch order (``launch_order``): the host enqueues each phase for every rank before the next
 phase (1 for all ranks, then 2-4, then 5 wave by wave, then 6), so every flag a kernel waits for
 is set by a kernel enqueued before it (``flags_set`` / ``flags_awaited``; a CPU test checks it for
@@ -283,6 +289,81 @@ def flags_awaited(plan: MegaPlan, step: str, r: int, w: int) -> list[tuple]:
     if step == "finish":
         return [("DONE", s, v) for s in range(plan.n_ranks) for v in range(plan.n_waves)]
     return []
+
+
+# the synchronisation that orders the layer's global-memory traffic; ``protocol_segments(leave_out=)``
+# drops one, to show the race it prevents. Also modelled, but not needed for that order while every
+# wait arrives: the caller-stream joins of ``__call__`` and ``_finish``'s wait for the dispatch's
+# stream (there for a wait that timed out: the call then ends with every kernel finished).
+SYNC = ("exchange", "dispatch_after_route", "step_count", "gate")
+
+
+def protocol_segments(plan: MegaPlan, calls: int = 2, fusion: str = "l1_swiglu", leave_out=()) -> list:
+    """The global-memory traffic of ``calls`` consecutive layer calls on every rank, as
+    ``tlx.passes.protocol`` segments in host enqueue order (``launch_order``): what each kernel
+    reads and writes of which rank's buffer (per wave where a wave owns the rows), the flags it
+    releases and acquires (keyed by call: the epoch), and the stream joins of ``__call__`` /
+    ``_route`` / ``_finish``. Each rank's caller stream is its own, as in group mode (on one GPU
+    the ranks share it, which only adds order). ``leave_out``: synchronisation of ``SYNC`` to
+    drop, to show that the check finds the race it prevents."""
+    from tlx.passes.protocol import Access, Segment
+
+    unknown = set(leave_out) - set(SYNC)
+    if unknown:
+        raise ValueError(f"leave_out: expected names from {SYNC}, got {sorted(unknown)}")
+    if fusion not in FUSIONS:
+        raise ValueError(f"fusion: expected one of {FUSIONS}, got {fusion!r}")
+    n, waves = plan.n_ranks, range(plan.n_waves)
+
+    def rd(r, name, part=None):
+        return Access((name, r), part)
+
+    def wr(r, name, part=None):
+        return Access((name, r), part, True)
+
+    segs = []
+    for c in range(calls):
+        def seg(name, r, stream, accesses=(), awaits=(), sets=(), joins=()):
+            segs.append(Segment(f"{name} (rank {r}, call {c})", (r, stream), tuple(accesses), tuple(awaits), tuple(sets),
+                                tuple(joins)))
+
+        for r in range(n):
+            for stream in ("compute", "comm"):  # the rank's streams wait for the caller's stream
+                seg("start", r, stream, joins=[(r, "caller")])
+        for step, r, w in launch_order(plan, range(n)):
+            if step == "publish":  # gating and the cast into the send buffers, then announce
+                seg("publish", r, "compute", [wr(r, "xq"), wr(r, "xs"), wr(r, "ids")], sets=[("READY", r, c)])
+            elif step == "route":
+                seg("exchange", r, "compute", awaits=[] if "exchange" in leave_out else [("READY", s, c) for s in range(n)])
+                seg("gather_ids", r, "compute", [rd(s, "ids") for s in range(n)] + [wr(r, "gids")])
+                seg("routing_metadata", r, "compute", [rd(r, "gids"), wr(r, "meta"), wr(r, "row_of")])
+                for v in waves:  # the dispatch's CTAs release COUNT + v after pulling wave v's rows
+                    seg(f"dispatch wave {v}", r, "comm",
+                        [rd(s, name) for s in range(n) for name in ("xq", "xs")] + [rd(r, "meta"), wr(r, "xp", v), wr(r, "sp", v)],
+                        sets=[("COUNT", r, v, c)],
+                        joins=[(r, "compute")] if v == 0 and "dispatch_after_route" not in leave_out else [])
+            elif step == "wave" and w < plan.n_waves:
+                done = [("DONE", r, w - 1, c)] if w > 0 else []
+                seg(f"step {w}", r, "compute", awaits=[] if "step_count" in leave_out else [("COUNT", r, w, c)], sets=done)
+                l1_in = [rd(r, "xp", w), rd(r, "sp", w), rd(r, "meta")]
+                if fusion == "wave":
+                    seg(f"wave kernel {w}", r, "compute", l1_in + [wr(r, "y", w)])
+                    continue
+                if fusion == "none":
+                    seg(f"l1 {w}", r, "compute", l1_in + [wr(r, "hid", w)])
+                    seg(f"swiglu_cast {w}", r, "compute", [rd(r, "hid", w), wr(r, "hq"), wr(r, "hs")])  # +0 rows elsewhere
+                else:
+                    seg(f"l1_swiglu {w}", r, "compute", l1_in + [wr(r, "hq", w), wr(r, "hs", w)])
+                seg(f"l2 {w}", r, "compute", [rd(r, "hq", w), rd(r, "hs", w), rd(r, "meta"), wr(r, "y", w)])
+            elif step == "wave":
+                seg("step (last DONE)", r, "compute", sets=[("DONE", r, w - 1, c)])
+            else:
+                seg("gate", r, "compute", awaits=[] if "gate" in leave_out else [("DONE", s, v, c) for s in range(n) for v in waves],
+                    joins=[(r, "comm")])
+                seg("combine", r, "compute", [rd(s, name) for s in range(n) for name in ("y", "row_of")] + [wr(r, "out")])
+        for r in range(n):
+            seg("end", r, "caller", joins=[(r, "compute"), (r, "comm")])
+    return segs
 
 
 def check_layer_args(x, logits, w1, s1, w2, s2, cfg: MoEConfig, n_ranks: int, local: bool):

@@ -10,7 +10,8 @@ import torch
 from kernels.moe.mega import MegaMoETimeout, layer_for, make_plan, mega_moe
 from kernels.moe.mega import protocol as K
 from kernels.moe.mega.layer import (
-    check_layer_args, compute_kernel_specs, failure_message, flags_awaited, flags_set, launch_order,
+    FUSIONS, SYNC, check_layer_args, compute_kernel_specs, failure_message, flags_awaited, flags_set, launch_order,
+    protocol_segments,
 )
 from kernels.moe.grouped_gemm import grouped_gemm_swiglu_kernel
 from kernels.moe.mega.wave import wave_kernel
@@ -62,6 +63,84 @@ def test_every_awaited_flag_is_set_by_an_earlier_launch(n, waves):
     assert waits == n * n + n * waves + n * n * waves
     assert sorted(setter) == sorted([("READY", r) for r in range(n)] + [("COUNT", r, w) for r in range(n) for w in range(waves)]
                                     + [("DONE", r, w) for r in range(n) for w in range(waves)])
+
+
+@pytest.mark.parametrize("fusion", FUSIONS)
+@pytest.mark.parametrize("n,waves", [(1, 1), (1, 3), (2, 1), (2, 2), (4, 2), (8, 1), (8, 4)])
+def test_the_protocol_orders_every_global_access(n, waves, fusion):
+    """tlx/passes/protocol.py over two calls of the layer: every two kernels that touch one
+    region of a rank's buffer (a send buffer, the dispatched rows of a wave, ``y``, ``row_of``,
+    the metadata), one writing, are ordered by stream order, stream joins or the flags."""
+    from tlx.passes.protocol import find_races
+
+    plan = make_plan(n, 64, sms=132, waves=waves, hidden=4096, inter=2048, n_experts=256, topk=6)
+    segments = protocol_segments(plan, calls=2, fusion=fusion)
+    assert [str(race) for race in find_races(segments)] == []
+
+
+# per synchronisation left out: a race it prevents (buffer, first and second segment of the race)
+_PREVENTS = {"exchange": (("xq", 0), "publish (rank 0, call 0)", "dispatch wave 0 (rank 1, call 0)"),
+             "dispatch_after_route": (("meta", 1), "routing_metadata (rank 1, call 0)", "dispatch wave 0 (rank 1, call 0)"),
+             "step_count": (("xp", 1), "dispatch wave 1 (rank 1, call 0)", "l1_swiglu 1 (rank 1, call 0)"),
+             "gate": (("y", 0), "l2 1 (rank 0, call 0)", "combine (rank 1, call 0)")}
+
+
+@pytest.mark.parametrize("sync", SYNC)
+def test_each_synchronisation_prevents_a_race(sync):
+    """Without the exchange's acquire of READY, a peer's dispatch reads a send buffer being
+    written; without the dispatch's wait for the route, it reads metadata being written;
+    without the step's acquire of COUNT, L1 reads rows being dispatched; without the gate's
+    acquire of DONE, the combine reads a peer's L2 rows being written."""
+    from tlx.passes.protocol import find_races
+
+    plan = make_plan(2, 64, sms=132, waves=2, hidden=4096, inter=2048, n_experts=256, topk=6)
+    races = {(r.buffer, r.first.name, r.second.name) for r in find_races(protocol_segments(plan, leave_out=[sync]))}
+    assert _PREVENTS[sync] in races
+    with pytest.raises(ValueError, match="leave_out: expected names from"):
+        protocol_segments(plan, leave_out=["barrier"])
+
+
+def test_the_protocol_table_flags_are_the_launch_orders():
+    """The segments release and acquire per call what ``flags_set`` / ``flags_awaited`` say each
+    step does (the no-deadlock test's table), the dispatch's COUNT wave by wave."""
+    plan = make_plan(4, 64, sms=132, waves=2, hidden=4096, inter=2048, n_experts=256, topk=6)
+    segments = protocol_segments(plan, calls=1)
+    sets = {f[:-1] for seg in segments for f in seg.sets}
+    awaits = {f[:-1] for seg in segments for f in seg.awaits}
+    order = launch_order(plan, range(4))
+    assert sets == {f for step, r, w in order for f in flags_set(plan, step, r, w)}
+    assert awaits == {f for step, r, w in order for f in flags_awaited(plan, step, r, w)}
+
+
+def test_the_protocol_table_reads_and_writes_what_the_kernels_do():
+    """The buffers the table says the data-moving kernels read and write (rank 1 of 2) are the
+    pointer parameters their lowered device code reads and writes (``read_only_params``): peer
+    slots ``name<s>`` are rank s's buffer; ``mine`` (the flags), and the combine's per-call
+    gating outputs ``ids`` / ``weights`` are outside the table."""
+    from tlx.ir.facts import read_only_params, user_name
+    from tlx.ir.tir import device_functions
+    from tlx.lowering import lower
+
+    plan = make_plan(2, 64, sms=132, waves=2, hidden=4096, inter=2048, n_experts=256, topk=6)
+    segments = {seg.name: seg for seg in protocol_segments(plan, calls=1)}
+    table_name = {"xq": "xq", "xs": "xs", "ids": "ids", "y": "y", "r": "row_of", "entry_of_row": "meta", "offsets": "meta",
+                  "gids": "gids", "xp": "xp", "sp": "sp", "out": "out"}
+    outside = {"mine", "ids", "weights"}
+    kernels = {"gather_ids (rank 1, call 0)": K.gather_ids_kernel.get_tir(2, 6),
+               "dispatch wave 0 (rank 1, call 0)": K.dispatch_kernel.get_tir(2, 4096, 6, plan.n_waves, plan.wave_experts,
+                                                                              plan.n_local, plan.dispatch_ctas),
+               "combine (rank 1, call 0)": K.combine_kernel.get_tir(2, 4096, 6, plan.n_local)}
+    for name, prim_func in kernels.items():
+        [(_, device)] = list(device_functions(lower(prim_func, {"kind": "cuda", "arch": "sm_90a"}, {}).device_mod))
+        handles = {user_name(p.name) for p in device.params if str(p.dtype) == "handle"}
+        reads = {user_name(p.name) for p in read_only_params(device)}
+
+        def buffers(params):
+            return {(table_name[q.rstrip("0123456789")], int(q[-1]) if q[-1].isdigit() else 1) for q in params if q not in outside}
+
+        seg = segments[name]
+        assert buffers(handles - reads) == {a.buffer for a in seg.accesses if a.write}, name
+        assert buffers(reads) == {a.buffer for a in seg.accesses if not a.write}, name
 
 
 def test_a_missing_rank_leaves_the_first_wait_of_the_others_unset():
