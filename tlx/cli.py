@@ -253,6 +253,7 @@ Each analysis gives its own verdict (text: the "verdicts:" block; JSON: "verdict
   ok, violation, unknown, error (the analysis itself failed) or not run.
   bounds       every buffer access and index computation, for every shape the launcher accepts
   races        shared-memory data races between threads
+  progress     no thread of a CTA waits forever on an mbarrier or named barrier (simulated)
   layouts      fragment layouts are bijective
   vectors      vector accesses are aligned and contiguous
   banks        shared-memory bank conflicts (performance)
@@ -260,8 +261,8 @@ Each analysis gives its own verdict (text: the "verdicts:" block; JSON: "verdict
   determinism  floating-point atomics, split reductions, batch-dependent reduction order
 
 Exit status, from the analyses that decide it (default: bounds, races, layouts, vectors and
-numerics; --only A,B runs only A and B and lets only them decide; banks and determinism decide
-only when named):
+numerics; --only A,B runs only A and B and lets only them decide; banks, progress and
+determinism decide only when named):
   0  every deciding analysis is ok (bounds may hold under derived preconditions, which are
      listed and checked by the launcher on every call)
   1  a deciding analysis found a violation (or the kernel fails a check that stops tlx, such as
@@ -286,7 +287,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_kernel_args(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--only", default=None, metavar="A,B", help="run only these analyses, and let only them decide the exit "
-                   "status: bounds, races, layouts, vectors, banks, numerics, determinism")
+                   "status: bounds, races, progress, layouts, vectors, banks, numerics, determinism")
     p.add_argument("--bounds-only", action="store_true", help="the same as --only bounds")
     p = sub.add_parser("pin", help="record the order-affecting compile decisions into a pin file beside the kernel")
     _add_kernel_args(p)

@@ -112,7 +112,7 @@ def test_check_reports_each_verdict_and_only_chooses_what_decides(capsys):
     code, out = _check_in_process(capsys, "--json", "--only", "bounds,vectors")
     result = json.loads(out.out)
     verdicts = result["verdicts"]
-    assert set(verdicts) == {"bounds", "races", "layouts", "vectors", "banks", "numerics", "determinism"}
+    assert set(verdicts) == {"bounds", "races", "progress", "layouts", "vectors", "banks", "numerics", "determinism"}
     assert verdicts["bounds"]["verdict"] == "ok" and verdicts["bounds"]["decides"]
     assert verdicts["races"] == {"verdict": "not run", "exit_code": 0, "decides": False, "summary": ""}
     assert result["decided_by"] == ["bounds", "vectors"] and code == result["exit_code"] == verdicts["vectors"]["exit_code"]
@@ -120,6 +120,7 @@ def test_check_reports_each_verdict_and_only_chooses_what_decides(capsys):
     lines = out.out.splitlines()
     assert lines[-1] == f"exit {code}: " + {0: "OK", 1: "VIOLATION", 2: "ERROR", 3: "UNKNOWN"}[code]
     assert any(line.split()[:2] == ["races", "OK"] or line.split()[:2] == ["races", "UNKNOWN"] for line in lines)
+    assert any(line.split()[:2] == ["progress", "OK"] and "does not decide" in line for line in lines)  # no barrier at all
 
 
 def test_a_failing_analysis_is_an_error_verdict_with_exit_2(capsys, monkeypatch):

@@ -5,8 +5,8 @@ analysis itself failed: a bug in tlx or a construct it cannot read) or ``not run
 analyses that *decide* (by default bounds, races, layouts, vectors and numerics; the
 command line's ``--only`` chooses others) combine into the exit status: 1 when one of them
 found a violation, else 2 when one of them failed, else 3 when one of them is unknown, else
-0. Bank conflicts (performance) and determinism (atomics, split reductions) are reported
-and decide only when named. Exit status 2 is also what the command line returns for an
+0. Bank conflicts (performance), progress (a barrier protocol simulated: no thread waits
+forever) and determinism (atomics, split reductions) are reported and decide only when named. Exit status 2 is also what the command line returns for an
 internal error or bad usage, with a one-line message.
 
 The JSON object has the bounds verdict's keys (``kernel, accesses, proven, violations,
@@ -45,6 +45,7 @@ EXIT_ERROR = 2
 ANALYSES: dict[str, tuple[str, str]] = {
     "bounds": ("check", "bounds"),
     "races": ("races", "races"),
+    "progress": ("progress", "progress"),
     "layouts": ("layouts", "layouts"),
     "vectors": ("vectors", "vectors"),
     "banks": ("banks", "bank_conflicts"),

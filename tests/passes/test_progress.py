@@ -1,0 +1,74 @@
+"""tlx/passes/progress.py: a two-warpgroup mbarrier hand-off runs to the end; the classic
+mistakes (the producer's first wait without the flipped parity, a missing arrive, an init count
+no phase reaches) deadlock, reported with the wait that never ends; a loop bound read from
+memory is unknown; ``tlx check --only progress`` decides."""
+
+import pytest
+import tilelang.language as T
+
+from tlx.ir.tir import device_functions
+from tlx.lowering import lower
+from tlx.passes.progress import check_progress, simulate
+
+TARGET = {"kind": "cuda", "arch": "sm_90a"}
+
+
+def _handoff(producer_flip: bool = True, consumer_arrives: bool = True, empty_count: int = 128, steps: int = 8,
+             trips_from_memory: bool = False):
+    """Producer warpgroup 0 fills stage k % 2 of a tile and arrives on full; consumer warpgroup
+    1 waits for it, reads, and arrives on empty, which the producer waits for before reusing."""
+
+    @T.prim_func
+    def main(A: T.Tensor((1024,), "float32"), B: T.Tensor((1024,), "float32"), N: T.Tensor((1,), "int32")):
+        with T.Kernel(1, threads=256):
+            S = T.alloc_shared((2, 128), "float32")
+            full = T.alloc_barrier([128] * 2)
+            empty = T.alloc_barrier([empty_count] * 2)
+            tx = T.get_thread_binding()
+            trips = N[0] if trips_from_memory else steps
+            if tx < 128:
+                for k in T.serial(trips):
+                    T.mbarrier_wait_parity(empty[k % 2], ((k // 2) & 1) ^ 1 if producer_flip else (k // 2) & 1)
+                    S[k % 2, tx] = A[k * 128 + tx]
+                    T.mbarrier_arrive(full[k % 2])
+            else:
+                for k in T.serial(trips):
+                    T.mbarrier_wait_parity(full[k % 2], (k // 2) & 1)
+                    B[k * 128 + tx - 128] = S[k % 2, tx - 128]
+                    if consumer_arrives or k < 3:
+                        T.mbarrier_arrive(empty[k % 2])
+
+    [(_, func)] = list(device_functions(lower(main, TARGET, {}).device_mod))
+    return func
+
+
+def test_a_correct_handoff_makes_progress():
+    report = check_progress(_handoff())
+    assert report.verdict == "ok" and "8 schedules" in report.detail
+
+
+@pytest.mark.parametrize("mistake,stuck", [
+    (dict(producer_flip=False), "wait empty[0] parity 0 (phases completed 0, 0/128 arrivals"),
+    (dict(consumer_arrives=False), "wait empty[1] parity 1 (phases completed 1, 0/128 arrivals"),
+    (dict(empty_count=256), "wait empty[0] parity 0 (phases completed 0, 128/256 arrivals"),
+])
+def test_protocol_mistakes_deadlock_with_the_wait_named(mistake, stuck):
+    report = check_progress(_handoff(**mistake))
+    assert report.verdict == "deadlock", report
+    assert stuck in report.detail, report.detail
+    assert report.stuck and all(op[0] == "wait" for _, op in report.stuck)
+
+
+def test_a_trip_count_read_from_memory_is_unknown():
+    report = check_progress(_handoff(trips_from_memory=True))
+    assert report.verdict == "unknown" and "control value is not known" in report.detail
+
+
+def test_named_barriers_and_syncthreads_release_only_when_full():
+    """Two threads meet at named barrier 1 of 2, then at __syncthreads; a third thread that
+    reaches a named barrier of 2 threads alone waits forever."""
+    ok = [[("bar", 1, 2), ("sync",)], [("bar", 1, 2), ("sync",)]]
+    assert simulate(ok, 0).verdict == "ok"
+    alone = [[("bar", 1, 2), ("sync",)], [("bar", 1, 2), ("sync",)], [("bar", 2, 2)]]
+    report = simulate(alone, 0)
+    assert report.verdict == "deadlock" and "threads 2 at named barrier 2 of 2 threads" in report.detail

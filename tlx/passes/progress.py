@@ -1,0 +1,375 @@
+"""Progress of a CTA's barrier protocol: no thread waits forever, by simulation at concrete values.
+
+A warp-specialized kernel hands tiles between its warpgroups through mbarriers (arrive, parity
+wait) and named barriers (``bar.sync id, n``). A wrong count, a wrong parity or a wait placed
+before the arrive it needs hangs the GPU, and the race analysis (``races.py``) does not ask
+whether waits end. This pass runs the protocol instead:
+
+1. Traces. For every thread of one CTA (block 0), the device function's statements are executed
+   on concrete values (the thread index, loop counters, the ``values`` given for shape
+   variables; every loop must have a known trip count), keeping only the synchronisation:
+   mbarrier init, arrive (``cp.async.mbarrier.arrive.noinc`` is one arrival), parity wait, named
+   barriers and ``__syncthreads``. Subtrees without synchronisation are skipped. A branch or loop
+   bound that reads memory, or a value not given, makes the verdict "unknown" (never "ok").
+2. Simulation. Every thread runs its trace; a parity wait passes when the barrier's current phase
+   parity differs from the awaited one (PTX semantics: ``wait(p)`` on a barrier that completed
+   ``c`` phases returns iff ``c % 2 != p``), a phase completes when its arrivals reach the init
+   count, a named barrier releases when ``n`` threads reached it, ``__syncthreads`` when all
+   did. The order of steps is drawn at random (``seeds`` schedules, each thread run until it
+   blocks, then another picked); a state in which no thread can move and some have not
+   finished is a deadlock, reported with the waits that never end.
+
+Not modelled: TMA transaction bytes (a TMA load is assumed to land, so ``expect_tx`` never holds a
+phase back), clusters, and named barriers inside TileLang's collective templates over more than
+one warp (``AllReduce`` over a block: unknown). Out of scope: waits on flags in global memory
+between CTAs, kernels or GPUs (a ``while`` loop makes the verdict unknown; an opaque helper that
+spins, such as MegaMoE's, is not a barrier of the CTA: those waits end by their own timeouts). A finished simulation shows progress for the schedules
+drawn, at these values; the deadlocks it finds are real for these values.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+from tilelang import tvm
+
+from tlx.ir.tir import device_functions, eval_numpy, extern_name, op_name
+from tlx.lowering import LoweredKernel
+from tlx.passes import PassContext, TlxError, raise_or_warn
+
+tir = tvm.tirx
+
+__all__ = ["DeadlockError", "ProgressReport", "Unknown", "check_progress", "progress_pass", "simulate", "thread_traces"]
+
+MAX_STEPS = 2_000_000  # synchronisation steps of all threads together: more is "unknown" (too long to simulate)
+SEEDS = 8  # random schedules per kernel in tlx check
+
+_MBARRIER = {"tirx.ptx_init_barrier_thread_count": "init", "tirx.ptx_arrive_barrier": "arrive",
+             "tirx.ptx_arrive_barrier_expect_tx": "arrive", "tl.ptx_cp_async_barrier_noinc": "arrive",
+             "tl.mbarrier_wait_parity": "wait"}
+_IGNORED = ("tl.mbarrier_expect_tx",)  # transaction bytes: TMA loads are assumed to land
+
+
+class DeadlockError(TlxError):
+    """Some threads of a CTA wait forever (found by simulation) under ``verify="error"``."""
+
+
+class Unknown(Exception):
+    """The trace cannot be built from what is known (a value read from memory, an unmodelled
+    synchronisation); the verdict is "unknown"."""
+
+
+def _is_sync(call) -> bool:
+    name = op_name(call)
+    if name in _MBARRIER or name == "tirx.tvm_storage_sync":
+        return True
+    ext = extern_name(call) or ""
+    if "NamedBarrier<" not in ext:
+        return False
+    # tl::AllReduce<Op, threads, ...>: over at most a warp it shuffles and never touches its barrier
+    parts = ext.split("<", 1)[1].split(",")
+    return not (ext.startswith("tl::AllReduce<") and len(parts) > 1 and parts[1].strip().isdigit()
+                and int(parts[1]) <= 32)
+
+
+def _sync_nodes():
+    """``stmt -> bool``: does the statement contain a synchronisation call or a while loop
+    (memoized), so the walk skips the subtrees that have none."""
+    contains: dict = {}
+
+    def has_sync(s) -> bool:
+        if s not in contains:
+            found = []
+            tir.stmt_functor.post_order_visit(s, lambda n: found.append(1) if (isinstance(n, tir.Call) and _is_sync(n))
+                                              or isinstance(n, tir.While) else None)
+            contains[s] = bool(found)
+        return contains[s]
+
+    return has_sync
+
+
+def thread_traces(func, values: dict, threads: int) -> list[list[tuple]]:
+    """Per thread of one CTA (block 0), its synchronisation trace: ``("init", bar, count)``,
+    ``("arrive", bar)``, ``("wait", bar, parity)``, ``("bar", id, n)`` (named barrier),
+    ``("sync",)`` (``__syncthreads``); ``bar`` is (buffer name, index)."""
+    has_sync = _sync_nodes()
+    thread_var, env0 = None, {}
+    for attr in _attrs(func.body):
+        tag = str(attr.node.thread_tag)
+        if tag == "threadIdx.x":
+            thread_var = attr.node.var
+        elif tag.startswith("threadIdx"):
+            env0[attr.node.var] = 0
+        elif tag.startswith("blockIdx"):
+            env0[attr.node.var] = 0
+    by_name = {p.name: p for p in func.params}
+    for name, value in values.items():
+        if name in by_name:
+            env0[by_name[name]] = value
+    traces = []
+    for t in range(threads):
+        env = dict(env0)
+        env[_THREAD] = t
+        if thread_var is not None:
+            env[thread_var] = t
+        trace: list = []
+        _run(func.body, env, trace, has_sync)
+        traces.append(trace)
+        if sum(map(len, traces)) > MAX_STEPS:
+            raise Unknown(f"over {MAX_STEPS} synchronisation steps to simulate")
+    return traces
+
+
+def _attrs(body) -> list:
+    found = []
+    tir.stmt_functor.post_order_visit(body, lambda n: found.append(n) if isinstance(n, tir.AttrStmt)
+                                      and n.attr_key == "thread_extent" else None)
+    return found
+
+
+_THREAD = "thread"  # env key of the simulated thread's index, for tl_shuffle_elect
+
+
+def _elected(expr, env):
+    """``expr`` with each ``tl_shuffle_elect(n)`` replaced by whether this thread is elected: the
+    first thread of the block for n = 0, else the first of each group of n threads."""
+    t = env.get(_THREAD, 0)
+
+    def replace(node):
+        if isinstance(node, tir.Call) and op_name(node) == "tl.tl_shuffle_elect":
+            n = int(node.args[0])
+            return tir.IntImm("bool", int(t == 0 if n == 0 else t % n == 0))
+        return None
+
+    return tir.stmt_functor.ir_transform(tir.Evaluate(expr), None, replace, ["tirx.Call"]).value
+
+
+def _value(expr, env) -> int:
+    try:
+        return int(eval_numpy(expr, env))
+    except ValueError:
+        pass
+    try:
+        return int(eval_numpy(_elected(expr, env), env))
+    except ValueError as e:
+        raise Unknown(f"a control value is not known: {e}") from None
+
+
+def _run(s, env: dict, trace: list, has_sync) -> None:
+    if isinstance(s, tir.SeqStmt):
+        for x in s.seq:
+            _run(x, env, trace, has_sync)
+        return
+    if isinstance(s, tir.Bind):  # a value later statements may branch on
+        try:
+            env[s.var] = int(eval_numpy(s.value, env))
+        except ValueError:
+            pass  # used only if control reads it, which then raises Unknown
+        return
+    if not has_sync(s):
+        return
+    if isinstance(s, tir.For):
+        lo, n = _value(s.min, env), _value(s.extent, env)
+        for i in range(lo, lo + n):
+            env[s.loop_var] = i
+            _run(s.body, env, trace, has_sync)
+        return
+    if isinstance(s, tir.IfThenElse):
+        if _value(s.condition, env):
+            _run(s.then_case, env, trace, has_sync)
+        elif s.else_case is not None:
+            _run(s.else_case, env, trace, has_sync)
+        return
+    if isinstance(s, tir.While):
+        raise Unknown("a while loop (a spin wait on memory) is not simulated")
+    if isinstance(s, tir.Evaluate) and isinstance(s.value, tir.Call):
+        _call(s.value, env, trace)
+        return
+    body = getattr(s, "body", None)
+    if isinstance(body, tir.Stmt):
+        _run(body, env, trace, has_sync)
+        return
+    raise Unknown(f"a {type(s).__name__} holding a synchronisation is not simulated")
+
+
+def _call(call, env: dict, trace: list) -> None:
+    name = op_name(call)
+    if name == "tirx.tvm_storage_sync":
+        if len(call.args) == 1:
+            trace.append(("sync",))
+        else:
+            trace.append(("bar", _value(call.args[1], env), _value(call.args[2], env)))
+        return
+    kind = _MBARRIER.get(name)
+    if kind is None:
+        raise Unknown(f"{extern_name(call) or name} synchronises in a way the simulation does not model")
+    ref = call.args[0]
+    if not (isinstance(ref, tir.BufferLoad) and len(ref.indices) == 1):
+        raise Unknown(f"{name} on a barrier it cannot name")
+    bar = (ref.buffer.data.name, _value(ref.indices[0], env))
+    if kind == "init":
+        trace.append(("init", bar, _value(call.args[1], env)))
+    elif kind == "wait":
+        trace.append(("wait", bar, _value(call.args[1], env) & 1))
+    else:
+        trace.append(("arrive", bar))
+
+
+@dataclass
+class ProgressReport:
+    verdict: str  # "ok", "deadlock" or "unknown"
+    detail: str = ""
+    schedules: int = 0
+    stuck: list = field(default_factory=list)  # deadlock: (threads, op) groups
+
+    def __str__(self) -> str:
+        return f"progress: {self.verdict}" + (f" ({self.detail})" if self.detail else "")
+
+
+def _ranges(threads: list[int]) -> str:
+    out, start = [], None
+    for i, t in enumerate(threads):
+        if start is None:
+            start = t
+        if i + 1 == len(threads) or threads[i + 1] != t + 1:
+            out.append(f"{start}" if start == t else f"{start}-{t}")
+            start = None
+    return ", ".join(out)
+
+
+def simulate(traces: list[list[tuple]], seed: int) -> ProgressReport:
+    """Run the traces under one random schedule (module docstring): "ok" or "deadlock"."""
+    rng = random.Random(seed)
+    counts: dict = {}  # barrier -> arrivals per phase
+    arrived: dict = {}  # barrier -> arrivals in the current phase
+    phases: dict = {}  # barrier -> completed phases
+    named: dict = {}  # named barrier id -> threads waiting at it
+    pc = [0] * len(traces)
+    waiting_sync: set = set()
+    sync_gen = [0]
+    released: dict = {}  # thread -> generation of the barrier it waits at that has released it
+    live = [t for t in range(len(traces)) if traces[t]]
+
+    def can_step(t) -> bool:
+        op = traces[t][pc[t]]
+        if op[0] == "wait":
+            bar = op[1]
+            if bar not in counts:
+                raise Unknown(f"a wait on {bar} before its init")
+            return phases[bar] % 2 != op[2]
+        if op[0] in ("bar", "sync"):
+            return released.get(t, False)
+        return True
+
+    def step(t) -> None:
+        op = traces[t][pc[t]]
+        kind = op[0]
+        if kind == "init":
+            counts[op[1]], arrived[op[1]], phases[op[1]] = op[2], 0, 0
+        elif kind == "arrive":
+            bar = op[1]
+            if bar not in counts:
+                raise Unknown(f"an arrive on {bar} before its init")
+            arrived[bar] += 1
+            if arrived[bar] == counts[bar]:
+                arrived[bar], phases[bar] = 0, phases[bar] + 1
+        elif kind in ("bar", "sync"):
+            released.pop(t)
+        pc[t] += 1
+
+    def reach_barriers() -> None:
+        """Threads whose next op is a barrier join it; a full barrier releases its threads."""
+        for t in live:
+            if pc[t] < len(traces[t]) and not released.get(t, False):
+                op = traces[t][pc[t]]
+                if op[0] == "bar":
+                    named.setdefault((op[1], op[2]), set()).add(t)
+                elif op[0] == "sync":
+                    waiting_sync.add(t)
+        for (bid, n), ts in list(named.items()):
+            if len(ts) >= n:
+                for t in sorted(ts)[:n]:
+                    released[t] = True
+                    ts.discard(t)
+        if waiting_sync and len(waiting_sync) == len([t for t in live if pc[t] < len(traces[t])]):
+            for t in waiting_sync:
+                released[t] = True
+            waiting_sync.clear()
+            sync_gen[0] += 1
+
+    while True:
+        reach_barriers()
+        active = [t for t in live if pc[t] < len(traces[t])]
+        if not active:
+            return ProgressReport("ok", schedules=1)
+        runnable = [t for t in active if can_step(t)]
+        if not runnable:
+            groups: dict = {}
+            for t in active:
+                groups.setdefault(traces[t][pc[t]], []).append(t)
+            stuck = [(_ranges(ts), op) for op, ts in groups.items()]
+            detail = "; ".join(f"threads {ts} at {_describe(op, phases, arrived, counts)}" for ts, op in stuck)
+            return ProgressReport("deadlock", detail, 1, stuck)
+        t = rng.choice(runnable)
+        while pc[t] < len(traces[t]) and can_step(t):
+            step(t)
+            if pc[t] < len(traces[t]) and traces[t][pc[t]][0] in ("bar", "sync"):
+                break
+
+
+def _describe(op, phases, arrived, counts) -> str:
+    if op[0] == "wait":
+        bar = op[1]
+        return (f"wait {bar[0]}[{bar[1]}] parity {op[2]} (phases completed {phases.get(bar)}, "
+                f"{arrived.get(bar)}/{counts.get(bar)} arrivals in the current one)")
+    if op[0] == "bar":
+        return f"named barrier {op[1]} of {op[2]} threads"
+    return "__syncthreads"
+
+
+def _block_threads(func) -> int:
+    n = 1
+    for attr in _attrs(func.body):
+        if str(attr.node.thread_tag).startswith("threadIdx"):
+            n *= int(attr.value)
+    return n
+
+
+def check_progress(func, values: dict | None = None, seeds: int = SEEDS) -> ProgressReport:
+    """Simulate the barrier protocol of one device function (one CTA, block 0) under ``seeds``
+    random schedules; shape variables by name in ``values``."""
+    try:
+        traces = thread_traces(func, values or {}, _block_threads(func))
+        for seed in range(seeds):
+            report = simulate(traces, seed)
+            if report.verdict != "ok":
+                report.detail = f"schedule {seed}: {report.detail}"
+                return report
+    except Unknown as e:
+        return ProgressReport("unknown", str(e))
+    return ProgressReport("ok", f"{seeds} schedules, {sum(map(len, traces))} synchronisation steps", seeds)
+
+
+_EXIT = {"ok": 0, "deadlock": 1, "unknown": 3}
+
+
+def progress_report(kernel: LoweredKernel) -> dict:
+    """``tlx check``'s "progress" section: every device function simulated (no shape values: a
+    control value that needs one makes the verdict unknown)."""
+    kernels = []
+    for name, func in device_functions(kernel.device_mod):
+        r = check_progress(func)
+        kernels.append({"kernel": name, "verdict": r.verdict, "detail": r.detail})
+    worst = max((k["verdict"] for k in kernels), key=lambda v: (_EXIT[v] == 1, _EXIT[v]), default="ok")
+    summary = "; ".join(f"{k['kernel']}: {k['verdict']}" + (f" ({k['detail']})" if k["detail"] else "") for k in kernels)
+    return {"kernels": kernels, "exit_code": _EXIT[worst], "summary": [summary]}
+
+
+def progress_pass(kernel: LoweredKernel, ctx: PassContext) -> LoweredKernel:
+    """Report into ``ctx.reports["progress"]``; a deadlock found raises or warns per ``verify``."""
+    report = progress_report(kernel)
+    ctx.reports["progress"] = report
+    if report["exit_code"] == 1:
+        raise_or_warn(ctx, DeadlockError(report["summary"][0]))
+    return kernel
