@@ -129,6 +129,7 @@ def _attrs(body) -> list:
 
 
 _THREAD = "thread"  # env key of the simulated thread's index, for tl_shuffle_elect
+_UNREAD = "unread"  # env key: name -> value of the bound variables that could not be evaluated
 
 
 def _elected(expr, env):
@@ -153,6 +154,9 @@ def _value(expr, env) -> int:
     try:
         return int(eval_numpy(_elected(expr, env), env))
     except ValueError as e:
+        for name, value in env.get(_UNREAD, {}).items():
+            if f"{name} has no known value" in str(e):
+                raise Unknown(f"a control value is not known: {name} = {value}, which reads memory") from None
         raise Unknown(f"a control value is not known: {e}") from None
 
 
@@ -164,8 +168,8 @@ def _run(s, env: dict, trace: list, has_sync) -> None:
     if isinstance(s, tir.Bind):  # a value later statements may branch on
         try:
             env[s.var] = int(eval_numpy(s.value, env))
-        except ValueError:
-            pass  # used only if control reads it, which then raises Unknown
+        except ValueError:  # unknown only if control reads it
+            env.setdefault(_UNREAD, {})[s.var.name] = str(s.value)[:80]
         return
     if not has_sync(s):
         return
@@ -239,83 +243,85 @@ def _ranges(threads: list[int]) -> str:
 
 
 def simulate(traces: list[list[tuple]], seed: int) -> ProgressReport:
-    """Run the traces under one random schedule (module docstring): "ok" or "deadlock"."""
+    """Run the traces under one random schedule (module docstring): "ok" or "deadlock". Event
+    driven: a blocked thread sleeps on what it waits for and is woken when that changes."""
     rng = random.Random(seed)
     counts: dict = {}  # barrier -> arrivals per phase
     arrived: dict = {}  # barrier -> arrivals in the current phase
     phases: dict = {}  # barrier -> completed phases
-    named: dict = {}  # named barrier id -> threads waiting at it
+    sleepers: dict = {}  # barrier -> threads blocked in a wait on it
+    gathering: dict = {}  # (named barrier id, n) or "sync" -> threads that reached it
     pc = [0] * len(traces)
-    waiting_sync: set = set()
-    sync_gen = [0]
-    released: dict = {}  # thread -> generation of the barrier it waits at that has released it
-    live = [t for t in range(len(traces)) if traces[t]]
+    unfinished = {t for t in range(len(traces)) if traces[t]}
+    runnable = sorted(unfinished)
+    blocked: dict = {}  # thread -> the op it is blocked at
 
-    def can_step(t) -> bool:
-        op = traces[t][pc[t]]
-        if op[0] == "wait":
-            bar = op[1]
-            if bar not in counts:
-                raise Unknown(f"a wait on {bar} before its init")
-            return phases[bar] % 2 != op[2]
-        if op[0] in ("bar", "sync"):
-            return released.get(t, False)
-        return True
+    def passes(op) -> bool:
+        bar = op[1]
+        if bar not in counts:
+            raise Unknown(f"a wait on {bar} before its init")
+        return phases[bar] % 2 != op[2]
 
-    def step(t) -> None:
-        op = traces[t][pc[t]]
-        kind = op[0]
-        if kind == "init":
-            counts[op[1]], arrived[op[1]], phases[op[1]] = op[2], 0, 0
-        elif kind == "arrive":
-            bar = op[1]
-            if bar not in counts:
-                raise Unknown(f"an arrive on {bar} before its init")
-            arrived[bar] += 1
-            if arrived[bar] == counts[bar]:
-                arrived[bar], phases[bar] = 0, phases[bar] + 1
-        elif kind in ("bar", "sync"):
-            released.pop(t)
-        pc[t] += 1
+    def release_gathered(key, n: int) -> None:
+        ts = gathering.get(key, [])
+        if len(ts) >= n:
+            for t in ts[:n]:
+                pc[t] += 1
+                del blocked[t]
+                runnable.append(t)
+            gathering[key] = ts[n:]
 
-    def reach_barriers() -> None:
-        """Threads whose next op is a barrier join it; a full barrier releases its threads."""
-        for t in live:
-            if pc[t] < len(traces[t]) and not released.get(t, False):
-                op = traces[t][pc[t]]
-                if op[0] == "bar":
-                    named.setdefault((op[1], op[2]), set()).add(t)
-                elif op[0] == "sync":
-                    waiting_sync.add(t)
-        for (bid, n), ts in list(named.items()):
-            if len(ts) >= n:
-                for t in sorted(ts)[:n]:
-                    released[t] = True
-                    ts.discard(t)
-        if waiting_sync and len(waiting_sync) == len([t for t in live if pc[t] < len(traces[t])]):
-            for t in waiting_sync:
-                released[t] = True
-            waiting_sync.clear()
-            sync_gen[0] += 1
+    def check_sync() -> None:
+        """``__syncthreads`` releases once every thread that has not finished reached it."""
+        if gathering.get("sync") and len(gathering["sync"]) == len(unfinished):
+            release_gathered("sync", len(unfinished))
 
-    while True:
-        reach_barriers()
-        active = [t for t in live if pc[t] < len(traces[t])]
-        if not active:
-            return ProgressReport("ok", schedules=1)
-        runnable = [t for t in active if can_step(t)]
-        if not runnable:
-            groups: dict = {}
-            for t in active:
-                groups.setdefault(traces[t][pc[t]], []).append(t)
-            stuck = [(_ranges(ts), op) for op, ts in groups.items()]
-            detail = "; ".join(f"threads {ts} at {_describe(op, phases, arrived, counts)}" for ts, op in stuck)
-            return ProgressReport("deadlock", detail, 1, stuck)
-        t = rng.choice(runnable)
-        while pc[t] < len(traces[t]) and can_step(t):
-            step(t)
-            if pc[t] < len(traces[t]) and traces[t][pc[t]][0] in ("bar", "sync"):
+    while runnable:
+        t = runnable.pop(rng.randrange(len(runnable)))
+        trace = traces[t]
+        while pc[t] < len(trace):
+            op = trace[pc[t]]
+            kind = op[0]
+            if kind == "wait":
+                if not passes(op):
+                    blocked[t] = op
+                    sleepers.setdefault(op[1], []).append(t)
+                    break
+            elif kind == "init":
+                counts[op[1]], arrived[op[1]], phases[op[1]] = op[2], 0, 0
+            elif kind == "arrive":
+                bar = op[1]
+                if bar not in counts:
+                    raise Unknown(f"an arrive on {bar} before its init")
+                arrived[bar] += 1
+                if arrived[bar] == counts[bar]:
+                    arrived[bar], phases[bar] = 0, phases[bar] + 1
+                    woken = [w for w in sleepers.get(bar, []) if passes(blocked[w])]
+                    sleepers[bar] = [w for w in sleepers.get(bar, []) if w not in woken]
+                    for w in woken:
+                        del blocked[w]
+                        runnable.append(w)
+            else:  # a named barrier or __syncthreads: wait there until it fills
+                blocked[t] = op
+                key = (op[1], op[2]) if kind == "bar" else "sync"
+                gathering.setdefault(key, []).append(t)
+                if kind == "bar":
+                    release_gathered(key, op[2])
+                else:
+                    check_sync()
                 break
+            pc[t] += 1
+        else:
+            unfinished.discard(t)
+            check_sync()
+    if not unfinished:
+        return ProgressReport("ok", schedules=1)
+    groups: dict = {}
+    for t in sorted(unfinished):
+        groups.setdefault(traces[t][pc[t]], []).append(t)
+    stuck = [(_ranges(ts), op) for op, ts in groups.items()]
+    detail = "; ".join(f"threads {ts} at {_describe(op, phases, arrived, counts)}" for ts, op in stuck)
+    return ProgressReport("deadlock", detail, 1, stuck)
 
 
 def _describe(op, phases, arrived, counts) -> str:
