@@ -23,8 +23,9 @@ Not modelled: TMA transaction bytes (a TMA load is assumed to land, so ``expect_
 phase back), clusters, and named barriers inside TileLang's collective templates over more than
 one warp (``AllReduce`` over a block: unknown). Out of scope: waits on flags in global memory
 between CTAs, kernels or GPUs (a ``while`` loop makes the verdict unknown; an opaque helper that
-spins, such as MegaMoE's, is not a barrier of the CTA: those waits end by their own timeouts). A finished simulation shows progress for the schedules
-drawn, at these values; the deadlocks it finds are real for these values.
+spins, such as MegaMoE's, is not a barrier of the CTA: those waits end by their own timeouts).
+A finished simulation shows progress for the schedules drawn, at these values; the deadlocks it
+finds are real for these values.
 """
 
 from __future__ import annotations
@@ -47,8 +48,7 @@ SEEDS = 8  # random schedules per kernel in tlx check
 
 _MBARRIER = {"tirx.ptx_init_barrier_thread_count": "init", "tirx.ptx_arrive_barrier": "arrive",
              "tirx.ptx_arrive_barrier_expect_tx": "arrive", "tl.ptx_cp_async_barrier_noinc": "arrive",
-             "tl.mbarrier_wait_parity": "wait"}
-_IGNORED = ("tl.mbarrier_expect_tx",)  # transaction bytes: TMA loads are assumed to land
+             "tl.mbarrier_wait_parity": "wait"}  # tl.mbarrier_expect_tx is left out: TMA loads are assumed to land
 
 
 class DeadlockError(TlxError):
