@@ -199,23 +199,24 @@ class _Recorder:
 
         def call(kernel, *args, **kwargs):
             recording = not recorder.in_bench and recorder.checks and len(recorder.calls) < _MAX_RECORDED_CALLS
+            # the tensors a recorded call touches, found once (a pointer table is a walk of the heap)
+            touched = _touched_tensors([*args, *kwargs.values()]) if recording else None
             with contextlib.nullcontext() if recorder.in_bench else recorder.lock.hold(exclusive=False):
-                out = recorder.record(fn, kernel, args, kwargs) if recording else fn(kernel, *args, **kwargs)
+                out = recorder.record(fn, kernel, args, kwargs, touched) if recording else fn(kernel, *args, **kwargs)
             recorder.kernel_calls += 1
             if recording and recorder.wants_pair(kernel):
-                recorder.paired.append(recorder.time_pair(fn, kernel, args, kwargs))
+                recorder.paired.append(recorder.time_pair(fn, kernel, args, kwargs, touched))
             return out
 
         return call
 
-    def record(self, fn, kernel, args, kwargs):
+    def record(self, fn, kernel, args, kwargs, touched: list):
         """Run one call and record checksums of what it returned and of every tensor it was
-        given (tensors reached through a pointer table included) afterwards. The first
+        given (``touched``: tensors reached through a pointer table included) afterwards. The first
         ``_REPLAYED_CALLS`` calls of each kernel are then run again up to ``_REPLAY_TRIES``
         times, each time from the same inputs (restored in place, so pointer tables stay
         valid): whether the kernel reproduces its own output bytes."""
         index = self.kernel_of(kernel)
-        touched = _touched_tensors([*args, *kwargs.values()])
         replays = sum(c["kernel"] == index for c in self.calls) < _REPLAYED_CALLS
         snapshot = _snapshot(touched) if replays else None
         out = fn(kernel, *args, **kwargs)
@@ -233,7 +234,7 @@ class _Recorder:
         return (self.twin is not None and self.paired_rounds > 0 and len(self.paired) < _PAIRED_KERNELS
                 and self.kernel_of(kernel) not in {p["kernel"] for p in self.paired})
 
-    def time_pair(self, fn, kernel, args, kwargs) -> dict:
+    def time_pair(self, fn, kernel, args, kwargs, touched: list) -> dict:
         """The call just made, timed against TileLang's own build of the same program with the
         same arguments, interleaved in this process (``paired_times``) while holding the GPU
         lock exclusively. The arguments' state after the call is restored afterwards, so the
@@ -248,7 +249,6 @@ class _Recorder:
         except Exception as e:  # noqa: BLE001 - recorded; the test goes on
             entry["not timed"] = f"no TileLang build: {type(e).__name__}: {str(e)[:200]}"
             return entry
-        touched = _touched_tensors([*args, *kwargs.values()])
         saved = _snapshot(touched)
         if isinstance(saved, str):
             entry["not timed"] = saved.replace("not replayed", "not timed")

@@ -224,11 +224,11 @@ def sparse_fwd_producer_kernel(heads: int, topk: int, window: int, scale_log2: f
                    LSE[bz, bx, by * hb:(by + 1) * hb] if w == 0 else None)
 
     @T.macro
-    def add_block(acc_o, alpha_of, P_s, KV_s, kb, w: int):
+    def add_block(acc_o, state_s, P_s, KV_s, kb, w: int):
         """O *= alpha, O += P V over block ``kb``'s keys, into this warpgroup's 256 columns (P and
         alpha of the block from slot ``kb % 2``)."""
         for i, d in T.Parallel(hb, half):
-            acc_o[i, d] = acc_o[i, d] * alpha_of[kb % 2, 3, i]
+            acc_o[i, d] = acc_o[i, d] * state_s[kb % 2, 3, i]
         T.gemm(P_s[kb % 2, :, :], KV_s[kb % STAGES, :, w * half:(w + 1) * half], acc_o)
 
     @T.macro

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 
 from tilelang import tvm
 
-from tlx.ir.tir import device_functions, eval_numpy, extern_name, op_name
+from tlx.ir.tir import device_functions, eval_numpy, extern_name, nodes, op_name
 from tlx.lowering import LoweredKernel
 from tlx.passes import PassContext, TlxError, raise_or_warn
 
@@ -80,10 +80,7 @@ def _sync_nodes():
 
     def has_sync(s) -> bool:
         if s not in contains:
-            found = []
-            tir.stmt_functor.post_order_visit(s, lambda n: found.append(1) if (isinstance(n, tir.Call) and _is_sync(n))
-                                              or isinstance(n, tir.While) else None)
-            contains[s] = bool(found)
+            contains[s] = any(isinstance(n, tir.While) or _is_sync(n) for n in nodes(s, (tir.Call, tir.While)))
         return contains[s]
 
     return has_sync
@@ -107,7 +104,7 @@ def thread_traces(func, values: dict, threads: int) -> list[list[tuple]]:
     for name, value in values.items():
         if name in by_name:
             env0[by_name[name]] = value
-    traces = []
+    traces, steps = [], 0
     for t in range(threads):
         env = dict(env0)
         env[_THREAD] = t
@@ -116,16 +113,15 @@ def thread_traces(func, values: dict, threads: int) -> list[list[tuple]]:
         trace: list = []
         _run(func.body, env, trace, has_sync)
         traces.append(trace)
-        if sum(map(len, traces)) > MAX_STEPS:
+        steps += len(trace)
+        if steps > MAX_STEPS:
             raise Unknown(f"over {MAX_STEPS} synchronisation steps to simulate")
     return traces
 
 
 def _attrs(body) -> list:
-    found = []
-    tir.stmt_functor.post_order_visit(body, lambda n: found.append(n) if isinstance(n, tir.AttrStmt)
-                                      and n.attr_key == "thread_extent" else None)
-    return found
+    """The thread_extent attributes: the kernel's thread and block indices."""
+    return [a for a in nodes(body, tir.AttrStmt) if a.attr_key == "thread_extent"]
 
 
 _THREAD = "thread"  # env key of the simulated thread's index, for tl_shuffle_elect

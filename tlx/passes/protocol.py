@@ -30,7 +30,7 @@ acquiring one).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 
@@ -134,7 +134,3 @@ def find_races(segments: Sequence[Segment]) -> list[Race]:
                 races.append(Race(segments[i], segments[j], buffer, a.part if a.part is not None else b.part, kinds))
     return races
 
-
-def accesses(buffer: tuple, parts: Iterable = (None,), write: bool = False) -> tuple[Access, ...]:
-    """``Access`` of each of ``parts`` of ``buffer``."""
-    return tuple(Access(buffer, p, write) for p in parts)
