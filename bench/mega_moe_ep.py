@@ -19,8 +19,12 @@ takes its slice, then:
   ranks, e4m3 values and fp32 scales; the combine's bf16 result rows from other ranks) and the
   achieved rate over ``mega_moe``'s time.
 
-Not covered yet: the T <= 64 target's reference time "with communication removed" (``mega_moe``
-has no mode that runs the same kernels on data already local).
+* times the same layer (the same kernels, the same launches) "with communication removed": on
+  logits shifted so that every token's top-k experts are on its own rank (``local_logits``), every
+  pull of the dispatch and the combine reads the rank's own memory, while each expert still gets
+  the same expected number of rows (T * k / El); the bytes that cross are checked to be zero and
+  the output bit for bit against ``moe_layer`` of the shifted batch. ``hidden`` is the real
+  call's time over this one (issue 24: <= 1.2 at T <= 64).
 
 ``--absent-rank R``: rank R builds the layer and then never calls it; every other rank must end in
 ``MegaMoETimeout`` naming R within ``--timeout-s`` plus a margin. The run prints one line per rank.
@@ -76,6 +80,20 @@ def crossing_bytes(ids, rank: int, t: int, n: int, experts_per_rank: int, hidden
     return dispatched * (hidden + hidden // 128 * 4) + returned * hidden * 2
 
 
+def local_logits(logits, t: int, experts_per_rank: int, topk: int):
+    """The logits of the gathered batch [n * T, E] with each token's own rank's experts raised above
+    all others (token s * T + i is rank s's): its top-k then lie on its own rank, whatever the score
+    function (each is increasing in the logit) and with no selection bias. The shift is the batch's
+    logit range plus one, so every raised logit exceeds every other one of its row."""
+    if topk > experts_per_rank:
+        raise ValueError(f"topk: local routing needs at most {experts_per_rank} experts a rank, got {topk}")
+    rows = logits.shape[0]
+    owner = logits.new_tensor(range(rows)).long() // t  # the rank of each token
+    expert_rank = logits.new_tensor(range(logits.shape[1])).long() // experts_per_rank
+    shift = float(logits.max() - logits.min()) + 1.0
+    return logits + shift * (expert_rank[None, :] == owner[:, None]).to(logits.dtype)
+
+
 def timed_rounds(fns: dict, reps: int, group) -> dict:
     """Median over rounds of each callable's time in ms, the slowest rank's: every round starts
     with a barrier, then each callable once, in turn, between CUDA events."""
@@ -122,20 +140,37 @@ def run_config(name, m, layer_w, cfg, t, args, group, emit):
     torch.cuda.synchronize()
     layer.check()
     checks["mega graph"] = replayed
-    equal = {what: torch.equal(out.view(torch.int16), ref.view(torch.int16)) for what, out in checks.items()}
+    # communication removed: the same layer on logits that keep every token on its own rank
+    el = m["n_experts"] // n
+    local_all = local_logits(logits_all, t, el, cfg.topk)
+    local_ref_all, local_ids, _ = moe_layer(x_all, local_all, *layer_w, cfg, return_routing=True)
+    if crossing_bytes(local_ids, r, t, n, el, m["hidden"]):
+        raise AssertionError(f"rank {r}: the local routing still moves rows between ranks")
+    local = local_all[r * t:(r + 1) * t].contiguous()
+    local_graph, local_replayed = captured(lambda: layer(x, local, check=False))
+    dist.barrier(group)
+    local_graph.replay()
+    torch.cuda.synchronize()
+    layer.check()
+    refs = dict.fromkeys(checks, ref)
+    checks["mega local graph"], refs["mega local graph"] = local_replayed, local_ref_all[r * t:(r + 1) * t]
+    equal = {what: torch.equal(out.view(torch.int16), refs[what].view(torch.int16)) for what, out in checks.items()}
     ok = torch.tensor([all(equal.values())], device="cuda", dtype=torch.int32)
     dist.all_reduce(ok, op=dist.ReduceOp.MIN, group=group)
     ms = timed_rounds({"baseline": lambda: moe_layer_ep(x, logits, *layer_w, cfg, group),
-                       "mega": lambda: layer(x, logits, check=False), "mega graph": graph.replay}, args.reps, group)
+                       "mega": lambda: layer(x, logits, check=False), "mega graph": graph.replay,
+                       "mega local graph": local_graph.replay}, args.reps, group)
     layer.check()
-    moved = crossing_bytes(ids, r, t, n, m["n_experts"] // n, m["hidden"])
+    moved = crossing_bytes(ids, r, t, n, el, m["hidden"])
     most = torch.tensor([moved], device="cuda", dtype=torch.int64)
     dist.all_reduce(most, op=dist.ReduceOp.MAX, group=group)
     emit(model=name, n=n, T=t, bitwise="all ranks equal" if int(ok) else f"rank {r}: {equal}",
          baseline_us=round(ms["baseline"] * 1e3, 1), mega_us=round(ms["mega"] * 1e3, 1),
          mega_graph_us=round(ms["mega graph"] * 1e3, 1), speedup=round(ms["baseline"] / ms["mega graph"], 2),
+         local_graph_us=round(ms["mega local graph"] * 1e3, 1),
+         hidden=round(ms["mega graph"] / ms["mega local graph"], 2),
          crossing_MB_max_rank=round(int(most) / 1e6, 2), crossing_GBps=round(int(most) / (ms["mega graph"] * 1e6), 1))
-    del graph, layer
+    del graph, local_graph, layer
 
 
 def absent_rank_run(m, layer_w, cfg, args, group, emit):

@@ -40,7 +40,7 @@ def test_ep2_bitwise_equal_to_the_single_gpu_layer():
     out = _torchrun("--models", "V4-Flash", "--tokens", "8,64", "--reps", "3")
     rows = [line for line in out.splitlines() if line.startswith("| model=")]
     assert len(rows) == 2, out[-4000:]
-    assert all("bitwise=all ranks equal" in row for row in rows), "\n".join(rows)
+    assert all("bitwise=all ranks equal" in row and "local_graph_us=" in row for row in rows), "\n".join(rows)
 
 
 def test_absent_rank_makes_the_other_time_out_naming_it():
