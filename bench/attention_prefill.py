@@ -235,9 +235,11 @@ def checked(outs, refs, tol: float) -> str:
     return f"FAILED ({worst:.2e})"
 
 
-def timed_rows(what, shape, flops, candidates, checks, sdpa, reps):
+def timed_rows(what, shape, flops, candidates, checks, sdpa, reps, anchors=()):
     """Time the candidates that passed their check beside ``sdpa`` (None: no torch counterpart);
-    returns (name, ms, TFLOP/s, ratio to SDPA) of the fastest of them ("none passed": dashes)."""
+    returns (name, ms, TFLOP/s, ratio to SDPA) of the fastest of them ("none passed": dashes).
+    ``anchors``: names among the candidates that are not tlx's (their rows say so; never the
+    fastest returned)."""
     from bench.timing import interleaved_ms
 
     fns = {name: fn for name, fn in candidates.items() if checks[name].startswith("ok")}
@@ -247,14 +249,15 @@ def timed_rows(what, shape, flops, candidates, checks, sdpa, reps):
     tf = {n: flops / t / 1e9 for n, t in ms.items()}
     base = ("-", "-") if sdpa is None else (round(ms["sdpa"], 3), round(tf["sdpa"]))
     for name in candidates:
+        label = f"{what}, {name}" if name in anchors else f"{what}, tlx {name}"
         if name in ms:
             ratio = round(tf[name] / tf["sdpa"], 3) if sdpa is not None else "-"
-            emit(what=f"{what}, tlx {name}", shape=shape, tlx_ms=round(ms[name], 3), tlx_TFLOPs=round(tf[name]),
+            emit(what=label, shape=shape, tlx_ms=round(ms[name], 3), tlx_TFLOPs=round(tf[name]),
                  sdpa_ms=base[0], sdpa_TFLOPs=base[1], ratio=ratio, check=checks[name])
         else:
-            emit(what=f"{what}, tlx {name}", shape=shape, tlx_ms="-", tlx_TFLOPs="-", sdpa_ms=base[0], sdpa_TFLOPs=base[1],
+            emit(what=label, shape=shape, tlx_ms="-", tlx_TFLOPs="-", sdpa_ms=base[0], sdpa_TFLOPs=base[1],
                  ratio="-", check=checks[name])
-    passed = [n for n in candidates if n in ms]
+    passed = [n for n in candidates if n in ms and n not in anchors]
     if not passed:
         return "none passed", "-", "-", "-"
     best = min(passed, key=ms.get)
@@ -445,9 +448,35 @@ def sparse_row(reps, seed):
         elif not (torch.equal(o.view(torch.int16), first[order][0].view(torch.int16))
                   and torch.equal(lse.view(torch.int32), first[order][1].view(torch.int32))):
             checks[schedule] += ", bits differ from those of the first schedule with its row-sum order"
-    timed_rows("sparse fwd bf16 (V4)", f"b{b} s{s} h{h} n{n} d{DIM} k{topk}", 4 * b * s * h * topk * DIM,
-               {sc: (lambda sc=sc: sparse_attention(q, kv, idx, sink, schedule=sc)) for sc in SPARSE_SCHEDULES}, checks,
-               None, reps)
+    candidates = {sc: (lambda sc=sc: sparse_attention(q, kv, idx, sink, schedule=sc)) for sc in SPARSE_SCHEDULES}
+    upstream = upstream_sparse_fwd(q, kv, idx, sink)
+    if upstream is not None:  # TileLang's own V4 example (fast math, no LSE, a bf16 sink): the issue's anchor
+        name = "upstream TileLang example"
+        candidates[name], checks[name] = upstream
+    timed_rows("sparse fwd bf16 (V4)", f"b{b} s{s} h{h} n{n} d{DIM} k{topk}", 4 * b * s * h * topk * DIM, candidates,
+               checks, None, reps, anchors={"upstream TileLang example"})
+
+
+def upstream_sparse_fwd(q, kv, idx, sink):
+    """TileLang's ``examples/deepseek_v4/sparse_attn_fwd_sm90.py`` (compiled by TileLang itself, as
+    its author wrote it) on the same inputs, when the carried examples copy has it: (callable, its
+    check against the fp32 reference on the first 32 tokens, with the sink rounded to bf16 as the
+    example takes it); None without the copy."""
+    import torch
+
+    from bench.attention_decode import CARRIED_EXAMPLES, load_upstream
+    from kernels.attention import reference as R
+
+    path = CARRIED_EXAMPLES / "deepseek_v4/sparse_attn_fwd_sm90.py"
+    if not path.is_file():
+        return None
+    module = load_upstream(str(path), "upstream_sparse_attn_fwd")
+    b, s, h, d = q.shape
+    kernel = module.sparse_attn_fwd(b, h, s, kv.shape[1], d, idx.shape[2])
+    sink_bf16 = sink.to(torch.bfloat16)
+    out = kernel(q, kv, idx, sink_bf16)
+    ref_o, _ = R.sparse_attention_ref(q[:, :32], kv, idx[:, :32], sink_bf16.float())
+    return (lambda: kernel(q, kv, idx, sink_bf16)), checked([out[:, :32]], [ref_o], 1e-2)
 
 
 def sparse_bwd_row(reps, seed):
