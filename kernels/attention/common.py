@@ -152,9 +152,18 @@ def rescale_rows(acc_o, alpha, rows: int, cols: int):
 
 
 @T.macro
-def finish_rows(acc_o, l, m_scaled, lse_rows, rows: int, cols: int):
-    """``acc_o /= l`` (0 for rows with no keys) and ``lse_rows`` in natural-log units."""
-    for i, j in T.Parallel(rows, cols):
-        acc_o[i, j] = T.if_then_else(l[i] == T.float32(0), T.float32(0), acc_o[i, j] / l[i])
+def finish_rows(acc_o, l, m_scaled, lse_rows, rows: int, cols: int, reciprocal: bool = False):
+    """``acc_o /= l`` (0 for rows with no keys) and ``lse_rows`` in natural-log units.
+    ``reciprocal``: ``acc_o *= 1 / l`` instead (one IEEE division per row, then a rounded multiply
+    per value: other bits than the division's, which costs a division per value; ``lse_rows``
+    holds the reciprocal meanwhile)."""
+    if reciprocal:
+        for i in T.Parallel(rows):
+            lse_rows[i] = T.if_then_else(l[i] == T.float32(0), T.float32(0), T.float32(1) / l[i])
+        for i, j in T.Parallel(rows, cols):
+            acc_o[i, j] = T.if_then_else(l[i] == T.float32(0), T.float32(0), acc_o[i, j] * lse_rows[i])
+    else:
+        for i, j in T.Parallel(rows, cols):
+            acc_o[i, j] = T.if_then_else(l[i] == T.float32(0), T.float32(0), acc_o[i, j] / l[i])
     for i in T.Parallel(rows):
         lse_rows[i] = T.if_then_else(l[i] == T.float32(0), neg_inf(), (m_scaled[i] + T.log2(l[i])) * T.float32(LN2))

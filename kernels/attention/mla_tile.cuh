@@ -93,6 +93,11 @@ struct Softmax {
     float d = l[(r / 2) % 2];
     return d == 0.0f ? 0.0f : __fdiv_rn(o[nb][r], d);
   }
+  // O * (1 / l) instead: one division per row, a rounded multiply per value (0 where l == 0).
+  __device__ float output_by_reciprocal(int nb, int r) const {
+    float d = l[(r / 2) % 2];
+    return d == 0.0f ? 0.0f : __fmul_rn(o[nb][r], __fdiv_rn(1.0f, d));
+  }
   // (m_scaled + log2 l) * ln 2 of row half h (-inf where l == 0).
   __device__ float lse(int h) const { return l[h] == 0.0f ? -INFINITY : __fmul_rn(__fadd_rn(m_scaled[h], log2f(l[h])), kLn2); }
 };

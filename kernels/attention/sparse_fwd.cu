@@ -5,8 +5,8 @@
 // token's key blocks: the top-k list's blocks of 64 slots in list order, then the window's. A
 // slot's key is the kv row its index names, clamped into the cache (the TileLang kernel loads
 // that row too); a slot whose index is outside [0, n) is masked (-inf). After the last block the
-// sink joins the sum, l += exp2(fma(sink, log2 e, -m_scaled)); then o = O / l rounded to bf16 (0
-// where l == 0) and lse = (m_scaled + log2 l) * ln 2 (-inf there).
+// sink joins the sum, l += exp2(fma(sink, log2 e, -m_scaled)); then o = O * (1 / l) rounded to bf16
+// (one division per row; 0 where l == 0) and lse = (m_scaled + log2 l) * ln 2 (-inf there).
 #include <cuda_bf16.h>
 #include <math.h>
 
@@ -61,7 +61,7 @@ __global__ void __launch_bounds__(kThreads) sparse_fwd_kernel(const __nv_bfloat1
   for (int nb = 0; nb < 4; ++nb)
     for (int r = 0; r < 32; ++r) {
       int row = t.row_of((r / 2) % 2), col = (t.wg * 4 + nb) * 64 + t.key_of(r);
-      o[(at * heads + h0 + row) * kDim + col] = __float2bfloat16_rn(st.output(nb, r));
+      o[(at * heads + h0 + row) * kDim + col] = __float2bfloat16_rn(st.output_by_reciprocal(nb, r));
     }
   if (t.wg == 0 && t.quad == 0)
     for (int h = 0; h < 2; ++h) lse[at * heads + h0 + t.row_of(h)] = st.lse(h);

@@ -37,7 +37,9 @@ by wgmma with the 512 dims ascending in steps of 16; per block, common.py's soft
 the row sum in TileLang's reduce order (mla_tile.cuh spells it out: shared with decode_mla's
 baseline, whose TileLang kernel has the same tile; the "independent" schedule's order is its
 ``kOneChain``, the baseline's ``one_chain``); P rounded to bf16; O += P KV with keys
-ascending in steps of 16; blocks in index-list order, then the window's; the sink added last.
+ascending in steps of 16; blocks in index-list order, then the window's; the sink added last;
+o = O * (1 / l) (one IEEE division per row, then a rounded multiply: a division per value cost 8%
+of the kernel's time on an H200, 2026-12-03).
 A masked slot still loads the kv row of its index clamped into ``[0, n)``: its score is -inf,
 its P 0, and 0 times that finite row adds nothing (a NaN in it would give NaN in both).
 """
@@ -118,13 +120,13 @@ def block_step(Q_s, K_tile, V_tile, valid, stage, acc_s, p, acc_o, rows, scale_l
 
 @T.macro
 def write_rows(acc_o, rows, Sink, h0, O_tile, LSE_tile):
-    """The sink into the sum, O / l into ``O_tile`` and the lse into ``LSE_tile`` (None: not written
+    """The sink into the sum, O * (1 / l) into ``O_tile`` and the lse into ``LSE_tile`` (None: not written
     here)."""
     m, m_prev, m_scaled, alpha, l, row_sum, lse_rows = rows
     hb, cols = acc_o.shape
     for i in T.Parallel(hb):
         l[i] = l[i] + T.exp2(T.ieee_fmaf(Sink[h0 + i], T.float32(C.LOG2E), -m_scaled[i]))
-    C.finish_rows(acc_o, l, m_scaled, lse_rows, hb, cols)
+    C.finish_rows(acc_o, l, m_scaled, lse_rows, hb, cols, reciprocal=True)
     T.copy(acc_o, O_tile)
     if LSE_tile is not None:
         T.copy(lse_rows, LSE_tile)
