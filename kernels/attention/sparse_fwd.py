@@ -18,18 +18,18 @@ order, then the window's; the online softmax of ``common.py``; the sink enters t
 warpgroups gather a block themselves, and ``T.Pipelined`` issues that gather as 16-byte cp.async
 one block ahead; ``sparse_fwd_producer_kernel`` (``schedule="producer"``) moves it into a third,
 producer warpgroup, two blocks ahead, and keeps the consumers' instructions, so it gives the same
-bits. On an H200 (2026-12-03, b 1, s 4096, h 128, k 1024) the default ran at 258 TFLOP/s and the
-producer schedule at 247: the gather is not what bounds either. Under ncu the L2 is 15% busy and
+bits. On an H200 (2026-12-03, b 1, s 4096, h 128, k 1024) the default ran at 270 TFLOP/s and the
+producer schedule at 258: the gather is not what bounds either. Under ncu the L2 is 15% busy and
 the schedulers issue in 34% of cycles: both consumer warpgroups step through the same block in
 lockstep (scores, cross-warpgroup softmax reductions, then P V), so the tensor cores idle through
 every softmax. ``schedule="independent"`` lets the two warpgroups drift apart: each computes
 every block's whole score tile and its own softmax (the scores twice, no cross-warpgroup step),
 so that one's softmax can run under the other's products; its row sums are one chain per
-thread, the baseline's ``one_chain`` order. It ran at 227 TFLOP/s: the second score product
+thread, the baseline's ``one_chain`` order. It ran at 245 TFLOP/s: the second score product
 costs more than the overlap gains. ``schedule="alternate"`` (FlashMLA's layout) computes the
 scores once: the warpgroups own alternate blocks, hand the softmax state and P over through
 shared memory, and both add every block into their own output columns; its arithmetic is the
-independent schedule's, step for step. It ran at 200 TFLOP/s: the chain of softmax steps passes
+independent schedule's, step for step. It ran at 230 TFLOP/s: the chain of softmax steps passes
 from one warpgroup to the other at every block.
 
 Fixed orders, the contract with the CUDA baseline ``sparse_fwd.cu`` (bit for bit): S = Q KV^T
@@ -430,8 +430,8 @@ def sparse_attention(q, kv, indices, sink, *, softmax_scale: float | None = None
     ``window_kv [b, n_w, 512]`` with ``window_indices [b, s, w]``. ``softmax_scale`` defaults to
     ``1 / sqrt(512)``. ``schedule``: "pipelined" (``sparse_fwd_kernel``), "producer"
     (``sparse_fwd_producer_kernel``: the same bits, 4% slower on an H200), "independent" (its
-    ``consumers="independent"`` form: other row-sum bits, 12% slower) or "alternate"
-    (``consumers="alternate"``: the independent schedule's bits, 19% slower than the default)."""
+    ``consumers="independent"`` form: other row-sum bits, 9% slower) or "alternate"
+    (``consumers="alternate"``: the independent schedule's bits, 15% slower than the default)."""
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule: expected one of {tuple(SCHEDULES)}, got {schedule!r}")
     b, s, h, window, window_kv, window_indices = check_inputs(q, kv, indices, sink, window_kv, window_indices)
