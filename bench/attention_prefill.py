@@ -449,12 +449,12 @@ def sparse_row(reps, seed):
                   and torch.equal(lse.view(torch.int32), first[order][1].view(torch.int32))):
             checks[schedule] += ", bits differ from those of the first schedule with its row-sum order"
     candidates = {sc: (lambda sc=sc: sparse_attention(q, kv, idx, sink, schedule=sc)) for sc in SPARSE_SCHEDULES}
+    anchor = "upstream TileLang example"  # TileLang's own V4 example (fast math, no LSE, a bf16 sink)
     upstream = upstream_sparse_fwd(q, kv, idx, sink)
-    if upstream is not None:  # TileLang's own V4 example (fast math, no LSE, a bf16 sink): the anchor
-        name = "upstream TileLang example"
-        candidates[name], checks[name] = upstream
+    if upstream is not None:
+        candidates[anchor], checks[anchor] = upstream
     timed_rows("sparse fwd bf16 (V4)", f"b{b} s{s} h{h} n{n} d{DIM} k{topk}", 4 * b * s * h * topk * DIM, candidates,
-               checks, None, reps, anchors={"upstream TileLang example"})
+               checks, None, reps, anchors={anchor})
 
 
 def upstream_sparse_fwd(q, kv, idx, sink):

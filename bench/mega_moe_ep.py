@@ -87,9 +87,10 @@ def local_logits(logits, t: int, experts_per_rank: int, topk: int):
     logit range plus one, so every raised logit exceeds every other one of its row."""
     if topk > experts_per_rank:
         raise ValueError(f"topk: local routing needs at most {experts_per_rank} experts a rank, got {topk}")
-    rows = logits.shape[0]
-    owner = logits.new_tensor(range(rows)).long() // t  # the rank of each token
-    expert_rank = logits.new_tensor(range(logits.shape[1])).long() // experts_per_rank
+    import torch
+
+    owner = torch.arange(logits.shape[0], device=logits.device) // t  # the rank of each token
+    expert_rank = torch.arange(logits.shape[1], device=logits.device) // experts_per_rank
     shift = float(logits.max() - logits.min()) + 1.0
     return logits + shift * (expert_rank[None, :] == owner[:, None]).to(logits.dtype)
 
@@ -134,26 +135,26 @@ def run_config(name, m, layer_w, cfg, t, args, group, emit):
     layer = MegaMoE(*layer_w, cfg, t, group=group, timeout_s=args.timeout_s)
     checks = {"baseline": moe_layer_ep(x, logits, *layer_w, cfg, group), "mega": layer(x, logits)}
     layer.check()
-    graph, replayed = captured(lambda: layer(x, logits, check=False))
-    dist.barrier(group)
-    graph.replay()
-    torch.cuda.synchronize()
-    layer.check()
-    checks["mega graph"] = replayed
+
+    def replayed_graph(logits_r):
+        """The layer on these logits captured as a CUDA graph and replayed once, every rank together."""
+        graph, out = captured(lambda: layer(x, logits_r, check=False))
+        dist.barrier(group)
+        graph.replay()
+        torch.cuda.synchronize()
+        layer.check()
+        return graph, out
+
+    graph, checks["mega graph"] = replayed_graph(logits)
     # communication removed: the same layer on logits that keep every token on its own rank
     el = m["n_experts"] // n
     local_all = local_logits(logits_all, t, el, cfg.topk)
     local_ref_all, local_ids, _ = moe_layer(x_all, local_all, *layer_w, cfg, return_routing=True)
     if crossing_bytes(local_ids, r, t, n, el, m["hidden"]):
         raise AssertionError(f"rank {r}: the local routing still moves rows between ranks")
-    local = local_all[r * t:(r + 1) * t].contiguous()
-    local_graph, local_replayed = captured(lambda: layer(x, local, check=False))
-    dist.barrier(group)
-    local_graph.replay()
-    torch.cuda.synchronize()
-    layer.check()
     refs = dict.fromkeys(checks, ref)
-    checks["mega local graph"], refs["mega local graph"] = local_replayed, local_ref_all[r * t:(r + 1) * t]
+    local_graph, checks["mega local graph"] = replayed_graph(local_all[r * t:(r + 1) * t].contiguous())
+    refs["mega local graph"] = local_ref_all[r * t:(r + 1) * t]
     equal = {what: torch.equal(out.view(torch.int16), refs[what].view(torch.int16)) for what, out in checks.items()}
     ok = torch.tensor([all(equal.values())], device="cuda", dtype=torch.int32)
     dist.all_reduce(ok, op=dist.ReduceOp.MIN, group=group)
