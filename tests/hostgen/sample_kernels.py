@@ -117,6 +117,21 @@ def offset_window(threads=32):
     return offset_read(threads)
 
 
+@tlx.jit(target=SM90)
+def assumed_rows(M, block=32):
+    """A program that states ``T.assume(M >= 64)`` (as TileLang code does to drop bounds guards):
+    TileLang lowers it to a host assert, which the launcher checks."""
+
+    @T.prim_func
+    def main(A: T.Tensor((M,), "float32"), B: T.Tensor((M,), "float32")):
+        with T.Kernel(T.ceildiv(M, block), threads=block) as bx:
+            T.assume(M >= 64)
+            for i in T.Parallel(block):
+                B[bx * block + i] = A[bx * block + i]
+
+    return main
+
+
 @tlx.jit(out_idx=[-2, -1], target=SM90)
 def copy_pairs(N, block=128):
     """``Y = X``, ``Y2 = X2`` through one loop over the pairs: TileLang names the buffers after the

@@ -289,6 +289,17 @@ def test_a_failed_shape_precondition_names_it_and_the_values(cache):
         window.launch(a, b, 224)
 
 
+def test_a_program_assume_is_a_launcher_check(cache):
+    """``T.assume`` reaches the host as an assert (TileLang's lowering): the launcher raises on a
+    shape that breaks it instead of launching a kernel compiled on the assumption."""
+    kernel = sk.assumed_rows(T.dynamic("M"))
+    assert "T.assume(M >= 64)" in kernel.host_source
+    with pytest.raises(ValueError, match=r"^assumed_rows: shape precondition T.assume\(M >= 64\) does not hold for M = 32$"):
+        kernel.launch(torch.zeros(32), torch.zeros(32))
+    with pytest.raises(ValueError, match="CUDA tensor"):  # the assumption holds: on to the device check
+        kernel.launch(torch.zeros(64), torch.zeros(64))
+
+
 def test_empty_problem_is_a_documented_no_op(rows, gemm):
     for kernel in (rows, gemm):
         assert "empty problem: a no-op" in kernel.host_source

@@ -199,10 +199,13 @@ class _Emitter:
 
     def preconditions(self) -> None:
         for expr, text in self.plan.preconditions:
-            self.out(f"if (__builtin_expect(!({self.expr(expr)}), 0)) {{")
-            values = self.named_values(expr, 2)
-            self.out(f"tlx::fail_precondition(kKernel, {_cstr(text)}, {values});", 2)
-            self.out("}")
+            self.precondition(expr, text, 1)
+
+    def precondition(self, expr, text: str, indent: int) -> None:
+        self.out(f"if (__builtin_expect(!({self.expr(expr)}), 0)) {{", indent)
+        values = self.named_values(expr, indent + 1)
+        self.out(f"tlx::fail_precondition(kKernel, {_cstr(text)}, {values});", indent + 1)
+        self.out("}", indent)
 
     def grid_limits(self) -> None:
         """Check, before anything touches the GPU, every grid dimension computable from the
@@ -273,6 +276,8 @@ class _Emitter:
                 self.descriptor(s, indent)
             elif s.kind == "launch":
                 self.launch(s, indent)
+            elif s.kind == "check":
+                self.precondition(s.cond, s.value, indent)
             elif s.kind == "if":
                 self.out(f"if ({self.expr(s.cond)}) {{", indent)
                 self.steps(s.then, indent + 1)

@@ -106,9 +106,9 @@ class Workspace:
 @dataclass
 class Step:
     """One statement of the launch sequence: a let binding, a workspace, a descriptor, a launch,
-    or a guarded block."""
+    a guarded block, or a check (a ``T.assume`` of the program, with its text in ``value``)."""
 
-    kind: str  # "let" | "workspace" | "desc" | "launch" | "if"
+    kind: str  # "let" | "workspace" | "desc" | "launch" | "if" | "check"
     var: Any = None
     value: Any = None
     workspace: Workspace | None = None
@@ -261,6 +261,12 @@ def plan_launcher(kernel: LoweredKernel, out_idx=(), preconditions=()) -> Launch
     by_data: dict[Any, TensorArg | Workspace] = {t.data_var: t for t in tensors}
     kernels: dict[str, Any] = {}
     steps = _steps(body, devices, tma_args, by_data, kernels, kernel.name)
+    # a T.assume over shape variables and scalars alone is checked with the other preconditions,
+    # before the device is touched; one that needs host let-bindings stays where the program has it
+    inputs = set(shape_vars) | {sc.name for sc in scalars}
+    hoisted = [s for s in steps if s.kind == "check" and {v.name for v in free_vars(s.cond)} <= inputs]
+    steps = [s for s in steps if not any(s is h for h in hoisted)]
+    preconditions = [*preconditions, *((s.cond, s.value) for s in hoisted)]
     for t in tensors:
         for step in walk_steps(steps):
             if step.kind == "desc" and step.desc.tensor_index == t.index:
@@ -327,6 +333,10 @@ def _one_step(s, devices, tma_args, by_data, kernels, name) -> list[Step]:
         if s.attr_key in ("tl.assume", "pragma_import_c"):
             return _steps(s.body, devices, tma_args, by_data, kernels, name)
         raise HostgenError(f"{name}: unsupported host attribute {s.attr_key!r}")
+    if isinstance(s, tirx.AssertStmt):
+        # TileLang turns a program's T.assume(cond) into a host assert ("Assume: cond"): checked
+        text = "".join(str(getattr(m, "value", m)) for m in s.message_parts)
+        return [Step("check", cond=s.condition, value=f"T.assume({text[len('Assume: '):]})" if text.startswith("Assume: ") else text)]
     if isinstance(s, tirx.IfThenElse):
         then = _steps(s.then_case, devices, tma_args, by_data, kernels, name)
         other = _steps(s.else_case, devices, tma_args, by_data, kernels, name) if s.else_case is not None else []

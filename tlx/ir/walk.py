@@ -134,11 +134,19 @@ class DeviceWalker:
 
     def note_alias(self, s) -> bool:
         """Record ``Bind(p, handle_add_byte_offset(q, n))``: ``p`` points ``n`` bytes into ``q``'s
-        root allocation. False for any other binding."""
+        root allocation; likewise ``Bind(p, address_of(q[i]))`` (a view made with
+        ``T.make_tensor_from_addr``), ``i`` elements in, and ``Bind(p, q)``. False for any other binding."""
         v = s.value
-        if not (isinstance(v, tir.Call) and op_name(v) == "tirx.handle_add_byte_offset"):
+        if isinstance(v, tir.Call) and op_name(v) == "tirx.address_of" and isinstance(v.args[0], tir.BufferLoad) \
+                and len(v.args[0].indices) == 1 and v.args[0].indices[0].dtype.lanes == 1:
+            load = v.args[0]
+            base, off = load.buffer.data, load.indices[0] * elem_bytes(load.buffer.dtype)
+        elif isinstance(v, tir.Call) and op_name(v) == "tirx.handle_add_byte_offset":
+            base, off = v.args[0], v.args[1]
+        elif isinstance(v, tir.Var) and str(v.dtype) == "handle":  # another name for a pointer
+            base, off = v, tir.IntImm("int64", 0)
+        else:
             return False
-        base, off = v.args[0], v.args[1]
         if base in self.aliases:
             root, off0 = self.aliases[base]
             self.aliases[s.var] = (root, off0 + off)

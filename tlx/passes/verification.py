@@ -147,6 +147,9 @@ class _Frame:
     tainted: list = field(default_factory=list)  # facts dropped because their arithmetic may overflow
 
 
+_OPAQUE = "a pointer bound to an address this analysis does not model: its allocation is not known"
+
+
 class _Walker(DeviceWalker):
     """Visits one device function, checks every access, and (optionally) proves guards."""
 
@@ -174,6 +177,7 @@ class _Walker(DeviceWalker):
         self._overflow_seen: set[str] = set()
         self.statement = None  # the statement being checked, named where no source line is found
         self.loops: list[str] = []  # enclosing loop variables, innermost last
+        self.opaque_pointers: set = set()  # pointers bound to addresses the walk does not model
 
     # ----- where --------------------------------------------------------------------
     def locate(self, name: str, kind: str, index: str) -> str:
@@ -325,6 +329,12 @@ class _Walker(DeviceWalker):
         if len(indices) != len(shape):
             access.status, access.detail = "unknown", f"{len(indices)} indices for a {len(shape)}-d buffer"
             return
+        if self.root_of(buffer.data)[0] in self.opaque_pointers:
+            access.status, access.detail = "unknown", _OPAQUE
+            return
+        if buffer.data in self.aliases:
+            self.check_view(access, buffer, indices, lane, ctx_extra, extra_names)
+            return
         offset = buffer.elem_offset
         if offset is not None and not (isinstance(offset, tir.IntImm) and offset.value == 0):
             # A view into a larger allocation: its own shape does not bound the real one.
@@ -370,6 +380,47 @@ class _Walker(DeviceWalker):
         elif v.status == "unknown":
             access.detail = v.reason or "budget exhausted"
 
+    def check_view(self, access, buffer, indices, lane, ctx_extra, extra_names):
+        """An access through a view into another allocation (a pointer bound to an offset into
+        it): the bytes it touches must lie in the root allocation; the view's own shape is
+        whatever the program declared and bounds nothing."""
+        root, byte_off = self.root_of(buffer.data)
+        buf = self.buffers.get(root)
+        if buf is None or self.focus is not None and access.key() != self.focus:
+            access.status, access.detail = ("skipped", "") if buf is not None else ("unknown", _OPAQUE)
+            return
+        strides = list(buffer.strides) if buffer.strides else None
+        if strides is None:
+            strides, acc = [], 1
+            for ext in reversed(list(buffer.shape)):
+                strides.insert(0, acc)
+                acc = acc * ext
+        self.enc.take_obligations()
+        size = 1
+        for ext in buf.shape:
+            size = size * ext
+        cap = self.enc.encode(size) * elem_bytes(buf.dtype)
+        self.enc.take_obligations()
+        flat = sum((self.enc.encode(i, lane=lane) * self.enc.encode(st) for i, st in zip(indices, strides)), 0)
+        lo = self.enc.encode(byte_off) + flat * elem_bytes(buffer.dtype)
+        extra_names.update({"first byte": lo, "bytes": cap})
+        obs = self.enc.take_obligations()
+        context = self.context() + ctx_extra
+        if obs:
+            v, _ = self.enc.prove_obligations(obs, context)
+            if not v.proven:
+                access.status, access.detail = "unknown", "view arithmetic may overflow"
+                return
+        v = self.enc.prove(z3.And(lo >= 0, lo + elem_bytes(buffer.dtype) <= cap), context)
+        access.status = v.status
+        if v.status == "violation":
+            access.counterexample = self.counterexample(v.model, extra_names, ctx_extra)
+            access.detail = f"outside {user_name(buf.name)}, which the view points into"
+            self.record_least(access, v)
+            self.demote(access)
+        elif v.status == "unknown":
+            access.detail = v.reason or "budget exhausted"
+
     def check_pointer(self, call, extent_override=None):
         """``tvm_access_ptr(type, data, offset, extent, rw)``: elements [offset, offset+extent) of ``data``
         (``extent_override`` elements when the consumer says how many it really touches)."""
@@ -379,7 +430,10 @@ class _Walker(DeviceWalker):
         ptr_bytes = elem_bytes(call.args[0].dtype)
         base, byte_off = self.root_of(data)
         buf = self.buffers.get(base)
-        if buf is None:
+        if buf is None or base in self.opaque_pointers:
+            access = CheckedAccess(self.func, user_name(data.name), "global", "pointer", f"[{offset}, {offset} + {extent})", "?")
+            access.status, access.detail = "unknown", _OPAQUE
+            self.accesses.append(access)
             return
         name = user_name(data.name)
         buf_bytes = elem_bytes(buf.dtype)
@@ -697,7 +751,8 @@ class _Walker(DeviceWalker):
     def visit_Bind(self, s):
         self.statement = s
         if str(s.var.dtype) == "handle":
-            self.note_alias(s)
+            if not self.note_alias(s):
+                self.opaque_pointers.add(s.var)
             return
         self.visit_expr(s.value)
         t = self.reliable(s.value, f"binding of {s.var.name}", subject=s.var.name)
