@@ -157,7 +157,7 @@ def _stage_lower(prim_func, build: Build):
 
 # The passes that follow guard elimination in the pipeline (tlx/passes/pipeline.py) and read
 # nothing but the kernel and the options; the device compile can start once they have run.
-_DEVICE_PASSES = ("numerics_strict", "numerics_determinism", "numerics_ieee_prelude")
+_DEVICE_PASSES = ("viewed_params", "numerics_strict", "numerics_determinism", "numerics_ieee_prelude")
 
 
 @dataclass

@@ -2,7 +2,8 @@
 
 Read top to bottom: the pin's decisions are checked first (on the kernel as lowered); the
 layout analyses only read the kernel; the bounds verifier then derives the preconditions
-the launcher enforces, which guard elimination may use as facts; the numerics checks look
+the launcher enforces, which guard elimination may use as facts; a parameter that a view is
+made from loses its ``const`` (TileLang's read-only marking, tlx/passes/viewed_params.py); the numerics checks look
 at the final device code; the ``tlx.ieee`` prelude is injected last because it only adds
 source text. ``tlx check`` runs the same list with ``report_only`` set: its bounds verdict
 (with source lines) replaces the compile-time bounds pass and no guard is removed.
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 
 from tlx.lowering import LoweredKernel
 from tlx.numerics import determinism, prelude, strict
-from tlx.passes import PassContext, TlxError, verifying, verifying_exhaustively
+from tlx.passes import PassContext, TlxError, verifying, verifying_exhaustively, viewed_params
 
 __all__ = ["PASSES", "Pass", "pass_names", "run_passes"]
 
@@ -73,6 +74,7 @@ PASSES: tuple[Pass, ...] = (
     Pass("bounds", _Lazy("tlx.passes.bounds", "bounds_pass"), _compile_time_bounds),
     Pass("check", _Lazy("tlx.passes.check", "check_pass"), _checking),
     Pass("eliminate_guards", _Lazy("tlx.passes.guards", "eliminate_guards_pass"), _removing_guards),
+    Pass("viewed_params", viewed_params.viewed_params_pass),
     Pass("numerics_strict", strict.numerics_mode_pass),
     Pass("numerics_determinism", determinism.determinism_pass),
     Pass("numerics_ieee_prelude", prelude.inject_ieee_prelude),
