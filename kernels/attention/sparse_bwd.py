@@ -75,7 +75,8 @@ import tilelang.language as T
 import tlx
 
 from kernels.attention import common as C
-from kernels.attention.sparse_fwd import DIM, SUPPORTED_HEADS, check_inputs, check_kernel_shape, gather_slots
+from kernels.attention.sparse_fwd import (DIM, ROWS_ASSUME, SUPPORTED_HEADS, check_inputs, check_kernel_shape, gather_slots,
+                                          slot_views)
 
 HEADS_PER_CTA = 64
 BLOCK_K = 32  # slots per step of the per-token kernel (its 64 x 512 dQ and 32 x 512 G accumulators fill the registers)
@@ -141,8 +142,7 @@ def sparse_bwd_sink_kernel(heads: int):
     return main
 
 
-@tlx.jit(target=C.TARGET, assume=["1 <= S", "1 <= N", "N <= 1073741824", "1 <= NW", "NW <= 1073741824", "SC <= S", "S <= 65536",
-                                   "0 <= s0", "s0 <= 1073741824"])
+@tlx.jit(target=C.TARGET, assume=["1 <= S", *ROWS_ASSUME, "SC <= S", "S <= 65536", "0 <= s0", "s0 <= 1073741824"])
 def sparse_bwd_token_kernel(heads: int, topk: int, window: int, scale_log2: float, softmax_scale: float, dtype: str = "bfloat16"):
     """dQ of the tokens ``s0 + [0, SC)`` (those ``< S``) and their scratch rows ``G [B, SC, topk +
     window, heads / 64, 512]`` (fp32). Parameters ``Q [B, S, H, 512], KV [B, N, 512],
@@ -175,7 +175,9 @@ def sparse_bwd_token_kernel(heads: int, topk: int, window: int, scale_log2: floa
             lse_r = T.alloc_fragment((hb,), f32)
             delta_r = T.alloc_fragment((hb,), f32)
 
+            T.assume(T.And(seq >= 1, s0 >= 0))  # the launcher's preconditions, for TileLang: t below is a row of Idx
             t = T.min(s0 + bx, seq - 1)
+            views = slot_views(KV, Idx, WKV, WIdx, bz, t)
             T.copy(Q[bz, t, by * hb:(by + 1) * hb, :], Q_s)
             T.copy(dO[bz, t, by * hb:(by + 1) * hb, :], dO_s)
             for i in T.Parallel(hb):
@@ -183,7 +185,7 @@ def sparse_bwd_token_kernel(heads: int, topk: int, window: int, scale_log2: floa
                 delta_r[i] = Delta[bz, t, by * hb + i]
             T.fill(acc_dq, 0)
             for kb in T.Pipelined(n_blocks, num_stages=2):
-                gather_slots(valid, KV_s, KV, Idx, WKV, WIdx, bz, t, kb, bk, n_top)
+                gather_slots(valid, KV_s, *views, kb, bk, n_top)
                 T.gemm(Q_s, KV_s, acc_s, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullCol)
                 T.gemm(dO_s, KV_s, acc_dp, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullCol)
                 for i, j in T.Parallel(hb, bk):

@@ -18,18 +18,19 @@ order, then the window's; the online softmax of ``common.py``; the sink enters t
 warpgroups gather a block themselves, and ``T.Pipelined`` issues that gather as 16-byte cp.async
 one block ahead; ``sparse_fwd_producer_kernel`` (``schedule="producer"``) moves it into a third,
 producer warpgroup, two blocks ahead, and keeps the consumers' instructions, so it gives the same
-bits. On an H200 (2026-12-03, b 1, s 4096, h 128, k 1024) the default ran at 270 TFLOP/s and the
-producer schedule at 258: the gather is not what bounds either. Under ncu the L2 is 15% busy and
+bits. On an H200 (2026-12-03, b 1, s 4096, h 128, k 1024) the default ran at 286 TFLOP/s (its
+gather from 32-bit views, ``slot_views``) and the producer schedule at 251: the gather is not what
+bounds either. Under ncu the L2 is 15% busy and
 the schedulers issue in 34% of cycles: both consumer warpgroups step through the same block in
 lockstep (scores, cross-warpgroup softmax reductions, then P V), so the tensor cores idle through
 every softmax. ``schedule="independent"`` lets the two warpgroups drift apart: each computes
 every block's whole score tile and its own softmax (the scores twice, no cross-warpgroup step),
 so that one's softmax can run under the other's products; its row sums are one chain per
-thread, the baseline's ``one_chain`` order. It ran at 245 TFLOP/s: the second score product
+thread, the baseline's ``one_chain`` order. It ran at 240 TFLOP/s: the second score product
 costs more than the overlap gains. ``schedule="alternate"`` (FlashMLA's layout) computes the
 scores once: the warpgroups own alternate blocks, hand the softmax state and P over through
 shared memory, and both add every block into their own output columns; its arithmetic is the
-independent schedule's, step for step. It ran at 230 TFLOP/s: the chain of softmax steps passes
+independent schedule's, step for step. It ran at 226 TFLOP/s: the chain of softmax steps passes
 from one warpgroup to the other at every block.
 
 Fixed orders, the contract with the CUDA baseline ``sparse_fwd.cu`` (bit for bit): S = Q KV^T
@@ -63,6 +64,8 @@ batch = T.dynamic("B")
 seq = T.dynamic("S")
 n_kv = T.dynamic("N")
 n_window_kv = T.dynamic("NW")
+MAX_KV_ROWS = 1 << 21  # kv and window_kv rows per sequence (slot_views)
+ROWS_ASSUME = ["1 <= N", f"N <= {MAX_KV_ROWS}", "1 <= NW", f"NW <= {MAX_KV_ROWS}"]
 
 
 def check_kernel_shape(heads: int, topk: int, window: int, block: int) -> None:
@@ -75,23 +78,35 @@ def check_kernel_shape(heads: int, topk: int, window: int, block: int) -> None:
         raise ValueError(f"window: expected 0 or a multiple of {block}, got {window}")
 
 
+def slot_views(KV, Idx, WKV, WIdx, b, t):
+    """Views of the rows one token gathers from: ``KV[b]``, ``Idx[b, t]``, ``WKV[b]``,
+    ``WIdx[b, t]``. Offsets from these bases fit 32 bits (row * 512 + column < 2^31 for at most
+    ``MAX_KV_ROWS`` rows, which the kernels assume and the launcher checks) where offsets from the
+    tensors' starts take 64-bit arithmetic: 4% of the forward's time on an H200 (2026-12-03)."""
+    return (T.make_tensor_from_addr(T.address_of(KV[b, 0, 0]), (KV.shape[1], DIM), KV.dtype),
+            T.make_tensor_from_addr(T.address_of(Idx[b, t, 0]), (Idx.shape[2],), "int32"),
+            T.make_tensor_from_addr(T.address_of(WKV[b, 0, 0]), (WKV.shape[1], DIM), WKV.dtype),
+            T.make_tensor_from_addr(T.address_of(WIdx[b, t, 0]), (WIdx.shape[2],), "int32"))
+
+
 @T.macro
-def gather_slots(valid, KV_s, KV, Idx, WKV, WIdx, b, t, kb, bk: int, n_top: int):
-    """Block ``kb`` of ``bk`` slots of token ``t`` of batch ``b`` (the top-k list's blocks, then the
-    window's from block ``n_top`` on): ``valid[j]`` 1 where slot j names a row of its tensor, and
-    that row (the index clamped into the tensor for a masked slot) in ``KV_s[j, :]``. Shared by
-    the forward and the backward, so both read the same rows for the same slots."""
+def gather_slots(valid, KV_s, KVb, Ib, WKVb, WIb, kb, bk: int, n_top: int):
+    """Block ``kb`` of ``bk`` slots of a token (``slot_views``'s views of its rows; the top-k
+    list's blocks, then the window's from block ``n_top`` on): ``valid[j]`` 1 where slot j names
+    a row of its tensor, and that row (the index clamped into the tensor for a masked slot) in
+    ``KV_s[j, :]``. Shared by the forward and the backward, so both read the same rows for the
+    same slots. (The clamp's ``MAX_KV_ROWS - 1`` changes nothing for the shapes the kernels
+    accept; it bounds the offset for TileLang, which then keeps it in 32 bits.)"""
     for j in T.Parallel(bk):
         if kb < n_top:
-            valid[j] = T.if_then_else(T.And(Idx[b, t, kb * bk + j] >= 0, Idx[b, t, kb * bk + j] < KV.shape[1]), 1, 0)
+            valid[j] = T.if_then_else(T.And(Ib[kb * bk + j] >= 0, Ib[kb * bk + j] < KVb.shape[0]), 1, 0)
         else:
-            valid[j] = T.if_then_else(T.And(WIdx[b, t, T.max(kb - n_top, 0) * bk + j] >= 0,
-                                            WIdx[b, t, T.max(kb - n_top, 0) * bk + j] < WKV.shape[1]), 1, 0)
+            valid[j] = T.if_then_else(T.And(WIb[T.max(kb - n_top, 0) * bk + j] >= 0, WIb[T.max(kb - n_top, 0) * bk + j] < WKVb.shape[0]), 1, 0)
     for j, d in T.Parallel(bk, DIM):
         if kb < n_top:
-            KV_s[j, d] = KV[b, T.min(T.max(Idx[b, t, kb * bk + j], 0), KV.shape[1] - 1), d]
+            KV_s[j, d] = KVb[T.min(T.max(Ib[kb * bk + j], 0), T.min(KVb.shape[0] - 1, MAX_KV_ROWS - 1)), d]
         else:
-            KV_s[j, d] = WKV[b, T.min(T.max(WIdx[b, t, T.max(kb - n_top, 0) * bk + j], 0), WKV.shape[1] - 1), d]
+            KV_s[j, d] = WKVb[T.min(T.max(WIb[T.max(kb - n_top, 0) * bk + j], 0), T.min(WKVb.shape[0] - 1, MAX_KV_ROWS - 1)), d]
 
 
 @T.macro
@@ -132,11 +147,13 @@ def write_rows(acc_o, rows, Sink, h0, O_tile, LSE_tile):
         T.copy(lse_rows, LSE_tile)
 
 
-@tlx.jit(target=C.TARGET, assume=["1 <= N", "N <= 1073741824", "1 <= NW", "NW <= 1073741824"])
+@tlx.jit(target=C.TARGET, assume=ROWS_ASSUME)
 def sparse_fwd_kernel(heads: int, topk: int, window: int, scale_log2: float, dtype: str = "bfloat16"):
     """Parameters ``Q [B, S, H, 512], KV [B, N, 512], Idx [B, S, topk] int32, Sink [H] fp32,
     WKV [B, NW, 512], WIdx [B, S, max(window, 1)] int32, O [B, S, H, 512], LSE [B, S, H] fp32``
-    (``window`` 0: the window tensors are not read)."""
+    (``window`` 0: the window tensors are not read). A token's head groups are neighbours in the
+    grid (they gather the same rows, which then come from L2) and the output leaves through
+    shared memory in one TMA store: 1% and 2% on an H200 (2026-12-03, bench/sparse_fwd_bisect.py)."""
     check_kernel_shape(heads, topk, window, BLOCK_K)
     hb, bk, f32 = HEADS_PER_CTA, BLOCK_K, "float32"
     n_top, n_blocks = topk // bk, (topk + window) // bk
@@ -146,21 +163,24 @@ def sparse_fwd_kernel(heads: int, topk: int, window: int, scale_log2: float, dty
              Idx: T.Tensor((batch, seq, topk), "int32"), Sink: T.Tensor((heads,), f32),
              WKV: T.Tensor((batch, n_window_kv, DIM), dtype), WIdx: T.Tensor((batch, seq, max(window, 1)), "int32"),
              O: T.Tensor((batch, seq, heads, DIM), dtype), LSE: T.Tensor((batch, seq, heads), f32)):
-        with T.Kernel(seq, heads // hb, batch, threads=256) as (bx, by, bz):
+        with T.Kernel(heads // hb, seq, batch, threads=256) as (by, bx, bz):
             Q_s = T.alloc_shared((hb, DIM), dtype)
             KV_s = T.alloc_shared((bk, DIM), dtype)
             P_s = T.alloc_shared((hb, bk), dtype)
+            O_s = T.alloc_shared((hb, DIM), dtype)
             valid = T.alloc_shared((bk,), "int32")
             acc_s = T.alloc_fragment((hb, bk), f32)
             acc_o = T.alloc_fragment((hb, DIM), f32)
             rows = C.row_state(hb)
+            KVb, Ib, WKVb, WIb = slot_views(KV, Idx, WKV, WIdx, bz, bx)
 
             T.copy(Q[bz, bx, by * hb:(by + 1) * hb, :], Q_s)
             C.init_softmax(rows[0], rows[2], rows[4], acc_o)
             for kb in T.Pipelined(n_blocks, num_stages=2):
-                gather_slots(valid, KV_s, KV, Idx, WKV, WIdx, bz, bx, kb, bk, n_top)
+                gather_slots(valid, KV_s, KVb, Ib, WKVb, WIb, kb, bk, n_top)
                 block_step(Q_s, KV_s, KV_s, valid, None, acc_s, P_s, acc_o, rows, scale_log2, True)
-            write_rows(acc_o, rows, Sink, by * hb, O[bz, bx, by * hb:(by + 1) * hb, :], LSE[bz, bx, by * hb:(by + 1) * hb])
+            write_rows(acc_o, rows, Sink, by * hb, O_s, LSE[bz, bx, by * hb:(by + 1) * hb])
+            T.copy(O_s, O[bz, bx, by * hb:(by + 1) * hb, :])
 
     return main
 
@@ -405,6 +425,8 @@ def check_inputs(q, kv, indices, sink, window_kv, window_indices):
         raise ValueError(f"q: head count expected one of {SUPPORTED_HEADS}, got {h}")
     C.check_dim("kv", kv, 0, b, "the batch of q")
     C.check_dim("kv", kv, 2, DIM, "the head dim")
+    if kv.shape[1] > MAX_KV_ROWS:
+        raise ValueError(f"kv: expected at most {MAX_KV_ROWS} rows per sequence, got {kv.shape[1]}")
     C.check_dim("indices", indices, 0, b, "the batch of q")
     C.check_dim("indices", indices, 1, s, "the tokens of q")
     if indices.shape[2] not in SUPPORTED_TOPK:
@@ -418,6 +440,8 @@ def check_inputs(q, kv, indices, sink, window_kv, window_indices):
     check_index("window_indices", window_indices)
     C.check_dim("window_kv", window_kv, 0, b, "the batch of q")
     C.check_dim("window_kv", window_kv, 2, DIM, "the head dim")
+    if window_kv.shape[1] > MAX_KV_ROWS:
+        raise ValueError(f"window_kv: expected at most {MAX_KV_ROWS} rows per sequence, got {window_kv.shape[1]}")
     if tuple(window_indices.shape[:2]) != (b, s) or window_indices.shape[2] % BLOCK_K:
         raise ValueError(f"window_indices: expected [{b}, {s}, a multiple of {BLOCK_K}], got {tuple(window_indices.shape)}")
     return b, s, h, window_indices.shape[2], window_kv, window_indices

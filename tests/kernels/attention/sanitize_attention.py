@@ -48,16 +48,17 @@ def backward_ops():
 
 
 def sparse_ops():
-    """n not a multiple of the 64-key block, masked and out-of-range slots, an all-masked token,
-    and the window branch over a window_kv shorter than the window."""
+    """Two sequences (each token's rows through views from its sequence's base), n not a multiple
+    of the 64-key block, masked and out-of-range slots, an all-masked token, and the window branch
+    over a window_kv shorter than the window."""
     g = torch.Generator(device="cuda").manual_seed(0)
-    q, kv = torch.randn(1, 3, 64, DIM, generator=g, **BF16), torch.randn(1, 100, DIM, generator=g, **BF16)
-    idx = torch.randint(-1, 101, (1, 3, 512), generator=g, device="cuda", dtype=torch.int32)
-    idx[0, 1] = -1
+    q, kv = torch.randn(2, 3, 64, DIM, generator=g, **BF16), torch.randn(2, 100, DIM, generator=g, **BF16)
+    idx = torch.randint(-1, 101, (2, 3, 512), generator=g, device="cuda", dtype=torch.int32)
+    idx[1, 1] = -1
     sink = torch.randn(64, generator=g, device="cuda")
-    wkv = torch.randn(1, 40, DIM, generator=g, **BF16)
+    wkv = torch.randn(2, 40, DIM, generator=g, **BF16)
     widx = torch.where(torch.arange(128, device="cuda") < 40, torch.arange(128, device="cuda"), -1).to(torch.int32)
-    widx = widx.expand(1, 3, 128).contiguous()
+    widx = widx.expand(2, 3, 128).contiguous()
     return [lambda: sparse_attention(q, kv, idx, sink), lambda: sparse_attention(q, kv, idx, sink, window_kv=wkv, window_indices=widx)]
 
 
