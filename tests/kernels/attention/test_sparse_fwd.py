@@ -20,6 +20,14 @@ def test_kernel_compiles_for_sm90a(deterministic):
     src = kernel.device_source
     assert "64, 32, 16, false, false" in src and "64, 256, 16, false, true" in src  # S: 2 x m64n32, O: 2 x m64n256
     assert "exp2f(__fmaf_rn(acc_s" in src
+    # the gather's offsets from per-token views stay in 32 bits; the views are proven against
+    # the tensors they point into, under the row limit the launcher checks
+    gathers = [line for line in src.splitlines() if "*)KVb)" in line or "*)WKVb)" in line]
+    assert "void* KVb = " in src and gathers and not any("int64_t" in line for line in gathers)
+    report = kernel.metadata["reports"]["bounds"]
+    assert (report["unknown"], report["violations"]) == ([], []) and report["proven"] == report["accesses"] > 0
+    assert {p["text"] for p in kernel.metadata["preconditions"]} >= {"N <= 2097152", "NW <= 2097152"}
+    assert "tma_store" in src  # the output leaves through one TMA store
 
 
 def test_producer_schedule_compiles_with_the_same_consumer_arithmetic(deterministic):
@@ -132,6 +140,11 @@ def test_bad_arguments_are_named():
         sparse_attention(q, kv, idx, sink)
     with pytest.raises(ValueError, match="topk: expected a positive multiple of 64"):
         sparse_fwd_kernel(64, 100, 0, 1.0)
+    too_long = torch.empty(1, 2**21 + 1, 512, dtype=torch.bfloat16)  # 2 GiB of address space, never touched
+    with pytest.raises(ValueError, match="kv: expected at most 2097152 rows per sequence, got 2097153"):
+        sparse_attention(q, too_long, idx, sink)
+    with pytest.raises(ValueError, match="window_kv: expected at most 2097152 rows per sequence, got 2097153"):
+        sparse_attention(q, kv, idx, sink, window_kv=too_long, window_indices=idx[..., :64].contiguous())
 
 
 def _inputs(b, s, h, n, k, seed, masked=0.1):
