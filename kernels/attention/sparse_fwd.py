@@ -90,23 +90,28 @@ def slot_views(KV, Idx, WKV, WIdx, b, t):
 
 
 @T.macro
-def gather_slots(valid, KV_s, KVb, Ib, WKVb, WIb, kb, bk: int, n_top: int):
-    """Block ``kb`` of ``bk`` slots of a token (``slot_views``'s views of its rows; the top-k
-    list's blocks, then the window's from block ``n_top`` on): ``valid[j]`` 1 where slot j names
-    a row of its tensor, and that row (the index clamped into the tensor for a masked slot) in
-    ``KV_s[j, :]``. Shared by the forward and the backward, so both read the same rows for the
-    same slots. (The clamp's ``MAX_KV_ROWS - 1`` changes nothing for the shapes the kernels
-    accept; it bounds the offset for TileLang, which then keeps it in 32 bits.)"""
+def gather_block(valid, KV_s, rows, idx, kb, bk: int):
+    """Block ``kb`` of ``bk`` slots of the index list ``idx`` over the key rows ``rows`` (a pair
+    of ``slot_views``): ``valid[j]`` 1 where slot j names a row, and that row (the index clamped
+    into ``rows`` for a masked slot) in ``KV_s[j, :]``. (The clamp's ``MAX_KV_ROWS - 1`` changes
+    nothing for the shapes the kernels accept; it bounds the offset for TileLang, which then keeps
+    it in 32 bits.)"""
     for j in T.Parallel(bk):
-        if kb < n_top:
-            valid[j] = T.if_then_else(T.And(Ib[kb * bk + j] >= 0, Ib[kb * bk + j] < KVb.shape[0]), 1, 0)
-        else:
-            valid[j] = T.if_then_else(T.And(WIb[T.max(kb - n_top, 0) * bk + j] >= 0, WIb[T.max(kb - n_top, 0) * bk + j] < WKVb.shape[0]), 1, 0)
+        valid[j] = T.if_then_else(T.And(idx[kb * bk + j] >= 0, idx[kb * bk + j] < rows.shape[0]), 1, 0)
     for j, d in T.Parallel(bk, DIM):
-        if kb < n_top:
-            KV_s[j, d] = KVb[T.min(T.max(Ib[kb * bk + j], 0), T.min(KVb.shape[0] - 1, MAX_KV_ROWS - 1)), d]
-        else:
-            KV_s[j, d] = WKVb[T.min(T.max(WIb[T.max(kb - n_top, 0) * bk + j], 0), T.min(WKVb.shape[0] - 1, MAX_KV_ROWS - 1)), d]
+        KV_s[j, d] = rows[T.min(T.max(idx[kb * bk + j], 0), T.min(rows.shape[0] - 1, MAX_KV_ROWS - 1)), d]
+
+
+@T.macro
+def gather_slots(valid, KV_s, KVb, Ib, WKVb, WIb, kb, bk: int, n_top: int):
+    """Block ``kb`` of a token's slots: the top-k list's blocks, then the window's from block
+    ``n_top`` on (``gather_block``). The backward's gather; the forward runs the two lists as
+    two loops, so that each loop's copies are unconditional and become cp.async (TileLang
+    issues a copy under a branch as synchronous loads). Both read the same rows for the same slots."""
+    if kb < n_top:
+        gather_block(valid, KV_s, KVb, Ib, kb, bk)
+    else:
+        gather_block(valid, KV_s, WKVb, WIb, T.max(kb - n_top, 0), bk)
 
 
 @T.macro
@@ -176,8 +181,11 @@ def sparse_fwd_kernel(heads: int, topk: int, window: int, scale_log2: float, dty
 
             T.copy(Q[bz, bx, by * hb:(by + 1) * hb, :], Q_s)
             C.init_softmax(rows[0], rows[2], rows[4], acc_o)
-            for kb in T.Pipelined(n_blocks, num_stages=2):
-                gather_slots(valid, KV_s, KVb, Ib, WKVb, WIb, kb, bk, n_top)
+            for kb in T.Pipelined(n_top, num_stages=2):
+                gather_block(valid, KV_s, KVb, Ib, kb, bk)
+                block_step(Q_s, KV_s, KV_s, valid, None, acc_s, P_s, acc_o, rows, scale_log2, True)
+            for kb in T.Pipelined(n_blocks - n_top, num_stages=2):
+                gather_block(valid, KV_s, WKVb, WIb, kb, bk)
                 block_step(Q_s, KV_s, KV_s, valid, None, acc_s, P_s, acc_o, rows, scale_log2, True)
             write_rows(acc_o, rows, Sink, by * hb, O_s, LSE[bz, bx, by * hb:(by + 1) * hb])
             T.copy(O_s, O[bz, bx, by * hb:(by + 1) * hb, :])
