@@ -43,7 +43,15 @@ def variant_kernel(variant: str):
     from bench.attention_prefill import SPARSE_SHAPE
     from kernels.attention import common as C
     from kernels.attention.sparse_fwd import (BLOCK_K, DIM, HEADS_PER_CTA, ROWS_ASSUME, batch, block_step, gather_block,
-                                              gather_slots, n_kv, n_window_kv, seq, slot_views, write_rows)
+                                              n_kv, n_window_kv, seq, slot_views, write_rows)
+
+    @T.macro
+    def gather_slots(valid, KV_s, KVb, Ib, WKVb, WIb, kb, bk: int, n_top: int):
+        """``one_loop``'s gather: block ``kb`` of the top-k list, or of the window from block ``n_top`` on."""
+        if kb < n_top:
+            gather_block(valid, KV_s, KVb, Ib, kb, bk)
+        else:
+            gather_block(valid, KV_s, WKVb, WIb, T.max(kb - n_top, 0), bk)
 
     extra = {"pass_configs": {tilelang.PassConfigKey.TL_ENABLE_FAST_MATH: True}} if variant == "fastmath" else {}
     static = variant == "static_shapes"

@@ -75,7 +75,7 @@ import tilelang.language as T
 import tlx
 
 from kernels.attention import common as C
-from kernels.attention.sparse_fwd import (DIM, ROWS_ASSUME, SUPPORTED_HEADS, check_inputs, check_kernel_shape, gather_slots,
+from kernels.attention.sparse_fwd import (DIM, ROWS_ASSUME, SUPPORTED_HEADS, check_inputs, check_kernel_shape, gather_block,
                                           slot_views)
 
 HEADS_PER_CTA = 64
@@ -155,6 +155,22 @@ def sparse_bwd_token_kernel(heads: int, topk: int, window: int, scale_log2: floa
     groups, slots = heads // hb, topk + window
     n_top, n_blocks = topk // bk, slots // bk
 
+    @T.macro
+    def block_grads(KV_s, Q_s, dO_s, P_s, dS_s, valid, acc_s, acc_dp, acc_dq, acc_g, lse_r, delta_r, G_rows):
+        """One gathered block: P and dS, dQ += dS KV, and the block's dKV rows dS^T Q + P^T dO into ``G_rows``."""
+        T.gemm(Q_s, KV_s, acc_s, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullCol)
+        T.gemm(dO_s, KV_s, acc_dp, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullCol)
+        for i, j in T.Parallel(hb, bk):
+            acc_s[i, j] = T.if_then_else(valid[j] == 1, T.exp2(T.ieee_fmaf(acc_s[i, j], T.float32(scale_log2), -lse_r[i])),
+                                         T.float32(0))
+            acc_dp[i, j] = T.ieee_mul(acc_s[i, j] * (acc_dp[i, j] - delta_r[i]), T.float32(softmax_scale))
+        T.copy(acc_s, P_s)
+        T.copy(acc_dp, dS_s)
+        T.gemm(dS_s, KV_s, acc_dq, policy=T.GemmWarpPolicy.FullCol)
+        T.gemm(dS_s, Q_s, acc_g, transpose_A=True, clear_accum=True, policy=T.GemmWarpPolicy.FullCol)
+        T.gemm(P_s, dO_s, acc_g, transpose_A=True, policy=T.GemmWarpPolicy.FullCol)
+        T.copy(acc_g, G_rows)
+
     @T.prim_func
     def main(Q: T.Tensor((batch, seq, heads, DIM), dtype), KV: T.Tensor((batch, n_kv, DIM), dtype),
              Idx: T.Tensor((batch, seq, topk), "int32"), WKV: T.Tensor((batch, n_window_kv, DIM), dtype),
@@ -177,28 +193,22 @@ def sparse_bwd_token_kernel(heads: int, topk: int, window: int, scale_log2: floa
 
             T.assume(T.And(seq >= 1, s0 >= 0))  # the launcher's preconditions, for TileLang: t below is a row of Idx
             t = T.min(s0 + bx, seq - 1)
-            views = slot_views(KV, Idx, WKV, WIdx, bz, t)
             T.copy(Q[bz, t, by * hb:(by + 1) * hb, :], Q_s)
             T.copy(dO[bz, t, by * hb:(by + 1) * hb, :], dO_s)
             for i in T.Parallel(hb):
                 lse_r[i] = T.ieee_mul(LSE[bz, t, by * hb + i], T.float32(C.LOG2E))
                 delta_r[i] = Delta[bz, t, by * hb + i]
             T.fill(acc_dq, 0)
-            for kb in T.Pipelined(n_blocks, num_stages=2):
-                gather_slots(valid, KV_s, *views, kb, bk, n_top)
-                T.gemm(Q_s, KV_s, acc_s, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullCol)
-                T.gemm(dO_s, KV_s, acc_dp, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullCol)
-                for i, j in T.Parallel(hb, bk):
-                    acc_s[i, j] = T.if_then_else(valid[j] == 1, T.exp2(T.ieee_fmaf(acc_s[i, j], T.float32(scale_log2), -lse_r[i])),
-                                                 T.float32(0))
-                    acc_dp[i, j] = T.ieee_mul(acc_s[i, j] * (acc_dp[i, j] - delta_r[i]), T.float32(softmax_scale))
-                T.copy(acc_s, P_s)
-                T.copy(acc_dp, dS_s)
-                T.gemm(dS_s, KV_s, acc_dq, policy=T.GemmWarpPolicy.FullCol)
-                T.gemm(dS_s, Q_s, acc_g, transpose_A=True, clear_accum=True, policy=T.GemmWarpPolicy.FullCol)
-                T.gemm(P_s, dO_s, acc_g, transpose_A=True, policy=T.GemmWarpPolicy.FullCol)
-                for j, d in T.Parallel(bk, DIM):
-                    G[bz, bx, kb * bk + j, by, d] = acc_g[j, d]
+            KVb, Ib, WKVb, WIb = slot_views(KV, Idx, WKV, WIdx, bz, t)
+            # the top-k list's blocks, then the window's, as two loops: each loop's copies are
+            # then unconditional, which TileLang issues as cp.async (not under a branch)
+            for kb in T.Pipelined(n_top, num_stages=2):
+                gather_block(valid, KV_s, KVb, Ib, kb, bk)
+                block_grads(KV_s, Q_s, dO_s, P_s, dS_s, valid, acc_s, acc_dp, acc_dq, acc_g, lse_r, delta_r, G[bz, bx, kb * bk:(kb + 1) * bk, by, :])
+            for kb in T.Pipelined(n_blocks - n_top, num_stages=2):
+                gather_block(valid, KV_s, WKVb, WIb, kb, bk)
+                block_grads(KV_s, Q_s, dO_s, P_s, dS_s, valid, acc_s, acc_dp, acc_dq, acc_g, lse_r, delta_r,
+                            G[bz, bx, (n_top + kb) * bk:(n_top + kb + 1) * bk, by, :])
             for i, d in T.Parallel(hb, DIM):
                 if s0 + bx < seq:
                     dQ[bz, t, by * hb + i, d] = T.Cast(dtype, acc_dq[i, d])

@@ -92,7 +92,10 @@ def slot_views(KV, Idx, WKV, WIdx, b, t):
 @T.macro
 def gather_block(valid, KV_s, rows, idx, kb, bk: int):
     """Block ``kb`` of ``bk`` slots of the index list ``idx`` over the key rows ``rows`` (a pair
-    of ``slot_views``): ``valid[j]`` 1 where slot j names a row, and that row (the index clamped
+    of ``slot_views``; the forward and the backward gather through it, so both read the same
+    rows for the same slots; each runs the top-k list and the window as two loops, whose copies
+    are then unconditional and become cp.async: TileLang issues a copy under a branch as
+    synchronous loads): ``valid[j]`` 1 where slot j names a row, and that row (the index clamped
     into ``rows`` for a masked slot) in ``KV_s[j, :]``. (The clamp's ``MAX_KV_ROWS - 1`` changes
     nothing for the shapes the kernels accept; it bounds the offset for TileLang, which then keeps
     it in 32 bits.)"""
@@ -100,18 +103,6 @@ def gather_block(valid, KV_s, rows, idx, kb, bk: int):
         valid[j] = T.if_then_else(T.And(idx[kb * bk + j] >= 0, idx[kb * bk + j] < rows.shape[0]), 1, 0)
     for j, d in T.Parallel(bk, DIM):
         KV_s[j, d] = rows[T.min(T.max(idx[kb * bk + j], 0), T.min(rows.shape[0] - 1, MAX_KV_ROWS - 1)), d]
-
-
-@T.macro
-def gather_slots(valid, KV_s, KVb, Ib, WKVb, WIb, kb, bk: int, n_top: int):
-    """Block ``kb`` of a token's slots: the top-k list's blocks, then the window's from block
-    ``n_top`` on (``gather_block``). The backward's gather; the forward runs the two lists as
-    two loops, so that each loop's copies are unconditional and become cp.async (TileLang
-    issues a copy under a branch as synchronous loads). Both read the same rows for the same slots."""
-    if kb < n_top:
-        gather_block(valid, KV_s, KVb, Ib, kb, bk)
-    else:
-        gather_block(valid, KV_s, WKVb, WIb, T.max(kb - n_top, 0), bk)
 
 
 @T.macro
