@@ -33,7 +33,7 @@ import tilelang  # noqa: F401
 from tilelang import tvm
 
 from tlx.ir.facts import accumulators, function_facts, param_buffers, user_name
-from tlx.ir.tir import PRIVATE_SCOPES, arith_only, device_functions, elem_bytes, op_name, scalar_dtype, unit_step
+from tlx.ir.tir import PRIVATE_SCOPES, arith_only, device_functions, elem_bytes, nodes, op_name, scalar_dtype, unit_step
 from tlx.ir.walk import MATRIX_MOVES, DeviceWalker, is_access_ptr, is_cp_async, pointer_uses
 from tlx.lowering import LoweredKernel
 from tlx.passes import TlxError
@@ -178,6 +178,7 @@ class _Walker(DeviceWalker):
         self.statement = None  # the statement being checked, named where no source line is found
         self.loops: list[str] = []  # enclosing loop variables, innermost last
         self.opaque_pointers: set = set()  # pointers bound to addresses the walk does not model
+        self.host_checked: set = set()  # conditions of the host's asserts (the launcher's checks), as text
 
     # ----- where --------------------------------------------------------------------
     def locate(self, name: str, kind: str, index: str) -> str:
@@ -634,6 +635,12 @@ class _Walker(DeviceWalker):
             if ext is not None:
                 self.add_fact(t < ext)
             self.add_name(v.name, t)
+        elif s.attr_key == "tl.assume" and isinstance(s.node, tvm.ir.PrimExpr) and str(s.node) in self.host_checked:
+            # a program's T.assume over the kernel's parameters: the launcher checks it (the
+            # host assert TileLang made of it), so the kernel only runs where it holds
+            c = self.reliable(s.node, "T.assume condition", as_bool=True)
+            if c is not None:
+                self.add_fact(c)
         else:
             self.visit_expr(s.value) if isinstance(s.value, tvm.ir.PrimExpr) else None
         self.visit(s.body)
@@ -921,15 +928,29 @@ def _walk_kernel(kernel, assume, extra_conditions, rlimit, prove_guards, source_
     enc = Encoder(rlimit=rlimit)
     variables, terms = shape_setup(enc, kernel, tuple(assume), list(extra_conditions))
     walkers = {}
+    host_checked = _launcher_checks(kernel)
     for name, f in device_functions(kernel.device_mod):
         bind_params(enc, f, variables)
         w = _Walker(enc, name, terms, prove_guards, source_map, focus, least_of, candidate_arrays(f),
                     None if hulls is None else hulls.get(name, {}))
         enc.know(function_facts(f), w.memory)
         w.buffers.update(param_buffers(kernel, f))
+        w.host_checked = host_checked
         w.visit(f.body)
         walkers[name] = w
     return enc, walkers
+
+
+def _launcher_checks(kernel) -> set:
+    """The conditions of the asserts in the host code's compute scope, as text: the program's
+    ``T.assume`` conditions, which the generated launcher checks (tlx/hostgen/plan.py; the
+    argument checks outside that scope are TileLang's own launcher's, not tlx's)."""
+    out = set()
+    for _, h in device_functions(kernel.host_mod):
+        for scope in nodes(h.body, tir.AttrStmt):
+            if scope.attr_key == "compute_scope":
+                out.update(str(a.condition) for a in nodes(scope.body, tir.AssertStmt))
+    return out
 
 
 def format_violation(a: CheckedAccess) -> str:
