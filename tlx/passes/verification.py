@@ -333,13 +333,13 @@ class _Walker(DeviceWalker):
         if self.root_of(buffer.data)[0] in self.opaque_pointers:
             access.status, access.detail = "unknown", _OPAQUE
             return
-        if buffer.data in self.aliases:
-            self.check_view(access, buffer, indices, lane, ctx_extra, extra_names)
-            return
         offset = buffer.elem_offset
         if offset is not None and not (isinstance(offset, tir.IntImm) and offset.value == 0):
             # A view into a larger allocation: its own shape does not bound the real one.
             access.status, access.detail = "unknown", f"buffer view at element offset {offset}; its allocation is not known here"
+            return
+        if buffer.data in self.aliases:
+            self.check_view(access, buffer, indices, lane, ctx_extra, extra_names)
             return
         # Extents are allocation sizes computed on the host in 64 bits, not device arithmetic.
         self.enc.take_obligations()
