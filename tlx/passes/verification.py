@@ -178,6 +178,10 @@ class _Walker(DeviceWalker):
         self.statement = None  # the statement being checked, named where no source line is found
         self.loops: list[str] = []  # enclosing loop variables, innermost last
         self.opaque_pointers: set = set()  # pointers bound to addresses the walk does not model
+        # pointers the program made (address_of, another pointer's name): their buffers are views
+        # checked against the allocation they point into; TileLang's own carve-outs of the
+        # dynamic shared memory (handle_add_byte_offset) keep their planned shapes
+        self.program_views: set = set()
         self.host_checked: set = set()  # conditions of the host's asserts (the launcher's checks), as text
 
     # ----- where --------------------------------------------------------------------
@@ -338,7 +342,7 @@ class _Walker(DeviceWalker):
             # A view into a larger allocation: its own shape does not bound the real one.
             access.status, access.detail = "unknown", f"buffer view at element offset {offset}; its allocation is not known here"
             return
-        if buffer.data in self.aliases:
+        if buffer.data in self.program_views:
             self.check_view(access, buffer, indices, lane, ctx_extra, extra_names)
             return
         # Extents are allocation sizes computed on the host in 64 bits, not device arithmetic.
@@ -760,6 +764,8 @@ class _Walker(DeviceWalker):
         if str(s.var.dtype) == "handle":
             if not self.note_alias(s):
                 self.opaque_pointers.add(s.var)
+            elif not (isinstance(s.value, tir.Call) and op_name(s.value) == "tirx.handle_add_byte_offset"):
+                self.program_views.add(s.var)
             return
         self.visit_expr(s.value)
         t = self.reliable(s.value, f"binding of {s.var.name}", subject=s.var.name)
