@@ -132,6 +132,23 @@ def assumed_rows(M, block=32):
     return main
 
 
+@tlx.jit(target=SM90, assume=["1 <= N"])
+def gathered_rows(N, rows=64, D=64):
+    """Rows of X named by Idx, gathered into shared memory by 16-byte cp.async (a pipelined
+    gather), then stored to Y."""
+
+    @T.prim_func
+    def main(X: T.Tensor((N, D), "float16"), Idx: T.Tensor((2, rows), "int32"), Y: T.Tensor((2, rows, D), "float16")):
+        with T.Kernel(1, threads=128) as bx:
+            S = T.alloc_shared((rows, D), "float16")
+            for k in T.Pipelined(2, num_stages=2):
+                for j, d in T.Parallel(rows, D):
+                    S[j, d] = X[T.min(T.max(Idx[k, j], 0), N - 1), d]
+                T.copy(S, Y[k, :, :])
+
+    return main
+
+
 @tlx.jit(out_idx=[-2, -1], target=SM90)
 def copy_pairs(N, block=128):
     """``Y = X``, ``Y2 = X2`` through one loop over the pairs: TileLang names the buffers after the

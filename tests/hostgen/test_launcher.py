@@ -300,6 +300,14 @@ def test_a_program_assume_is_a_launcher_check(cache):
         kernel.launch(torch.zeros(64), torch.zeros(64))
 
 
+def test_a_cp_async_source_is_checked_for_its_alignment(cache):
+    """A 16-byte cp.async from X needs X 16-byte aligned (a misaligned source faults on the
+    device, an error that poisons the context): the launcher checks it, through a view of X too."""
+    kernel = sk.gathered_rows(T.dynamic("N"))
+    assert "cp_async" in kernel.device_source
+    assert 'tlx::check_align(kKernel, "X", v_X, 16,' in kernel.host_source
+
+
 def test_empty_problem_is_a_documented_no_op(rows, gemm):
     for kernel in (rows, gemm):
         assert "empty problem: a no-op" in kernel.host_source

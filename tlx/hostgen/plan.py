@@ -13,7 +13,8 @@ from typing import Any
 from tilelang import tvm
 from tvm import tirx
 
-from tlx.ir.tir import device_functions, free_vars, nodes, op_name
+from tlx.ir.tir import device_functions, elem_bytes, free_vars, nodes, op_name
+from tlx.ir.walk import is_access_ptr, is_cp_async
 from tlx.lowering import LoweredKernel
 
 __all__ = ["walk_steps", "HostgenError", "LaunchPlan", "TensorArg", "ScalarArg", "Descriptor", "Launch", "Step", "Workspace",
@@ -190,20 +191,39 @@ def _as_value(e):
 
 
 def _vector_alignment(device_mod) -> dict:
-    """Bytes of the widest vector access to each global buffer, keyed by data var name."""
+    """Bytes of the widest vector access to each global buffer, keyed by data var name: vector
+    loads and stores and cp.async sources; an access through a view the kernel makes of a buffer
+    (``T.make_tensor_from_addr`` at ``address_of(B[...])``) counts for ``B``."""
     widest: dict[str, int] = {}
 
-    def note(buffer, index):
+    def note(buffer, index, views):
         lanes = int(tvm.DataType(str(index.dtype)).lanes)
         elem = tvm.DataType(str(buffer.dtype))
         nbytes = max(1, lanes * elem.bits * elem.lanes // 8)  # sub-byte types: 16 fp4 lanes are 8 bytes
-        name = buffer.data.name
+        name = views.get(buffer.data.name, buffer.data.name)
         widest[name] = max(widest.get(name, 1), nbytes)
 
     for _, func in device_functions(device_mod):
+        views: dict[str, str] = {}  # a view's data var name -> the name of the buffer it points into
+        for b in nodes(func.body, tirx.Bind):
+            v = b.value
+            if str(b.var.dtype) == "handle" and isinstance(v, tirx.Call) and op_name(v) == "tirx.address_of" \
+                    and isinstance(v.args[0], tirx.BufferLoad):
+                root = v.args[0].buffer.data.name
+                views[b.var.name] = views.get(root, root)
+            elif str(b.var.dtype) == "handle" and isinstance(v, tirx.Var) and str(v.dtype) == "handle":
+                views[b.var.name] = views.get(v.name, v.name)
         for access in nodes(func.body, (tirx.BufferLoad, tirx.BufferStore)):
             if access.indices:
-                note(access.buffer, access.indices[-1])
+                note(access.buffer, access.indices[-1], views)
+        for call in nodes(func.body, tirx.Call):
+            if is_cp_async(call) and is_access_ptr(call.args[1]) and isinstance(call.args[2], tirx.IntImm):
+                # a cp.async source: its count is elements (TileLang's op) or bytes (TVM's)
+                src = call.args[1]
+                count = int(call.args[2])
+                nbytes = count if op_name(call) == "tirx.ptx_cp_async" else count * elem_bytes(src.args[0].dtype)
+                name = views.get(src.args[1].name, src.args[1].name)
+                widest[name] = max(widest.get(name, 1), nbytes)
     return widest
 
 
