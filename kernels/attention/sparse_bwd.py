@@ -202,13 +202,11 @@ def sparse_bwd_token_kernel(heads: int, topk: int, window: int, scale_log2: floa
             KVb, Ib, WKVb, WIb = slot_views(KV, Idx, WKV, WIdx, bz, t)
             # the top-k list's blocks, then the window's, as two loops: each loop's copies are
             # then unconditional, which TileLang issues as cp.async (not under a branch)
-            for kb in T.Pipelined(n_top, num_stages=2):
-                gather_block(valid, KV_s, KVb, Ib, kb, bk)
-                block_grads(KV_s, Q_s, dO_s, P_s, dS_s, valid, acc_s, acc_dp, acc_dq, acc_g, lse_r, delta_r, G[bz, bx, kb * bk:(kb + 1) * bk, by, :])
-            for kb in T.Pipelined(n_blocks - n_top, num_stages=2):
-                gather_block(valid, KV_s, WKVb, WIb, kb, bk)
-                block_grads(KV_s, Q_s, dO_s, P_s, dS_s, valid, acc_s, acc_dp, acc_dq, acc_g, lse_r, delta_r,
-                            G[bz, bx, (n_top + kb) * bk:(n_top + kb + 1) * bk, by, :])
+            for keys, idx, first, count in ((KVb, Ib, 0, n_top), (WKVb, WIb, n_top, n_blocks - n_top)):
+                for kb in T.Pipelined(count, num_stages=2):
+                    gather_block(valid, KV_s, keys, idx, kb, bk)
+                    block_grads(KV_s, Q_s, dO_s, P_s, dS_s, valid, acc_s, acc_dp, acc_dq, acc_g, lse_r, delta_r,
+                                G[bz, bx, (first + kb) * bk:(first + kb + 1) * bk, by, :])
             for i, d in T.Parallel(hb, DIM):
                 if s0 + bx < seq:
                     dQ[bz, t, by * hb + i, d] = T.Cast(dtype, acc_dq[i, d])
