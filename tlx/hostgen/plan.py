@@ -14,7 +14,7 @@ from tilelang import tvm
 from tvm import tirx
 
 from tlx.ir.tir import device_functions, elem_bytes, free_vars, nodes, op_name
-from tlx.ir.walk import is_access_ptr, is_cp_async
+from tlx.ir.walk import is_access_ptr, is_cp_async, pointer_alias
 from tlx.lowering import LoweredKernel
 
 __all__ = ["walk_steps", "HostgenError", "LaunchPlan", "TensorArg", "ScalarArg", "Descriptor", "Launch", "Step", "Workspace",
@@ -204,15 +204,11 @@ def _vector_alignment(device_mod) -> dict:
         widest[name] = max(widest.get(name, 1), nbytes)
 
     for _, func in device_functions(device_mod):
-        views: dict[str, str] = {}  # a view's data var name -> the name of the buffer it points into
+        views: dict[str, str] = {}  # a pointer's data var name -> the name of the buffer it points into
         for b in nodes(func.body, tirx.Bind):
-            v = b.value
-            if str(b.var.dtype) == "handle" and isinstance(v, tirx.Call) and op_name(v) == "tirx.address_of" \
-                    and isinstance(v.args[0], tirx.BufferLoad):
-                root = v.args[0].buffer.data.name
-                views[b.var.name] = views.get(root, root)
-            elif str(b.var.dtype) == "handle" and isinstance(v, tirx.Var) and str(v.dtype) == "handle":
-                views[b.var.name] = views.get(v.name, v.name)
+            target = pointer_alias(b.value) if str(b.var.dtype) == "handle" else None
+            if target is not None:
+                views[b.var.name] = views.get(target[0].name, target[0].name)
         for access in nodes(func.body, (tirx.BufferLoad, tirx.BufferStore)):
             if access.indices:
                 note(access.buffer, access.indices[-1], views)

@@ -97,6 +97,22 @@ def pointer_uses(call, is_shared) -> list[PointerUse]:
     return out
 
 
+def pointer_alias(value):
+    """``(q, byte offset)`` when a handle binding's ``value`` points into ``q``:
+    ``handle_add_byte_offset(q, n)`` (TileLang's carve-outs of the dynamic shared memory),
+    ``address_of(q[i])`` of a flat buffer (a view made with ``T.make_tensor_from_addr``), or ``q``
+    itself (another name for it); None for anything else."""
+    if isinstance(value, tir.Call) and op_name(value) == "tirx.address_of" and isinstance(value.args[0], tir.BufferLoad) \
+            and len(value.args[0].indices) == 1 and value.args[0].indices[0].dtype.lanes == 1:
+        load = value.args[0]
+        return load.buffer.data, load.indices[0] * elem_bytes(load.buffer.dtype)
+    if isinstance(value, tir.Call) and op_name(value) == "tirx.handle_add_byte_offset":
+        return value.args[0], value.args[1]
+    if isinstance(value, tir.Var) and str(value.dtype) == "handle":
+        return value, tir.IntImm("int64", 0)
+    return None
+
+
 class DeviceWalker:
     """Program-order walk over one device function's statements.
 
@@ -133,20 +149,12 @@ class DeviceWalker:
         self.buffers[s.buffer.data] = s.buffer
 
     def note_alias(self, s) -> bool:
-        """Record ``Bind(p, handle_add_byte_offset(q, n))``: ``p`` points ``n`` bytes into ``q``'s
-        root allocation; likewise ``Bind(p, address_of(q[i]))`` (a view made with
-        ``T.make_tensor_from_addr``), ``i`` elements in, and ``Bind(p, q)``. False for any other binding."""
-        v = s.value
-        if isinstance(v, tir.Call) and op_name(v) == "tirx.address_of" and isinstance(v.args[0], tir.BufferLoad) \
-                and len(v.args[0].indices) == 1 and v.args[0].indices[0].dtype.lanes == 1:
-            load = v.args[0]
-            base, off = load.buffer.data, load.indices[0] * elem_bytes(load.buffer.dtype)
-        elif isinstance(v, tir.Call) and op_name(v) == "tirx.handle_add_byte_offset":
-            base, off = v.args[0], v.args[1]
-        elif isinstance(v, tir.Var) and str(v.dtype) == "handle":  # another name for a pointer
-            base, off = v, tir.IntImm("int64", 0)
-        else:
+        """Record a binding of ``p`` to a pointer into another allocation (:func:`pointer_alias`):
+        ``p``'s root allocation and byte offset. False for any other binding."""
+        target = pointer_alias(s.value)
+        if target is None:
             return False
+        base, off = target
         if base in self.aliases:
             root, off0 = self.aliases[base]
             self.aliases[s.var] = (root, off0 + off)
