@@ -32,7 +32,7 @@ from kernels.attention.indexer import table_entry
 TOPKS = (512, 1024, 2048)
 SPLIT_SLOTS = 1024  # slots per split (fewer when K is smaller): each split CTA loads its queries and writes fp32 partials
 STAGES = 2  # chunks of 64 slots in flight
-REGISTERS = {False: (24, 240), True: (56, 224)}  # (producer, consumer) per thread, bf16 / e4m3 cache
+REGISTERS = {False: (40, 232), True: (56, 224)}  # (producer, consumer) per thread, bf16 / e4m3 cache
 MASKED_ROW = -1  # slot_row of a masked slot
 BAD_ROW = -2  # slot_row of a visible slot whose table entry lies outside [0, P)
 
@@ -79,6 +79,10 @@ def sparse_split_kernel(tokens: int, heads: int, topk: int, kv_dtype: str, softm
                               T.if_then_else(T.Or(entry < 0, entry >= pages), BAD_ROW, entry * PAGE + IDX[b, t, slot] % PAGE),
                               MASKED_ROW)
 
+    def slot_visible(VIS_s, st, j):
+        """Slot j of the chunk in stage ``st`` is visible (its ``slot_row`` is not ``MASKED_ROW``)."""
+        return T.bitwise_and(T.shift_right(VIS_s[st, j // 32], T.Cast("uint32", j % 32)), T.uint32(1)) != T.uint32(0)
+
     def page_of(row):
         """The page of cache row ``row``, clamped into [0, P) for the bounds proof (it does not
         follow values read from memory; a masked slot's negative row is not read: its bf16
@@ -103,36 +107,35 @@ def sparse_split_kernel(tokens: int, heads: int, topk: int, kv_dtype: str, softm
                            8, predicate=row >= 0)
 
     @T.macro
-    def consume(Q_s, QP_s, KV_s, KP_s, ROW_s, full, empty, acc_s, p, acc_o, m, m_prev, m_scaled, alpha, l, row_sum,
+    def consume(Q_s, QP_s, KV_s, KP_s, VIS_s, BAD_s, full, empty, acc_s, p, acc_o, m, m_prev, m_scaled, alpha, l, row_sum,
                 lse_rows, OP, LP, b, sp, t, h0, w: int):
         """Consumer warpgroup w: the online softmax over the split's chunks, output columns
         ``[256 w, 256 w + 256)``."""
-        bad = T.alloc_var("int32")  # a visible slot's table entry lies outside [0, P)
         C.init_softmax(m, m_scaled, l, acc_o)
-        bad = 0
         for c in T.serial(chunks):
             T.mbarrier_wait_parity(full[c % STAGES], (c // STAGES) & 1)
             T.fence_proxy_async()  # the producer's rows (cp.async or stores) before this warpgroup's wgmma reads them
             # the scores sum the rope part first, then the 512 nope dims
             T.gemm(QP_s, KP_s[c % STAGES, :, :], acc_s, transpose_B=True, clear_accum=True)
             T.gemm(Q_s, KV_s[c % STAGES, :, :], acc_s, transpose_B=True)
-            for j in T.unroll(PAGE):  # unrolled: 64 independent shared loads, not a loop of waits
-                bad = T.if_then_else(ROW_s[c % STAGES, j] == BAD_ROW, 1, bad)
+            # the chunk's visible slots as two 32-bit words (the producer's ballots): two shared
+            # loads a thread, where one per column stalled behind the producer's gathers
             for i, j in T.Parallel(ROWS, PAGE):
-                acc_s[i, j] = T.if_then_else(ROW_s[c % STAGES, j] != MASKED_ROW, acc_s[i, j], C.neg_inf())
+                acc_s[i, j] = T.if_then_else(slot_visible(VIS_s, c % STAGES, j), acc_s[i, j], C.neg_inf())
             C.softmax_step(acc_s, m, m_prev, m_scaled, alpha, l, row_sum, scale_log2, ROWS, PAGE)
             T.copy(acc_s, p)
             C.rescale_rows(acc_o, alpha, ROWS, half)
             T.gemm(p, KV_s[c % STAGES, :, w * half:(w + 1) * half], acc_o)
             T.mbarrier_arrive(empty[c % STAGES])
         C.finish_rows(acc_o, l, m_scaled, lse_rows, ROWS, half)
+        # BAD_s: set by the producer before it marked a chunk full, and every chunk was waited for
         for i, d in T.Parallel(ROWS, half):
             if h0 + i < heads:
-                OP[b, sp, t * heads + h0 + i, w * half + d] = T.if_then_else(bad == 0, acc_o[i, d], nan())
+                OP[b, sp, t * heads + h0 + i, w * half + d] = T.if_then_else(BAD_s[0] == 0, acc_o[i, d], nan())
         if w == 0:
             for i in T.Parallel(ROWS):
                 if h0 + i < heads:
-                    LP[b, sp, t * heads + h0 + i] = T.if_then_else(bad == 0, lse_rows[i], nan())
+                    LP[b, sp, t * heads + h0 + i] = T.if_then_else(BAD_s[0] == 0, lse_rows[i], nan())
 
     @T.prim_func
     def kernel(Q: T.Tensor((batch, tokens, heads, D_QK), bf16), KV: T.Tensor((pages, PAGE, D_QK), kv_dtype),
@@ -145,6 +148,8 @@ def sparse_split_kernel(tokens: int, heads: int, topk: int, kv_dtype: str, softm
             KV_s = T.alloc_shared((STAGES, PAGE, D_V), bf16)
             KP_s = T.alloc_shared((STAGES, PAGE, D_PE), bf16)
             ROW_s = T.alloc_shared((STAGES, PAGE), "int32")  # each chunk's cache rows (slot_row)
+            VIS_s = T.alloc_shared((STAGES, PAGE // 32), "uint32")  # bit j % 32 of word j // 32: slot j is visible
+            BAD_s = T.alloc_shared((1,), "int32")  # 1: a visible slot's table entry lies outside [0, P)
             # full: the producer's 128 gathering threads and the 64 that wrote ROW_s; empty: both consumers
             full = T.alloc_barrier([C.WARPGROUP + PAGE] * STAGES)
             empty = T.alloc_barrier([2 * C.WARPGROUP] * STAGES)
@@ -167,14 +172,16 @@ def sparse_split_kernel(tokens: int, heads: int, topk: int, kv_dtype: str, softm
                 Q_s[i, d] = T.if_then_else(h0 + i < heads, Q[b, t, T.min(h0 + i, heads - 1), d], T.Cast(bf16, 0))
             for i, d in T.Parallel(ROWS, D_PE):
                 QP_s[i, d] = T.if_then_else(h0 + i < heads, Q[b, t, T.min(h0 + i, heads - 1), D_V + d], T.Cast(bf16, 0))
+            if tx == 0:
+                BAD_s[0] = 0
             T.sync_threads()
             if tx < C.WARPGROUP:
                 T.set_max_nreg(consumer_regs, 1)
-                consume(Q_s, QP_s, KV_s, KP_s, ROW_s, full, empty, acc_s0, p0, acc_o0, m0, m_prev0, m_scaled0, alpha0,
+                consume(Q_s, QP_s, KV_s, KP_s, VIS_s, BAD_s, full, empty, acc_s0, p0, acc_o0, m0, m_prev0, m_scaled0, alpha0,
                         l0, row_sum0, lse_rows0, OP, LP, b, sp, t, h0, 0)
             elif tx < 2 * C.WARPGROUP:
                 T.set_max_nreg(consumer_regs, 1)
-                consume(Q_s, QP_s, KV_s, KP_s, ROW_s, full, empty, acc_s1, p1, acc_o1, m1, m_prev1, m_scaled1, alpha1,
+                consume(Q_s, QP_s, KV_s, KP_s, VIS_s, BAD_s, full, empty, acc_s1, p1, acc_o1, m1, m_prev1, m_scaled1, alpha1,
                         l1, row_sum1, lse_rows1, OP, LP, b, sp, t, h0, 1)
             else:
                 T.set_max_nreg(producer_regs, 0)
@@ -182,25 +189,49 @@ def sparse_split_kernel(tokens: int, heads: int, topk: int, kv_dtype: str, softm
                 raw = T.alloc_local((8,), kv_dtype)  # e4m3: one 8-value piece on its way to bf16
                 scale = T.alloc_local((1,), f32)  # ... and its scale
                 mine = T.alloc_var("int32")  # this thread's slot of the chunk (g < 64): its cache row
-                row = T.alloc_var("int32")  # the slot this thread gathers (two threads a slot)
+                visible_bits = T.alloc_var("uint32")  # ... its warp's ballot of visible slots
+                bad_bits = T.alloc_var("uint32")  # ... and of slots with a table entry outside [0, P)
+                rows = T.alloc_local((PAGE // 16,), "int32")  # the slots this thread gathers (bf16: four; e4m3: one)
                 for c in T.serial(chunks):
                     # each slot's cache row, found once (not per element: every element of a slot
                     # waited for its index, then its table entry, then the value and its scale),
                     # and before the stage is free: those two loads wait beside the consumers' work
-                    if g < PAGE:
+                    if g < PAGE:  # two whole warps: the ballots see all 32 lanes
                         mine = slot_row(BT, IDX, b, t, sp * (topk // splits) + c * PAGE + g, seq)
+                        visible_bits = T.Cast("uint32", T.ballot_sync(mine != MASKED_ROW))
+                        bad_bits = T.Cast("uint32", T.ballot_sync(mine == BAD_ROW))
                     T.mbarrier_wait_parity(empty[c % STAGES], ((c // STAGES) & 1) ^ 1)
                     if g < PAGE:
                         ROW_s[c % STAGES, g] = mine
+                        if g % 32 == 0:
+                            VIS_s[c % STAGES, g // 32] = visible_bits
+                            if bad_bits != T.uint32(0):
+                                BAD_s[0] = 1
                         T.mbarrier_arrive(full[c % STAGES])
                     T.sync_threads(C.NAMED_BARRIER, C.WARPGROUP)
-                    # two threads a slot, each its alternate 16-byte pieces: one row a thread (read
-                    # from shared memory once), a warp's instruction 32 contiguous bytes of 16 rows
-                    row = ROW_s[c % STAGES, g // 2]
-                    for i in T.unroll(D_V // 16):
-                        gather(KV, KVS, KV_s, raw, scale, row, c % STAGES, g // 2, (2 * i + g % 2) * 8, (2 * i + g % 2) * 8)
-                    for i in T.unroll(D_PE // 16):
-                        gather(KV, KVS, KP_s, raw, scale, row, c % STAGES, g // 2, D_V + (2 * i + g % 2) * 8, (2 * i + g % 2) * 8)
+                    if fp8:
+                        # two threads a slot, each its alternate 8-value pieces: one row a thread,
+                        # so its 9 scales are 9 loads (eight threads a slot, below, made them 36:
+                        # 1.4x slower, H200, 2026-12-03)
+                        rows[0] = ROW_s[c % STAGES, g // 2]
+                        for i in T.unroll(D_V // 16):
+                            gather(KV, KVS, KV_s, raw, scale, rows[0], c % STAGES, g // 2, (2 * i + g % 2) * 8, (2 * i + g % 2) * 8)
+                        for i in T.unroll(D_PE // 16):
+                            gather(KV, KVS, KP_s, raw, scale, rows[0], c % STAGES, g // 2, D_V + (2 * i + g % 2) * 8,
+                                   (2 * i + g % 2) * 8)
+                    else:
+                        # eight threads a slot, 16 slots at a time: a warp's cp.async reads 128
+                        # contiguous bytes of each of 4 rows and stores whole 128-byte rows of the
+                        # swizzled tiles (with 32 bytes of 16 rows, the gathers took four times the
+                        # shared-memory wavefronts and stalled the consumers' shared loads behind
+                        # them: 1.28x slower, H200, 2026-12-03)
+                        for s in T.unroll(PAGE // 16):
+                            rows[s] = ROW_s[c % STAGES, s * 16 + g // 8]
+                        for s in T.unroll(PAGE // 16):
+                            for i in T.unroll(D_V // 64):
+                                gather(KV, KVS, KV_s, raw, scale, rows[s], c % STAGES, s * 16 + g // 8, i * 64 + g % 8 * 8,
+                                       i * 64 + g % 8 * 8)
+                            gather(KV, KVS, KP_s, raw, scale, rows[s], c % STAGES, s * 16 + g // 8, D_V + g % 8 * 8, g % 8 * 8)
                     if fp8:
                         T.fence_proxy_async()  # rows stored by threads, read by the consumers' wgmma
                         T.mbarrier_arrive(full[c % STAGES])

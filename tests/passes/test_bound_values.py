@@ -142,3 +142,26 @@ def test_read_that_needs_no_input_value_stays_a_violation():
     spill = next(a for a in _table_reads(spill=True) if a.index == "tx")
     assert spill.status == "violation" and not spill.data_dependent, (spill.status, spill.detail)
     assert spill.counterexample["tx"] >= 64 and "counts[bx]" not in spill.counterexample
+
+
+@tlx.jit(out_idx=[1], target=TARGET, verify="off")
+def lane_masks(width="uint32", threads=128):
+    """Each thread reads the element its warp's ballot of signs, narrowed to ``width``, picks."""
+
+    @T.prim_func
+    def main(X: T.Tensor((threads,), "float32"), Y: T.Tensor((threads,), "float32")):
+        with T.Kernel(1, threads=threads) as b:
+            tx = T.get_thread_binding()
+            mask = T.alloc_var(width)
+            mask = T.Cast(width, T.ballot_sync(X[tx] < 0))
+            Y[tx] = X[T.Cast("int32", mask % threads)]
+
+    return main
+
+
+def test_a_ballot_is_a_32_bit_mask():
+    # CUDA's ballot fills 32 bits of TileLang's uint64: narrowing it to uint32 cannot overflow ...
+    assert not [a for a in _accesses(lane_masks, "mask") if a.kind == "overflow"]
+    # ... and to uint16 it can
+    (overflow,) = [a for a in _accesses(lane_masks, "mask", width="uint16") if a.kind == "overflow"]
+    assert overflow.status != "proven", overflow.detail

@@ -581,6 +581,8 @@ class Encoder:
             return self._select(c, a, b)
         if name == "tirx.likely":
             return self._enc(args[0], env, lane)
+        if name in _LANE_MASKS:  # a warp's 32-lane mask, which CUDA's codegen widens to the op's uint64
+            return self._ranged_int(self._fresh_name("lane_mask"), "uint32")
         kind, bits, _ = scalar_dtype(expr.dtype)
         if kind in ("int", "uint") and name in _BITWISE:
             return self._bitwise(name, expr, [self._enc(a, env, lane) for a in args], kind, bits)
@@ -728,6 +730,9 @@ class Encoder:
         return None
 
 
+# TileLang's warp votes that return a lane mask: on CUDA (the only target tlx compiles for) the
+# mask of a 32-lane warp, never above 2^32 - 1
+_LANE_MASKS = frozenset({"tl.ballot_sync", "tl.ballot", "tl.activemask"})
 _BITWISE = {
     "tirx.shift_left",
     "tirx.shift_right",
