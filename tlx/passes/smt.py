@@ -12,7 +12,8 @@ loads, opaque calls) becomes a fresh unconstrained variable bounded only by its
 dtype, so every verdict is a sound over-approximation: never a false "safe".
 
 Budgets are Z3 ``rlimit`` units, so a verdict does not depend on the machine or
-its load.
+its load; a query the walk's shared solver leaves unknown is asked again in a solver
+of its own, so neither does it depend on the queries asked before it.
 
 Typical use::
 
@@ -633,13 +634,30 @@ class Encoder:
             used = _rlimit_count(s) - before
             self.queries += 1
             self.rlimit_used += max(used, 0)
+            if r == z3.unknown:
+                # the shared solver's state depends on the queries before this one; a solver of
+                # this query alone (with no scopes Z3 also picks its non-incremental QF_NIA
+                # tactics) makes the verdict the query's own, whatever the order of the walk
+                s, r, more = self._fresh_check(formulas)
+                used += more
+                self.rlimit_used += more
             if r == z3.unsat:
                 return Verdict("proven", rlimit_used=used)
             if r == z3.sat:
                 return Verdict("violation", s.model(), rlimit_used=used, formulas=list(formulas))
             return Verdict("unknown", reason=s.reason_unknown(), rlimit_used=used)
         finally:
-            s.pop()
+            self.solver.pop()
+
+    def _fresh_check(self, formulas: list):
+        """(solver, result, rlimit used) of the facts and ``formulas`` in a new solver."""
+        s = z3.Solver(ctx=self.ctx)
+        s.set("random_seed", 7)
+        s.set("rlimit", self.rlimit)
+        s.add(*self._facts)
+        s.add(*formulas)
+        r = s.check()
+        return s, r, _rlimit_count(s)
 
     def prove(self, goal, context: list | None = None) -> Verdict:
         """Does ``goal`` hold for every assignment satisfying ``context`` and the kernel facts?"""
