@@ -88,7 +88,7 @@ TEST_CONFIGS = ([("topk", k, ctas) for k in (512, 1024, 2048) for ctas in CTAS_P
                 + [("indexer_paged", t) for t in (1, 2, 4)]
                 + [("mla", t, h, kv, 1) for t, h in ((1, 128), (2, 16)) for kv in KV_DTYPES]
                 + [("mla", t, h, kv, st) for t, h in ((1, 16), (2, 128)) for kv in KV_DTYPES for st in (1, 2)]
-                + [("combine", t, h, 0, False) for t, h in ((1, 128), (2, 16))]
+                + [("combine", t, h, 0, False) for t, h in ((1, 128), (2, 128), (2, 16))]
                 + [("mla", 1, h, "bfloat16", 2, split) for h, split in ((128, 16), (16, 128))] + [("mla", 2, 16, "float8_e4m3", 1, 32)]
                 + [("combine", 1, h, 0, False, split) for h, split in ((128, 16), (16, 128))] + [("combine", 2, 16, 0, False, 32)]
                 + [("sparse", t, h, k, kv) for t, h, k in ((1, 128, 2048), (2, 16, 512)) for kv in KV_DTYPES]

@@ -38,6 +38,8 @@ def workload():
     scales = torch.rand(pages, 64, 9, device=dev)
     ops.append(lambda: mla_decode(qm, cache, table, sl))
     ops.append(lambda: mla_decode(qm, cache8, table, sl, kv_scales=scales))
+    qh = torch.randn(3, 2, 128, 576, device=dev, dtype=torch.bfloat16)  # 64 heads a block: the queries by TMA
+    ops.append(lambda: mla_decode(qh, cache, table, sl))
     idx = torch.randint(-1, 400, (3, 2, 512), dtype=torch.int32, device=dev)
     idx[0, 0, :3] = torch.tensor([-5, 10 ** 6, 255], dtype=torch.int32)
     ops.append(lambda: sparse_mla_decode(qm, cache, table, sl, idx, sink=torch.randn(16, device=dev)))
@@ -69,7 +71,7 @@ def test_compute_sanitizer_memcheck():
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-8000:]
     assert "ERROR SUMMARY: 0 errors" in out
-    assert "ran 8 operations" in out
+    assert "ran 9 operations" in out
 
 
 if __name__ == "__main__":
