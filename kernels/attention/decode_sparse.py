@@ -26,7 +26,7 @@ import tlx
 from kernels.attention import common as C
 from kernels.attention.decode_mla import (D_PE, D_QK, D_V, GROUP, KV_DTYPES, MAX_PAGES, PAGE, ROWS,
                                           _check, _outputs, _zeros, dequant, mla_combine_kernel, nan,
-                                          reference_mla_decode)
+                                          query_piece, reference_mla_decode)
 from kernels.attention.indexer import table_entry
 
 TOPKS = (512, 1024, 2048)
@@ -107,13 +107,6 @@ def sparse_split_kernel(tokens: int, heads: int, topk: int, kv_dtype: str, softm
                            8, predicate=row >= 0)
 
     @T.macro
-    def load_query_piece(Q, dst, b, t, h0, i, d, col):
-        """Eight values of query row ``i`` (head ``h0 + i``; zeros past the heads) from column
-        ``col + d`` into ``dst[i, d:d + 8]``."""
-        for v in T.vectorized(8):
-            dst[i, d + v] = T.if_then_else(h0 + i < heads, Q[b, t, T.min(h0 + i, heads - 1), col + d + v], T.Cast(bf16, 0))
-
-    @T.macro
     def consume(Q_s, QP_s, KV_s, KP_s, VIS_s, BAD_s, full, empty, acc_s, p, acc_o, m, m_prev, m_scaled, alpha, l, row_sum,
                 lse_rows, OP, LP, b, sp, t, h0, w: int):
         """Consumer warpgroup w: the online softmax over the split's chunks, output columns
@@ -176,16 +169,15 @@ def sparse_split_kernel(tokens: int, heads: int, topk: int, kv_dtype: str, softm
             tx = T.get_thread_binding()
             seq = T.min(SL[b], max_pages * PAGE)
             if not fp8:
-                # bf16: the consumers load the queries, 16 bytes a thread a step, an even share
-                # each: no step behind a branch, so all 18 loads are in flight at once (over all
-                # 384 threads, TileLang's loop took 54 guarded 2- and 4-byte steps, and nvcc
-                # issued each load after the previous store: 23% of the warps' stall samples, ncu);
-                # 1.32x faster (H200, 2026-12-03, interleaved with the loop, same bits)
+                # bf16: the consumers load the queries, 16 bytes a thread a step (`query_piece`),
+                # 18 each; 1.32x faster than TileLang's loop (H200, 2026-12-03, interleaved, same bits)
                 if tx < 2 * C.WARPGROUP:
                     for k in T.unroll(ROWS * D_V // 8 // (2 * C.WARPGROUP)):
-                        load_query_piece(Q, Q_s, b, t, h0, k * 4 + tx // 64, tx % 64 * 8, 0)
+                        query_piece(Q, Q_s, b, t, T.min(h0 + k * 4 + tx // 64, heads - 1), h0 + k * 4 + tx // 64 < heads,
+                                    k * 4 + tx // 64, tx % 64 * 8, 0)
                     for k in T.unroll(ROWS * D_PE // 8 // (2 * C.WARPGROUP)):
-                        load_query_piece(Q, QP_s, b, t, h0, k * 32 + tx // 8, tx % 8 * 8, D_V)
+                        query_piece(Q, QP_s, b, t, T.min(h0 + k * 32 + tx // 8, heads - 1), h0 + k * 32 + tx // 8 < heads,
+                                    k * 32 + tx // 8, tx % 8 * 8, D_V)
             else:
                 # e4m3 keeps the loop over all threads: the consumers' loads ran 5% slower there
                 # (991 against 942 us in the same run, same bits; not profiled)
