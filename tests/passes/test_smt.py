@@ -6,7 +6,7 @@ import pytest
 import z3
 
 from tilelang import tvm
-from tlx.passes.smt import Encoder, dtype_range, scalar_dtype
+from tlx.passes.smt import Encoder, _rlimit_count, dtype_range, scalar_dtype
 
 tir = tvm.tirx
 
@@ -141,6 +141,20 @@ def test_tiny_budget_gives_unknown():
     a, b = enc.var(x), enc.var(y)
     v = enc.prove(a * a * b + b * b * a != 7, [a > 1, b > 1])
     assert v.status == "unknown"
+
+
+def test_an_unknown_is_asked_again_and_counted_once():
+    """A query the shared solver leaves unknown is asked again in a solver of its own; its
+    reported use is the two attempts' (at most twice the budget), not the context's running
+    count, which the earlier queries have raised past that."""
+    enc = Encoder(rlimit=3000)
+    a, b = enc.var(x), enc.var(y)
+    enc.add_fact(z3.And(a > 0, b > 0, a < 1 << 16, b < 1 << 16))
+    for _ in range(20):
+        assert enc.prove(enc.encode(tir.floormod(x * y, y)) == 0).proven
+    v = enc.prove(a * a * b + b * b * a != 7 * 1234567, [a > 1, b > 1])
+    assert v.status == "unknown"
+    assert enc.rlimit < v.rlimit_used <= 2 * enc.rlimit < _rlimit_count(enc.solver)
 
 
 def test_scalar_dtype_parsing():

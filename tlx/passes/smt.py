@@ -13,7 +13,7 @@ dtype, so every verdict is a sound over-approximation: never a false "safe".
 
 Budgets are Z3 ``rlimit`` units, so a verdict does not depend on the machine or
 its load; a query the walk's shared solver leaves unknown is asked again in a solver
-of its own, so neither does it depend on the queries asked before it.
+of its own, so that an unlucky order of earlier queries does not leave it unknown.
 
 Typical use::
 
@@ -637,7 +637,7 @@ class Encoder:
             if r == z3.unknown:
                 # the shared solver's state depends on the queries before this one; a solver of
                 # this query alone (with no scopes Z3 also picks its non-incremental QF_NIA
-                # tactics) makes the verdict the query's own, whatever the order of the walk
+                # tactics) gives it a second chance that no earlier query can spoil
                 s, r, more = self._fresh_check(formulas)
                 used += more
                 self.rlimit_used += more
@@ -650,14 +650,16 @@ class Encoder:
             self.solver.pop()
 
     def _fresh_check(self, formulas: list):
-        """(solver, result, rlimit used) of the facts and ``formulas`` in a new solver."""
+        """(solver, result, rlimit used) of the facts and ``formulas`` in a new solver (the
+        rlimit count is the context's, shared with the walk's solver: counted from before)."""
         s = z3.Solver(ctx=self.ctx)
         s.set("random_seed", 7)
         s.set("rlimit", self.rlimit)
         s.add(*self._facts)
         s.add(*formulas)
+        before = _rlimit_count(s)
         r = s.check()
-        return s, r, _rlimit_count(s)
+        return s, r, _rlimit_count(s) - before
 
     def prove(self, goal, context: list | None = None) -> Verdict:
         """Does ``goal`` hold for every assignment satisfying ``context`` and the kernel facts?"""
