@@ -183,8 +183,7 @@ class Encoder:
     ctx: Any = field(default_factory=z3.Context)
 
     def __post_init__(self):
-        self.solver = z3.Solver(ctx=self.ctx)
-        self.solver.set("random_seed", 7)
+        self.solver = self._new_solver()
         self._vars: dict[Any, _Enc] = {}
         self._names: dict[str, int] = {}
         self._facts: list = []
@@ -626,21 +625,16 @@ class Encoder:
         s = self.solver
         s.push()
         try:
-            s.set("rlimit", self.rlimit)
-            s.add(*self._facts)
-            s.add(*formulas)
-            before = _rlimit_count(s)
-            r = s.check()
-            used = _rlimit_count(s) - before
+            r, used = self._solve(s, formulas)
             self.queries += 1
-            self.rlimit_used += max(used, 0)
             if r == z3.unknown:
                 # the shared solver's state depends on the queries before this one; a solver of
                 # this query alone (with no scopes Z3 also picks its non-incremental QF_NIA
                 # tactics) gives it a second chance that no earlier query can spoil
-                s, r, more = self._fresh_check(formulas)
+                s = self._new_solver()
+                r, more = self._solve(s, formulas)
                 used += more
-                self.rlimit_used += more
+            self.rlimit_used += max(used, 0)
             if r == z3.unsat:
                 return Verdict("proven", rlimit_used=used)
             if r == z3.sat:
@@ -649,17 +643,20 @@ class Encoder:
         finally:
             self.solver.pop()
 
-    def _fresh_check(self, formulas: list):
-        """(solver, result, rlimit used) of the facts and ``formulas`` in a new solver (the
-        rlimit count is the context's, shared with the walk's solver: counted from before)."""
+    def _new_solver(self):
         s = z3.Solver(ctx=self.ctx)
         s.set("random_seed", 7)
+        return s
+
+    def _solve(self, s, formulas: list):
+        """(result, rlimit used) of the kernel facts and ``formulas`` added to solver ``s`` under
+        the per-query budget (the count is the context's, shared by its solvers: taken from before)."""
         s.set("rlimit", self.rlimit)
         s.add(*self._facts)
         s.add(*formulas)
         before = _rlimit_count(s)
         r = s.check()
-        return s, r, _rlimit_count(s) - before
+        return r, _rlimit_count(s) - before
 
     def prove(self, goal, context: list | None = None) -> Verdict:
         """Does ``goal`` hold for every assignment satisfying ``context`` and the kernel facts?"""
