@@ -91,14 +91,24 @@ def dequant(x, scale):
 
 
 @T.macro
-def query_piece(Q, dst, b, t, h, valid, i, d, col):
-    """Eight values of query (token ``t``, head ``h``) from column ``col + d`` into ``dst[i, d:d +
-    8]``, zeros where not ``valid``: a 16-byte load with no branch, so a thread's pieces are all
-    in flight at once (a CTA's 64 x 576 queries, loaded by TileLang's elementwise loop, took 54
-    guarded 2- and 4-byte steps a thread, each load issued after the previous store: 23% of the
-    sparse split's stall samples, ncu, H200)."""
+def query_piece(Q, dst, b, query_of, i, d, col):
+    """Eight values of row i's query from column ``col + d`` into ``dst[i, d:d + 8]``; ``query_of(i)``
+    is the row's (token, head, valid), zeros where not valid."""
     for v in T.vectorized(8):
-        dst[i, d + v] = T.if_then_else(valid, Q[b, t, h, col + d + v], T.Cast("bfloat16", 0))
+        dst[i, d + v] = T.if_then_else(query_of(i)[2], Q[b, query_of(i)[0], query_of(i)[1], col + d + v], T.Cast("bfloat16", 0))
+
+
+@T.macro
+def load_queries(Q, Q_s, QP_s, b, tx, threads: int, query_of):
+    """A block's 64 query rows into ``Q_s`` / ``QP_s`` by the threads ``tx < threads`` (the caller's
+    branch): 16-byte pieces with no branch, so a thread's pieces are all in flight at once (a
+    CTA's 64 x 576 queries, loaded by TileLang's elementwise loop, took 54 guarded 2- and 4-byte
+    steps a thread, each load issued after the previous store: 23% of the sparse split's stall
+    samples, ncu, H200)."""
+    for k in T.unroll(ROWS * D_V // 8 // threads):
+        query_piece(Q, Q_s, b, query_of, k * (threads // 64) + tx // 64, tx % 64 * 8, 0)
+    for k in T.unroll(ROWS * D_PE // 8 // threads):
+        query_piece(Q, QP_s, b, query_of, k * (threads // 8) + tx // 8, tx % 8 * 8, D_V)
 
 
 def splits_of(max_pages, split: int):
@@ -185,14 +195,8 @@ def mla_split_kernel(tokens: int, heads: int, kv_dtype: str, softmax_scale: floa
                     # 128, which ran the loads past the tiles: `tlx check` gave the counterexample.)
                     tx = T.get_thread_binding()
                     if tx < C.WARPGROUP:
-                        for k in T.unroll(ROWS * D_V // 8 // C.WARPGROUP):
-                            query_piece(Q, Q_s, b, T.min(r0 + k * 2 + tx // 64, rows - 1) // heads,
-                                        T.min(r0 + k * 2 + tx // 64, rows - 1) % heads, r0 + k * 2 + tx // 64 < rows,
-                                        k * 2 + tx // 64, tx % 64 * 8, 0)
-                        for k in T.unroll(ROWS * D_PE // 8 // C.WARPGROUP):
-                            query_piece(Q, QP_s, b, T.min(r0 + k * 16 + tx // 8, rows - 1) // heads,
-                                        T.min(r0 + k * 16 + tx // 8, rows - 1) % heads, r0 + k * 16 + tx // 8 < rows,
-                                        k * 16 + tx // 8, tx % 8 * 8, D_V)
+                        load_queries(Q, Q_s, QP_s, b, tx, C.WARPGROUP, lambda i: (
+                            T.min(r0 + i, rows - 1) // heads, T.min(r0 + i, rows - 1) % heads, r0 + i < rows))
                 C.init_softmax(m, m_scaled, l, acc_o)
                 bad = 0
                 for t in T.Pipelined(count, num_stages=num_stages):
