@@ -7,8 +7,10 @@ that runs every check but launches nothing (zero rows) minus a TVM-FFI no-op cal
 same arguments. The allocating call ``gemm(a, b)`` (the generated launcher allocates the
 output) is timed beside ``gemm.launch(a, b, c)`` and TileLang's tvm_ffi allocating call, both
 ways the launcher can allocate (TVM-FFI's environment allocator, and torch's output factory,
-tlx/torch_outputs.py), and decomposed by the probes of bench/alloc_probe.cc: the call with the
-same inputs alone, then allocate-and-drop, then allocate-and-return, for each allocator.
+tlx/torch_bridge.py), and decomposed by the probes of bench/alloc_probe.cc: the call with the
+same inputs alone, then allocate-and-drop, then allocate-and-return, for each allocator. With
+torch's bridge library built (it is built first), ``launch`` and ``kernel()`` are torch's call
+path into the launcher's entries; the entries' ``tvm_ffi.Function`` objects are timed beside.
 """
 
 from __future__ import annotations
@@ -110,12 +112,12 @@ def allocating_paths(gemm, a, b, c, workdir: Path) -> dict:
 
     import tvm_ffi
 
-    from tlx import torch_outputs
+    from tlx import torch_bridge
     from tlx.kernel import Kernel, bind_output_factory
 
     ways = [(way, key == "factory") for way, key in WAYS]
     try:
-        torch_outputs.build()
+        torch_bridge.build()
     except Exception as e:  # reported, and the environment allocator's path is still measured
         print(f"torch output factory: {type(e).__name__}: {str(e)[-2000:]}", file=sys.stderr)
         ways.pop()
@@ -124,11 +126,15 @@ def allocating_paths(gemm, a, b, c, workdir: Path) -> dict:
         copy = workdir / way.replace(" ", "_")
         shutil.copytree(gemm.directory, copy)
         kernel = Kernel.load(copy)
-        bind_output_factory(tvm_ffi.load_module(str(copy / "launcher.so")), kernel._call, use)
-        probe = tvm_ffi.load_module(str(build_probe(workdir / f"probe_{copy.name}")))
+        kernel.use_torch_outputs(use)
+        library = build_probe(workdir / f"probe_{copy.name}")
+        probe = tvm_ffi.load_module(str(library))
         call_only, drop, ret = probe["call_only"], probe["allocate_drop"], probe["allocate_return"]
         assert bind_output_factory(probe, ret, use) == use
         drop.release_gil = call_only.release_gil = ret.release_gil
+        if use:  # the probes as the kernel is called: through torch's call path
+            call_only, drop, ret = (torch_bridge.torch_call(library, name, f) for name, f in
+                                    (("call_only", call_only), ("allocate_drop", drop), ("allocate_return", ret)))
         c.fill_(float("nan"))
         gemm.launch(a, b, c)
         out = kernel(a, b)
@@ -160,6 +166,12 @@ def main() -> None:
     b = torch.randn(1024, 1024, device=dev, dtype=torch.half)
     c = torch.empty(128, 1024, device=dev, dtype=torch.half)
 
+    from tlx import torch_bridge
+
+    try:  # before the kernels load: then they are called through torch's call path
+        torch_bridge.build()
+    except Exception as e:  # reported; the TVM-FFI paths are still measured
+        print(f"torch bridge library: {type(e).__name__}: {str(e)[-2000:]}", file=sys.stderr)
     empty = sk.empty(1024)
     gemm = sk.gemm(T.dynamic("M"), 1024, 1024)
     c.fill_(float("nan"))
@@ -174,6 +186,8 @@ def main() -> None:
         "tlx kernel.launch / tma": (gemm.launch, (a, b, c)),
         "tlx kernel() / plain": (empty, (x,)),
         "tlx kernel() / tma": (gemm, (a, b)),
+        "tlx launch entry's tvm_ffi.Function / plain": (empty._module[empty.metadata["entry"]], (x,)),
+        "tlx launch entry's tvm_ffi.Function / tma": (gemm._module[gemm.metadata["entry"]], (a, b, c)),
     }
     workdir = Path(tempfile.mkdtemp(prefix="host_overhead_"))
     paths.update(allocating_paths(gemm, a, b, c, workdir))
@@ -200,7 +214,7 @@ def main() -> None:
     add = sk.add(T.dynamic("M"), 1024)
     z = torch.empty(0, 1024, device=dev)
     nop = tvm_ffi.get_global_func("testing.nop")
-    paths["checks only: tlx add with 0 rows, 3 tensors / plain"] = (add.launch, (z, z, z))
+    paths["checks only: tlx add with 0 rows, 3 tensors / plain"] = (add._module[add.metadata["entry"]], (z, z, z))  # both through TVM-FFI
     paths["TVM-FFI no-op, 3 tensors / plain"] = (nop, (z, z, z))
     paths["TVM-FFI no-op, 1 tensor / plain"] = (nop, (x,))
     med = measure(paths)
@@ -235,6 +249,7 @@ def main() -> None:
         "speedup_vs_tilelang_tvm_ffi_tma": (tl[1] / tlx_t) if tl[1] else None,
         # the allocating call: target <= kernel.launch + 1.5 us and >= 1.5x faster than TileLang's
         "allocating_minus_launch_tma_us": tlx_alloc - tlx_t,
+        "allocating_minus_launch_function_tma_us": tlx_alloc - rows["tlx launch entry's tvm_ffi.Function"][1],
         "allocating_speedup_vs_tilelang_allocating_tma": (tl_alloc / tlx_alloc) if tl_alloc else None,
     }
     for way, key in WAYS:

@@ -16,34 +16,27 @@ class Kernel:
     inputs alone and returns the outputs, which the generated launcher allocates itself (its
     ``allocate_and_launch`` entry: inputs checked first, outputs from torch's caching
     allocator second, no Python in between; through torch's output factory when it is built,
-    see :mod:`tlx.torch_outputs`). Otherwise every argument is passed by the caller.
-    ``kernel.launch`` is the generated launcher itself (a ``tvm_ffi.Function`` taking every
-    argument): the lowest-overhead way to call.
+    see :mod:`tlx.torch_bridge`). Otherwise every argument is passed by the caller.
+    ``kernel.launch`` takes every argument and runs the generated launcher's entry. Both are
+    the entries' ``tvm_ffi.Function`` objects, or, once the torch bridge library is built and torch
+    is imported, torch's call path into the same entries (tensors passed in place; same
+    arguments, results and errors).
     """
 
-    def __init__(self, directory: Path, metadata: dict, launch, allocating=None, factory: bool = False):
+    def __init__(self, directory: Path, metadata: dict, module):
         self.directory = directory
         self.metadata = metadata
-        self.launch = launch
         self.name = metadata["name"]
+        self._module = module
         params = sorted(metadata["params"], key=lambda p: p["index"])
         self._outputs = [p for p in params if p.get("output")]
-        if not self._outputs:
-            self._call = launch
-            return
-        self._inputs = [p["index"] for p in params if not p.get("output")]
-        self._dims = metadata["symbolic_dims"]
-        self._index_of = {p["name"]: p["index"] for p in params}
-        self._out_specs = [(p["index"], p["name"], [output_extent(d, self.name, p["name"]) for d in p["storage_shape"]],
-                            torch_dtype(p["storage_dtype"])) for p in self._outputs]  # fmt: skip
-        if allocating is None:
-            self._call = self._unsized_outputs
-        elif factory:
-            self._call = allocating  # returns the torch output itself, or a tuple of them
-        elif len(self._outputs) == 1:
-            self._call = allocating  # returns the output tensor itself
-        else:
-            self._call = lambda *inputs: tuple(allocating(*inputs))  # an ffi.Array of the outputs
+        if self._outputs:
+            self._inputs = [p["index"] for p in params if not p.get("output")]
+            self._dims = metadata["symbolic_dims"]
+            self._index_of = {p["name"]: p["index"] for p in params}
+            self._out_specs = [(p["index"], p["name"], [output_extent(d, self.name, p["name"]) for d in p["storage_shape"]],
+                                torch_dtype(p["storage_dtype"])) for p in self._outputs]  # fmt: skip
+        self.use_torch_outputs()
 
     @classmethod
     def load(cls, directory: Path) -> Kernel:
@@ -51,11 +44,33 @@ class Kernel:
         import tvm_ffi
 
         metadata = json.loads((directory / "metadata.json").read_text())
-        module = tvm_ffi.load_module(str(directory / "launcher.so"))
-        name = metadata.get("allocating_entry")
-        allocating = module[name] if name else None
-        factory = allocating is not None and bind_output_factory(module, allocating)
-        return cls(directory, metadata, module[metadata["entry"]], allocating, factory)
+        return cls(directory, metadata, tvm_ffi.load_module(str(directory / "launcher.so")))
+
+    def use_torch_outputs(self, use: bool = True) -> bool:
+        """Choose the call paths: with ``use`` (the default on load), torch's output factory is
+        bound to the launcher when it is built, so the allocating call returns the tensors torch
+        allocated; without, the outputs come from TVM-FFI's environment allocator. Returns
+        whether the factory is bound."""
+        from tlx.torch_bridge import torch_call
+
+        library = self.directory / "launcher.so"
+        launch = self._module[self.metadata["entry"]]
+        self.launch = torch_call(library, self.metadata["entry"], launch)
+        name = self.metadata.get("allocating_entry")
+        if not self._outputs:
+            self._call, factory = self.launch, False
+        elif name is None:
+            self._call, factory = self._unsized_outputs, False
+        else:
+            allocating = self._module[name]
+            factory = bind_output_factory(self._module, allocating, use)
+            if factory:  # the torch output itself, or a tuple of them
+                self._call = torch_call(library, name, allocating)
+            elif len(self._outputs) == 1:
+                self._call = allocating  # the output tensor itself
+            else:
+                self._call = lambda *inputs: tuple(allocating(*inputs))  # an ffi.Array of the outputs
+        return factory
 
     # ``kernel(*args)`` calls ``self._call`` (the launcher's entry point itself, for a kernel
     # with at most one output or with torch's output factory bound) with no Python frame in between: Python looks ``__call__`` up on
@@ -184,12 +199,12 @@ class Kernel:
 
 
 def bind_output_factory(module, allocating, use: bool = True) -> bool:
-    """Bind torch's output factory (tlx.torch_outputs) to a launcher library when it is built
+    """Bind torch's output factory (tlx.torch_bridge) to a launcher library when it is built
     for this torch, so that its allocating call hands back the tensors torch allocated themselves;
     with ``use=False`` (or when it is not built) unbind it: outputs then come from TVM-FFI's
     environment allocator. The bound call keeps the GIL: it creates Python objects, and
     releasing and retaking the GIL around a launch only costs time. Returns whether it is bound."""
-    from tlx.torch_outputs import factory_address
+    from tlx.torch_bridge import factory_address
 
     address = factory_address() if use else None
     module["tlx_bind_output_factory"](address or 0)

@@ -232,8 +232,6 @@ def test_allocating_call_runs_on_the_current_stream(kernels):
     torch.testing.assert_close(c, a + b, rtol=0, atol=0)
 
 
-@pytest.mark.xfail(strict=False, reason="target not met yet: on the H200 (2026-12-02, bench/host_overhead.py) the "
-                   "allocating TMA call cost launch + 2.54 us and was 1.46x faster than TileLang's allocating call")
 def test_allocating_call_costs_at_most_launch_plus_1_5_us_and_beats_tilelang_1_5x(kernels):
     """The targets of issue 25, side by side in one process: host time per call, median of
     bursts (bench/host_overhead.py measures the same paths with more rounds)."""

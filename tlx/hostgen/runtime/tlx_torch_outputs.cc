@@ -18,9 +18,9 @@
 #include "tlx_launcher.h"
 
 #include <ATen/Context.h>
-#include <ATen/DLConvertor.h>
 #include <ATen/EmptyTensor.h>
-#include <ATen/ops/empty.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty_ops.h>
 #if TLX_TORCH_CUDA
 #include <ATen/cuda/EmptyTensor.h>
 #endif
@@ -29,16 +29,11 @@
 #include <memory>
 #include <stdexcept>
 
-// What this file needs of CPython (its stable C ABI) and of libtorch_python, declared here: the
-// build then needs no Python development headers, which a machine with torch may lack.
-extern "C" {
-typedef struct _object PyObject;
-int PyGILState_Ensure(void);  // returns a PyGILState_STATE, an int-sized enum
-void PyGILState_Release(int state);
-void Py_DecRef(PyObject* object);
-PyObject* PyTuple_New(long size);
-int PyTuple_SetItem(PyObject* tuple, long index, PyObject* item);  // steals `item`
-void PyErr_Clear(void);
+#include "tlx_torch_bridge.h"
+
+// torch's DLPack dtype conversion (ATen/DLConvertor.h, whose includes take seconds to compile).
+namespace at {
+ScalarType toScalarType(const DLDataType& dtype);
 }
 PyObject* THPVariable_Wrap(const at::TensorBase& var);  // torch/csrc/autograd/python_variable.h
 
@@ -50,6 +45,11 @@ struct Held {
   DLTensor view;
 };
 
+// at::empty (ATen/ops/empty.h, seconds to compile): the operator through torch's dispatcher.
+at::Tensor empty_through_dispatcher(at::IntArrayRef shape, at::ScalarType dtype, at::Device device) {
+  return at::_ops::empty_memory_format::call(c10::fromIntArrayRefSlow(shape), dtype, std::nullopt, device, std::nullopt, std::nullopt);
+}
+
 // A contiguous tensor like `prototype`, on its device (a CUDA device, or the CPU).
 at::Tensor empty(const DLTensor* prototype) {
   const at::IntArrayRef shape(prototype->shape, prototype->ndim);
@@ -59,13 +59,13 @@ at::Tensor empty(const DLTensor* prototype) {
                                                      : at::Device(at::kCPU);
   at::Context& context = at::globalContext();
   if (__builtin_expect(context.deterministicAlgorithms() && context.deterministicFillUninitializedMemory(), 0)) {
-    return at::empty(shape, at::TensorOptions().dtype(dtype).device(device));
+    return empty_through_dispatcher(shape, dtype, device);
   }
 #if TLX_TORCH_CUDA
   if (device.is_cuda()) return at::detail::empty_cuda(shape, dtype, device, std::nullopt);
 #endif
   if (device.is_cpu()) return at::detail::empty_cpu(shape, dtype, /*pin_memory=*/false, std::nullopt);
-  return at::empty(shape, at::TensorOptions().dtype(dtype).device(device));  // raises: this torch has no CUDA
+  return empty_through_dispatcher(shape, dtype, device);  // raises: this torch has no CUDA
 }
 
 void* allocate(const DLTensor* prototype, const DLTensor** view) {
@@ -105,7 +105,8 @@ PyObject* wrap(void* handle) {
 }
 
 int hand_over(void* const* handles, int n, TVMFFIAny* result) {
-  const int gil = PyGILState_Ensure();
+  const bool direct = tlx_python::g_takes_object;
+  const int gil = direct ? 0 : PyGILState_Ensure();
   PyObject* out = n == 1 ? nullptr : PyTuple_New(n);
   int next = 0;  // handles[next:] are not consumed yet
   if (n == 1 || out != nullptr) {
@@ -132,6 +133,9 @@ int hand_over(void* const* handles, int n, TVMFFIAny* result) {
     PyErr_Clear();
     TVMFFIErrorSetRaisedFromCStr("RuntimeError", "tlx launcher: wrapping the outputs as torch tensors failed");
     rc = -1;
+  } else if (direct) {
+    result->type_index = kTVMFFIOpaquePtr;
+    result->v_ptr = out;
   } else if (TVMFFIObjectCreateOpaque(out, kTVMFFIOpaquePyObject, decref, &opaque) != 0) {
     Py_DecRef(out);
     rc = -1;  // TVM-FFI has set the error
@@ -139,7 +143,7 @@ int hand_over(void* const* handles, int n, TVMFFIAny* result) {
     result->type_index = kTVMFFIOpaquePyObject;
     result->v_obj = static_cast<TVMFFIObject*>(opaque);
   }
-  PyGILState_Release(gil);
+  if (!direct) PyGILState_Release(gil);
   return rc;
 }
 

@@ -1,6 +1,9 @@
-"""torch's output factory (tlx/torch_outputs.py, hostgen/runtime/tlx_torch_outputs.cc) and the
-launchers' ``tlx::Outputs`` that use it, driven through bench/alloc_probe.cc: on the CPU with
-CPU tensors (the probe checks no device), and on the GPU through real allocating calls."""
+"""torch's bridge library (tlx/torch_bridge.py): its output factory (hostgen/runtime/
+tlx_torch_outputs.cc) with the launchers' ``tlx::Outputs`` that use it, and its call path
+(tlx_torch_call.cc) against the entries' tvm_ffi.Functions, driven through bench/alloc_probe.cc:
+on the CPU with CPU tensors (the probe checks no device), and on the GPU through real calls."""
+
+from pathlib import Path
 
 import pytest
 
@@ -9,7 +12,7 @@ tvm_ffi = pytest.importorskip("tvm_ffi")
 T = pytest.importorskip("tilelang.language")
 
 from tests.hostgen import sample_kernels as sk  # noqa: E402
-from tlx import torch_outputs  # noqa: E402
+from tlx import torch_bridge  # noqa: E402
 from tlx.kernel import Kernel, bind_output_factory  # noqa: E402
 
 
@@ -25,12 +28,35 @@ def cache(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def factory(cache):
-    assert torch_outputs.factory_address() is None  # not built in a fresh cache: launchers use the environment allocator
-    path = torch_outputs.build()
-    assert path.is_file() and path.parent.parent == cache
-    address = torch_outputs.factory_address()
-    assert address and torch_outputs.factory_address() == address  # loaded once per process
+    path = torch_bridge.library_path()
+    assert not path.exists() and path.parent.parent == cache
+    address = torch_bridge.factory_address()  # built on first use, once
+    assert address and path.is_file()
+    assert torch_bridge.factory_address() == address and torch_bridge.build() == path  # loaded once per process
     return address
+
+
+def test_the_bridge_can_be_turned_off(factory, monkeypatch):
+    """TLX_TORCH_BRIDGE=0: no factory, and entries stay TVM-FFI Functions."""
+    monkeypatch.setenv("TLX_TORCH_BRIDGE", "0")
+    assert torch_bridge.factory_address() is None
+    function = tvm_ffi.get_global_func("testing.nop")
+    assert torch_bridge.torch_call(Path("unused.so"), "nop", function) is function
+
+
+def test_a_failed_build_warns_once_and_leaves_the_tvm_ffi_paths(tmp_path, monkeypatch):
+    monkeypatch.setenv("TLX_RUNTIME_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(torch_bridge, "build_command", lambda output: ["c++", "-x", "c++", "-", "-o", str(output)])  # no input: fails
+    with pytest.warns(RuntimeWarning, match="torch's bridge library is unavailable.*building torch's bridge library failed"):
+        assert torch_bridge.factory_address() is None
+    import warnings
+
+    function = tvm_ffi.get_global_func("testing.nop")
+    with warnings.catch_warnings(record=True) as again:
+        warnings.simplefilter("always")
+        assert torch_bridge.torch_call(Path("unused.so"), "nop", function) is function
+    assert again == []  # not retried, not warned again in this process
+    assert not torch_bridge.library_path().exists()
 
 
 @pytest.fixture(scope="module")
@@ -129,18 +155,127 @@ def test_binding_needs_an_address(probes):
 
 
 def test_a_kernel_binds_the_factory_when_it_is_built(factory):
-    """Kernel.load binds the factory (and keeps the GIL through the allocating call, which makes
-    Python objects); unbound, the call releases the GIL as TVM-FFI does by default."""
+    """Kernel.load binds the factory and calls both entries through torch's call path (the
+    allocating call keeps the GIL, as it makes Python objects); unbound, the allocating call is
+    the entry's tvm_ffi.Function, which releases the GIL as TVM-FFI does by default."""
+    import types
+
     add = _compile(sk.add, T.dynamic("M"), 1024)
     kernel = Kernel.load(add.directory)
-    assert isinstance(kernel.__call__, tvm_ffi.Function) and kernel.__call__.release_gil is False
-    module = tvm_ffi.load_module(str(add.directory / "launcher.so"))
-    assert bind_output_factory(module, kernel.__call__, use=False) is False and kernel.__call__.release_gil is True
+    assert isinstance(kernel.__call__, types.BuiltinFunctionType) and isinstance(kernel.launch, types.BuiltinFunctionType)
+    assert kernel.use_torch_outputs(False) is False
+    assert isinstance(kernel.__call__, tvm_ffi.Function) and kernel.__call__.release_gil is True
     with pytest.raises(ValueError, match="add: argument A expected a CUDA tensor, got one on cpu"):
         kernel(torch.zeros(4, 1024), torch.zeros(4, 1024))  # checked before anything is allocated, either way
-    assert bind_output_factory(module, kernel.__call__) is True and kernel.__call__.release_gil is False
+    assert kernel.use_torch_outputs() is True and isinstance(kernel.__call__, types.BuiltinFunctionType)
+    with pytest.raises(ValueError, match="add: argument A expected a CUDA tensor, got one on cpu"):
+        kernel(torch.zeros(4, 1024), torch.zeros(4, 1024))
+    with pytest.raises(ValueError, match="add: argument A expected a CUDA tensor, got one on cpu"):
+        kernel.launch(torch.zeros(4, 1024), torch.zeros(4, 1024), torch.zeros(4, 1024))
     two = Kernel.load(_compile(sk.two_boxes, T.dynamic("M"), out_idx=(-2, -1)).directory)
-    assert two.__call__ is two._call and isinstance(two._call, tvm_ffi.Function)  # a tuple from the launcher itself
+    assert isinstance(two.__call__, types.BuiltinFunctionType)  # a tuple from the factory, through torch's call path
+
+
+# ---- torch's call path (runtime/tlx_torch_call.cc), against the entries' tvm_ffi.Functions ----
+@pytest.fixture(scope="module")
+def calls(probes, tmp_path_factory):
+    """Each probe entry of the factory-bound probe library twice: its tvm_ffi.Function and
+    torch's call path into the same symbol."""
+    from bench.host_overhead import build_probe
+
+    library = build_probe(tmp_path_factory.mktemp("call_probe"))
+    module = tvm_ffi.load_module(str(library))
+    module["tlx_bind_output_factory"](torch_bridge.factory_address())
+    out = {}
+    for name in ("call_only", "allocate_return", "allocate_two"):
+        function = module[name]
+        function.release_gil = False
+        out[name] = (function, torch_bridge.torch_call(library, name, function))
+    return out
+
+
+def test_the_call_path_gives_the_entry_torchs_allocator_as_the_environments(probes, tmp_path):
+    """What an entry allocates through TVM-FFI's environment (workspaces; outputs without the
+    factory) comes from torch's allocator on this path too, as through the Function."""
+    from bench.host_overhead import build_probe
+
+    library = build_probe(tmp_path / "env")
+    function = tvm_ffi.load_module(str(library))["allocate_drop"]  # no factory bound: the environment allocator
+    call = torch_bridge.torch_call(library, "allocate_drop", function)
+    a, b = _inputs()
+    assert function(a, b) is None and call(a, b) is None
+
+
+def test_the_call_path_is_a_builtin_with_the_functions_results(calls):
+    a, b = _inputs()
+    function, call = calls["allocate_return"]
+    assert type(call).__name__ == "builtin_function_or_method"
+    mine, theirs = call(a, b), function(a, b)
+    assert type(mine) is torch.Tensor and (mine.shape, mine.dtype, mine.stride()) == (theirs.shape, theirs.dtype, theirs.stride())
+    function, call = calls["allocate_two"]
+    both = call(a, b, False)
+    assert type(both) is tuple and [t.shape for t in both] == [t.shape for t in function(a, b, False)]
+    assert calls["call_only"][1](a, b) is None
+
+
+@pytest.mark.parametrize("args", [
+    pytest.param(lambda a, b: (a,), id="too_few"),
+    pytest.param(lambda a, b: (a, b, a), id="too_many"),
+    pytest.param(lambda a, b: (a, 3), id="an_int"),
+    pytest.param(lambda a, b: (a, True), id="a_bool"),
+    pytest.param(lambda a, b: (a, 2.5), id="a_float"),
+    pytest.param(lambda a, b: (a, 1 << 70), id="past_int64"),
+    pytest.param(lambda a, b: (a, "B"), id="a_string"),
+    pytest.param(lambda a, b: (a, None), id="none"),
+])
+def test_the_call_path_raises_what_the_function_raises(calls, args):
+    """The same exception class and message on both paths, whatever the wrong argument."""
+    a, b = _inputs()
+    function, call = calls["call_only"]
+    with pytest.raises(Exception) as theirs:
+        function(*args(a, b))
+    with pytest.raises(theirs.type) as mine:
+        call(*args(a, b))
+    assert str(mine.value) == str(theirs.value)
+
+
+def test_the_call_path_hands_odd_arguments_to_the_function(calls):
+    """A tensor subclass, an int subclass and a non-contiguous view: the same result as the Function's."""
+    import enum
+
+    class Flag(enum.IntEnum):
+        ON = 1
+
+    a, b = _inputs()
+    function, call = calls["allocate_two"]
+    for args in [(torch.nn.Parameter(a, requires_grad=False), b, False), (a, b, Flag.ON), (a.t().contiguous().t(), b, False)]:
+        try:
+            expected = function(*args)
+        except Exception as e:  # noqa: BLE001 - whatever it raises, the call path raises alike
+            with pytest.raises(type(e), match=None):
+                call(*args)
+            continue
+        got = call(*args)
+        assert [(t.shape, t.dtype) for t in got] == [(t.shape, t.dtype) for t in expected]
+
+
+def test_the_call_path_keeps_references_right(calls):
+    """A thousand calls neither leak the outputs nor the arguments (reference counts stay put)."""
+    import sys
+
+    a, b = _inputs()
+    function, call = calls["allocate_return"]
+    counts = sys.getrefcount(a), sys.getrefcount(b), sys.getrefcount(call)
+    for _ in range(1000):
+        out = call(a, b)
+    assert sys.getrefcount(out) == 2  # `out` and getrefcount's argument
+    del out
+    assert (sys.getrefcount(a), sys.getrefcount(b), sys.getrefcount(call)) == counts
+    _, call_only = calls["call_only"]
+    for _ in range(1000):
+        with pytest.raises(TypeError):
+            call_only(a, 3)
+    assert (sys.getrefcount(a), sys.getrefcount(b)) == counts[:2]
 
 
 # ---- on the GPU: real allocating calls -------------------------------------------------------
@@ -149,7 +284,7 @@ def test_a_kernel_binds_the_factory_when_it_is_built(factory):
 def test_allocating_call_equals_launch_into_a_poisoned_output(factory, use):
     gemm = _compile(sk.gemm, T.dynamic("M"), 1024, 1024)
     kernel = Kernel.load(gemm.directory)
-    bind_output_factory(tvm_ffi.load_module(str(gemm.directory / "launcher.so")), kernel._call, use)
+    kernel.use_torch_outputs(use)
     for m in (1, 128, 1000):
         a = torch.randn(m, 1024, dtype=torch.half, device="cuda")
         b = torch.randn(1024, 1024, dtype=torch.half, device="cuda")
@@ -160,7 +295,7 @@ def test_allocating_call_equals_launch_into_a_poisoned_output(factory, use):
         assert out.is_contiguous() and torch.equal(out, c)
     x = torch.randn(200, 256, dtype=torch.half, device="cuda")
     two = Kernel.load(_compile(sk.two_boxes, T.dynamic("M"), out_idx=(-2, -1)).directory)
-    bind_output_factory(tvm_ffi.load_module(str(two.directory / "launcher.so")), two._call, use)
+    two.use_torch_outputs(use)
     wide, narrow = two(x)
     ref = x.float().reshape(200, 4, 64)
     torch.testing.assert_close(wide, ref.sum(1), rtol=1e-3, atol=1e-3)
@@ -172,7 +307,7 @@ def test_allocating_call_equals_launch_into_a_poisoned_output(factory, use):
 def test_allocating_call_allocates_on_the_current_stream(factory, use):
     add = _compile(sk.add, T.dynamic("M"), 1024)
     kernel = Kernel.load(add.directory)
-    bind_output_factory(tvm_ffi.load_module(str(add.directory / "launcher.so")), kernel._call, use)
+    kernel.use_torch_outputs(use)
     a, b = torch.randn(4096, 1024, device="cuda"), torch.randn(4096, 1024, device="cuda")
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
@@ -189,7 +324,7 @@ def test_second_output_out_of_memory_frees_the_first(factory, use):
     """two_boxes allocates B ([M, 64] fp32) then C ([M, 32] fp32); with room for B alone, C's
     allocation fails after B's: the call raises MemoryError and B is freed."""
     two = Kernel.load(_compile(sk.two_boxes, T.dynamic("M"), out_idx=(-2, -1)).directory)
-    bind_output_factory(tvm_ffi.load_module(str(two.directory / "launcher.so")), two._call, use)
+    two.use_torch_outputs(use)
     m = 1 << 21
     x = torch.randn(m, 256, dtype=torch.half, device="cuda")
     torch.cuda.synchronize()
