@@ -15,11 +15,11 @@ class Kernel:
     ``kernel(*inputs)`` launches on the current torch stream; with ``out_idx`` it takes the
     inputs alone and returns the outputs, which the generated launcher allocates itself (its
     ``allocate_and_launch`` entry: inputs checked first, outputs from torch's caching
-    allocator second, no Python in between; through torch's output factory when it is built,
-    see :mod:`tlx.torch_bridge`). Otherwise every argument is passed by the caller.
+    allocator second, no Python in between; through torch's output factory where the bridge
+    library is available, see :mod:`tlx.torch_bridge`). Otherwise every argument is passed by the caller.
     ``kernel.launch`` takes every argument and runs the generated launcher's entry. Both are
-    the entries' ``tvm_ffi.Function`` objects, or, once the torch bridge library is built and torch
-    is imported, torch's call path into the same entries (tensors passed in place; same
+    the entries' ``tvm_ffi.Function`` objects, or, where torch is imported and the bridge
+    library is available, torch's call path into the same entries (tensors passed in place; same
     arguments, results and errors).
     """
 
@@ -48,9 +48,10 @@ class Kernel:
 
     def use_torch_outputs(self, use: bool = True) -> bool:
         """Choose the call paths: with ``use`` (the default on load), torch's output factory is
-        bound to the launcher when it is built, so the allocating call returns the tensors torch
-        allocated; without, the outputs come from TVM-FFI's environment allocator. Returns
-        whether the factory is bound."""
+        bound to the launcher (where torch's bridge library is available, see
+        :mod:`tlx.torch_bridge`), so the allocating call returns the tensors torch allocated;
+        without, the outputs come from TVM-FFI's environment allocator. ``launch`` takes torch's
+        call path either way. Returns whether the factory is bound."""
         from tlx.torch_bridge import torch_call
 
         library = self.directory / "launcher.so"
