@@ -131,6 +131,22 @@ def factory_address() -> int | None:
     return lib.tlx_torch_output_factory() if lib is not None else None
 
 
+@functools.cache
+def _torch_exchange_api() -> int | None:
+    """The address of torch's DLPack exchange API table (TVM-FFI's import sets the attribute
+    on older torch), or None; read once per process, through a private ctypes prototype
+    (``ctypes.pythonapi``'s own is shared with other code)."""
+    import ctypes
+
+    import torch
+
+    capsule = getattr(torch.Tensor, "__dlpack_c_exchange_api__", None)
+    if capsule is None:
+        return None
+    get_pointer = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object, ctypes.c_char_p)(("PyCapsule_GetPointer", ctypes.pythonapi))
+    return get_pointer(capsule, b"dlpack_exchange_api")
+
+
 def torch_call(library: Path, name: str, function):
     """``function`` (the tvm_ffi.Function of the entry ``name`` of the launcher ``library``) as
     torch's call path (runtime/tlx_torch_call.cc): the same arguments, results and errors, the
@@ -142,14 +158,11 @@ def torch_call(library: Path, name: str, function):
     lib = _library()
     if lib is None or sysconfig.get_config_var("Py_GIL_DISABLED"):
         return function
+    api = _torch_exchange_api()
+    if api is None:
+        return function
     import torch
 
-    capsule = getattr(torch.Tensor, "__dlpack_c_exchange_api__", None)  # TVM-FFI's import sets it on older torch
-    if capsule is None:
-        return function
-    get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
-    get_pointer.restype, get_pointer.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
-    api = get_pointer(capsule, b"dlpack_exchange_api")
     symbol = ctypes.cast(ctypes.CDLL(str(library))[f"__tvm_ffi_{name}"], ctypes.c_void_p).value
     call = lib.tlx_torch_call_new(symbol, function, torch.Tensor, api, int(function.release_gil))
     return function if call is None else call
