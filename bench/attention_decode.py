@@ -39,7 +39,7 @@ reported in the row and the row is not timed.
 Every kernel configuration the run uses is compiled first, in parallel processes, so that the
 timed part never waits for a compile (about a minute per configuration on one core).
 
-Usage: python bench/attention_decode.py [--out FILE.json] [--reps N] [--upstream-indexer PATH] [--only-mla]
+Usage: python bench/attention_decode.py [--out FILE.json] [--reps N] [--upstream-indexer PATH] [--only-mla | --only-indexer]
        python bench/attention_decode.py --precompile [WORKERS]   (no GPU needed: compiles every
        kernel configuration of this benchmark and of the decode GPU tests, and the tests' CUDA
        baselines where the CUDA driver library is installed, WORKERS processes at once, into
@@ -84,6 +84,7 @@ BENCH_CONFIGS = ([("topk", k, ctas) for k in sorted({k for _, k in TOPK_SHAPES})
                  + [("sparse", 1, SPARSE_HEADS, SPARSE_TOPK, kv) for kv in KV_DTYPES]
                  + [("combine", 1, SPARSE_HEADS, splits_of(SPARSE_TOPK), True)])
 MLA_KINDS = ("mla", "combine", "sparse")  # the configurations of --only-mla
+INDEXER_KINDS = ("indexer", "indexer_paged")  # the configurations of --only-indexer
 TEST_CONFIGS = ([("topk", k, ctas) for k in (512, 1024, 2048) for ctas in CTAS_PER_ROW]
                 + [("indexer_paged", t) for t in (1, 2, 4)]
                 + [("mla", t, h, kv, 1) for t, h in ((1, 128), (2, 16)) for kv in KV_DTYPES]
@@ -165,6 +166,8 @@ def args_parse():
     parser.add_argument("--reps", type=int, default=30)
     parser.add_argument("--only-mla", action="store_true",
                         help="only the copy, MLA and sparse decode rows (and only their kernels compiled)")
+    parser.add_argument("--only-indexer", action="store_true",
+                        help="only the copy, FP8 matmul and indexer rows (and only the indexer kernels compiled)")
     parser.add_argument("--upstream-indexer", default=os.environ.get("TLX_UPSTREAM_INDEXER", _carried_upstream_indexer()),
                         help="path of TileLang's examples/deepseek_v32/fp8_lighting_indexer.py")
     args = parser.parse_args()
@@ -520,7 +523,8 @@ def main():
                    int(sys.argv[2]) if len(sys.argv) > 2 else os.cpu_count() or 1)
         return
     args = args_parse()
-    configs = [c for c in BENCH_CONFIGS if not args.only_mla or c[0] in MLA_KINDS]
+    configs = [c for c in BENCH_CONFIGS if (not args.only_mla or c[0] in MLA_KINDS)
+               and (not args.only_indexer or c[0] in INDEXER_KINDS)]
     precompile(configs, os.cpu_count() or 1)  # no CUDA context yet: the forked workers only compile
 
     import torch
@@ -533,7 +537,8 @@ def main():
     copy_gbps = copy_bytes / copy_ms / 1e6
     emit(what="copy 2 GiB", ms=round(copy_ms, 3), GBps=round(copy_gbps))
     if not args.only_mla:
-        topk_rows(reps)
+        if not args.only_indexer:
+            topk_rows(reps)
         fp8 = scaled_mm_row(reps)
         upstream = None
         try:
@@ -542,8 +547,9 @@ def main():
             emit(what="upstream indexer", check=f"not loaded: {type(e).__name__}: {e}")
         indexer_rows(reps, upstream, fp8)
         indexer_decode_rows(reps, copy_gbps)
-    sparse_rows(reps, mla_rows(reps, copy_gbps))
-    upstream_mla_rows(reps)
+    if not args.only_indexer:
+        sparse_rows(reps, mla_rows(reps, copy_gbps))
+        upstream_mla_rows(reps)
     if args.out:
         Path(args.out).write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "rows": ROWS}, indent=1))
 

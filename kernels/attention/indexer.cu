@@ -1,11 +1,13 @@
 // CUDA baseline of kernels/attention/indexer.py (head dim 128), written for clarity, not speed.
 //
-// One warpgroup scores a 64 x 64 tile: 64 query rows (token, head), contiguous in q, against
-// 64 keys. The dots are one chain of wgmma m64n64k32.f32.e4m3.e4m3 over the 128 dims (the
-// TileLang kernels issue n128 / n64 tiles: per element the same k32 steps), both operands
-// K-major in 128-byte-swizzled shared memory, plain loads, no pipelining. Then per (token, key):
-// acc = fma(max(dot, +0), w[h], acc) over h ascending from +0, logit = acc * k_scale, masked
-// keys -inf; in the paged form a block-table entry outside [0, P) gives NaN and is never read.
+// One warpgroup scores a 64 x 64 tile: 64 keys against 64 query rows (token, head), contiguous
+// in q. The dots are one chain of wgmma m64n64k32.f32.e4m3.e4m3 over the 128 dims with the keys
+// as the M operand (the TileLang kernels issue n128 / n64..n256 tiles: per element the same k32
+// steps), both operands K-major in 128-byte-swizzled shared memory, plain loads, no pipelining.
+// Then per (token, key) the head sum in the order of indexer.py's docstring (p_h = max(dot, 0) *
+// w[h] rounded; four partial sums over heads 8g + 2l, then 8g + 2l + 1; (part0 + part2) + (part1 +
+// part3)), logit = sum * k_scale, masked keys -inf; in the paged form a block-table entry outside
+// [0, P) gives NaN and is never read.
 #include <cuda_fp8.h>
 #include <math.h>
 
@@ -25,17 +27,17 @@ constexpr int kTile = 64;     // rows and keys of one tile
 constexpr int kPage = 64;     // tokens per KV page
 constexpr int kThreads = 128;
 
-// The tile's raw dots into s_out[64][64]: rows a_rows (64 x 128 bytes, contiguous), keys whose
-// row i is b_row(i) (nullptr: zeros).
+// The tile's raw dots into s_out[64 keys][64 rows]: keys whose row i is key_row(i) (nullptr:
+// zeros) as the M operand, the query rows q_rows (64 x 128 bytes, contiguous) as N.
 template <typename KeyRow>
-__device__ void dots(const uint8_t* a_rows, KeyRow b_row, uint8_t* a_s, uint8_t* b_s, float (*s_out)[kTile]) {
+__device__ void dots(KeyRow key_row, const uint8_t* q_rows, uint8_t* a_s, uint8_t* b_s, float (*s_out)[kTile]) {
   int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   for (int i = tid; i < kTile * kDim / 16; i += kThreads) {
     int row = i / 8, byte = (i % 8) * 16;
-    *reinterpret_cast<uint4*>(a_s + swizzle128(row, byte)) = *reinterpret_cast<const uint4*>(a_rows + row * kDim + byte);
-    const uint8_t* kr = b_row(row);
-    *reinterpret_cast<uint4*>(b_s + swizzle128(row, byte)) =
+    const uint8_t* kr = key_row(row);
+    *reinterpret_cast<uint4*>(a_s + swizzle128(row, byte)) =
         kr ? *reinterpret_cast<const uint4*>(kr + byte) : make_uint4(0, 0, 0, 0);
+    *reinterpret_cast<uint4*>(b_s + swizzle128(row, byte)) = *reinterpret_cast<const uint4*>(q_rows + row * kDim + byte);
   }
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
   __syncthreads();
@@ -48,21 +50,26 @@ __device__ void dots(const uint8_t* a_rows, KeyRow b_row, uint8_t* a_s, uint8_t*
   asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
   for (int r = 0; r < 32; ++r) asm volatile("" : "+f"(d[r])::"memory");
   for (int r = 0; r < 32; ++r) {
-    int row = warp * 16 + lane / 4 + 8 * ((r / 2) % 2);
+    int key = warp * 16 + lane / 4 + 8 * ((r / 2) % 2);
     int col = (r / 4) * 8 + (lane % 4) * 2 + (r % 2);
-    s_out[row][col] = d[r];
+    s_out[key][col] = d[r];
   }
   __syncthreads();
 }
 
-// acc = fma(max(dot, +0), w[h], acc) over the heads of token `tok` of the tile, key j.
+// The head sum of token `tok` of the tile for key j (steps 2-4 of indexer.py's docstring).
 __device__ float head_sum(float (*s)[kTile], const float* w, int tok, int heads, int j) {
-  float acc = 0.0f;
-  for (int h = 0; h < heads; ++h) {
-    float d = s[tok * heads + h][j];
-    acc = __fmaf_rn(d > 0.0f ? d : 0.0f, w[h], acc);
+  float part[4];
+  for (int l = 0; l < 4; ++l) {
+    part[l] = 0.0f;
+    for (int b = 0; b < 2; ++b) {
+      for (int g = 0; g < heads / 8; ++g) {
+        int h = 8 * g + 2 * l + b;
+        part[l] = part[l] + __fmul_rn(fmaxf(s[j][tok * heads + h], 0.0f), w[h]);
+      }
+    }
   }
-  return acc;
+  return (part[0] + part[2]) + (part[1] + part[3]);
 }
 
 // Prefill: tile (blockIdx.x: 64 keys, blockIdx.y: 64 rows of q [S, H, 128]).
@@ -74,7 +81,7 @@ __global__ void __launch_bounds__(kThreads) prefill_kernel(const uint8_t* q, con
   __shared__ float s_tile[kTile][kTile];
   int n0 = blockIdx.x * kTile;
   int64_t row0 = static_cast<int64_t>(blockIdx.y) * kTile;  // S * H is a multiple of 64 (checked)
-  dots(q + row0 * kDim, [&](int i) { return n0 + i < n ? k + static_cast<int64_t>(n0 + i) * kDim : nullptr; },
+  dots([&](int i) { return n0 + i < n ? k + static_cast<int64_t>(n0 + i) * kDim : nullptr; }, q + row0 * kDim,
        a_s, b_s, s_tile);
   int tokens = kTile / heads;
   for (int p = threadIdx.x; p < tokens * kTile; p += kThreads) {
@@ -103,8 +110,8 @@ __global__ void __launch_bounds__(kThreads) paged_kernel(const uint8_t* q, const
   int page = bt[static_cast<int64_t>(b) * max_pages + slot];
   bool valid = 0 <= page && page < pages;
   int safe = valid ? page : 0;
-  dots(q + static_cast<int64_t>(g) * kTile * kDim,
-       [&](int i) { return kc + (static_cast<int64_t>(safe) * kPage + i) * kDim; }, a_s, b_s, s_tile);
+  dots([&](int i) { return kc + (static_cast<int64_t>(safe) * kPage + i) * kDim; },
+       q + static_cast<int64_t>(g) * kTile * kDim, a_s, b_s, s_tile);
   int j = threadIdx.x;
   if (j >= kPage) return;
   float acc = head_sum(s_tile, w + static_cast<int64_t>(g) * kTile, 0, kTile, j);

@@ -17,30 +17,37 @@ Two forms:
 
 Numerics (the CUDA baseline ``indexer.cu`` repeats them, so the two agree bit for bit):
 
-1. ``dot = q[s, h] · k[n]``: one chain of wgmma ``k32.f32.e4m3.e4m3`` steps over D, ascending,
-   from zero (the tensor cores' fp32 accumulation);
-2. ``r = dot > 0 ? dot : +0``;
-3. ``acc = fma(r, w[s, h], acc)`` over h = 0 .. H-1 in ascending order, from +0;
-4. ``logit = acc · k_scale[n]`` (one rounded multiply).
+1. ``dot = k[n] · q[s, h]``: one chain of wgmma ``k32.f32.e4m3.e4m3`` steps over D, ascending,
+   from zero (the tensor cores' fp32 accumulation), keys as the M operand;
+2. ``p_h = max(dot, 0) · w[s, h]`` (``fmaxf``, one rounded multiply);
+3. four partial sums from +0, ``part_l = ((0 + p_{2l}) + p_{2l+8}) + ...`` over the heads
+   ``8g + 2l`` (g ascending), then on over ``8g + 2l + 1``: the heads one thread of a wgmma
+   accumulator quad holds, in its register order;
+4. ``sum = (part_0 + part_2) + (part_1 + part_3)`` (the quad's butterfly, lane distance 2 then 1);
+5. ``logit = sum · k_scale[n]`` (one rounded multiply).
 
-Kernel: a CTA owns ``128 / H`` query tokens (128 rows of q x heads, resident in shared memory)
-and walks the visible key tiles (128 keys, or one 64-key page) with a pipelined copy; the tile's
-scores go from the wgmma accumulator to shared memory, where each thread sums the heads of one
-(query, key) pair in the fixed order above. Every logit is computed by one thread from its own
-inputs only: the result does not depend on the batch, the grid or the other queries.
+Kernels: the key tile (64 keys, one page in decode) is the wgmma's M side and the query rows
+(token, head) its N side, so each thread's accumulator holds whole head runs of its two keys and
+the head sum stays in registers (steps 3-4: no shared-memory round trip). The prefill kernel is
+warp-specialized: a producer warpgroup streams key tiles by TMA through a ring of stages (and
+fills the keys past every query's last visible one with -inf), two consumer warpgroups own 128
+query rows each and alternate two accumulators, so one tile's products run on the tensor cores
+while the previous tile's head sums run on the ALUs. Every logit is computed by one thread quad
+from its own inputs only: the result does not depend on the batch, the grid or the other queries.
 """
 
 import torch
 import tilelang.language as T
 
 import tlx
-from kernels.attention.common import check_cuda, check_tensor
+from kernels.attention.common import WARPGROUP, check_cuda, check_tensor, neg_inf
 
 TARGET = {"kind": "cuda", "arch": "sm_90a"}
-THREADS = 256
-ROWS = 128  # query rows (tokens x heads) of one CTA's score tile
+BLOCK_N = 64  # keys of one tile: the wgmma's M
+COLS = 128  # query rows (tokens x heads) of one prefill consumer warpgroup: its wgmma N
+CONSUMERS = 2  # prefill consumer warpgroups
+REGISTERS = (24, 240)  # setmaxnreg of the prefill producer and consumers (2 x 128 x 240 + 128 x 24 <= 64K)
 PAGE = 64  # tokens per KV page
-PAD = 8  # fp32 padding of a score-tile row in shared memory: conflict-free accumulator stores
 E4M3 = torch.float8_e4m3fn
 MAX_KEYS = 1 << 24
 PAGES_PER_CTA = 16  # decode: the pages (1024 keys) one CTA scores
@@ -60,68 +67,126 @@ def clamped_page(BT, b, slot, pages):
 
 
 @T.macro
-def head_sum(S_s, W_s, q, j, heads: int, acc: T.Ref):
-    """Steps 2-3 of the module docstring for query ``q`` of the tile and key ``j``:
-    ``S_s [bq * heads, keys]`` holds the raw dots, ``W_s [bq, heads]`` the weights."""
-    acc = T.float32(0)
-    for h in T.serial(heads):
-        d = S_s[q * heads + h, j]
-        acc = T.ieee_fmaf(T.if_then_else(d > T.float32(0), d, T.float32(0)), W_s[q, h], acc)
+def head_sums(acc3, prods3, W_f, sums, keys: int, tokens: int, heads: int):
+    """Steps 2-4 of the module docstring: ``acc3 [keys, tokens, heads]`` (a view of the wgmma
+    accumulator) holds the raw dots, ``W_f [tokens, heads]`` the weights; ``sums [keys, tokens]``
+    gets the head sums (TileLang's reduction: register order, then the quad's butterfly). The
+    products go to ``prods3``, not back into the accumulator: ptxas serializes every wgmma of a
+    kernel whose other instructions write an accumulator while another wgmma is in flight."""
+    for i, q, h in T.Parallel(keys, tokens, heads):
+        prods3[i, q, h] = T.ieee_mul(T.max(acc3[i, q, h], T.float32(0)), W_f[q, h])
+    T.reduce_sum(prods3, sums, dim=-1, clear=True)
 
 
 @tlx.jit(target=TARGET, assume=["1 <= S", "1 <= N", f"N <= {MAX_KEYS}", "S * N <= 2147483647"])
-def indexer_kernel(heads: int, dim: int, block_n: int = 128, num_stages: int = 2):
+def indexer_kernel(heads: int, dim: int, num_stages: int = 4):
     """Prefill form: ``Logits [S, N]`` from ``Q [S, heads, dim]``, ``K [N, dim]``, ``KS [N]``,
-    ``W [S, heads]``, ``Pos [S]``."""
-    bq = ROWS // heads
+    ``W [S, heads]``, ``Pos [S]``. A CTA owns ``2 * 128 / heads`` consecutive queries (the
+    grid's first CTAs the last queries: in a causal prefill they see the most keys)."""
+    bq = COLS // heads * CONSUMERS
+    rows = COLS * CONSUMERS
+    stages = num_stages
     seqs = T.dynamic("S")
     keys = T.dynamic("N")
+    f32 = "float32"
+
+    @T.macro
+    def score_tile(acc3, prods3, sums, W_f, S_s, Pos_s, t, tiles, s0, KS, Logits):
+        """Logits of key tile ``t`` (nothing for a tile past the last one) from its dots: the
+        head sums go through shared memory ``S_s [bq, 64]`` (one buffer per accumulator: the
+        barrier of the next tile orders this tile's reads before the buffer's next writes), so
+        that the logits leave as whole rows of 64 keys instead of one float per thread quad."""
+        head_sums(acc3, prods3, W_f, sums, BLOCK_N, bq, heads)
+        for i, q in T.Parallel(BLOCK_N, bq):
+            S_s[q, i] = sums[i, q]
+        T.sync_threads(1, WARPGROUP * CONSUMERS)
+        for q, i in T.Parallel(bq, BLOCK_N):
+            n = t * BLOCK_N + i
+            if t < tiles and s0 + q < seqs and n < keys:
+                Logits[s0 + q, n] = T.if_then_else(n <= Pos_s[q], T.ieee_mul(S_s[q, i], KS[n]), neg_inf())
+
+    @T.macro
+    def issue(K_s, Q_s, acc, k_full, t, tiles):
+        """Wait for key tile ``t`` (unless it is past the last one) and start its products into
+        ``acc`` (asynchronous wgmma)."""
+        if t < tiles:
+            T.mbarrier_wait_parity(k_full[t % stages], (t // stages) & 1)
+        T.wgmma_gemm(K_s[t % stages, :, :], Q_s, acc, transpose_B=True, clear_accum=True,
+                     policy=T.GemmWarpPolicy.FullCol)
 
     @T.prim_func
     def kernel(Q: T.Tensor((seqs, heads, dim), "float8_e4m3"), K: T.Tensor((keys, dim), "float8_e4m3"),
-               KS: T.Tensor((keys,), "float32"), W: T.Tensor((seqs, heads), "float32"),
-               Pos: T.Tensor((seqs,), "int32"), Logits: T.Tensor((seqs, keys), "float32")):
-        with T.Kernel(T.ceildiv(seqs, bq), threads=THREADS) as bx:
+               KS: T.Tensor((keys,), f32), W: T.Tensor((seqs, heads), f32),
+               Pos: T.Tensor((seqs,), "int32"), Logits: T.Tensor((seqs, keys), f32)):
+        with T.Kernel(T.ceildiv(seqs, bq), threads=WARPGROUP * (CONSUMERS + 1)) as bx:
             tx = T.get_thread_binding()
-            Q_s = T.alloc_shared((ROWS, dim), "float8_e4m3")
-            K_s = T.alloc_shared((block_n, dim), "float8_e4m3")
-            W_s = T.alloc_shared((bq, heads), "float32")
-            S_s = T.alloc_shared((ROWS, block_n + PAD), "float32")
-            S_f = T.alloc_fragment((ROWS, block_n), "float32")
-            acc = T.alloc_var("float32")
+            Q_s = T.alloc_shared((rows, dim), "float8_e4m3")
+            K_s = T.alloc_shared((stages, BLOCK_N, dim), "float8_e4m3")
+            acc_a = T.alloc_fragment((BLOCK_N, rows), f32)
+            acc_b = T.alloc_fragment((BLOCK_N, rows), f32)
+            acc3_a = T.reshape(acc_a, (BLOCK_N, bq, heads))
+            acc3_b = T.reshape(acc_b, (BLOCK_N, bq, heads))
+            prods = T.alloc_fragment((BLOCK_N, rows), f32)
+            prods3 = T.reshape(prods, (BLOCK_N, bq, heads))
+            W_f = T.alloc_fragment((bq, heads), f32)
+            sums = T.alloc_fragment((BLOCK_N, bq), f32)
+            S_a = T.alloc_shared((bq, BLOCK_N), f32)
+            S_b = T.alloc_shared((bq, BLOCK_N), f32)
+            Pos_s = T.alloc_shared((bq,), "int32")
+            k_full = T.alloc_barrier([WARPGROUP] * stages)
+            k_empty = T.alloc_barrier([WARPGROUP * CONSUMERS] * stages)
             last = T.alloc_var("int32")  # the last key any of the CTA's queries sees, -1 for none
-            s0 = bx * bq
-            for i, d in T.Parallel(ROWS, dim):
-                Q_s[i, d] = T.if_then_else(s0 + i // heads < seqs, Q[T.min(s0 + i // heads, seqs - 1), i % heads, d],
-                                           T.Cast("float8_e4m3", 0))
-            for q, h in T.Parallel(bq, heads):
-                W_s[q, h] = T.if_then_else(s0 + q < seqs, W[T.min(s0 + q, seqs - 1), h], T.float32(0))
+            s0 = (T.ceildiv(seqs, bq) - 1 - bx) * bq
             last = -1
             for q in T.serial(bq):
                 if s0 + q < seqs:
                     last = T.max(last, T.min(Pos[s0 + q], keys - 1))
             # clamped again although the loop above keeps last in [-1, keys - 1]: the bounds
             # verifier does not follow values through variables, and proves the tiles from this
-            tiles = T.ceildiv(T.min(T.max(last, -1), keys - 1) + 1, block_n)
-            for t in T.Pipelined(tiles, num_stages=num_stages):
-                T.copy(K[t * block_n:(t + 1) * block_n, :], K_s)
-                T.gemm(Q_s, K_s, S_f, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
-                for i, j in T.Parallel(ROWS, block_n):
-                    S_s[i, j] = S_f[i, j]
-                for o in T.serial(T.ceildiv(bq * block_n, THREADS)):
-                    q = (o * THREADS + tx) // block_n
-                    n = t * block_n + (o * THREADS + tx) % block_n
-                    if q < bq and s0 + q < seqs and n < keys:
-                        head_sum(S_s, W_s, q, n - t * block_n, heads, acc)
-                        Logits[s0 + q, n] = T.if_then_else(n <= Pos[s0 + q], T.ieee_mul(acc, KS[n]),
-                                                           -T.infinity("float32"))
-            # keys past every query's last visible key: -inf without computing them
-            for c in T.serial(T.ceildiv(keys - tiles * block_n, THREADS)):
-                n = tiles * block_n + c * THREADS + tx
-                if n < keys:
-                    for q in T.serial(bq):
-                        if s0 + q < seqs:
-                            Logits[s0 + q, n] = -T.infinity("float32")
+            tiles = T.ceildiv(T.min(T.max(last, -1), keys - 1) + 1, BLOCK_N)
+            if tx >= WARPGROUP * CONSUMERS:
+                T.set_max_nreg(REGISTERS[0], 0)
+                for t in T.serial(tiles):
+                    T.mbarrier_wait_parity(k_empty[t % stages], ((t // stages) & 1) ^ 1)
+                    T.tma_copy(K[t * BLOCK_N:(t + 1) * BLOCK_N, :], K_s[t % stages, :, :], barrier=k_full[t % stages])
+                    T.mbarrier_arrive(k_full[t % stages])
+                # keys past every query's last visible key: -inf without computing them
+                for c in T.serial(T.ceildiv(keys - tiles * BLOCK_N, WARPGROUP)):
+                    n = tiles * BLOCK_N + c * WARPGROUP + (tx - WARPGROUP * CONSUMERS)
+                    if n < keys:
+                        for q in T.serial(bq):
+                            if s0 + q < seqs:
+                                Logits[s0 + q, n] = neg_inf()
+            else:
+                T.set_max_nreg(REGISTERS[1], 1)
+                for i, d in T.Parallel(rows, dim):
+                    Q_s[i, d] = T.if_then_else(s0 + i // heads < seqs, Q[T.min(s0 + i // heads, seqs - 1), i % heads, d],
+                                               T.Cast("float8_e4m3", 0))
+                for q, h in T.Parallel(bq, heads):
+                    W_f[q, h] = T.if_then_else(s0 + q < seqs, W[T.min(s0 + q, seqs - 1), h], T.float32(0))
+                for q in T.Parallel(bq):
+                    Pos_s[q] = Pos[T.min(s0 + q, seqs - 1)]
+                T.fence_proxy_async()  # Q_s, written by plain stores, is read by wgmma
+                T.sync_threads(1, WARPGROUP * CONSUMERS)
+                if tiles > 0:
+                    # tiles in pairs: while one accumulator's products run, the other's head sums
+                    # do. ptxas serializes every wgmma of the kernel unless each one is issued
+                    # outside any branch, and no wgmma is issued between another's issue and
+                    # retirement (wait 0) after a read of its accumulator: so each issue follows
+                    # a full wait, and a tile past the last one is computed anyway (on a stage no
+                    # copy writes any more; its results unused).
+                    issue(K_s, Q_s, acc_a, k_full, 0, tiles)
+                    for j in T.serial(T.ceildiv(tiles, 2)):
+                        T.wait_wgmma(0)
+                        T.mbarrier_arrive(k_empty[(2 * j) % stages])
+                        issue(K_s, Q_s, acc_b, k_full, 2 * j + 1, tiles)
+                        score_tile(acc3_a, prods3, sums, W_f, S_a, Pos_s, 2 * j, tiles, s0, KS, Logits)
+                        T.wait_wgmma(0)
+                        if 2 * j + 1 < tiles:
+                            T.mbarrier_arrive(k_empty[(2 * j + 1) % stages])
+                        issue(K_s, Q_s, acc_a, k_full, 2 * j + 2, tiles)
+                        score_tile(acc3_b, prods3, sums, W_f, S_b, Pos_s, 2 * j + 1, tiles, s0, KS, Logits)
+                    T.wait_wgmma(0)
 
     return kernel
 
@@ -130,9 +195,10 @@ def indexer_kernel(heads: int, dim: int, block_n: int = 128, num_stages: int = 2
 def indexer_paged_kernel(tokens: int, dim: int, num_stages: int = 2):
     """Decode form: ``Logits [B, tokens, MP * 64]`` from ``Q [B, tokens, 64, dim]``, the paged
     ``KC [P, 64, dim]`` / ``KSC [P, 64]``, ``BT [B, MP]``, ``SL [B]`` and ``W [B, tokens, 64]``.
-    CTA (c, b) scores pages ``16c .. 16c + 15`` of sequence b."""
+    CTA (c, b) scores pages ``16c .. 16c + 15`` of sequence b, one warpgroup (TileLang's pipeline
+    adds the producer)."""
     heads = INDEX_HEADS
-    rows = tokens * heads
+    cols = tokens * heads
     batch = T.dynamic("B")
     pages = T.dynamic("P")
     max_pages = T.dynamic("MP")
@@ -143,45 +209,41 @@ def indexer_paged_kernel(tokens: int, dim: int, num_stages: int = 2):
                BT: T.Tensor((batch, max_pages), "int32"), SL: T.Tensor((batch,), "int32"),
                W: T.Tensor((batch, tokens, heads), "float32"),
                Logits: T.Tensor((batch, tokens, max_pages * PAGE), "float32")):
-        with T.Kernel(T.ceildiv(max_pages, PAGES_PER_CTA), batch, threads=THREADS) as (cx, b):
+        with T.Kernel(T.ceildiv(max_pages, PAGES_PER_CTA), batch, threads=WARPGROUP) as (cx, b):
             tx = T.get_thread_binding()
-            Q_s = T.alloc_shared((rows, dim), "float8_e4m3")
+            Q_s = T.alloc_shared((cols, dim), "float8_e4m3")
             K_s = T.alloc_shared((PAGE, dim), "float8_e4m3")
-            W_s = T.alloc_shared((tokens, heads), "float32")
-            S_s = T.alloc_shared((rows, PAGE + PAD), "float32")
-            S_f = T.alloc_fragment((rows, PAGE), "float32")
-            acc = T.alloc_var("float32")
+            acc = T.alloc_fragment((PAGE, cols), "float32")
+            acc3 = T.reshape(acc, (PAGE, tokens, heads))
+            W_f = T.alloc_fragment((tokens, heads), "float32")
+            sums = T.alloc_fragment((PAGE, tokens), "float32")
             scored = T.alloc_var("int32")  # pages of this CTA that hold keys of the sequence
             p0 = cx * PAGES_PER_CTA
             seq = T.min(SL[b], max_pages * PAGE)  # keys past the block table's pages do not exist
-            for i, d in T.Parallel(rows, dim):
+            for i, d in T.Parallel(cols, dim):
                 Q_s[i, d] = Q[b, i // heads, i % heads, d]
             for q, h in T.Parallel(tokens, heads):
-                W_s[q, h] = W[b, q, h]
+                W_f[q, h] = W[b, q, h]
             scored = T.max(T.min(seq // PAGE + T.if_then_else(seq % PAGE > 0, 1, 0) - p0, PAGES_PER_CTA), 0)
             for t in T.Pipelined(scored, num_stages=num_stages):
                 # the table entry is read where it is used (not kept in a variable): the copy
                 # runs in TileLang's producer warps, which do not see the consumers' variables
                 T.copy(KC[clamped_page(BT, b, p0 + t, pages), :, :], K_s)
-                T.gemm(Q_s, K_s, S_f, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
-                for i, j in T.Parallel(rows, PAGE):
-                    S_s[i, j] = S_f[i, j]
-                q = tx // PAGE
-                j = tx % PAGE
-                if q < tokens:
-                    head_sum(S_s, W_s, q, j, heads, acc)
+                T.gemm(K_s, Q_s, acc, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullCol)
+                head_sums(acc3, acc3, W_f, sums, PAGE, tokens, heads)  # in place: its wgmma is synchronous
+                for j, q in T.Parallel(PAGE, tokens):
                     Logits[b, q, (p0 + t) * PAGE + j] = T.if_then_else(
                         0 <= table_entry(BT, b, p0 + t) and table_entry(BT, b, p0 + t) < pages,
                         T.if_then_else((p0 + t) * PAGE + j <= seq - tokens + q,
-                                       T.ieee_mul(acc, KSC[clamped_page(BT, b, p0 + t, pages), j]),
-                                       -T.infinity("float32")),
+                                       T.ieee_mul(sums[j, q], KSC[clamped_page(BT, b, p0 + t, pages), j]),
+                                       neg_inf()),
                         T.reinterpret(T.uint32(0x7FC00000), T.float32))
             # the CTA's pages past the sequence: -inf without reading them
-            for c in T.serial(T.ceildiv((PAGES_PER_CTA - scored) * PAGE, THREADS)):
-                key = (p0 + scored) * PAGE + c * THREADS + tx
+            for c in T.serial(T.ceildiv((PAGES_PER_CTA - scored) * PAGE, WARPGROUP)):
+                key = (p0 + scored) * PAGE + c * WARPGROUP + tx
                 if key < T.min(p0 + PAGES_PER_CTA, max_pages) * PAGE:
                     for q in T.serial(tokens):
-                        Logits[b, q, key] = -T.infinity("float32")
+                        Logits[b, q, key] = neg_inf()
 
     return kernel
 
