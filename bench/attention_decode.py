@@ -119,9 +119,9 @@ def compile_config(cfg) -> str:
 
         topk_kernel(*args)
     elif kind == "indexer":
-        from kernels.attention.indexer import indexer_kernel
+        from kernels.attention.indexer import PREFILL_OPTIONS, indexer_kernel
 
-        indexer_kernel(*args)
+        indexer_kernel(*args, **PREFILL_OPTIONS[args[1]])
     elif kind == "indexer_paged":
         from kernels.attention.indexer import indexer_paged_kernel
 
@@ -271,7 +271,7 @@ def indexer_rows(reps, upstream, fp8_tflops):
     import torch
 
     from bench.timing import interleaved_ms
-    from kernels.attention.indexer import indexer_kernel, indexer_logits
+    from kernels.attention.indexer import PREFILL_OPTIONS, indexer_kernel, indexer_logits
 
     s, n = 4096, 8192
     for h, d in INDEXER_SHAPES:
@@ -279,7 +279,7 @@ def indexer_rows(reps, upstream, fp8_tflops):
         sets = [indexer_inputs(s, n, h, d, seed) for seed in range(2)]
         q, k, ks, w, pos = sets[0]
         got = torch.full((s, n), float("nan"), device="cuda")
-        indexer_kernel(h, d)(q, k, ks, w, pos, got)
+        indexer_kernel(h, d, **PREFILL_OPTIONS[d])(q, k, ks, w, pos, got)
         sample = slice(0, s, 97)  # a sample of queries against the fp64 reference
         visible = torch.arange(n, device="cuda")[None, :] <= pos[sample, None].long()
         if bool(torch.isnan(got).any()) or not within_reference(got[sample], q[sample], k, ks, w[sample], visible):

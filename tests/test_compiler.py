@@ -186,3 +186,65 @@ def test_processes_needing_one_kernel_build_it_once(tmp_path):
     assert sum(o.count("BUILT") for o in outs) == 1, outs
     entries = {line.split()[1] for o in outs for line in o.splitlines() if line.startswith("ENTRY")}
     assert len(entries) == 1 and (tmp_path / "kernels" / entries.pop() / "MANIFEST").is_file()
+
+
+def alternating_accumulators(full_waits: bool):
+    """Two accumulators over 9 K tiles, each tile's products summed into ``out`` while the next
+    tile's wgmma runs. ``full_waits``: every issue follows ``wait_wgmma(0)``; else an issue
+    follows ``wait_wgmma(1)`` right after the other accumulator was read, which makes ptxas
+    serialize every wgmma of the kernel (the pattern the indexer's first version had). The sums
+    go through ``max``: a plain ``out += acc``, which TileLang turns into float4 reads of the
+    accumulator array, is serialized by ptxas even with full waits (nvcc 13.0)."""
+    import tilelang.language as T
+
+    @T.prim_func
+    def alternating(A: T.Tensor((64, 64), "float16"), B: T.Tensor((9, 64, 64), "float16"), C: T.Tensor((64, 64), "float32")):
+        with T.Kernel(1, threads=128):
+            A_s = T.alloc_shared((64, 64), "float16")
+            B_s = T.alloc_shared((9, 64, 64), "float16")
+            acc_a = T.alloc_fragment((64, 64), "float32")
+            acc_b = T.alloc_fragment((64, 64), "float32")
+            out = T.alloc_fragment((64, 64), "float32")
+            T.clear(out)
+            T.copy(A, A_s)
+            T.copy(B, B_s)
+            T.wgmma_gemm(A_s, B_s[0, :, :], acc_a, transpose_B=True, clear_accum=True)
+            for j in T.serial(4):
+                if full_waits:
+                    T.wait_wgmma(0)
+                T.wgmma_gemm(A_s, B_s[2 * j + 1, :, :], acc_b, transpose_B=True, clear_accum=True)
+                if not full_waits:
+                    T.wait_wgmma(1)
+                for i, k in T.Parallel(64, 64):
+                    out[i, k] += T.max(acc_a[i, k], T.float32(0))
+                T.wait_wgmma(0 if full_waits else 1)
+                T.wgmma_gemm(A_s, B_s[2 * j + 2, :, :], acc_a, transpose_B=True, clear_accum=True)
+                for i, k in T.Parallel(64, 64):
+                    out[i, k] += T.max(acc_b[i, k], T.float32(0))
+            T.wait_wgmma(0)
+            T.copy(out, C)
+
+    return alternating
+
+
+def test_ptxas_performance_losses_are_reported_and_warned():
+    """ptxas says when it serializes every wgmma of a kernel (no extra nvcc flag needed): the
+    compile reports it (``reports["ptxas"]``) and warns, and says nothing for the same pipeline
+    written with full waits."""
+    options = Options.make(target=TARGET, verify="off")
+    with pytest.warns(RuntimeWarning, match="Potential Performance Loss: wgmma.mma_async instructions are serialized"):
+        serialized = compile_artifacts(alternating_accumulators(False), options, stop_after="launcher")[1]
+    assert any("serialized" in loss for loss in serialized.reports["ptxas"]["performance_loss"])
+    clean = compile_artifacts(alternating_accumulators(True), options, stop_after="launcher")[1]
+    assert clean.reports["ptxas"] == {"performance_loss": []}
+
+
+def test_ptxas_performance_loss_lines_are_picked_out_of_nvcc_output():
+    from tlx.compiler import ptxas_performance_losses
+
+    stderr = ("kernel.cu(3): warning #1444-D: type was declared deprecated\n"
+              "ptxas info    : (C7517) warpgroup.wait is injected in around line 9 by compiler\n"
+              "ptxas info    : (C7515) Potential Performance Loss: wgmma.mma_async instructions are serialized due to x\n"
+              "ptxas info    : (C7515) Potential Performance Loss: wgmma.mma_async instructions are serialized due to x\n")
+    assert ptxas_performance_losses(stderr) == ["(C7515) Potential Performance Loss: wgmma.mma_async instructions are serialized due to x"]
+    assert ptxas_performance_losses("") == []

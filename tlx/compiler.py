@@ -47,7 +47,7 @@ from typing import Any
 
 from tlx.options import Options, cache_dir
 
-__all__ = ["STAGES", "Build", "cache_key", "compile_artifacts", "compile_kernel", "nvcc_command",
+__all__ = ["STAGES", "Build", "cache_key", "compile_artifacts", "compile_kernel", "nvcc_command", "ptxas_performance_losses",
            "pass_options"]
 
 _ARTIFACTS = ("kernel.cu", "kernel.cubin", "launcher.cc", "metadata.json")
@@ -258,9 +258,29 @@ def _stage_launcher(nvcc: Background, build: Build) -> str:
         build.background[piece.what] = Background.start(f"c++ {piece.what}", piece.command, output=piece.partial)
     build.background["launcher"] = Background.start("c++ launcher", launcher_compile_command(build.workdir, build.runtime))
     nvcc.join(build)
+    _report_performance_losses(nvcc, build)
     check_shared_memory(build.name, info["launches"], (build.workdir / "kernel.cubin").read_bytes(), build.target["arch"])
     build.launcher_info = info
     return source
+
+
+def ptxas_performance_losses(stderr: str) -> list[str]:
+    """ptxas's "Potential Performance Loss" remarks in nvcc's output (e.g. every wgmma of the
+    kernel serialized, because another instruction touches an accumulator while one is in
+    flight): printed without any extra flag, and easy to miss in a kernel that compiles, runs
+    and gives the right bits at a fraction of its speed."""
+    return sorted({line.split(":", 1)[1].strip() for line in stderr.splitlines()
+                   if line.startswith("ptxas") and "Potential Performance Loss" in line})
+
+
+def _report_performance_losses(nvcc: Background, build: Build) -> None:
+    """``reports["ptxas"]`` (``performance_loss``: the remarks) and a warning per remark."""
+    nvcc.errors.seek(0)
+    losses = ptxas_performance_losses(nvcc.errors.read().decode(errors="replace"))
+    if build.passes is not None:
+        build.passes.reports["ptxas"] = {"performance_loss": losses}
+    for loss in losses:
+        warnings.warn(f"{build.name}: ptxas: {loss}", RuntimeWarning, stacklevel=2)
 
 
 def _stage_library(launcher_source: str, build: Build) -> str:

@@ -46,7 +46,12 @@ TARGET = {"kind": "cuda", "arch": "sm_90a"}
 BLOCK_N = 64  # keys of one tile: the wgmma's M
 COLS = 128  # query rows (tokens x heads) of one prefill consumer warpgroup: its wgmma N
 CONSUMERS = 2  # prefill consumer warpgroups
-REGISTERS = (24, 240)  # setmaxnreg of the prefill producer and consumers (2 x 128 x 240 + 128 x 24 <= 64K)
+# indexer_logits' prefill kernel options by head dim (H200, 2026-12-04, S 4096 N 8192): at d 64 the
+# head sums outweigh the products, and three consumer warpgroups with one accumulator each beat
+# two alternating two (0.310 against 0.358 ms); at d 128 the alternation wins (0.638 against 0.654)
+PREFILL_OPTIONS = {64: {"consumers": 3, "overlap": False}, 128: {"consumers": 2, "overlap": True}}
+# setmaxnreg of the prefill producer and consumers by consumer count (within the SM's 64K registers)
+REGISTERS = {2: (24, 240), 3: (24, 160)}
 PAGE = 64  # tokens per KV page
 E4M3 = torch.float8_e4m3fn
 MAX_KEYS = 1 << 24
@@ -79,12 +84,16 @@ def head_sums(acc3, prods3, W_f, sums, keys: int, tokens: int, heads: int):
 
 
 @tlx.jit(target=TARGET, assume=["1 <= S", "1 <= N", f"N <= {MAX_KEYS}", "S * N <= 2147483647"])
-def indexer_kernel(heads: int, dim: int, num_stages: int = 4):
+def indexer_kernel(heads: int, dim: int, num_stages: int = 4, consumers: int = CONSUMERS, overlap: bool = True):
     """Prefill form: ``Logits [S, N]`` from ``Q [S, heads, dim]``, ``K [N, dim]``, ``KS [N]``,
-    ``W [S, heads]``, ``Pos [S]``. A CTA owns ``2 * 128 / heads`` consecutive queries (the
-    grid's first CTAs the last queries: in a causal prefill they see the most keys)."""
-    bq = COLS // heads * CONSUMERS
-    rows = COLS * CONSUMERS
+    ``W [S, heads]``, ``Pos [S]``. A CTA owns ``consumers * 128 / heads`` consecutive queries
+    (the grid's first CTAs the last queries: in a causal prefill they see the most keys).
+    ``overlap``: two accumulators per consumer, one tile's products beside the other's head
+    sums; else one, and the consumers' own interleaving hides the products (the same bits)."""
+    if consumers not in REGISTERS:
+        raise ValueError(f"consumers: expected one of {tuple(REGISTERS)}, got {consumers}")
+    bq = COLS // heads * consumers
+    rows = COLS * consumers
     stages = num_stages
     seqs = T.dynamic("S")
     keys = T.dynamic("N")
@@ -99,7 +108,7 @@ def indexer_kernel(heads: int, dim: int, num_stages: int = 4):
         head_sums(acc3, prods3, W_f, sums, BLOCK_N, bq, heads)
         for i, q in T.Parallel(BLOCK_N, bq):
             S_s[q, i] = sums[i, q]
-        T.sync_threads(1, WARPGROUP * CONSUMERS)
+        T.sync_threads(1, WARPGROUP * consumers)
         for q, i in T.Parallel(bq, BLOCK_N):
             n = t * BLOCK_N + i
             if t < tiles and s0 + q < seqs and n < keys:
@@ -118,23 +127,24 @@ def indexer_kernel(heads: int, dim: int, num_stages: int = 4):
     def kernel(Q: T.Tensor((seqs, heads, dim), "float8_e4m3"), K: T.Tensor((keys, dim), "float8_e4m3"),
                KS: T.Tensor((keys,), f32), W: T.Tensor((seqs, heads), f32),
                Pos: T.Tensor((seqs,), "int32"), Logits: T.Tensor((seqs, keys), f32)):
-        with T.Kernel(T.ceildiv(seqs, bq), threads=WARPGROUP * (CONSUMERS + 1)) as bx:
+        with T.Kernel(T.ceildiv(seqs, bq), threads=WARPGROUP * (consumers + 1)) as bx:
             tx = T.get_thread_binding()
             Q_s = T.alloc_shared((rows, dim), "float8_e4m3")
             K_s = T.alloc_shared((stages, BLOCK_N, dim), "float8_e4m3")
             acc_a = T.alloc_fragment((BLOCK_N, rows), f32)
-            acc_b = T.alloc_fragment((BLOCK_N, rows), f32)
             acc3_a = T.reshape(acc_a, (BLOCK_N, bq, heads))
-            acc3_b = T.reshape(acc_b, (BLOCK_N, bq, heads))
-            prods = T.alloc_fragment((BLOCK_N, rows), f32)
-            prods3 = T.reshape(prods, (BLOCK_N, bq, heads))
+            if overlap:
+                acc_b = T.alloc_fragment((BLOCK_N, rows), f32)
+                acc3_b = T.reshape(acc_b, (BLOCK_N, bq, heads))
+                prods = T.alloc_fragment((BLOCK_N, rows), f32)
+                prods3 = T.reshape(prods, (BLOCK_N, bq, heads))
             W_f = T.alloc_fragment((bq, heads), f32)
             sums = T.alloc_fragment((BLOCK_N, bq), f32)
             S_a = T.alloc_shared((bq, BLOCK_N), f32)
             S_b = T.alloc_shared((bq, BLOCK_N), f32)
             Pos_s = T.alloc_shared((bq,), "int32")
             k_full = T.alloc_barrier([WARPGROUP] * stages)
-            k_empty = T.alloc_barrier([WARPGROUP * CONSUMERS] * stages)
+            k_empty = T.alloc_barrier([WARPGROUP * consumers] * stages)
             last = T.alloc_var("int32")  # the last key any of the CTA's queries sees, -1 for none
             s0 = (T.ceildiv(seqs, bq) - 1 - bx) * bq
             last = -1
@@ -144,21 +154,21 @@ def indexer_kernel(heads: int, dim: int, num_stages: int = 4):
             # clamped again although the loop above keeps last in [-1, keys - 1]: the bounds
             # verifier does not follow values through variables, and proves the tiles from this
             tiles = T.ceildiv(T.min(T.max(last, -1), keys - 1) + 1, BLOCK_N)
-            if tx >= WARPGROUP * CONSUMERS:
-                T.set_max_nreg(REGISTERS[0], 0)
+            if tx >= WARPGROUP * consumers:
+                T.set_max_nreg(REGISTERS[consumers][0], 0)
                 for t in T.serial(tiles):
                     T.mbarrier_wait_parity(k_empty[t % stages], ((t // stages) & 1) ^ 1)
                     T.tma_copy(K[t * BLOCK_N:(t + 1) * BLOCK_N, :], K_s[t % stages, :, :], barrier=k_full[t % stages])
                     T.mbarrier_arrive(k_full[t % stages])
                 # keys past every query's last visible key: -inf without computing them
                 for c in T.serial(T.ceildiv(keys - tiles * BLOCK_N, WARPGROUP)):
-                    n = tiles * BLOCK_N + c * WARPGROUP + (tx - WARPGROUP * CONSUMERS)
+                    n = tiles * BLOCK_N + c * WARPGROUP + (tx - WARPGROUP * consumers)
                     if n < keys:
                         for q in T.serial(bq):
                             if s0 + q < seqs:
                                 Logits[s0 + q, n] = neg_inf()
             else:
-                T.set_max_nreg(REGISTERS[1], 1)
+                T.set_max_nreg(REGISTERS[consumers][1], 1)
                 for i, d in T.Parallel(rows, dim):
                     Q_s[i, d] = T.if_then_else(s0 + i // heads < seqs, Q[T.min(s0 + i // heads, seqs - 1), i % heads, d],
                                                T.Cast("float8_e4m3", 0))
@@ -167,14 +177,23 @@ def indexer_kernel(heads: int, dim: int, num_stages: int = 4):
                 for q in T.Parallel(bq):
                     Pos_s[q] = Pos[T.min(s0 + q, seqs - 1)]
                 T.fence_proxy_async()  # Q_s, written by plain stores, is read by wgmma
-                T.sync_threads(1, WARPGROUP * CONSUMERS)
-                if tiles > 0:
+                T.sync_threads(1, WARPGROUP * consumers)
+                if not overlap:
+                    for t in T.serial(tiles):
+                        T.mbarrier_wait_parity(k_full[t % stages], (t // stages) & 1)
+                        T.gemm(K_s[t % stages, :, :], Q_s, acc_a, transpose_B=True, clear_accum=True,
+                               policy=T.GemmWarpPolicy.FullCol)
+                        T.mbarrier_arrive(k_empty[t % stages])
+                        score_tile(acc3_a, acc3_a, sums, W_f, S_a, Pos_s, t, tiles, s0, KS, Logits)
+                else:
                     # tiles in pairs: while one accumulator's products run, the other's head sums
                     # do. ptxas serializes every wgmma of the kernel unless each one is issued
                     # outside any branch, and no wgmma is issued between another's issue and
                     # retirement (wait 0) after a read of its accumulator: so each issue follows
                     # a full wait, and a tile past the last one is computed anyway (on a stage no
-                    # copy writes any more; its results unused).
+                    # copy writes any more; its results unused), also when there is no tile: a
+                    # branch on the tile count would make the logits' bits depend on N as far as
+                    # the batch-invariance check can tell.
                     issue(K_s, Q_s, acc_a, k_full, 0, tiles)
                     for j in T.serial(T.ceildiv(tiles, 2)):
                         T.wait_wgmma(0)
@@ -282,7 +301,7 @@ def indexer_logits(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, w: t
     check_cuda(q=q, k=k, k_scale=k_scale, w=w, pos=pos)
     out = torch.empty((s, n), dtype=torch.float32, device=q.device)
     if s:
-        indexer_kernel(h, d)(q, k, k_scale, w, pos, out)
+        indexer_kernel(h, d, **PREFILL_OPTIONS[d])(q, k, k_scale, w, pos, out)
     return out
 
 

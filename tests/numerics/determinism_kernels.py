@@ -157,3 +157,24 @@ def ragged_row_sum(clamp_to_m: bool = True):
             out[row] = acc
 
     return ragged_row_sum
+
+
+def shape_branch(sync_only: bool):
+    """A row copy with a branch on the shape ``K > 0``: around a barrier wait only
+    (``sync_only``: moves no data, batch invariance stays decidable), or around a store (a
+    branch on a shape that is not a bounds guard: unresolved)."""
+    M, K = T.dynamic("M"), T.dynamic("K")
+
+    @T.prim_func
+    def shape_branch(A: T.Tensor((M, K), "float32"), out: T.Tensor((M,), "float32")):
+        with T.Kernel(M, threads=128) as bx:
+            bar = T.alloc_barrier([128])
+            out[bx] = T.float32(0)
+            T.mbarrier_arrive(bar[0])
+            if K > 0:
+                if sync_only:
+                    T.mbarrier_wait_parity(bar[0], 0)
+                else:
+                    out[bx] = A[bx, 0]
+
+    return shape_branch

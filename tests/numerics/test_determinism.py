@@ -71,6 +71,18 @@ def test_extent_clamped_to_a_shape_through_loaded_values_is_unknown():
     assert [(f["loop"], f["vars"]) for f in scaled["findings"]] == [("k", ["M"])] and scaled["batch_invariant"] is False
 
 
+def test_branch_on_a_shape_around_synchronization_only_keeps_the_verdict():
+    """A branch on a shape variable whose body only waits on or arrives at barriers moves no
+    data (the indexer's first stage wait, skipped when a CTA has no key tile); around a store it
+    is unresolved."""
+    target = Options.make(target={"kind": "cuda", "arch": "sm_90a"}, verify="off")
+    sync = compile_artifacts(D.shape_branch(True), target, stop_after="passes")[1].reports["determinism"]
+    assert sync["findings"] == [] and sync["unresolved"] == [] and sync["batch_invariant"] is True
+    store = compile_artifacts(D.shape_branch(False), target, stop_after="passes")[1].reports["determinism"]
+    assert store["batch_invariant"] == "unknown"
+    assert any("branch on ['K'] that is not a bounds guard" in u for u in store["unresolved"])
+
+
 def test_harness_finds_a_batch_dependent_function():
     def fn(x):  # rows of a batch of 4 or more are summed in the other order
         return x.flip(1).sum(1) if x.shape[0] >= 4 else x.sum(1)

@@ -17,7 +17,8 @@ Findings, each ``{"kind", "function", "detail", ...}``:
 
 ``unresolved`` lists what the analysis could not classify (a symbolic-extent loop that
 indexes no global buffer, a branch on a shape variable that is not a bounds guard, a call to
-an unknown external function). The verdicts ``deterministic`` and ``batch_invariant`` are
+an unknown external function). A branch around barrier waits, arrivals and fences only moves
+no data and is not a value branch (whether skipping them races is the race analysis' part). The verdicts ``deterministic`` and ``batch_invariant`` are
 ``False`` when a finding says so, ``True`` only when nothing was found and nothing was left
 unresolved, and ``"unknown"`` otherwise. A kernel whose shapes are all static gets
 ``batch_invariant: "unknown"``: each batch size is then a separate compile, whose tile choices
@@ -321,6 +322,21 @@ def _comparisons(cond) -> list:
     return out
 
 
+# barrier waits, arrivals and fences: a branch around only these moves no data (whether the
+# program without them is race-free is the race analysis' question, not this one's)
+_BARRIER_OPS = frozenset({"tl.mbarrier_wait_parity", "tirx.ptx_arrive_barrier", "tl.mbarrier_arrive", "tl.fence_proxy_async",
+                          "tirx.tvm_storage_sync"})
+
+
+def _only_synchronizes(stmt) -> bool:
+    """Whether ``stmt`` (None: an absent else branch) is made of barrier operations only."""
+    if stmt is None:
+        return True
+    if isinstance(stmt, tvm.tirx.SeqStmt):
+        return all(_only_synchronizes(s) for s in stmt.seq)
+    return isinstance(stmt, tvm.tirx.Evaluate) and isinstance(stmt.value, tvm.tirx.Call) and op_name(stmt.value) in _BARRIER_OPS
+
+
 def analyze_program(prim_func) -> tuple[list[dict], list[str], set]:
     """Findings, unresolved items and the symbolic shape variables of the tile program."""
     findings: list[dict] = []
@@ -369,7 +385,8 @@ def analyze_program(prim_func) -> tuple[list[dict], list[str], set]:
             elif node.kind == tvm.tirx.ForKind.THREAD_BINDING and str(node.thread_binding.thread_tag).startswith("blockIdx"):
                 check_extent(f"grid dimension {node.thread_binding.thread_tag}", node.loop_var, node.extent, node.body)
         elif isinstance(node, tvm.tirx.IfThenElse):
-            check_condition(node.condition)
+            if not (_only_synchronizes(node.then_case) and _only_synchronizes(node.else_case)):
+                check_condition(node.condition)
         elif isinstance(node, tvm.tirx.Select):
             check_condition(node.condition)
         elif isinstance(node, tvm.tirx.Call) and op_name(node) == "tirx.if_then_else":

@@ -22,6 +22,7 @@ TOL = 2.0**-9
 
 def test_kernels_compile_with_wgmma_and_tma():
     for src in (indexer_kernel(64, 128).device_source, indexer_kernel(32, 64).device_source,
+                indexer_kernel(32, 64, consumers=3, overlap=False).device_source,
                 indexer_paged_kernel(1, 128).device_source, indexer_paged_kernel(4, 128).device_source):
         assert "wgmma" in src and "tma_load" in src
         assert "__fmul_rn" in src  # the weights' and the key scale's rounded multiplies
@@ -30,11 +31,11 @@ def test_kernels_compile_with_wgmma_and_tma():
         assert_stages_released_after_last_read(src, {"K_s"})
 
 
-@pytest.mark.parametrize("heads, dim", [(64, 128), (32, 64)])
-def test_every_access_proven_under_the_launch_conditions(heads, dim):
+@pytest.mark.parametrize("heads, dim, options", [(64, 128, {}), (32, 64, {}), (32, 64, {"consumers": 3, "overlap": False})])
+def test_every_access_proven_under_the_launch_conditions(heads, dim, options):
     """The tiles count once depended on a variable the verifier does not follow (unknown until
     the kernel clamped it where it is computed); what remains is the grid's own 'S <= ...'."""
-    report = indexer_kernel(heads, dim).metadata["reports"]["bounds"]
+    report = indexer_kernel(heads, dim, **options).metadata["reports"]["bounds"]
     assert report["under_preconditions"]["proven"] == report["accesses"] > 0
     assert (report["under_preconditions"]["unknown"], report["under_preconditions"]["violations"]) == ([], [])
     assert len(report["preconditions"]) == 1 and report["preconditions"][0].startswith("S <= ")
@@ -107,14 +108,15 @@ def poisoned_twice(run, shape):
 @pytest.mark.parametrize("s, n, pos_kind, heads", [(1, 1, "causal", 64), (63, 65, "causal", 64), (130, 4001, "causal", 64),
                                                    (64, 1000, "random", 64), (256, 8192, "causal", 64),
                                                    (130, 4001, "causal", 32), (62, 700, "random", 32)])
-def test_prefill_bitwise_and_reference(attention_baseline, s, n, pos_kind, heads):
+@pytest.mark.parametrize("options", [{}, {"consumers": 3, "overlap": False}], ids=["overlap", "three_consumers"])
+def test_prefill_bitwise_and_reference(attention_baseline, s, n, pos_kind, heads, options):
     from tlx.numerics.parity import assert_bitwise
 
     pos = None
     if pos_kind == "random":
         pos = torch.randint(-5, n + 5, (s,), device="cuda", dtype=torch.int32)
     q, k, ks, w, pos = prefill_inputs(s, n, heads, 128, seed=s + n, pos=pos)
-    got = poisoned_twice(lambda out: indexer_kernel(heads, 128)(q, k, ks, w, pos, out), (s, n))
+    got = poisoned_twice(lambda out: indexer_kernel(heads, 128, **options)(q, k, ks, w, pos, out), (s, n))
     base = poisoned_twice(lambda out: attention_baseline("indexer").indexer_prefill(q, k, ks, w, pos, out), (s, n))
     assert_bitwise(got, base, name="indexer prefill logits")
     visible = torch.arange(n, device="cuda")[None, :] <= pos[:, None].long()
