@@ -30,9 +30,10 @@ Kernels: the key tile (64 keys, one page in decode) is the wgmma's M side and th
 (token, head) its N side, so each thread's accumulator holds whole head runs of its two keys and
 the head sum stays in registers (steps 3-4: no shared-memory round trip). The prefill kernel is
 warp-specialized: a producer warpgroup streams key tiles by TMA through a ring of stages (and
-fills the keys past every query's last visible one with -inf), two consumer warpgroups own 128
-query rows each and alternate two accumulators, so one tile's products run on the tensor cores
-while the previous tile's head sums run on the ALUs. Every logit is computed by one thread quad
+fills the keys past every query's last visible one with -inf), and consumer warpgroups own 128
+query rows each: at d 128 two of them alternate two accumulators, so one tile's products run on
+the tensor cores while the previous tile's head sums run on the ALUs; at d 64, where the head
+sums dominate, three with one accumulator each (``PREFILL_OPTIONS``; the same bits). Every logit is computed by one thread quad
 from its own inputs only: the result does not depend on the batch, the grid or the other queries.
 """
 
