@@ -59,9 +59,17 @@ def test_protocol_mistakes_deadlock_with_the_wait_named(mistake, stuck):
     assert report.stuck and all(op[0] == "wait" for _, op in report.stuck)
 
 
-def test_a_trip_count_read_from_memory_is_unknown():
+def test_a_trip_count_read_from_memory_is_unknown_and_swept():
+    """A trip count read from memory keeps the verdict unknown; the protocol is then run at each
+    trip count of SWEEP: no hang for the correct hand-off, the first hanging count for a
+    consumer that stops arriving after three tiles (two stages: the producer's sixth tile waits for
+    the fourth one's release)."""
     report = check_progress(_handoff(trips_from_memory=True))
     assert report.verdict == "unknown" and "control value is not known" in report.detail
+    assert "no hang at trips = 0..9" in report.detail, report.detail
+    broken = check_progress(_handoff(trips_from_memory=True, consumer_arrives=False))
+    assert broken.verdict == "unknown" and "at trips = 6 it hangs" in broken.detail, broken.detail
+    assert broken.stuck and all(op[0] == "wait" for _, op in broken.stuck)
 
 
 def test_named_barriers_and_syncthreads_release_only_when_full():

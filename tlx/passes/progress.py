@@ -10,7 +10,10 @@ whether waits end. This pass runs the protocol instead:
    variables; every loop must have a known trip count), keeping only the synchronisation:
    mbarrier init, arrive (``cp.async.mbarrier.arrive.noinc`` is one arrival), parity wait, named
    barriers and ``__syncthreads``. Subtrees without synchronisation are skipped. A branch or loop
-   bound that reads memory, or a value not given, makes the verdict "unknown" (never "ok").
+   bound that reads memory, or a value not given, makes the verdict "unknown" (never "ok"). A
+   bound variable that reads memory (a tile count from a loaded length) is then tried at each
+   value of ``SWEEP`` in turn: the verdict stays "unknown", and the detail says whether some value
+   hangs (a real hang wherever the data can give that value) or none of them did.
 2. Simulation. Every thread runs its trace; a parity wait passes when the barrier's current phase
    parity differs from the awaited one (PTX semantics: ``wait(p)`` on a barrier that completed
    ``c`` phases returns iff ``c % 2 != p``), a phase completes when its arrivals reach the init
@@ -43,6 +46,7 @@ tir = tvm.tirx
 
 __all__ = ["DeadlockError", "ProgressReport", "Unknown", "check_progress", "progress_pass", "simulate", "thread_traces"]
 
+SWEEP = tuple(range(10))  # values tried, one at a time, for a control variable that reads memory
 MAX_STEPS = 2_000_000  # synchronisation steps of all threads together: more is "unknown" (too long to simulate)
 SEEDS = 8  # random schedules per kernel in tlx check
 
@@ -57,7 +61,12 @@ class DeadlockError(TlxError):
 
 class Unknown(Exception):
     """The trace cannot be built from what is known (a value read from memory, an unmodelled
-    synchronisation); the verdict is "unknown"."""
+    synchronisation); the verdict is "unknown". ``unread``: the bound variable that reads
+    memory, when that is the cause."""
+
+    def __init__(self, message: str, unread: str | None = None):
+        super().__init__(message)
+        self.unread = unread
 
 
 def _is_sync(call) -> bool:
@@ -86,12 +95,13 @@ def _sync_nodes():
     return has_sync
 
 
-def thread_traces(func, values: dict, threads: int) -> list[list[tuple]]:
+def thread_traces(func, values: dict, threads: int, swept: dict | None = None) -> list[list[tuple]]:
     """Per thread of one CTA (block 0), its synchronisation trace: ``("init", bar, count)``,
     ``("arrive", bar)``, ``("wait", bar, parity)``, ``("bar", id, n)`` (named barrier),
-    ``("sync",)`` (``__syncthreads``); ``bar`` is (buffer name, index)."""
+    ``("sync",)`` (``__syncthreads``); ``bar`` is (buffer name, index). ``swept``: values, by
+    name, of bound variables that read memory."""
     has_sync = _sync_nodes()
-    thread_var, env0 = None, {}
+    thread_var, env0 = None, {_SWEPT: dict(swept or {})}
     for attr in _attrs(func.body):
         tag = str(attr.node.thread_tag)
         if tag == "threadIdx.x":
@@ -126,6 +136,7 @@ def _attrs(body) -> list:
 
 _THREAD = "thread"  # env key of the simulated thread's index, for tl_shuffle_elect
 _UNREAD = "unread"  # env key: name -> value of the bound variables that could not be evaluated
+_SWEPT = "swept"  # env key: name -> the value given to a bound variable that reads memory
 
 
 def _elected(expr, env):
@@ -152,7 +163,7 @@ def _value(expr, env) -> int:
     except ValueError as e:
         for name, value in env.get(_UNREAD, {}).items():
             if f"{name} has no known value" in str(e):
-                raise Unknown(f"a control value is not known: {name} = {value}, which reads memory") from None
+                raise Unknown(f"a control value is not known: {name} = {value}, which reads memory", name) from None
         raise Unknown(f"a control value is not known: {e}") from None
 
 
@@ -165,7 +176,10 @@ def _run(s, env: dict, trace: list, has_sync) -> None:
         try:
             env[s.var] = int(eval_numpy(s.value, env))
         except ValueError:  # unknown only if control reads it
-            env.setdefault(_UNREAD, {})[s.var.name] = str(s.value)[:80]
+            if s.var.name in env[_SWEPT]:
+                env[s.var] = env[_SWEPT][s.var.name]
+            else:
+                env.setdefault(_UNREAD, {})[s.var.name] = str(s.value)[:80]
         return
     if not has_sync(s):
         return
@@ -338,19 +352,35 @@ def _block_threads(func) -> int:
     return n
 
 
-def check_progress(func, values: dict | None = None, seeds: int = SEEDS) -> ProgressReport:
+def check_progress(func, values: dict | None = None, seeds: int = SEEDS, swept: dict | None = None) -> ProgressReport:
     """Simulate the barrier protocol of one device function (one CTA, block 0) under ``seeds``
-    random schedules; shape variables by name in ``values``."""
+    random schedules; shape variables by name in ``values``; ``swept``: values for bound
+    variables that read memory (else one such variable is tried at each value of ``SWEEP``)."""
     try:
-        traces = thread_traces(func, values or {}, _block_threads(func))
+        traces = thread_traces(func, values or {}, _block_threads(func), swept)
         for seed in range(seeds):
             report = simulate(traces, seed)
             if report.verdict != "ok":
                 report.detail = f"schedule {seed}: {report.detail}"
                 return report
     except Unknown as e:
+        if e.unread is not None and swept is None:
+            return _sweep(func, values, seeds, e.unread, str(e))
         return ProgressReport("unknown", str(e))
     return ProgressReport("ok", f"{seeds} schedules, {sum(map(len, traces))} synchronisation steps", seeds)
+
+
+def _sweep(func, values, seeds: int, name: str, why: str) -> ProgressReport:
+    """"unknown" with what the protocol does at each value of ``SWEEP`` for ``name`` (a bound
+    variable that reads memory): the first hang found, or that none was."""
+    for value in SWEEP:
+        report = check_progress(func, values, seeds, {name: value})
+        if report.verdict == "deadlock":
+            return ProgressReport("unknown", f"{why}; at {name} = {value} it hangs (a real hang wherever the data can "
+                                             f"make it {value}): {report.detail}", report.schedules, report.stuck)
+        if report.verdict == "unknown":
+            return ProgressReport("unknown", f"{why}; at {name} = {value}: {report.detail}")
+    return ProgressReport("unknown", f"{why}; no hang at {name} = {SWEEP[0]}..{SWEEP[-1]} ({seeds} schedules each)")
 
 
 _EXIT = {"ok": 0, "deadlock": 1, "unknown": 3}

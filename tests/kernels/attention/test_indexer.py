@@ -206,3 +206,17 @@ def test_paged_entry_past_cache_is_nan_not_read(attention_baseline):
     base = torch.empty_like(got)
     attention_baseline("indexer").indexer_paged(q, kc, ksc, table, sl, w, base)
     assert_bitwise(got, base, name="indexer paged logits with bad pages")
+
+
+@pytest.mark.parametrize("options", [{}, {"consumers": 3, "overlap": False}], ids=["overlap", "three_consumers"])
+def test_prefill_pipeline_never_hangs_at_small_tile_counts(options):
+    """The prefill's hand-written producer / consumer protocol simulated (tlx/passes/progress.py):
+    its tile count reads memory, so the verdict stays unknown, but no tile count from 0 to 9
+    (every stage parity, the dummy tiles past the last one, none at all) leaves a thread waiting."""
+    from tlx.ir.tir import device_functions
+    from tlx.lowering import lower
+    from tlx.passes.progress import check_progress
+
+    [(_, func)] = list(device_functions(lower(indexer_kernel.get_tir(64, 128, **options), {"kind": "cuda", "arch": "sm_90a"}, {}).device_mod))
+    report = check_progress(func)
+    assert report.verdict == "unknown" and "no hang at tiles = 0..9" in report.detail, report.detail
