@@ -107,10 +107,10 @@ def _sweep_forward():
 
 def _sweep_backward():
     """Backward candidates per head dim (the first is the default; d 256 is not swept)."""
-    from kernels.attention.dense_bwd import SINGLE_WARPGROUP_TILES, TWO_WARPGROUP_TILES, WIDE_DQ_TILES
+    from kernels.attention.dense_bwd import SINGLE_WARPGROUP_TILES, SPLIT_WIDE_DQ_TILES, TWO_WARPGROUP_TILES, WIDE_DQ_TILES
 
     return {d: {"dq 128 x 128 (default)": WIDE_DQ_TILES, "1 warpgroup": SINGLE_WARPGROUP_TILES,
-                "2 warpgroups": TWO_WARPGROUP_TILES} for d in (64, 128)}
+                "2 warpgroups": TWO_WARPGROUP_TILES, "dK / dV split, dq 128 x 128": SPLIT_WIDE_DQ_TILES} for d in (64, 128)}
 
 
 SWEEP_FORWARD = _sweep_forward()
@@ -122,7 +122,8 @@ def sweep_configs():
     fwd = [("forward options", d, c, tuple(sorted(opts.items()))) for d, cands in SWEEP_FORWARD.items()
            for opts in cands.values() for c in (False, True)]
     bwd = {(kind, d, c, blocks) for d, cands in SWEEP_BACKWARD.items() for t in cands.values() for c in (False, True)
-           for kind, blocks in (("dkdv", (t.dkdv_keys, t.dkdv_queries)), ("dq", (t.dq_queries, t.dq_keys)))}
+           for kind, blocks in [("dkdv", (grads, t.dkdv_keys, t.dkdv_queries)) for grads in (("dv", "dk") if t.split else ("dkdv",))]
+           + [("dq", (t.dq_queries, t.dq_keys))]}
     return fwd + sorted(bwd) + [("delta", d) for d in SWEEP_BACKWARD]
 
 
@@ -185,8 +186,8 @@ def _compile_config(cfg) -> str:
         else:
             d, causal, blocks = args
             scale = 1.0 / math.sqrt(d)
-            if kind == "dkdv":
-                bwd_dkdv_kernel(d, causal, scale * LOG2E, scale, "bfloat16", "dkdv", *blocks)
+            if kind == "dkdv":  # blocks: (grads, keys, queries)
+                bwd_dkdv_kernel(d, causal, scale * LOG2E, scale, "bfloat16", *blocks)
             else:
                 bwd_dq_kernel(d, causal, scale * LOG2E, scale, "bfloat16", *blocks)
     elif kind == "sparse_bwd":

@@ -59,12 +59,16 @@ BLOCK_SIZES = (64, 128)  # rows of a tile: one consumer warpgroup per 64
 class BwdTiles(NamedTuple):
     """Block sizes of the backward: ``dkdv_keys`` key rows per dK/dV CTA, ``dkdv_queries``
     queries per step of its loop, ``dq_queries`` query rows per dQ CTA, ``dq_keys`` keys per
-    step of its loop (each 64 or 128; a CTA has one consumer warpgroup per 64 rows)."""
+    step of its loop (each 64 or 128; a CTA has one consumer warpgroup per 64 rows). ``split``:
+    dK and dV in two kernels (each recomputes S; dK also dP) also where the head dim does not
+    need it (``SPLIT_DIMS``): at d 128 the fused kernel with 128 keys needs more registers than a
+    thread has, and ptxas serializes its wgmma (``reports["ptxas"]``), the split ones it does not."""
 
     dkdv_keys: int
     dkdv_queries: int
     dq_queries: int
     dq_keys: int
+    split: bool = False
 
 
 # one warpgroup per CTA: the only tiles d = 256's registers allow
@@ -74,6 +78,8 @@ TWO_WARPGROUP_TILES = BwdTiles(128, 64, 128, 64)
 # the fastest at d 64 and 128 in `bench/attention_prefill.py --sweep` (2026-12-02, H200): 1.6-1.8x
 # the single-warpgroup tiles; two dK/dV warpgroups, and dQ over 128 keys a step
 WIDE_DQ_TILES = BwdTiles(128, 64, 128, 128)
+# the same with dK and dV in two kernels: not serialized by ptxas at d 128 (not yet timed)
+SPLIT_WIDE_DQ_TILES = BwdTiles(128, 64, 128, 128, split=True)
 DEFAULT_TILES = {64: WIDE_DQ_TILES, 128: WIDE_DQ_TILES, 256: SINGLE_WARPGROUP_TILES}
 
 
@@ -317,12 +323,12 @@ def backward_tiles(dim: int, tiles: BwdTiles | None) -> BwdTiles:
 def backward_builds(dim: int, causal: bool, softmax_scale: float, dtype: str = "bfloat16",
                     tiles: BwdTiles | None = None) -> dict:
     """name -> a call that builds that kernel of ``dense_attention_backward``, in launch order:
-    "delta", "dkdv" (at the head dims of ``SPLIT_DIMS`` "dv" and "dk"), "dq". One kernel a call,
+    "delta", "dkdv" (at the head dims of ``SPLIT_DIMS``, or with ``tiles.split``: "dv" and "dk"), "dq". One kernel a call,
     so that a tool can take any one of them (scripts/verdict-share)."""
     t = backward_tiles(dim, tiles)
     scale_log2 = softmax_scale * C.LOG2E
     builds = {"delta": lambda: bwd_delta_kernel(dim, dtype)}
-    for grads in ("dv", "dk") if dim in SPLIT_DIMS else ("dkdv",):
+    for grads in ("dv", "dk") if t.split or dim in SPLIT_DIMS else ("dkdv",):
         builds[grads] = lambda g=grads: bwd_dkdv_kernel(dim, bool(causal), scale_log2, softmax_scale, dtype, g,
                                                         t.dkdv_keys, t.dkdv_queries)
     builds["dq"] = lambda: bwd_dq_kernel(dim, bool(causal), scale_log2, softmax_scale, dtype, t.dq_queries, t.dq_keys)

@@ -66,3 +66,16 @@ def test_bad_arguments_are_named():
         bwd_dq_kernel(128, False, 1.0, 1.0, "bfloat16", 32, 64)
     with pytest.raises(TypeError, match="tiles: expected a BwdTiles or None, got tuple"):
         backward_kernels(128, False, 1.0, tiles=(128, 64, 128, 64))
+
+
+def test_split_tiles_build_dv_and_dk_kernels_that_ptxas_does_not_serialize():
+    """``SPLIT_WIDE_DQ_TILES`` at d 128: dV and dK in two kernels of two consumer warpgroups each,
+    their wgmma not serialized by ptxas (the fused kernel of the same tiles runs out of registers)."""
+    from kernels.attention.dense_bwd import SPLIT_WIDE_DQ_TILES, backward_builds
+
+    builds = backward_builds(128, True, 1 / math.sqrt(128), tiles=SPLIT_WIDE_DQ_TILES)
+    assert list(builds) == ["delta", "dv", "dk", "dq"]
+    for name in ("dv", "dk"):
+        kernel = builds[name]()
+        assert kernel.metadata["reports"]["ptxas"] == {"performance_loss": []}, name
+        assert_stages_released_after_last_read(kernel.device_source, {"Q_s", "dO_s", "lse_s"})
