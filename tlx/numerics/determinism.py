@@ -18,9 +18,10 @@ Findings, each ``{"kind", "function", "detail", ...}``:
 ``unresolved`` lists what the analysis could not classify (a symbolic-extent loop that
 indexes no global buffer, a branch on a shape variable that is not a bounds guard, a call to
 an unknown external function). A branch around barrier waits, arrivals and fences only moves
-no data and is not a value branch (whether skipping them races is the race analysis' part). The verdicts ``deterministic`` and ``batch_invariant`` are
-``False`` when a finding says so, ``True`` only when nothing was found and nothing was left
-unresolved, and ``"unknown"`` otherwise. A kernel whose shapes are all static gets
+no data and is not a value branch (whether skipping them races is the race analysis' part).
+The verdicts ``deterministic`` and ``batch_invariant`` are ``False`` when a finding says so,
+``True`` only when nothing was found and nothing was left unresolved, and ``"unknown"``
+otherwise. A kernel whose shapes are all static gets
 ``batch_invariant: "unknown"``: each batch size is then a separate compile, whose tile choices
 only the GPU harness (:mod:`tlx.numerics.invariance`) can compare.
 
