@@ -46,6 +46,8 @@ of a minute on 16 cores).
 
 Usage: python bench/attention_prefill.py [--out FILE.json] [--reps N]
        python bench/attention_prefill.py --sweep [--out FILE.json] [--reps N]
+       python bench/attention_prefill.py --sweep-backward [--out FILE.json] [--reps N]   (the
+       backward's candidates alone, from the default forward's output)
        python bench/attention_prefill.py --precompile-sweep [WORKERS]   (the sweep's kernels only)
        python bench/attention_prefill.py --precompile [WORKERS]   (no GPU needed: compiles every
        kernel configuration the attention GPU tests and this benchmark use, WORKERS processes at
@@ -107,20 +109,21 @@ def _sweep_forward():
 
 def _sweep_backward():
     """Backward candidates per head dim (the first is the default; d 256 is not swept)."""
-    from kernels.attention.dense_bwd import SINGLE_WARPGROUP_TILES, SPLIT_WIDE_DQ_TILES, TWO_WARPGROUP_TILES, WIDE_DQ_TILES
+    from kernels.attention.dense_bwd import SPLIT_WIDE_DQ_TILES, WIDE_DQ_TILES
 
-    return {d: {"dq 128 x 128 (default)": WIDE_DQ_TILES, "1 warpgroup": SINGLE_WARPGROUP_TILES,
-                "2 warpgroups": TWO_WARPGROUP_TILES, "dK / dV split, dq 128 x 128": SPLIT_WIDE_DQ_TILES} for d in (64, 128)}
+    return {d: {"dq 128 x 128 (default)": WIDE_DQ_TILES, "dK / dV split, dq 128 x 128": SPLIT_WIDE_DQ_TILES} for d in (64, 128)}
 
 
 SWEEP_FORWARD = _sweep_forward()
 SWEEP_BACKWARD = _sweep_backward()
 
 
-def sweep_configs():
-    """One compile job per kernel (the pool balances better than with a job per tile set)."""
-    fwd = [("forward options", d, c, tuple(sorted(opts.items()))) for d, cands in SWEEP_FORWARD.items()
-           for opts in cands.values() for c in (False, True)]
+def sweep_configs(backward_only: bool = False):
+    """One compile job per kernel (the pool balances better than with a job per tile set);
+    ``backward_only``: the backward candidates and the default forward they start from."""
+    fwd = ([("forward", "overlap", "bfloat16", d, c) for d in SWEEP_BACKWARD for c in (False, True)] if backward_only else
+           [("forward options", d, c, tuple(sorted(opts.items()))) for d, cands in SWEEP_FORWARD.items()
+            for opts in cands.values() for c in (False, True)])
     bwd = {(kind, d, c, blocks) for d, cands in SWEEP_BACKWARD.items() for t in cands.values() for c in (False, True)
            for kind, blocks in [("dkdv", (grads, t.dkdv_keys, t.dkdv_queries)) for grads in (("dv", "dk") if t.split else ("dkdv",))]
            + [("dq", (t.dq_queries, t.dq_keys))]}
@@ -347,9 +350,10 @@ def same_bits(outs, first) -> str:
     return "bits " + ("same" if all(torch.equal(a, r) for a, r in zip(outs, first)) else "DIFFER")
 
 
-def sweep_shape(b, h, s, d, causal, reps, seed):
+def sweep_shape(b, h, s, d, causal, reps, seed, backward_only=False):
     """One shape of the sweep: its forward candidates, then (where swept) its backward ones, each
-    set beside SDPA in one interleaved timing, then the winners."""
+    set beside SDPA in one interleaved timing, then the winners. ``backward_only``: the backward
+    candidates alone, from the default forward's output."""
     import torch
     import torch.nn.functional as F
 
@@ -364,7 +368,10 @@ def sweep_shape(b, h, s, d, causal, reps, seed):
     ref = F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal).transpose(1, 2)
 
     fwd, checks, first = {}, {}, None
-    for name, options in SWEEP_FORWARD[d].items():
+    if backward_only:
+        first = (torch.empty_like(q), torch.empty((h, b * s), device="cuda"))
+        dense_attention(q, k, v, causal=causal, out=first)
+    for name, options in {} if backward_only else SWEEP_FORWARD[d].items():
         out = (torch.full_like(q, float("nan")), torch.full((h, b * s), float("nan"), device="cuda"))
         fwd[name] = (lambda opts, out: lambda: dense_attention(q, k, v, causal=causal, out=out, schedule="overlap",
                                                                options=opts))(options, out)
@@ -375,8 +382,9 @@ def sweep_shape(b, h, s, d, causal, reps, seed):
         checks[name] = checked([out[0]], [ref], 1e-2) if not bool(torch.isnan(out[1]).any()) else "FAILED (lse NaN)"
         first = first or out
         checks[name] += ", " + same_bits(out, first)
-    winner("fwd bf16", shape, timed_rows("sweep fwd bf16", shape, fwd_flops, fwd, checks,
-                                         lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal), reps))
+    if not backward_only:
+        winner("fwd bf16", shape, timed_rows("sweep fwd bf16", shape, fwd_flops, fwd, checks,
+                                             lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal), reps))
     if d not in SWEEP_BACKWARD or first is None:
         return
 
@@ -396,15 +404,18 @@ def sweep_shape(b, h, s, d, causal, reps, seed):
     winner("bwd bf16", shape, timed_rows("sweep bwd bf16", shape, 2.5 * fwd_flops, bwd, checks, sdpa_bwd, reps))
 
 
-def sweep(reps):
-    """Every shape of ``SHAPES``, non-causal and causal, through ``sweep_shape``."""
+def sweep(reps, backward_only=False):
+    """Every shape of ``SHAPES`` (``backward_only``: those whose backward is swept), non-causal
+    and causal, through ``sweep_shape``."""
     import torch
 
     seed = 100
     for b, h, s, d in SHAPES:
         for causal in (False, True):
             seed += 1
-            sweep_shape(b, h, s, d, causal, reps, seed)
+            if backward_only and d not in SWEEP_BACKWARD:
+                continue
+            sweep_shape(b, h, s, d, causal, reps, seed, backward_only)
             torch.cuda.empty_cache()
 
 
@@ -515,9 +526,11 @@ def main():
         configs = sweep_configs() if sys.argv[1] == "--precompile-sweep" else baseline_configs() + BENCH_CONFIGS + TEST_CONFIGS
         precompile(configs, int(sys.argv[2]) if len(sys.argv) > 2 else os.cpu_count() or 1)
         return
-    sweeping = "--sweep" in sys.argv
-    if sweeping:
-        sys.argv.remove("--sweep")
+    backward_only = "--sweep-backward" in sys.argv
+    sweeping = backward_only or "--sweep" in sys.argv
+    for flag in ("--sweep", "--sweep-backward"):
+        if flag in sys.argv:
+            sys.argv.remove(flag)
     from bench.timing import gpu_bench_args
 
     # NVML's device count, not the CUDA runtime's: the compile workers are forked after this check,
@@ -525,7 +538,7 @@ def main():
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
     args = gpu_bench_args(__doc__, "bench/attention_prefill.py", reps=20)
     # no CUDA context yet: the forked workers only compile
-    precompile(sweep_configs() if sweeping else BENCH_CONFIGS, os.cpu_count() or 1)
+    precompile(sweep_configs(backward_only) if sweeping else BENCH_CONFIGS, os.cpu_count() or 1)
 
     import torch
 
@@ -533,7 +546,7 @@ def main():
     print("| what | shape | tlx ms | tlx TFLOP/s | SDPA ms | SDPA TFLOP/s | tlx / SDPA | check |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     if sweeping:
-        sweep(args.reps)
+        sweep(args.reps, backward_only)
         if args.out:
             Path(args.out).write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "rows": ROWS}, indent=1))
         return

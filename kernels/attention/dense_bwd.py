@@ -62,7 +62,8 @@ class BwdTiles(NamedTuple):
     step of its loop (each 64 or 128; a CTA has one consumer warpgroup per 64 rows). ``split``:
     dK and dV in two kernels (each recomputes S; dK also dP) also where the head dim does not
     need it (``SPLIT_DIMS``): at d 128 the fused kernel with 128 keys needs more registers than a
-    thread has, and ptxas serializes its wgmma (``reports["ptxas"]``), the split ones it does not."""
+    thread has, and ptxas serializes its wgmma (``reports["ptxas"]``), the split ones it does not
+    (yet the fused one is faster: ``SPLIT_WIDE_DQ_TILES``)."""
 
     dkdv_keys: int
     dkdv_queries: int
@@ -78,7 +79,9 @@ TWO_WARPGROUP_TILES = BwdTiles(128, 64, 128, 64)
 # the fastest at d 64 and 128 in `bench/attention_prefill.py --sweep` (2026-12-02, H200): 1.6-1.8x
 # the single-warpgroup tiles; two dK/dV warpgroups, and dQ over 128 keys a step
 WIDE_DQ_TILES = BwdTiles(128, 64, 128, 128)
-# the same with dK and dV in two kernels: not serialized by ptxas at d 128 (not yet timed)
+# the same with dK and dV in two kernels: not serialized by ptxas at d 128, but slower than the
+# default at d 64 and 128 (0.70-0.84x, --sweep-backward 2026-12-04: the serialization costs less
+# than recomputing S)
 SPLIT_WIDE_DQ_TILES = BwdTiles(128, 64, 128, 128, split=True)
 DEFAULT_TILES = {64: WIDE_DQ_TILES, 128: WIDE_DQ_TILES, 256: SINGLE_WARPGROUP_TILES}
 

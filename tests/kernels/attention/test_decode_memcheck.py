@@ -1,12 +1,16 @@
 """The decode kernels (top-k, indexer, MLA and sparse decode) under ``compute-sanitizer --tool
 memcheck`` at tail shapes and with the inputs their guards are for: block-table entries past the
 cache and negative, -1 / out-of-sequence top-k slots, empty sequences, lengths past the table.
-Any bad access fails the test. Run as a script, this file is the workload."""
+Any bad access fails the test. Run as a script, this file is the workload (``python FILE
+[INDEX]``: only operation INDEX, which is how the kernels are built beforehand, in parallel)."""
 
 import pytest
 
 
-def workload():
+N_OPS = 9
+
+
+def workload(only: int | None = None):
     import torch
 
     from kernels.attention.decode_mla import mla_decode
@@ -44,10 +48,11 @@ def workload():
     idx[0, 0, :3] = torch.tensor([-5, 10 ** 6, 255], dtype=torch.int32)
     ops.append(lambda: sparse_mla_decode(qm, cache, table, sl, idx, sink=torch.randn(16, device=dev)))
     ops.append(lambda: sparse_mla_decode(qm, cache8, table, sl, idx, kv_scales=scales))
-    for op in ops:
+    assert len(ops) == N_OPS
+    for op in ops if only is None else ops[only:only + 1]:
         op()
     torch.cuda.synchronize()
-    print(f"ran {len(ops)} operations")
+    print(f"ran {len(ops) if only is None else 1} operations")
 
 
 @pytest.mark.gpu
@@ -63,16 +68,22 @@ def test_compute_sanitizer_memcheck():
         pytest.skip("compute-sanitizer not installed")
     root = Path(__file__).resolve().parents[3]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]))
-    # the kernels are built (and run once) outside the sanitizer first, so that none compiles under it
-    warm = subprocess.run([sys.executable, __file__], capture_output=True, text=True, env=env, timeout=600)
-    assert warm.returncode == 0, (warm.stdout + warm.stderr)[-8000:]
+    # the kernels are built (and run once) outside the sanitizer first, so that none compiles under
+    # it: one process per operation, all at once (one after another they outlast a device call)
+    warm = [subprocess.Popen([sys.executable, __file__, str(i)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+            for i in range(N_OPS)]
+    for i, w in enumerate(warm):
+        out = w.communicate(timeout=600)[0]
+        assert w.returncode == 0, f"operation {i}: {out[-8000:]}"
     proc = subprocess.run([tool, "--tool", "memcheck", "--error-exitcode", "3", sys.executable, __file__],
                           capture_output=True, text=True, env=env, timeout=600)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-8000:]
     assert "ERROR SUMMARY: 0 errors" in out
-    assert "ran 9 operations" in out
+    assert f"ran {N_OPS} operations" in out
 
 
 if __name__ == "__main__":
-    workload()
+    import sys
+
+    workload(int(sys.argv[1]) if len(sys.argv) > 1 else None)

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from kernels.attention import reference as R
-from kernels.attention.dense_bwd import SINGLE_WARPGROUP_TILES, TWO_WARPGROUP_TILES, WIDE_DQ_TILES, dense_attention_backward
+from kernels.attention.dense_bwd import (SINGLE_WARPGROUP_TILES, SPLIT_WIDE_DQ_TILES, TWO_WARPGROUP_TILES, WIDE_DQ_TILES,
+                                        dense_attention_backward)
 from kernels.attention.dense_fwd import dense_attention
 
 pytestmark = pytest.mark.gpu
@@ -90,6 +91,6 @@ def test_tiles_change_no_bits(d, causal):
     o, lse = dense_attention(q, k, v, **kw)
     do = randn(q.shape, 23)
     first = dense_attention_backward(do, q, k, v, o, lse, tiles=SINGLE_WARPGROUP_TILES, **kw)
-    for tiles in (TWO_WARPGROUP_TILES, WIDE_DQ_TILES):
+    for tiles in (TWO_WARPGROUP_TILES, WIDE_DQ_TILES, SPLIT_WIDE_DQ_TILES):
         for name, g, g0 in zip(("dq", "dk", "dv"), dense_attention_backward(do, q, k, v, o, lse, tiles=tiles, **kw), first):
             assert torch.equal(g.view(torch.int16), g0.view(torch.int16)), f"{name} differs with {tiles}"
