@@ -109,6 +109,27 @@ def split_k_racy(K: int = 1024, N: int = 256, splits: int = 4):
     return split_k_racy
 
 
+def split_k_block_in_condition(K: int = 1024, splits: int = 4):
+    """Planted: split-K without atomics whose index names the split's block only inside a
+    branch condition (as a loop extent ``bz < n ? ... : 0`` does): still the same element for
+    every split."""
+    M = T.dynamic("M")
+    k_per = K // splits
+
+    @T.prim_func
+    def split_k_block_in_condition(A: T.Tensor((M, K), "float32"), x: T.Tensor((K,), "float32"), y: T.Tensor((M + 1,), "float32")):
+        with T.Kernel(T.ceildiv(M, 128), splits, threads=128) as (bx, bz):
+            for i in T.Parallel(128):
+                acc = T.alloc_var("float32")
+                acc = 0.0
+                for k in T.serial(k_per):
+                    acc += A[bx * 128 + i, bz * k_per + k] * x[bz * k_per + k]
+                row = bx * 128 + i + T.if_then_else(bz * 128 < M, 0, 1)
+                y[row] = y[row] + acc
+
+    return split_k_block_in_condition
+
+
 def batch_split_row_sum():
     """Planted: the K chunking is chosen from M (two chunks per step when M >= 64), so a
     row's summation order depends on how many rows are in the batch."""

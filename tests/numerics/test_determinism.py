@@ -52,6 +52,14 @@ def test_planted_racy_split_k_is_flagged(reports):
     assert r["deterministic"] is False
 
 
+def test_planted_split_k_with_the_block_only_in_a_condition_is_flagged(reports):
+    """A block index that only selects a branch of the index does not tell the blocks' elements
+    apart (it once hid a cross-block read-modify-write from the analysis)."""
+    r = reports("split_k_block_in_condition")
+    assert ("split_k", "y", ["blockIdx.y"]) in [(f["kind"], f.get("buffer"), f.get("blocks")) for f in r["findings"]]
+    assert r["deterministic"] is False
+
+
 def test_planted_batch_dependent_split_is_flagged(reports):
     r = reports("batch_split_row_sum")
     flagged = {f["loop"]: f["vars"] for f in r["findings"] if f["kind"] == "batch_dependent_order"}

@@ -31,6 +31,12 @@ agent's flag is then accepted under a stated assumption, listed in ``assumptions
 arrives (its 0 result, a timeout or an abort, leaves the outputs unspecified and the caller
 raises an error), and a flag's release orders the data it guards. A failure record must sit in
 the branch of a wait that returned 0, or it stays unresolved.
+
+Split-K is a global read-modify-write (or atomic add) whose index does not use some block
+index; a block index that occurs in the index only inside a condition (the branch test of an
+``if_then_else``, a comparison) does not count as used. Known gap: any arithmetic use counts,
+without asking whether two blocks can still reach the same element (a causal tile's first
+query block, ``max(col0 - d, 0) // bm``, uses the key tile but maps several tiles to one block).
 """
 
 from __future__ import annotations
@@ -96,6 +102,7 @@ def _failure_branches(body) -> set:
 
 
 _COMPARISONS = (tvm.tirx.LT, tvm.tirx.LE, tvm.tirx.GT, tvm.tirx.GE, tvm.tirx.EQ, tvm.tirx.NE)
+_COMPARISONS_AND_LOGIC = _COMPARISONS + (tvm.tirx.And, tvm.tirx.Or, tvm.tirx.Not)
 _SERIAL_KINDS = (tvm.tirx.ForKind.SERIAL, tvm.tirx.ForKind.UNROLLED)
 
 
@@ -135,6 +142,58 @@ def _free_vars(expr, lets: dict) -> set:
     out: set = set()
     for e in _through_lets(expr, lets):
         _visit(e, lambda n: out.add(n) if isinstance(n, tvm.tirx.Var) and n not in lets else None)
+    return out
+
+
+def _address_vars(expr, lets: dict) -> set:
+    """Variables that reach the value of an index ``expr`` (looking through let-bound
+    variables), not counting those that occur only in a condition: the condition of an
+    ``if_then_else`` / ``Select`` or a comparison. A block index that only picks which branch
+    is taken (``n_qb = bx * 128 < len_k ? ... : 0``) does not make different blocks' elements
+    different, so it must not count as the index using that block."""
+    out: set = set()
+    seen: set = set()
+
+    def walk(e):
+        if isinstance(e, tvm.tirx.Var):
+            if e in lets:
+                if e not in seen:
+                    seen.add(e)
+                    walk(lets[e])
+            else:
+                out.add(e)
+        elif isinstance(e, _COMPARISONS_AND_LOGIC):
+            return
+        elif isinstance(e, tvm.tirx.Call) and op_name(e) == "tirx.if_then_else":
+            walk(e.args[1])
+            walk(e.args[2])
+        elif isinstance(e, tvm.tirx.Select):
+            walk(e.true_value)
+            walk(e.false_value)
+        elif isinstance(e, tvm.tirx.Call):
+            for a in e.args:
+                walk(a)
+        elif isinstance(e, tvm.tirx.BufferLoad):
+            for i in e.indices:
+                walk(i)
+        elif isinstance(e, (tvm.tirx.Cast,)):
+            walk(e.value)
+        elif isinstance(e, tvm.tirx.Ramp):
+            walk(e.base)
+            walk(e.stride)
+        elif isinstance(e, tvm.tirx.Broadcast):
+            walk(e.value)
+        elif hasattr(e, "a") and hasattr(e, "b"):
+            walk(e.a)
+            walk(e.b)
+        elif isinstance(e, tvm.tirx.Let):
+            lets.setdefault(e.var, e.value)
+            walk(e.body)
+        else:  # anything else: every variable in it counts
+            _visit(e, lambda n: out.add(n) if isinstance(n, tvm.tirx.Var) and n not in lets else None)
+
+    for e in [expr] if isinstance(expr, tvm.ir.PrimExpr) else expr:
+        walk(e)
     return out
 
 
@@ -230,9 +289,7 @@ def analyze_device(device_mod) -> tuple[list[dict], list[str], list[str]]:
         failure_branches = _failure_branches(func.body)
 
         def missing_blocks(index):
-            used = set()
-            for e in [index] if isinstance(index, tvm.tirx.PrimExpr) else index:
-                used |= _free_vars(e, lets)
+            used = _address_vars(index, lets)
             return [tag for var, tag in blocks if var not in used]
 
         def visit(node, fname=fname, missing_blocks=missing_blocks, failure_branches=failure_branches):

@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from kernels.attention.dense_bwd import SPLIT_DIMS, backward_kernels, bwd_dkdv_kernel, bwd_dq_kernel, dense_attention_backward
+from kernels.attention.dense_bwd import (FUSED_DQ_TILES, SPLIT_DIMS, backward_kernels, bwd_dkdv_kernel, bwd_dq_kernel,
+                                        dense_attention_backward)
 from tests.kernels.staged_release import assert_stages_released_after_last_read
 
 
@@ -79,3 +80,24 @@ def test_split_tiles_build_dv_and_dk_kernels_that_ptxas_does_not_serialize():
         kernel = builds[name]()
         assert kernel.metadata["reports"]["ptxas"] == {"performance_loss": []}, name
         assert_stages_released_after_last_read(kernel.device_source, {"Q_s", "dO_s", "lse_s"})
+
+
+def test_fused_dq_adds_in_key_tile_order():
+    """The fused-dQ candidate (``FUSED_DQ_TILES``): every consumer thread waits for the lower key
+    tiles' releases before its read-modify-write of DQacc and releases after it; no atomics.
+    The determinism analysis sees the cross-tile read-modify-write (it does not model the
+    counters' order) and says so. Causal, it does not: there the index uses the key tile
+    arithmetically (the tile's first query block), and the analysis takes any arithmetic use of
+    a block index as telling the blocks' elements apart (a known gap: it asks no solver whether
+    two blocks can reach the same element)."""
+    _, dkdv, convert = backward_kernels(64, False, 0.125, tiles=FUSED_DQ_TILES[64])
+    src = dkdv.device_source
+    assert "atomic" not in src.lower()
+    wait = src.index("tlx_wait_count_sys((")
+    rmw = src.index("*(float2*)(DQacc + ", wait)  # the first access after the wait
+    release = src.index("tlx_count_release_sys((", rmw)
+    assert src.count("tlx_wait_count_sys((") == 1 and src.count("tlx_count_release_sys((") == 1
+    assert "tlx_ordered_wait_failed();" in src[wait:rmw]
+    findings = dkdv.metadata["reports"]["determinism"]["findings"]
+    assert ("split_k", "DQacc", ["blockIdx.x"]) in [(f["kind"], f.get("buffer"), f.get("blocks")) for f in findings]
+    assert "DQacc" in convert.device_source and "atomic" not in convert.device_source.lower()
