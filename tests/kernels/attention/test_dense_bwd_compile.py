@@ -67,6 +67,10 @@ def test_bad_arguments_are_named():
         bwd_dq_kernel(128, False, 1.0, 1.0, "bfloat16", 32, 64)
     with pytest.raises(TypeError, match="tiles: expected a BwdTiles or None, got tuple"):
         backward_kernels(128, False, 1.0, tiles=(128, 64, 128, 64))
+    with pytest.raises(ValueError, match="tiles: fused_dq needs dK and dV in one kernel"):
+        backward_kernels(256, False, 1.0, tiles=FUSED_DQ_TILES[64])
+    with pytest.raises(ValueError, match="fused_dq: needs grads 'dkdv', got 'dv'"):
+        bwd_dkdv_kernel(128, False, 1.0, 1.0, "bfloat16", "dv", 128, 64, True)
 
 
 def test_split_tiles_build_dv_and_dk_kernels_that_ptxas_does_not_serialize():
