@@ -130,6 +130,47 @@ def split_k_block_in_condition(K: int = 1024, splits: int = 4):
     return split_k_block_in_condition
 
 
+def split_k_block_folded(K: int = 1024, splits: int = 4):
+    """Planted: split-K without atomics whose index uses the split's block arithmetically, but
+    folds the splits onto one element whenever ``M >= 4`` (``max(bz - M, 0)`` is then 0 for all
+    four; TVM cannot fold it away, M being a shape variable)."""
+    M = T.dynamic("M")
+    k_per = K // splits
+
+    @T.prim_func
+    def split_k_block_folded(A: T.Tensor((M, K), "float32"), x: T.Tensor((K,), "float32"), y: T.Tensor((M + 8,), "float32")):
+        with T.Kernel(T.ceildiv(M, 128), splits, threads=128) as (bx, bz):
+            for i in T.Parallel(128):
+                acc = T.alloc_var("float32")
+                acc = 0.0
+                for k in T.serial(k_per):
+                    acc += A[bx * 128 + i, bz * k_per + k] * x[bz * k_per + k]
+                if bx * 128 + i < M:
+                    y[bx * 128 + i + T.max(bz - M, 0)] = y[bx * 128 + i + T.max(bz - M, 0)] + acc
+
+    return split_k_block_folded
+
+
+def split_partials_per_block(K: int = 1024, splits: int = 4):
+    """Clean: each split read-modify-writes its own row of partial sums (``y[bz, m]``): no
+    element is shared between blocks."""
+    M = T.dynamic("M")
+    k_per = K // splits
+
+    @T.prim_func
+    def split_partials_per_block(A: T.Tensor((M, K), "float32"), x: T.Tensor((K,), "float32"), y: T.Tensor((splits, M), "float32")):
+        with T.Kernel(T.ceildiv(M, 128), splits, threads=128) as (bx, bz):
+            for i in T.Parallel(128):
+                acc = T.alloc_var("float32")
+                acc = 0.0
+                for k in T.serial(k_per):
+                    acc += A[bx * 128 + i, bz * k_per + k] * x[bz * k_per + k]
+                if bx * 128 + i < M:
+                    y[bz, bx * 128 + i] = y[bz, bx * 128 + i] + acc
+
+    return split_partials_per_block
+
+
 def batch_split_row_sum():
     """Planted: the K chunking is chosen from M (two chunks per step when M >= 64), so a
     row's summation order depends on how many rows are in the batch."""

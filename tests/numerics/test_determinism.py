@@ -60,6 +60,22 @@ def test_planted_split_k_with_the_block_only_in_a_condition_is_flagged(reports):
     assert r["deterministic"] is False
 
 
+def test_planted_split_k_folded_by_its_index_is_flagged_by_the_solver(reports):
+    """The index uses the split's block arithmetically, so only the solver's question (can two
+    blocks reach one element?) tells that every split lands on the same elements."""
+    r = reports("split_k_block_folded")
+    flagged = [(f["kind"], f.get("buffer"), f.get("blocks")) for f in r["findings"]]
+    assert ("split_k", "y", ["blockIdx.y"]) in flagged, flagged
+    assert any("two of them can reach one element" in f["detail"] for f in r["findings"])
+    assert r["deterministic"] is False
+
+
+def test_per_block_partials_are_not_flagged(reports):
+    r = reports("split_partials_per_block")
+    assert [f for f in r["findings"] if f["kind"] == "split_k"] == []
+    assert r["deterministic"] is True, r["unresolved"]
+
+
 def test_planted_batch_dependent_split_is_flagged(reports):
     r = reports("batch_split_row_sum")
     flagged = {f["loop"]: f["vars"] for f in r["findings"] if f["kind"] == "batch_dependent_order"}

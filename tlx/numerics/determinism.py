@@ -32,11 +32,17 @@ arrives (its 0 result, a timeout or an abort, leaves the outputs unspecified and
 raises an error), and a flag's release orders the data it guards. A failure record must sit in
 the branch of a wait that returned 0, or it stays unresolved.
 
-Split-K is a global read-modify-write (or atomic add) whose index does not use some block
-index; a block index that occurs in the index only inside a condition (the branch test of an
-``if_then_else``, a comparison) does not count as used. Known gap: any arithmetic use counts,
-without asking whether two blocks can still reach the same element (a causal tile's first
-query block, ``max(col0 - d, 0) // bm``, uses the key tile but maps several tiles to one block).
+Split-K is a floating-point read-modify-write (or atomic add) of global memory that two blocks
+can apply to one element. An index that does not use some block index (a block index that
+occurs only inside a condition, the branch test of an ``if_then_else`` or a comparison, does
+not count as used) is a finding at once. An index that uses every block index goes to Z3
+(:func:`_shared_elements`, the bounds verifier's encoder): can two blocks that differ in one
+block index, with any threads, loop iterations and lanes, store to one element under the
+stores' conditions? A model is a finding (a causal tile's first query block,
+``max(col0 - d, 0) // bm``, uses the key tile yet maps several tiles to one block), an unknown
+answer is unresolved. Values loaded from memory are unknowns (the same element of a read-only
+input is one value), so an index built on offsets read from memory (``cu_q[b]``) can be found
+to collide for offsets the caller would reject.
 """
 
 from __future__ import annotations
@@ -278,11 +284,15 @@ def _atomic_target(call):
     return None
 
 
-def analyze_device(device_mod) -> tuple[list[dict], list[str], list[str]]:
-    """Findings, unresolved items and assumptions of the lowered device kernels."""
+def analyze_device(device_mod, accumulations: list | None = None) -> tuple[list[dict], list[str], list[str]]:
+    """Findings, unresolved items and assumptions of the lowered device kernels.
+    ``accumulations`` (when given) receives ``(function, buffer name, kind)`` of each
+    floating-point accumulation into global memory whose index uses every block index: whether
+    those uses keep the blocks' elements apart is the solver's question (:func:`_shared_elements`)."""
     findings: list[dict] = []
     unresolved: list[str] = []
     assumptions: list[str] = []
+    accumulations = [] if accumulations is None else accumulations
     for fname, func in device_functions(device_mod):
         lets = _let_bindings(func.body)
         blocks = _block_vars(func)
@@ -314,6 +324,8 @@ def analyze_device(device_mod) -> tuple[list[dict], list[str], list[str]]:
                         findings.append({"kind": "fp_atomic", "function": fname, "buffer": data.name, "dtype": str(dtype),
                                          "detail": f"floating-point atomic add into {data.name} ({dtype}): order follows block scheduling"})
                     lost = missing_blocks(offset) if _is_float(dtype) else []  # integer sums are exact in any order
+                    if _is_float(dtype) and not lost:
+                        accumulations.append((fname, data.name, "atomically accumulate into"))
                     if lost:
                         findings.append({"kind": "split_k", "function": fname, "buffer": data.name, "blocks": lost,
                                          "detail": f"blocks along {', '.join(lost)} atomically accumulate into the same elements of {data.name}"})
@@ -332,6 +344,8 @@ def analyze_device(device_mod) -> tuple[list[dict], list[str], list[str]]:
                        and tvm.ir.structural_equal(list(n.indices), list(node.indices)) else None)  # fmt: skip
                 if reads_same:
                     lost = missing_blocks(node.indices)
+                    if not lost and _is_float(node.buffer.dtype):
+                        accumulations.append((fname, node.buffer.data.name, "read-modify-write"))
                     if lost:
                         name = node.buffer.data.name
                         findings.append({"kind": "split_k", "function": fname, "buffer": name, "blocks": lost,
@@ -460,9 +474,76 @@ def _verdict(bad: bool, unresolved: list) -> bool | str:
     return "unknown" if unresolved else True
 
 
-def analyze(kernel) -> dict:
+def _shared_elements(kernel, accumulations: list, assume=()) -> tuple[list[dict], list[str]]:
+    """Split-K findings (and unresolved items) for accumulations whose index names every block
+    index: for each store of the buffer and each block index, can two blocks that differ in that
+    index alone (threads, loop iterations and vector lanes free in each) store to one element,
+    under the stores' conditions? A model is a finding, an unknown answer is unresolved."""
+    import z3
+
+    from tlx.ir.facts import function_facts
+    from tlx.ir.program import collect_program
+    from tlx.passes.smt import MemoryFacts, kernel_encoder
+
+    findings, unresolved = [], []
+    if not accumulations:
+        return findings, unresolved
+    progs = {p.name: p for p in collect_program(kernel)}
+    funcs = dict(device_functions(kernel.device_mod))
+    enc = kernel_encoder(kernel, assume)
+    for fname, buffer, kind in dict.fromkeys(accumulations):
+        prog, func = progs.get(fname), funcs.get(fname)
+        stores = [a for a in prog.accesses if a.scope == "global" and a.write and a.buffer == buffer] if prog else []
+        if not stores or func is None:
+            unresolved.append(f"{fname}: the stores of {buffer} were not found for the split-K check")
+            continue
+        enc.know(function_facts(func), MemoryFacts())
+        shared, unknown = [], False
+        for bvar, _ in prog.blocks:
+            for a in stores:
+                for b in stores:
+                    env = {v: enc.fresh(v.dtype, f"{v.name}'") for v, _ in prog.threads}
+                    env.update({v: enc.fresh(v.dtype, f"{v.name}'") for v, _, _ in b.loops})
+                    env[bvar] = enc.fresh(bvar.dtype, f"{bvar.name}'")
+                    lane_a, lane_b = (enc.fresh("int32", "lane") for _ in range(2))
+                    facts = []
+                    for v, ext in prog.blocks:
+                        facts += enc.range_facts(v, 0, ext)
+                    facts += [env[bvar] >= 0, env[bvar] < enc.encode(dict(prog.blocks)[bvar]), env[bvar] != enc.var(bvar)]
+                    for v, ext in prog.threads:
+                        facts += enc.range_facts(v, 0, ext) + [env[v] >= 0, env[v] < ext]
+                    for v, lo, ext in a.loops:
+                        facts += enc.range_facts(v, lo, ext)
+                    for v, lo, ext in b.loops:
+                        facts += [env[v] >= enc.encode(lo, env), env[v] < enc.encode(lo, env) + enc.encode(ext, env)]
+                    facts += [enc.encode_bool(c) for c in a.conds] + [enc.encode_bool(c, env) for c in b.conds]
+                    facts += [lane_a >= 0, lane_a < a.lanes, lane_b >= 0, lane_b < b.lanes]
+                    facts.append(enc.encode(a.index, lane=lane_a) == enc.encode(b.index, env, lane=lane_b))
+                    enc.take_obligations()
+                    status = enc.check(facts).status
+                    if status == "violation":
+                        shared.append(bvar)
+                        break
+                    unknown |= status == "unknown"
+                if bvar in shared:
+                    break
+        tags = [tag for var, tag in _block_vars(func) if any(var.same_as(v) for v in shared)]
+        if tags:
+            findings.append({"kind": "split_k", "function": fname, "buffer": buffer, "blocks": tags,
+                             "detail": f"blocks along {', '.join(tags)} {kind} the same elements of {buffer} (its index "
+                                       f"names them, but two of them can reach one element)"})
+        elif unknown:
+            unresolved.append(f"{fname}: whether blocks {kind} the same elements of {buffer} is unknown (solver)")
+    return findings, unresolved
+
+
+def analyze(kernel, assume=()) -> dict:
     """The determinism report of one lowered kernel (see the module docstring)."""
-    dev_findings, dev_unresolved, assumptions = analyze_device(kernel.device_mod)
+    accumulations: list = []
+    dev_findings, dev_unresolved, assumptions = analyze_device(kernel.device_mod, accumulations)
+    solver_findings, solver_unresolved = _shared_elements(kernel, accumulations, assume)
+    dev_findings += solver_findings
+    dev_unresolved += solver_unresolved
     prog_findings, prog_unresolved, shape_vars = analyze_program(kernel.prim_func)
     findings = dev_findings + prog_findings
     kinds = {f["kind"] for f in findings}
@@ -487,7 +568,7 @@ def determinism_pass(kernel, ctx):
     The analysis runs on every compile and only reports, so an IR shape it cannot handle
     yields an "unknown" report with the error (and a warning) instead of failing the compile."""
     try:
-        ctx.reports["determinism"] = analyze(kernel)
+        ctx.reports["determinism"] = analyze(kernel, ctx.options.assume)
     except Exception as e:  # noqa: BLE001  (see docstring)
         import warnings
 
