@@ -91,9 +91,9 @@ SPLIT_WIDE_DQ_TILES = BwdTiles(128, 64, 128, 128, split=True)
 # dQ summed in the dK/dV kernel in key-tile order (not yet run on a GPU): 32 queries a step at
 # d 128, where the fused kernel's registers are already short (ptxas serializes its wgmma at
 # both head dims). `tlx check`: 4 of 111 accesses unknown (the counters' int32 pointer
-# arithmetic, solver timeouts on DQacc), and determinism flags DQacc as split-K along the key
-# tiles (and the sequences: its rows start at offsets read from cu_q), since the analysis does
-# not model the counters' order: not a default until both are settled and the GPU has timed it.
+# arithmetic, solver timeouts on DQacc), and determinism says split-K along the key tiles
+# (non-causal) or unknown (causal), since the analysis does not model the counters' order: not
+# a default until both are settled and the GPU has timed it.
 FUSED_DQ_TILES = {64: BwdTiles(128, 64, 128, 128, fused_dq=True), 128: BwdTiles(128, 32, 128, 128, fused_dq=True)}
 DEFAULT_TILES = {64: WIDE_DQ_TILES, 128: WIDE_DQ_TILES, 256: SINGLE_WARPGROUP_TILES}
 

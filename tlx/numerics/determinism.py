@@ -40,7 +40,8 @@ not count as used) is a finding at once. An index that uses every block index go
 block index, with any threads, loop iterations and lanes, store to one element under the
 stores' conditions? A model is a finding (a causal tile's first query block,
 ``max(col0 - d, 0) // bm``, uses the key tile yet maps several tiles to one block), an unknown
-answer is unresolved. Values loaded from memory are unknowns (the same element of a read-only
+answer, or a question past the budget (``SPLIT_K_QUERY_RLIMIT``, ``SPLIT_K_QUERIES``: the
+analysis runs on every compile), is unresolved. Values loaded from memory are unknowns (the same element of a read-only
 input is one value), so an index built on offsets read from memory (``cu_q[b]``) can be found
 to collide for offsets the caller would reject.
 """
@@ -474,6 +475,13 @@ def _verdict(bad: bool, unresolved: list) -> bool | str:
     return "unknown" if unresolved else True
 
 
+# Z3 budget of the split-K question, since the analysis runs on every compile: resource units a
+# query (machine-independent; one solver, no second try) and queries a kernel. A question that
+# needs more stays unknown.
+SPLIT_K_QUERY_RLIMIT = 300_000
+SPLIT_K_QUERIES = 4
+
+
 def _shared_elements(kernel, accumulations: list, assume=()) -> tuple[list[dict], list[str]]:
     """Split-K findings (and unresolved items) for accumulations whose index names every block
     index: for each store of the buffer and each block index, can two blocks that differ in that
@@ -491,6 +499,7 @@ def _shared_elements(kernel, accumulations: list, assume=()) -> tuple[list[dict]
     progs = {p.name: p for p in collect_program(kernel)}
     funcs = dict(device_functions(kernel.device_mod))
     enc = kernel_encoder(kernel, assume)
+    queries = 0
     for fname, buffer, kind in dict.fromkeys(accumulations):
         prog, func = progs.get(fname), funcs.get(fname)
         stores = [a for a in prog.accesses if a.scope == "global" and a.write and a.buffer == buffer] if prog else []
@@ -520,11 +529,18 @@ def _shared_elements(kernel, accumulations: list, assume=()) -> tuple[list[dict]
                     facts += [lane_a >= 0, lane_a < a.lanes, lane_b >= 0, lane_b < b.lanes]
                     facts.append(enc.encode(a.index, lane=lane_a) == enc.encode(b.index, env, lane=lane_b))
                     enc.take_obligations()
-                    status = enc.check(facts).status
-                    if status == "violation":
+                    if queries == SPLIT_K_QUERIES:
+                        unknown = True
+                        break
+                    queries += 1
+                    solver = z3.Solver(ctx=enc.ctx)
+                    solver.set("rlimit", SPLIT_K_QUERY_RLIMIT)
+                    solver.add(*enc.facts, *facts)
+                    result = solver.check()
+                    if result == z3.sat:
                         shared.append(bvar)
                         break
-                    unknown |= status == "unknown"
+                    unknown |= result == z3.unknown
                 if bvar in shared:
                     break
         tags = [tag for var, tag in _block_vars(func) if any(var.same_as(v) for v in shared)]

@@ -89,18 +89,22 @@ def test_split_tiles_build_dv_and_dk_kernels_that_ptxas_does_not_serialize():
 def test_fused_dq_adds_in_key_tile_order():
     """The fused-dQ candidate (``FUSED_DQ_TILES``): every consumer thread waits for the lower key
     tiles' releases before its read-modify-write of DQacc and releases after it; no atomics.
-    The determinism analysis sees the cross-tile read-modify-write (it does not model the
-    counters' order) and says so, causal too, where the index uses the key tile arithmetically
-    (the tile's first query block) and only the solver finds two tiles on one element."""
-    _, dkdv, convert = backward_kernels(64, True, 0.125, tiles=FUSED_DQ_TILES[64])
-    src = dkdv.device_source
-    assert "atomic" not in src.lower()
-    wait = src.index("tlx_wait_count_sys((")
-    rmw = src.index("*(float2*)(DQacc + ", wait)  # the first access after the wait
-    release = src.index("tlx_count_release_sys((", rmw)
-    assert src.count("tlx_wait_count_sys((") == 1 and src.count("tlx_count_release_sys((") == 1
-    assert "tlx_ordered_wait_failed();" in src[wait:rmw]
-    findings = dkdv.metadata["reports"]["determinism"]["findings"]
-    split = [f["blocks"] for f in findings if f["kind"] == "split_k" and f.get("buffer") == "DQacc"]
-    assert split and "blockIdx.x" in split[0], findings  # the key tiles (blockIdx.z: offsets from cu_q, see determinism)
-    assert "DQacc" in convert.device_source and "atomic" not in convert.device_source.lower()
+    The determinism analysis does not model the counters' order, so it never calls the kernel
+    deterministic: non-causal it sees the cross-tile read-modify-write at once (the key tile
+    occurs in DQacc's index only in a condition); causal the index uses the tile arithmetically
+    (its first query block) and the solver's budgeted question stays unknown."""
+    for causal, verdict in ((False, False), (True, "unknown")):
+        _, dkdv, convert = backward_kernels(64, causal, 0.125, tiles=FUSED_DQ_TILES[64])
+        src = dkdv.device_source
+        assert "atomic" not in src.lower()
+        wait = src.index("tlx_wait_count_sys((")
+        rmw = src.index("*(float2*)(DQacc + ", wait)  # the first access after the wait
+        release = src.index("tlx_count_release_sys((", rmw)
+        assert src.count("tlx_wait_count_sys((") == 1 and src.count("tlx_count_release_sys((") == 1
+        assert "tlx_ordered_wait_failed();" in src[wait:rmw]
+        report = dkdv.metadata["reports"]["determinism"]
+        assert report["deterministic"] == verdict, report
+        if not causal:
+            split = [f["blocks"] for f in report["findings"] if f["kind"] == "split_k" and f.get("buffer") == "DQacc"]
+            assert split == [["blockIdx.x"]], report["findings"]
+        assert "DQacc" in convert.device_source and "atomic" not in convert.device_source.lower()
