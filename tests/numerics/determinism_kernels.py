@@ -91,84 +91,71 @@ def split_k_gemm(K: int = 1024, N: int = 256, splits: int = 4, dtype: str = "flo
     return split_k_gemm
 
 
-def split_k_racy(K: int = 1024, N: int = 256, splits: int = 4):
-    """Planted: split-K without atomics (read-modify-write of C from several blocks)."""
+def _split_dot(y_shape, store, K: int = 1024, splits: int = 4):
+    """``y`` gets the partial dot products of A's rows with x, one K chunk per block along
+    ``blockIdx.y``, through ``store(y, row, bz, acc, M)`` (a macro: how each split adds its part)."""
     M = T.dynamic("M")
     k_per = K // splits
 
     @T.prim_func
-    def split_k_racy(A: T.Tensor((M, K), "float32"), x: T.Tensor((K,), "float32"), y: T.Tensor((M,), "float32")):
+    def split_dot(A: T.Tensor((M, K), "float32"), x: T.Tensor((K,), "float32"), y: T.Tensor(y_shape(M, splits), "float32")):
         with T.Kernel(T.ceildiv(M, 128), splits, threads=128) as (bx, bz):
             for i in T.Parallel(128):
                 acc = T.alloc_var("float32")
                 acc = 0.0
                 for k in T.serial(k_per):
                     acc += A[bx * 128 + i, bz * k_per + k] * x[bz * k_per + k]
-                y[bx * 128 + i] = y[bx * 128 + i] + acc
+                store(y, bx * 128 + i, bz, acc, M)
 
-    return split_k_racy
+    return split_dot
 
 
-def split_k_block_in_condition(K: int = 1024, splits: int = 4):
+@T.macro
+def _add_to_row(y, row, bz, acc, M):
+    y[row] = y[row] + acc
+
+
+@T.macro
+def _add_block_in_condition(y, row, bz, acc, M):
+    shifted = row + T.if_then_else(bz * 128 < M, 0, 1)
+    y[shifted] = y[shifted] + acc
+
+
+@T.macro
+def _add_block_folded(y, row, bz, acc, M):
+    if row < M:
+        y[row + T.max(bz - M, 0)] = y[row + T.max(bz - M, 0)] + acc
+
+
+@T.macro
+def _add_to_own_partials(y, row, bz, acc, M):
+    if row < M:
+        y[bz, row] = y[bz, row] + acc
+
+
+def split_k_racy():
+    """Planted: split-K without atomics (read-modify-write of y from several blocks)."""
+    return _split_dot(lambda M, splits: (M,), _add_to_row)
+
+
+def split_k_block_in_condition():
     """Planted: split-K without atomics whose index names the split's block only inside a
     branch condition (as a loop extent ``bz < n ? ... : 0`` does): still the same element for
     every split."""
-    M = T.dynamic("M")
-    k_per = K // splits
-
-    @T.prim_func
-    def split_k_block_in_condition(A: T.Tensor((M, K), "float32"), x: T.Tensor((K,), "float32"), y: T.Tensor((M + 1,), "float32")):
-        with T.Kernel(T.ceildiv(M, 128), splits, threads=128) as (bx, bz):
-            for i in T.Parallel(128):
-                acc = T.alloc_var("float32")
-                acc = 0.0
-                for k in T.serial(k_per):
-                    acc += A[bx * 128 + i, bz * k_per + k] * x[bz * k_per + k]
-                row = bx * 128 + i + T.if_then_else(bz * 128 < M, 0, 1)
-                y[row] = y[row] + acc
-
-    return split_k_block_in_condition
+    return _split_dot(lambda M, splits: (M + 1,), _add_block_in_condition)
 
 
-def split_k_block_folded(K: int = 1024, splits: int = 4):
+def split_k_block_folded():
     """Planted: split-K without atomics whose index uses the split's block arithmetically, but
     folds the splits onto one element whenever ``M >= 4`` (``max(bz - M, 0)`` is then 0 for all
     four; TVM cannot fold it away, M being a shape variable)."""
-    M = T.dynamic("M")
-    k_per = K // splits
-
-    @T.prim_func
-    def split_k_block_folded(A: T.Tensor((M, K), "float32"), x: T.Tensor((K,), "float32"), y: T.Tensor((M + 8,), "float32")):
-        with T.Kernel(T.ceildiv(M, 128), splits, threads=128) as (bx, bz):
-            for i in T.Parallel(128):
-                acc = T.alloc_var("float32")
-                acc = 0.0
-                for k in T.serial(k_per):
-                    acc += A[bx * 128 + i, bz * k_per + k] * x[bz * k_per + k]
-                if bx * 128 + i < M:
-                    y[bx * 128 + i + T.max(bz - M, 0)] = y[bx * 128 + i + T.max(bz - M, 0)] + acc
-
-    return split_k_block_folded
+    return _split_dot(lambda M, splits: (M + 8,), _add_block_folded)
 
 
-def split_partials_per_block(K: int = 1024, splits: int = 4):
+def split_partials_per_block():
     """Clean: each split read-modify-writes its own row of partial sums (``y[bz, m]``): no
     element is shared between blocks."""
-    M = T.dynamic("M")
-    k_per = K // splits
-
-    @T.prim_func
-    def split_partials_per_block(A: T.Tensor((M, K), "float32"), x: T.Tensor((K,), "float32"), y: T.Tensor((splits, M), "float32")):
-        with T.Kernel(T.ceildiv(M, 128), splits, threads=128) as (bx, bz):
-            for i in T.Parallel(128):
-                acc = T.alloc_var("float32")
-                acc = 0.0
-                for k in T.serial(k_per):
-                    acc += A[bx * 128 + i, bz * k_per + k] * x[bz * k_per + k]
-                if bx * 128 + i < M:
-                    y[bz, bx * 128 + i] = y[bz, bx * 128 + i] + acc
-
-    return split_partials_per_block
+    return _split_dot(lambda M, splits: (splits, M), _add_to_own_partials)
 
 
 def batch_split_row_sum():
