@@ -160,6 +160,7 @@ def _address_vars(expr, lets: dict) -> set:
     different, so it must not count as the index using that block."""
     out: set = set()
     seen: set = set()
+    lets = dict(lets)  # a Let inside the index binds its variable here only
 
     def walk(e):
         if isinstance(e, tvm.tirx.Var):
@@ -183,7 +184,7 @@ def _address_vars(expr, lets: dict) -> set:
         elif isinstance(e, tvm.tirx.BufferLoad):
             for i in e.indices:
                 walk(i)
-        elif isinstance(e, (tvm.tirx.Cast,)):
+        elif isinstance(e, tvm.tirx.Cast):
             walk(e.value)
         elif isinstance(e, tvm.tirx.Ramp):
             walk(e.base)
@@ -194,7 +195,7 @@ def _address_vars(expr, lets: dict) -> set:
             walk(e.a)
             walk(e.b)
         elif isinstance(e, tvm.tirx.Let):
-            lets.setdefault(e.var, e.value)
+            lets[e.var] = e.value
             walk(e.body)
         else:  # anything else: every variable in it counts
             _visit(e, lambda n: out.add(n) if isinstance(n, tvm.tirx.Var) and n not in lets else None)
@@ -491,7 +492,7 @@ def _shared_elements(kernel, accumulations: list, assume=()) -> tuple[list[dict]
 
     from tlx.ir.facts import function_facts
     from tlx.ir.program import collect_program
-    from tlx.passes.smt import MemoryFacts, kernel_encoder
+    from tlx.passes.smt import MemoryFacts, context_facts, kernel_encoder
 
     findings, unresolved = [], []
     if not accumulations:
@@ -511,28 +512,24 @@ def _shared_elements(kernel, accumulations: list, assume=()) -> tuple[list[dict]
         for bvar, _ in prog.blocks:
             for a in stores:
                 for b in stores:
+                    if queries == SPLIT_K_QUERIES:
+                        unknown = True
+                        break
+                    queries += 1
                     env = {v: enc.fresh(v.dtype, f"{v.name}'") for v, _ in prog.threads}
                     env.update({v: enc.fresh(v.dtype, f"{v.name}'") for v, _, _ in b.loops})
                     env[bvar] = enc.fresh(bvar.dtype, f"{bvar.name}'")
                     lane_a, lane_b = (enc.fresh("int32", "lane") for _ in range(2))
-                    facts = []
-                    for v, ext in prog.blocks:
-                        facts += enc.range_facts(v, 0, ext)
+                    facts = context_facts(enc, prog, a)  # blocks and a's loops; the second copy's below
                     facts += [env[bvar] >= 0, env[bvar] < enc.encode(dict(prog.blocks)[bvar]), env[bvar] != enc.var(bvar)]
                     for v, ext in prog.threads:
                         facts += enc.range_facts(v, 0, ext) + [env[v] >= 0, env[v] < ext]
-                    for v, lo, ext in a.loops:
-                        facts += enc.range_facts(v, lo, ext)
                     for v, lo, ext in b.loops:
                         facts += [env[v] >= enc.encode(lo, env), env[v] < enc.encode(lo, env) + enc.encode(ext, env)]
                     facts += [enc.encode_bool(c) for c in a.conds] + [enc.encode_bool(c, env) for c in b.conds]
                     facts += [lane_a >= 0, lane_a < a.lanes, lane_b >= 0, lane_b < b.lanes]
                     facts.append(enc.encode(a.index, lane=lane_a) == enc.encode(b.index, env, lane=lane_b))
                     enc.take_obligations()
-                    if queries == SPLIT_K_QUERIES:
-                        unknown = True
-                        break
-                    queries += 1
                     solver = z3.Solver(ctx=enc.ctx)
                     solver.set("rlimit", SPLIT_K_QUERY_RLIMIT)
                     solver.add(*enc.facts, *facts)
