@@ -48,6 +48,7 @@ Usage: python bench/attention_prefill.py [--out FILE.json] [--reps N]
        python bench/attention_prefill.py --sweep [--out FILE.json] [--reps N]
        python bench/attention_prefill.py --sweep-backward [--out FILE.json] [--reps N]   (the
        backward's candidates alone, from the default forward's output)
+       ... --sweep[-backward] --dim D   (one head dim's candidates: a device call may not fit all)
        python bench/attention_prefill.py --precompile-sweep [WORKERS]   (the sweep's kernels only)
        python bench/attention_prefill.py --precompile [WORKERS]   (no GPU needed: compiles every
        kernel configuration the attention GPU tests and this benchmark use, WORKERS processes at
@@ -535,6 +536,13 @@ def main():
     for flag in ("--sweep", "--sweep-backward"):
         if flag in sys.argv:
             sys.argv.remove(flag)
+    if "--dim" in sys.argv:
+        at = sys.argv.index("--dim")
+        dim = int(sys.argv.pop(at + 1))
+        sys.argv.pop(at)
+        for candidates in (SWEEP_FORWARD, SWEEP_BACKWARD):
+            for d in [d for d in candidates if d != dim]:
+                del candidates[d]
     from bench.timing import gpu_bench_args
 
     # NVML's device count, not the CUDA runtime's: the compile workers are forked after this check,
