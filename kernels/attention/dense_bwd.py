@@ -84,8 +84,8 @@ WIDE_DQ_TILES = BwdTiles(128, 64, 128, 128)
 # than recomputing S)
 SPLIT_WIDE_DQ_TILES = BwdTiles(128, 64, 128, 128, split=True)
 # (dQ summed inside the dK/dV kernel in ascending key-tile order behind per-query-block counters,
-# no atomics, was 6x slower at d 128 (bench/RESULTS.md, 2026-12-04): the ordered adds make the key
-# tiles a wavefront. dQ stays the recomputing kernel below.)
+# no atomics, was 6x slower at d 128 with every thread synchronising at system scope; see
+# bench/RESULTS.md, 2026-12-04. dQ stays the recomputing kernel below.)
 DEFAULT_TILES = {64: WIDE_DQ_TILES, 128: WIDE_DQ_TILES, 256: SINGLE_WARPGROUP_TILES}
 
 
