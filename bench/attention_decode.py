@@ -21,6 +21,9 @@ Rows (printed as they are measured, so a timeout still leaves the earlier ones):
   caches: 16 heads, T 1 (memory bound: GB/s of cache read, values + scales, target >= 85% of
   the copy's) and 128 heads, T 1 / 2 (compute bound: TFLOP/s = 2 B T H ctx (576 + 512), target
   >= 550);
+* the key-major MLA split kernel (``mla_decode(key_major=True)``: the keys as the products' M
+  side, for 16 or 32 query rows) beside the default at 16 heads, T 1 / 2, bf16 and e4m3,
+  interleaved on the same inputs, both checked, and bit for bit against each other;
 * TileLang's own MLA decode examples (``examples/deepseek_mla/example_mla_decode.py`` and its
   warp-specialized form, from the carried examples copy) at the 128-head shape, interleaved with ``mla_decode`` on the same
   values: what the same two-warpgroup design reaches with TileLang's choices (an anchor);
@@ -39,7 +42,7 @@ reported in the row and the row is not timed.
 Every kernel configuration the run uses is compiled first, in parallel processes, so that the
 timed part never waits for a compile (about a minute per configuration on one core).
 
-Usage: python bench/attention_decode.py [--out FILE.json] [--reps N] [--upstream-indexer PATH] [--only-mla | --only-indexer]
+Usage: python bench/attention_decode.py [--out FILE.json] [--reps N] [--upstream-indexer PATH] [--only-mla | --only-indexer | --only-key-major]
        python bench/attention_decode.py --precompile [WORKERS]   (no GPU needed: compiles every
        kernel configuration of this benchmark and of the decode GPU tests, and the tests' CUDA
        baselines where the CUDA driver library is installed, WORKERS processes at once, into
@@ -66,6 +69,8 @@ BATCH, CTX = 128, 8192  # MLA and sparse decode
 MLA_SHAPES = [(16, 1), (128, 1), (128, 2)]  # heads, tokens
 # (e4m3, pages in flight, pages per split) of each MLA row: the default split, then shorter and longer ones
 MLA_VARIANTS = [(False, 1, 64), (False, 2, 64), (True, 1, 64), (True, 2, 64), (False, 2, 16), (False, 2, 128), (True, 2, 128)]
+# (heads, tokens, e4m3) of the key-major split kernel's rows, each timed beside the default
+KEY_MAJOR_CASES = [(16, 1, False), (16, 1, True), (16, 2, False)]
 SPARSE_HEADS, SPARSE_TOPK = 128, 2048
 KV_DTYPES = ("bfloat16", "float8_e4m3")
 TOPK_SHAPES = [(32768, 2048), (65536, 2048), (131072, 2048), (65536, 512)]  # N, k (64 rows)
@@ -81,9 +86,14 @@ BENCH_CONFIGS = ([("topk", k, ctas) for k in sorted({k for _, k in TOPK_SHAPES})
                  + sorted({("mla", t, h, KV_DTYPES[fp8], st, split) for h, t in MLA_SHAPES
                            for fp8, stages, split in MLA_VARIANTS for st in {1, stages}})
                  + [("combine", t, h, 0, False, split) for h, t in MLA_SHAPES for split in sorted({v[2] for v in MLA_VARIANTS})]
+                 + [("mla_keys", t, h, KV_DTYPES[fp8], 1 if fp8 else 2) for h, t, fp8 in KEY_MAJOR_CASES]
+                 + [("mla", t, h, KV_DTYPES[fp8], 1 if fp8 else 2, 64) for h, t, fp8 in KEY_MAJOR_CASES]
+                 + [("combine", t, h, 0, False, 64) for h, t, _ in KEY_MAJOR_CASES]
                  + [("sparse", 1, SPARSE_HEADS, SPARSE_TOPK, kv) for kv in KV_DTYPES]
                  + [("combine", 1, SPARSE_HEADS, splits_of(SPARSE_TOPK), True)])
-MLA_KINDS = ("mla", "combine", "sparse")  # the configurations of --only-mla
+MLA_KINDS = ("mla", "mla_keys", "combine", "sparse")  # the configurations of --only-mla
+KEY_MAJOR_CONFIGS = [c for c in BENCH_CONFIGS if c[0] == "mla_keys"
+                     or (c[0] in ("mla", "combine") and (c[2], c[1]) in {(h, t) for h, t, _ in KEY_MAJOR_CASES} and c[-1] == 64)]
 INDEXER_KINDS = ("indexer", "indexer_paged")  # the configurations of --only-indexer
 TEST_CONFIGS = ([("topk", k, ctas) for k in (512, 1024, 2048) for ctas in CTAS_PER_ROW]
                 + [("indexer_paged", t) for t in (1, 2, 4)]
@@ -91,6 +101,9 @@ TEST_CONFIGS = ([("topk", k, ctas) for k in (512, 1024, 2048) for ctas in CTAS_P
                 + [("mla", t, h, kv, st) for t, h in ((1, 16), (2, 128)) for kv in KV_DTYPES for st in (1, 2)]
                 + [("combine", t, h, 0, False) for t, h in ((1, 128), (2, 128), (2, 16))]
                 + [("mla", 1, h, "bfloat16", 2, split) for h, split in ((128, 16), (16, 128))] + [("mla", 2, 16, "float8_e4m3", 1, 32)]
+                + [("mla_keys", t, h, kv, st) for t, h, kv, st in ((1, 16, "bfloat16", 2), (1, 16, "float8_e4m3", 1),
+                                                                   (2, 16, "bfloat16", 2), (1, 32, "float8_e4m3", 1))]
+                + [("mla", 1, 32, "float8_e4m3", 1), ("combine", 1, 32, 0, False)]
                 + [("combine", 1, h, 0, False, split) for h, split in ((128, 16), (16, 128))] + [("combine", 2, 16, 0, False, 32)]
                 + [("sparse", t, h, k, kv) for t, h, k in ((1, 128, 2048), (2, 16, 512)) for kv in KV_DTYPES]
                 + [("combine", t, h, splits_of(k), sink) for t, h, k in ((1, 128, 2048), (2, 16, 512))
@@ -109,7 +122,7 @@ def baseline_configs():
 def compile_config(cfg) -> str:
     """Compile (or load from the disk cache) the kernels of one configuration; runs in a worker
     process. The arguments are those the wrappers pass, so the wrappers then hit the cache."""
-    from kernels.attention.decode_mla import D_QK, mla_combine_kernel, mla_split_kernel
+    from kernels.attention.decode_mla import D_QK, mla_combine_kernel, mla_split_key_major_kernel, mla_split_kernel
 
     t0 = time.time()
     kind, args = cfg[0], cfg[1:]
@@ -129,6 +142,9 @@ def compile_config(cfg) -> str:
     elif kind == "mla":
         tokens, heads, kv, stages, *split = args
         mla_split_kernel(tokens, heads, kv, scale, stages, *split)
+    elif kind == "mla_keys":
+        tokens, heads, kv, stages = args
+        mla_split_key_major_kernel(tokens, heads, kv, scale, stages)
     elif kind == "combine":  # MLA decode's (fixed_splits 0, no sink) and sparse decode's
         mla_combine_kernel(*args)
     elif kind == "baseline":
@@ -166,6 +182,8 @@ def args_parse():
     parser.add_argument("--reps", type=int, default=30)
     parser.add_argument("--only-mla", action="store_true",
                         help="only the copy, MLA and sparse decode rows (and only their kernels compiled)")
+    parser.add_argument("--only-key-major", action="store_true",
+                        help="only the copy and the key-major MLA rows (and only their kernels compiled)")
     parser.add_argument("--only-indexer", action="store_true",
                         help="only the copy, FP8 matmul and indexer rows (and only the indexer kernels compiled)")
     parser.add_argument("--upstream-indexer", default=os.environ.get("TLX_UPSTREAM_INDEXER", _carried_upstream_indexer()),
@@ -437,6 +455,38 @@ def mla_rows(reps, copy_gbps):
     return rates
 
 
+def key_major_rows(reps, copy_gbps):
+    """The key-major split kernel (``mla_decode(key_major=True)``) beside the default row-major one
+    at ``KEY_MAJOR_CASES``, interleaved on the same inputs: both checked against the reference,
+    and bit for bit against each other."""
+    import torch
+
+    from bench.timing import interleaved_ms
+    from kernels.attention.decode_mla import D_QK, GROUP, mla_decode, reference_mla_decode
+    from tests.kernels.attention.test_decode_mla import poisoned_outputs
+
+    for heads, tokens, fp8 in KEY_MAJOR_CASES:
+        shape = f"B {BATCH} ctx {CTX} H {heads} T {tokens} {'e4m3' if fp8 else 'bf16'}"
+        g = torch.Generator(device="cuda").manual_seed(heads + tokens + 7)
+        q, kv, table, sl, scales = mla_case(BATCH, CTX, heads, tokens, fp8, g)
+        ref = reference_mla_decode(q, kv, table, sl, kv_scales=scales)
+        outs = {km: mla_decode(q, kv, table, sl, kv_scales=scales, out=poisoned_outputs(q), key_major=km) for km in (False, True)}
+        check = "; ".join(f"{'key' if km else 'row'}-major {checked(*outs[km], *ref)}" for km in outs)
+        same = all(torch.equal(a.view(torch.int16 if a.dtype == torch.bfloat16 else torch.int32),
+                               b.view(torch.int16 if b.dtype == torch.bfloat16 else torch.int32))
+                   for a, b in zip(outs[False], outs[True]))
+        check += ", bits same" if same else ", bits DIFFER"
+        del outs, ref
+        ms = interleaved_ms({km: (lambda km=km: mla_decode(q, kv, table, sl, kv_scales=scales, key_major=km))
+                             for km in (False, True)}, reps)
+        moved = BATCH * CTX * (D_QK + (D_QK // GROUP) * 4 if fp8 else D_QK * 2)
+        emit(what="MLA decode, key-major split vs the default", shape=shape, row_major_us=round(ms[False] * 1e3, 1),
+             key_major_us=round(ms[True] * 1e3, 1), speedup=round(ms[False] / ms[True], 3),
+             key_major_pct_of_copy=round(100 * moved / ms[True] / 1e6 / copy_gbps, 1), check=check)
+        del q, kv, table, sl, scales
+        torch.cuda.empty_cache()
+
+
 UPSTREAM_MLA = {  # TileLang's MLA decode examples: file, whether its kernel takes glse and the partials
     "example": ("example_mla_decode.py", False),
     "warp-specialized example": ("example_mla_decode_ws.py", True),
@@ -525,6 +575,8 @@ def main():
     args = args_parse()
     configs = [c for c in BENCH_CONFIGS if (not args.only_mla or c[0] in MLA_KINDS)
                and (not args.only_indexer or c[0] in INDEXER_KINDS)]
+    if args.only_key_major:
+        configs = KEY_MAJOR_CONFIGS
     precompile(configs, os.cpu_count() or 1)  # no CUDA context yet: the forked workers only compile
 
     import torch
@@ -536,7 +588,9 @@ def main():
     copy_ms, copy_bytes = large_copy_ms(reps)
     copy_gbps = copy_bytes / copy_ms / 1e6
     emit(what="copy 2 GiB", ms=round(copy_ms, 3), GBps=round(copy_gbps))
-    if not args.only_mla:
+    if args.only_key_major:
+        key_major_rows(reps, copy_gbps)
+    elif not args.only_mla:
         if not args.only_indexer:
             topk_rows(reps)
         fp8 = scaled_mm_row(reps)
@@ -547,7 +601,8 @@ def main():
             emit(what="upstream indexer", check=f"not loaded: {type(e).__name__}: {e}")
         indexer_rows(reps, upstream, fp8)
         indexer_decode_rows(reps, copy_gbps)
-    if not args.only_indexer:
+    if not args.only_indexer and not args.only_key_major:
+        key_major_rows(reps, copy_gbps)
         sparse_rows(reps, mla_rows(reps, copy_gbps))
         upstream_mla_rows(reps)
     if args.out:

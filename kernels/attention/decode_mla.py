@@ -67,15 +67,16 @@ def nan():
     return T.reinterpret(T.uint32(0x7FC00000), T.float32)
 
 
-def _dequant_thread(i, d):
-    """The consumer thread (of 256) and register of element (i, d) of an e4m3 page: 8 columns a
-    thread, a warp's 32 threads along one row (256 columns), 4 rows at a time. A quarter warp
-    then stores one 128-byte row of a swizzled bf16 panel (16 bytes a thread: no bank
-    conflicts), and reads 64 contiguous e4m3 bytes of the staged page."""
-    return (i % 4) * 64 + d // 8, (i // 4) * 8 + d % 8
+def dequant_layout(threads: int):
+    """The consumer thread and register of element (i, d) of an e4m3 page: 8 columns a thread,
+    64 threads along one row, ``threads // 64`` rows at a time. A quarter warp then stores one
+    128-byte row of a swizzled bf16 panel (16 bytes a thread: no bank conflicts), and reads 64
+    contiguous e4m3 bytes of the staged page."""
+    per_row = threads // 64
+    return T.Fragment((PAGE, D_V), forward_fn=lambda i, d: ((i % per_row) * 64 + d // 8, (i // per_row) * 8 + d % 8))
 
 
-DEQUANT_LAYOUT = T.Fragment((PAGE, D_V), forward_fn=_dequant_thread)
+DEQUANT_LAYOUT = dequant_layout(256)
 
 
 def page_scale(KS_s, i, g):
@@ -255,6 +256,147 @@ def mla_split_kernel(tokens: int, heads: int, kv_dtype: str, softmax_scale: floa
     return kernel
 
 
+KEY_MAJOR_ROWS = (16, 32)  # query rows (tokens x heads) the key-major split kernel takes
+
+
+def ordered_chain(p_s, j, c):
+    """Chain ``c`` (0..7: 32-key half ``c // 4``, lane quad ``q = c % 4``) of column ``j``'s row sum
+    over ``p_s`` [64 keys, rows] (fp32 p), in the order the row-major kernel adds it (TileLang's
+    reduce over its two warpgroups' m64n32 score fragments, which ``mla_tile.cuh`` writes out):
+    the keys 8 j' + 2 q + c' of the half in the order (j', c') = (0,0) (1,0) (2,0) (3,0) (0,1) ...
+    (3,1). ``quad_sum`` then adds the chains as that kernel does."""
+    half, q = c // 4, c % 4
+    keys = [half * 32 + 8 * jj + 2 * q + cc for cc in range(2) for jj in range(4)]
+    acc = p_s[keys[0], j]
+    for k in keys[1:]:
+        acc = T.ieee_add(acc, p_s[k, j])
+    return acc
+
+
+def quad_sum(part, j):
+    """The row sum from its chains ``part[j, 0..7]``: the halves of each quad added, ``x_q = part[j,
+    q] + part[j, 4 + q]``, then the quads' xor-2 and xor-1 shuffle sums, ``(x0 + x2) + (x1 + x3)``
+    (each a single add of two values, the same whichever lane holds which)."""
+    x = [T.ieee_add(part[j, q], part[j, 4 + q]) for q in range(4)]
+    return T.ieee_add(T.ieee_add(x[0], x[2]), T.ieee_add(x[1], x[3]))
+
+
+@tlx.jit(target=C.TARGET, assume=["1 <= P", "1 <= MP", f"MP <= {MAX_PAGES}", "B <= 65535"])
+def mla_split_key_major_kernel(tokens: int, heads: int, kv_dtype: str, softmax_scale: float, num_stages: int = 1,
+                               split_pages: int = SPLIT_PAGES):
+    """``mla_split_kernel`` for 16 or 32 query rows (``KEY_MAJOR_ROWS``: H 16 with 1 or 2 tokens,
+    H 32 with 1), with the keys as the products' M side: ``S^T = K Q^T`` (wgmma m64nRk16, R the
+    rows) and ``O^T += V^T P^T`` (V^T read transposed from the page tile), one consumer warpgroup
+    a split. The row-major kernel pads R rows to 64: three quarters (H 16) of its score product,
+    of its output accumulator and of the products' shared-memory reads work on padding.
+
+    The same bits as ``mla_split_kernel`` (and ``decode_mla.cu``) by construction: every score and
+    output element is the same chain of k16 steps over the same operands, only with its operands'
+    roles swapped (the row-major kernel's m64n32 and the baseline's m64n64 tiles already agree);
+    the row max is exact; the row sum is added in the row-major kernel's order from a staged copy
+    of p (``ordered_chain``, ``quad_sum``); the rest is elementwise, as in ``C.softmax_step``."""
+    split = check_split(split_pages)
+    rows = tokens * heads
+    if rows not in KEY_MAJOR_ROWS:
+        raise ValueError(f"tokens x heads: the key-major split kernel takes {KEY_MAJOR_ROWS} rows, got {tokens} x {heads}")
+    fp8 = kv_dtype == "float8_e4m3"
+    scale_log2 = softmax_scale * LOG2E
+    batch, pages, max_pages = T.dynamic("B"), T.dynamic("P"), T.dynamic("MP")
+    f32 = "float32"
+    bf16 = "bfloat16"
+
+    @T.prim_func
+    def kernel(Q: T.Tensor((batch, tokens, heads, D_QK), bf16), KV: T.Tensor((pages, PAGE, D_QK), kv_dtype),
+               KVS: T.Tensor((pages if fp8 else 1, *SCALE_TILE), f32), BT: T.Tensor((batch, max_pages), "int32"),
+               SL: T.Tensor((batch,), "int32"), OP: T.Tensor((batch, splits_of(max_pages, split), rows, D_V), f32),
+               LP: T.Tensor((batch, splits_of(max_pages, split), rows), f32)):
+        with T.Kernel(splits_of(max_pages, split), batch, threads=C.WARPGROUP) as (sp, b):
+            Q_s = T.alloc_shared((rows, D_V), bf16)
+            QP_s = T.alloc_shared((rows, D_PE), bf16)
+            KV_s = T.alloc_shared((PAGE, D_V), bf16)
+            KP_s = T.alloc_shared((PAGE, D_PE), bf16)
+            if fp8:
+                KQ_s = T.alloc_shared((PAGE, D_V), kv_dtype)
+                KQP_s = T.alloc_shared((PAGE, D_PE), kv_dtype)
+                KS_s = T.alloc_shared(SCALE_TILE, f32)
+                KQ_f = T.alloc_fragment((PAGE, D_V), kv_dtype)
+            P_s = T.alloc_shared((PAGE, rows), bf16)  # P^T rounded: the output product's B
+            p_s = T.alloc_shared((PAGE, rows), f32)  # p: the ordered row sum's operands
+            part_s = T.alloc_shared((rows, 8), f32)  # its eight chains a row
+            acc_t = T.alloc_fragment((PAGE, rows), f32)  # S^T, then p
+            acc_o = T.alloc_fragment((D_V, rows), f32)  # O^T
+            m, m_prev, m_scaled, alpha, l, row_sum, lse_rows = C.row_state(rows)
+            bad = T.alloc_var("int32")
+            seq = T.alloc_var("int32")
+            count = T.alloc_var("int32")
+            seq = sequence_keys(SL, b, max_pages)
+            count = pages_in_split(SL, b, sp, max_pages, split)
+            first = sp * split
+            if pages_in_split(SL, b, sp, max_pages, split) > 0:  # the expression: see mla_split_kernel
+                for i, d in T.Parallel(rows, D_V):
+                    Q_s[i, d] = Q[b, i // heads, i % heads, d]
+                for i, d in T.Parallel(rows, D_PE):
+                    QP_s[i, d] = Q[b, i // heads, i % heads, D_V + d]
+                C.init_softmax(m, m_scaled, l, acc_o)
+                bad = 0
+                for t in T.Pipelined(count, num_stages=num_stages):
+                    if table_entry(BT, b, first + t) < 0 or table_entry(BT, b, first + t) >= pages:
+                        bad = 1
+                    if fp8:
+                        T.copy(KV[clamped_page(BT, b, first + t, pages), :, 0:D_V], KQ_s)
+                        T.copy(KV[clamped_page(BT, b, first + t, pages), :, D_V:D_QK], KQP_s)
+                        T.copy(KVS[clamped_page(BT, b, first + t, pages), :, :], KS_s)
+                        for i, d in T.Parallel(PAGE, D_V, loop_layout=dequant_layout(C.WARPGROUP)):
+                            KQ_f[i, d] = KQ_s[i, d]
+                        for i, d in T.Parallel(PAGE, D_V, loop_layout=dequant_layout(C.WARPGROUP)):
+                            KV_s[i, d] = T.if_then_else((first + t) * PAGE + i < seq,
+                                                        dequant(KQ_f[i, d], page_scale(KS_s, i, d // GROUP)), T.Cast(bf16, 0))
+                        for i, d in T.Parallel(PAGE, D_PE):
+                            KP_s[i, d] = dequant(KQP_s[i, d], page_scale(KS_s, i, D_V // GROUP))
+                    else:
+                        T.copy(KV[clamped_page(BT, b, first + t, pages), :, 0:D_V], KV_s)
+                        T.copy(KV[clamped_page(BT, b, first + t, pages), :, D_V:D_QK], KP_s)
+                    k0 = (first + t) * PAGE
+                    T.gemm(KV_s, Q_s, acc_t, transpose_B=True, clear_accum=True)
+                    T.gemm(KP_s, QP_s, acc_t, transpose_B=True)
+                    if not fp8 and k0 + PAGE > seq:
+                        # slots past the sequence may hold NaN: zeros before P V (mla_split_kernel)
+                        for i, d in T.Parallel(PAGE, D_V):
+                            if k0 + i >= seq:
+                                KV_s[i, d] = T.Cast(bf16, 0)
+                    if k0 + PAGE > seq - tokens:
+                        for i, j in T.Parallel(PAGE, rows):
+                            acc_t[i, j] = T.if_then_else(k0 + i <= seq - tokens + j // heads, acc_t[i, j], C.neg_inf())
+                    # C.softmax_step with the rows as columns, the row sum in its order
+                    T.copy(m, m_prev)
+                    T.reduce_max(acc_t, m, dim=0, clear=False)
+                    for j in T.Parallel(rows):
+                        alpha[j] = T.if_then_else(m_prev[j] == C.neg_inf(), T.float32(0), T.exp2(T.ieee_sub(m_scaled[j], T.if_then_else(m[j] == C.neg_inf(), T.float32(0), T.ieee_mul(m[j], T.float32(scale_log2))))))
+                        m_scaled[j] = T.if_then_else(m[j] == C.neg_inf(), T.float32(0), T.ieee_mul(m[j], T.float32(scale_log2)))
+                    for i, j in T.Parallel(PAGE, rows):
+                        acc_t[i, j] = T.exp2(T.ieee_fmaf(acc_t[i, j], T.float32(scale_log2), -m_scaled[j]))
+                    T.copy(acc_t, p_s)
+                    for j, c in T.Parallel(rows, 8):
+                        part_s[j, c] = ordered_chain(p_s, j, c)
+                    for j in T.Parallel(rows):
+                        row_sum[j] = quad_sum(part_s, j)
+                        l[j] = T.ieee_fmaf(l[j], alpha[j], row_sum[j])
+                    T.copy(acc_t, P_s)
+                    for d, j in T.Parallel(D_V, rows):
+                        acc_o[d, j] = acc_o[d, j] * alpha[j]
+                    T.gemm(KV_s, P_s, acc_o, transpose_A=True)
+                for d, j in T.Parallel(D_V, rows):
+                    acc_o[d, j] = T.if_then_else(l[j] == T.float32(0), T.float32(0), acc_o[d, j] / l[j])
+                for j in T.Parallel(rows):
+                    lse_rows[j] = T.if_then_else(l[j] == T.float32(0), C.neg_inf(), (m_scaled[j] + T.log2(l[j])) * T.float32(C.LN2))
+                for d, j in T.Parallel(D_V, rows):
+                    OP[b, sp, j, d] = T.if_then_else(bad == 0, acc_o[d, j], nan())
+                for j in T.Parallel(rows):
+                    LP[b, sp, j] = T.if_then_else(bad == 0, lse_rows[j], nan())
+
+    return kernel
+
+
 @tlx.jit(target=C.TARGET, assume=["1 <= MP", f"MP <= {MAX_PAGES}", "B <= 65535"])
 def mla_combine_kernel(tokens: int, heads: int, fixed_splits: int = 0, with_sink: bool = False,
                        split_pages: int = SPLIT_PAGES):
@@ -378,7 +520,7 @@ def _zeros(device, shape):
 
 def mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
                softmax_scale: float | None = None, kv_scales: torch.Tensor | None = None, out=None,
-               num_stages: int | None = None, split_pages: int = SPLIT_PAGES):
+               num_stages: int | None = None, split_pages: int = SPLIT_PAGES, key_major: bool = False):
     """(o ``[B, T, H, 512]`` bf16, lse ``[B, T, H]`` fp32) of MLA decode over the paged cache
     (module docstring); ``softmax_scale`` defaults to ``576 ** -0.5``; ``out``: an (o, lse)
     pair to write (e.g. poisoned by a test), else new tensors. ``num_stages``: pages in flight
@@ -386,8 +528,13 @@ def mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tenso
     way). None: 2 for a bf16 cache (1.28-1.32x faster at B128 ctx 8192, H200, 2026-12-03), 1 for
     e4m3 (two fit since P shares the rope keys' buffer, but ran no faster: its dequant, not the
     copy, is the wait). ``split_pages``: pages per split (``SPLIT_CHOICES``); each size gives its
-    own bits, the baseline's with the same size."""
+    own bits, the baseline's with the same size. ``key_major``: the split kernel with the keys as
+    the products' M side (``mla_split_key_major_kernel``, T x H in ``KEY_MAJOR_ROWS``): the same
+    bits; not the default until an H200 has timed it against the row-major one."""
     check_split(split_pages)
+    if key_major and (not isinstance(q, torch.Tensor) or q.dim() != 4 or q.shape[1] * q.shape[2] not in KEY_MAJOR_ROWS):
+        shape = tuple(q.shape) if isinstance(q, torch.Tensor) else type(q).__name__
+        raise ValueError(f"key_major: needs tokens x heads in {KEY_MAJOR_ROWS}, got q of shape {shape}")
     e4m3 = getattr(kv_cache, "dtype", None) == torch.float8_e4m3fn
     if num_stages is None:
         num_stages = 1 if e4m3 else 2
@@ -407,7 +554,8 @@ def mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tenso
     kv_scales = kv_scales.view(-1, *SCALE_TILE) if fp8 else _zeros(dev, (1, *SCALE_TILE))
     part_o = torch.empty((b, splits, rows, D_V), dtype=torch.float32, device=dev)
     part_lse = torch.empty((b, splits, rows), dtype=torch.float32, device=dev)
-    mla_split_kernel(t, h, KV_DTYPES[kv_cache.dtype], scale, num_stages, split_pages)(
+    split_kernel = mla_split_key_major_kernel if key_major else mla_split_kernel
+    split_kernel(t, h, KV_DTYPES[kv_cache.dtype], scale, num_stages, split_pages)(
         q, kv_cache, kv_scales, block_table, seq_lens, part_o, part_lse)
     mla_combine_kernel(t, h, split_pages=split_pages)(block_table, seq_lens, part_o, part_lse, _zeros(dev, (h,)), o, lse)
     return o, lse

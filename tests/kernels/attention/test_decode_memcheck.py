@@ -1,5 +1,5 @@
-"""The decode kernels (top-k, indexer, MLA and sparse decode) under ``compute-sanitizer --tool
-memcheck`` at tail shapes and with the inputs their guards are for: block-table entries past the
+"""The decode kernels (top-k, indexer, MLA decode in both split layouts, sparse decode) under
+``compute-sanitizer --tool memcheck`` at tail shapes and with the inputs their guards are for: block-table entries past the
 cache and negative, -1 / out-of-sequence top-k slots, empty sequences, lengths past the table.
 Any bad access fails the test. Run as a script, this file is the workload (``python FILE
 [INDEX]``: only operation INDEX, which is how the kernels are built beforehand, in parallel)."""
@@ -7,7 +7,7 @@ Any bad access fails the test. Run as a script, this file is the workload (``pyt
 import pytest
 
 
-N_OPS = 9
+N_OPS = 11
 
 
 def workload(only: int | None = None):
@@ -42,6 +42,8 @@ def workload(only: int | None = None):
     scales = torch.rand(pages, 64, 9, device=dev)
     ops.append(lambda: mla_decode(qm, cache, table, sl))
     ops.append(lambda: mla_decode(qm, cache8, table, sl, kv_scales=scales))
+    ops.append(lambda: mla_decode(qm, cache, table, sl, key_major=True))
+    ops.append(lambda: mla_decode(qm, cache8, table, sl, kv_scales=scales, key_major=True))
     qh = torch.randn(3, 2, 128, 576, device=dev, dtype=torch.bfloat16)  # 64 heads a block: the queries by TMA
     ops.append(lambda: mla_decode(qh, cache, table, sl))
     idx = torch.randint(-1, 400, (3, 2, 512), dtype=torch.int32, device=dev)

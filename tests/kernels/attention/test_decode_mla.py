@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from kernels.attention.decode_mla import (D_QK, D_V, GROUP, PAGE, SPLIT_PAGES, dequant_cache, mla_combine_kernel, mla_decode,
-                                          mla_split_kernel, reference_mla_decode)
+                                          mla_split_key_major_kernel, mla_split_kernel, reference_mla_decode)
 from tests.kernels.staged_release import assert_stages_released_after_last_read
 
 E4M3 = torch.float8_e4m3fn
@@ -42,6 +42,32 @@ def test_two_pages_in_flight_fit_and_release_after_last_read(tokens, heads, kv):
     staged = {"KP_s", "KV_s"} if kv == "bfloat16" else {"KQ_s", "KQP_s", "KS_s"}
     assert_stages_released_after_last_read(kernel.device_source, staged)
     assert int(kernel.metadata["launches"][0]["dynamic_shared_memory"]) == (231424 if kv == "bfloat16" else 227840)
+
+
+@pytest.mark.parametrize("tokens, heads, kv, stages", [(1, 16, "bfloat16", 2), (2, 16, "bfloat16", 2), (1, 16, "float8_e4m3", 1),
+                                                       (1, 32, "float8_e4m3", 2)])
+def test_key_major_kernel_compiles(tokens, heads, kv, stages):
+    """The key-major split kernel: S^T = K Q^T as m64nRk16 with both operands K-major, O^T += V^T P^T
+    with V^T read transposed (wgmma's transpose bits) and P^T N-major, R the rows; one consumer
+    warpgroup; the row sum's eight chains a row staged through shared memory; no atomics; the
+    staged tiles released after their last read."""
+    src = mla_split_key_major_kernel(tokens, heads, kv, D_QK ** -0.5, stages).device_source
+    rows = tokens * heads
+    assert f"kFloat32, 64, {rows}, 16, false, false" in src  # K Q^T
+    assert f"kFloat32, 64, {rows}, 16, true, true" in src  # V^T P^T
+    assert "kFloat32, 64, 32, 16" not in src or rows == 32  # no row-major m64n32 tiles
+    assert "atomic" not in src.lower() and "part_s" in src
+    assert_stages_released_after_last_read(src, {"KP_s", "KV_s"} if kv == "bfloat16" else {"KQ_s", "KQP_s", "KS_s"})
+
+
+def test_key_major_rows_checked():
+    q = torch.zeros(1, 4, 16, D_QK, dtype=torch.bfloat16)
+    kv = torch.zeros(4, PAGE, D_QK, dtype=torch.bfloat16)
+    bt, sl = torch.zeros(1, 3, dtype=torch.int32), torch.ones(1, dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"key_major: needs tokens x heads in \(16, 32\), got q of shape \(1, 4, 16, 576\)"):
+        mla_decode(q, kv, bt, sl, key_major=True)
+    with pytest.raises(ValueError, match="the key-major split kernel takes"):
+        mla_split_key_major_kernel(1, 128, "bfloat16", D_QK ** -0.5)
 
 
 def test_pages_in_flight_checked():
@@ -271,6 +297,23 @@ def test_two_pages_in_flight_same_bits(tokens, heads, fp8):
     o2, lse2 = mla_decode(q, kv, table, sl, kv_scales=scales, out=poisoned_outputs(q), num_stages=2)
     assert torch.equal(o2.view(torch.int16), o1.view(torch.int16))
     assert torch.equal(lse2.view(torch.int32), lse1.view(torch.int32))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tokens, heads, fp8", [(1, 16, False), (1, 16, True), (2, 16, False), (1, 32, True)])
+def test_key_major_same_bits_as_row_major(tokens, heads, fp8):
+    """The key-major split kernel gives the default kernel's bits (and so the baseline's, which
+    test_bitwise_equal_to_baseline checks): short, page-edge and long sequences, an empty one, a
+    bad table entry (NaN rows in both), NaN slots past a sequence; every element written."""
+    q, kv, table, sl, scales = make_case([1, 63, 64, 65, 4001, 0, 1500, 9000], tokens=tokens, heads=heads, fp8=fp8,
+                                         seed=40 + tokens + heads)
+    table[1, 0] = kv.shape[0] + 3
+    kv[table[3, 1].long(), 1:] = torch.tensor(float("nan"), device="cuda").to(kv.dtype)
+    o1, lse1 = mla_decode(q, kv, table, sl, kv_scales=scales)
+    o2, lse2 = mla_decode(q, kv, table, sl, kv_scales=scales, out=poisoned_outputs(q), key_major=True)
+    assert torch.equal(o2.view(torch.int16), o1.view(torch.int16))
+    assert torch.equal(lse2.view(torch.int32), lse1.view(torch.int32))
+    assert not torch.isnan(o2[0]).any() and torch.isnan(o2[1]).all()
 
 
 # every dtype and shape at the default split; the other split sizes (each its own contract) once each
