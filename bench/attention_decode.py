@@ -21,9 +21,10 @@ Rows (printed as they are measured, so a timeout still leaves the earlier ones):
   caches: 16 heads, T 1 (memory bound: GB/s of cache read, values + scales, target >= 85% of
   the copy's) and 128 heads, T 1 / 2 (compute bound: TFLOP/s = 2 B T H ctx (576 + 512), target
   >= 550);
-* the key-major MLA split kernel (``mla_decode(key_major=True)``: the keys as the products' M
-  side, for 16 or 32 query rows) beside the default at 16 heads, T 1 / 2, bf16 and e4m3,
-  interleaved on the same inputs, both checked, and bit for bit against each other;
+* the key-major MLA split kernel (``mla_decode(key_major=1 or 2)``: the keys as the products' M
+  side, for 16 or 32 query rows, one or two consumer warpgroups) beside the default at 16 heads,
+  T 1 / 2, bf16 and e4m3, interleaved on the same inputs, each checked, and bit for bit against
+  the default;
 * TileLang's own MLA decode examples (``examples/deepseek_mla/example_mla_decode.py`` and its
   warp-specialized form, from the carried examples copy) at the 128-head shape, interleaved with ``mla_decode`` on the same
   values: what the same two-warpgroup design reaches with TileLang's choices (an anchor);
@@ -86,7 +87,7 @@ BENCH_CONFIGS = ([("topk", k, ctas) for k in sorted({k for _, k in TOPK_SHAPES})
                  + sorted({("mla", t, h, KV_DTYPES[fp8], st, split) for h, t in MLA_SHAPES
                            for fp8, stages, split in MLA_VARIANTS for st in {1, stages}})
                  + [("combine", t, h, 0, False, split) for h, t in MLA_SHAPES for split in sorted({v[2] for v in MLA_VARIANTS})]
-                 + [("mla_keys", t, h, KV_DTYPES[fp8], 1 if fp8 else 2) for h, t, fp8 in KEY_MAJOR_CASES]
+                 + [("mla_keys", t, h, KV_DTYPES[fp8], 1 if fp8 else 2, c) for h, t, fp8 in KEY_MAJOR_CASES for c in (1, 2)]
                  + [("mla", t, h, KV_DTYPES[fp8], 1 if fp8 else 2, 64) for h, t, fp8 in KEY_MAJOR_CASES]
                  + [("combine", t, h, 0, False, 64) for h, t, _ in KEY_MAJOR_CASES]
                  + [("sparse", 1, SPARSE_HEADS, SPARSE_TOPK, kv) for kv in KV_DTYPES]
@@ -101,8 +102,9 @@ TEST_CONFIGS = ([("topk", k, ctas) for k in (512, 1024, 2048) for ctas in CTAS_P
                 + [("mla", t, h, kv, st) for t, h in ((1, 16), (2, 128)) for kv in KV_DTYPES for st in (1, 2)]
                 + [("combine", t, h, 0, False) for t, h in ((1, 128), (2, 128), (2, 16))]
                 + [("mla", 1, h, "bfloat16", 2, split) for h, split in ((128, 16), (16, 128))] + [("mla", 2, 16, "float8_e4m3", 1, 32)]
-                + [("mla_keys", t, h, kv, st) for t, h, kv, st in ((1, 16, "bfloat16", 2), (1, 16, "float8_e4m3", 1),
-                                                                   (2, 16, "bfloat16", 2), (1, 32, "float8_e4m3", 1))]
+                + [("mla_keys", t, h, kv, st, c) for t, h, kv, st in ((1, 16, "bfloat16", 2), (1, 16, "float8_e4m3", 1),
+                                                                      (2, 16, "bfloat16", 2), (1, 32, "float8_e4m3", 1))
+                   for c in (1, 2)]
                 + [("mla", 1, 32, "float8_e4m3", 1), ("combine", 1, 32, 0, False)]
                 + [("combine", 1, h, 0, False, split) for h, split in ((128, 16), (16, 128))] + [("combine", 2, 16, 0, False, 32)]
                 + [("sparse", t, h, k, kv) for t, h, k in ((1, 128, 2048), (2, 16, 512)) for kv in KV_DTYPES]
@@ -143,8 +145,8 @@ def compile_config(cfg) -> str:
         tokens, heads, kv, stages, *split = args
         mla_split_kernel(tokens, heads, kv, scale, stages, *split)
     elif kind == "mla_keys":
-        tokens, heads, kv, stages = args
-        mla_split_key_major_kernel(tokens, heads, kv, scale, stages)
+        tokens, heads, kv, stages, consumers = args
+        mla_split_key_major_kernel(tokens, heads, kv, scale, stages, 64, consumers)
     elif kind == "combine":  # MLA decode's (fixed_splits 0, no sink) and sparse decode's
         mla_combine_kernel(*args)
     elif kind == "baseline":
@@ -456,33 +458,36 @@ def mla_rows(reps, copy_gbps):
 
 
 def key_major_rows(reps, copy_gbps):
-    """The key-major split kernel (``mla_decode(key_major=True)``) beside the default row-major one
-    at ``KEY_MAJOR_CASES``, interleaved on the same inputs: both checked against the reference,
-    and bit for bit against each other."""
+    """The key-major split kernel (``mla_decode(key_major=1 or 2)``: one or two consumer warpgroups)
+    beside the default row-major one at ``KEY_MAJOR_CASES``, interleaved on the same inputs: each
+    checked against the reference, and bit for bit against the default."""
     import torch
 
     from bench.timing import interleaved_ms
     from kernels.attention.decode_mla import D_QK, GROUP, mla_decode, reference_mla_decode
     from tests.kernels.attention.test_decode_mla import poisoned_outputs
 
+    def same(a, b):
+        as_int = {torch.bfloat16: torch.int16, torch.float32: torch.int32}
+        return torch.equal(a.view(as_int[a.dtype]), b.view(as_int[b.dtype]))
+
+    variants = (0, 1, 2)  # row-major (the default), key-major with 1 / 2 consumer warpgroups
     for heads, tokens, fp8 in KEY_MAJOR_CASES:
         shape = f"B {BATCH} ctx {CTX} H {heads} T {tokens} {'e4m3' if fp8 else 'bf16'}"
         g = torch.Generator(device="cuda").manual_seed(heads + tokens + 7)
         q, kv, table, sl, scales = mla_case(BATCH, CTX, heads, tokens, fp8, g)
         ref = reference_mla_decode(q, kv, table, sl, kv_scales=scales)
-        outs = {km: mla_decode(q, kv, table, sl, kv_scales=scales, out=poisoned_outputs(q), key_major=km) for km in (False, True)}
-        check = "; ".join(f"{'key' if km else 'row'}-major {checked(*outs[km], *ref)}" for km in outs)
-        same = all(torch.equal(a.view(torch.int16 if a.dtype == torch.bfloat16 else torch.int32),
-                               b.view(torch.int16 if b.dtype == torch.bfloat16 else torch.int32))
-                   for a, b in zip(outs[False], outs[True]))
-        check += ", bits same" if same else ", bits DIFFER"
+        outs = {v: mla_decode(q, kv, table, sl, kv_scales=scales, out=poisoned_outputs(q), key_major=v) for v in variants}
+        checks = {v: checked(*outs[v], *ref) for v in variants}
+        for v in variants[1:]:
+            checks[v] += ", bits same" if all(same(a, b) for a, b in zip(outs[0], outs[v])) else ", bits DIFFER"
         del outs, ref
-        ms = interleaved_ms({km: (lambda km=km: mla_decode(q, kv, table, sl, kv_scales=scales, key_major=km))
-                             for km in (False, True)}, reps)
+        ms = interleaved_ms({v: (lambda v=v: mla_decode(q, kv, table, sl, kv_scales=scales, key_major=v)) for v in variants}, reps)
         moved = BATCH * CTX * (D_QK + (D_QK // GROUP) * 4 if fp8 else D_QK * 2)
-        emit(what="MLA decode, key-major split vs the default", shape=shape, row_major_us=round(ms[False] * 1e3, 1),
-             key_major_us=round(ms[True] * 1e3, 1), speedup=round(ms[False] / ms[True], 3),
-             key_major_pct_of_copy=round(100 * moved / ms[True] / 1e6 / copy_gbps, 1), check=check)
+        for v in variants:
+            emit(what=f"MLA decode, {'row-major split (default)' if v == 0 else f'key-major split, {v} consumer warpgroups'}",
+                 shape=shape, tlx_us=round(ms[v] * 1e3, 1), vs_default=round(ms[0] / ms[v], 3),
+                 pct_of_copy=round(100 * moved / ms[v] / 1e6 / copy_gbps, 1), check=checks[v])
         del q, kv, table, sl, scales
         torch.cuda.empty_cache()
 

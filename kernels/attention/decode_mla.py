@@ -283,19 +283,25 @@ def quad_sum(part, j):
 
 @tlx.jit(target=C.TARGET, assume=["1 <= P", "1 <= MP", f"MP <= {MAX_PAGES}", "B <= 65535"])
 def mla_split_key_major_kernel(tokens: int, heads: int, kv_dtype: str, softmax_scale: float, num_stages: int = 1,
-                               split_pages: int = SPLIT_PAGES):
+                               split_pages: int = SPLIT_PAGES, consumers: int = 1):
     """``mla_split_kernel`` for 16 or 32 query rows (``KEY_MAJOR_ROWS``: H 16 with 1 or 2 tokens,
     H 32 with 1), with the keys as the products' M side: ``S^T = K Q^T`` (wgmma m64nRk16, R the
-    rows) and ``O^T += V^T P^T`` (V^T read transposed from the page tile), one consumer warpgroup
-    a split. The row-major kernel pads R rows to 64: three quarters (H 16) of its score product,
-    of its output accumulator and of the products' shared-memory reads work on padding.
+    rows) and ``O^T += V^T P^T`` (V^T read transposed from the page tile, P K-major). The
+    row-major kernel pads R rows to 64: three quarters (H 16) of its score product, of its output
+    accumulator and of the products' shared-memory reads work on padding.
 
     The same bits as ``mla_split_kernel`` (and ``decode_mla.cu``) by construction: every score and
     output element is the same chain of k16 steps over the same operands, only with its operands'
     roles swapped (the row-major kernel's m64n32 and the baseline's m64n64 tiles already agree);
     the row max is exact; the row sum is added in the row-major kernel's order from a staged copy
-    of p (``ordered_chain``, ``quad_sum``); the rest is elementwise, as in ``C.softmax_step``."""
+    of p (``ordered_chain``, ``quad_sum``); the rest is elementwise, as in ``C.softmax_step``.
+
+    ``consumers``: consumer warpgroups. 1: all rows in one; 2: each owns half of the rows in both
+    products (m64n(R/2)k16; its softmax needs nothing of the other's) and does half of an e4m3
+    page's dequant, and each reads the whole K and V^T tiles."""
     split = check_split(split_pages)
+    if consumers not in (1, 2):
+        raise ValueError(f"consumers: expected 1 or 2, got {consumers!r}")
     rows = tokens * heads
     if rows not in KEY_MAJOR_ROWS:
         raise ValueError(f"tokens x heads: the key-major split kernel takes {KEY_MAJOR_ROWS} rows, got {tokens} x {heads}")
@@ -310,7 +316,7 @@ def mla_split_key_major_kernel(tokens: int, heads: int, kv_dtype: str, softmax_s
                KVS: T.Tensor((pages if fp8 else 1, *SCALE_TILE), f32), BT: T.Tensor((batch, max_pages), "int32"),
                SL: T.Tensor((batch,), "int32"), OP: T.Tensor((batch, splits_of(max_pages, split), rows, D_V), f32),
                LP: T.Tensor((batch, splits_of(max_pages, split), rows), f32)):
-        with T.Kernel(splits_of(max_pages, split), batch, threads=C.WARPGROUP) as (sp, b):
+        with T.Kernel(splits_of(max_pages, split), batch, threads=C.WARPGROUP * consumers) as (sp, b):
             Q_s = T.alloc_shared((rows, D_V), bf16)
             QP_s = T.alloc_shared((rows, D_PE), bf16)
             KV_s = T.alloc_shared((PAGE, D_V), bf16)
@@ -320,7 +326,7 @@ def mla_split_key_major_kernel(tokens: int, heads: int, kv_dtype: str, softmax_s
                 KQP_s = T.alloc_shared((PAGE, D_PE), kv_dtype)
                 KS_s = T.alloc_shared(SCALE_TILE, f32)
                 KQ_f = T.alloc_fragment((PAGE, D_V), kv_dtype)
-            P_s = T.alloc_shared((PAGE, rows), bf16)  # P^T rounded: the output product's B
+            P_s = T.alloc_shared((rows, PAGE), bf16)  # P rounded: the output product's B (K-major)
             p_s = T.alloc_shared((PAGE, rows), f32)  # p: the ordered row sum's operands
             part_s = T.alloc_shared((rows, 8), f32)  # its eight chains a row
             acc_t = T.alloc_fragment((PAGE, rows), f32)  # S^T, then p
@@ -346,9 +352,9 @@ def mla_split_key_major_kernel(tokens: int, heads: int, kv_dtype: str, softmax_s
                         T.copy(KV[clamped_page(BT, b, first + t, pages), :, 0:D_V], KQ_s)
                         T.copy(KV[clamped_page(BT, b, first + t, pages), :, D_V:D_QK], KQP_s)
                         T.copy(KVS[clamped_page(BT, b, first + t, pages), :, :], KS_s)
-                        for i, d in T.Parallel(PAGE, D_V, loop_layout=dequant_layout(C.WARPGROUP)):
+                        for i, d in T.Parallel(PAGE, D_V, loop_layout=dequant_layout(C.WARPGROUP * consumers)):
                             KQ_f[i, d] = KQ_s[i, d]
-                        for i, d in T.Parallel(PAGE, D_V, loop_layout=dequant_layout(C.WARPGROUP)):
+                        for i, d in T.Parallel(PAGE, D_V, loop_layout=dequant_layout(C.WARPGROUP * consumers)):
                             KV_s[i, d] = T.if_then_else((first + t) * PAGE + i < seq,
                                                         dequant(KQ_f[i, d], page_scale(KS_s, i, d // GROUP)), T.Cast(bf16, 0))
                         for i, d in T.Parallel(PAGE, D_PE):
@@ -357,8 +363,8 @@ def mla_split_key_major_kernel(tokens: int, heads: int, kv_dtype: str, softmax_s
                         T.copy(KV[clamped_page(BT, b, first + t, pages), :, 0:D_V], KV_s)
                         T.copy(KV[clamped_page(BT, b, first + t, pages), :, D_V:D_QK], KP_s)
                     k0 = (first + t) * PAGE
-                    T.gemm(KV_s, Q_s, acc_t, transpose_B=True, clear_accum=True)
-                    T.gemm(KP_s, QP_s, acc_t, transpose_B=True)
+                    T.gemm(KV_s, Q_s, acc_t, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullCol)
+                    T.gemm(KP_s, QP_s, acc_t, transpose_B=True, policy=T.GemmWarpPolicy.FullCol)
                     if not fp8 and k0 + PAGE > seq:
                         # slots past the sequence may hold NaN: zeros before P V (mla_split_kernel)
                         for i, d in T.Parallel(PAGE, D_V):
@@ -381,10 +387,11 @@ def mla_split_key_major_kernel(tokens: int, heads: int, kv_dtype: str, softmax_s
                     for j in T.Parallel(rows):
                         row_sum[j] = quad_sum(part_s, j)
                         l[j] = T.ieee_fmaf(l[j], alpha[j], row_sum[j])
-                    T.copy(acc_t, P_s)
+                    for i, j in T.Parallel(PAGE, rows):
+                        P_s[j, i] = T.Cast(bf16, acc_t[i, j])
                     for d, j in T.Parallel(D_V, rows):
                         acc_o[d, j] = acc_o[d, j] * alpha[j]
-                    T.gemm(KV_s, P_s, acc_o, transpose_A=True)
+                    T.gemm(KV_s, P_s, acc_o, transpose_A=True, transpose_B=True, policy=T.GemmWarpPolicy.FullCol)
                 for d, j in T.Parallel(D_V, rows):
                     acc_o[d, j] = T.if_then_else(l[j] == T.float32(0), T.float32(0), acc_o[d, j] / l[j])
                 for j in T.Parallel(rows):
@@ -520,7 +527,7 @@ def _zeros(device, shape):
 
 def mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
                softmax_scale: float | None = None, kv_scales: torch.Tensor | None = None, out=None,
-               num_stages: int | None = None, split_pages: int = SPLIT_PAGES, key_major: bool = False):
+               num_stages: int | None = None, split_pages: int = SPLIT_PAGES, key_major: int = 0):
     """(o ``[B, T, H, 512]`` bf16, lse ``[B, T, H]`` fp32) of MLA decode over the paged cache
     (module docstring); ``softmax_scale`` defaults to ``576 ** -0.5``; ``out``: an (o, lse)
     pair to write (e.g. poisoned by a test), else new tensors. ``num_stages``: pages in flight
@@ -528,10 +535,13 @@ def mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tenso
     way). None: 2 for a bf16 cache (1.28-1.32x faster at B128 ctx 8192, H200, 2026-12-03), 1 for
     e4m3 (two fit since P shares the rope keys' buffer, but ran no faster: its dequant, not the
     copy, is the wait). ``split_pages``: pages per split (``SPLIT_CHOICES``); each size gives its
-    own bits, the baseline's with the same size. ``key_major``: the split kernel with the keys as
-    the products' M side (``mla_split_key_major_kernel``, T x H in ``KEY_MAJOR_ROWS``): the same
-    bits; not the default until an H200 has timed it against the row-major one."""
+    own bits, the baseline's with the same size. ``key_major`` 1 or 2: the split kernel with the
+    keys as the products' M side (``mla_split_key_major_kernel``, T x H in ``KEY_MAJOR_ROWS``) with
+    that many consumer warpgroups; the same bits; 0 (the row-major kernel) stays the default until
+    an H200 has timed them against it."""
     check_split(split_pages)
+    if key_major not in (0, 1, 2) or isinstance(key_major, bool):
+        raise ValueError(f"key_major: expected 0, 1 or 2 (consumer warpgroups of the key-major kernel), got {key_major!r}")
     if key_major and (not isinstance(q, torch.Tensor) or q.dim() != 4 or q.shape[1] * q.shape[2] not in KEY_MAJOR_ROWS):
         shape = tuple(q.shape) if isinstance(q, torch.Tensor) else type(q).__name__
         raise ValueError(f"key_major: needs tokens x heads in {KEY_MAJOR_ROWS}, got q of shape {shape}")
@@ -554,9 +564,11 @@ def mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tenso
     kv_scales = kv_scales.view(-1, *SCALE_TILE) if fp8 else _zeros(dev, (1, *SCALE_TILE))
     part_o = torch.empty((b, splits, rows, D_V), dtype=torch.float32, device=dev)
     part_lse = torch.empty((b, splits, rows), dtype=torch.float32, device=dev)
-    split_kernel = mla_split_key_major_kernel if key_major else mla_split_kernel
-    split_kernel(t, h, KV_DTYPES[kv_cache.dtype], scale, num_stages, split_pages)(
-        q, kv_cache, kv_scales, block_table, seq_lens, part_o, part_lse)
+    if key_major:
+        split_kernel = mla_split_key_major_kernel(t, h, KV_DTYPES[kv_cache.dtype], scale, num_stages, split_pages, key_major)
+    else:
+        split_kernel = mla_split_kernel(t, h, KV_DTYPES[kv_cache.dtype], scale, num_stages, split_pages)
+    split_kernel(q, kv_cache, kv_scales, block_table, seq_lens, part_o, part_lse)
     mla_combine_kernel(t, h, split_pages=split_pages)(block_table, seq_lens, part_o, part_lse, _zeros(dev, (h,)), o, lse)
     return o, lse
 

@@ -42,8 +42,8 @@ def workload(only: int | None = None):
     scales = torch.rand(pages, 64, 9, device=dev)
     ops.append(lambda: mla_decode(qm, cache, table, sl))
     ops.append(lambda: mla_decode(qm, cache8, table, sl, kv_scales=scales))
-    ops.append(lambda: mla_decode(qm, cache, table, sl, key_major=True))
-    ops.append(lambda: mla_decode(qm, cache8, table, sl, kv_scales=scales, key_major=True))
+    ops.append(lambda: mla_decode(qm, cache, table, sl, key_major=1))
+    ops.append(lambda: mla_decode(qm, cache8, table, sl, kv_scales=scales, key_major=2))
     qh = torch.randn(3, 2, 128, 576, device=dev, dtype=torch.bfloat16)  # 64 heads a block: the queries by TMA
     ops.append(lambda: mla_decode(qh, cache, table, sl))
     idx = torch.randint(-1, 400, (3, 2, 512), dtype=torch.int32, device=dev)

@@ -44,18 +44,18 @@ def test_two_pages_in_flight_fit_and_release_after_last_read(tokens, heads, kv):
     assert int(kernel.metadata["launches"][0]["dynamic_shared_memory"]) == (231424 if kv == "bfloat16" else 227840)
 
 
-@pytest.mark.parametrize("tokens, heads, kv, stages", [(1, 16, "bfloat16", 2), (2, 16, "bfloat16", 2), (1, 16, "float8_e4m3", 1),
-                                                       (1, 32, "float8_e4m3", 2)])
-def test_key_major_kernel_compiles(tokens, heads, kv, stages):
-    """The key-major split kernel: S^T = K Q^T as m64nRk16 with both operands K-major, O^T += V^T P^T
-    with V^T read transposed (wgmma's transpose bits) and P^T N-major, R the rows; one consumer
+@pytest.mark.parametrize("tokens, heads, kv, stages, consumers", [(1, 16, "bfloat16", 2, 1), (2, 16, "bfloat16", 2, 2),
+                                                                  (1, 16, "float8_e4m3", 1, 2), (1, 32, "float8_e4m3", 2, 1)])
+def test_key_major_kernel_compiles(tokens, heads, kv, stages, consumers):
+    """The key-major split kernel: S^T = K Q^T as m64nNk16 with both operands K-major, O^T += V^T P^T
+    with V^T read transposed (wgmma's transpose bit) and P K-major, N the rows of a consumer
     warpgroup; the row sum's eight chains a row staged through shared memory; no atomics; the
     staged tiles released after their last read."""
-    src = mla_split_key_major_kernel(tokens, heads, kv, D_QK ** -0.5, stages).device_source
-    rows = tokens * heads
-    assert f"kFloat32, 64, {rows}, 16, false, false" in src  # K Q^T
-    assert f"kFloat32, 64, {rows}, 16, true, true" in src  # V^T P^T
-    assert "kFloat32, 64, 32, 16" not in src or rows == 32  # no row-major m64n32 tiles
+    src = mla_split_key_major_kernel(tokens, heads, kv, D_QK ** -0.5, stages, SPLIT_PAGES, consumers).device_source
+    n = tokens * heads // consumers
+    assert f"kFloat32, 64, {n}, 16, false, false" in src  # K Q^T
+    assert f"kFloat32, 64, {n}, 16, true, false" in src  # V^T P^T
+    assert src.count("wgmma_ss<") == 3  # nope and rope scores, output: no other product
     assert "atomic" not in src.lower() and "part_s" in src
     assert_stages_released_after_last_read(src, {"KP_s", "KV_s"} if kv == "bfloat16" else {"KQ_s", "KQP_s", "KS_s"})
 
@@ -65,9 +65,13 @@ def test_key_major_rows_checked():
     kv = torch.zeros(4, PAGE, D_QK, dtype=torch.bfloat16)
     bt, sl = torch.zeros(1, 3, dtype=torch.int32), torch.ones(1, dtype=torch.int32)
     with pytest.raises(ValueError, match=r"key_major: needs tokens x heads in \(16, 32\), got q of shape \(1, 4, 16, 576\)"):
-        mla_decode(q, kv, bt, sl, key_major=True)
+        mla_decode(q, kv, bt, sl, key_major=1)
     with pytest.raises(ValueError, match="the key-major split kernel takes"):
         mla_split_key_major_kernel(1, 128, "bfloat16", D_QK ** -0.5)
+    with pytest.raises(ValueError, match="consumers: expected 1 or 2, got 3"):
+        mla_split_key_major_kernel(1, 16, "bfloat16", D_QK ** -0.5, 1, SPLIT_PAGES, 3)
+    with pytest.raises(ValueError, match="key_major: expected 0, 1 or 2"):
+        mla_decode(q[:, :1], kv, bt, sl, key_major=True)
 
 
 def test_pages_in_flight_checked():
@@ -300,8 +304,9 @@ def test_two_pages_in_flight_same_bits(tokens, heads, fp8):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("consumers", [1, 2])
 @pytest.mark.parametrize("tokens, heads, fp8", [(1, 16, False), (1, 16, True), (2, 16, False), (1, 32, True)])
-def test_key_major_same_bits_as_row_major(tokens, heads, fp8):
+def test_key_major_same_bits_as_row_major(tokens, heads, fp8, consumers):
     """The key-major split kernel gives the default kernel's bits (and so the baseline's, which
     test_bitwise_equal_to_baseline checks): short, page-edge and long sequences, an empty one, a
     bad table entry (NaN rows in both), NaN slots past a sequence; every element written."""
@@ -310,7 +315,7 @@ def test_key_major_same_bits_as_row_major(tokens, heads, fp8):
     table[1, 0] = kv.shape[0] + 3
     kv[table[3, 1].long(), 1:] = torch.tensor(float("nan"), device="cuda").to(kv.dtype)
     o1, lse1 = mla_decode(q, kv, table, sl, kv_scales=scales)
-    o2, lse2 = mla_decode(q, kv, table, sl, kv_scales=scales, out=poisoned_outputs(q), key_major=True)
+    o2, lse2 = mla_decode(q, kv, table, sl, kv_scales=scales, out=poisoned_outputs(q), key_major=consumers)
     assert torch.equal(o2.view(torch.int16), o1.view(torch.int16))
     assert torch.equal(lse2.view(torch.int32), lse1.view(torch.int32))
     assert not torch.isnan(o2[0]).any() and torch.isnan(o2[1]).all()
