@@ -317,6 +317,11 @@ def mla_split_key_major_kernel(tokens: int, heads: int, kv_dtype: str, softmax_s
                SL: T.Tensor((batch,), "int32"), OP: T.Tensor((batch, splits_of(max_pages, split), rows, D_V), f32),
                LP: T.Tensor((batch, splits_of(max_pages, split), rows), f32)):
         with T.Kernel(splits_of(max_pages, split), batch, threads=C.WARPGROUP * consumers) as (sp, b):
+            if consumers == 2:
+                # 384 threads cap a thread at 168 registers (ptxas spilled 176 bytes at T2 H16); the
+                # producer gives its registers to the consumers, as in mla_split_kernel
+                T.annotate_producer_reg_dealloc(24)
+                T.annotate_consumer_reg_alloc(240)
             Q_s = T.alloc_shared((rows, D_V), bf16)
             QP_s = T.alloc_shared((rows, D_PE), bf16)
             KV_s = T.alloc_shared((PAGE, D_V), bf16)

@@ -57,6 +57,8 @@ def test_key_major_kernel_compiles(tokens, heads, kv, stages, consumers):
     assert f"kFloat32, 64, {n}, 16, true, false" in src  # V^T P^T
     assert src.count("wgmma_ss<") == 3  # nope and rope scores, output: no other product
     assert "atomic" not in src.lower() and "part_s" in src
+    # two consumers: 384 threads cap a thread at 168 registers unless the producer hands its own over
+    assert ("warpgroup_reg_alloc<240>" in src) == (consumers == 2)
     assert_stages_released_after_last_read(src, {"KP_s", "KV_s"} if kv == "bfloat16" else {"KQ_s", "KQP_s", "KS_s"})
 
 
