@@ -353,6 +353,9 @@ def mla_split_key_major_kernel(tokens: int, heads: int, kv_dtype: str, softmax_s
                 for t in T.Pipelined(count, num_stages=num_stages):
                     if table_entry(BT, b, first + t) < 0 or table_entry(BT, b, first + t) >= pages:
                         bad = 1
+                    # the page as mla_split_kernel stages it, written out again: as a T.macro it
+                    # took `seq` through a let binding, and TileLang's barrier before the dequant
+                    # then moved into the dequant loop (16 barriers a page; 2026-12-04, CPU)
                     if fp8:
                         T.copy(KV[clamped_page(BT, b, first + t, pages), :, 0:D_V], KQ_s)
                         T.copy(KV[clamped_page(BT, b, first + t, pages), :, D_V:D_QK], KQP_s)
