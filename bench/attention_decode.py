@@ -80,6 +80,11 @@ INDEXER_DECODE_TOKENS = (1, 2)
 
 
 # ---- the kernels the run and the decode GPU tests compile ---------------------------------------
+# the key-major rows' kernels (--only-key-major compiles these alone): both consumer counts, and
+# the default split and combine they are timed against
+KEY_MAJOR_CONFIGS = ([("mla_keys", t, h, KV_DTYPES[fp8], 1 if fp8 else 2, c) for h, t, fp8 in KEY_MAJOR_CASES for c in (1, 2)]
+                     + [("mla", t, h, KV_DTYPES[fp8], 1 if fp8 else 2, 64) for h, t, fp8 in KEY_MAJOR_CASES]
+                     + [("combine", t, h, 0, False, 64) for h, t, _ in KEY_MAJOR_CASES])
 BENCH_CONFIGS = ([("topk", k, ctas) for k in sorted({k for _, k in TOPK_SHAPES}) for ctas in CTAS_PER_ROW]
                  + [("indexer", h, d) for h, d in INDEXER_SHAPES]
                  + [("indexer_paged", t) for t in INDEXER_DECODE_TOKENS]
@@ -87,14 +92,10 @@ BENCH_CONFIGS = ([("topk", k, ctas) for k in sorted({k for _, k in TOPK_SHAPES})
                  + sorted({("mla", t, h, KV_DTYPES[fp8], st, split) for h, t in MLA_SHAPES
                            for fp8, stages, split in MLA_VARIANTS for st in {1, stages}})
                  + [("combine", t, h, 0, False, split) for h, t in MLA_SHAPES for split in sorted({v[2] for v in MLA_VARIANTS})]
-                 + [("mla_keys", t, h, KV_DTYPES[fp8], 1 if fp8 else 2, c) for h, t, fp8 in KEY_MAJOR_CASES for c in (1, 2)]
-                 + [("mla", t, h, KV_DTYPES[fp8], 1 if fp8 else 2, 64) for h, t, fp8 in KEY_MAJOR_CASES]
-                 + [("combine", t, h, 0, False, 64) for h, t, _ in KEY_MAJOR_CASES]
+                 + KEY_MAJOR_CONFIGS
                  + [("sparse", 1, SPARSE_HEADS, SPARSE_TOPK, kv) for kv in KV_DTYPES]
                  + [("combine", 1, SPARSE_HEADS, splits_of(SPARSE_TOPK), True)])
 MLA_KINDS = ("mla", "mla_keys", "combine", "sparse")  # the configurations of --only-mla
-KEY_MAJOR_CONFIGS = [c for c in BENCH_CONFIGS if c[0] == "mla_keys"
-                     or (c[0] in ("mla", "combine") and (c[2], c[1]) in {(h, t) for h, t, _ in KEY_MAJOR_CASES} and c[-1] == 64)]
 INDEXER_KINDS = ("indexer", "indexer_paged")  # the configurations of --only-indexer
 TEST_CONFIGS = ([("topk", k, ctas) for k in (512, 1024, 2048) for ctas in CTAS_PER_ROW]
                 + [("indexer_paged", t) for t in (1, 2, 4)]
@@ -124,7 +125,7 @@ def baseline_configs():
 def compile_config(cfg) -> str:
     """Compile (or load from the disk cache) the kernels of one configuration; runs in a worker
     process. The arguments are those the wrappers pass, so the wrappers then hit the cache."""
-    from kernels.attention.decode_mla import D_QK, mla_combine_kernel, mla_split_key_major_kernel, mla_split_kernel
+    from kernels.attention.decode_mla import D_QK, SPLIT_PAGES, mla_combine_kernel, mla_split_key_major_kernel, mla_split_kernel
 
     t0 = time.time()
     kind, args = cfg[0], cfg[1:]
@@ -146,7 +147,7 @@ def compile_config(cfg) -> str:
         mla_split_kernel(tokens, heads, kv, scale, stages, *split)
     elif kind == "mla_keys":
         tokens, heads, kv, stages, consumers = args
-        mla_split_key_major_kernel(tokens, heads, kv, scale, stages, 64, consumers)
+        mla_split_key_major_kernel(tokens, heads, kv, scale, stages, SPLIT_PAGES, consumers)
     elif kind == "combine":  # MLA decode's (fixed_splits 0, no sink) and sparse decode's
         mla_combine_kernel(*args)
     elif kind == "baseline":
@@ -466,10 +467,7 @@ def key_major_rows(reps, copy_gbps):
     from bench.timing import interleaved_ms
     from kernels.attention.decode_mla import D_QK, GROUP, mla_decode, reference_mla_decode
     from tests.kernels.attention.test_decode_mla import poisoned_outputs
-
-    def same(a, b):
-        as_int = {torch.bfloat16: torch.int16, torch.float32: torch.int32}
-        return torch.equal(a.view(as_int[a.dtype]), b.view(as_int[b.dtype]))
+    from tlx.numerics.sweep import same_bits
 
     variants = (0, 1, 2)  # row-major (the default), key-major with 1 / 2 consumer warpgroups
     for heads, tokens, fp8 in KEY_MAJOR_CASES:
@@ -480,7 +478,7 @@ def key_major_rows(reps, copy_gbps):
         outs = {v: mla_decode(q, kv, table, sl, kv_scales=scales, out=poisoned_outputs(q), key_major=v) for v in variants}
         checks = {v: checked(*outs[v], *ref) for v in variants}
         for v in variants[1:]:
-            checks[v] += ", bits same" if all(same(a, b) for a, b in zip(outs[0], outs[v])) else ", bits DIFFER"
+            checks[v] += ", bits same" if all(same_bits(a, b) for a, b in zip(outs[0], outs[v])) else ", bits DIFFER"
         del outs, ref
         ms = interleaved_ms({v: (lambda v=v: mla_decode(q, kv, table, sl, kv_scales=scales, key_major=v)) for v in variants}, reps)
         moved = BATCH * CTX * (D_QK + (D_QK // GROUP) * 4 if fp8 else D_QK * 2)

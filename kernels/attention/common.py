@@ -126,17 +126,24 @@ def init_softmax(m, m_scaled, l, acc_o):
 
 
 @T.macro
+def rescale_state(m, m_prev, m_scaled, alpha, scale_log2: float, rows: int):
+    """Steps 2-3 of the module docstring, the new row max in ``m`` and the old one in ``m_prev``:
+    ``alpha`` from the old ``m_scaled`` (same rounding: exactly 1 while the max stands), 0 while
+    the row had no keys (l and o are 0 then; exp2 of a huge difference would be inf); then the
+    new ``m_scaled``."""
+    for i in T.Parallel(rows):
+        alpha[i] = T.if_then_else(m_prev[i] == neg_inf(), T.float32(0), T.exp2(T.ieee_sub(m_scaled[i], T.if_then_else(m[i] == neg_inf(), T.float32(0), T.ieee_mul(m[i], T.float32(scale_log2))))))
+        m_scaled[i] = T.if_then_else(m[i] == neg_inf(), T.float32(0), T.ieee_mul(m[i], T.float32(scale_log2)))
+
+
+@T.macro
 def softmax_step(acc_s, m, m_prev, m_scaled, alpha, l, row_sum, scale_log2: float, rows: int, cols: int):
     """Steps 1-5 of the module docstring on the raw scores ``acc_s`` [rows, cols]: ``acc_s``
     becomes ``p``, ``m``/``m_scaled``/``l`` are updated, ``alpha`` holds the output's rescale
     (``m_prev`` is scratch: the old max)."""
     T.copy(m, m_prev)
     T.reduce_max(acc_s, m, dim=1, clear=False)
-    for i in T.Parallel(rows):
-        # alpha from the old m_scaled (same rounding: exactly 1 while the max stands); 0 while
-        # the row had no keys (l and o are 0 then; exp2 of a huge difference would be inf)
-        alpha[i] = T.if_then_else(m_prev[i] == neg_inf(), T.float32(0), T.exp2(T.ieee_sub(m_scaled[i], T.if_then_else(m[i] == neg_inf(), T.float32(0), T.ieee_mul(m[i], T.float32(scale_log2))))))
-        m_scaled[i] = T.if_then_else(m[i] == neg_inf(), T.float32(0), T.ieee_mul(m[i], T.float32(scale_log2)))
+    rescale_state(m, m_prev, m_scaled, alpha, scale_log2, rows)
     for i, j in T.Parallel(rows, cols):
         acc_s[i, j] = T.exp2(T.ieee_fmaf(acc_s[i, j], T.float32(scale_log2), -m_scaled[i]))
     T.reduce_sum(acc_s, row_sum, dim=1)
@@ -152,12 +159,16 @@ def rescale_rows(acc_o, alpha, rows: int, cols: int):
 
 
 @T.macro
-def finish_rows(acc_o, l, m_scaled, lse_rows, rows: int, cols: int, reciprocal: bool = False):
+def finish_rows(acc_o, l, m_scaled, lse_rows, rows: int, cols: int, reciprocal: bool = False, transposed: bool = False):
     """``acc_o /= l`` (0 for rows with no keys) and ``lse_rows`` in natural-log units.
     ``reciprocal``: ``acc_o *= 1 / l`` instead (one IEEE division per row, then a rounded multiply
     per value: other bits than the division's, which costs a division per value; ``lse_rows``
-    holds the reciprocal meanwhile)."""
-    if reciprocal:
+    holds the reciprocal meanwhile). ``transposed``: ``acc_o`` is [cols, rows] (a key-major
+    kernel's O^T), divided as the rows' values are."""
+    if transposed:
+        for j, i in T.Parallel(cols, rows):
+            acc_o[j, i] = T.if_then_else(l[i] == T.float32(0), T.float32(0), acc_o[j, i] / l[i])
+    elif reciprocal:
         for i in T.Parallel(rows):
             lse_rows[i] = T.if_then_else(l[i] == T.float32(0), T.float32(0), T.float32(1) / l[i])
         for i, j in T.Parallel(rows, cols):

@@ -384,9 +384,7 @@ def mla_split_key_major_kernel(tokens: int, heads: int, kv_dtype: str, softmax_s
                     # C.softmax_step with the rows as columns, the row sum in its order
                     T.copy(m, m_prev)
                     T.reduce_max(acc_t, m, dim=0, clear=False)
-                    for j in T.Parallel(rows):
-                        alpha[j] = T.if_then_else(m_prev[j] == C.neg_inf(), T.float32(0), T.exp2(T.ieee_sub(m_scaled[j], T.if_then_else(m[j] == C.neg_inf(), T.float32(0), T.ieee_mul(m[j], T.float32(scale_log2))))))
-                        m_scaled[j] = T.if_then_else(m[j] == C.neg_inf(), T.float32(0), T.ieee_mul(m[j], T.float32(scale_log2)))
+                    C.rescale_state(m, m_prev, m_scaled, alpha, scale_log2, rows)
                     for i, j in T.Parallel(PAGE, rows):
                         acc_t[i, j] = T.exp2(T.ieee_fmaf(acc_t[i, j], T.float32(scale_log2), -m_scaled[j]))
                     T.copy(acc_t, p_s)
@@ -400,10 +398,7 @@ def mla_split_key_major_kernel(tokens: int, heads: int, kv_dtype: str, softmax_s
                     for d, j in T.Parallel(D_V, rows):
                         acc_o[d, j] = acc_o[d, j] * alpha[j]
                     T.gemm(KV_s, P_s, acc_o, transpose_A=True, transpose_B=True, policy=T.GemmWarpPolicy.FullCol)
-                for d, j in T.Parallel(D_V, rows):
-                    acc_o[d, j] = T.if_then_else(l[j] == T.float32(0), T.float32(0), acc_o[d, j] / l[j])
-                for j in T.Parallel(rows):
-                    lse_rows[j] = T.if_then_else(l[j] == T.float32(0), C.neg_inf(), (m_scaled[j] + T.log2(l[j])) * T.float32(C.LN2))
+                C.finish_rows(acc_o, l, m_scaled, lse_rows, rows, D_V, transposed=True)
                 for d, j in T.Parallel(D_V, rows):
                     OP[b, sp, j, d] = T.if_then_else(bad == 0, acc_o[d, j], nan())
                 for j in T.Parallel(rows):
