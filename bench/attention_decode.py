@@ -72,6 +72,7 @@ MLA_SHAPES = [(16, 1), (128, 1), (128, 2)]  # heads, tokens
 MLA_VARIANTS = [(False, 1, 64), (False, 2, 64), (True, 1, 64), (True, 2, 64), (False, 2, 16), (False, 2, 128), (True, 2, 128)]
 # (heads, tokens, e4m3) of the key-major split kernel's rows, each timed beside the default
 KEY_MAJOR_CASES = [(16, 1, False), (16, 1, True), (16, 2, False)]
+KEY_MAJOR_STAGES = (1, 2)  # pages in flight of its e4m3 rows (bf16: 2, mla_decode's default)
 SPARSE_HEADS, SPARSE_TOPK = 128, 2048
 KV_DTYPES = ("bfloat16", "float8_e4m3")
 TOPK_SHAPES = [(32768, 2048), (65536, 2048), (131072, 2048), (65536, 512)]  # N, k (64 rows)
@@ -81,9 +82,10 @@ INDEXER_DECODE_TOKENS = (1, 2)
 
 # ---- the kernels the run and the decode GPU tests compile ---------------------------------------
 # the key-major rows' kernels (--only-key-major compiles these alone): both consumer counts, and
-# the default split and combine they are timed against
-KEY_MAJOR_CONFIGS = ([("mla_keys", t, h, KV_DTYPES[fp8], 1 if fp8 else 2, c) for h, t, fp8 in KEY_MAJOR_CASES for c in (1, 2)]
-                     + [("mla", t, h, KV_DTYPES[fp8], 1 if fp8 else 2, 64) for h, t, fp8 in KEY_MAJOR_CASES]
+# the row-major split (consumers 0) and the combine they are timed against
+KEY_MAJOR_CONFIGS = ([("mla_keys", t, h, KV_DTYPES[fp8], st, c) for h, t, fp8 in KEY_MAJOR_CASES
+                      for st in (KEY_MAJOR_STAGES if fp8 else (2,)) for c in (1, 2)]
+                     + [("mla_keys", t, h, KV_DTYPES[fp8], 1 if fp8 else 2, 0) for h, t, fp8 in KEY_MAJOR_CASES]
                      + [("combine", t, h, 0, False, 64) for h, t, _ in KEY_MAJOR_CASES])
 BENCH_CONFIGS = ([("topk", k, ctas) for k in sorted({k for _, k in TOPK_SHAPES}) for ctas in CTAS_PER_ROW]
                  + [("indexer", h, d) for h, d in INDEXER_SHAPES]
@@ -106,7 +108,7 @@ TEST_CONFIGS = ([("topk", k, ctas) for k in (512, 1024, 2048) for ctas in CTAS_P
                 + [("mla_keys", t, h, kv, st, c) for t, h, kv, st in ((1, 16, "bfloat16", 2), (1, 16, "float8_e4m3", 1),
                                                                       (2, 16, "bfloat16", 2), (1, 32, "float8_e4m3", 1))
                    for c in (1, 2)]
-                + [("mla", 1, 32, "float8_e4m3", 1), ("combine", 1, 32, 0, False)]
+                + [("mla", 1, 32, "float8_e4m3", 1), ("combine", 1, 32, 0, False), ("mla_keys", 1, 16, "bfloat16", 2, 0)]
                 + [("combine", 1, h, 0, False, split) for h, split in ((128, 16), (16, 128))] + [("combine", 2, 16, 0, False, 32)]
                 + [("sparse", t, h, k, kv) for t, h, k in ((1, 128, 2048), (2, 16, 512)) for kv in KV_DTYPES]
                 + [("combine", t, h, splits_of(k), sink) for t, h, k in ((1, 128, 2048), (2, 16, 512))
@@ -125,7 +127,8 @@ def baseline_configs():
 def compile_config(cfg) -> str:
     """Compile (or load from the disk cache) the kernels of one configuration; runs in a worker
     process. The arguments are those the wrappers pass, so the wrappers then hit the cache."""
-    from kernels.attention.decode_mla import D_QK, SPLIT_PAGES, mla_combine_kernel, mla_split_key_major_kernel, mla_split_kernel
+    from kernels.attention.decode_mla import (D_QK, SPLIT_PAGES, key_major_default, mla_combine_kernel, mla_split_key_major_kernel,
+                                              mla_split_kernel)
 
     t0 = time.time()
     kind, args = cfg[0], cfg[1:]
@@ -142,12 +145,19 @@ def compile_config(cfg) -> str:
         from kernels.attention.indexer import indexer_paged_kernel
 
         indexer_paged_kernel(args[0], 128)
-    elif kind == "mla":
+    elif kind == "mla":  # the split kernel mla_decode picks by default
         tokens, heads, kv, stages, *split = args
-        mla_split_kernel(tokens, heads, kv, scale, stages, *split)
-    elif kind == "mla_keys":
+        consumers = key_major_default(tokens * heads, kv)
+        if consumers:
+            mla_split_key_major_kernel(tokens, heads, kv, scale, stages, *(split or [SPLIT_PAGES]), consumers)
+        else:
+            mla_split_kernel(tokens, heads, kv, scale, stages, *split)
+    elif kind == "mla_keys":  # mla_decode(key_major=consumers): 0 the row-major kernel
         tokens, heads, kv, stages, consumers = args
-        mla_split_key_major_kernel(tokens, heads, kv, scale, stages, SPLIT_PAGES, consumers)
+        if consumers:
+            mla_split_key_major_kernel(tokens, heads, kv, scale, stages, SPLIT_PAGES, consumers)
+        else:
+            mla_split_kernel(tokens, heads, kv, scale, stages, SPLIT_PAGES)
     elif kind == "combine":  # MLA decode's (fixed_splits 0, no sink) and sparse decode's
         mla_combine_kernel(*args)
     elif kind == "baseline":
@@ -422,14 +432,15 @@ def mla_rows(reps, copy_gbps):
     import torch
 
     from bench.timing import median_ms
-    from kernels.attention.decode_mla import D_QK, D_V, GROUP, mla_decode, reference_mla_decode
+    from kernels.attention.decode_mla import D_QK, D_V, GROUP, key_major_default, mla_decode, reference_mla_decode
     from tests.kernels.attention.test_decode_mla import poisoned_outputs
 
     rates = {}
     for heads, tokens in MLA_SHAPES:
         for fp8, stages, split in MLA_VARIANTS:
             shape = f"B {BATCH} ctx {CTX} H {heads} T {tokens} {'e4m3' if fp8 else 'bf16'}"
-            what = ("MLA decode" if stages == 1 else f"MLA decode, {stages} pages in flight") + f", {split}-page splits"
+            what = (("MLA decode" if stages == 1 else f"MLA decode, {stages} pages in flight") + f", {split}-page splits"
+                    + (", key-major" if key_major_default(heads * tokens, KV_DTYPES[fp8]) else ""))
             g = torch.Generator(device="cuda").manual_seed(heads + tokens)
             sets = [mla_case(BATCH, CTX, heads, tokens, fp8, g) for _ in range(2)]
             q, kv, table, sl, scales = sets[0]
@@ -459,32 +470,40 @@ def mla_rows(reps, copy_gbps):
 
 
 def key_major_rows(reps, copy_gbps):
-    """The key-major split kernel (``mla_decode(key_major=1 or 2)``: one or two consumer warpgroups)
-    beside the default row-major one at ``KEY_MAJOR_CASES``, interleaved on the same inputs: each
-    checked against the reference, and bit for bit against the default."""
+    """The key-major split kernel (``mla_decode(key_major=1 or 2)``: one or two consumer warpgroups;
+    e4m3 also with each of ``KEY_MAJOR_STAGES`` pages in flight) beside the row-major one at
+    ``KEY_MAJOR_CASES``, interleaved on the same inputs, calls queued (the GPU's time, not the
+    wrapper's host path): each checked against the reference, and bit for bit against the row-major one."""
     import torch
 
     from bench.timing import interleaved_ms
-    from kernels.attention.decode_mla import D_QK, GROUP, mla_decode, reference_mla_decode
+    from kernels.attention.decode_mla import D_QK, GROUP, key_major_default, mla_decode, reference_mla_decode
     from tests.kernels.attention.test_decode_mla import poisoned_outputs
     from tlx.numerics.sweep import same_bits
 
-    variants = (0, 1, 2)  # row-major (the default), key-major with 1 / 2 consumer warpgroups
     for heads, tokens, fp8 in KEY_MAJOR_CASES:
+        # (key_major, pages in flight): the row-major kernel (its default stages) first
+        variants = [(0, None)] + [(c, st) for st in (KEY_MAJOR_STAGES if fp8 else (None,)) for c in (1, 2)]
         shape = f"B {BATCH} ctx {CTX} H {heads} T {tokens} {'e4m3' if fp8 else 'bf16'}"
         g = torch.Generator(device="cuda").manual_seed(heads + tokens + 7)
         q, kv, table, sl, scales = mla_case(BATCH, CTX, heads, tokens, fp8, g)
         ref = reference_mla_decode(q, kv, table, sl, kv_scales=scales)
-        outs = {v: mla_decode(q, kv, table, sl, kv_scales=scales, out=poisoned_outputs(q), key_major=v) for v in variants}
+
+        def call(v, out=None):
+            return mla_decode(q, kv, table, sl, kv_scales=scales, out=out, key_major=v[0], num_stages=v[1])
+
+        outs = {v: call(v, poisoned_outputs(q)) for v in variants}
         checks = {v: checked(*outs[v], *ref) for v in variants}
         for v in variants[1:]:
-            checks[v] += ", bits same" if all(same_bits(a, b) for a, b in zip(outs[0], outs[v])) else ", bits DIFFER"
+            checks[v] += ", bits same" if all(same_bits(a, b) for a, b in zip(outs[variants[0]], outs[v])) else ", bits DIFFER"
         del outs, ref
-        ms = interleaved_ms({v: (lambda v=v: mla_decode(q, kv, table, sl, kv_scales=scales, key_major=v)) for v in variants}, reps)
+        ms = interleaved_ms({v: (lambda v=v: call(v)) for v in variants}, reps, queued=True)
         moved = BATCH * CTX * (D_QK + (D_QK // GROUP) * 4 if fp8 else D_QK * 2)
         for v in variants:
-            emit(what=f"MLA decode, {'row-major split (default)' if v == 0 else f'key-major split, {v} consumer warpgroups'}",
-                 shape=shape, tlx_us=round(ms[v] * 1e3, 1), vs_default=round(ms[0] / ms[v], 3),
+            what = "row-major split" if v[0] == 0 else f"key-major split, {v[0]} consumer warpgroups"
+            default = v == (key_major_default(heads * tokens, KV_DTYPES[fp8]), None)
+            emit(what=f"MLA decode, {what}" + (f", {v[1]} pages in flight" if v[1] else "") + (" (default)" if default else ""),
+                 shape=shape, tlx_us=round(ms[v] * 1e3, 1), vs_row_major=round(ms[variants[0]] / ms[v], 3),
                  pct_of_copy=round(100 * moved / ms[v] / 1e6 / copy_gbps, 1), check=checks[v])
         del q, kv, table, sl, scales
         torch.cuda.empty_cache()

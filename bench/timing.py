@@ -65,11 +65,13 @@ def same_size_copies(moved: int, count: int = 1) -> list:
     return fns
 
 
-def interleaved_ms(fns: dict, reps: int, warmup: int = 3) -> dict:
-    """Median milliseconds of each named callable in ``fns``, timed one call of each in turn
-    (each call waited for), so that every candidate meets the same clocks and temperature: a board
-    at its power limit moves its clocks within seconds, and timing candidates one after another
-    favours whichever runs first."""
+def interleaved_ms(fns: dict, reps: int, warmup: int = 3, queued: bool = False) -> dict:
+    """Median milliseconds of each named callable in ``fns``, timed one call of each in turn, so
+    that every candidate meets the same clocks and temperature: a board at its power limit moves
+    its clocks within seconds, and timing candidates one after another favours whichever runs
+    first. Each call is waited for (the figure includes the host's path to the launch), unless
+    ``queued``: then the calls queue back to back and each figure is the GPU's time of its call
+    (for kernels that outlast their host path, e.g. a wrapper's checks and allocations)."""
     import torch
 
     for f in fns.values():
@@ -83,9 +85,11 @@ def interleaved_ms(fns: dict, reps: int, warmup: int = 3) -> dict:
             start.record()
             f()
             end.record()
-            end.synchronize()
-            times[name].append(start.elapsed_time(end))
-    return {name: statistics.median(t) for name, t in times.items()}
+            if not queued:
+                end.synchronize()
+            times[name].append((start, end))
+    torch.cuda.synchronize()
+    return {name: statistics.median(s.elapsed_time(e) for s, e in t) for name, t in times.items()}
 
 
 def gpu_bench_args(doc: str, script: str, reps: int = 30):

@@ -13,8 +13,9 @@ makes that sequence NaN and nothing else."""
 import pytest
 import torch
 
-from kernels.attention.decode_mla import (D_QK, D_V, GROUP, PAGE, SPLIT_PAGES, dequant_cache, mla_combine_kernel, mla_decode,
-                                          mla_split_key_major_kernel, mla_split_kernel, reference_mla_decode)
+from kernels.attention.decode_mla import (D_QK, D_V, GROUP, PAGE, SPLIT_PAGES, dequant_cache, key_major_default,
+                                          mla_combine_kernel, mla_decode, mla_split_key_major_kernel, mla_split_kernel,
+                                          reference_mla_decode)
 from tests.kernels.staged_release import assert_stages_released_after_last_read
 
 E4M3 = torch.float8_e4m3fn
@@ -74,6 +75,14 @@ def test_key_major_rows_checked():
         mla_split_key_major_kernel(1, 16, "bfloat16", D_QK ** -0.5, 1, SPLIT_PAGES, 3)
     with pytest.raises(ValueError, match="key_major: expected 0, 1 or 2"):
         mla_decode(q[:, :1], kv, bt, sl, key_major=True)
+
+
+def test_key_major_default_is_sixteen_bf16_rows():
+    """The measured choice (``key_major_default``): key-major for H16 T1 over bf16 only."""
+    assert key_major_default(16, "bfloat16") == 1
+    assert key_major_default(16, "float8_e4m3") == 0
+    assert key_major_default(32, "bfloat16") == 0
+    assert key_major_default(128, "bfloat16") == 0
 
 
 def test_pages_in_flight_checked():
@@ -309,14 +318,15 @@ def test_two_pages_in_flight_same_bits(tokens, heads, fp8):
 @pytest.mark.parametrize("consumers", [1, 2])
 @pytest.mark.parametrize("tokens, heads, fp8", [(1, 16, False), (1, 16, True), (2, 16, False), (1, 32, True)])
 def test_key_major_same_bits_as_row_major(tokens, heads, fp8, consumers):
-    """The key-major split kernel gives the default kernel's bits (and so the baseline's, which
-    test_bitwise_equal_to_baseline checks): short, page-edge and long sequences, an empty one, a
-    bad table entry (NaN rows in both), NaN slots past a sequence; every element written."""
+    """The key-major split kernel gives the row-major kernel's bits (and so the baseline's, which
+    test_bitwise_equal_to_baseline checks for both: the default at H16 T1 bf16 is key-major):
+    short, page-edge and long sequences, an empty one, a bad table entry (NaN rows in both), NaN
+    slots past a sequence; every element written."""
     q, kv, table, sl, scales = make_case([1, 63, 64, 65, 4001, 0, 1500, 9000], tokens=tokens, heads=heads, fp8=fp8,
                                          seed=40 + tokens + heads)
     table[1, 0] = kv.shape[0] + 3
     kv[table[3, 1].long(), 1:] = torch.tensor(float("nan"), device="cuda").to(kv.dtype)
-    o1, lse1 = mla_decode(q, kv, table, sl, kv_scales=scales)
+    o1, lse1 = mla_decode(q, kv, table, sl, kv_scales=scales, key_major=0)
     o2, lse2 = mla_decode(q, kv, table, sl, kv_scales=scales, out=poisoned_outputs(q), key_major=consumers)
     assert torch.equal(o2.view(torch.int16), o1.view(torch.int16))
     assert torch.equal(lse2.view(torch.int32), lse1.view(torch.int32))
