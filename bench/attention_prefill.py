@@ -110,10 +110,9 @@ def _sweep_forward():
 
 def _sweep_backward():
     """Backward candidates per head dim (the first is the default; d 256 is not swept)."""
-    from kernels.attention.dense_bwd import FUSED_DQ_TILES, SPLIT_WIDE_DQ_TILES, WIDE_DQ_TILES
+    from kernels.attention.dense_bwd import SPLIT_WIDE_DQ_TILES, WIDE_DQ_TILES
 
-    return {d: {"dq 128 x 128 (default)": WIDE_DQ_TILES, "dK / dV split, dq 128 x 128": SPLIT_WIDE_DQ_TILES,
-                f"dQ in key-tile order, 128 x {FUSED_DQ_TILES[d].dkdv_queries}": FUSED_DQ_TILES[d]} for d in (64, 128)}
+    return {d: {"dq 128 x 128 (default)": WIDE_DQ_TILES, "dK / dV split, dq 128 x 128": SPLIT_WIDE_DQ_TILES} for d in (64, 128)}
 
 
 SWEEP_FORWARD = _sweep_forward()
@@ -127,9 +126,8 @@ def sweep_configs(backward_only: bool = False):
            [("forward options", d, c, tuple(sorted(opts.items()))) for d, cands in SWEEP_FORWARD.items()
             for opts in cands.values() for c in (False, True)])
     bwd = {(kind, d, c, blocks) for d, cands in SWEEP_BACKWARD.items() for t in cands.values() for c in (False, True)
-           for kind, blocks in [("dkdv", (grads, t.dkdv_keys, t.dkdv_queries, t.fused_dq))
-                                for grads in (("dv", "dk") if t.split else ("dkdv",))]
-           + [("dq convert", ()) if t.fused_dq else ("dq", (t.dq_queries, t.dq_keys))]}
+           for kind, blocks in [("dkdv", (grads, t.dkdv_keys, t.dkdv_queries)) for grads in (("dv", "dk") if t.split else ("dkdv",))]
+           + [("dq", (t.dq_queries, t.dq_keys))]}
     return fwd + sorted(bwd) + [("delta", d) for d in SWEEP_BACKWARD]
 
 
@@ -142,7 +140,7 @@ def baseline_configs():
     return [("baseline", "dense_fwd")] if ctypes.util.find_library("cuda") else []
 
 
-SWEEP_KINDS = ("forward options", "dkdv", "dq", "dq convert", "delta")
+SWEEP_KINDS = ("forward options", "dkdv", "dq", "delta")
 
 
 def compile_config(cfg) -> str:
@@ -184,18 +182,16 @@ def _compile_config(cfg) -> str:
 
         d, causal = args
         backward_kernels(d, causal, 1.0 / math.sqrt(d), "bfloat16")
-    elif kind in ("dkdv", "dq", "dq convert", "delta"):
-        from kernels.attention.dense_bwd import bwd_delta_kernel, bwd_dkdv_kernel, bwd_dq_convert_kernel, bwd_dq_kernel
+    elif kind in ("dkdv", "dq", "delta"):
+        from kernels.attention.dense_bwd import bwd_delta_kernel, bwd_dkdv_kernel, bwd_dq_kernel
 
         if kind == "delta":
             bwd_delta_kernel(args[0], "bfloat16")
         else:
             d, causal, blocks = args
             scale = 1.0 / math.sqrt(d)
-            if kind == "dkdv":  # blocks: (grads, keys, queries, fused dQ)
+            if kind == "dkdv":  # blocks: (grads, keys, queries)
                 bwd_dkdv_kernel(d, causal, scale * LOG2E, scale, "bfloat16", *blocks)
-            elif kind == "dq convert":
-                bwd_dq_convert_kernel(d, scale, "bfloat16")
             else:
                 bwd_dq_kernel(d, causal, scale * LOG2E, scale, "bfloat16", *blocks)
     elif kind == "sparse_bwd":

@@ -7,8 +7,7 @@ import math
 import pytest
 import torch
 
-from kernels.attention.dense_bwd import (FUSED_DQ_TILES, SPLIT_DIMS, backward_kernels, bwd_dkdv_kernel, bwd_dq_kernel,
-                                        dense_attention_backward)
+from kernels.attention.dense_bwd import SPLIT_DIMS, backward_kernels, bwd_dkdv_kernel, bwd_dq_kernel, dense_attention_backward
 from tests.kernels.staged_release import assert_stages_released_after_last_read
 
 
@@ -67,10 +66,6 @@ def test_bad_arguments_are_named():
         bwd_dq_kernel(128, False, 1.0, 1.0, "bfloat16", 32, 64)
     with pytest.raises(TypeError, match="tiles: expected a BwdTiles or None, got tuple"):
         backward_kernels(128, False, 1.0, tiles=(128, 64, 128, 64))
-    with pytest.raises(ValueError, match="tiles: fused_dq needs dK and dV in one kernel"):
-        backward_kernels(256, False, 1.0, tiles=FUSED_DQ_TILES[64])
-    with pytest.raises(ValueError, match="fused_dq: needs grads 'dkdv', got 'dv'"):
-        bwd_dkdv_kernel(128, False, 1.0, 1.0, "bfloat16", "dv", 128, 64, True)
 
 
 def test_split_tiles_build_dv_and_dk_kernels_that_ptxas_does_not_serialize():
@@ -84,31 +79,3 @@ def test_split_tiles_build_dv_and_dk_kernels_that_ptxas_does_not_serialize():
         kernel = builds[name]()
         assert kernel.metadata["reports"]["ptxas"] == {"performance_loss": []}, name
         assert_stages_released_after_last_read(kernel.device_source, {"Q_s", "dO_s", "lse_s"})
-
-
-def test_fused_dq_adds_in_key_tile_order():
-    """The fused-dQ candidate (``FUSED_DQ_TILES``): the first consumer thread waits for the lower
-    key tiles' release (one wait, in the wait-failed branch the trap), the consumers meet at the
-    named barrier, read-modify-write DQacc, meet again, and the first thread releases; no atomics.
-    The determinism analysis does not model the counters' order, so it never calls the kernel
-    deterministic: non-causal it sees the cross-tile read-modify-write at once (the key tile
-    occurs in DQacc's index only in a condition); causal the index uses the tile arithmetically
-    (its first query block) and the solver's budgeted question stays unknown."""
-    for causal, verdict in ((False, False), (True, "unknown")):
-        _, dkdv, convert = backward_kernels(64, causal, 0.125, tiles=FUSED_DQ_TILES[64])
-        src = dkdv.device_source
-        assert "atomic" not in src.lower() and "_sys" not in src  # GPU scope, not MegaMoE's system scope
-        wait = src.index("tlx_ordered_wait((")
-        first_sync = src.index("tlx_ordered_barrier(8, 256)", wait)
-        rmw = src.index("*(float2*)(DQacc + ", first_sync)  # the first access after the wait
-        second_sync = src.index("tlx_ordered_barrier(8, 256)", rmw)
-        release = src.index("tlx_ordered_release((", second_sync)
-        assert src.count("tlx_ordered_wait((") == 1 and src.count("tlx_ordered_release((") == 1
-        assert src.count("tlx_ordered_barrier(8, 256)") == 2 and release > second_sync
-        assert "tlx_ordered_wait_failed();" in src[wait:first_sync]
-        report = dkdv.metadata["reports"]["determinism"]
-        assert report["deterministic"] == verdict, report
-        if not causal:
-            split = [f["blocks"] for f in report["findings"] if f["kind"] == "split_k" and f.get("buffer") == "DQacc"]
-            assert split == [["blockIdx.x"]], report["findings"]
-        assert "DQacc" in convert.device_source and "atomic" not in convert.device_source.lower()
