@@ -218,9 +218,15 @@ def mla_split_kernel(tokens: int, heads: int, kv_dtype: str, softmax_scale: floa
                         # they made every element wait for two dependent loads
                         for i, d in T.Parallel(PAGE, D_V, loop_layout=DEQUANT_LAYOUT):
                             KQ_f[i, d] = KQ_s[i, d]
-                        for i, d in T.Parallel(PAGE, D_V, loop_layout=DEQUANT_LAYOUT):  # past the sequence: zeros (below)
-                            KV_s[i, d] = T.if_then_else((first + t) * PAGE + i < seq,
-                                                        dequant(KQ_f[i, d], page_scale(KS_s, i, d // GROUP)), T.Cast(bf16, 0))
+                        # past the sequence: zeros; a page of keys only (all but a sequence's last) has
+                        # no test per value (the selects made each 4 values a branch)
+                        if (first + t + 1) * PAGE <= seq:
+                            for i, d in T.Parallel(PAGE, D_V, loop_layout=DEQUANT_LAYOUT):
+                                KV_s[i, d] = dequant(KQ_f[i, d], page_scale(KS_s, i, d // GROUP))
+                        else:
+                            for i, d in T.Parallel(PAGE, D_V, loop_layout=DEQUANT_LAYOUT):
+                                KV_s[i, d] = T.if_then_else((first + t) * PAGE + i < seq,
+                                                            dequant(KQ_f[i, d], page_scale(KS_s, i, d // GROUP)), T.Cast(bf16, 0))
                         for i, d in T.Parallel(PAGE, D_PE):
                             KP_s[i, d] = dequant(KQP_s[i, d], page_scale(KS_s, i, D_V // GROUP))
                     else:
@@ -362,9 +368,13 @@ def mla_split_key_major_kernel(tokens: int, heads: int, kv_dtype: str, softmax_s
                         T.copy(KVS[clamped_page(BT, b, first + t, pages), :, :], KS_s)
                         for i, d in T.Parallel(PAGE, D_V, loop_layout=dequant_layout(C.WARPGROUP * consumers)):
                             KQ_f[i, d] = KQ_s[i, d]
-                        for i, d in T.Parallel(PAGE, D_V, loop_layout=dequant_layout(C.WARPGROUP * consumers)):
-                            KV_s[i, d] = T.if_then_else((first + t) * PAGE + i < seq,
-                                                        dequant(KQ_f[i, d], page_scale(KS_s, i, d // GROUP)), T.Cast(bf16, 0))
+                        if (first + t + 1) * PAGE <= seq:  # no test per value: see mla_split_kernel
+                            for i, d in T.Parallel(PAGE, D_V, loop_layout=dequant_layout(C.WARPGROUP * consumers)):
+                                KV_s[i, d] = dequant(KQ_f[i, d], page_scale(KS_s, i, d // GROUP))
+                        else:
+                            for i, d in T.Parallel(PAGE, D_V, loop_layout=dequant_layout(C.WARPGROUP * consumers)):
+                                KV_s[i, d] = T.if_then_else((first + t) * PAGE + i < seq,
+                                                            dequant(KQ_f[i, d], page_scale(KS_s, i, d // GROUP)), T.Cast(bf16, 0))
                         for i, d in T.Parallel(PAGE, D_PE):
                             KP_s[i, d] = dequant(KQP_s[i, d], page_scale(KS_s, i, D_V // GROUP))
                     else:
