@@ -4,7 +4,7 @@ import pytest
 from tilelang import tvm
 
 from tests.passes.layout_corpus import kernels as K
-from tlx.lowering import lower
+from tlx.lowering import codegen_cuda, lower
 from tlx.passes import PassContext
 from tlx.passes.vectors import VectorError, vectors_pass, vectors_report
 
@@ -61,3 +61,26 @@ def test_missed_vectorization_of_a_serialised_loop():
     missed = {m["buffer"]: m for m in r["missed"]}
     assert missed["B"]["could_be_lanes"] == 4  # the store is aligned and contiguous
     assert "A" not in missed  # the load is contiguous but starts one element off
+
+
+def test_select_per_vector_in_a_loop_is_reported_as_a_branch():
+    """TileLang emits a vector ``if_then_else`` on a scalar condition as an if/else per vector
+    (the CUDA shows it); tested once per step instead, the per-value test stays only on the
+    path of a partial block, and is reported as conditional."""
+    per_vector = _lower(K.masked_row_scale(branch_per_step=False))
+    r = vectors_report(per_vector)
+    assert [(b["loop"], b["conditional"], b["lanes"]) for b in r["branches"]] == [("s", False, 4)]
+    cuda = codegen_cuda(per_vector)  # the branch the report stands for: the select's value set in an if/else
+    assert "uint2 condval;" in cuda and "< L[0])) {" in cuda
+    assert "1 branching selects (0 on a conditional path)" in r["summary"][0]
+    assert any("a branch per 4-wide vector in loop s" in line for line in r["summary"][1:])
+    hoisted = vectors_report(_lower(K.masked_row_scale(branch_per_step=True)))
+    assert [(b["loop"], b["conditional"]) for b in hoisted["branches"]] == [("s", True)]
+    assert not any("a branch per" in line for line in hoisted["summary"][1:])
+
+
+def test_selects_of_plain_loads_and_outside_loops_are_not_reported():
+    """TileLang's own bound guards select a plain load (nothing computed in the arms), and a
+    select in straight-line code runs once: neither is reported."""
+    for make in (K.scale_add(), K.shifted_vector_copy(shift=4), K.row_sum()):
+        assert vectors_report(_lower(make))["branches"] == []

@@ -138,3 +138,26 @@ NCU_CASES = {
     "gemm_ldmatrix": lambda: gemm(configs=GEMM_SIMT_COPY),
 }
 
+
+
+def masked_row_scale(branch_per_step=False, M=4096, N=64, rows=16, steps=4):
+    """``B = fp16(float(A) * S[row])`` for rows below ``L[0]``, zeros past it, ``steps`` blocks of
+    ``rows`` a CTA in a serial loop. The test per value (``if_then_else`` over each vector) is a
+    branch per vector in CUDA; ``branch_per_step`` tests once a step whether the whole block is
+    below ``L[0]`` and keeps the per-value test for a block that is not."""
+
+    @T.prim_func
+    def main(A: T.Tensor((M, N), "float16"), S: T.Tensor((M,), "float32"), L: T.Tensor((1,), "int32"),
+             B: T.Tensor((M, N), "float16")):
+        with T.Kernel(M // (rows * steps), threads=128) as bx:
+            for s in T.serial(steps):
+                r0 = (bx * steps + s) * rows
+                if branch_per_step and r0 + rows <= L[0]:
+                    for i, j in T.Parallel(rows, N):
+                        B[r0 + i, j] = T.Cast("float16", T.Cast("float32", A[r0 + i, j]) * S[r0 + i])
+                else:
+                    for i, j in T.Parallel(rows, N):
+                        B[r0 + i, j] = T.if_then_else(r0 + i < L[0], T.Cast("float16", T.Cast("float32", A[r0 + i, j]) * S[r0 + i]),
+                                                      T.Cast("float16", 0))
+
+    return main, {}
