@@ -186,6 +186,9 @@ def _row(example: str, rec: dict) -> dict:
         "preconditions": [p["condition"] for p in res.get("preconditions", [])],
         "items": len(items),
         "items_with_line": sum(bool(re.match(r"[^:\s]+\.py:\d+$", a["source"])) for a in items),
+        # the vectors analysis' performance note: selects that are an if/else per vector in a loop
+        "branching_selects": len((res.get("vectors") or {}).get("branches", [])),
+        "branching_selects_unconditional": sum(not b["conditional"] for b in (res.get("vectors") or {}).get("branches", [])),
         "seconds": round(rec["seconds"], 2),
         "verify_seconds": res.get("seconds", 0.0),  # the bounds verdict alone (with preconditions)
         "violation_detail": res.get("violations", []),
@@ -214,6 +217,10 @@ def _table(rows: list[dict]) -> str:
     for a in ANALYSES + ("status",):
         counts = [sum(r.get(a) == v for r in checked) for v in ("ok", "violation", "unknown", "error", "not run")]
         lines.append(f"| {a if a != 'status' else 'exit status (default deciding set)'} | " + " | ".join(map(str, counts)) + " |")
+    branchy = [r for r in checked if r.get("branching_selects")]
+    lines += ["", f"branching selects (vectors' note): {sum(r['branching_selects'] for r in branchy)} in {len(branchy)} examples "
+              f"({sum(r['branching_selects_unconditional'] for r in branchy)} not on a conditional path)"
+              + "".join(f"; {r['example']} {r['branching_selects']}" for r in branchy)]
     return "\n".join(lines)
 
 
