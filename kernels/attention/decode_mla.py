@@ -11,8 +11,9 @@ Batch invariance: a sequence is cut into splits of ``split_pages`` pages (defaul
 ``SPLIT_PAGES``, 4096 tokens), a count that depends on its own length and that constant only,
 never on the batch or the SM count (each split size is its own bit-for-bit contract with the
 baseline, which takes the same constant); each split is one CTA
-per 64 query rows (token-major rows ``t * H + h``) that writes its normalised partial output and
-log-sum-exp, and a second kernel combines the splits in ascending order. No atomics, no
+per 64 query rows (token-major rows ``t * H + h``; 16 rows of a bf16 cache: one CTA of the
+key-major kernel, the same bits) that writes its normalised partial output and log-sum-exp, and
+a second kernel combines the splits in ascending order. No atomics, no
 persistent scheduling: the bits of a sequence are the same alone, in any batch, on any grid.
 
 FP8: each page is dequantized in shared memory before the matrix products, by the project's
