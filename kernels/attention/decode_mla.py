@@ -113,6 +113,30 @@ def load_queries(Q, Q_s, QP_s, b, tx, threads: int, query_of):
         query_piece(Q, QP_s, b, query_of, k * (threads // 8) + tx // 8, tx % 8 * 8, D_V)
 
 
+@T.macro
+def dequant_page(KQ_s, KQP_s, KS_s, KQ_f, KV_s, KP_s, full, key_valid, layout):
+    """A staged e4m3 page (values ``KQ_s`` / ``KQP_s``, scales ``KS_s``) into the bf16 tiles ``KV_s``
+    / ``KP_s`` by the project's rule; zeros for a slot ``i`` past the sequence (``key_valid(i)``
+    false; ``full()``: no such slot). Both are callables, not values: a value passed to a macro
+    is let-bound, and TileLang then placed one more barrier in the page loop. The values go
+    to registers first (16-byte loads), so the staging tile is released at once and the next
+    page's copy overlaps this one's dequant and products (the scales came with the page: read
+    per element from global memory behind the block-table entry, they made every element wait
+    for two dependent loads). A page of keys only (all but a sequence's last) has no test per
+    value: as a select, each four values were a branch (1.17-1.19x slower, H200, 2026-12-04)."""
+    for i, d in T.Parallel(PAGE, D_V, loop_layout=layout):
+        KQ_f[i, d] = KQ_s[i, d]
+    if full():
+        for i, d in T.Parallel(PAGE, D_V, loop_layout=layout):
+            KV_s[i, d] = dequant(KQ_f[i, d], page_scale(KS_s, i, d // GROUP))
+    else:
+        for i, d in T.Parallel(PAGE, D_V, loop_layout=layout):
+            KV_s[i, d] = T.if_then_else(key_valid(i), dequant(KQ_f[i, d], page_scale(KS_s, i, d // GROUP)),
+                                        T.Cast("bfloat16", 0))
+    for i, d in T.Parallel(PAGE, D_PE):
+        KP_s[i, d] = dequant(KQP_s[i, d], page_scale(KS_s, i, D_V // GROUP))
+
+
 def splits_of(max_pages, split: int):
     return T.ceildiv(max_pages, split)
 
@@ -212,24 +236,8 @@ def mla_split_kernel(tokens: int, heads: int, kv_dtype: str, softmax_scale: floa
                         T.copy(KV[clamped_page(BT, b, first + t, pages), :, 0:D_V], KQ_s)
                         T.copy(KV[clamped_page(BT, b, first + t, pages), :, D_V:D_QK], KQP_s)
                         T.copy(KVS[clamped_page(BT, b, first + t, pages), :, :], KS_s)
-                        # the e4m3 page goes to registers first (16-byte loads), so its staging
-                        # tile is released at once and the next page's copy overlaps this one's
-                        # dequant and products; the scales come with the page (one TMA copy):
-                        # read per element from global memory behind the block-table entry,
-                        # they made every element wait for two dependent loads
-                        for i, d in T.Parallel(PAGE, D_V, loop_layout=DEQUANT_LAYOUT):
-                            KQ_f[i, d] = KQ_s[i, d]
-                        # past the sequence: zeros; a page of keys only (all but a sequence's last) has
-                        # no test per value (the selects made each 4 values a branch)
-                        if (first + t + 1) * PAGE <= seq:
-                            for i, d in T.Parallel(PAGE, D_V, loop_layout=DEQUANT_LAYOUT):
-                                KV_s[i, d] = dequant(KQ_f[i, d], page_scale(KS_s, i, d // GROUP))
-                        else:
-                            for i, d in T.Parallel(PAGE, D_V, loop_layout=DEQUANT_LAYOUT):
-                                KV_s[i, d] = T.if_then_else((first + t) * PAGE + i < seq,
-                                                            dequant(KQ_f[i, d], page_scale(KS_s, i, d // GROUP)), T.Cast(bf16, 0))
-                        for i, d in T.Parallel(PAGE, D_PE):
-                            KP_s[i, d] = dequant(KQP_s[i, d], page_scale(KS_s, i, D_V // GROUP))
+                        dequant_page(KQ_s, KQP_s, KS_s, KQ_f, KV_s, KP_s, lambda: (first + t + 1) * PAGE <= seq,
+                                     lambda i: (first + t) * PAGE + i < seq, DEQUANT_LAYOUT)
                     else:
                         T.copy(KV[clamped_page(BT, b, first + t, pages), :, 0:D_V], KV_s)
                         T.copy(KV[clamped_page(BT, b, first + t, pages), :, D_V:D_QK], KP_s)
@@ -360,24 +368,13 @@ def mla_split_key_major_kernel(tokens: int, heads: int, kv_dtype: str, softmax_s
                 for t in T.Pipelined(count, num_stages=num_stages):
                     if table_entry(BT, b, first + t) < 0 or table_entry(BT, b, first + t) >= pages:
                         bad = 1
-                    # the page as mla_split_kernel stages it, written out again: as a T.macro it
-                    # took `seq` through a let binding, and TileLang's barrier before the dequant
-                    # then moved into the dequant loop (16 barriers a page; 2026-12-04, CPU)
+                    # the page as mla_split_kernel stages it
                     if fp8:
                         T.copy(KV[clamped_page(BT, b, first + t, pages), :, 0:D_V], KQ_s)
                         T.copy(KV[clamped_page(BT, b, first + t, pages), :, D_V:D_QK], KQP_s)
                         T.copy(KVS[clamped_page(BT, b, first + t, pages), :, :], KS_s)
-                        for i, d in T.Parallel(PAGE, D_V, loop_layout=dequant_layout(C.WARPGROUP * consumers)):
-                            KQ_f[i, d] = KQ_s[i, d]
-                        if (first + t + 1) * PAGE <= seq:  # no test per value: see mla_split_kernel
-                            for i, d in T.Parallel(PAGE, D_V, loop_layout=dequant_layout(C.WARPGROUP * consumers)):
-                                KV_s[i, d] = dequant(KQ_f[i, d], page_scale(KS_s, i, d // GROUP))
-                        else:
-                            for i, d in T.Parallel(PAGE, D_V, loop_layout=dequant_layout(C.WARPGROUP * consumers)):
-                                KV_s[i, d] = T.if_then_else((first + t) * PAGE + i < seq,
-                                                            dequant(KQ_f[i, d], page_scale(KS_s, i, d // GROUP)), T.Cast(bf16, 0))
-                        for i, d in T.Parallel(PAGE, D_PE):
-                            KP_s[i, d] = dequant(KQP_s[i, d], page_scale(KS_s, i, D_V // GROUP))
+                        dequant_page(KQ_s, KQP_s, KS_s, KQ_f, KV_s, KP_s, lambda: (first + t + 1) * PAGE <= seq,
+                                     lambda i: (first + t) * PAGE + i < seq, dequant_layout(C.WARPGROUP * consumers))
                     else:
                         T.copy(KV[clamped_page(BT, b, first + t, pages), :, 0:D_V], KV_s)
                         T.copy(KV[clamped_page(BT, b, first + t, pages), :, D_V:D_QK], KP_s)
