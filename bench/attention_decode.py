@@ -22,9 +22,9 @@ Rows (printed as they are measured, so a timeout still leaves the earlier ones):
   the copy's) and 128 heads, T 1 / 2 (compute bound: TFLOP/s = 2 B T H ctx (576 + 512), target
   >= 550);
 * the key-major MLA split kernel (``mla_decode(key_major=1 or 2)``: the keys as the products' M
-  side, for 16 or 32 query rows, one or two consumer warpgroups) beside the default at 16 heads,
-  T 1 / 2, bf16 and e4m3, interleaved on the same inputs, each checked, and bit for bit against
-  the default;
+  side, for 16 or 32 query rows, one or two consumer warpgroups) beside the row-major one at 16
+  heads, T 1 / 2, bf16 and e4m3, interleaved on the same inputs, calls queued, each checked, and
+  bit for bit against the row-major one;
 * TileLang's own MLA decode examples (``examples/deepseek_mla/example_mla_decode.py`` and its
   warp-specialized form, from the carried examples copy) at the 128-head shape, interleaved with ``mla_decode`` on the same
   values: what the same two-warpgroup design reaches with TileLang's choices (an anchor);
@@ -127,8 +127,7 @@ def baseline_configs():
 def compile_config(cfg) -> str:
     """Compile (or load from the disk cache) the kernels of one configuration; runs in a worker
     process. The arguments are those the wrappers pass, so the wrappers then hit the cache."""
-    from kernels.attention.decode_mla import (D_QK, SPLIT_PAGES, key_major_default, mla_combine_kernel, mla_split_key_major_kernel,
-                                              mla_split_kernel)
+    from kernels.attention.decode_mla import D_QK, SPLIT_PAGES, mla_combine_kernel, split_kernel
 
     t0 = time.time()
     kind, args = cfg[0], cfg[1:]
@@ -146,18 +145,10 @@ def compile_config(cfg) -> str:
 
         indexer_paged_kernel(args[0], 128)
     elif kind == "mla":  # the split kernel mla_decode picks by default
-        tokens, heads, kv, stages, *split = args
-        consumers = key_major_default(tokens * heads, kv)
-        if consumers:
-            mla_split_key_major_kernel(tokens, heads, kv, scale, stages, *(split or [SPLIT_PAGES]), consumers)
-        else:
-            mla_split_kernel(tokens, heads, kv, scale, stages, *split)
+        split_kernel(*args[:3], scale, *args[3:])
     elif kind == "mla_keys":  # mla_decode(key_major=consumers): 0 the row-major kernel
         tokens, heads, kv, stages, consumers = args
-        if consumers:
-            mla_split_key_major_kernel(tokens, heads, kv, scale, stages, SPLIT_PAGES, consumers)
-        else:
-            mla_split_kernel(tokens, heads, kv, scale, stages, SPLIT_PAGES)
+        split_kernel(tokens, heads, kv, scale, stages, SPLIT_PAGES, consumers)
     elif kind == "combine":  # MLA decode's (fixed_splits 0, no sink) and sparse decode's
         mla_combine_kernel(*args)
     elif kind == "baseline":

@@ -545,6 +545,17 @@ def key_major_default(rows: int, kv_dtype: str) -> int:
     return 1 if rows == KEY_MAJOR_ROWS[0] and kv_dtype == "bfloat16" else 0
 
 
+def split_kernel(tokens: int, heads: int, kv_dtype: str, softmax_scale: float, num_stages: int,
+                 split_pages: int = SPLIT_PAGES, key_major: int | None = None):
+    """The split kernel ``mla_decode`` launches: key-major with ``key_major`` consumer warpgroups,
+    row-major for 0, ``key_major_default`` for None."""
+    if key_major is None:
+        key_major = key_major_default(tokens * heads, kv_dtype)
+    if key_major:
+        return mla_split_key_major_kernel(tokens, heads, kv_dtype, softmax_scale, num_stages, split_pages, key_major)
+    return mla_split_kernel(tokens, heads, kv_dtype, softmax_scale, num_stages, split_pages)
+
+
 def mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
                softmax_scale: float | None = None, kv_scales: torch.Tensor | None = None, out=None,
                num_stages: int | None = None, split_pages: int = SPLIT_PAGES, key_major: int | None = None):
@@ -572,8 +583,6 @@ def mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tenso
         raise ValueError(f"num_stages: expected 1 or 2, got {num_stages!r}")
     fp8 = _check(q, kv_cache, kv_scales, block_table, seq_lens, out)
     b, t, h, _ = q.shape
-    if key_major is None:
-        key_major = key_major_default(t * h, KV_DTYPES[kv_cache.dtype])
     mp = block_table.shape[1]
     scale = float(D_QK ** -0.5 if softmax_scale is None else softmax_scale)
     if not (math.isfinite(scale) and scale > 0):
@@ -586,11 +595,8 @@ def mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tenso
     kv_scales = kv_scales.view(-1, *SCALE_TILE) if fp8 else _zeros(dev, (1, *SCALE_TILE))
     part_o = torch.empty((b, splits, rows, D_V), dtype=torch.float32, device=dev)
     part_lse = torch.empty((b, splits, rows), dtype=torch.float32, device=dev)
-    if key_major:
-        split_kernel = mla_split_key_major_kernel(t, h, KV_DTYPES[kv_cache.dtype], scale, num_stages, split_pages, key_major)
-    else:
-        split_kernel = mla_split_kernel(t, h, KV_DTYPES[kv_cache.dtype], scale, num_stages, split_pages)
-    split_kernel(q, kv_cache, kv_scales, block_table, seq_lens, part_o, part_lse)
+    split_kernel(t, h, KV_DTYPES[kv_cache.dtype], scale, num_stages, split_pages, key_major)(
+        q, kv_cache, kv_scales, block_table, seq_lens, part_o, part_lse)
     mla_combine_kernel(t, h, split_pages=split_pages)(block_table, seq_lens, part_o, part_lse, _zeros(dev, (h,)), o, lse)
     return o, lse
 
