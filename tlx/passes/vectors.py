@@ -17,8 +17,8 @@ Branching selects (a performance note, never a verdict): an ``if_then_else`` who
 vector and whose condition is one scalar is emitted by TileLang's CUDA code generator as an
 ``if``/``else`` per vector, so the arms' work (conversions, products) cannot be scheduled
 across vectors. Reported when an arm computes (not only loads or constants: TileLang's own
-bound guards are plain loads) and a loop of symbolic extent (a kernel's main loop) encloses
-it. On the H200, taking such selects out of the e4m3 decode kernels' dequant made them
+bound guards are plain loads) and a loop that runs at run time (symbolic extent, or serial with
+more than one step) encloses it. On the H200, taking such selects out of the e4m3 decode kernels' dequant made them
 1.17-1.42x faster (bench/RESULTS.md, 2026-12-04).
 """
 
@@ -138,12 +138,13 @@ def _runs_repeatedly(loop) -> bool:
 
 def _branching_selects(kernel: LoweredKernel) -> list[dict]:
     """The vector selects on a scalar condition that compute in an arm, inside a loop that
-    runs repeatedly (module docstring), each once with its innermost such loop; ``conditional``:
-    an ``if`` inside that loop encloses it (a path that may run rarely, e.g. a last page)."""
+    runs repeatedly (module docstring), each once with its outermost such loop (a kernel's main
+    loop); ``conditional``: an ``if`` inside that loop encloses it (a path that may run rarely,
+    e.g. a last page)."""
     found, seen = [], []
     for name, func in device_functions(kernel.device_mod):
         loops = [f for f in nodes(func.body, tir.For) if _runs_repeatedly(f)]
-        for loop in reversed(loops):  # post order: inner loops first, so a select gets its innermost loop
+        for loop in reversed(loops):  # `nodes` lists inner loops first: reversed, a select meets its outermost loop first
             guarded = [c for branch in nodes(loop.body, tir.IfThenElse) for case in (branch.then_case, branch.else_case)
                        if case is not None for c in nodes(case, tir.Call)]
             for call in nodes(loop.body, tir.Call):
