@@ -1,7 +1,7 @@
 """tlx/passes/progress.py: a two-warpgroup mbarrier hand-off runs to the end; the classic
 mistakes (the producer's first wait without the flipped parity, a missing arrive, an init count
 no phase reaches) deadlock, reported with the wait that never ends; a loop bound read from
-memory is unknown; ``tlx check --only progress`` decides."""
+memory is unknown; a cross-warp AllReduce is its named barriers; ``tlx check --only progress`` decides."""
 
 import pytest
 import tilelang.language as T
@@ -80,3 +80,53 @@ def test_named_barriers_and_syncthreads_release_only_when_full():
     alone = [[("bar", 1, 2), ("sync",)], [("bar", 1, 2), ("sync",)], [("bar", 2, 2)]]
     report = simulate(alone, 0)
     assert report.verdict == "deadlock" and "threads 2 at named barrier 2 of 2 threads" in report.detail
+
+
+def _reduce_over_a_warpgroup(every_thread: bool):
+    """Warpgroup 0 of 256 threads reduces a [64, 128] fragment over its rows: TileLang lays the
+    rows across the four warps, so the reduce goes through shared memory between named
+    barriers of 128 threads (``tl::AllReduce<..., tl::NamedBarrier<128>>``); with
+    ``every_thread`` False only the even threads reach it."""
+
+    @T.prim_func
+    def main(A: T.Tensor((64, 256), "float32"), B: T.Tensor((256,), "float32")):
+        with T.Kernel(1, threads=256):
+            tx = T.get_thread_binding()
+            frag = T.alloc_fragment((64, 128), "float32")
+            mx = T.alloc_fragment((128,), "float32")
+            if tx < 128:
+                if every_thread or tx % 2 == 0:
+                    T.copy(A[:, 0:128], frag)
+                    T.reduce_max(frag, mx, dim=0)
+                    T.copy(mx, B[0:128])
+
+    [(_, func)] = list(device_functions(lower(main, TARGET, {}).device_mod))
+    return func
+
+
+def test_an_all_reduce_is_its_named_barriers():
+    """A cross-warp AllReduce is simulated as its barriers (it was "unknown"): the warpgroup's
+    reduce makes progress; reached by half of its threads, they wait at named barrier 1."""
+    assert check_progress(_reduce_over_a_warpgroup(True)).verdict == "ok"
+    report = check_progress(_reduce_over_a_warpgroup(False))
+    assert report.verdict == "deadlock" and "at named barrier 1 of 128 threads" in report.detail, report.detail
+
+
+@pytest.mark.parametrize("template, trace", [
+    ("tl::AllReduce<tl::MaxOp, 128, 32, 128, tl::NamedBarrier<128>>::run", [("bar", 1, 128), ("bar", 2, 128)] * 2),
+    ("tl::AllReduce<tl::SumOp, 4, 1, 0, tl::NamedBarrier<128>>::run", []),  # inside a warp: shuffles only
+    ("tl::AllReduce<tl::SumOp, 256, 1>::run", [("sync",)] * 6),  # SyncThreadsBarrier, the default: offsets 128, 64, 32
+    ("tl::AllReduce<tl::MaxOp, 256, 64, 0, tl::SyncThreadsBarrier>::run", [("sync",)] * 4),  # offsets 128, 64
+])
+def test_all_reduce_barriers_follow_its_butterfly(template, trace):
+    from tlx.passes.progress import _all_reduce_barriers
+
+    assert _all_reduce_barriers(template) == trace
+
+
+def test_an_all_reduce_it_cannot_read_is_unknown():
+    from tlx.passes.progress import Unknown, _all_reduce_barriers
+
+    assert _all_reduce_barriers("tl::warp_reduce<float>") is None
+    with pytest.raises(Unknown, match="template arguments"):
+        _all_reduce_barriers("tl::AllReduce<tl::MaxOp, N, 32>::run")

@@ -9,11 +9,13 @@ whether waits end. This pass runs the protocol instead:
    on concrete values (the thread index, loop counters, the ``values`` given for shape
    variables; every loop must have a known trip count), keeping only the synchronisation:
    mbarrier init, arrive (``cp.async.mbarrier.arrive.noinc`` is one arrival), parity wait, named
-   barriers and ``__syncthreads``. Subtrees without synchronisation are skipped. A branch or loop
-   bound that reads memory, or a value not given, makes the verdict "unknown" (never "ok"). A
-   bound variable that reads memory (a tile count from a loaded length) is then tried at each
-   value of ``SWEEP`` in turn: the verdict stays "unknown", and the detail says whether some value
-   hangs (a real hang wherever the data can give that value) or none of them did.
+   barriers, ``__syncthreads`` and the barriers of TileLang's cross-warp ``tl::AllReduce`` (two a
+   butterfly level that goes through shared memory). Subtrees without synchronisation are
+   skipped. A branch or loop bound that reads memory, or a value not given, makes the verdict
+   "unknown" (never "ok"). A bound variable that reads memory (a tile count from a loaded length)
+   is then tried at each value of ``SWEEP`` in turn, and a second one at each value of
+   ``SWEEP`` for each of those: the verdict stays "unknown", and the detail says whether some
+   value hangs (a real hang wherever the data can give that value) or none of them did.
 2. Simulation. Every thread runs its trace; a parity wait passes when the barrier's current phase
    parity differs from the awaited one (PTX semantics: ``wait(p)`` on a barrier that completed
    ``c`` phases returns iff ``c % 2 != p``), a phase completes when its arrivals reach the init
@@ -23,8 +25,8 @@ whether waits end. This pass runs the protocol instead:
    finished is a deadlock, reported with the waits that never end.
 
 Not modelled: TMA transaction bytes (a TMA load is assumed to land, so ``expect_tx`` never holds a
-phase back), clusters, and named barriers inside TileLang's collective templates over more than
-one warp (``AllReduce`` over a block: unknown). Out of scope: waits on flags in global memory
+phase back), clusters, and TileLang's collective templates other than ``AllReduce`` that name a
+barrier (unknown). Out of scope: waits on flags in global memory
 between CTAs, kernels or GPUs (a ``while`` loop makes the verdict unknown; an opaque helper that
 spins, such as MegaMoE's, is not a barrier of the CTA: those waits end by their own timeouts).
 A finished simulation shows progress for the schedules drawn, at these values; the deadlocks it
@@ -34,6 +36,7 @@ finds are real for these values.
 from __future__ import annotations
 
 import random
+import re
 from dataclasses import dataclass, field
 
 from tilelang import tvm
@@ -47,6 +50,7 @@ tir = tvm.tirx
 __all__ = ["DeadlockError", "ProgressReport", "Unknown", "check_progress", "progress_pass", "simulate", "thread_traces"]
 
 SWEEP = tuple(range(10))  # values tried, one at a time, for a control variable that reads memory
+MAX_SWEPT = 2  # such variables swept together (each value of one with every value of the other)
 MAX_STEPS = 2_000_000  # synchronisation steps of all threads together: more is "unknown" (too long to simulate)
 SEEDS = 8  # random schedules per kernel in tlx check
 
@@ -69,17 +73,41 @@ class Unknown(Exception):
         self.unread = unread
 
 
+_ALL_REDUCE = re.compile(r"tl::AllReduce<\s*[\w:]+\s*,\s*(\d+)\s*,\s*(\d+)\s*(?:,\s*\d+\s*)?"
+                         r"(?:,\s*tl::(?:NamedBarrier<\s*(\d+)\s*>|(SyncThreadsBarrier))\s*)?[,>]")
+
+
+def _all_reduce_barriers(ext: str) -> list[tuple] | None:
+    """The trace of one ``tl::AllReduce<Op, threads, scale, offset, Barrier>::run``
+    (``tl_templates/cuda/reduce.h``): its butterfly halves the offset from ``threads / 2`` down
+    to ``scale``; a level at offset >= 32 goes through shared memory between two barriers
+    (``bar.sync 1, n`` and ``bar.sync 2, n`` for ``NamedBarrier<n>``, ``__syncthreads`` for
+    ``SyncThreadsBarrier``, the default), a smaller offset shuffles. None: not an AllReduce."""
+    if not ext.startswith("tl::AllReduce<"):
+        return None
+    m = _ALL_REDUCE.match(ext)
+    if m is None:
+        raise Unknown(f"{ext}: an AllReduce whose template arguments the simulation does not read")
+    threads, scale, named = int(m.group(1)), int(m.group(2)), m.group(3)
+    trace, offset = [], threads // 2
+    while offset >= scale and offset >= 1:
+        if offset >= 32:
+            trace += [("bar", 1, int(named)), ("bar", 2, int(named))] if named else [("sync",), ("sync",)]
+        offset //= 2
+    return trace
+
+
 def _is_sync(call) -> bool:
     name = op_name(call)
     if name in _MBARRIER or name == "tirx.tvm_storage_sync":
         return True
     ext = extern_name(call) or ""
-    if "NamedBarrier<" not in ext:
-        return False
-    # tl::AllReduce<Op, threads, ...>: over at most a warp it shuffles and never touches its barrier
-    parts = ext.split("<", 1)[1].split(",")
-    return not (ext.startswith("tl::AllReduce<") and len(parts) > 1 and parts[1].strip().isdigit()
-                and int(parts[1]) <= 32)
+    if ext.startswith("tl::AllReduce<"):
+        try:
+            return bool(_all_reduce_barriers(ext))
+        except Unknown:
+            return True  # kept: _call then says why the verdict is unknown
+    return "NamedBarrier<" in ext
 
 
 def _sync_nodes():
@@ -200,6 +228,11 @@ def _run(s, env: dict, trace: list, has_sync) -> None:
     if isinstance(s, tir.Evaluate) and isinstance(s.value, tir.Call):
         _call(s.value, env, trace)
         return
+    if isinstance(s, tir.BufferStore):  # a value computed by a collective (an AllReduce's result)
+        for call in nodes(s.value, tir.Call):
+            if _is_sync(call):
+                _call(call, env, trace)
+        return
     body = getattr(s, "body", None)
     if isinstance(body, tir.Stmt):
         _run(body, env, trace, has_sync)
@@ -214,6 +247,10 @@ def _call(call, env: dict, trace: list) -> None:
             trace.append(("sync",))
         else:
             trace.append(("bar", _value(call.args[1], env), _value(call.args[2], env)))
+        return
+    reduce = _all_reduce_barriers(extern_name(call) or "")
+    if reduce is not None:
+        trace.extend(reduce)
         return
     kind = _MBARRIER.get(name)
     if kind is None:
@@ -355,7 +392,8 @@ def _block_threads(func) -> int:
 def check_progress(func, values: dict | None = None, seeds: int = SEEDS, swept: dict | None = None) -> ProgressReport:
     """Simulate the barrier protocol of one device function (one CTA, block 0) under ``seeds``
     random schedules; shape variables by name in ``values``; ``swept``: values for bound
-    variables that read memory (else one such variable is tried at each value of ``SWEEP``)."""
+    variables that read memory (else each such variable, up to ``MAX_SWEPT`` of them, is tried
+    at each value of ``SWEEP``)."""
     try:
         traces = thread_traces(func, values or {}, _block_threads(func), swept)
         for seed in range(seeds):
@@ -364,23 +402,28 @@ def check_progress(func, values: dict | None = None, seeds: int = SEEDS, swept: 
                 report.detail = f"schedule {seed}: {report.detail}"
                 return report
     except Unknown as e:
-        if e.unread is not None and swept is None:
-            return _sweep(func, values, seeds, e.unread, str(e))
+        if e.unread is not None and len(swept or {}) < MAX_SWEPT:
+            return _sweep(func, values, seeds, dict(swept or {}), e.unread, str(e))
         return ProgressReport("unknown", str(e))
     return ProgressReport("ok", f"{seeds} schedules, {sum(map(len, traces))} synchronisation steps", seeds)
 
 
-def _sweep(func, values, seeds: int, name: str, why: str) -> ProgressReport:
+def _sweep(func, values, seeds: int, swept: dict, name: str, why: str) -> ProgressReport:
     """"unknown" with what the protocol does at each value of ``SWEEP`` for ``name`` (a bound
-    variable that reads memory): the first hang found, or that none was."""
+    variable that reads memory; ``swept``: the values already given to others): the first hang
+    found, or that none was. A second such variable is swept inside each value of the first."""
+    nested = ""
     for value in SWEEP:
-        report = check_progress(func, values, seeds, {name: value})
+        report = check_progress(func, values, seeds, {**swept, name: value})
         if report.verdict == "deadlock":
             return ProgressReport("unknown", f"{why}; at {name} = {value} it hangs (a real hang wherever the data can "
                                              f"make it {value}): {report.detail}", report.schedules, report.stuck)
         if report.verdict == "unknown":
-            return ProgressReport("unknown", f"{why}; at {name} = {value}: {report.detail}")
-    return ProgressReport("unknown", f"{why}; no hang at {name} = {SWEEP[0]}..{SWEEP[-1]} ({seeds} schedules each)")
+            if "; no hang at " not in report.detail:
+                return ProgressReport("unknown", f"{why}; at {name} = {value}: {report.detail}")
+            nested = report.detail.split("; no hang at ", 1)[1].split(" (", 1)[0]
+    where = f"{name} = {SWEEP[0]}..{SWEEP[-1]}" + (f" x {nested}" if nested else "")
+    return ProgressReport("unknown", f"{why}; no hang at {where} ({seeds} schedules each)")
 
 
 _EXIT = {"ok": 0, "deadlock": 1, "unknown": 3}
