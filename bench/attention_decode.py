@@ -22,9 +22,10 @@ Rows (printed as they are measured, so a timeout still leaves the earlier ones):
   the copy's) and 128 heads, T 1 / 2 (compute bound: TFLOP/s = 2 B T H ctx (576 + 512), target
   >= 550);
 * the key-major MLA split kernel (``mla_decode(key_major=1 or 2)``: the keys as the products' M
-  side, for 16 or 32 query rows, one or two consumer warpgroups) beside the row-major one at 16
-  heads, T 1 / 2, bf16 and e4m3, interleaved on the same inputs, calls queued, each checked, and
-  bit for bit against the row-major one;
+  side, for 16 or 32 query rows, one or two consumer warpgroups; one over e4m3 is the kernel
+  whose producer warpgroups dequantize) beside the row-major one at 16 heads, T 1 / 2, bf16 and
+  e4m3, interleaved on the same inputs, calls queued, each checked, and bit for bit against the
+  row-major one;
 * TileLang's own MLA decode examples (``examples/deepseek_mla/example_mla_decode.py`` and its
   warp-specialized form, from the carried examples copy) at the 128-head shape, interleaved with ``mla_decode`` on the same
   values: what the same two-warpgroup design reaches with TileLang's choices (an anchor);
@@ -71,8 +72,8 @@ MLA_SHAPES = [(16, 1), (128, 1), (128, 2)]  # heads, tokens
 # (e4m3, pages in flight, pages per split) of each MLA row: the default split, then shorter and longer ones
 MLA_VARIANTS = [(False, 1, 64), (False, 2, 64), (True, 1, 64), (True, 2, 64), (False, 2, 16), (False, 2, 128), (True, 2, 128)]
 # (heads, tokens, e4m3) of the key-major split kernel's rows, each timed beside the default
-KEY_MAJOR_CASES = [(16, 1, False), (16, 1, True), (16, 2, False)]
-KEY_MAJOR_STAGES = (1, 2)  # pages in flight of its e4m3 rows (bf16: 2, mla_decode's default)
+KEY_MAJOR_CASES = [(16, 1, False), (16, 1, True), (16, 2, False), (16, 2, True)]
+KEY_MAJOR_STAGES = (1, 2)  # pages in flight of its two-consumer e4m3 rows (bf16: 2, mla_decode's default)
 SPARSE_HEADS, SPARSE_TOPK = 128, 2048
 KV_DTYPES = ("bfloat16", "float8_e4m3")
 TOPK_SHAPES = [(32768, 2048), (65536, 2048), (131072, 2048), (65536, 512)]  # N, k (64 rows)
@@ -84,7 +85,7 @@ INDEXER_DECODE_TOKENS = (1, 2)
 # the key-major rows' kernels (--only-key-major compiles these alone): both consumer counts, and
 # the row-major split (consumers 0) and the combine they are timed against
 KEY_MAJOR_CONFIGS = ([("mla_keys", t, h, KV_DTYPES[fp8], st, c) for h, t, fp8 in KEY_MAJOR_CASES
-                      for st in (KEY_MAJOR_STAGES if fp8 else (2,)) for c in (1, 2)]
+                      for c in (1, 2) for st in (KEY_MAJOR_STAGES if fp8 and c == 2 else (2,))]
                      + [("mla_keys", t, h, KV_DTYPES[fp8], 1 if fp8 else 2, 0) for h, t, fp8 in KEY_MAJOR_CASES]
                      + [("combine", t, h, 0, False, 64) for h, t, _ in KEY_MAJOR_CASES])
 BENCH_CONFIGS = ([("topk", k, ctas) for k in sorted({k for _, k in TOPK_SHAPES}) for ctas in CTAS_PER_ROW]
@@ -462,7 +463,8 @@ def mla_rows(reps, copy_gbps):
 
 def key_major_rows(reps, copy_gbps):
     """The key-major split kernel (``mla_decode(key_major=1 or 2)``: one or two consumer warpgroups;
-    e4m3 also with each of ``KEY_MAJOR_STAGES`` pages in flight) beside the row-major one at
+    e4m3: one is the kernel whose producers dequantize, two also with each of ``KEY_MAJOR_STAGES``
+    pages in flight) beside the row-major one at
     ``KEY_MAJOR_CASES``, interleaved on the same inputs, calls queued (the GPU's time, not the
     wrapper's host path): each checked against the reference, and bit for bit against the row-major one."""
     import torch
@@ -474,7 +476,8 @@ def key_major_rows(reps, copy_gbps):
 
     for heads, tokens, fp8 in KEY_MAJOR_CASES:
         # (key_major, pages in flight): the row-major kernel (its default stages) first
-        variants = [(0, None)] + [(c, st) for st in (KEY_MAJOR_STAGES if fp8 else (None,)) for c in (1, 2)]
+        # (one consumer over e4m3: the producers' own two pages in flight)
+        variants = [(0, None), (1, None)] + [(2, st) for st in (KEY_MAJOR_STAGES if fp8 else (None,))]
         shape = f"B {BATCH} ctx {CTX} H {heads} T {tokens} {'e4m3' if fp8 else 'bf16'}"
         g = torch.Generator(device="cuda").manual_seed(heads + tokens + 7)
         q, kv, table, sl, scales = mla_case(BATCH, CTX, heads, tokens, fp8, g)
@@ -491,7 +494,8 @@ def key_major_rows(reps, copy_gbps):
         ms = interleaved_ms({v: (lambda v=v: call(v)) for v in variants}, reps, queued=True)
         moved = BATCH * CTX * (D_QK + (D_QK // GROUP) * 4 if fp8 else D_QK * 2)
         for v in variants:
-            what = "row-major split" if v[0] == 0 else f"key-major split, {v[0]} consumer warpgroups"
+            what = ("row-major split" if v[0] == 0 else "key-major split, producers dequantize" if v[0] == 1 and fp8
+                    else f"key-major split, {v[0]} consumer warpgroups")
             default = v == (key_major_default(heads * tokens, KV_DTYPES[fp8]), None)
             emit(what=f"MLA decode, {what}" + (f", {v[1]} pages in flight" if v[1] else "") + (" (default)" if default else ""),
                  shape=shape, tlx_us=round(ms[v] * 1e3, 1), vs_row_major=round(ms[variants[0]] / ms[v], 3),

@@ -21,7 +21,9 @@ rule (``float(q) * scale``, one fp32 multiply, rounded to bf16), so an FP8 cache
 of the bf16 cache holding the dequantized values. The page and its scales arrive by TMA into a
 staging tile that is released as soon as its values sit in registers (the next page's copy
 then overlaps this page's work); the conversion runs two values per cvt and stores 16 bytes a
-thread, a quarter warp per 128-byte swizzled row (``DEQUANT_LAYOUT``).
+thread, a quarter warp per 128-byte swizzled row (``DEQUANT_LAYOUT``). The key-major kernel with
+one consumer (``mla_split_key_major_fp8_kernel``) instead has two producer warpgroups load the
+pages into registers and dequantize them, off the consumer's path.
 
 Guard (documented, no launcher check: the table is device data): a block-table entry outside
 ``[0, P)`` is never read; the rows of its sequence become NaN. Entries past the sequence's pages
@@ -296,6 +298,42 @@ def quad_sum(part, j):
     return T.ieee_add(T.ieee_add(x[0], x[2]), T.ieee_add(x[1], x[3]))
 
 
+@T.macro
+def key_major_scores(KV_p, KP_p, Q_s, QP_s, acc_t):
+    """``S^T = K Q^T`` of a page (``KV_p`` / ``KP_p``: its nope and rope keys, bf16) into ``acc_t``."""
+    T.gemm(KV_p, Q_s, acc_t, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullCol)
+    T.gemm(KP_p, QP_s, acc_t, transpose_B=True, policy=T.GemmWarpPolicy.FullCol)
+
+
+@T.macro
+def key_major_update(KV_p, P_s, p_s, part_s, acc_t, acc_o, m, m_prev, m_scaled, alpha, l, row_sum, k0, seq,
+                     tokens: int, heads: int, scale_log2: float):
+    """A page's online-softmax step on ``acc_t = S^T`` and ``O^T += V^T P^T`` (``C.softmax_step``
+    with the rows as columns, the row sum in the row-major kernel's order): the page's first key
+    is ``k0()``, the sequence's keys ``seq()`` (callables: see ``dequant_page``); ``KV_p``'s slots
+    past the sequence must hold finite values (zeros)."""
+    rows = tokens * heads
+    if k0() + PAGE > seq() - tokens:
+        for i, j in T.Parallel(PAGE, rows):
+            acc_t[i, j] = T.if_then_else(k0() + i <= seq() - tokens + j // heads, acc_t[i, j], C.neg_inf())
+    T.copy(m, m_prev)
+    T.reduce_max(acc_t, m, dim=0, clear=False)
+    C.rescale_state(m, m_prev, m_scaled, alpha, scale_log2, rows)
+    for i, j in T.Parallel(PAGE, rows):
+        acc_t[i, j] = T.exp2(T.ieee_fmaf(acc_t[i, j], T.float32(scale_log2), -m_scaled[j]))
+    T.copy(acc_t, p_s)
+    for j, c in T.Parallel(rows, 8):
+        part_s[j, c] = ordered_chain(p_s, j, c)
+    for j in T.Parallel(rows):
+        row_sum[j] = quad_sum(part_s, j)
+        l[j] = T.ieee_fmaf(l[j], alpha[j], row_sum[j])
+    for i, j in T.Parallel(PAGE, rows):
+        P_s[j, i] = T.Cast("bfloat16", acc_t[i, j])
+    for d, j in T.Parallel(D_V, rows):
+        acc_o[d, j] = acc_o[d, j] * alpha[j]
+    T.gemm(KV_p, P_s, acc_o, transpose_A=True, transpose_B=True, policy=T.GemmWarpPolicy.FullCol)
+
+
 @tlx.jit(target=C.TARGET, assume=["1 <= P", "1 <= MP", f"MP <= {MAX_PAGES}", "B <= 65535"])
 def mla_split_key_major_kernel(tokens: int, heads: int, kv_dtype: str, softmax_scale: float, num_stages: int = 1,
                                split_pages: int = SPLIT_PAGES, consumers: int = 1):
@@ -313,10 +351,13 @@ def mla_split_key_major_kernel(tokens: int, heads: int, kv_dtype: str, softmax_s
 
     ``consumers``: consumer warpgroups. 1: all rows in one; 2: each owns half of the rows in both
     products (m64n(R/2)k16; its softmax needs nothing of the other's) and does half of an e4m3
-    page's dequant, and each reads the whole K and V^T tiles."""
+    page's dequant, and each reads the whole K and V^T tiles. (One consumer over an e4m3 cache:
+    ``mla_split_key_major_fp8_kernel``.)"""
     split = check_split(split_pages)
     if consumers not in (1, 2):
         raise ValueError(f"consumers: expected 1 or 2, got {consumers!r}")
+    if kv_dtype == "float8_e4m3" and consumers == 1:
+        raise ValueError("consumers: one consumer warpgroup over an e4m3 cache is mla_split_key_major_fp8_kernel")
     rows = tokens * heads
     if rows not in KEY_MAJOR_ROWS:
         raise ValueError(f"tokens x heads: the key-major split kernel takes {KEY_MAJOR_ROWS} rows, got {tokens} x {heads}")
@@ -379,38 +420,152 @@ def mla_split_key_major_kernel(tokens: int, heads: int, kv_dtype: str, softmax_s
                         T.copy(KV[clamped_page(BT, b, first + t, pages), :, 0:D_V], KV_s)
                         T.copy(KV[clamped_page(BT, b, first + t, pages), :, D_V:D_QK], KP_s)
                     k0 = (first + t) * PAGE
-                    T.gemm(KV_s, Q_s, acc_t, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullCol)
-                    T.gemm(KP_s, QP_s, acc_t, transpose_B=True, policy=T.GemmWarpPolicy.FullCol)
+                    key_major_scores(KV_s, KP_s, Q_s, QP_s, acc_t)
                     if not fp8 and k0 + PAGE > seq:
                         # slots past the sequence may hold NaN: zeros before P V (mla_split_kernel)
                         for i, d in T.Parallel(PAGE, D_V):
                             if k0 + i >= seq:
                                 KV_s[i, d] = T.Cast(bf16, 0)
-                    if k0 + PAGE > seq - tokens:
-                        for i, j in T.Parallel(PAGE, rows):
-                            acc_t[i, j] = T.if_then_else(k0 + i <= seq - tokens + j // heads, acc_t[i, j], C.neg_inf())
-                    # C.softmax_step with the rows as columns, the row sum in its order
-                    T.copy(m, m_prev)
-                    T.reduce_max(acc_t, m, dim=0, clear=False)
-                    C.rescale_state(m, m_prev, m_scaled, alpha, scale_log2, rows)
-                    for i, j in T.Parallel(PAGE, rows):
-                        acc_t[i, j] = T.exp2(T.ieee_fmaf(acc_t[i, j], T.float32(scale_log2), -m_scaled[j]))
-                    T.copy(acc_t, p_s)
-                    for j, c in T.Parallel(rows, 8):
-                        part_s[j, c] = ordered_chain(p_s, j, c)
-                    for j in T.Parallel(rows):
-                        row_sum[j] = quad_sum(part_s, j)
-                        l[j] = T.ieee_fmaf(l[j], alpha[j], row_sum[j])
-                    for i, j in T.Parallel(PAGE, rows):
-                        P_s[j, i] = T.Cast(bf16, acc_t[i, j])
-                    for d, j in T.Parallel(D_V, rows):
-                        acc_o[d, j] = acc_o[d, j] * alpha[j]
-                    T.gemm(KV_s, P_s, acc_o, transpose_A=True, transpose_B=True, policy=T.GemmWarpPolicy.FullCol)
+                    key_major_update(KV_s, P_s, p_s, part_s, acc_t, acc_o, m, m_prev, m_scaled, alpha, l, row_sum,
+                                     lambda: k0, lambda: seq, tokens, heads, scale_log2)
                 C.finish_rows(acc_o, l, m_scaled, lse_rows, rows, D_V, transposed=True)
                 for d, j in T.Parallel(D_V, rows):
                     OP[b, sp, j, d] = T.if_then_else(bad == 0, acc_o[d, j], nan())
                 for j in T.Parallel(rows):
                     LP[b, sp, j] = T.if_then_else(bad == 0, lse_rows[j], nan())
+
+    return kernel
+
+
+# the e4m3 key-major kernel's warpgroups: one consumer, two producers (one per shared-memory
+# slot, alternate pages); registers a thread (producer, consumer): 2 x 128 + 240 <= 512
+FP8_PRODUCERS = 2
+FP8_REGISTERS = (136, 240)
+V_PIECES = PAGE * D_V // 8 // C.WARPGROUP  # 8-value pieces of a page's nope keys a producer thread converts
+PE_PIECES = PAGE * D_PE // 8 // C.WARPGROUP  # ... and of its rope keys
+
+
+@tlx.jit(target=C.TARGET, assume=["1 <= P", "1 <= MP", f"MP <= {MAX_PAGES}", "B <= 65535"])
+def mla_split_key_major_fp8_kernel(tokens: int, heads: int, softmax_scale: float, split_pages: int = SPLIT_PAGES):
+    """``mla_split_key_major_kernel`` for an e4m3 cache with the dequant off the consumer's path:
+    two producer warpgroups, each owning one bf16 page slot in shared memory and the alternate
+    pages of the split (producer w: pages t = w, w + 2, ...), load a page's e4m3 values and
+    scales straight into registers (issued before waiting for their slot: the next page's loads
+    are in flight while the consumer works on the last one), dequantize by the project's rule
+    and store the bf16 keys (zeros for slots past the sequence); the one consumer warpgroup
+    runs the key-major page step (``key_major_scores``, ``key_major_update``) on each slot in
+    page order. The same bits as the other split kernels: the consumer's instructions per page
+    are ``mla_split_key_major_kernel``'s, on the same bf16 values.
+
+    A producer thread converts ``V_PIECES + PE_PIECES`` pieces of 8 values a page: a warp reads
+    256 contiguous bytes of one key row (a rope piece: 64 of each of 4 rows) and stores whole
+    128-byte rows of the swizzled bf16 panels (no bank conflicts)."""
+    split = check_split(split_pages)
+    rows = tokens * heads
+    if rows not in KEY_MAJOR_ROWS:
+        raise ValueError(f"tokens x heads: the key-major split kernel takes {KEY_MAJOR_ROWS} rows, got {tokens} x {heads}")
+    scale_log2 = softmax_scale * LOG2E
+    batch, pages, max_pages = T.dynamic("B"), T.dynamic("P"), T.dynamic("MP")
+    f32, bf16, e4m3 = "float32", "bfloat16", "float8_e4m3"
+    producer_regs, consumer_regs = FP8_REGISTERS
+
+    def scale_at(KVS, page, i, g):
+        """The scale of slot i, group g of a page (``SCALE_TILE`` form, as ``page_scale``)."""
+        return KVS[page, (i * GROUPS + g) // SCALE_TILE[1], (i * GROUPS + g) % SCALE_TILE[1]]
+
+    @T.macro
+    def produce(KV, KVS, BT, KV_s, KP_s, full, empty, b, first, seq, count, g, w: int):
+        """Producer warpgroup w (thread g of it): the split's pages w, w + 2, ... into slot w.
+        Nope piece k: row ``2 k + g // 64``, columns ``g % 64 * 8 + 0..7``; rope piece k: row
+        ``16 k + g // 8``, columns ``512 + g % 8 * 8 + 0..7``."""
+        raw = T.alloc_local((V_PIECES + PE_PIECES, 8), e4m3)
+        scale = T.alloc_local((V_PIECES + PE_PIECES,), "float32")
+        for n in T.serial(T.ceildiv(count - w, FP8_PRODUCERS)):
+            page = clamped_page(BT, b, first + FP8_PRODUCERS * n + w, pages)
+            for k in T.unroll(V_PIECES):
+                for v in T.vectorized(8):
+                    raw[k, v] = KV[page, 2 * k + g // 64, g % 64 * 8 + v]
+                scale[k] = scale_at(KVS, page, 2 * k + g // 64, g % 64 // 8)
+            for k in T.unroll(PE_PIECES):
+                for v in T.vectorized(8):
+                    raw[V_PIECES + k, v] = KV[page, 16 * k + g // 8, D_V + g % 8 * 8 + v]
+                scale[V_PIECES + k] = scale_at(KVS, page, 16 * k + g // 8, D_V // GROUP)
+            T.mbarrier_wait_parity(empty[w], (n & 1) ^ 1)
+            k0 = (first + FP8_PRODUCERS * n + w) * PAGE
+            if k0 + PAGE <= seq:
+                for k in T.unroll(V_PIECES):
+                    for v in T.vectorized(8):
+                        KV_s[w, 2 * k + g // 64, g % 64 * 8 + v] = dequant(raw[k, v], scale[k])
+            else:
+                # the sequence's last page: zeros past it (the cache may hold anything there, NaN
+                # too), one branch a piece
+                for k in T.unroll(V_PIECES):
+                    if k0 + 2 * k + g // 64 < seq:
+                        for v in T.vectorized(8):
+                            KV_s[w, 2 * k + g // 64, g % 64 * 8 + v] = dequant(raw[k, v], scale[k])
+                    else:
+                        for v in T.vectorized(8):
+                            KV_s[w, 2 * k + g // 64, g % 64 * 8 + v] = T.Cast(bf16, 0)
+            for k in T.unroll(PE_PIECES):
+                for v in T.vectorized(8):
+                    KP_s[w, 16 * k + g // 8, g % 8 * 8 + v] = dequant(raw[V_PIECES + k, v], scale[V_PIECES + k])
+            T.fence_proxy_async()  # generic-proxy stores, read by the consumer's wgmma
+            T.mbarrier_arrive(full[w])
+
+    @T.prim_func
+    def kernel(Q: T.Tensor((batch, tokens, heads, D_QK), bf16), KV: T.Tensor((pages, PAGE, D_QK), e4m3),
+               KVS: T.Tensor((pages, *SCALE_TILE), f32), BT: T.Tensor((batch, max_pages), "int32"),
+               SL: T.Tensor((batch,), "int32"), OP: T.Tensor((batch, splits_of(max_pages, split), rows, D_V), f32),
+               LP: T.Tensor((batch, splits_of(max_pages, split), rows), f32)):
+        with T.Kernel(splits_of(max_pages, split), batch, threads=C.WARPGROUP * (1 + FP8_PRODUCERS)) as (sp, b):
+            Q_s = T.alloc_shared((rows, D_V), bf16)
+            QP_s = T.alloc_shared((rows, D_PE), bf16)
+            KV_s = T.alloc_shared((FP8_PRODUCERS, PAGE, D_V), bf16)
+            KP_s = T.alloc_shared((FP8_PRODUCERS, PAGE, D_PE), bf16)
+            P_s = T.alloc_shared((rows, PAGE), bf16)
+            p_s = T.alloc_shared((PAGE, rows), f32)
+            part_s = T.alloc_shared((rows, 8), f32)
+            # full[w]: producer w's 128 threads stored slot w's page; empty[w]: the consumer's 128 read it
+            full = T.alloc_barrier([C.WARPGROUP] * FP8_PRODUCERS)
+            empty = T.alloc_barrier([C.WARPGROUP] * FP8_PRODUCERS)
+            acc_t = T.alloc_fragment((PAGE, rows), f32)
+            acc_o = T.alloc_fragment((D_V, rows), f32)
+            m, m_prev, m_scaled, alpha, l, row_sum, lse_rows = C.row_state(rows)
+            bad = T.alloc_var("int32")
+            tx = T.get_thread_binding()
+            # bound values, not variables: tlx's progress check simulates the protocol at each
+            # page count (a variable's value it does not follow)
+            seq = sequence_keys(SL, b, max_pages)
+            count = pages_in_split(SL, b, sp, max_pages, split)
+            first = sp * split
+            if count > 0:
+                if tx < C.WARPGROUP:
+                    T.set_max_nreg(consumer_regs, 1)
+                    for i, d in T.Parallel(rows, D_V):
+                        Q_s[i, d] = Q[b, i // heads, i % heads, d]
+                    for i, d in T.Parallel(rows, D_PE):
+                        QP_s[i, d] = Q[b, i // heads, i % heads, D_V + d]
+                    C.init_softmax(m, m_scaled, l, acc_o)
+                    bad = 0
+                    for t in T.serial(count):
+                        if table_entry(BT, b, first + t) < 0 or table_entry(BT, b, first + t) >= pages:
+                            bad = 1
+                        T.mbarrier_wait_parity(full[t % FP8_PRODUCERS], (t // FP8_PRODUCERS) & 1)
+                        key_major_scores(KV_s[t % FP8_PRODUCERS, :, :], KP_s[t % FP8_PRODUCERS, :, :], Q_s, QP_s, acc_t)
+                        key_major_update(KV_s[t % FP8_PRODUCERS, :, :], P_s, p_s, part_s, acc_t, acc_o, m, m_prev, m_scaled,
+                                         alpha, l, row_sum, lambda: (first + t) * PAGE, lambda: seq, tokens, heads, scale_log2)
+                        T.mbarrier_arrive(empty[t % FP8_PRODUCERS])
+                    C.finish_rows(acc_o, l, m_scaled, lse_rows, rows, D_V, transposed=True)
+                    for d, j in T.Parallel(D_V, rows):
+                        OP[b, sp, j, d] = T.if_then_else(bad == 0, acc_o[d, j], nan())
+                    for j in T.Parallel(rows):
+                        LP[b, sp, j] = T.if_then_else(bad == 0, lse_rows[j], nan())
+                elif tx < 2 * C.WARPGROUP:
+                    T.set_max_nreg(producer_regs, 0)
+                    produce(KV, KVS, BT, KV_s, KP_s, full, empty, b, first, seq, count, tx - C.WARPGROUP, 0)
+                else:
+                    T.set_max_nreg(producer_regs, 0)
+                    produce(KV, KVS, BT, KV_s, KP_s, full, empty, b, first, seq, count, tx - 2 * C.WARPGROUP, 1)
 
     return kernel
 
@@ -547,10 +702,13 @@ def key_major_default(rows: int, kv_dtype: str) -> int:
 
 def split_kernel(tokens: int, heads: int, kv_dtype: str, softmax_scale: float, num_stages: int,
                  split_pages: int = SPLIT_PAGES, key_major: int | None = None):
-    """The split kernel ``mla_decode`` launches: key-major with ``key_major`` consumer warpgroups,
-    row-major for 0, ``key_major_default`` for None."""
+    """The split kernel ``mla_decode`` launches: key-major with ``key_major`` consumer warpgroups
+    (one over an e4m3 cache: ``mla_split_key_major_fp8_kernel``, whose producers dequantize, two
+    pages in flight whatever ``num_stages``), row-major for 0, ``key_major_default`` for None."""
     if key_major is None:
         key_major = key_major_default(tokens * heads, kv_dtype)
+    if key_major == 1 and kv_dtype == "float8_e4m3":
+        return mla_split_key_major_fp8_kernel(tokens, heads, softmax_scale, split_pages)
     if key_major:
         return mla_split_key_major_kernel(tokens, heads, kv_dtype, softmax_scale, num_stages, split_pages, key_major)
     return mla_split_kernel(tokens, heads, kv_dtype, softmax_scale, num_stages, split_pages)
@@ -568,8 +726,9 @@ def mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tenso
     copy, is the wait). ``split_pages``: pages per split (``SPLIT_CHOICES``); each size gives its
     own bits, the baseline's with the same size. ``key_major`` 1 or 2: the split kernel with the
     keys as the products' M side (``mla_split_key_major_kernel``, T x H in ``KEY_MAJOR_ROWS``) with
-    that many consumer warpgroups, 0: the row-major kernel; the same bits either way. None: 1 for
-    16 rows of a bf16 cache (``key_major_default``), else 0."""
+    that many consumer warpgroups (1 over an e4m3 cache: ``mla_split_key_major_fp8_kernel``, its
+    own two pages in flight), 0: the row-major kernel; the same bits either way. None: 1 for 16
+    rows of a bf16 cache (``key_major_default``), else 0."""
     check_split(split_pages)
     if key_major is not None and (key_major not in (0, 1, 2) or isinstance(key_major, bool)):
         raise ValueError(f"key_major: expected 0, 1 or 2 (consumer warpgroups of the key-major kernel), got {key_major!r}")

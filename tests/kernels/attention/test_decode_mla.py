@@ -10,12 +10,14 @@ holding its dequantized values; a sequence's bits are the same alone, inside bat
 another stream holds most SMs; 100 runs identical; a table entry past the cache
 makes that sequence NaN and nothing else."""
 
+import re
+
 import pytest
 import torch
 
 from kernels.attention.decode_mla import (D_QK, D_V, GROUP, PAGE, SPLIT_PAGES, dequant_cache, key_major_default,
-                                          mla_combine_kernel, mla_decode, mla_split_key_major_kernel, mla_split_kernel,
-                                          reference_mla_decode)
+                                          mla_combine_kernel, mla_decode, mla_split_key_major_fp8_kernel,
+                                          mla_split_key_major_kernel, mla_split_kernel, reference_mla_decode, split_kernel)
 from tests.kernels.staged_release import assert_stages_released_after_last_read
 
 E4M3 = torch.float8_e4m3fn
@@ -46,7 +48,7 @@ def test_two_pages_in_flight_fit_and_release_after_last_read(tokens, heads, kv):
 
 
 @pytest.mark.parametrize("tokens, heads, kv, stages, consumers", [(1, 16, "bfloat16", 2, 1), (2, 16, "bfloat16", 2, 2),
-                                                                  (1, 16, "float8_e4m3", 1, 2), (1, 32, "float8_e4m3", 2, 1)])
+                                                                  (1, 16, "float8_e4m3", 1, 2), (1, 32, "float8_e4m3", 2, 2)])
 def test_key_major_kernel_compiles(tokens, heads, kv, stages, consumers):
     """The key-major split kernel: S^T = K Q^T as m64nNk16 with both operands K-major, O^T += V^T P^T
     with V^T read transposed (wgmma's transpose bit) and P K-major, N the rows of a consumer
@@ -63,6 +65,52 @@ def test_key_major_kernel_compiles(tokens, heads, kv, stages, consumers):
     assert_stages_released_after_last_read(src, {"KP_s", "KV_s"} if kv == "bfloat16" else {"KQ_s", "KQP_s", "KS_s"})
 
 
+@pytest.mark.parametrize("tokens, heads", [(1, 16), (2, 16)])
+def test_key_major_fp8_kernel_compiles(tokens, heads):
+    """The e4m3 key-major kernel: the consumer's products as the key-major kernel's (no other);
+    the page loaded by the two producer warpgroups into registers (no TMA, no staging tile) and
+    dequantized there (the e4m3 conversions in their branches only); 128 arrivals a phase on
+    each slot's two barriers; registers handed from the producers to the consumer; every
+    synchronisation after the barriers' init is a named barrier of one warpgroup's 128 threads,
+    the producers' with ids of their own (a barrier of 256 over both producers made producer 1
+    wait for producer 0's last page: a hang that tlx's progress check found); no atomics."""
+    src = mla_split_key_major_fp8_kernel(tokens, heads, D_QK ** -0.5).device_source
+    n = tokens * heads
+    assert f"kFloat32, 64, {n}, 16, false, false" in src and f"kFloat32, 64, {n}, 16, true, false" in src
+    assert src.count("wgmma_ss<") == 3 and "tma_load" not in src and "KQ_s" not in src
+    assert src.count("init(128)") == 4 and "warpgroup_reg_alloc<240>" in src and "warpgroup_reg_dealloc<136>" in src
+    assert src.count("__syncthreads()") == 1  # after the barriers' init
+    partial = re.findall(r"__sync_thread_partial\((\d+), (\d+)\)", src)
+    assert partial and {count for _, count in partial} == {"128"}
+    consumer, producers = src.split("warpgroup_reg_alloc<240>", 1)[1].split("warpgroup_reg_dealloc", 1)
+    assert "__NV_E4M3" not in consumer and "__NV_E4M3" in producers
+    assert {i for i, _ in re.findall(r"__sync_thread_partial\((\d+), (\d+)\)", consumer)}.isdisjoint(
+        {i for i, _ in re.findall(r"__sync_thread_partial\((\d+), (\d+)\)", producers)})
+    assert "atomic" not in src.lower()
+
+
+def test_key_major_fp8_kernel_proven_and_never_hangs():
+    """Every access proven in bounds; deterministic, and batch invariance unknown for one reason
+    only: the block table's width ``MP`` clamps ``seq_lens`` (a length past its table's pages),
+    so it reaches the keys' count through data; and the three warpgroups' hand-off simulated
+    (tlx/passes/progress.py) at every page count 0..9 and sequence length 0..9 (both read from
+    memory, so the verdict stays unknown): no thread waits forever."""
+    from tlx.ir.tir import device_functions
+    from tlx.lowering import lower
+    from tlx.passes.progress import check_progress
+
+    kernel = mla_split_key_major_fp8_kernel(1, 16, D_QK ** -0.5)
+    bounds, det = kernel.metadata["reports"]["bounds"], kernel.metadata["reports"]["determinism"]
+    assert (bounds["unknown"], bounds["violations"], bounds["preconditions"]) == ([], [], [])
+    assert bounds["proven"] == bounds["accesses"] > 0
+    assert det["deterministic"] is True and det["batch_invariant"] == "unknown" and det["findings"] == []
+    assert det["unresolved"] and all("on ['MP']" in u for u in det["unresolved"]), det["unresolved"]
+    [(_, func)] = list(device_functions(lower(mla_split_key_major_fp8_kernel.get_tir(1, 16, D_QK ** -0.5),
+                                              {"kind": "cuda", "arch": "sm_90a"}, {}).device_mod))
+    report = check_progress(func, seeds=2)
+    assert report.verdict == "unknown" and "no hang at count = 0..9 x seq = 0..9" in report.detail, report.detail
+
+
 def test_key_major_rows_checked():
     q = torch.zeros(1, 4, 16, D_QK, dtype=torch.bfloat16)
     kv = torch.zeros(4, PAGE, D_QK, dtype=torch.bfloat16)
@@ -75,6 +123,11 @@ def test_key_major_rows_checked():
         mla_split_key_major_kernel(1, 16, "bfloat16", D_QK ** -0.5, 1, SPLIT_PAGES, 3)
     with pytest.raises(ValueError, match="key_major: expected 0, 1 or 2"):
         mla_decode(q[:, :1], kv, bt, sl, key_major=True)
+    with pytest.raises(ValueError, match="the key-major split kernel takes"):
+        mla_split_key_major_fp8_kernel(1, 64, D_QK ** -0.5)
+    with pytest.raises(ValueError, match="consumers: one consumer warpgroup over an e4m3 cache is mla_split_key_major_fp8_kernel"):
+        mla_split_key_major_kernel(1, 16, "float8_e4m3", D_QK ** -0.5, 1, SPLIT_PAGES, 1)
+    assert split_kernel(1, 16, "float8_e4m3", D_QK ** -0.5, 1, SPLIT_PAGES, 1) is mla_split_key_major_fp8_kernel(1, 16, D_QK ** -0.5)
 
 
 def test_key_major_default_is_sixteen_bf16_rows():
