@@ -182,6 +182,59 @@ def batch_split_row_sum():
     return batch_split_row_sum
 
 
+
+def variable_split_row_sum():
+    """Planted: a row's order of operations chosen from M (whether M is odd), kept in a thread variable
+    (``T.alloc_var``) and not in a bound value: the analysis must follow the variable to what
+    was stored in it."""
+    M, K = T.dynamic("M"), T.dynamic("K")
+
+    @T.prim_func
+    def variable_split_row_sum(A: T.Tensor((M, K), "float32"), out: T.Tensor((M,), "float32")):
+        with T.Kernel(T.ceildiv(M, 128), threads=128) as bx:
+            for i in T.Parallel(128):
+                acc = T.alloc_var("float32")
+                step = T.alloc_var("int32")
+                acc = 0.0
+                step = M % 2 + 1  # with no comparison of M's own
+                for k in T.serial(T.ceildiv(K, 2)):
+                    if k % step == 0 and k < K:
+                        acc += A[bx * 128 + i, k]
+                    else:
+                        acc = acc * 1.0 + A[bx * 128 + i, T.min(k, K - 1)]
+                out[bx * 128 + i] = acc
+
+    return variable_split_row_sum
+
+
+def guarded_variable_row_scale(clamp_to_data: bool = False):
+    """Clean: each block reads its row's scale into a thread variable behind a bounds guard on M
+    (``bx < M``) or an index clamped to M (``min(bx, M - 1)``), and branches on it: neither makes
+    the value depend on M. ``clamp_to_data``: the variable is a length read from memory and
+    clamped to K (``min(L[bx], K)``, the decode kernels' ``seq_lens``): a dependence on K through
+    data, unresolved."""
+    M, K = T.dynamic("M"), T.dynamic("K")
+
+    @T.prim_func
+    def guarded_variable_row_scale(A: T.Tensor((M, K), "float32"), S: T.Tensor((M,), "float32"), L: T.Tensor((M,), "int32"),
+                                   out: T.Tensor((M, K), "float32")):
+        with T.Kernel(M, threads=128) as bx:
+            s = T.alloc_var("float32")
+            c = T.alloc_var("float32")
+            n = T.alloc_var("int32")
+            s = T.if_then_else(bx < M, S[bx], 0.0)
+            c = S[T.min(bx, M - 1)]
+            n = T.min(L[bx], K) if clamp_to_data else 4
+            for j in T.serial(T.ceildiv(K, 128)):
+                for i in T.Parallel(128):
+                    if j * 128 + i < K:
+                        if s > 0 and c > 0 and j * 128 + i < n:
+                            out[bx, j * 128 + i] = A[bx, j * 128 + i] * s
+                        else:
+                            out[bx, j * 128 + i] = A[bx, j * 128 + i]
+
+    return guarded_variable_row_scale
+
 def ragged_row_sum(clamp_to_m: bool = True):
     """Each row sums its own segment ``A[row, off[row]:off[row + 1]]``. With ``clamp_to_m`` the
     loaded offsets are clamped to the tensor's M (a guard that a valid offsets vector never

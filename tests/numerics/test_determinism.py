@@ -84,6 +84,28 @@ def test_planted_batch_dependent_split_is_flagged(reports):
     assert r["deterministic"] is True  # same bits run to run, only batch-dependent
 
 
+
+def test_a_shape_reaching_a_branch_through_a_variable_is_unknown(reports):
+    """A branch on a thread variable set from M: the analysis follows the variable (it read the
+    variable's load as a value of no shape, and said batch invariant: unsound) and leaves the
+    branch unresolved."""
+    r = reports("variable_split_row_sum")
+    assert r["batch_invariant"] == "unknown", r
+    assert any("depends on ['M'] through a local variable" in u for u in r["unresolved"]), r["unresolved"]
+
+
+def test_a_variable_behind_a_bounds_guard_or_an_index_clamp_keeps_the_verdict():
+    """Through a variable, a bounds guard on M and an index clamped to M are not dependences on M
+    (as for a branch written out); a length read from memory and clamped to K is one through the
+    data: unresolved, with the clamp named."""
+    target = Options.make(target={"kind": "cuda", "arch": "sm_90a"}, verify="off")
+    clean = compile_artifacts(D.guarded_variable_row_scale(False), target, stop_after="passes")[1].reports["determinism"]
+    assert (clean["batch_invariant"], clean["unresolved"]) == (True, []), clean
+    clamp = compile_artifacts(D.guarded_variable_row_scale(True), target, stop_after="passes")[1].reports["determinism"]
+    assert clamp["batch_invariant"] == "unknown" and clamp["findings"] == []
+    assert any("['K'] through a local variable, only where a value read from memory is clamped" in u
+               for u in clamp["unresolved"]), clamp["unresolved"]
+
 def test_extent_clamped_to_a_shape_through_loaded_values_is_unknown():
     """An offset read from memory and clamped to M (dense attention's sequence offsets) makes M
     reach the loop extent only through the data: not a finding, an unresolved item (unknown)."""

@@ -16,8 +16,10 @@ Findings, each ``{"kind", "function", "detail", ...}``:
   clamped into the tensor) is a dependence on data, listed as unresolved, not a finding.
 
 ``unresolved`` lists what the analysis could not classify (a symbolic-extent loop that
-indexes no global buffer, a branch on a shape variable that is not a bounds guard, a call to
-an unknown external function). A branch around barrier waits, arrivals and fences only moves
+indexes no global buffer, a branch on a shape variable that is not a bounds guard, a shape
+variable that reaches a branch or a loop extent only through a thread variable — ``T.alloc_var``
+/ ``T.alloc_local``, followed to every value ever stored to it —, a call to an unknown external
+function). A branch around barrier waits, arrivals and fences only moves
 no data and is not a value branch (whether skipping them races is the race analysis' part).
 The verdicts ``deterministic`` and ``batch_invariant`` are ``False`` when a finding says so,
 ``True`` only when nothing was found and nothing was left unresolved, and ``"unknown"``
@@ -117,15 +119,36 @@ def _visit(node, fn):
     tvm.tirx.stmt_functor.post_order_visit(node, fn)
 
 
-def _let_bindings(body) -> dict:
+_LOCAL_SCOPES = ("local", "local.var")  # T.alloc_local / T.alloc_var: a thread's variables
+
+
+def _let_bindings(body, local_variables: bool = False) -> dict:
+    """Let-bound variables and their values. ``local_variables``: also a thread's local
+    variables (``T.alloc_var``, ``T.alloc_local``) by their data pointer, with every value
+    stored to them (several: one ``if_then_else`` whose arms are all of them), so that a branch
+    on a variable is seen through to what it was set from (``seq = min(SL[b], MP * 64)`` makes
+    a branch on ``seq`` one on ``MP``)."""
     lets = {}
+    stored: dict = {}
 
     def visit(node):
         if isinstance(node, (tvm.tirx.Bind, tvm.tirx.Let)):
             lets[node.var] = node.value
+        elif local_variables and isinstance(node, tvm.tirx.BufferStore) and node.buffer.scope() in _LOCAL_SCOPES:
+            stored.setdefault(node.buffer.data, []).append(node.value)
 
     _visit(body, visit)
+    for data, values in stored.items():
+        value = values[-1]
+        for other in reversed(values[:-1]):
+            value = tvm.tirx.call_intrin(value.dtype, "tirx.if_then_else", tvm.tirx.const(True, "bool"), other, value)
+        lets[data] = value
     return lets
+
+
+def _local_load(node, lets: dict) -> bool:
+    """A load of a thread's local variable whose stored values ``lets`` holds."""
+    return isinstance(node, tvm.tirx.BufferLoad) and node.buffer.data in lets
 
 
 def _through_lets(expr, lets: dict) -> list:
@@ -136,7 +159,8 @@ def _through_lets(expr, lets: dict) -> list:
         e = todo.pop()
         out.append(e)
         found: list = []
-        _visit(e, lambda n: found.append(n) if isinstance(n, tvm.tirx.Var) else None)
+        _visit(e, lambda n: found.append(n) if isinstance(n, tvm.tirx.Var)
+               else found.append(n.buffer.data) if _local_load(n, lets) else None)
         for v in found:
             if v in lets and v not in seen:
                 seen.add(v)
@@ -182,6 +206,8 @@ def _address_vars(expr, lets: dict) -> set:
             for a in e.args:
                 walk(a)
         elif isinstance(e, tvm.tirx.BufferLoad):
+            if _local_load(e, lets):
+                walk(e.buffer.data)
             for i in e.indices:
                 walk(i)
         elif isinstance(e, tvm.tirx.Cast):
@@ -209,7 +235,7 @@ def _reads_memory(expr, lets: dict) -> bool:
     """Whether ``expr`` loads from a buffer, looking through let-bound variables."""
     found: list = []
     for e in _through_lets(expr, lets):
-        _visit(e, lambda n: found.append(n) if isinstance(n, tvm.tirx.BufferLoad) else None)
+        _visit(e, lambda n: found.append(n) if isinstance(n, tvm.tirx.BufferLoad) and not _local_load(n, lets) else None)
     return bool(found)
 
 
@@ -231,6 +257,8 @@ def _clamp_bound_only(expr, lets: dict, shape_vars: set) -> set:
             elif e in shape_vars:
                 into.add(e)
             return
+        if _local_load(e, lets):
+            walk(e.buffer.data, into, depth + 1)
         if isinstance(e, (tvm.tirx.Min, tvm.tirx.Max)):
             for data, bound in ((e.a, e.b), (e.b, e.a)):
                 if _reads_memory(data, lets) and not _reads_memory(bound, lets):
@@ -248,6 +276,56 @@ def _clamp_bound_only(expr, lets: dict, shape_vars: set) -> set:
     walk(expr, direct)
     return clamped - direct
 
+
+
+def _value_shape_vars(expr, lets: dict, shape_vars: set) -> tuple[set, set]:
+    """(direct, clamped): the shape variables that reach the value of ``expr``, looking through
+    let-bound and local variables, leaving out the two forms that do not make a value depend on
+    a shape: a bounds guard (a comparison of an index expression with a shape-only one, as
+    ``check_condition`` has it) and an index clamped to a shape (``min(bx, NB - 1)``). A shape
+    that bounds a ``min``/``max`` whose other side reads memory goes to ``clamped`` (a
+    dependence on data, as ``_clamp_bound_only`` has it)."""
+    direct: set = set()
+    clamped: set = set()
+    seen: set = set()
+
+    def shape_only(e) -> bool:  # of shape variables alone (at least one)
+        free = _free_vars(e, lets)
+        return bool(free) and free <= shape_vars and not _reads_memory(e, lets)
+
+    def walk(e, depth=0):
+        if depth > 64:
+            direct.update(_free_vars(e, lets) & shape_vars)
+            return
+        if isinstance(e, tvm.tirx.Var):
+            if e in lets:
+                if e not in seen:
+                    seen.add(e)
+                    walk(lets[e], depth + 1)
+            elif e in shape_vars:
+                direct.add(e)
+            return
+        if _local_load(e, lets):
+            walk(e.buffer.data, depth + 1)
+        if isinstance(e, _COMPARISONS) and shape_only(e.a) != shape_only(e.b):
+            return  # a bounds guard
+        if isinstance(e, (tvm.tirx.Min, tvm.tirx.Max)):
+            for other, bound in ((e.a, e.b), (e.b, e.a)):
+                if shape_only(bound) and not shape_only(other):
+                    if _reads_memory(other, lets):
+                        clamped.update(_free_vars(bound, lets) & shape_vars)
+                    walk(other, depth + 1)
+                    return
+        for attr in ("a", "b", "value", "condition", "true_value", "false_value"):
+            sub = getattr(e, attr, None)
+            if isinstance(sub, tvm.ir.PrimExpr):
+                walk(sub, depth + 1)
+        for sub in list(getattr(e, "args", ())) + list(getattr(e, "indices", ())):
+            if isinstance(sub, tvm.ir.PrimExpr):
+                walk(sub, depth + 1)
+
+    walk(expr)
+    return direct, clamped
 
 def _is_float(dtype) -> bool:
     return str(dtype).startswith(("float", "bfloat"))
@@ -417,10 +495,23 @@ def analyze_program(prim_func) -> tuple[list[dict], list[str], set]:
     unresolved: list[str] = []
     axes, shape_vars = _shape_axes(prim_func)
     lets = _let_bindings(prim_func.body)
+    # through local variables too: a shape variable seen only that way is unresolved, not a
+    # finding (their values are followed flow-insensitively: every value ever stored)
+    lets_and_locals = _let_bindings(prim_func.body, local_variables=True)
+
+    def through_variables(expr, seen: set, what: str) -> None:
+        direct, clamped = _value_shape_vars(expr, lets_and_locals, shape_vars)
+        if direct - seen:
+            unresolved.append(f"{name}: {what} depends on {_names(direct - seen)} through a local variable: {expr}")
+        if clamped - direct - seen:
+            unresolved.append(f"{name}: {what} depends on {_names(clamped - direct - seen)} through a local variable, only "
+                              f"where a value read from memory is clamped to it (batch invariant unless the clamp cuts an "
+                              f"input): {expr}")
     name = str(prim_func.attrs["global_symbol"]) if prim_func.attrs and "global_symbol" in prim_func.attrs else "main"
 
     def check_extent(kind: str, var, extent, body):
         ext_vars = _free_vars(extent, lets) & shape_vars
+        through_variables(extent, ext_vars, f"{kind} {var.name}'s extent")
         if not ext_vars:
             return
         hit, walked = _axes_walked(body, var, axes, lets)
@@ -445,6 +536,7 @@ def analyze_program(prim_func) -> tuple[list[dict], list[str], set]:
         for cmp in _comparisons(cond):
             a, b = _free_vars(cmp.a, lets), _free_vars(cmp.b, lets)
             on_shapes = (a | b) & shape_vars
+            through_variables(cmp, on_shapes, "a branch")
             if not on_shapes:
                 continue
             a_index, b_index = bool(a - shape_vars), bool(b - shape_vars)
