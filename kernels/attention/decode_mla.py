@@ -299,6 +299,14 @@ def quad_sum(part, j):
 
 
 @T.macro
+def key_major_queries(Q, Q_s, QP_s, b, heads: int):
+    """Sequence b's query rows (token-major, ``t * heads + h``) into ``Q_s`` / ``QP_s``."""
+    for i, d in T.Parallel(Q_s.shape[0], D_V):
+        Q_s[i, d] = Q[b, i // heads, i % heads, d]
+    for i, d in T.Parallel(QP_s.shape[0], D_PE):
+        QP_s[i, d] = Q[b, i // heads, i % heads, D_V + d]
+
+@T.macro
 def key_major_scores(KV_p, KP_p, Q_s, QP_s, acc_t):
     """``S^T = K Q^T`` of a page (``KV_p`` / ``KP_p``: its nope and rope keys, bf16) into ``acc_t``."""
     T.gemm(KV_p, Q_s, acc_t, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullCol)
@@ -400,10 +408,7 @@ def mla_split_key_major_kernel(tokens: int, heads: int, kv_dtype: str, softmax_s
             count = pages_in_split(SL, b, sp, max_pages, split)
             first = sp * split
             if pages_in_split(SL, b, sp, max_pages, split) > 0:  # the expression: see mla_split_kernel
-                for i, d in T.Parallel(rows, D_V):
-                    Q_s[i, d] = Q[b, i // heads, i % heads, d]
-                for i, d in T.Parallel(rows, D_PE):
-                    QP_s[i, d] = Q[b, i // heads, i % heads, D_V + d]
+                key_major_queries(Q, Q_s, QP_s, b, heads)
                 C.init_softmax(m, m_scaled, l, acc_o)
                 bad = 0
                 for t in T.Pipelined(count, num_stages=num_stages):
@@ -541,10 +546,7 @@ def mla_split_key_major_fp8_kernel(tokens: int, heads: int, softmax_scale: float
             if count > 0:
                 if tx < C.WARPGROUP:
                     T.set_max_nreg(consumer_regs, 1)
-                    for i, d in T.Parallel(rows, D_V):
-                        Q_s[i, d] = Q[b, i // heads, i % heads, d]
-                    for i, d in T.Parallel(rows, D_PE):
-                        QP_s[i, d] = Q[b, i // heads, i % heads, D_V + d]
+                    key_major_queries(Q, Q_s, QP_s, b, heads)
                     C.init_softmax(m, m_scaled, l, acc_o)
                     bad = 0
                     for t in T.serial(count):
