@@ -130,3 +130,32 @@ def test_an_all_reduce_it_cannot_read_is_unknown():
     assert _all_reduce_barriers("tl::warp_reduce<float>") is None
     with pytest.raises(Unknown, match="template arguments"):
         _all_reduce_barriers("tl::AllReduce<tl::MaxOp, N, 32>::run")
+
+
+def _branch_on_data(same_barriers: bool):
+    """Warpgroup 1 branches per thread on a value it read from memory; both arms meet at named
+    barrier 3 of its 128 threads (a producer's copy or zeros per slot), or only one arm does."""
+
+    @T.prim_func
+    def main(A: T.Tensor((256,), "float32"), B: T.Tensor((256,), "float32")):
+        with T.Kernel(1, threads=256):
+            tx = T.get_thread_binding()
+            if tx >= 128:
+                if A[tx] > 0:
+                    T.sync_threads(3, 128)
+                    B[tx] = A[tx]
+                else:
+                    if same_barriers:
+                        T.sync_threads(3, 128)
+                    B[tx] = 0
+
+    [(_, func)] = list(device_functions(lower(main, TARGET, {}).device_mod))
+    return func
+
+
+def test_a_data_branch_whose_arms_synchronise_alike_needs_no_value():
+    """A branch on a value read from memory is simulated without it when both arms take the same
+    synchronisation steps (it was unknown); when they differ the verdict stays unknown."""
+    assert check_progress(_branch_on_data(True)).verdict == "ok"
+    report = check_progress(_branch_on_data(False))
+    assert report.verdict == "unknown" and "control value is not known" in report.detail, report.detail

@@ -11,8 +11,9 @@ whether waits end. This pass runs the protocol instead:
    mbarrier init, arrive (``cp.async.mbarrier.arrive.noinc`` is one arrival), parity wait, named
    barriers, ``__syncthreads`` and the barriers of TileLang's cross-warp ``tl::AllReduce`` (two a
    butterfly level that goes through shared memory). Subtrees without synchronisation are
-   skipped. A branch or loop bound that reads memory, or a value not given, makes the verdict
-   "unknown" (never "ok"). A bound variable that reads memory (a tile count from a loaded length)
+   skipped. A branch whose condition reads memory is simulated without it when both arms take
+   the same synchronisation steps; otherwise, and for a loop bound that reads memory or a value
+   not given, the verdict is "unknown" (never "ok"). A bound variable that reads memory (a tile count from a loaded length)
    is then tried at each value of ``SWEEP`` in turn, and a second one at each value of
    ``SWEEP`` for each of those: the verdict stays "unknown", and the detail says whether some
    value hangs (a real hang wherever the data can give that value) or none of them did.
@@ -218,7 +219,12 @@ def _run(s, env: dict, trace: list, has_sync) -> None:
             _run(s.body, env, trace, has_sync)
         return
     if isinstance(s, tir.IfThenElse):
-        if _value(s.condition, env):
+        try:
+            taken = _value(s.condition, env)
+        except Unknown:
+            _run_either(s, env, trace, has_sync)
+            return
+        if taken:
             _run(s.then_case, env, trace, has_sync)
         elif s.else_case is not None:
             _run(s.else_case, env, trace, has_sync)
@@ -239,6 +245,26 @@ def _run(s, env: dict, trace: list, has_sync) -> None:
         return
     raise Unknown(f"a {type(s).__name__} holding a synchronisation is not simulated")
 
+
+
+def _run_either(s, env: dict, trace: list, has_sync) -> None:
+    """A branch whose condition is not known (a value read from memory): both arms run; when
+    they synchronise alike (the same steps, as a producer's per-slot copy or zeros, each behind
+    the same named barrier), either is this thread's trace; otherwise the condition is needed
+    (re-raised: unknown)."""
+    arms = []
+    for arm in (s.then_case, s.else_case):
+        steps: list = []
+        if arm is not None:
+            try:
+                _run(arm, dict(env), steps, has_sync)
+            except Unknown:
+                arms = None
+                break
+        arms.append(steps)
+    if arms is None or arms[0] != arms[1]:
+        _value(s.condition, env)  # raises the Unknown that names the value
+    trace.extend(arms[0])
 
 def _call(call, env: dict, trace: list) -> None:
     name = op_name(call)
