@@ -73,7 +73,7 @@ def test_key_major_fp8_kernel_compiles(tokens, heads):
     each slot's two barriers; registers handed from the producers to the consumer; every
     synchronisation after the barriers' init is a named barrier of one warpgroup's 128 threads,
     the producers' with ids of their own (a barrier of 256 over both producers made producer 1
-    wait for producer 0's last page: a hang that tlx's progress check found); no atomics."""
+    wait for producer 0's last page: a hang tlx's progress check shows); no atomics."""
     src = mla_split_key_major_fp8_kernel(tokens, heads, D_QK ** -0.5).device_source
     n = tokens * heads
     assert f"kFloat32, 64, {n}, 16, false, false" in src and f"kFloat32, 64, {n}, 16, true, false" in src
