@@ -13,10 +13,11 @@ whether waits end. This pass runs the protocol instead:
    butterfly level that goes through shared memory). Subtrees without synchronisation are
    skipped. A branch whose condition reads memory is simulated without it when both arms take
    the same synchronisation steps; otherwise, and for a loop bound that reads memory or a value
-   not given, the verdict is "unknown" (never "ok"). A bound variable that reads memory (a tile count from a loaded length)
-   is then tried at each value of ``SWEEP`` in turn, and a second one at each value of
-   ``SWEEP`` for each of those: the verdict stays "unknown", and the detail says whether some
-   value hangs (a real hang wherever the data can give that value) or none of them did.
+   not given, the verdict is "unknown" (never "ok"). A bound variable that reads memory (a tile
+   count from a loaded length) is then tried at each value of ``SWEEP`` in turn, and a second
+   one at each value of ``SWEEP`` for each of those: the verdict stays "unknown", and the detail
+   says whether some value hangs (a real hang wherever the data can give that value) or none of
+   them did.
 2. Simulation. Every thread runs its trace; a parity wait passes when the barrier's current phase
    parity differs from the awaited one (PTX semantics: ``wait(p)`` on a barrier that completed
    ``c`` phases returns iff ``c % 2 != p``), a phase completes when its arrivals reach the init
@@ -246,7 +247,6 @@ def _run(s, env: dict, trace: list, has_sync) -> None:
     raise Unknown(f"a {type(s).__name__} holding a synchronisation is not simulated")
 
 
-
 def _run_either(s, env: dict, trace: list, has_sync) -> None:
     """A branch whose condition is not known (a value read from memory): both arms run; when
     they synchronise alike (the same steps, as a producer's per-slot copy or zeros, each behind
@@ -265,6 +265,7 @@ def _run_either(s, env: dict, trace: list, has_sync) -> None:
     if arms is None or arms[0] != arms[1]:
         _value(s.condition, env)  # raises the Unknown that names the value
     trace.extend(arms[0])
+
 
 def _call(call, env: dict, trace: list) -> None:
     name = op_name(call)
