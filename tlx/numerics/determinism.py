@@ -277,7 +277,6 @@ def _clamp_bound_only(expr, lets: dict, shape_vars: set) -> set:
     return clamped - direct
 
 
-
 def _value_shape_vars(expr, lets: dict, shape_vars: set) -> tuple[set, set]:
     """(direct, clamped): the shape variables that reach the value of ``expr``, looking through
     let-bound and local variables, leaving out the two forms that do not make a value depend on
