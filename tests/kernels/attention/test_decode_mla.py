@@ -93,8 +93,9 @@ def test_key_major_fp8_kernel_proven_and_never_hangs():
     """Every access proven in bounds; deterministic, and batch invariance unknown for one reason
     only: the block table's width ``MP`` clamps ``seq_lens`` (a length past its table's pages),
     so it reaches the keys' count through data; and the three warpgroups' hand-off simulated
-    (tlx/passes/progress.py) at every page count 0..9 and sequence length 0..9 (both read from
-    memory, so the verdict stays unknown): no thread waits forever."""
+    (tlx/passes/progress.py) at every page count 0..9 (read from memory, so the verdict stays
+    unknown; the producers' branch on the sequence's length synchronises alike in both arms): no
+    thread waits forever."""
     from tlx.ir.tir import device_functions
     from tlx.lowering import lower
     from tlx.passes.progress import check_progress
@@ -107,8 +108,8 @@ def test_key_major_fp8_kernel_proven_and_never_hangs():
     assert det["unresolved"] and all("on ['MP']" in u for u in det["unresolved"]), det["unresolved"]
     [(_, func)] = list(device_functions(lower(mla_split_key_major_fp8_kernel.get_tir(1, 16, D_QK ** -0.5),
                                               {"kind": "cuda", "arch": "sm_90a"}, {}).device_mod))
-    report = check_progress(func, seeds=2)
-    assert report.verdict == "unknown" and "no hang at count = 0..9 x seq = 0..9" in report.detail, report.detail
+    report = check_progress(func)
+    assert report.verdict == "unknown" and "no hang at count = 0..9 (8 schedules each)" in report.detail, report.detail
 
 
 def test_key_major_rows_checked():
