@@ -82,9 +82,10 @@ def dequant_layout(threads: int):
 DEQUANT_LAYOUT = dequant_layout(256)
 
 
-def page_scale(KS_s, i, g):
-    """The scale of token slot i, group g of a page's scales in ``SCALE_TILE`` form."""
-    return KS_s[(i * GROUPS + g) // SCALE_TILE[1], (i * GROUPS + g) % SCALE_TILE[1]]
+def page_scale(scales, i, g, *page):
+    """The scale of token slot i, group g of a page's scales in ``SCALE_TILE`` form (``page``: the
+    page's index when ``scales`` holds every page's)."""
+    return scales[(*page, (i * GROUPS + g) // SCALE_TILE[1], (i * GROUPS + g) % SCALE_TILE[1])]
 
 
 def dequant(x, scale):
@@ -306,6 +307,7 @@ def key_major_queries(Q, Q_s, QP_s, b, heads: int):
     for i, d in T.Parallel(QP_s.shape[0], D_PE):
         QP_s[i, d] = Q[b, i // heads, i % heads, D_V + d]
 
+
 @T.macro
 def key_major_scores(KV_p, KP_p, Q_s, QP_s, acc_t):
     """``S^T = K Q^T`` of a page (``KV_p`` / ``KP_p``: its nope and rope keys, bf16) into ``acc_t``."""
@@ -341,6 +343,17 @@ def key_major_update(KV_p, P_s, p_s, part_s, acc_t, acc_o, m, m_prev, m_scaled, 
         acc_o[d, j] = acc_o[d, j] * alpha[j]
     T.gemm(KV_p, P_s, acc_o, transpose_A=True, transpose_B=True, policy=T.GemmWarpPolicy.FullCol)
 
+
+@T.macro
+def key_major_finish(acc_o, l, m_scaled, lse_rows, OP, LP, b, sp, good):
+    """The split's normalised ``O^T`` and log-sum-exp into ``OP`` / ``LP``, NaN unless ``good()``
+    (no bad table entry; a callable: see ``dequant_page``)."""
+    rows = lse_rows.shape[0]
+    C.finish_rows(acc_o, l, m_scaled, lse_rows, rows, D_V, transposed=True)
+    for d, j in T.Parallel(D_V, rows):
+        OP[b, sp, j, d] = T.if_then_else(good(), acc_o[d, j], nan())
+    for j in T.Parallel(rows):
+        LP[b, sp, j] = T.if_then_else(good(), lse_rows[j], nan())
 
 @tlx.jit(target=C.TARGET, assume=["1 <= P", "1 <= MP", f"MP <= {MAX_PAGES}", "B <= 65535"])
 def mla_split_key_major_kernel(tokens: int, heads: int, kv_dtype: str, softmax_scale: float, num_stages: int = 1,
@@ -433,11 +446,7 @@ def mla_split_key_major_kernel(tokens: int, heads: int, kv_dtype: str, softmax_s
                                 KV_s[i, d] = T.Cast(bf16, 0)
                     key_major_update(KV_s, P_s, p_s, part_s, acc_t, acc_o, m, m_prev, m_scaled, alpha, l, row_sum,
                                      lambda: k0, lambda: seq, tokens, heads, scale_log2)
-                C.finish_rows(acc_o, l, m_scaled, lse_rows, rows, D_V, transposed=True)
-                for d, j in T.Parallel(D_V, rows):
-                    OP[b, sp, j, d] = T.if_then_else(bad == 0, acc_o[d, j], nan())
-                for j in T.Parallel(rows):
-                    LP[b, sp, j] = T.if_then_else(bad == 0, lse_rows[j], nan())
+                key_major_finish(acc_o, l, m_scaled, lse_rows, OP, LP, b, sp, lambda: bad == 0)
 
     return kernel
 
@@ -474,10 +483,6 @@ def mla_split_key_major_fp8_kernel(tokens: int, heads: int, softmax_scale: float
     f32, bf16, e4m3 = "float32", "bfloat16", "float8_e4m3"
     producer_regs, consumer_regs = FP8_REGISTERS
 
-    def scale_at(KVS, page, i, g):
-        """The scale of slot i, group g of a page (``SCALE_TILE`` form, as ``page_scale``)."""
-        return KVS[page, (i * GROUPS + g) // SCALE_TILE[1], (i * GROUPS + g) % SCALE_TILE[1]]
-
     @T.macro
     def produce(KV, KVS, BT, KV_s, KP_s, full, empty, b, first, seq, count, g, w: int):
         """Producer warpgroup w (thread g of it): the split's pages w, w + 2, ... into slot w.
@@ -490,11 +495,11 @@ def mla_split_key_major_fp8_kernel(tokens: int, heads: int, softmax_scale: float
             for k in T.unroll(V_PIECES):
                 for v in T.vectorized(8):
                     raw[k, v] = KV[page, 2 * k + g // 64, g % 64 * 8 + v]
-                scale[k] = scale_at(KVS, page, 2 * k + g // 64, g % 64 // 8)
+                scale[k] = page_scale(KVS, 2 * k + g // 64, g % 64 // 8, page)
             for k in T.unroll(PE_PIECES):
                 for v in T.vectorized(8):
                     raw[V_PIECES + k, v] = KV[page, 16 * k + g // 8, D_V + g % 8 * 8 + v]
-                scale[V_PIECES + k] = scale_at(KVS, page, 16 * k + g // 8, D_V // GROUP)
+                scale[V_PIECES + k] = page_scale(KVS, 16 * k + g // 8, D_V // GROUP, page)
             T.mbarrier_wait_parity(empty[w], (n & 1) ^ 1)
             k0 = (first + FP8_PRODUCERS * n + w) * PAGE
             if k0 + PAGE <= seq:
@@ -557,11 +562,7 @@ def mla_split_key_major_fp8_kernel(tokens: int, heads: int, softmax_scale: float
                         key_major_update(KV_s[t % FP8_PRODUCERS, :, :], P_s, p_s, part_s, acc_t, acc_o, m, m_prev, m_scaled,
                                          alpha, l, row_sum, lambda: (first + t) * PAGE, lambda: seq, tokens, heads, scale_log2)
                         T.mbarrier_arrive(empty[t % FP8_PRODUCERS])
-                    C.finish_rows(acc_o, l, m_scaled, lse_rows, rows, D_V, transposed=True)
-                    for d, j in T.Parallel(D_V, rows):
-                        OP[b, sp, j, d] = T.if_then_else(bad == 0, acc_o[d, j], nan())
-                    for j in T.Parallel(rows):
-                        LP[b, sp, j] = T.if_then_else(bad == 0, lse_rows[j], nan())
+                    key_major_finish(acc_o, l, m_scaled, lse_rows, OP, LP, b, sp, lambda: bad == 0)
                 elif tx < 2 * C.WARPGROUP:
                     T.set_max_nreg(producer_regs, 0)
                     produce(KV, KVS, BT, KV_s, KP_s, full, empty, b, first, seq, count, tx - C.WARPGROUP, 0)

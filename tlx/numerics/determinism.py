@@ -239,6 +239,16 @@ def _reads_memory(expr, lets: dict) -> bool:
     return bool(found)
 
 
+def _children(e):
+    """The sub-expressions of ``e`` that the value walks below descend into."""
+    for attr in ("a", "b", "value", "condition", "true_value", "false_value"):
+        sub = getattr(e, attr, None)
+        if isinstance(sub, tvm.ir.PrimExpr):
+            yield sub
+    for sub in list(getattr(e, "args", ())) + list(getattr(e, "indices", ())):
+        if isinstance(sub, tvm.ir.PrimExpr):
+            yield sub
+
 def _clamp_bound_only(expr, lets: dict, shape_vars: set) -> set:
     """The shape variables of ``expr`` that occur in it only as the bound of a ``min``/``max``
     whose other side reads memory (``min(cu_q[b + 1], TQ)``: an offset clamped into the
@@ -265,13 +275,8 @@ def _clamp_bound_only(expr, lets: dict, shape_vars: set) -> set:
                     walk(data, into, depth + 1)
                     walk(bound, clamped if into is direct else into, depth + 1)
                     return
-        for attr in ("a", "b", "value", "condition", "true_value", "false_value"):
-            sub = getattr(e, attr, None)
-            if isinstance(sub, tvm.ir.PrimExpr):
-                walk(sub, into, depth + 1)
-        for sub in list(getattr(e, "args", ())) + list(getattr(e, "indices", ())):
-            if isinstance(sub, tvm.ir.PrimExpr):
-                walk(sub, into, depth + 1)
+        for sub in _children(e):
+            walk(sub, into, depth + 1)
 
     walk(expr, direct)
     return clamped - direct
@@ -315,13 +320,8 @@ def _value_shape_vars(expr, lets: dict, shape_vars: set) -> tuple[set, set]:
                         clamped.update(_free_vars(bound, lets) & shape_vars)
                     walk(other, depth + 1)
                     return
-        for attr in ("a", "b", "value", "condition", "true_value", "false_value"):
-            sub = getattr(e, attr, None)
-            if isinstance(sub, tvm.ir.PrimExpr):
-                walk(sub, depth + 1)
-        for sub in list(getattr(e, "args", ())) + list(getattr(e, "indices", ())):
-            if isinstance(sub, tvm.ir.PrimExpr):
-                walk(sub, depth + 1)
+        for sub in _children(e):
+            walk(sub, depth + 1)
 
     walk(expr)
     return direct, clamped

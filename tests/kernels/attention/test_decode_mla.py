@@ -80,12 +80,13 @@ def test_key_major_fp8_kernel_compiles(tokens, heads):
     assert src.count("wgmma_ss<") == 3 and "tma_load" not in src and "KQ_s" not in src
     assert src.count("init(128)") == 4 and "warpgroup_reg_alloc<240>" in src and "warpgroup_reg_dealloc<136>" in src
     assert src.count("__syncthreads()") == 1  # after the barriers' init
-    partial = re.findall(r"__sync_thread_partial\((\d+), (\d+)\)", src)
-    assert partial and {count for _, count in partial} == {"128"}
+    def named_barriers(text):  # (id, threads) of each bar.sync
+        return re.findall(r"__sync_thread_partial\((\d+), (\d+)\)", text)
+
+    assert named_barriers(src) and {count for _, count in named_barriers(src)} == {"128"}
     consumer, producers = src.split("warpgroup_reg_alloc<240>", 1)[1].split("warpgroup_reg_dealloc", 1)
     assert "__NV_E4M3" not in consumer and "__NV_E4M3" in producers
-    assert {i for i, _ in re.findall(r"__sync_thread_partial\((\d+), (\d+)\)", consumer)}.isdisjoint(
-        {i for i, _ in re.findall(r"__sync_thread_partial\((\d+), (\d+)\)", producers)})
+    assert {i for i, _ in named_barriers(consumer)}.isdisjoint({i for i, _ in named_barriers(producers)})
     assert "atomic" not in src.lower()
 
 
