@@ -110,9 +110,10 @@ def _sweep_forward():
 
 def _sweep_backward():
     """Backward candidates per head dim (the first is the default; d 256 is not swept)."""
-    from kernels.attention.dense_bwd import SPLIT_WIDE_DQ_TILES, WIDE_DQ_TILES
+    from kernels.attention.dense_bwd import FUSED_TILES, SPLIT_WIDE_DQ_TILES, WIDE_DQ_TILES
 
-    return {d: {"dq 128 x 128 (default)": WIDE_DQ_TILES, "dK / dV split, dq 128 x 128": SPLIT_WIDE_DQ_TILES} for d in (64, 128)}
+    return {d: {"dq 128 x 128 (default)": WIDE_DQ_TILES, "dK / dV split, dq 128 x 128": SPLIT_WIDE_DQ_TILES,
+                "fused, dQ added in order": FUSED_TILES} for d in (64, 128)}
 
 
 SWEEP_FORWARD = _sweep_forward()
@@ -126,8 +127,9 @@ def sweep_configs(backward_only: bool = False):
            [("forward options", d, c, tuple(sorted(opts.items()))) for d, cands in SWEEP_FORWARD.items()
             for opts in cands.values() for c in (False, True)])
     bwd = {(kind, d, c, blocks) for d, cands in SWEEP_BACKWARD.items() for t in cands.values() for c in (False, True)
-           for kind, blocks in [("dkdv", (grads, t.dkdv_keys, t.dkdv_queries)) for grads in (("dv", "dk") if t.split else ("dkdv",))]
-           + [("dq", (t.dq_queries, t.dq_keys))]}
+           for kind, blocks in ([("fused", ())] if t.fused else
+                                [("dkdv", (grads, t.dkdv_keys, t.dkdv_queries)) for grads in (("dv", "dk") if t.split else ("dkdv",))]
+                                + [("dq", (t.dq_queries, t.dq_keys))])}
     return fwd + sorted(bwd) + [("delta", d) for d in SWEEP_BACKWARD]
 
 
@@ -140,7 +142,7 @@ def baseline_configs():
     return [("baseline", "dense_fwd")] if ctypes.util.find_library("cuda") else []
 
 
-SWEEP_KINDS = ("forward options", "dkdv", "dq", "delta")
+SWEEP_KINDS = ("forward options", "dkdv", "dq", "delta", "fused")
 
 
 def compile_config(cfg) -> str:
@@ -177,11 +179,11 @@ def _compile_config(cfg) -> str:
 
         d, causal, options = args
         dense_fwd_overlap_kernel(d, causal, 1.0 / math.sqrt(d) * LOG2E, "bfloat16", **dict(options))
-    elif kind == "backward":
-        from kernels.attention.dense_bwd import backward_kernels
+    elif kind in ("backward", "fused"):
+        from kernels.attention.dense_bwd import FUSED_TILES, backward_kernels
 
-        d, causal = args
-        backward_kernels(d, causal, 1.0 / math.sqrt(d), "bfloat16")
+        d, causal, *_ = args
+        backward_kernels(d, causal, 1.0 / math.sqrt(d), "bfloat16", FUSED_TILES if kind == "fused" else None)
     elif kind in ("dkdv", "dq", "delta"):
         from kernels.attention.dense_bwd import bwd_delta_kernel, bwd_dkdv_kernel, bwd_dq_kernel
 

@@ -14,6 +14,11 @@ and returns the input gradients. Three kernels, none with atomics:
 3. dQ: one CTA per (query tile, head, sequence), one consumer warpgroup per 64 queries, loops
    over key blocks in ascending order, recomputing ``P`` and ``dP`` and accumulating ``dQ += dS K``.
 
+or, with ``FUSED_TILES`` (d 64 / 128; a candidate not yet timed on a GPU), 2 and 3 in one kernel
+(``bwd_fused_kernel``: dQ's per-key-tile shares added to fp32 sums in a fixed order, one tile at a
+time, by bulk reductions behind GPU-scope counters, so no recomputation and no atomics) and a
+kernel that adds its two chains and scales (``bwd_dq_sum_kernel``);
+
 with ``P = exp2(fma(q.k, scale * log2 e, -lse * log2 e))`` (0 where masked) and
 ``dS = P * (dP - delta)`` rounded to the input dtype. Every gradient element is summed by one
 thread in a fixed order, so the same inputs give the same bits on every run (dQ recomputes
@@ -50,6 +55,7 @@ import tlx
 
 from kernels.attention import common as C
 from kernels.attention.dense_fwd import _check, sequence_rows, uniform_offsets
+from kernels.moe.mega import sysflags
 
 SUPPORTED_DIMS = (64, 128, 256)
 SPLIT_DIMS = (256,)  # head dims whose dK and dV run as two kernels (registers)
@@ -70,6 +76,7 @@ class BwdTiles(NamedTuple):
     dq_queries: int
     dq_keys: int
     split: bool = False
+    fused: bool = False  # dQ summed by the dK/dV kernel in a fixed order (``bwd_fused_kernel``)
 
 
 # one warpgroup per CTA: the only tiles d = 256's registers allow
@@ -88,6 +95,10 @@ SPLIT_WIDE_DQ_TILES = BwdTiles(128, 64, 128, 128, split=True)
 # TFLOP/s with every thread synchronising at system scope, 85 / 44 with one thread at GPU scope,
 # against the default's 306 / 281; see bench/RESULTS.md, 2026-12-04. dQ stays the recomputing
 # kernel below.)
+# dK, dV and dQ in one kernel (``bwd_fused_kernel``: 128 keys a CTA, 64 queries a step, dQ's
+# shares added in a fixed order, no recomputation): five GEMMs a step instead of seven. A sweep
+# candidate at d 64 / 128 until the GPU has timed it (the dq_* sizes are unused).
+FUSED_TILES = BwdTiles(128, 64, 64, 128, fused=True)
 DEFAULT_TILES = {64: WIDE_DQ_TILES, 128: WIDE_DQ_TILES, 256: SINGLE_WARPGROUP_TILES}
 
 
@@ -109,6 +120,7 @@ total_k = T.dynamic("TK")
 n_offsets = T.dynamic("NB")
 heads = T.dynamic("H")
 kv_heads = T.dynamic("HK")
+query_blocks = T.dynamic("QB")  # the fused kernel's counters per (head, sequence)
 
 
 @tlx.jit(target=C.TARGET)
@@ -141,8 +153,11 @@ def _valid(causal, row, col, len_q, len_k):
     return T.And(row < len_q, col < len_k)
 
 
-@tlx.jit(target=C.TARGET, assume=["2 <= NB", "1 <= HK", "HK <= H", "H % HK == 0", "1 <= k_tiles", "k_tiles * 64 <= TK + 63",
-                                   "TQ <= 1073741568", "TK <= 1073741568", "H * TQ <= 33554431", "HK * TK <= 33554431"])
+DKDV_ASSUMPTIONS = ["2 <= NB", "1 <= HK", "HK <= H", "H % HK == 0", "1 <= k_tiles", "k_tiles * 64 <= TK + 63",
+                    "TQ <= 1073741568", "TK <= 1073741568", "H * TQ <= 33554431", "HK * TK <= 33554431"]
+
+
+@tlx.jit(target=C.TARGET, assume=DKDV_ASSUMPTIONS)
 def bwd_dkdv_kernel(dim: int, causal: bool, scale_log2: float, softmax_scale: float, dtype: str = "bfloat16",
                     grads: str = "dkdv", block_keys: int = 64, block_queries: int = 64):
     """dK, dV [TK, HK, D] (grid: k_tiles x HK x (NB - 1), k_tiles >= ceil(max len_k / block_keys));
@@ -319,23 +334,305 @@ def bwd_dq_kernel(dim: int, causal: bool, scale_log2: float, softmax_scale: floa
     return main
 
 
+# The fused kernel's dQ hand-off (``bwd_fused_kernel``), GPU scope: one warp waits until the query
+# block's counter has reached the tile's rank (acquire), adds the block's rows from shared memory
+# by bulk asynchronous reductions (``cp.reduce.async.bulk .add.f32``: the TMA unit adds at L2), waits
+# for them to complete and releases the counter. Only one tile adds to a block at a time, in the
+# order of the ranks, so each fp32 sum has one order. A wait that has not arrived after
+# ``ORDERED_DQ_TIMEOUT_NS`` traps (a launch error, never a hang); see ``bwd_fused_kernel`` for why
+# it cannot happen.
+ORDERED_DQ_TIMEOUT_NS = 10_000_000_000
+ORDERED_DQ_PRELUDE = sysflags.PRELUDE + r"""
+#ifndef TLX_ORDERED_DQ_PRELUDE_
+#define TLX_ORDERED_DQ_PRELUDE_
+// dst[dst_offset + r * dst_stride + c] += src[src_offset + r * src_stride + c] for r < rows,
+// c < row_floats, once counts[index] >= rank; then counts[index] += 1. All 32 lanes of a warp.
+__device__ __forceinline__ void tlx_dq_add_in_order(float* dst, long long dst_offset, long long dst_stride,
+                                                    const float* src, int src_offset, int src_stride, int rows,
+                                                    int row_floats, int* counts, long long index, int rank,
+                                                    long long timeout_ns) {
+  int lane = threadIdx.x & 31;
+  if (lane == 0) {
+    unsigned long long start = tlx_globaltimer_ns();
+    while (true) {
+      int value;
+      asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(value) : "l"(counts + index) : "memory");
+      if (value >= rank) break;
+      if ((long long)(tlx_globaltimer_ns() - start) > timeout_ns) asm volatile("trap;");
+    }
+  }
+  __syncwarp();
+  asm volatile("fence.proxy.async.global;" ::: "memory");
+  unsigned base = (unsigned)__cvta_generic_to_shared(src + src_offset);
+  for (int r = lane; r < rows; r += 32) {
+    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;"
+                 :: "l"(dst + dst_offset + r * dst_stride), "r"(base + 4u * (unsigned)(r * src_stride)),
+                    "r"(4 * row_floats) : "memory");
+  }
+  asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+  asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+  asm volatile("fence.proxy.async.global;" ::: "memory");
+  __syncwarp();
+  if (lane == 0) asm volatile("red.release.gpu.global.add.s32 [%0], 1;" :: "l"(counts + index) : "memory");
+}
+#endif
+"""
+FUSED_DIMS = (64, 128)  # d 256's dK and dV accumulators alone fill a thread's registers
+FUSED_STAGES = 2  # query blocks in flight (Q, dO, lse, delta)
+FUSED_REGS = (24, 240)  # setmaxnreg of the load / dQ warpgroup and of each consumer: 128 x 24 + 256 x 240 <= 64K
+DQ_PAD = 8  # floats after each row of dq_s: rows 8 banks apart, so a warp's stores take 2 wavefronts
+DS_FREE, DS_FULL = C.NAMED_BARRIER, C.NAMED_BARRIER + 1  # the consumers' barriers around ds_s
+
+
+def fused_schedule(causal: bool, tile, len_q, len_k, bm: int, bn: int):
+    """(query blocks a head, first block, key tiles) of key tile ``tile`` of a sequence.
+
+    Causal: blocks ``first .. nq - 1`` in ascending order (``first``: the block of the first query
+    row that sees the tile's first key). Not causal: all ``nq`` blocks, ascending from ``first =
+    tile * nq // nk`` and wrapping to 0, so that the ``nk`` tiles start spread over the blocks
+    and no two of them need one block at once (see ``fused_rank``)."""
+    nq, nk = T.ceildiv(len_q, bm), T.ceildiv(len_k, bn)
+    if causal:
+        first = T.max(tile * bn - (len_k - len_q), 0) // bm
+        count = T.max(nq - first, 0)
+        first = T.Cast("int64", first)
+    else:
+        first = T.Cast("int64", tile) * T.Cast("int64", nq) // T.Cast("int64", T.max(nk, 1))
+        count = nq
+    return T.if_then_else(tile * bn < len_k, count, 0), first, nk
+
+
+def fused_step(causal: bool, t, per_head, first, len_q, by, groups, bm: int):
+    """(query head, query block, chain) of step ``t`` of a tile's walk (``fused_schedule``): the
+    heads of the kv head's group one after another, each over its blocks; chain 1 for a block a
+    not-causal walk reaches after wrapping, else 0."""
+    hq = T.min(by * groups + t // T.max(per_head, 1), by * groups + groups - 1)
+    nq = T.ceildiv(len_q, bm)
+    # the clamp into [0, nq) is a no-op for the steps of a walk; it lets the bounds proofs avoid
+    # the walk's division and modulo
+    u = first + T.Cast("int64", t % T.max(per_head, 1))
+    wraps = u >= T.Cast("int64", nq)
+    qb = u if causal else T.if_then_else(wraps, u - T.Cast("int64", nq), u)
+    qb = T.Cast("int32", T.min(T.max(qb, T.int64(0)), T.Cast("int64", T.max(nq - 1, 0))))
+    return hq, qb, (0 if causal else T.if_then_else(wraps, 1, 0))
+
+
+def fused_rank(causal: bool, tile, qb, chain, len_q, len_k, nk, bm: int, bn: int):
+    """The rank of tile ``tile`` among the tiles that add to query block ``qb`` in one order (its
+    ``chain``, from ``fused_step``).
+
+    A chain's tiles add in descending tile order: in chain 0 they are the tiles ``0 .. a`` whose
+    walk starts at or before ``qb`` (``a``: the last of them), ranked ``a - tile``; in chain 1 the
+    tiles ``a + 1 .. nk - 1``, ranked ``nk - 1 - tile``. Tile ``j + 1`` reaches ``qb`` no later in
+    its walk than tile ``j`` (its walk starts no earlier), so the tile before in the order has
+    usually added by the time a tile gets there."""
+    if causal:
+        last = (T.Cast("int64", qb + 1) * bm + T.Cast("int64", len_k) - T.Cast("int64", len_q) - 1) // bn
+    else:
+        nq = T.ceildiv(len_q, bm)
+        last = (T.Cast("int64", qb + 1) * T.Cast("int64", nk) - 1) // T.Cast("int64", T.max(nq, 1))
+    a = T.Cast("int32", T.min(last, T.Cast("int64", nk - 1)))
+    return a - tile if causal else T.if_then_else(chain == 1, nk - 1 - tile, a - tile)
+
+
+@tlx.jit(target=C.TARGET, assume=DKDV_ASSUMPTIONS,
+         pass_configs={"tl.disable_warp_specialized": True, "tl.disable_thread_storage_sync": True})
+def bwd_fused_kernel(dim: int, causal: bool, scale_log2: float, softmax_scale: float, dtype: str = "bfloat16"):
+    """dK, dV [TK, HK, D] and the fp32 sums of dQ, ``DQacc [chains, TQ, H, D]`` (unscaled; zeros
+    before the launch; chains = 1 causal, 2 not), from one pass: grid ``k_tiles x HK x (NB - 1)``,
+    128 keys a CTA (two consumer warpgroups of 64), 64 queries a step, ``k_tiles >= ceil(max len_k
+    / 128)``; ``Counts [chains, H, NB - 1, QB]`` int32 zeros, ``QB >= ceil(max len_q / 64)``.
+
+    A step (one query block of one head of the group) computes ``S``, ``dP`` (wgmma, keys on M),
+    ``P``, ``dS`` as ``bwd_dkdv_kernel`` does, ``dV += P dO`` and ``dK += dS Q`` from registers,
+    and ``dQ_tile = dS^T K`` (m64n{d/2}k16 per warpgroup, keys ascending, from ``dS`` through shared
+    memory): five GEMMs where the two-kernel backward has seven. A TMA warp loads K, V once and
+    Q, dO, lse, delta per step (two stages); the consumers put ``dQ_tile`` in shared memory
+    (two slots) and a dQ warp adds it to ``DQacc[chain]`` in the order of ``fused_rank``
+    (``ORDERED_DQ_PRELUDE``), so every dQ element is the sum of its tiles' shares in a fixed
+    order: deterministic, and a function of the sequence's own lengths (batch-invariant).
+    The wrapper then adds the chains and scales (``bwd_dq_sum_kernel``). The schedule
+    (``fused_schedule``) differs from ``bwd_dkdv_kernel``'s for a not-causal tile (its blocks
+    start at ``first``, not 0), so dK / dV are other sums there; causal, they are its bits.
+
+    Progress: tile ``j`` waits only on tile ``j + 1`` of its (kv head, sequence), which has the
+    lower block index (``tile = k_tiles - 1 - bx``) and so starts no later, and which reaches
+    every block no later in its walk than ``j``; tile ``nk - 1`` waits on nobody. No wait edge
+    goes to a later block of a later step, so the waits cannot form a cycle, and no CTA waits on
+    one that has not started. (Not causal, one chain per block, ordered across the wrap, would
+    make tile ``nk - 1`` wait on tile 0, which may not have started when the sequence has more
+    tiles than fit on the GPU at once: hence two chains.)"""
+    C.check_head_dim("dim", dim, FUSED_DIMS)
+    bm, bn, S = 64, 128, FUSED_STAGES
+    chains = 1 if causal else 2
+    consumers = 2 * C.WARPGROUP
+    producer_regs, consumer_regs = FUSED_REGS
+    f32 = "float32"
+
+    @T.prim_func
+    def main(Q: T.Tensor((total_q, heads, dim), dtype), K: T.Tensor((total_k, kv_heads, dim), dtype),
+             V: T.Tensor((total_k, kv_heads, dim), dtype), dO: T.Tensor((total_q, heads, dim), dtype),
+             LSE: T.Tensor((heads, total_q), f32), Delta: T.Tensor((heads, total_q), f32),
+             cu_q: T.Tensor((n_offsets,), "int32"), cu_k: T.Tensor((n_offsets,), "int32"),
+             dK: T.Tensor((total_k, kv_heads, dim), dtype), dV: T.Tensor((total_k, kv_heads, dim), dtype),
+             DQacc: T.Tensor((chains, total_q, heads, dim), f32),
+             Counts: T.Tensor((chains, heads, n_offsets - 1, query_blocks), "int32"), k_tiles: T.int32):
+        with T.Kernel(k_tiles, kv_heads, n_offsets - 1, threads=consumers + C.WARPGROUP,
+                      prelude=ORDERED_DQ_PRELUDE) as (bx, by, bz):
+            K_s = T.alloc_shared((bn, dim), dtype)
+            V_s = T.alloc_shared((bn, dim), dtype)
+            Q_s = T.alloc_shared((S, bm, dim), dtype)
+            dO_s = T.alloc_shared((S, bm, dim), dtype)
+            lse_s = T.alloc_shared((S, bm), f32)
+            delta_s = T.alloc_shared((S, bm), f32)
+            ds_s = T.alloc_shared((bn, bm), dtype)
+            dq_s = T.alloc_shared((2, bm, dim + DQ_PAD), f32)
+            s_t = T.alloc_fragment((bn, bm), f32)
+            dp_t = T.alloc_fragment((bn, bm), f32)
+            p_t = T.alloc_fragment((bn, bm), dtype)
+            ds_t = T.alloc_fragment((bn, bm), dtype)
+            dv = T.alloc_fragment((bn, dim), f32)
+            dk = T.alloc_fragment((bn, dim), f32)
+            dq = T.alloc_fragment((bm, dim), f32)
+            kv_full = T.alloc_barrier(32)
+            full = T.alloc_barrier([32] * S)
+            empty = T.alloc_barrier([consumers] * S)
+            dq_full = T.alloc_barrier([consumers] * 2)
+            dq_empty = T.alloc_barrier([32] * 2)
+
+            q0, len_q = sequence_rows(cu_q, bz, total_q)
+            k0, len_k = sequence_rows(cu_k, bz, total_k)
+            tile = k_tiles - 1 - bx
+            col0 = tile * bn
+            groups = heads // kv_heads
+            per_head, first_block, nk = fused_schedule(causal, tile, len_q, len_k, bm, bn)
+            # a variable: the bounds proofs take it as any int64 value and rest on fused_step's
+            # clamp, instead of carrying the walk's start (a product and a quotient) into every index
+            first = T.alloc_var("int64")
+            first = first_block
+            steps = groups * per_head
+            tx = T.get_thread_binding()
+
+            if tx >= consumers:
+                T.set_max_nreg(producer_regs, 0)
+                lane = tx % 32
+                if tx < consumers + 32:
+                    if steps > 0:
+                        T.tma_copy(K[k0 + col0:k0 + col0 + bn, by, :], K_s, barrier=kv_full)
+                        T.tma_copy(V[k0 + col0:k0 + col0 + bn, by, :], V_s, barrier=kv_full)
+                    T.mbarrier_arrive(kv_full)
+                    for t in T.serial(steps):
+                        hq, qb, _ = fused_step(causal, t, per_head, first, len_q, by, groups, bm)
+                        T.mbarrier_wait_parity(empty[t % S], ((t // S) & 1) ^ 1)
+                        T.tma_copy(Q[q0 + qb * bm:q0 + (qb + 1) * bm, hq, :], Q_s[t % S, :, :], barrier=full[t % S])
+                        T.tma_copy(dO[q0 + qb * bm:q0 + (qb + 1) * bm, hq, :], dO_s[t % S, :, :], barrier=full[t % S])
+                        for v in T.unroll(bm // 32):
+                            # clamped in int64: the row's range then needs no proof about the walk
+                            r = T.Cast("int32", T.max(T.min(T.Cast("int64", q0) + T.Cast("int64", qb) * bm + v * 32 + lane,
+                                                            T.Cast("int64", total_q - 1)), T.int64(0)))
+                            lse_s[t % S, v * 32 + lane] = T.ieee_mul(LSE[hq, r], T.float32(C.LOG2E))
+                            delta_s[t % S, v * 32 + lane] = Delta[hq, r]
+                        T.mbarrier_arrive(full[t % S])
+                elif tx < consumers + 64:
+                    for t in T.serial(steps):
+                        hq, qb, chain = fused_step(causal, t, per_head, first, len_q, by, groups, bm)
+                        T.mbarrier_wait_parity(dq_full[t % 2], (t // 2) & 1)
+                        T.call_extern("handle", "tlx_dq_add_in_order", DQacc.access_ptr("rw"),
+                                      ((T.Cast("int64", chain) * total_q + q0 + qb * bm) * heads + hq) * dim,
+                                      T.Cast("int64", heads * dim), dq_s.access_ptr("r"), (t % 2) * bm * (dim + DQ_PAD),
+                                      dim + DQ_PAD, T.min(len_q - qb * bm, bm), dim, Counts.access_ptr("rw"),
+                                      ((T.Cast("int64", chain) * heads + hq) * (n_offsets - 1) + bz) * query_blocks
+                                      + T.min(qb, query_blocks - 1),
+                                      fused_rank(causal, tile, qb, chain, len_q, len_k, nk, bm, bn),
+                                      T.int64(ORDERED_DQ_TIMEOUT_NS))
+                        T.mbarrier_arrive(dq_empty[t % 2])
+            else:
+                T.set_max_nreg(consumer_regs, 1)
+                T.fill(dv, 0)
+                T.fill(dk, 0)
+                T.mbarrier_wait_parity(kv_full, 0)
+                for t in T.serial(steps):
+                    _, qb, _ = fused_step(causal, t, per_head, first, len_q, by, groups, bm)
+                    T.mbarrier_wait_parity(full[t % S], (t // S) & 1)
+                    T.wgmma_gemm(K_s, Q_s[t % S, :, :], s_t, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
+                    T.wgmma_gemm(V_s, dO_s[t % S, :, :], dp_t, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
+                    T.wait_wgmma(0)
+                    for i, j in T.Parallel(bn, bm):
+                        s_t[i, j] = T.if_then_else(_valid(causal, qb * bm + j, col0 + i, len_q, len_k),
+                                                   T.exp2(T.ieee_fmaf(s_t[i, j], T.float32(scale_log2), -lse_s[t % S, j])),
+                                                   T.float32(0))
+                    T.copy(s_t, p_t)
+                    for i, j in T.Parallel(bn, bm):
+                        ds_t[i, j] = s_t[i, j] * (dp_t[i, j] - delta_s[t % S, j])
+                    T.wgmma_gemm(p_t, dO_s[t % S, :, :], dv, policy=T.GemmWarpPolicy.FullRow)
+                    T.wgmma_gemm(ds_t, Q_s[t % S, :, :], dk, policy=T.GemmWarpPolicy.FullRow)
+                    T.sync_threads(DS_FREE, consumers)  # both warpgroups' dQ products of the last step are done
+                    T.copy(ds_t, ds_s)
+                    T.fence_proxy_async()  # generic-proxy stores, read by wgmma
+                    T.sync_threads(DS_FULL, consumers)
+                    T.wgmma_gemm(ds_s, K_s, dq, transpose_A=True, clear_accum=True, policy=T.GemmWarpPolicy.FullCol)
+                    T.wait_wgmma(0)
+                    T.mbarrier_arrive(empty[t % S])
+                    T.mbarrier_wait_parity(dq_empty[t % 2], ((t // 2) & 1) ^ 1)
+                    T.copy(dq, dq_s[t % 2, :, 0:dim])
+                    T.fence_proxy_async()  # read by the dQ warp's bulk reductions
+                    T.mbarrier_arrive(dq_full[t % 2])
+                for i, j in T.Parallel(bn, dim):
+                    if col0 + i < len_k:
+                        dK[k0 + col0 + i, by, j] = T.Cast(dtype, dk[i, j] * T.float32(softmax_scale))
+                for i, j in T.Parallel(bn, dim):
+                    if col0 + i < len_k:
+                        dV[k0 + col0 + i, by, j] = T.Cast(dtype, dv[i, j])
+
+    return main
+
+
+@tlx.jit(target=C.TARGET)
+def bwd_dq_sum_kernel(dim: int, chains: int, softmax_scale: float, dtype: str = "bfloat16"):
+    """``dQ = (DQacc[0] (+ DQacc[1])) * softmax_scale`` rounded to ``dtype``: the fused kernel's
+    chains added in chain order, then scaled as the dQ kernel scales."""
+    C.check_head_dim("dim", dim, FUSED_DIMS)
+    if chains not in (1, 2):
+        raise ValueError(f"chains: expected 1 or 2, got {chains}")
+    rows = 64
+
+    @T.prim_func
+    def main(DQacc: T.Tensor((chains, total_q, heads, dim), "float32"), dQ: T.Tensor((total_q, heads, dim), dtype)):
+        with T.Kernel(T.ceildiv(total_q, rows), heads, threads=128) as (bx, by):
+            for i, j in T.Parallel(rows, dim):
+                r = bx * rows + i
+                if r < total_q:
+                    total = DQacc[0, r, by, j] if chains == 1 else T.ieee_add(DQacc[0, r, by, j], DQacc[1, r, by, j])
+                    dQ[r, by, j] = T.Cast(dtype, T.ieee_mul(total, T.float32(softmax_scale)))
+
+    return main
+
+
 def backward_tiles(dim: int, tiles: BwdTiles | None) -> BwdTiles:
     """``tiles``, or the head dim's default (``DEFAULT_TILES``)."""
     if tiles is None:
         return DEFAULT_TILES[dim]
     if not isinstance(tiles, BwdTiles):
         raise TypeError(f"tiles: expected a BwdTiles or None, got {type(tiles).__name__}")
+    if tiles.fused and (dim not in FUSED_DIMS or tiles[:2] != FUSED_TILES[:2]):
+        raise ValueError(f"tiles: the fused backward takes head dims {FUSED_DIMS} and {FUSED_TILES[:2]} "
+                         f"(keys, queries), got d {dim} and {tiles[:2]}")
     return tiles
 
 
 def backward_builds(dim: int, causal: bool, softmax_scale: float, dtype: str = "bfloat16",
                     tiles: BwdTiles | None = None) -> dict:
     """name -> a call that builds that kernel of ``dense_attention_backward``, in launch order:
-    "delta", "dkdv" (at the head dims of ``SPLIT_DIMS``, or with ``tiles.split``: "dv" and "dk"), "dq". One kernel a call,
+    "delta", "dkdv" (at the head dims of ``SPLIT_DIMS``, or with ``tiles.split``: "dv" and "dk"), "dq"; with
+    ``tiles.fused``: "delta", "fused", "dq_sum". One kernel a call,
     so that a tool can take any one of them (scripts/verdict-share)."""
     t = backward_tiles(dim, tiles)
     scale_log2 = softmax_scale * C.LOG2E
     builds = {"delta": lambda: bwd_delta_kernel(dim, dtype)}
+    if t.fused:
+        builds["fused"] = lambda: bwd_fused_kernel(dim, bool(causal), scale_log2, softmax_scale, dtype)
+        builds["dq_sum"] = lambda: bwd_dq_sum_kernel(dim, 1 if causal else 2, softmax_scale, dtype)
+        return builds
     for grads in ("dv", "dk") if t.split or dim in SPLIT_DIMS else ("dkdv",):
         builds[grads] = lambda g=grads: bwd_dkdv_kernel(dim, bool(causal), scale_log2, softmax_scale, dtype, g,
                                                         t.dkdv_keys, t.dkdv_queries)
@@ -398,13 +695,24 @@ def dense_attention_backward(do, q, k, v, o, lse, *, causal: bool = False, softm
     else:
         dq, dk, dv = (given.view(p.shape) for given, p in zip(out, (qp, kp, vp)))
     if qp.shape[0] and kp.shape[0]:
-        delta_kernel, *dkdv_kernels, dq_kernel = backward_kernels(d, causal, scale, dt, tile)
+        delta_kernel, *kernels = backward_kernels(d, causal, scale, dt, tile)
         delta = torch.empty((h, qp.shape[0]), dtype=torch.float32, device=q.device)
         delta_kernel(op, dop, delta)
         args = (qp, kp, vp, dop, lse_p, delta, cu_q, cu_k)
-        for kernel in dkdv_kernels:
-            kernel(*args, dk, dv, max(1, -(-max_k // tile.dkdv_keys)))
-        dq_kernel(*args, dq, max(1, -(-max_q // tile.dq_queries)))
+        k_tiles = max(1, -(-max_k // tile.dkdv_keys))
+        if tile.fused:
+            # the fp32 sums start at zero, the counters at rank 0 (bwd_fused_kernel)
+            fused_kernel, sum_kernel = kernels
+            chains = 1 if causal else 2
+            sums = torch.zeros((chains, qp.shape[0], h, d), dtype=torch.float32, device=q.device)
+            counts = torch.zeros((chains, h, cu_q.numel() - 1, max(1, -(-max_q // 64))), dtype=torch.int32, device=q.device)
+            fused_kernel(*args, dk, dv, sums, counts, k_tiles)
+            sum_kernel(sums, dq)
+        else:
+            *dkdv_kernels, dq_kernel = kernels
+            for kernel in dkdv_kernels:
+                kernel(*args, dk, dv, k_tiles)
+            dq_kernel(*args, dq, max(1, -(-max_q // tile.dq_queries)))
     else:
         dq.zero_(), dk.zero_(), dv.zero_()
     return dq.view(q.shape), dk.view(k.shape), dv.view(v.shape)

@@ -148,6 +148,53 @@ def test_pointer_check_takes_the_allocation_size_as_host_arithmetic():
     assert reads and all(a.status == "proven" for a in reads), [(a.status, a.detail) for a in reads]
 
 
+def test_pointer_extent_is_not_device_arithmetic():
+    """A whole [R, 65536] fp32 tensor handed to a helper (``X.access_ptr``): its extent R * 65536
+    passes int32 for R >= 32768, but the code generator never computes it (it emits ``X + offset``),
+    so the pointer is proven (it was "pointer arithmetic may overflow"). An offset the device
+    computes still may not wrap: the same kernel with Y's offset ``by * 65536 + ...`` rewritten in
+    int32 (TileLang writes it in int64) is not proven."""
+    import tilelang.language as T
+    from tilelang import tvm
+
+    from tests.conftest import CPU_TARGET
+    from tlx.lowering import lower
+
+    tir = tvm.tirx
+    rows, cols = T.dynamic("R"), 65536
+
+    @T.prim_func
+    def hand_over(X: T.Tensor((rows, cols), "float32"), Y: T.Tensor((rows, cols), "float32")):
+        with T.Kernel(cols // 256, rows, threads=256) as (bx, by):
+            T.call_extern("handle", "tlx_test_sum_rows", X.access_ptr("r"))
+            T.call_extern("handle", "tlx_test_sum_rows", T.access_ptr(Y[by, bx * 256 + T.get_thread_binding()], "w", extent=1))
+
+    def pointer_status(kernel):
+        report = verify_kernel(kernel)
+        return {a.buffer: (a.status, a.detail) for a in report.accesses if a.kind == "pointer"}
+
+    kernel = lower(hand_over, CPU_TARGET)
+    assert pointer_status(kernel) == {"X": ("proven", ""), "Y": ("proven", "")}
+
+    def to_int32(node):
+        if isinstance(node, tir.Cast) and node.dtype == "int64":
+            return node.value
+        if isinstance(node, tir.IntImm) and node.dtype == "int64":
+            return tir.IntImm("int32", node.value)
+        return None
+
+    def narrow_offset(node):
+        if isinstance(node, tir.Call) and node.op.name == "tirx.tvm_access_ptr" and node.args[1].name == "Y":
+            offset = tir.stmt_functor.ir_transform(tir.Evaluate(node.args[2]), None, to_int32, ["tirx.Cast", "ir.IntImm"])
+            return tir.Call(node.dtype, node.op, [*node.args[:2], offset.value, *node.args[3:]])
+        return None
+
+    funcs = {gv: f.with_body(tir.stmt_functor.ir_transform(f.body, None, narrow_offset, ["tirx.Call"]))
+             for gv, f in kernel.device_mod.functions.items()}
+    status = pointer_status(kernel.with_device_mod(tvm.IRModule(funcs)))
+    assert status["X"] == ("proven", "") and status["Y"] == ("unknown", "pointer arithmetic may overflow"), status
+
+
 def _gather(guard_offset: int, write_ids: bool):
     """out[i] = table[ids[i]] guarded by ``ids[i + guard_offset]`` being a valid row (the right
     guard only at offset 0); with ``write_ids`` the kernel also overwrites ``ids``."""

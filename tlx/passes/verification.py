@@ -455,8 +455,13 @@ class _Walker(DeviceWalker):
         self.enc.take_obligations()
         cap = self.enc.encode(size) * buf_bytes
         self.enc.take_obligations()
+        # The extent is not computed by the device code either (the CUDA code generator emits
+        # ``data + offset``): its int32 expression may wrap without an effect, so it is taken as
+        # the integer it denotes; the offset is device arithmetic and must not wrap.
+        span = self.enc.encode(extent) * ptr_bytes
+        self.enc.take_obligations()
         lo = self.enc.encode(byte_off) + self.enc.encode(offset) * ptr_bytes
-        hi = lo + self.enc.encode(extent) * ptr_bytes
+        hi = lo + span
         obs = self.enc.take_obligations()
         if obs:
             v, _ = self.enc.prove_obligations(obs, self.context())
