@@ -103,9 +103,12 @@ def _sweep_forward():
     consumers only at d 64 (160 registers a thread hold its 32 + 64 + 32 fragment registers;
     d 128 and 256 need more); three stages only where they fit shared memory (d <= 128)."""
     base = {"overlap": {}, "pingpong": {"pingpong": True}}
-    return {64: {**base, "3 consumers": {"consumers": 3}, "3 consumers pingpong": {"consumers": 3, "pingpong": True}},
-            128: {**base, "3 stages": {"num_stages": 3}, "3 stages pingpong": {"num_stages": 3, "pingpong": True}},
-            256: base}
+    fast = {"fast_exp2": True}  # exp2 as one instruction (dense_fwd_overlap_kernel)
+    return {64: {**base, "3 consumers": {"consumers": 3}, "3 consumers pingpong": {"consumers": 3, "pingpong": True},
+                 "3 consumers, fast exp2": {"consumers": 3, **fast}},
+            128: {**base, "3 stages": {"num_stages": 3}, "3 stages pingpong": {"num_stages": 3, "pingpong": True},
+                  "3 stages, fast exp2": {"num_stages": 3, **fast}},
+            256: {**base, "overlap, fast exp2": fast, "pingpong, fast exp2": {"pingpong": True, **fast}}}
 
 
 def _sweep_backward():

@@ -28,6 +28,7 @@ import torch
 import tilelang.language as T
 
 from kernels.quant.common import check_cuda  # noqa: F401  (one device check for every kernel family)
+from tlx.numerics import determinism
 
 TARGET = {"kind": "cuda", "arch": "sm_90a"}
 LOG2E = math.log2(math.e)
@@ -125,27 +126,50 @@ def init_softmax(m, m_scaled, l, acc_o):
     T.fill(acc_o, 0)
 
 
+# exp2 as one MUFU instruction (``ex2.approx.ftz.f32``). ``T.exp2`` becomes CUDA's exp2f, which
+# wraps the same instruction in three more (a compare and two predicated multiplies) so that results
+# below 2^-126 come out subnormal; here they are 0. In the online softmax that is a p (or alpha)
+# below 2^-126: the bits differ from exp2f's only where a score lies more than 126 / scale_log2
+# below its row's running max.
+EXP2_FTZ_PRELUDE = r"""
+#ifndef TLX_EXP2_FTZ_PRELUDE_
+#define TLX_EXP2_FTZ_PRELUDE_
+__device__ __forceinline__ float tlx_exp2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+#endif
+"""
+determinism.declare_pure("tlx_exp2_ftz")
+
+
+def exp2_ftz(x):
+    """``ex2.approx.ftz.f32`` of ``x`` (``EXP2_FTZ_PRELUDE`` in the kernel's prelude)."""
+    return T.call_extern("float32", "tlx_exp2_ftz", x)
+
+
 @T.macro
-def rescale_state(m, m_prev, m_scaled, alpha, scale_log2: float, rows: int):
+def rescale_state(m, m_prev, m_scaled, alpha, scale_log2: float, rows: int, exp2=T.exp2):
     """Steps 2-3 of the module docstring, the new row max in ``m`` and the old one in ``m_prev``:
     ``alpha`` from the old ``m_scaled`` (same rounding: exactly 1 while the max stands), 0 while
     the row had no keys (l and o are 0 then; exp2 of a huge difference would be inf); then the
     new ``m_scaled``."""
     for i in T.Parallel(rows):
-        alpha[i] = T.if_then_else(m_prev[i] == neg_inf(), T.float32(0), T.exp2(T.ieee_sub(m_scaled[i], T.if_then_else(m[i] == neg_inf(), T.float32(0), T.ieee_mul(m[i], T.float32(scale_log2))))))
+        alpha[i] = T.if_then_else(m_prev[i] == neg_inf(), T.float32(0), exp2(T.ieee_sub(m_scaled[i], T.if_then_else(m[i] == neg_inf(), T.float32(0), T.ieee_mul(m[i], T.float32(scale_log2))))))
         m_scaled[i] = T.if_then_else(m[i] == neg_inf(), T.float32(0), T.ieee_mul(m[i], T.float32(scale_log2)))
 
 
 @T.macro
-def softmax_step(acc_s, m, m_prev, m_scaled, alpha, l, row_sum, scale_log2: float, rows: int, cols: int):
+def softmax_step(acc_s, m, m_prev, m_scaled, alpha, l, row_sum, scale_log2: float, rows: int, cols: int, exp2=T.exp2):
     """Steps 1-5 of the module docstring on the raw scores ``acc_s`` [rows, cols]: ``acc_s``
     becomes ``p``, ``m``/``m_scaled``/``l`` are updated, ``alpha`` holds the output's rescale
-    (``m_prev`` is scratch: the old max)."""
+    (``m_prev`` is scratch: the old max). ``exp2``: ``T.exp2`` or ``exp2_ftz``."""
     T.copy(m, m_prev)
     T.reduce_max(acc_s, m, dim=1, clear=False)
-    rescale_state(m, m_prev, m_scaled, alpha, scale_log2, rows)
+    rescale_state(m, m_prev, m_scaled, alpha, scale_log2, rows, exp2)
     for i, j in T.Parallel(rows, cols):
-        acc_s[i, j] = T.exp2(T.ieee_fmaf(acc_s[i, j], T.float32(scale_log2), -m_scaled[i]))
+        acc_s[i, j] = exp2(T.ieee_fmaf(acc_s[i, j], T.float32(scale_log2), -m_scaled[i]))
     T.reduce_sum(acc_s, row_sum, dim=1)
     for i in T.Parallel(rows):
         l[i] = T.ieee_fmaf(l[i], alpha[i], row_sum[i])

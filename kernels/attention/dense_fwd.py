@@ -191,7 +191,7 @@ def uniform_offsets(batch: int, seqlen: int, device) -> torch.Tensor:
 @tlx.jit(target=C.TARGET, assume=FWD_ASSUME,
          pass_configs={"tl.disable_warp_specialized": True, "tl.disable_thread_storage_sync": True})
 def dense_fwd_overlap_kernel(dim: int, causal: bool, scale_log2: float, dtype: str = "bfloat16", num_stages: int = 2,
-                             consumers: int = 2, pingpong: bool = False):
+                             consumers: int = 2, pingpong: bool = False, fast_exp2: bool = False):
     """``dense_fwd_kernel``'s computation (same parameters, same bits) scheduled by hand:
     a TMA producer warpgroup and ``consumers`` warpgroups (64 query rows each: the grid's
     q_tiles cover ceil(len_q / (64 consumers))) that overlap block ``kb``'s softmax with block
@@ -200,7 +200,9 @@ def dense_fwd_overlap_kernel(dim: int, causal: bool, scale_log2: float, dtype: s
     wait for ``P V``). ``pingpong``: the consumers issue those two GEMMs in turn (warpgroup 0,
     1, ..., one named barrier each), so that one warpgroup's softmax runs while the next one's
     GEMMs hold the tensor cores instead of all of them contending at once. The arithmetic and
-    its order are those of the module docstring."""
+    its order are those of the module docstring. ``fast_exp2``: exp2 as one instruction
+    (``C.exp2_ftz``: p and alpha below 2^-126 become 0, other bits than exp2f's only there; a sweep
+    candidate, ``dense_fwd.cu`` does not follow it)."""
     C.check_head_dim("dim", dim, SUPPORTED_DIMS)
     if dtype not in ("bfloat16", "float16"):
         raise ValueError(f"dtype: expected 'bfloat16' or 'float16', got {dtype!r}")
@@ -213,13 +215,15 @@ def dense_fwd_overlap_kernel(dim: int, causal: bool, scale_log2: float, dtype: s
     producer_regs, consumer_regs = REGISTER_SPLIT[consumers]
     f32 = "float32"
     S = num_stages
+    exp2 = C.exp2_ftz if fast_exp2 else T.exp2
 
     @T.prim_func
     def main(Q: T.Tensor((total_q, heads, dim), dtype), K: T.Tensor((total_k, kv_heads, dim), dtype),
              V: T.Tensor((total_k, kv_heads, dim), dtype), cu_q: T.Tensor((n_offsets,), "int32"),
              cu_k: T.Tensor((n_offsets,), "int32"), O: T.Tensor((total_q, heads, dim), dtype),
              LSE: T.Tensor((heads, total_q), f32), q_tiles: T.int32):
-        with T.Kernel(q_tiles, heads, n_offsets - 1, threads=consumer_threads + C.WARPGROUP) as (bx, by, bz):
+        with T.Kernel(q_tiles, heads, n_offsets - 1, threads=consumer_threads + C.WARPGROUP,
+                      prelude=C.EXP2_FTZ_PRELUDE if fast_exp2 else None) as (bx, by, bz):
             Q_s = T.alloc_shared((block_m, dim), dtype)
             K_s = T.alloc_shared((S, block_n, dim), dtype)
             V_s = T.alloc_shared((S, block_n, dim), dtype)
@@ -263,7 +267,7 @@ def dense_fwd_overlap_kernel(dim: int, causal: bool, scale_log2: float, dtype: s
                     T.gemm(Q_s, K_s[0, :, :], acc_s, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
                     T.mbarrier_arrive(k_empty[0])
                     mask_block(acc_s, 0, row0, len_q, len_k, causal, block_m, block_n)
-                    C.softmax_step(acc_s, m, m_prev, m_scaled, alpha, l, row_sum, scale_log2, block_m, block_n)
+                    C.softmax_step(acc_s, m, m_prev, m_scaled, alpha, l, row_sum, scale_log2, block_m, block_n, exp2)
                     T.copy(acc_s, p)
                 # S_kb and then P_(kb-1) V_(kb-1) on the tensor cores; block kb's softmax overlaps the latter
                 for kb in T.serial(1, T.max(n_blocks, 1)):
@@ -279,7 +283,7 @@ def dense_fwd_overlap_kernel(dim: int, causal: bool, scale_log2: float, dtype: s
                     T.wait_wgmma(1)
                     T.mbarrier_arrive(k_empty[kb % S])
                     mask_block(acc_s, kb, row0, len_q, len_k, causal, block_m, block_n)
-                    C.softmax_step(acc_s, m, m_prev, m_scaled, alpha, l, row_sum, scale_log2, block_m, block_n)
+                    C.softmax_step(acc_s, m, m_prev, m_scaled, alpha, l, row_sum, scale_log2, block_m, block_n, exp2)
                     T.wait_wgmma(0)
                     T.mbarrier_arrive(v_empty[(kb - 1) % S])
                     T.copy(acc_s, p)

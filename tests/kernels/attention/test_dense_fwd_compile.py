@@ -65,6 +65,16 @@ def test_overlap_candidates_compile_for_sm90a(dim, options, derived_precondition
     assert next_turn < src.index("tl::wait_wgmma<1>()", pv_gemm)
 
 
+def test_fast_exp2_candidate_is_one_instruction_per_exp(deterministic):
+    """``fast_exp2``: every exp2 of the softmax (p and alpha) is ``ex2.approx.ftz.f32``, declared
+    pure for the determinism analysis; the kernel is otherwise the default's."""
+    fast = dense_fwd_overlap_kernel(128, False, C.LOG2E / math.sqrt(128), num_stages=3, fast_exp2=True)
+    default = dense_fwd_overlap_kernel(128, False, C.LOG2E / math.sqrt(128), num_stages=3)
+    assert "exp2f(" not in fast.device_source and "ex2.approx.ftz.f32" in fast.device_source
+    assert fast.device_source.count("tlx_exp2_ftz(") == default.device_source.count("exp2f(") + 1  # + its definition
+    assert deterministic(fast) is True
+
+
 def test_baseline_compiles(tmp_path):
     from tlx.numerics.parity import build_baseline
 
