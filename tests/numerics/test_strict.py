@@ -43,6 +43,19 @@ def test_allow_list_accepts_tilelang_or_cuda_names(allow):
     assert report["violations"] == [] and report["approximate"][0]["cuda"] == "__expf"
 
 
+@pytest.mark.parametrize("helper", ["probe_ex2", "probe_through"])
+def test_strict_sees_approximate_ptx_in_prelude_helpers(helper):
+    """A helper of the kernel's own prelude whose inline PTX (its own, or a helper's it calls) is
+    an approximate instruction: named in strict mode with the instruction, accepted once the
+    instruction is allowed; a helper with exact PTX only is not reported."""
+    with pytest.raises(ApproximateIntrinsicError, match=rf"{helper} \(CUDA ex2.approx.ftz.f32, prelude\)"):
+        passes(S.prelude_helper(helper), numerics="strict")
+    report = passes(S.prelude_helper(helper), numerics="strict", allow_approx=["ex2.approx.ftz.f32"]).reports["numerics"]
+    assert report["violations"] == [] and [h["intrinsic"] for h in report["approximate"]] == [helper]
+    exact = passes(S.prelude_helper("probe_exact"), numerics="strict").reports["numerics"]
+    assert exact["approximate"] == [] and exact["violations"] == []
+
+
 def test_allow_list_rejects_unknown_names():
     with pytest.raises(ValueError, match=r"allow_approx: expected names from .* got 'expf'"):
         passes(S.fast_exp(), numerics="strict", allow_approx=["expf"])

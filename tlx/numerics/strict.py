@@ -4,7 +4,10 @@ rejects approximate intrinsics.
 Approximate means "trades accuracy for speed beyond what nvcc's default libdevice gives":
 TileLang's fast-math builtins (``T.__exp``, ``T.__log``, ``T.__sin``… which CUDA codegen prints
 as ``__expf``, ``__logf``, ``__sinf``… for fp32) and ``T.fast_rcp`` (``rcp.approx.ftz``),
-plus the same CUDA intrinsics reached through ``T.call_extern``, and the
+plus the same CUDA intrinsics reached through ``T.call_extern``, a kernel's own prelude helper
+(``T.Kernel(prelude=...)``) whose inline PTX, or that of a helper it calls, holds an
+approximate instruction (``ex2.approx.ftz.f32``, ``rcp.approx``…; the helper's name and the
+instructions are reported, either may be allowed), and the
 ``tl.enable_fast_math`` pass config (nvcc ``--use_fast_math``). Libdevice functions such as
 ``expf`` are not approximate in this sense: they are bit-reproducible against a CUDA baseline
 built with the same flags.
@@ -12,11 +15,15 @@ built with the same flags.
 
 from __future__ import annotations
 
-from tlx.ir.tir import calls, device_functions, extern_name, op_name
+import re
+
+from tilelang import tvm
+
+from tlx.ir.tir import calls, device_functions, extern_name, nodes, op_name
 from tlx.numerics.modes import FAST_MATH_CONFIG, nvcc_flags, strict_conflicts
 from tlx.passes import PassOptions, TlxError, exit_status
 
-__all__ = ["APPROX_EXTERNS", "APPROX_TL_OPS", "ApproximateIntrinsicError", "check_numerics", "find_approximate"]
+__all__ = ["APPROX_EXTERNS", "APPROX_PTX", "APPROX_TL_OPS", "ApproximateIntrinsicError", "check_numerics", "find_approximate"]
 
 
 # TileLang builtin -> the CUDA function its fp32 form prints as.
@@ -39,7 +46,8 @@ APPROX_EXTERNS = frozenset(
         "__sincosf", "__powf", "__fdividef", "tl::fast_rcp", "fast_rcp",
     }
 )  # fmt: skip
-
+# an approximate PTX instruction in a prelude helper's inline assembly
+APPROX_PTX = re.compile(r"\b(?:ex2|lg2|rcp|rsqrt|sqrt|sin|cos|tanh)\.approx(?:\.ftz)?\.(?:f16x2|bf16x2|f16|bf16|f32|f64)\b")
 
 
 class ApproximateIntrinsicError(TlxError, ValueError):
@@ -61,8 +69,9 @@ def _allow_set(allow_approx) -> set[str]:
     allowed = set()
     for entry in allow_approx:
         name = _normalize(str(entry))
-        if name not in known:  # an ApproximateIntrinsicError (a ValueError) so the compile stops
-            raise ApproximateIntrinsicError(f"allow_approx: expected names from {sorted(known)}, got {entry!r}")
+        if name not in known and not APPROX_PTX.fullmatch(name):  # an ApproximateIntrinsicError (a ValueError) so the compile stops
+            raise ApproximateIntrinsicError(f"allow_approx: expected names from {sorted(known)} or an approximate "
+                                            f"PTX instruction (a prelude's, e.g. 'ex2.approx.ftz.f32'), got {entry!r}")
         allowed.add(name)
     return allowed
 
@@ -81,11 +90,50 @@ def find_approximate(device_mod) -> list[dict]:
             ext = extern_name(call)
             if ext in APPROX_EXTERNS:
                 found.append({"intrinsic": ext, "name": ext, "cuda": ext, "function": fname, "dtype": str(call.dtype)})
+        bodies = _prelude_functions(func)
+        for ext in dict.fromkeys(extern_name(c) for c in calls(func) if extern_name(c) in bodies):
+            instructions = _prelude_approximations(ext, bodies)
+            if instructions:
+                found.append({"intrinsic": ext, "name": ext, "cuda": ", ".join(sorted(instructions)), "function": fname,
+                              "dtype": "prelude"})
+    return found
+
+
+def _prelude_functions(func) -> dict[str, str]:
+    """name -> body of every function the device function's preludes (``pragma_import_c``)
+    define (braces matched; a loop or branch head is recorded too, under its keyword, which no
+    call names)."""
+    bodies = {}
+    for attr in nodes(func.body, tvm.tirx.AttrStmt):
+        if attr.attr_key != "pragma_import_c" or not isinstance(attr.value, tvm.tirx.StringImm):
+            continue
+        text = attr.value.value
+        for m in re.finditer(r"\b([A-Za-z_]\w*)\s*\([^;{}]*\)\s*\{", text):
+            depth, i = 1, m.end()
+            while depth and i < len(text):
+                depth += {"{": 1, "}": -1}.get(text[i], 0)
+                i += 1
+            bodies.setdefault(m.group(1), text[m.end():i])
+    return bodies
+
+
+def _prelude_approximations(name: str, bodies: dict[str, str]) -> set[str]:
+    """The approximate PTX instructions helper ``name`` runs, itself or through the prelude
+    helpers it calls."""
+    found, todo, seen = set(), [name], set()
+    while todo:
+        current = todo.pop()
+        if current in seen or current not in bodies:
+            continue
+        seen.add(current)
+        found.update(APPROX_PTX.findall(bodies[current]))
+        todo += [other for other in bodies if re.search(rf"\b{re.escape(other)}\s*\(", bodies[current])]
     return found
 
 
 def _is_allowed(hit: dict, allowed: set[str]) -> bool:
-    return hit["name"] in allowed or hit["cuda"] in allowed
+    """A TileLang or CUDA name in ``allowed``, or (a prelude helper) every PTX instruction it runs."""
+    return hit["name"] in allowed or hit["cuda"] in allowed or set(hit["cuda"].split(", ")) <= allowed
 
 
 def check_numerics(kernel, options: PassOptions) -> dict:

@@ -73,6 +73,10 @@ def test_fast_exp2_candidate_is_one_instruction_per_exp(deterministic):
     assert "exp2f(" not in fast.device_source and "ex2.approx.ftz.f32" in fast.device_source
     assert fast.device_source.count("tlx_exp2_ftz(") == default.device_source.count("exp2f(") + 1  # + its definition
     assert deterministic(fast) is True
+    # approximate, and reported as such (allowed: the kernel runs in the default numerics mode)
+    assert [(h["intrinsic"], h["cuda"]) for h in fast.metadata["reports"]["numerics"]["approximate"]] == [
+        ("tlx_exp2_ftz", "ex2.approx.ftz.f32")]
+    assert default.metadata["reports"]["numerics"]["approximate"] == []
 
 
 def test_baseline_compiles(tmp_path):
