@@ -452,9 +452,11 @@ def mla_split_key_major_kernel(tokens: int, heads: int, kv_dtype: str, softmax_s
 
 
 # the e4m3 key-major kernel's warpgroups: one consumer, two producers (one per shared-memory
-# slot, alternate pages); registers a thread (producer, consumer): 2 x 128 + 240 <= 512
+# slot, alternate pages); registers a thread (producer, consumer): 2 x 128 x 136 + 128 x 232 =
+# 384 x 168, the CTA's registers at launch (an increase past them waits forever: 136 / 240 did,
+# which tlx's progress check shows)
 FP8_PRODUCERS = 2
-FP8_REGISTERS = (136, 240)
+FP8_REGISTERS = (136, 232)
 V_PIECES = PAGE * D_V // 8 // C.WARPGROUP  # 8-value pieces of a page's nope keys a producer thread converts
 PE_PIECES = PAGE * D_PE // 8 // C.WARPGROUP  # ... and of its rope keys
 

@@ -159,3 +159,36 @@ def test_a_data_branch_whose_arms_synchronise_alike_needs_no_value():
     assert check_progress(_branch_on_data(True)).verdict == "ok"
     report = check_progress(_branch_on_data(False))
     assert report.verdict == "unknown" and "control value is not known" in report.detail, report.detail
+
+
+def _reallocated(producer_regs: int, consumer_regs: int):
+    """384 threads (168 registers a thread at launch): warpgroups 1 and 2 give registers back
+    (setmaxnreg.dec to ``producer_regs``), warpgroup 0 takes more (inc to ``consumer_regs``)
+    and then meets warpgroup 1 at a named barrier."""
+
+    @T.prim_func
+    def main(A: T.Tensor((384,), "float32")):
+        with T.Kernel(1, threads=384):
+            tx = T.get_thread_binding()
+            if tx < 128:
+                T.set_max_nreg(consumer_regs, 1)
+                A[tx] = A[tx] + 1
+                T.sync_threads(8, 256)
+            elif tx < 256:
+                T.set_max_nreg(producer_regs, 0)
+                T.sync_threads(8, 256)
+            else:
+                T.set_max_nreg(producer_regs, 0)
+
+    [(_, func)] = list(device_functions(lower(main, TARGET, {}).device_mod))
+    return func
+
+
+def test_register_reallocation_past_the_pool_deadlocks():
+    """Two warpgroups down to 136 free 2 x 128 x 32 registers; one up to 240 needs 128 x 72:
+    1024 short, and its increase waits forever (the e4m3 key-major decode kernel's first split,
+    found so on the CPU before it ran). 232 fits exactly (168 x 384 at launch)."""
+    report = check_progress(_reallocated(136, 240))
+    assert report.verdict == "deadlock", report
+    assert "at setmaxnreg.inc to 240 registers a thread" in report.detail and "168 a thread at launch for 384" in report.detail
+    assert check_progress(_reallocated(136, 232)).verdict == "ok"

@@ -9,8 +9,8 @@ whether waits end. This pass runs the protocol instead:
    on concrete values (the thread index, loop counters, the ``values`` given for shape
    variables; every loop must have a known trip count), keeping only the synchronisation:
    mbarrier init, arrive (``cp.async.mbarrier.arrive.noinc`` is one arrival), parity wait, named
-   barriers, ``__syncthreads`` and the barriers of TileLang's cross-warp ``tl::AllReduce`` (two a
-   butterfly level that goes through shared memory). Subtrees without synchronisation are
+   barriers, ``__syncthreads``, the barriers of TileLang's cross-warp ``tl::AllReduce`` (two a
+   butterfly level that goes through shared memory) and register reallocation (``setmaxnreg``). Subtrees without synchronisation are
    skipped. A branch whose condition reads memory is simulated without it when both arms take
    the same synchronisation steps; otherwise, and for a loop bound that reads memory or a value
    not given, the verdict is "unknown" (never "ok"). A bound variable that reads memory (a tile
@@ -22,7 +22,10 @@ whether waits end. This pass runs the protocol instead:
    parity differs from the awaited one (PTX semantics: ``wait(p)`` on a barrier that completed
    ``c`` phases returns iff ``c % 2 != p``), a phase completes when its arrivals reach the init
    count, a named barrier releases when ``n`` threads reached it, ``__syncthreads`` when all
-   did. The order of steps is drawn at random (``seeds`` schedules, each thread run until it
+   did; ``setmaxnreg.dec`` returns a thread's registers above its new count to the CTA's pool and
+   ``setmaxnreg.inc`` waits until the pool holds the ones it adds (every thread starts with
+   ``launch_registers``: the CTA holds no more than the register file allows its thread count,
+   so warpgroups that together ask for more wait forever). The order of steps is drawn at random (``seeds`` schedules, each thread run until it
    blocks, then another picked); a state in which no thread can move and some have not
    finished is a deadlock, reported with the waits that never end.
 
@@ -56,6 +59,7 @@ MAX_SWEPT = 2  # such variables swept together (each value of one with every val
 MAX_STEPS = 2_000_000  # synchronisation steps of all threads together: more is "unknown" (too long to simulate)
 SEEDS = 8  # random schedules per kernel in tlx check
 
+_SET_MAX_NREG = "tl.set_max_nreg"  # setmaxnreg.{inc,dec}: a warp's registers from / to the CTA's pool
 _MBARRIER = {"tirx.ptx_init_barrier_thread_count": "init", "tirx.ptx_arrive_barrier": "arrive",
              "tirx.ptx_arrive_barrier_expect_tx": "arrive", "tl.ptx_cp_async_barrier_noinc": "arrive",
              "tl.mbarrier_wait_parity": "wait"}  # tl.mbarrier_expect_tx is left out: TMA loads are assumed to land
@@ -101,7 +105,7 @@ def _all_reduce_barriers(ext: str) -> list[tuple] | None:
 
 def _is_sync(call) -> bool:
     name = op_name(call)
-    if name in _MBARRIER or name == "tirx.tvm_storage_sync":
+    if name in _MBARRIER or name in ("tirx.tvm_storage_sync", _SET_MAX_NREG):
         return True
     ext = extern_name(call) or ""
     if ext.startswith("tl::AllReduce<"):
@@ -275,6 +279,9 @@ def _call(call, env: dict, trace: list) -> None:
         else:
             trace.append(("bar", _value(call.args[1], env), _value(call.args[2], env)))
         return
+    if name == _SET_MAX_NREG:
+        trace.append(("nreg", _value(call.args[0], env), bool(_value(call.args[1], env))))
+        return
     reduce = _all_reduce_barriers(extern_name(call) or "")
     if reduce is not None:
         trace.extend(reduce)
@@ -316,10 +323,19 @@ def _ranges(threads: list[int]) -> str:
     return ", ".join(out)
 
 
+def launch_registers(threads: int) -> int:
+    """Registers a thread holds at launch in a kernel that reallocates them (setmaxnreg): the
+    most its thread count allows, in units of 8 (ptxas gives such a kernel that many: 168 at 384
+    threads, 128 at 512, in every shipped build)."""
+    return min(256, 65536 // max(threads, 1) // 8 * 8)
+
+
 def simulate(traces: list[list[tuple]], seed: int) -> ProgressReport:
     """Run the traces under one random schedule (module docstring): "ok" or "deadlock". Event
     driven: a blocked thread sleeps on what it waits for and is woken when that changes."""
     rng = random.Random(seed)
+    regs = [launch_registers(len(traces))] * -(-len(traces) // 32)  # registers a thread of each warp holds
+    pool = [0]  # registers released by setmaxnreg.dec and not yet taken (all the warp's threads')
     counts: dict = {}  # barrier -> arrivals per phase
     arrived: dict = {}  # barrier -> arrivals in the current phase
     phases: dict = {}  # barrier -> completed phases
@@ -345,6 +361,30 @@ def simulate(traces: list[list[tuple]], seed: int) -> ProgressReport:
                 runnable.append(t)
             gathering[key] = ts[n:]
 
+    def take_registers(t: int, op) -> bool:
+        """setmaxnreg of thread t, for its whole warp (the instruction is warp-aligned: the first
+        of its threads to get there moves the warp's registers, the others find them moved): a
+        decrease returns registers to the pool and wakes the threads whose increase they cover; an
+        increase passes when the pool covers the warp's."""
+        target, increase, w = op[1], op[2], t // 32
+        if target == regs[w]:
+            return True
+        if increase != (target > regs[w]):
+            raise Unknown(f"setmaxnreg.{'inc' if increase else 'dec'} to {target} from {regs[w]} registers is undefined")
+        if increase and 32 * (target - regs[w]) > pool[0]:
+            return False
+        pool[0] -= 32 * (target - regs[w])
+        regs[w] = target
+        if not increase:
+            waiting = sleepers.get("registers", [])
+            for w in list(waiting):
+                if take_registers(w, blocked[w]):
+                    waiting.remove(w)
+                    del blocked[w]
+                    pc[w] += 1
+                    runnable.append(w)
+        return True
+
     def check_sync() -> None:
         """``__syncthreads`` releases once every thread that has not finished reached it."""
         if gathering.get("sync") and len(gathering["sync"]) == len(unfinished):
@@ -356,7 +396,12 @@ def simulate(traces: list[list[tuple]], seed: int) -> ProgressReport:
         while pc[t] < len(trace):
             op = trace[pc[t]]
             kind = op[0]
-            if kind == "wait":
+            if kind == "nreg":
+                if not take_registers(t, op):
+                    blocked[t] = op
+                    sleepers.setdefault("registers", []).append(t)
+                    break
+            elif kind == "wait":
                 if not passes(op):
                     blocked[t] = op
                     sleepers.setdefault(op[1], []).append(t)
@@ -394,11 +439,15 @@ def simulate(traces: list[list[tuple]], seed: int) -> ProgressReport:
     for t in sorted(unfinished):
         groups.setdefault(traces[t][pc[t]], []).append(t)
     stuck = [(_ranges(ts), op) for op, ts in groups.items()]
-    detail = "; ".join(f"threads {ts} at {_describe(op, phases, arrived, counts)}" for ts, op in stuck)
+    detail = "; ".join(f"threads {ts} at {_describe(op, phases, arrived, counts, pool[0], len(traces))}"
+                       for ts, op in stuck)
     return ProgressReport("deadlock", detail, 1, stuck)
 
 
-def _describe(op, phases, arrived, counts) -> str:
+def _describe(op, phases, arrived, counts, pool: int = 0, threads: int = 0) -> str:
+    if op[0] == "nreg":
+        return (f"setmaxnreg.inc to {op[1]} registers a thread ({pool} registers free in the CTA's pool; "
+                f"{launch_registers(threads)} a thread at launch for {threads} threads)")
     if op[0] == "wait":
         bar = op[1]
         return (f"wait {bar[0]}[{bar[1]}] parity {op[2]} (phases completed {phases.get(bar)}, "
