@@ -25,7 +25,8 @@ whether waits end. This pass runs the protocol instead:
    did; ``setmaxnreg.dec`` returns a thread's registers above its new count to the CTA's pool and
    ``setmaxnreg.inc`` waits until the pool holds the ones it adds (every thread starts with
    ``launch_registers``: the CTA holds no more than the register file allows its thread count,
-   so warpgroups that together ask for more wait forever). The order of steps is drawn at random (``seeds`` schedules, each thread run until it
+   so warpgroups that together ask for more wait forever; that count is ptxas's choice, taken
+   as observed). The order of steps is drawn at random (``seeds`` schedules, each thread run until it
    blocks, then another picked); a state in which no thread can move and some have not
    finished is a deadlock, reported with the waits that never end.
 
@@ -323,18 +324,21 @@ def _ranges(threads: list[int]) -> str:
     return ", ".join(out)
 
 
-def launch_registers(threads: int) -> int:
-    """Registers a thread holds at launch in a kernel that reallocates them (setmaxnreg): the
-    most its thread count allows, in units of 8 (ptxas gives such a kernel that many: 168 at 384
-    threads, 128 at 512, in every shipped build)."""
-    return min(256, 65536 // max(threads, 1) // 8 * 8)
+def launch_registers(threads: int, most: int) -> int:
+    """Registers a thread holds at launch in a kernel that reallocates them (setmaxnreg, ``most``:
+    the largest count it asks for): the most its thread count allows, in units of 8, and no more
+    than ``most`` (what ptxas gave every such build in tlx's cache, 423 of them: 240 at 256
+    threads asking for 240, 168 at 384, 128 at 512)."""
+    return min(most, 65536 // max(threads, 1) // 8 * 8)
 
 
 def simulate(traces: list[list[tuple]], seed: int) -> ProgressReport:
     """Run the traces under one random schedule (module docstring): "ok" or "deadlock". Event
     driven: a blocked thread sleeps on what it waits for and is woken when that changes."""
     rng = random.Random(seed)
-    regs = [launch_registers(len(traces))] * -(-len(traces) // 32)  # registers a thread of each warp holds
+    most = max((op[1] for trace in traces for op in trace if op[0] == "nreg"), default=0)
+    at_launch = launch_registers(len(traces), most)
+    regs = [at_launch] * -(-len(traces) // 32)  # registers a thread of each warp holds
     pool = [0]  # registers released by setmaxnreg.dec and not yet taken (all the warp's threads')
     counts: dict = {}  # barrier -> arrivals per phase
     arrived: dict = {}  # barrier -> arrivals in the current phase
@@ -439,15 +443,15 @@ def simulate(traces: list[list[tuple]], seed: int) -> ProgressReport:
     for t in sorted(unfinished):
         groups.setdefault(traces[t][pc[t]], []).append(t)
     stuck = [(_ranges(ts), op) for op, ts in groups.items()]
-    detail = "; ".join(f"threads {ts} at {_describe(op, phases, arrived, counts, pool[0], len(traces))}"
+    detail = "; ".join(f"threads {ts} at {_describe(op, phases, arrived, counts, pool[0], at_launch, len(traces))}"
                        for ts, op in stuck)
     return ProgressReport("deadlock", detail, 1, stuck)
 
 
-def _describe(op, phases, arrived, counts, pool: int = 0, threads: int = 0) -> str:
+def _describe(op, phases, arrived, counts, pool: int, at_launch: int, threads: int) -> str:
     if op[0] == "nreg":
         return (f"setmaxnreg.inc to {op[1]} registers a thread ({pool} registers free in the CTA's pool; "
-                f"{launch_registers(threads)} a thread at launch for {threads} threads)")
+                f"{at_launch} a thread at launch for {threads} threads)")
     if op[0] == "wait":
         bar = op[1]
         return (f"wait {bar[0]}[{bar[1]}] parity {op[2]} (phases completed {phases.get(bar)}, "
