@@ -10,7 +10,7 @@ import sys
 
 import torch
 
-from kernels.attention.dense_bwd import dense_attention_backward
+from kernels.attention.dense_bwd import FUSED_TILES, dense_attention_backward
 from kernels.attention.dense_fwd import dense_attention
 from kernels.attention.sparse_fwd import DIM, sparse_attention
 
@@ -37,13 +37,15 @@ def forward_ops():
 
 
 def backward_ops():
-    """The default tiles of d 64 (two warpgroups a CTA) and d 256 (one, dV and dK split)."""
+    """The default tiles of d 64 (two warpgroups a CTA) and d 256 (one, dV and dK split), and the
+    fused candidate (its dQ warp's bulk reductions) at d 64 causal and d 128 not causal."""
     ops = []
-    for d, causal in ((64, True), (256, False)):
+    for d, causal, tiles in ((64, True, None), (256, False, None), (64, True, FUSED_TILES), (128, False, FUSED_TILES)):
         q, k, v, cu = _varlen(d)
         o, lse = dense_attention(q, k, v, causal=causal, **cu)
         do = torch.randn_like(q)
-        ops.append(lambda q=q, k=k, v=v, o=o, lse=lse, do=do, c=causal, cu=cu: dense_attention_backward(do, q, k, v, o, lse, causal=c, **cu))
+        ops.append(lambda q=q, k=k, v=v, o=o, lse=lse, do=do, c=causal, cu=cu, t=tiles:
+                   dense_attention_backward(do, q, k, v, o, lse, causal=c, tiles=t, **cu))
     return ops
 
 
