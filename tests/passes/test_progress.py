@@ -161,7 +161,7 @@ def test_a_data_branch_whose_arms_synchronise_alike_needs_no_value():
     assert report.verdict == "unknown" and "control value is not known" in report.detail, report.detail
 
 
-def _reallocated(producer_regs: int, consumer_regs: int):
+def _reallocated_prim_func(producer_regs: int, consumer_regs: int):
     """384 threads (168 registers a thread at launch): warpgroups 1 and 2 give registers back
     (setmaxnreg.dec to ``producer_regs``), warpgroup 0 takes more (inc to ``consumer_regs``)
     and then meets warpgroup 1 at a named barrier."""
@@ -180,7 +180,11 @@ def _reallocated(producer_regs: int, consumer_regs: int):
             else:
                 T.set_max_nreg(producer_regs, 0)
 
-    [(_, func)] = list(device_functions(lower(main, TARGET, {}).device_mod))
+    return main
+
+
+def _reallocated(producer_regs: int, consumer_regs: int):
+    [(_, func)] = list(device_functions(lower(_reallocated_prim_func(producer_regs, consumer_regs), TARGET, {}).device_mod))
     return func
 
 
@@ -188,7 +192,28 @@ def test_register_reallocation_past_the_pool_deadlocks():
     """Two warpgroups down to 136 free 2 x 128 x 32 registers; one up to 240 needs 128 x 72:
     1024 short, and its increase waits forever (the e4m3 key-major decode kernel's first split,
     found so on the CPU before it ran). 232 fits exactly (168 x 384 at launch)."""
-    report = check_progress(_reallocated(136, 240))
+    report = check_progress(_reallocated(136, 240))  # the static count, before any simulation
     assert report.verdict == "deadlock", report
-    assert "at setmaxnreg.inc to 240 registers a thread" in report.detail and "168 a thread at launch for 384" in report.detail
+    assert "warps 0-3 increase to [240] registers a thread, 1024 registers more than the CTA's 384 threads x 168" in report.detail
+    from tlx.passes.progress import thread_traces
+
+    simulated = simulate(thread_traces(_reallocated(136, 240), {}, 384), 0)  # and the simulation
+    # three warps get their registers, the fourth waits for ever, and warpgroups 0 and 1 then at their named barrier
+    assert simulated.verdict == "deadlock" and "at setmaxnreg.inc to 240 registers a thread" in simulated.detail, simulated
     assert check_progress(_reallocated(136, 232)).verdict == "ok"
+
+
+def test_a_compile_refuses_a_kernel_whose_registers_cannot_fit():
+    """The register count runs on every verified compile: 136 / 240 over 384 threads is a
+    DeadlockError before any launch (and 136 / 232 compiles)."""
+    from tlx.compiler import compile_artifacts
+    from tlx.options import Options
+    from tlx.passes.progress import DeadlockError
+
+    def build(consumer_regs):
+        main = _reallocated_prim_func(136, consumer_regs)
+        return compile_artifacts(main, Options.make(target=TARGET), stop_after="passes")[1]
+
+    with pytest.raises(DeadlockError, match=r"would hang: setmaxnreg: warps 0-3 increase to \[240\]"):
+        build(240)
+    assert build(232).reports["registers"] == {"deadlocks": {}}

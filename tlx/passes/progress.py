@@ -26,7 +26,8 @@ whether waits end. This pass runs the protocol instead:
    ``setmaxnreg.inc`` waits until the pool holds the ones it adds (every thread starts with
    ``launch_registers``: the CTA holds no more than the register file allows its thread count,
    so warpgroups that together ask for more wait forever; that count is ptxas's choice, taken
-   as observed). The order of steps is drawn at random (``seeds`` schedules, each thread run until it
+   as observed). Before any simulation, and for any control values, the counts a kernel's warps
+   reallocate to are added up (``register_budget``): more than the CTA holds is a deadlock. The order of steps is drawn at random (``seeds`` schedules, each thread run until it
    blocks, then another picked); a state in which no thread can move and some have not
    finished is a deadlock, reported with the waits that never end.
 
@@ -53,7 +54,8 @@ from tlx.passes import PassContext, TlxError, raise_or_warn
 
 tir = tvm.tirx
 
-__all__ = ["DeadlockError", "ProgressReport", "Unknown", "check_progress", "progress_pass", "simulate", "thread_traces"]
+__all__ = ["DeadlockError", "ProgressReport", "Unknown", "check_progress", "progress_pass", "register_budget",
+           "register_budget_pass", "simulate", "thread_traces"]
 
 SWEEP = tuple(range(10))  # values tried, one at a time, for a control variable that reads memory
 MAX_SWEPT = 2  # such variables swept together (each value of one with every value of the other)
@@ -469,11 +471,92 @@ def _block_threads(func) -> int:
     return n
 
 
+def _register_targets(func, values: dict) -> dict[int, set] | None:
+    """warp -> the ``(count, increase)`` of every setmaxnreg its threads can reach (a branch is
+    followed where the warp's first thread decides it, both arms where the condition is not
+    known), or None when a count is not known."""
+    threads = _block_threads(func)
+    thread_var, env0 = None, {_SWEPT: {}}
+    for attr in _attrs(func.body):
+        tag = str(attr.node.thread_tag)
+        if tag == "threadIdx.x":
+            thread_var = attr.node.var
+        elif tag.startswith(("threadIdx", "blockIdx")):
+            env0[attr.node.var] = 0
+    by_name = {p.name: p for p in func.params}
+    env0.update({by_name[n]: v for n, v in values.items() if n in by_name})
+    sets = nodes(func.body, tir.Call)
+    if not any(op_name(c) == _SET_MAX_NREG for c in sets):
+        return {}
+    targets: dict[int, set] = {}
+
+    def walk(s, env, warp):
+        if isinstance(s, tir.SeqStmt):
+            for x in s.seq:
+                walk(x, env, warp)
+        elif isinstance(s, tir.Bind):
+            try:
+                env[s.var] = int(eval_numpy(s.value, env))
+            except ValueError:
+                pass
+        elif isinstance(s, tir.IfThenElse):
+            try:
+                arms = [s.then_case if _value(s.condition, env) else s.else_case]
+            except Unknown:
+                arms = [s.then_case, s.else_case]
+            for arm in arms:
+                if arm is not None:
+                    walk(arm, dict(env), warp)
+        elif isinstance(s, tir.Evaluate) and isinstance(s.value, tir.Call) and op_name(s.value) == _SET_MAX_NREG:
+            targets.setdefault(warp, set()).add((_value(s.value.args[0], env), bool(_value(s.value.args[1], env))))
+        elif isinstance(getattr(s, "body", None), tir.Stmt):
+            walk(s.body, env, warp)
+
+    try:
+        for warp in range(-(-threads // 32)):
+            env = dict(env0)
+            env[_THREAD] = 32 * warp
+            if thread_var is not None:
+                env[thread_var] = 32 * warp
+            walk(func.body, env, warp)
+    except Unknown:
+        return None
+    return targets
+
+
+def register_budget(func, values: dict | None = None) -> ProgressReport | None:
+    """A deadlock when the warps' setmaxnreg counts (one a warp) add up to more registers than
+    the CTA holds at launch (``launch_registers``): an increase then waits forever whenever it
+    runs, whatever the data. None when they fit, or when a warp can reach two counts or a count
+    is not known (the simulation decides those)."""
+    targets = _register_targets(func, values or {})
+    if not targets or any(len(t) != 1 for t in targets.values()):
+        return None
+    threads = _block_threads(func)
+    warps = -(-threads // 32)
+    at_launch = launch_registers(threads, max(count for t in targets.values() for count, _ in t))
+    final = {w: next(iter(targets[w]))[0] if w in targets else at_launch for w in range(warps)}
+    if 32 * sum(final.values()) <= at_launch * 32 * warps:
+        return None
+    up = sorted(w for w, t in targets.items() if next(iter(t))[1] and final[w] > at_launch)
+    short = 32 * sum(final.values()) - at_launch * 32 * warps
+    return ProgressReport("deadlock", f"setmaxnreg: warps {_ranges(up)} increase to "
+                          f"{sorted({final[w] for w in up})} registers a thread, {short} registers more than the "
+                          f"CTA's {threads} threads x {at_launch} at launch leave once the other warps decreased: "
+                          f"an increase waits forever whenever it runs", 0,
+                          [(_ranges([t for w in up for t in range(32 * w, 32 * w + 32)]), ("nreg",))])
+
+
 def check_progress(func, values: dict | None = None, seeds: int = SEEDS, swept: dict | None = None) -> ProgressReport:
     """Simulate the barrier protocol of one device function (one CTA, block 0) under ``seeds``
     random schedules; shape variables by name in ``values``; ``swept``: values for bound
     variables that read memory (else each such variable, up to ``MAX_SWEPT`` of them, is tried
-    at each value of ``SWEEP``)."""
+    at each value of ``SWEEP``). The registers the warps reallocate are checked first, for any
+    control values (``register_budget``)."""
+    if not swept:
+        over = register_budget(func, values)
+        if over is not None:
+            return over
     try:
         traces = thread_traces(func, values or {}, _block_threads(func), swept)
         for seed in range(seeds):
@@ -527,4 +610,16 @@ def progress_pass(kernel: LoweredKernel, ctx: PassContext) -> LoweredKernel:
     ctx.reports["progress"] = report
     if report["exit_code"] == 1:
         raise_or_warn(ctx, DeadlockError(report["summary"][0]))
+    return kernel
+
+
+def register_budget_pass(kernel: LoweredKernel, ctx: PassContext) -> LoweredKernel:
+    """On every verified compile (cheap: a walk per warp): a kernel whose warps reallocate more
+    registers than the CTA holds (``register_budget``) raises DeadlockError, whatever ``verify``
+    says, since no launch of it could finish (``tlx check`` reports it under "progress")."""
+    found = {name: r.detail for name, func in device_functions(kernel.device_mod) if (r := register_budget(func))}
+    ctx.reports["registers"] = {"deadlocks": found}
+    if found and not ctx.options.report_only:
+        name, detail = next(iter(found.items()))
+        raise DeadlockError(f"kernel {kernel.name!r} ({name}) would hang: {detail}")
     return kernel
