@@ -359,6 +359,7 @@ __device__ __forceinline__ void tlx_dq_add_in_order(float* dst, long long dst_of
       asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(value) : "l"(counts + index) : "memory");
       if (value >= rank) break;
       if ((long long)(tlx_globaltimer_ns() - start) > timeout_ns) asm volatile("trap;");
+      __nanosleep(32);  // leave the issue slots of its SM sub-partition to the consumers' warps
     }
   }
   __syncwarp();
