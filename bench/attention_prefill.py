@@ -107,7 +107,8 @@ def _sweep_forward():
     return {64: {**base, "3 consumers": {"consumers": 3}, "3 consumers pingpong": {"consumers": 3, "pingpong": True},
                  "3 consumers, fast exp2": {"consumers": 3, **fast}},
             128: {**base, "3 stages": {"num_stages": 3}, "3 stages pingpong": {"num_stages": 3, "pingpong": True},
-                  "3 stages, fast exp2": {"num_stages": 3, **fast}},
+                  "3 stages, fast exp2": {"num_stages": 3, **fast}, "176 keys a block": {"block_n": 176},
+                  "176 keys a block, fast exp2": {"block_n": 176, **fast}},
             256: {**base, "overlap, fast exp2": fast, "pingpong, fast exp2": {"pingpong": True, **fast}}}
 
 

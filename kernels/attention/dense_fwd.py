@@ -191,7 +191,7 @@ def uniform_offsets(batch: int, seqlen: int, device) -> torch.Tensor:
 @tlx.jit(target=C.TARGET, assume=FWD_ASSUME,
          pass_configs={"tl.disable_warp_specialized": True, "tl.disable_thread_storage_sync": True})
 def dense_fwd_overlap_kernel(dim: int, causal: bool, scale_log2: float, dtype: str = "bfloat16", num_stages: int = 2,
-                             consumers: int = 2, pingpong: bool = False, fast_exp2: bool = False):
+                             consumers: int = 2, pingpong: bool = False, fast_exp2: bool = False, block_n: int = 0):
     """``dense_fwd_kernel``'s computation (same parameters, same bits) scheduled by hand:
     a TMA producer warpgroup and ``consumers`` warpgroups (64 query rows each: the grid's
     q_tiles cover ceil(len_q / (64 consumers))) that overlap block ``kb``'s softmax with block
@@ -202,15 +202,19 @@ def dense_fwd_overlap_kernel(dim: int, causal: bool, scale_log2: float, dtype: s
     GEMMs hold the tensor cores instead of all of them contending at once. The arithmetic and
     its order are those of the module docstring. ``fast_exp2``: exp2 as one instruction
     (``C.exp2_ftz``: p and alpha below 2^-126 become 0, other bits than exp2f's only there; a sweep
-    candidate, ``dense_fwd.cu`` does not follow it)."""
+    candidate, ``dense_fwd.cu`` does not follow it). ``block_n``: keys a block (0: ``block_n_for``;
+    a multiple of 16 up to 256, e.g. 176 at d 128, FlashAttention-3's choice, which spreads each
+    block's row-state update over more keys; other blocks, other bits: a sweep candidate)."""
     C.check_head_dim("dim", dim, SUPPORTED_DIMS)
+    if block_n and (block_n % 16 or not 16 <= block_n <= 256):
+        raise ValueError(f"block_n: expected 0 or a multiple of 16 from 16 to 256, got {block_n}")
     if dtype not in ("bfloat16", "float16"):
         raise ValueError(f"dtype: expected 'bfloat16' or 'float16', got {dtype!r}")
     if consumers not in REGISTER_SPLIT:
         raise ValueError(f"consumers: expected one of {tuple(REGISTER_SPLIT)}, got {consumers}")
     if num_stages < 1:
         raise ValueError(f"num_stages: expected >= 1, got {num_stages}")
-    block_m, block_n = CONSUMER_ROWS * consumers, block_n_for(dim)
+    block_m, block_n = CONSUMER_ROWS * consumers, block_n or block_n_for(dim)
     consumer_threads = C.WARPGROUP * consumers
     producer_regs, consumer_regs = REGISTER_SPLIT[consumers]
     f32 = "float32"

@@ -107,6 +107,17 @@ def test_overlap_candidates_match_baseline(attention_baseline, d, options, causa
     check_all(attention_baseline, q, k, v, causal, schedule="overlap", options=options)
 
 
+@pytest.mark.parametrize("options", [{"block_n": 176}, {"block_n": 176, "fast_exp2": True}], ids=str)
+@pytest.mark.parametrize("causal", [False, True])
+def test_wider_key_blocks_match_reference(options, causal):
+    """176 keys a block (a sweep candidate; other blocks than the baseline's, so other bits): within
+    tolerance of the reference on GQA with a partial last tile and a partial last key block."""
+    b, s, h, hk = 2, 1000, 8, 2
+    q, k, v = (randn((b, s, n, 128), torch.bfloat16, seed) for n, seed in ((h, 17), (hk, 18), (hk, 19)))
+    o, lse = run(q, k, v, causal=causal, schedule="overlap", options=options)
+    check_reference(o, lse, q, k, v, causal)
+
+
 @pytest.mark.parametrize("h,hk", [(4, 4), (8, 1), (16, 4)])  # MHA, MQA, GQA
 def test_head_layouts(attention_baseline, h, hk):
     q, k, v = randn((1, 300, h, 128), torch.bfloat16, 4), randn((1, 300, hk, 128), torch.bfloat16, 5), randn((1, 300, hk, 128), torch.bfloat16, 6)
