@@ -56,7 +56,7 @@ def _build(spec):
 
 # (model, ranks, waves, fusions) layers of tests/kernels/moe/mega (waves None: the plan's default)
 TEST_LAYERS = ([("V4-Flash", n, None, ("l1_swiglu", "wave")) for n in (1, 2, 8)]
-               + [("V4-Flash", 4, None, ("l1_swiglu",)), ("V4-Flash", 1, None, ("none",))]
+               + [("V4-Flash", 4, None, ("l1_swiglu",)), ("V4-Flash", 1, None, ("none",)), ("V4-Flash", 2, None, ("none",))]
                + [("V4-Flash", 4, 1, ("l1_swiglu",)), ("V4-Flash", 4, 4, ("l1_swiglu", "none", "wave")),
                   ("V4-Flash", 4, 16, ("l1_swiglu",))]
                + [("V4-Pro", n, None, ("l1_swiglu", "wave")) for n in (1, 8)] + [("V4-Pro", 2, None, ("l1_swiglu",))])

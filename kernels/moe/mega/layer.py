@@ -16,7 +16,8 @@ and the *wave schedule* of that design; of the compute steps, L1 and the SwiGLU 
   count), ``gate`` (acquire every rank's DONE of every wave) and ``combine`` (pull each token's k
   rows from their owners, the same fma chain as ``permute.combine``). System-scope release /
   acquire is ``sysflags.py``.
-* **Fused: L1 + SwiGLU + e4m3 requant** (``fusion="l1_swiglu"``, the default):
+* **Fused: L1 + SwiGLU + e4m3 requant** (``fusion="l1_swiglu"``, the default from 3 ranks on,
+  ``default_fusion``):
   ``grouped_gemm_swiglu_kernel`` is the L1 grouped GEMM with ``swiglu_cast`` as its epilogue, so
   the bf16 hidden state [R, 2I] (4I bytes a row, written and read again in the unfused path)
   never reaches memory, and each wave is two launches (L1 + SwiGLU, L2) instead of
@@ -241,6 +242,14 @@ def make_plan(n_ranks: int, tokens_per_rank: int, hidden: int, inter: int, n_exp
 FUSIONS = ("l1_swiglu", "none", "wave")  # what a wave's compute fuses (module docstring)
 
 
+def default_fusion(n_ranks: int) -> str:
+    """``fusion`` when none is given: the L1 + SwiGLU kernel from 3 ranks on; the three launches a
+    wave (``"none"``) on 1 and 2 ranks, where they measured 10-12% (1 rank, T 8 / 512 / 8192) and
+    3-4% (2 ranks) faster (V4-Flash, one H200, 2026-12-02, ``bench/mega_moe.py``; the fused kernel
+    is faster from 4 ranks on, 1.02-1.45x)."""
+    return "none" if n_ranks <= 2 else "l1_swiglu"
+
+
 def compute_kernel_specs(plan: MegaPlan, clamp: float, fusion: str) -> dict:
     """name -> (module, factory, args, kwargs) of the GEMM kernels a wave launches: ``l1`` (the fused
     L1 + SwiGLU cast, or with ``fusion="none"`` the bf16 L1) and ``l2``, on the rank's SM share;
@@ -427,12 +436,14 @@ class MegaMoE:
     timeline = None
 
     def __init__(self, w1, s1, w2, s2, cfg: MoEConfig, n_tokens: int, *, group=None, n_virtual_ranks: int | None = None,
-                 waves: int | None = None, timeout_s: float = 5.0, fusion: str = "l1_swiglu"):
+                 waves: int | None = None, timeout_s: float = 5.0, fusion: str | None = None):
         if (group is None) == (n_virtual_ranks is None):
             raise ValueError("group / n_virtual_ranks: expected exactly one of them, got "
                              f"{'both' if group is not None else 'neither'}")
         if not timeout_s > 0:
             raise ValueError(f"timeout_s: expected a positive number of seconds, got {timeout_s}")
+        if fusion is None:
+            fusion = default_fusion(n_virtual_ranks if group is None else group.size())
         if fusion not in FUSIONS:
             raise ValueError(f"fusion: expected one of {FUSIONS}, got {fusion!r}")
         self.fusion = fusion
@@ -687,14 +698,14 @@ _LAYERS: dict = {}
 
 def mega_moe(x, logits, w1, s1, w2, s2, cfg: MoEConfig, bias=None, *, group=None, n_virtual_ranks: int | None = None,
              waves: int | None = None, timeout_s: float = 5.0, out=None, check: bool = True,
-             fusion: str = "l1_swiglu"):
+             fusion: str | None = None):
     """``moe_layer``'s routed experts, expert-parallel over ``n_virtual_ranks`` ranks on this GPU or
     over ``group`` (one GPU per rank; x, logits and the result are this rank's tokens); bitwise equal
     to ``moe_layer(x, logits, w1, s1, w2, s2, cfg, bias, n_ranks=n)`` on the same (gathered) tokens.
 
     ``fusion``: ``"l1_swiglu"`` (L1 and the SwiGLU cast in one kernel per wave), ``"wave"`` (L1,
     SwiGLU cast and L2 in one kernel per wave) or ``"none"`` (the unfused wave: L1, SwiGLU cast, L2
-    as three launches; for comparison); the same bits every way (module docstring).
+    as three launches); None: ``default_fusion(n)``; the same bits every way (module docstring).
     The layer state (buffers, streams, kernels) is kept per weights, token count, ranks, waves and
     fusion; ``check`` reads the ranks' status words after the call (one host sync) and raises
     ``MegaMoETimeout`` if a rank timed out; it is skipped under CUDA-graph capture (call
@@ -705,6 +716,8 @@ def mega_moe(x, logits, w1, s1, w2, s2, cfg: MoEConfig, bias=None, *, group=None
     n = n_virtual_ranks if group is None else group.size()
     if not isinstance(n, int) or isinstance(n, bool):
         raise ValueError(f"n_virtual_ranks: expected an int, got {type(n).__name__}")
+    if fusion is None:
+        fusion = default_fusion(n)
     if fusion not in FUSIONS:
         raise ValueError(f"fusion: expected one of {FUSIONS}, got {fusion!r}")
     check_layer_args(x, logits, w1, s1, w2, s2, cfg, n, group is not None)
@@ -714,8 +727,11 @@ def mega_moe(x, logits, w1, s1, w2, s2, cfg: MoEConfig, bias=None, *, group=None
 
 
 def layer_for(x, w1, s1, w2, s2, cfg: MoEConfig, *, group=None, n_virtual_ranks=None, waves=None, timeout_s=5.0,
-              fusion="l1_swiglu"):
-    """The cached ``MegaMoE`` that ``mega_moe`` uses for these arguments."""
+              fusion=None):
+    """The cached ``MegaMoE`` that ``mega_moe`` uses for these arguments (``fusion`` None: the rank
+    count's ``default_fusion``, as ``mega_moe`` resolves it)."""
+    if fusion is None:
+        fusion = default_fusion(n_virtual_ranks if group is None else group.size())
     if not isinstance(x, torch.Tensor) or x.dim() != 2:
         raise ValueError(f"x: expected a 2-D bf16 tensor, got {getattr(x, 'shape', type(x))}")
     if not isinstance(w1, torch.Tensor) or w1.dim() != 3:

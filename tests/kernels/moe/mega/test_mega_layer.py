@@ -2,6 +2,7 @@
 bitwise equality with ``moe_layer(..., n_ranks=n)``, skewed routing, repeatability, batch
 invariance, CUDA-graph capture and the timeout of a rank that never arrives (GPU)."""
 
+import inspect
 import time
 
 import pytest
@@ -541,3 +542,14 @@ def test_flash_bitwise_equal_to_unfused_large(flash, n, t):
 def test_pro_bitwise_equal_to_unfused(pro, n, t):
     out, ref = run_both(V4_PRO, pro, n * t, n, seed=t + n)
     assert_bits(out, ref, f"V4-Pro n={n} T={t}")
+
+
+def test_default_fusion_follows_the_rank_count():
+    """Without ``fusion``: the three launches a wave on 1 and 2 ranks, the L1 + SwiGLU kernel from
+    3 on (what bench/mega_moe.py measured fastest, 2026-12-02); ``layer_for`` resolves it as
+    ``mega_moe`` does, so ``check()`` after a graph replay reads the layer that ran."""
+    from kernels.moe.mega.layer import default_fusion
+
+    assert [default_fusion(n) for n in (1, 2, 4, 8)] == ["none", "none", "l1_swiglu", "l1_swiglu"]
+    assert inspect.signature(layer_for).parameters["fusion"].default is None
+    assert inspect.signature(mega_moe).parameters["fusion"].default is None
