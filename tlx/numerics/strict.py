@@ -69,7 +69,8 @@ def _allow_set(allow_approx) -> set[str]:
     allowed = set()
     for entry in allow_approx:
         name = _normalize(str(entry))
-        if name not in known and not APPROX_PTX.fullmatch(name):  # an ApproximateIntrinsicError (a ValueError) so the compile stops
+        # an ApproximateIntrinsicError (a ValueError) so the compile stops
+        if name not in known and not APPROX_PTX.fullmatch(name):
             raise ApproximateIntrinsicError(f"allow_approx: expected names from {sorted(known)} or an approximate "
                                             f"PTX instruction (a prelude's, e.g. 'ex2.approx.ftz.f32'), got {entry!r}")
         allowed.add(name)

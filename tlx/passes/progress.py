@@ -10,8 +10,8 @@ whether waits end. This pass runs the protocol instead:
    variables; every loop must have a known trip count), keeping only the synchronisation:
    mbarrier init, arrive (``cp.async.mbarrier.arrive.noinc`` is one arrival), parity wait, named
    barriers, ``__syncthreads``, the barriers of TileLang's cross-warp ``tl::AllReduce`` (two a
-   butterfly level that goes through shared memory) and register reallocation (``setmaxnreg``). Subtrees without synchronisation are
-   skipped. A branch whose condition reads memory is simulated without it when both arms take
+   butterfly level that goes through shared memory) and register reallocation (``setmaxnreg``).
+   Subtrees without synchronisation are skipped. A branch whose condition reads memory is simulated without it when both arms take
    the same synchronisation steps; otherwise, and for a loop bound that reads memory or a value
    not given, the verdict is "unknown" (never "ok"). A bound variable that reads memory (a tile
    count from a loaded length) is then tried at each value of ``SWEEP`` in turn, and a second
@@ -26,10 +26,11 @@ whether waits end. This pass runs the protocol instead:
    ``setmaxnreg.inc`` waits until the pool holds the ones it adds (every thread starts with
    ``launch_registers``: the CTA holds no more than the register file allows its thread count,
    so warpgroups that together ask for more wait forever; that count is ptxas's choice, taken
-   as observed). Before any simulation, and for any control values, the counts a kernel's warps
-   reallocate to are added up (``register_budget``): more than the CTA holds is a deadlock. The order of steps is drawn at random (``seeds`` schedules, each thread run until it
-   blocks, then another picked); a state in which no thread can move and some have not
-   finished is a deadlock, reported with the waits that never end.
+   as observed). The order of steps is drawn at random (``seeds`` schedules, each thread run
+   until it blocks, then another picked); a state in which no thread can move and some have not
+   finished is a deadlock, reported with the waits that never end. Before any simulation, and for
+   any control values, the counts a kernel's warps reallocate to are added up
+   (``register_budget``, also on every verified compile): more than the CTA holds is a deadlock.
 
 Not modelled: TMA transaction bytes (a TMA load is assumed to land, so ``expect_tx`` never holds a
 phase back), clusters, and TileLang's collective templates other than ``AllReduce`` that name a
@@ -383,12 +384,12 @@ def simulate(traces: list[list[tuple]], seed: int) -> ProgressReport:
         regs[w] = target
         if not increase:
             waiting = sleepers.get("registers", [])
-            for w in list(waiting):
-                if take_registers(w, blocked[w]):
-                    waiting.remove(w)
-                    del blocked[w]
-                    pc[w] += 1
-                    runnable.append(w)
+            for sleeper in list(waiting):
+                if take_registers(sleeper, blocked[sleeper]):
+                    waiting.remove(sleeper)
+                    del blocked[sleeper]
+                    pc[sleeper] += 1
+                    runnable.append(sleeper)
         return True
 
     def check_sync() -> None:
