@@ -380,7 +380,7 @@ __device__ __forceinline__ void tlx_dq_add_in_order(float* dst, long long dst_of
 """
 FUSED_DIMS = (64, 128)  # d 256's dK and dV accumulators alone fill a thread's registers
 FUSED_STAGES = 2  # query blocks in flight (Q, dO, lse, delta)
-FUSED_REGS = (24, 240)  # setmaxnreg of the load / dQ warpgroup and of each consumer: 128 x 24 + 256 x 240 <= 64K
+FUSED_REGS = (24, 240)  # setmaxnreg of the load / dQ warpgroup and of each consumer: 128 x 24 + 256 x 240 = 384 x 168, the registers at launch
 DQ_PAD = 8  # floats after each row of dq_s: rows 8 banks apart, so a warp's stores take 2 wavefronts
 DS_FREE, DS_FULL = C.NAMED_BARRIER, C.NAMED_BARRIER + 1  # the consumers' barriers around ds_s
 
