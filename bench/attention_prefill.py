@@ -114,10 +114,10 @@ def _sweep_forward():
 
 def _sweep_backward():
     """Backward candidates per head dim (the first is the default; d 256 is not swept)."""
-    from kernels.attention.dense_bwd import FUSED_TILES, SPLIT_WIDE_DQ_TILES, WIDE_DQ_TILES
+    from kernels.attention.dense_bwd import FUSED_FAST_EXP2_TILES, FUSED_TILES, SPLIT_WIDE_DQ_TILES, WIDE_DQ_TILES
 
     return {d: {"dq 128 x 128 (default)": WIDE_DQ_TILES, "dK / dV split, dq 128 x 128": SPLIT_WIDE_DQ_TILES,
-                "fused, dQ added in order": FUSED_TILES} for d in (64, 128)}
+                "fused, dQ added in order": FUSED_TILES, "fused, fast exp2": FUSED_FAST_EXP2_TILES} for d in (64, 128)}
 
 
 SWEEP_FORWARD = _sweep_forward()
@@ -131,7 +131,7 @@ def sweep_configs(backward_only: bool = False):
            [("forward options", d, c, tuple(sorted(opts.items()))) for d, cands in SWEEP_FORWARD.items()
             for opts in cands.values() for c in (False, True)])
     bwd = {(kind, d, c, blocks) for d, cands in SWEEP_BACKWARD.items() for t in cands.values() for c in (False, True)
-           for kind, blocks in ([("fused", ())] if t.fused else
+           for kind, blocks in ([("fused", (t.fast_exp2,))] if t.fused else
                                 [("dkdv", (grads, t.dkdv_keys, t.dkdv_queries)) for grads in (("dv", "dk") if t.split else ("dkdv",))]
                                 + [("dq", (t.dq_queries, t.dq_keys))])}
     return fwd + sorted(bwd) + [("delta", d) for d in SWEEP_BACKWARD]
@@ -186,8 +186,9 @@ def _compile_config(cfg) -> str:
     elif kind in ("backward", "fused"):
         from kernels.attention.dense_bwd import FUSED_TILES, backward_kernels
 
-        d, causal, *_ = args
-        backward_kernels(d, causal, 1.0 / math.sqrt(d), "bfloat16", FUSED_TILES if kind == "fused" else None)
+        d, causal, *options = args  # fused: ((fast_exp2,),)
+        tiles = FUSED_TILES._replace(fast_exp2=options[0][0]) if kind == "fused" else None
+        backward_kernels(d, causal, 1.0 / math.sqrt(d), "bfloat16", tiles)
     elif kind in ("dkdv", "dq", "delta"):
         from kernels.attention.dense_bwd import bwd_delta_kernel, bwd_dkdv_kernel, bwd_dq_kernel
 

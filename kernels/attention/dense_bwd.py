@@ -77,6 +77,7 @@ class BwdTiles(NamedTuple):
     dq_keys: int
     split: bool = False
     fused: bool = False  # dQ summed by the dK/dV kernel in a fixed order (``bwd_fused_kernel``)
+    fast_exp2: bool = False  # with ``fused``: P's exp2 as one instruction (``C.exp2_ftz``)
 
 
 # one warpgroup per CTA: the only tiles d = 256's registers allow
@@ -99,6 +100,8 @@ SPLIT_WIDE_DQ_TILES = BwdTiles(128, 64, 128, 128, split=True)
 # shares added in a fixed order, no recomputation): five GEMMs a step instead of seven. A sweep
 # candidate at d 64 / 128 until the GPU has timed it (the dq_* sizes are unused).
 FUSED_TILES = BwdTiles(128, 64, 64, 128, fused=True)
+# the same with P's exp2 as ex2.approx.ftz (other bits than exp2f's only below 2^-126)
+FUSED_FAST_EXP2_TILES = FUSED_TILES._replace(fast_exp2=True)
 DEFAULT_TILES = {64: WIDE_DQ_TILES, 128: WIDE_DQ_TILES, 256: SINGLE_WARPGROUP_TILES}
 
 
@@ -438,7 +441,8 @@ def fused_rank(causal: bool, tile, qb, chain, len_q, len_k, nk, bm: int, bn: int
 
 @tlx.jit(target=C.TARGET, assume=DKDV_ASSUMPTIONS,
          pass_configs={"tl.disable_warp_specialized": True, "tl.disable_thread_storage_sync": True})
-def bwd_fused_kernel(dim: int, causal: bool, scale_log2: float, softmax_scale: float, dtype: str = "bfloat16"):
+def bwd_fused_kernel(dim: int, causal: bool, scale_log2: float, softmax_scale: float, dtype: str = "bfloat16",
+                     fast_exp2: bool = False):
     """dK, dV [TK, HK, D] and the fp32 sums of dQ, ``DQacc [chains, TQ, H, D]`` (unscaled; zeros
     before the launch; chains = 1 causal, 2 not), from one pass: grid ``k_tiles x HK x (NB - 1)``,
     128 keys a CTA (two consumer warpgroups of 64), 64 queries a step, ``k_tiles >= ceil(max len_k
@@ -462,13 +466,16 @@ def bwd_fused_kernel(dim: int, causal: bool, scale_log2: float, softmax_scale: f
     goes to a later block of a later step, so the waits cannot form a cycle, and no CTA waits on
     one that has not started. (Not causal, one chain per block, ordered across the wrap, would
     make tile ``nk - 1`` wait on tile 0, which may not have started when the sequence has more
-    tiles than fit on the GPU at once: hence two chains.)"""
+    tiles than fit on the GPU at once: hence two chains.)
+
+    ``fast_exp2``: P's exp2 as one instruction (``C.exp2_ftz``; other bits only where P < 2^-126)."""
     C.check_head_dim("dim", dim, FUSED_DIMS)
     bm, bn, S = 64, 128, FUSED_STAGES
     chains = 1 if causal else 2
     consumers = 2 * C.WARPGROUP
     producer_regs, consumer_regs = FUSED_REGS
     f32 = "float32"
+    exp2 = C.exp2_ftz if fast_exp2 else T.exp2
 
     @T.prim_func
     def main(Q: T.Tensor((total_q, heads, dim), dtype), K: T.Tensor((total_k, kv_heads, dim), dtype),
@@ -479,7 +486,7 @@ def bwd_fused_kernel(dim: int, causal: bool, scale_log2: float, softmax_scale: f
              DQacc: T.Tensor((chains, total_q, heads, dim), f32),
              Counts: T.Tensor((chains, heads, n_offsets - 1, query_blocks), "int32"), k_tiles: T.int32):
         with T.Kernel(k_tiles, kv_heads, n_offsets - 1, threads=consumers + C.WARPGROUP,
-                      prelude=ORDERED_DQ_PRELUDE) as (bx, by, bz):
+                      prelude=ORDERED_DQ_PRELUDE + (C.EXP2_FTZ_PRELUDE if fast_exp2 else "")) as (bx, by, bz):
             K_s = T.alloc_shared((bn, dim), dtype)
             V_s = T.alloc_shared((bn, dim), dtype)
             Q_s = T.alloc_shared((S, bm, dim), dtype)
@@ -560,7 +567,7 @@ def bwd_fused_kernel(dim: int, causal: bool, scale_log2: float, softmax_scale: f
                     T.wait_wgmma(0)
                     for i, j in T.Parallel(bn, bm):
                         s_t[i, j] = T.if_then_else(_valid(causal, qb * bm + j, col0 + i, len_q, len_k),
-                                                   T.exp2(T.ieee_fmaf(s_t[i, j], T.float32(scale_log2), -lse_s[t % S, j])),
+                                                   exp2(T.ieee_fmaf(s_t[i, j], T.float32(scale_log2), -lse_s[t % S, j])),
                                                    T.float32(0))
                     T.copy(s_t, p_t)
                     for i, j in T.Parallel(bn, bm):
@@ -615,6 +622,8 @@ def backward_tiles(dim: int, tiles: BwdTiles | None) -> BwdTiles:
         return DEFAULT_TILES[dim]
     if not isinstance(tiles, BwdTiles):
         raise TypeError(f"tiles: expected a BwdTiles or None, got {type(tiles).__name__}")
+    if tiles.fast_exp2 and not tiles.fused:
+        raise ValueError("tiles: fast_exp2 is an option of the fused backward (fused=True)")
     if tiles.fused and (dim not in FUSED_DIMS or tiles[:2] != FUSED_TILES[:2]):
         raise ValueError(f"tiles: the fused backward takes head dims {FUSED_DIMS} and {FUSED_TILES[:2]} "
                          f"(keys, queries), got d {dim} and {tiles[:2]}")
@@ -631,7 +640,7 @@ def backward_builds(dim: int, causal: bool, softmax_scale: float, dtype: str = "
     scale_log2 = softmax_scale * C.LOG2E
     builds = {"delta": lambda: bwd_delta_kernel(dim, dtype)}
     if t.fused:
-        builds["fused"] = lambda: bwd_fused_kernel(dim, bool(causal), scale_log2, softmax_scale, dtype)
+        builds["fused"] = lambda: bwd_fused_kernel(dim, bool(causal), scale_log2, softmax_scale, dtype, t.fast_exp2)
         builds["dq_sum"] = lambda: bwd_dq_sum_kernel(dim, 1 if causal else 2, softmax_scale, dtype)
         return builds
     for grads in ("dv", "dk") if t.split or dim in SPLIT_DIMS else ("dkdv",):

@@ -160,6 +160,18 @@ def test_fused_kernel_structure(dim, causal, derived_preconditions, deterministi
     assert deterministic(dq_sum) is True and derived_preconditions(dq_sum) == ["TQ <= 2147483584"]
 
 
+def test_fused_fast_exp2_candidate():
+    """``FUSED_FAST_EXP2_TILES``: P's exp2 as ``ex2.approx.ftz.f32`` (reported as approximate),
+    every access still proven."""
+    from kernels.attention.dense_bwd import FUSED_FAST_EXP2_TILES
+
+    _, fused, _ = backward_kernels(128, False, 1 / math.sqrt(128), tiles=FUSED_FAST_EXP2_TILES)
+    assert "exp2f(" not in fused.device_source and fused.device_source.count("tlx_exp2_ftz(") == 2  # definition + call
+    assert [h["intrinsic"] for h in fused.metadata["reports"]["numerics"]["approximate"]] == ["tlx_exp2_ftz"]
+    bounds = fused.metadata["reports"]["bounds"]
+    assert bounds["proven"] == bounds["accesses"]
+
+
 def test_fused_tiles_are_checked():
     from kernels.attention.dense_bwd import FUSED_TILES, backward_tiles
 
@@ -167,6 +179,8 @@ def test_fused_tiles_are_checked():
         backward_tiles(256, FUSED_TILES)
     with pytest.raises(ValueError, match=r"\(128, 64\) \(keys, queries\), got d 128 and \(64, 64\)"):
         backward_tiles(128, FUSED_TILES._replace(dkdv_keys=64))
+    with pytest.raises(ValueError, match="tiles: fast_exp2 is an option of the fused backward"):
+        backward_tiles(128, FUSED_TILES._replace(fused=False, fast_exp2=True))
 
 
 @pytest.mark.parametrize("causal", [False, True])
