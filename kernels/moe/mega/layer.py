@@ -442,15 +442,15 @@ class MegaMoE:
                              f"{'both' if group is not None else 'neither'}")
         if not timeout_s > 0:
             raise ValueError(f"timeout_s: expected a positive number of seconds, got {timeout_s}")
-        if fusion is None:
-            fusion = default_fusion(n_virtual_ranks if group is None else group.size())
-        if fusion not in FUSIONS:
-            raise ValueError(f"fusion: expected one of {FUSIONS}, got {fusion!r}")
-        self.fusion = fusion
         self.virtual = group is None
         n = n_virtual_ranks if self.virtual else group.size()
         if not isinstance(n, int) or not 1 <= n <= K.PEERS:
             raise ValueError(f"{'n_virtual_ranks' if self.virtual else 'group'}: expected 1 to {K.PEERS} ranks, got {n}")
+        if fusion is None:
+            fusion = default_fusion(n)
+        if fusion not in FUSIONS:
+            raise ValueError(f"fusion: expected one of {FUSIONS}, got {fusion!r}")
+        self.fusion = fusion
         e, two_i, h = w1.shape
         if e % n:
             raise ValueError(f"{'n_virtual_ranks' if self.virtual else 'group'}: expected a divisor of {e} experts, got {n}")
@@ -730,8 +730,9 @@ def layer_for(x, w1, s1, w2, s2, cfg: MoEConfig, *, group=None, n_virtual_ranks=
               fusion=None):
     """The cached ``MegaMoE`` that ``mega_moe`` uses for these arguments (``fusion`` None: the rank
     count's ``default_fusion``, as ``mega_moe`` resolves it)."""
-    if fusion is None:
-        fusion = default_fusion(n_virtual_ranks if group is None else group.size())
+    n = n_virtual_ranks if group is None else group.size()
+    if fusion is None and (group is None) != (n_virtual_ranks is None) and isinstance(n, int):
+        fusion = default_fusion(n)  # otherwise MegaMoE names the bad argument
     if not isinstance(x, torch.Tensor) or x.dim() != 2:
         raise ValueError(f"x: expected a 2-D bf16 tensor, got {getattr(x, 'shape', type(x))}")
     if not isinstance(w1, torch.Tensor) or w1.dim() != 3:
