@@ -339,8 +339,8 @@ def bwd_dq_kernel(dim: int, causal: bool, scale_log2: float, softmax_scale: floa
 
 # The fused kernel's dQ hand-off (``bwd_fused_kernel``), GPU scope: one warp waits until the query
 # block's counter has reached the tile's rank (acquire), adds the block's rows from shared memory
-# by bulk asynchronous reductions (``cp.reduce.async.bulk .add.f32``: the TMA unit adds at L2), waits
-# for them to complete and releases the counter. Only one tile adds to a block at a time, in the
+# by bulk asynchronous reductions (``cp.reduce.async.bulk .add.f32``: the TMA unit adds at L2), frees
+# the shared slot once they have read it, then waits for them to complete and releases the counter. Only one tile adds to a block at a time, in the
 # order of the ranks, so each fp32 sum has one order. A wait that has not arrived after
 # ``ORDERED_DQ_TIMEOUT_NS`` traps (a launch error, never a hang); see ``bwd_fused_kernel`` for why
 # it cannot happen.
@@ -349,7 +349,8 @@ ORDERED_DQ_PRELUDE = sysflags.PRELUDE + r"""
 #ifndef TLX_ORDERED_DQ_PRELUDE_
 #define TLX_ORDERED_DQ_PRELUDE_
 // dst[dst_offset + r * dst_stride + c] += src[src_offset + r * src_stride + c] for r < rows,
-// c < row_floats, once counts[index] >= rank; then counts[index] += 1. All 32 lanes of a warp.
+// c < row_floats, once counts[index] >= rank; returns once src has been read (the slot is free).
+// All 32 lanes of a warp; tlx_dq_release then publishes the sums.
 __device__ __forceinline__ void tlx_dq_add_in_order(float* dst, long long dst_offset, long long dst_stride,
                                                     const float* src, int src_offset, int src_stride, int rows,
                                                     int row_floats, int* counts, long long index, int rank,
@@ -374,10 +375,15 @@ __device__ __forceinline__ void tlx_dq_add_in_order(float* dst, long long dst_of
                     "r"(4 * row_floats) : "memory");
   }
   asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+  asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+  __syncwarp();
+}
+// counts[index] += 1 once this warp's reductions have completed (release, GPU scope).
+__device__ __forceinline__ void tlx_dq_release(int* counts, long long index) {
   asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
   asm volatile("fence.proxy.async.global;" ::: "memory");
   __syncwarp();
-  if (lane == 0) asm volatile("red.release.gpu.global.add.s32 [%0], 1;" :: "l"(counts + index) : "memory");
+  if ((threadIdx.x & 31) == 0) asm volatile("red.release.gpu.global.add.s32 [%0], 1;" :: "l"(counts + index) : "memory");
 }
 #endif
 """
@@ -553,7 +559,10 @@ def bwd_fused_kernel(dim: int, causal: bool, scale_log2: float, softmax_scale: f
                                       + T.min(qb, query_blocks - 1),
                                       fused_rank(causal, tile, qb, chain, len_q, len_k, nk, bm, bn),
                                       T.int64(ORDERED_DQ_TIMEOUT_NS))
-                        T.mbarrier_arrive(dq_empty[t % 2])
+                        T.mbarrier_arrive(dq_empty[t % 2])  # read: the consumers may refill the slot
+                        T.call_extern("handle", "tlx_dq_release", Counts.access_ptr("rw"),
+                                      ((T.Cast("int64", chain) * heads + hq) * (n_offsets - 1) + bz) * query_blocks
+                                      + T.min(qb, query_blocks - 1))
             else:
                 T.set_max_nreg(consumer_regs, 1)
                 T.fill(dv, 0)

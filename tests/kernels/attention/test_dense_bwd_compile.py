@@ -150,7 +150,8 @@ def test_fused_kernel_structure(dim, causal, derived_preconditions, deterministi
     assert "warpgroup_reg_alloc<240>" in src and "warpgroup_reg_dealloc<24>" in src
     assert fused.metadata["reports"]["ptxas"]["performance_loss"] == []
     hand_off = src[src.index("dq_full[(t_1 & 1)].wait"):]
-    assert hand_off.index("tlx_dq_add_in_order(") < hand_off.index("dq_empty[(t_1 & 1)].arrive()")
+    # the slot is freed once read, the counter released once the sums have landed
+    assert hand_off.index("tlx_dq_add_in_order(") < hand_off.index("dq_empty[(t_1 & 1)].arrive()") < hand_off.index("tlx_dq_release(")
     assert "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32" in src
     assert "ld.acquire.gpu" in src and "red.release.gpu" in src and ".sys" not in src.split("TLX_ORDERED_DQ_PRELUDE_")[1]
     assert "atomic" not in src.lower()
