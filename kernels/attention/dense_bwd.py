@@ -445,6 +445,13 @@ def fused_rank(causal: bool, tile, qb, chain, len_q, len_k, nk, bm: int, bn: int
     return a - tile if causal else T.if_then_else(chain == 1, nk - 1 - tile, a - tile)
 
 
+def fused_counter(chain, hq, bz, qb):
+    """The element of ``Counts [chains, H, NB - 1, QB]`` that orders query block ``qb`` of head
+    ``hq`` of sequence ``bz`` in ``chain`` (int64; ``qb < QB`` for the QB the wrapper passes, the
+    clamp lets ``tlx check`` prove it)."""
+    return ((T.Cast("int64", chain) * heads + hq) * (n_offsets - 1) + bz) * query_blocks + T.min(qb, query_blocks - 1)
+
+
 @tlx.jit(target=C.TARGET, assume=DKDV_ASSUMPTIONS,
          pass_configs={"tl.disable_warp_specialized": True, "tl.disable_thread_storage_sync": True})
 def bwd_fused_kernel(dim: int, causal: bool, scale_log2: float, softmax_scale: float, dtype: str = "bfloat16",
@@ -555,14 +562,12 @@ def bwd_fused_kernel(dim: int, causal: bool, scale_log2: float, softmax_scale: f
                                       ((T.Cast("int64", chain) * total_q + q0 + qb * bm) * heads + hq) * dim,
                                       T.Cast("int64", heads * dim), dq_s.access_ptr("r"), (t % 2) * bm * (dim + DQ_PAD),
                                       dim + DQ_PAD, T.min(len_q - qb * bm, bm), dim, Counts.access_ptr("rw"),
-                                      ((T.Cast("int64", chain) * heads + hq) * (n_offsets - 1) + bz) * query_blocks
-                                      + T.min(qb, query_blocks - 1),
+                                      fused_counter(chain, hq, bz, qb),
                                       fused_rank(causal, tile, qb, chain, len_q, len_k, nk, bm, bn),
                                       T.int64(ORDERED_DQ_TIMEOUT_NS))
                         T.mbarrier_arrive(dq_empty[t % 2])  # read: the consumers may refill the slot
                         T.call_extern("handle", "tlx_dq_release", Counts.access_ptr("rw"),
-                                      ((T.Cast("int64", chain) * heads + hq) * (n_offsets - 1) + bz) * query_blocks
-                                      + T.min(qb, query_blocks - 1))
+                                      fused_counter(chain, hq, bz, qb))
             else:
                 T.set_max_nreg(consumer_regs, 1)
                 T.fill(dv, 0)
