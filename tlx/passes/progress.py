@@ -139,19 +139,7 @@ def thread_traces(func, values: dict, threads: int, swept: dict | None = None) -
     ``("sync",)`` (``__syncthreads``); ``bar`` is (buffer name, index). ``swept``: values, by
     name, of bound variables that read memory."""
     has_sync = _sync_nodes()
-    thread_var, env0 = None, {_SWEPT: dict(swept or {})}
-    for attr in _attrs(func.body):
-        tag = str(attr.node.thread_tag)
-        if tag == "threadIdx.x":
-            thread_var = attr.node.var
-        elif tag.startswith("threadIdx"):
-            env0[attr.node.var] = 0
-        elif tag.startswith("blockIdx"):
-            env0[attr.node.var] = 0
-    by_name = {p.name: p for p in func.params}
-    for name, value in values.items():
-        if name in by_name:
-            env0[by_name[name]] = value
+    thread_var, env0 = _block_env(func, values, swept)
     traces, steps = [], 0
     for t in range(threads):
         env = dict(env0)
@@ -165,6 +153,21 @@ def thread_traces(func, values: dict, threads: int, swept: dict | None = None) -
         if steps > MAX_STEPS:
             raise Unknown(f"over {MAX_STEPS} synchronisation steps to simulate")
     return traces
+
+
+def _block_env(func, values: dict, swept: dict | None = None) -> tuple:
+    """(threadIdx.x's variable or None, the environment of block 0: other thread and block
+    indices 0, the shape parameters named in ``values``, the ``swept`` bound variables)."""
+    thread_var, env = None, {_SWEPT: dict(swept or {})}
+    for attr in _attrs(func.body):
+        tag = str(attr.node.thread_tag)
+        if tag == "threadIdx.x":
+            thread_var = attr.node.var
+        elif tag.startswith(("threadIdx", "blockIdx")):
+            env[attr.node.var] = 0
+    by_name = {p.name: p for p in func.params}
+    env.update({by_name[n]: v for n, v in values.items() if n in by_name})
+    return thread_var, env
 
 
 def _attrs(body) -> list:
@@ -477,15 +480,7 @@ def _register_targets(func, values: dict) -> dict[int, set] | None:
     followed where the warp's first thread decides it, both arms where the condition is not
     known), or None when a count is not known."""
     threads = _block_threads(func)
-    thread_var, env0 = None, {_SWEPT: {}}
-    for attr in _attrs(func.body):
-        tag = str(attr.node.thread_tag)
-        if tag == "threadIdx.x":
-            thread_var = attr.node.var
-        elif tag.startswith(("threadIdx", "blockIdx")):
-            env0[attr.node.var] = 0
-    by_name = {p.name: p for p in func.params}
-    env0.update({by_name[n]: v for n, v in values.items() if n in by_name})
+    thread_var, env0 = _block_env(func, values)
     sets = nodes(func.body, tir.Call)
     if not any(op_name(c) == _SET_MAX_NREG for c in sets):
         return {}
