@@ -48,7 +48,8 @@ Usage: python bench/attention_prefill.py [--out FILE.json] [--reps N]
        python bench/attention_prefill.py --sweep [--out FILE.json] [--reps N]
        python bench/attention_prefill.py --sweep-backward [--out FILE.json] [--reps N]   (the
        backward's candidates alone, from the default forward's output)
-       ... --sweep[-backward] --dim D   (one head dim's candidates: a device call may not fit all)
+       python bench/attention_prefill.py --sweep-forward [--out FILE.json] [--reps N]   (the forward's alone)
+       ... --sweep[-forward|-backward] --dim D   (one head dim's candidates: a device call may not fit all)
        python bench/attention_prefill.py --precompile-sweep [WORKERS]   (the sweep's kernels only)
        python bench/attention_prefill.py --precompile [WORKERS]   (no GPU needed: compiles every
        kernel configuration the attention GPU tests and this benchmark use, WORKERS processes at
@@ -421,8 +422,8 @@ def sweep(reps, backward_only=False):
     for b, h, s, d in SHAPES:
         for causal in (False, True):
             seed += 1
-            if backward_only and d not in SWEEP_BACKWARD:
-                continue
+            if d not in (SWEEP_BACKWARD if backward_only else SWEEP_FORWARD):
+                continue  # no candidates at this head dim (``--dim``)
             sweep_shape(b, h, s, d, causal, reps, seed, backward_only)
             torch.cuda.empty_cache()
 
@@ -535,8 +536,10 @@ def main():
         precompile(configs, int(sys.argv[2]) if len(sys.argv) > 2 else os.cpu_count() or 1)
         return
     backward_only = "--sweep-backward" in sys.argv
-    sweeping = backward_only or "--sweep" in sys.argv
-    for flag in ("--sweep", "--sweep-backward"):
+    sweeping = backward_only or "--sweep" in sys.argv or "--sweep-forward" in sys.argv
+    if "--sweep-forward" in sys.argv:
+        SWEEP_BACKWARD.clear()
+    for flag in ("--sweep", "--sweep-backward", "--sweep-forward"):
         if flag in sys.argv:
             sys.argv.remove(flag)
     if "--dim" in sys.argv:
