@@ -432,7 +432,7 @@ def mla_rows(reps, copy_gbps):
         for fp8, stages, split in MLA_VARIANTS:
             shape = f"B {BATCH} ctx {CTX} H {heads} T {tokens} {'e4m3' if fp8 else 'bf16'}"
             what = (("MLA decode" if stages == 1 else f"MLA decode, {stages} pages in flight") + f", {split}-page splits"
-                    + (", key-major" if key_major_default(heads * tokens, KV_DTYPES[fp8]) else ""))
+                    + (", key-major" if key_major_default(heads * tokens) else ""))
             g = torch.Generator(device="cuda").manual_seed(heads + tokens)
             sets = [mla_case(BATCH, CTX, heads, tokens, fp8, g) for _ in range(2)]
             q, kv, table, sl, scales = sets[0]
@@ -496,7 +496,7 @@ def key_major_rows(reps, copy_gbps):
         for v in variants:
             what = ("row-major split" if v[0] == 0 else "key-major split, producers dequantize" if v[0] == 1 and fp8
                     else f"key-major split, {v[0]} consumer warpgroups")
-            default = v == (key_major_default(heads * tokens, KV_DTYPES[fp8]), None)
+            default = v == (key_major_default(heads * tokens), None)
             emit(what=f"MLA decode, {what}" + (f", {v[1]} pages in flight" if v[1] else "") + (" (default)" if default else ""),
                  shape=shape, tlx_us=round(ms[v] * 1e3, 1), vs_row_major=round(ms[variants[0]] / ms[v], 3),
                  pct_of_copy=round(100 * moved / ms[v] / 1e6 / copy_gbps, 1), check=checks[v])

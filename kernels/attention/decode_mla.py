@@ -11,8 +11,8 @@ Batch invariance: a sequence is cut into splits of ``split_pages`` pages (defaul
 ``SPLIT_PAGES``, 4096 tokens), a count that depends on its own length and that constant only,
 never on the batch or the SM count (each split size is its own bit-for-bit contract with the
 baseline, which takes the same constant); each split is one CTA
-per 64 query rows (token-major rows ``t * H + h``; 16 rows of a bf16 cache: one CTA of the
-key-major kernel, the same bits) that writes its normalised partial output and log-sum-exp, and
+per 64 query rows (token-major rows ``t * H + h``; 16 rows: one CTA of the key-major kernel,
+the same bits) that writes its normalised partial output and log-sum-exp, and
 a second kernel combines the splits in ascending order. No atomics, no
 persistent scheduling: the bits of a sequence are the same alone, in any batch, on any grid.
 
@@ -696,13 +696,13 @@ def _zeros(device, shape):
     return _ZEROS[device, shape]
 
 
-def key_major_default(rows: int, kv_dtype: str) -> int:
+def key_major_default(rows: int) -> int:
     """The split kernel ``mla_decode`` picks: key-major with one consumer warpgroup for 16 query
-    rows (T x H) of a bf16 cache, which it read at 89.5% of the copy's rate against the row-major
-    kernel's 80.7% (H16 T1, B128 ctx 8192, H200, 2026-12-04, interleaved); row-major otherwise:
-    at 32 rows (H16 T2) the key-major kernel ran 0.70x, and with an e4m3 cache, where the dequant
-    bounds both, 0.99-1.02x with two consumers (0.83x with one)."""
-    return 1 if rows == KEY_MAJOR_ROWS[0] and kv_dtype == "bfloat16" else 0
+    rows (T x H). H16 T1, B128 ctx 8192, H200, 2026-12-05, interleaved: a bf16 cache read at 89.7%
+    of the copy's rate against the row-major kernel's 81.0%; an e4m3 cache (the producers
+    dequantize) 1.13x the row-major kernel (415 against 470 us). Row-major otherwise: at 32 rows
+    (H16 T2) the key-major kernel ran 0.70x (bf16) and 0.84x (e4m3)."""
+    return 1 if rows == KEY_MAJOR_ROWS[0] else 0
 
 
 def split_kernel(tokens: int, heads: int, kv_dtype: str, softmax_scale: float, num_stages: int,
@@ -711,7 +711,7 @@ def split_kernel(tokens: int, heads: int, kv_dtype: str, softmax_scale: float, n
     (one over an e4m3 cache: ``mla_split_key_major_fp8_kernel``, whose producers dequantize, two
     pages in flight whatever ``num_stages``), row-major for 0, ``key_major_default`` for None."""
     if key_major is None:
-        key_major = key_major_default(tokens * heads, kv_dtype)
+        key_major = key_major_default(tokens * heads)
     if key_major == 1 and kv_dtype == "float8_e4m3":
         return mla_split_key_major_fp8_kernel(tokens, heads, softmax_scale, split_pages)
     if key_major:
@@ -732,8 +732,8 @@ def mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tenso
     own bits, the baseline's with the same size. ``key_major`` 1 or 2: the split kernel with the
     keys as the products' M side (``mla_split_key_major_kernel``, T x H in ``KEY_MAJOR_ROWS``) with
     that many consumer warpgroups (1 over an e4m3 cache: ``mla_split_key_major_fp8_kernel``, its
-    own two pages in flight), 0: the row-major kernel; the same bits either way. None: 1 for 16
-    rows of a bf16 cache (``key_major_default``), else 0."""
+    own two pages in flight), 0: the row-major kernel; the same bits either way. None:
+    ``key_major_default`` (1 for 16 rows, else 0)."""
     check_split(split_pages)
     if key_major is not None and (key_major not in (0, 1, 2) or isinstance(key_major, bool)):
         raise ValueError(f"key_major: expected 0, 1 or 2 (consumer warpgroups of the key-major kernel), got {key_major!r}")
