@@ -174,11 +174,11 @@ def _compile_config(cfg) -> str:
 
         build_baseline(Path(kernels.attention.__file__).parent / f"{args[0]}.cu", with_cutlass=True)
     elif kind == "forward":
-        from kernels.attention.dense_fwd import DEFAULT_OPTIONS, SCHEDULES
+        from kernels.attention.dense_fwd import SCHEDULES, kernel_options
 
         schedule, dtype, d, causal, *scale = args
-        options = DEFAULT_OPTIONS[d] if schedule == "overlap" else {}  # what dense_attention builds
-        SCHEDULES[schedule](d, causal, (scale[0] if scale else 1.0 / math.sqrt(d)) * LOG2E, dtype, **options)
+        SCHEDULES[schedule](d, causal, (scale[0] if scale else 1.0 / math.sqrt(d)) * LOG2E, dtype,
+                            **kernel_options(schedule, d, None))  # what dense_attention builds
     elif kind == "forward options":
         from kernels.attention.dense_fwd import dense_fwd_overlap_kernel
 

@@ -15,6 +15,8 @@
 //   O              O * alpha, then wgmma m64n{D}k16 with P (rounded to the input type) from
 //                  registers, keys ascending in steps of 16
 // and at the end o = O / l (0 where l == 0), lse = (m_scaled + log2(l)) * ln 2 (-inf there).
+// exp2 is exp2f, or with fast_exp2 the one instruction ex2.approx.ftz.f32 (results below 2^-126
+// flushed to 0), as the TileLang kernel built with that option computes it.
 // Shared tiles use the 128-byte swizzle in 64-column panels, as TMA writes them for the TileLang
 // kernel; they are filled with plain loads (zeros past the tensor's last row, as TMA does).
 #include <cuda_bf16.h>
@@ -105,10 +107,17 @@ __device__ __forceinline__ uint32_t pack(float a, float b, __half*) {
 __device__ __forceinline__ __nv_bfloat16 round_to(float x, __nv_bfloat16*) { return __float2bfloat16_rn(x); }
 __device__ __forceinline__ __half round_to(float x, __half*) { return __float2half_rn(x); }
 
+__device__ __forceinline__ float exp2_of(float x, bool fast) {
+  if (!fast) return exp2f(x);
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 template <class Elem, int D, int BN, bool kCausal>
 __global__ void __launch_bounds__(128) fwd_kernel(const Elem* q, const Elem* k, const Elem* v, const int* cu_q,
                                                   const int* cu_k, int heads, int kv_heads, int total_q, int total_k,
-                                                  float scale_log2, Elem* o, float* lse) {
+                                                  float scale_log2, bool fast_exp2, Elem* o, float* lse) {
   extern __shared__ __align__(1024) uint8_t smem[];
   uint8_t* q_s = smem;
   uint8_t* k_s = q_s + kRows * D * 2;
@@ -171,12 +180,12 @@ __global__ void __launch_bounds__(128) fwd_kernel(const Elem* q, const Elem* k, 
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
       float m_new = fmaxf(m[h], mx);
       float new_scaled = m_new == -INFINITY ? 0.0f : __fmul_rn(m_new, scale_log2);
-      alpha[h] = m[h] == -INFINITY ? 0.0f : exp2f(__fsub_rn(m_scaled[h], new_scaled));
+      alpha[h] = m[h] == -INFINITY ? 0.0f : exp2_of(__fsub_rn(m_scaled[h], new_scaled), fast_exp2);
       m[h] = m_new;
       m_scaled[h] = new_scaled;
     }
     #pragma unroll
-    for (int r = 0; r < BN / 2; ++r) s[r] = exp2f(__fmaf_rn(s[r], scale_log2, -m_scaled[(r / 2) % 2]));
+    for (int r = 0; r < BN / 2; ++r) s[r] = exp2_of(__fmaf_rn(s[r], scale_log2, -m_scaled[(r / 2) % 2]), fast_exp2);
     #pragma unroll
     for (int h = 0; h < 2; ++h) {
       float sum = 0.0f;
@@ -224,7 +233,7 @@ __global__ void __launch_bounds__(128) fwd_kernel(const Elem* q, const Elem* k, 
 
 template <class Elem, int D, bool kCausal>
 void launch(tvm::ffi::TensorView q, tvm::ffi::TensorView k, tvm::ffi::TensorView v, tvm::ffi::TensorView cu_q,
-            tvm::ffi::TensorView cu_k, tvm::ffi::TensorView o, tvm::ffi::TensorView lse, double scale_log2, int q_tiles) {
+            tvm::ffi::TensorView cu_k, tvm::ffi::TensorView o, tvm::ffi::TensorView lse, double scale_log2, bool fast_exp2, int q_tiles) {
   constexpr int BN = D == 256 ? 64 : 128;
   auto kernel = fwd_kernel<Elem, D, BN, kCausal>;
   int smem = (kRows + 2 * BN) * D * 2;
@@ -233,17 +242,17 @@ void launch(tvm::ffi::TensorView q, tvm::ffi::TensorView k, tvm::ffi::TensorView
   kernel<<<grid, 128, smem, moe_baseline::stream_of(q)>>>(
       static_cast<const Elem*>(q.data_ptr()), static_cast<const Elem*>(k.data_ptr()), static_cast<const Elem*>(v.data_ptr()),
       static_cast<const int*>(cu_q.data_ptr()), static_cast<const int*>(cu_k.data_ptr()), (int)q.size(1), (int)k.size(1),
-      (int)q.size(0), (int)k.size(0), (float)scale_log2, static_cast<Elem*>(o.data_ptr()), static_cast<float*>(lse.data_ptr()));
+      (int)q.size(0), (int)k.size(0), (float)scale_log2, fast_exp2, static_cast<Elem*>(o.data_ptr()), static_cast<float*>(lse.data_ptr()));
 }
 
 template <class Elem>
 void dispatch(int d, bool causal, tvm::ffi::TensorView q, tvm::ffi::TensorView k, tvm::ffi::TensorView v,
               tvm::ffi::TensorView cu_q, tvm::ffi::TensorView cu_k, tvm::ffi::TensorView o, tvm::ffi::TensorView lse,
-              double scale_log2, int q_tiles) {
+              double scale_log2, bool fast_exp2, int q_tiles) {
 #define TLX_ATTN_CASE(D)                                                                              \
   if (d == D) {                                                                                       \
-    if (causal) launch<Elem, D, true>(q, k, v, cu_q, cu_k, o, lse, scale_log2, q_tiles);             \
-    else launch<Elem, D, false>(q, k, v, cu_q, cu_k, o, lse, scale_log2, q_tiles);                   \
+    if (causal) launch<Elem, D, true>(q, k, v, cu_q, cu_k, o, lse, scale_log2, fast_exp2, q_tiles);  \
+    else launch<Elem, D, false>(q, k, v, cu_q, cu_k, o, lse, scale_log2, fast_exp2, q_tiles);        \
     return;                                                                                           \
   }
   TLX_ATTN_CASE(64)
@@ -253,10 +262,11 @@ void dispatch(int d, bool causal, tvm::ffi::TensorView q, tvm::ffi::TensorView k
 }
 
 // q [TQ, H, D], k, v [TK, HK, D] (bf16 or fp16), cu_q, cu_k [B + 1] int32, o [TQ, H, D],
-// lse [H, TQ] fp32; q_tiles >= ceil(max len_q / 64).
+// lse [H, TQ] fp32; q_tiles >= ceil(max len_q / 64); fast_exp2: exp2 as ex2.approx.ftz.f32.
 void attention_dense_fwd(tvm::ffi::TensorView q, tvm::ffi::TensorView k, tvm::ffi::TensorView v,
                          tvm::ffi::TensorView cu_q, tvm::ffi::TensorView cu_k, tvm::ffi::TensorView o,
-                         tvm::ffi::TensorView lse, double scale_log2, int64_t q_tiles, bool causal) {
+                         tvm::ffi::TensorView lse, double scale_log2, int64_t q_tiles, bool causal,
+                         bool fast_exp2) {
   using namespace moe_baseline;
   const char* fn = "attention_dense_fwd";
   auto code = static_cast<DLDataTypeCode>(q.dtype().code);
@@ -272,8 +282,8 @@ void attention_dense_fwd(tvm::ffi::TensorView q, tvm::ffi::TensorView k, tvm::ff
           "cu_q, cu_k int32 [B + 1]");
   require(is(lse, kDLFloat, 32, 2) && lse.size(0) == q.size(1) && lse.size(1) == q.size(0), fn, "lse [H, TQ] fp32");
   if (q_tiles <= 0 || q.size(0) == 0) return;
-  if (code == kDLBfloat) dispatch<__nv_bfloat16>((int)d, causal, q, k, v, cu_q, cu_k, o, lse, scale_log2, (int)q_tiles);
-  else dispatch<__half>((int)d, causal, q, k, v, cu_q, cu_k, o, lse, scale_log2, (int)q_tiles);
+  if (code == kDLBfloat) dispatch<__nv_bfloat16>((int)d, causal, q, k, v, cu_q, cu_k, o, lse, scale_log2, fast_exp2, (int)q_tiles);
+  else dispatch<__half>((int)d, causal, q, k, v, cu_q, cu_k, o, lse, scale_log2, fast_exp2, (int)q_tiles);
   check_launch(fn);
 }
 

@@ -30,7 +30,10 @@ Fixed orders (the contract with ``dense_fwd.cu``, which must give the same bits)
   ``t`` ascending), then the odd ones, then across the quad with shuffles (xor 2, then xor 1);
 * ``O = O * alpha + P V``: P rounded to the input dtype (RNE), one wgmma chain
   m64n{d}k16 with P from registers, keys ascending in steps of 16, onto the rescaled O;
-* ``o = O / l`` (IEEE division) rounded to the input dtype; ``lse = (m_scaled + log2(l)) * ln 2``.
+* ``o = O / l`` (IEEE division) rounded to the input dtype; ``lse = (m_scaled + log2(l)) * ln 2``;
+* ``exp2`` is CUDA's ``exp2f``, or with ``fast_exp2`` (the default at d 128) the one instruction
+  ``ex2.approx.ftz.f32``: the same bits but for results below 2^-126, which it flushes to 0
+  (the baseline takes the same choice: its ``fast_exp2`` argument).
 
 Bounds: each sequence's offsets are clamped into ``[0, total]`` in the kernel (a no-op for the
 offsets the wrapper accepts), stores are guarded by the clamped length and TMA zero-fills rows
@@ -125,22 +128,25 @@ FWD_ASSUME = ["2 <= NB", "1 <= HK", "HK <= H", "H % HK == 0", "1 <= q_tiles", "q
 
 
 @tlx.jit(target=C.TARGET, assume=FWD_ASSUME)
-def dense_fwd_kernel(dim: int, causal: bool, scale_log2: float, dtype: str = "bfloat16", num_stages: int = 2):
+def dense_fwd_kernel(dim: int, causal: bool, scale_log2: float, dtype: str = "bfloat16", num_stages: int = 2,
+                     fast_exp2: bool = False):
     """The kernel for one configuration: parameters ``Q [TQ, H, D], K, V [TK, HK, D],
     cu_q, cu_k [NB] int32, O [TQ, H, D], LSE [H, TQ] fp32, q_tiles`` (grid: q_tiles x H x (NB-1);
-    q_tiles >= ceil(max len_q / 128))."""
+    q_tiles >= ceil(max len_q / 128)). ``fast_exp2``: as ``dense_fwd_overlap_kernel``'s."""
     C.check_head_dim("dim", dim, SUPPORTED_DIMS)
     if dtype not in ("bfloat16", "float16"):
         raise ValueError(f"dtype: expected 'bfloat16' or 'float16', got {dtype!r}")
     block_m, block_n = BLOCK_M, block_n_for(dim)
     f32 = "float32"
+    exp2 = C.exp2_ftz if fast_exp2 else T.exp2
 
     @T.prim_func
     def main(Q: T.Tensor((total_q, heads, dim), dtype), K: T.Tensor((total_k, kv_heads, dim), dtype),
              V: T.Tensor((total_k, kv_heads, dim), dtype), cu_q: T.Tensor((n_offsets,), "int32"),
              cu_k: T.Tensor((n_offsets,), "int32"), O: T.Tensor((total_q, heads, dim), dtype),
              LSE: T.Tensor((heads, total_q), f32), q_tiles: T.int32):
-        with T.Kernel(q_tiles, heads, n_offsets - 1, threads=256) as (bx, by, bz):
+        with T.Kernel(q_tiles, heads, n_offsets - 1, threads=256,
+                      prelude=C.EXP2_FTZ_PRELUDE if fast_exp2 else None) as (bx, by, bz):
             Q_s = T.alloc_shared((block_m, dim), dtype)
             K_s = T.alloc_shared((block_n, dim), dtype)
             V_s = T.alloc_shared((block_n, dim), dtype)
@@ -165,7 +171,7 @@ def dense_fwd_kernel(dim: int, causal: bool, scale_log2: float, dtype: str = "bf
                 T.copy(K[k0 + kb * block_n:k0 + (kb + 1) * block_n, by // (heads // kv_heads), :], K_s)
                 T.gemm(Q_s, K_s, acc_s, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
                 mask_block(acc_s, kb, row0, len_q, len_k, causal, block_m, block_n)
-                C.softmax_step(acc_s, m, m_prev, m_scaled, alpha, l, row_sum, scale_log2, block_m, block_n)
+                C.softmax_step(acc_s, m, m_prev, m_scaled, alpha, l, row_sum, scale_log2, block_m, block_n, exp2)
                 T.copy(acc_s, p)
                 C.rescale_rows(acc_o, alpha, block_m, dim)
                 T.copy(V[k0 + kb * block_n:k0 + (kb + 1) * block_n, by // (heads // kv_heads), :], V_s)
@@ -310,9 +316,17 @@ def dense_fwd_overlap_kernel(dim: int, causal: bool, scale_log2: float, dtype: s
 
 
 SCHEDULES = {"pipelined": dense_fwd_kernel, "overlap": dense_fwd_overlap_kernel}
-# "overlap"'s fastest options per head dim in `bench/attention_prefill.py --sweep` (2026-12-02, H200):
-# three consumers are 13-15% faster at d 64; three stages and ping-pong move d 128 / 256 by <= 1%
-DEFAULT_OPTIONS = {64: {"consumers": 3}, 128: {"num_stages": 3}, 256: {}}
+# "overlap"'s fastest options per head dim in `bench/attention_prefill.py --sweep` (H200): three
+# consumers are 13-15% faster at d 64 (2026-12-02); at d 128 exp2 as one instruction is 6-7% faster
+# with three stages (538 / 463 TFLOP/s against 505 / 436, b8 h32 s4096, 2026-12-05); ping-pong
+# moves d 128 / 256 by <= 1%
+DEFAULT_OPTIONS = {64: {"consumers": 3}, 128: {"num_stages": 3, "fast_exp2": True}, 256: {}}
+
+
+def kernel_options(schedule: str, dim: int, options: dict | None) -> dict:
+    """The options ``dense_attention`` builds ``schedule``'s kernel with: ``options``, or for
+    None the "overlap" schedule's ``DEFAULT_OPTIONS`` at ``dim`` (none for "pipelined")."""
+    return dict(DEFAULT_OPTIONS[dim] if options is None and schedule == "overlap" else options or {})
 
 
 def tile_rows(schedule: str, options: dict) -> int:
@@ -349,10 +363,11 @@ def dense_attention(q, k, v, *, causal: bool = False, softmax_scale: float | Non
     ``out=(o, lse)`` writes into given buffers: ``o`` of q's shape and dtype, ``lse`` fp32
     ``[h, total_q]`` (both forms); the returned tensors are then views of them. ``schedule``
     picks the kernel: "overlap" (hand-scheduled softmax / tensor-core overlap, 1.2-1.6x faster) or
-    "pipelined" (TileLang's warp specialization); both give the same bits. ``options``: keyword
-    arguments of that kernel beyond the problem's (``num_stages``; "overlap" also ``consumers``,
-    ``pingpong``), the candidates ``bench/attention_prefill.py --sweep`` times; same bits for
-    every choice (default: "overlap"'s ``DEFAULT_OPTIONS`` of the head dim).
+    "pipelined" (TileLang's warp specialization); both give the same bits for the same
+    ``fast_exp2``. ``options``: keyword arguments of that kernel beyond the problem's
+    (``num_stages``, ``fast_exp2``; "overlap" also ``consumers``, ``pingpong``, ``block_n``), the
+    candidates ``bench/attention_prefill.py --sweep`` times; same bits for every choice but
+    ``fast_exp2`` and ``block_n`` (default: ``kernel_options``).
     """
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule: expected one of {sorted(SCHEDULES)}, got {schedule!r}")
@@ -361,7 +376,7 @@ def dense_attention(q, k, v, *, causal: bool = False, softmax_scale: float | Non
         raise ValueError("cu_seqlens_q, cu_seqlens_k: expected both or neither")
     _check(q, k, v, varlen)
     d = q.shape[-1]
-    options = dict(DEFAULT_OPTIONS[d] if options is None and schedule == "overlap" else options or {})
+    options = kernel_options(schedule, d, options)
     scale = 1.0 / math.sqrt(d) if softmax_scale is None else float(softmax_scale)
     if not math.isfinite(scale) or scale <= 0:
         raise ValueError(f"softmax_scale: expected a positive finite number, got {softmax_scale}")

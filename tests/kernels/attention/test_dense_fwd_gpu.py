@@ -13,7 +13,7 @@ import torch
 
 from kernels.attention import reference as R
 from kernels.attention.common import LOG2E
-from kernels.attention.dense_fwd import dense_attention
+from kernels.attention.dense_fwd import dense_attention, kernel_options
 from tlx.numerics.parity import assert_bitwise
 
 pytestmark = pytest.mark.gpu
@@ -42,8 +42,8 @@ def run(q, k, v, **kw):
     return results[0]
 
 
-def run_baseline(base, q, k, v, causal, softmax_scale=None, cu_seqlens_q=None, cu_seqlens_k=None):
-    """The CUDA baseline's (o [.., h, d] like q, lse [h, total_q])."""
+def run_baseline(base, q, k, v, causal, softmax_scale=None, cu_seqlens_q=None, cu_seqlens_k=None, fast_exp2=False):
+    """The CUDA baseline's (o [.., h, d] like q, lse [h, total_q]); ``fast_exp2``: the kernel option's exp2."""
     d, h = q.shape[-1], q.shape[-2]
     scale = 1.0 / math.sqrt(d) if softmax_scale is None else softmax_scale
     if cu_seqlens_q is None:
@@ -57,7 +57,7 @@ def run_baseline(base, q, k, v, causal, softmax_scale=None, cu_seqlens_q=None, c
     o = torch.full_like(qp, float("nan"))
     lse = torch.full((h, qp.shape[0]), float("nan"), device="cuda")
     base("dense_fwd").attention_dense_fwd(qp, kp, vp, cu_seqlens_q, cu_seqlens_k, o, lse, scale * LOG2E,
-                                          max(1, -(-max_q // 64)), causal)
+                                          max(1, -(-max_q // 64)), causal, fast_exp2)
     return o.view(q.shape), lse
 
 
@@ -76,7 +76,8 @@ def check_reference(o, lse, q, k, v, causal, softmax_scale=None, cu_seqlens_q=No
 def check_all(base, q, k, v, causal, schedule="pipelined", options=None, **kw):
     o, lse = run(q, k, v, causal=causal, schedule=schedule, options=options, **kw)
     check_reference(o, lse, q, k, v, causal, **kw)
-    bo, blse = run_baseline(base, q, k, v, causal, **kw)
+    fast_exp2 = kernel_options(schedule, q.shape[-1], options).get("fast_exp2", False)
+    bo, blse = run_baseline(base, q, k, v, causal, fast_exp2=fast_exp2, **kw)
     assert_bitwise(o, bo, name="o vs baseline")
     assert_bitwise(lse, blse, name="lse vs baseline")
     return o, lse
@@ -94,8 +95,8 @@ def test_matches_reference_and_baseline(attention_baseline, dtype, d, causal, sc
 
 
 # the candidates bench/attention_prefill.py --sweep times (same bits: the rows' arithmetic and
-# its order do not depend on the consumer count, the stages or the warpgroups' turns; the fast
-# exp2 differs from exp2f only for results below 2^-126, which random scores do not reach)
+# its order do not depend on the consumer count, the stages or the warpgroups' turns; a fast
+# exp2 candidate is held to the baseline built with fast_exp2: check_all)
 @pytest.mark.parametrize("d,options", [(64, {"consumers": 3}), (64, {"consumers": 3, "pingpong": True}),
                                        (64, {"pingpong": True}), (128, {"pingpong": True}), (128, {"num_stages": 3}),
                                        (256, {"pingpong": True}), (64, {"consumers": 3, "fast_exp2": True}),
@@ -105,6 +106,31 @@ def test_overlap_candidates_match_baseline(attention_baseline, d, options, causa
     b, s, h, hk = 2, 1000, 8, 2  # GQA, a partial last tile (of 128 and of 192 rows)
     q, k, v = (randn((b, s, n, d), torch.bfloat16, seed) for n, seed in ((h, 7), (hk, 8), (hk, 9)))
     check_all(attention_baseline, q, k, v, causal, schedule="overlap", options=options)
+
+
+@pytest.mark.parametrize("schedule", ["pipelined", "overlap"])
+def test_fast_exp2_flushes_as_the_baseline(attention_baseline, schedule):
+    """Where the two exp2 differ: scores 130 apart at scale_log2 = 1 give every key but the first
+    p = 2^-130 (below 2^-126), and the first key's v is 0, so o is made of those p alone: exp2f's
+    subnormal p give o != 0, ex2.approx.ftz's flushed p give o = 0. With either choice the kernel
+    and the baseline built with the same ``fast_exp2`` agree bit for bit."""
+    b, s, h, d = 1, 128, 2, 128
+    q = randn((b, s, h, d), torch.bfloat16, 31)
+    q[..., 0] = 130.0
+    k = torch.zeros((b, s, h, d), dtype=torch.bfloat16, device="cuda")
+    k[:, 0, :, 0] = 1.0  # scores: 130 for key 0 (k's other entries are 0), 0 for the others
+    v = randn((b, s, h, d), torch.bfloat16, 32)
+    v[:, 0] = 0.0
+    scale = 1 / LOG2E  # scale_log2 = 1
+    outs = {}
+    for fast in (False, True):
+        o, lse = run(q, k, v, causal=False, softmax_scale=scale, schedule=schedule, options={"fast_exp2": fast})
+        bo, blse = run_baseline(attention_baseline, q, k, v, False, softmax_scale=scale, fast_exp2=fast)
+        assert_bitwise(o, bo, name=f"o vs baseline (fast_exp2={fast})")
+        assert_bitwise(lse, blse, name=f"lse vs baseline (fast_exp2={fast})")
+        outs[fast] = o
+    assert int(outs[True].count_nonzero()) == 0, "ex2.approx.ftz: every p but key 0's flushed to 0"
+    assert int(outs[False].count_nonzero()) > 0, "exp2f: subnormal p reach o"
 
 
 @pytest.mark.parametrize("options", [{"block_n": 176}, {"block_n": 176, "fast_exp2": True}], ids=str)
