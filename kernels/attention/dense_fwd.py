@@ -207,8 +207,8 @@ def dense_fwd_overlap_kernel(dim: int, causal: bool, scale_log2: float, dtype: s
     1, ..., one named barrier each), so that one warpgroup's softmax runs while the next one's
     GEMMs hold the tensor cores instead of all of them contending at once. The arithmetic and
     its order are those of the module docstring. ``fast_exp2``: exp2 as one instruction
-    (``C.exp2_ftz``: p and alpha below 2^-126 become 0, other bits than exp2f's only there; a sweep
-    candidate, ``dense_fwd.cu`` does not follow it). ``block_n``: keys a block (0: ``block_n_for``;
+    (``C.exp2_ftz``: p and alpha below 2^-126 become 0, other bits than exp2f's only there; the
+    d 128 default, and ``dense_fwd.cu`` takes the same choice). ``block_n``: keys a block (0: ``block_n_for``;
     a multiple of 16 up to 256, e.g. 176 at d 128, FlashAttention-3's choice, which spreads each
     block's row-state update over more keys; other blocks, other bits: a sweep candidate)."""
     C.check_head_dim("dim", dim, SUPPORTED_DIMS)
