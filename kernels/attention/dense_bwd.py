@@ -14,7 +14,8 @@ and returns the input gradients. Three kernels, none with atomics:
 3. dQ: one CTA per (query tile, head, sequence), one consumer warpgroup per 64 queries, loops
    over key blocks in ascending order, recomputing ``P`` and ``dP`` and accumulating ``dQ += dS K``.
 
-or, with ``FUSED_TILES`` (d 64 / 128; a candidate not yet timed on a GPU), 2 and 3 in one kernel
+or, with ``FUSED_TILES`` (d 64 / 128; a candidate, timed on the H200 2026-12-05: +4% non-causal, -4%
+causal at d 128, so not the default), 2 and 3 in one kernel
 (``bwd_fused_kernel``: dQ's per-key-tile shares added to fp32 sums in a fixed order, one tile at a
 time, by bulk reductions behind GPU-scope counters, so no recomputation and no atomics) and a
 kernel that adds its two chains and scales (``bwd_dq_sum_kernel``);
