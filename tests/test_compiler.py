@@ -248,3 +248,43 @@ def test_ptxas_performance_loss_lines_are_picked_out_of_nvcc_output():
               "ptxas info    : (C7515) Potential Performance Loss: wgmma.mma_async instructions are serialized due to x\n")
     assert ptxas_performance_losses(stderr) == ["(C7515) Potential Performance Loss: wgmma.mma_async instructions are serialized due to x"]
     assert ptxas_performance_losses("") == []
+
+
+def test_an_entry_is_found_by_its_tir_under_another_fingerprint(tmp_path, monkeypatch):
+    """The fingerprint holds the interpreter's bytecode, so a cache built by another Python
+    (the development machine's, for the GPU machine) or before a factory edit that leaves the TIR
+    as it was misses it: the entry is then found by its TIR text, with no lowering, and the new
+    fingerprint becomes an alias of it. A corrupt alias is replaced, never loaded."""
+    import os
+
+    import tlx.compiler as compiler
+    from tests.jit_kernels import scale
+
+    monkeypatch.setenv("TLX_CACHE_DIR", str(tmp_path))
+    options = Options.make(target=TARGET, out_idx=[-1])
+    program = lambda: scale.get_tir(1024)  # noqa: E731
+    first = compiler.compile_kernel(program, options, name="scale", program_key="python A")
+    kernels = tmp_path / "kernels"
+    (entry,) = [p for p in kernels.iterdir() if not p.is_symlink()]
+    assert first.metadata["cache_key"] == entry.name
+
+    def no_build(*args, **kwargs):
+        raise AssertionError("lowered again: the entry of the same TIR was not found")
+
+    monkeypatch.setattr(compiler, "compile_artifacts", no_build)
+    second = compiler.compile_kernel(program, options, name="scale", program_key="python B")
+    assert second.metadata["cache_key"] == entry.name
+    aliases = {p.name: os.readlink(p) for p in kernels.iterdir() if p.is_symlink()}
+    assert sorted(aliases.values()) == [entry.name, entry.name]
+    # a hit through an alias does not build the TIR at all
+    assert compiler.compile_kernel(lambda: pytest.fail("TIR built on an alias hit"), options, name="scale",
+                                   program_key="python B").metadata["cache_key"] == entry.name
+    # an alias that is a directory without a whole entry (an interrupted older build) is replaced
+    stale = kernels / compiler.entry_key("python C", options, "scale")
+    stale.mkdir()
+    assert compiler.compile_kernel(program, options, name="scale", program_key="python C").metadata["cache_key"] == entry.name
+    assert stale.is_symlink() and os.readlink(stale) == entry.name
+    # and another TIR is another entry
+    monkeypatch.setattr(compiler, "compile_artifacts", compile_artifacts)
+    other = compiler.compile_kernel(lambda: scale.get_tir(2048), options, name="scale", program_key="python A, 2048")
+    assert other.metadata["cache_key"] != entry.name

@@ -459,45 +459,69 @@ def _publish(build: Build, entry: Path) -> None:
         shutil.rmtree(work, ignore_errors=True)  # another process published the same key first
 
 
+def entry_key(program_text: str, options: Options, name: str | None) -> str:
+    """The cache key of a program (its TIR text, or a factory's fingerprint) built with
+    ``options`` as the kernel ``name``."""
+    from tlx.lowering import normalize_target
+
+    target = normalize_target(options.target_dict())
+    # pass_configs steer TileLang's lowering: two builds differing only there are two kernels
+    return cache_key(program_text, {**pass_options(options, target), "name": name,
+                                    "pass_configs": options.pass_config_dict()}, target)
+
+
 def compile_kernel(program, options: Options, name: str | None = None, program_key: str | None = None):
     """Compile (or load from the disk cache) a program and return a :class:`tlx.kernel.Kernel`.
 
     ``program`` is a ``PrimFunc``, or a zero-argument callable building one (or returning
-    ``(prim_func, options)`` when the program itself refines the options); with a
-    ``program_key`` (a fingerprint of the factory's program and arguments) a cache hit never
-    builds the TIR, so a cached kernel loads in milliseconds.
+    ``(prim_func, options)`` when the program itself refines the options).
+
+    An entry is stored under the key of its TIR text, which names the program whatever Python
+    built it. With a ``program_key`` (a fingerprint of the factory's code and arguments, which
+    holds the interpreter's bytecode) the entry is also reached through an alias under that key,
+    so a hit in a fresh process never builds the TIR and loads in milliseconds; where the alias
+    misses (another Python, a factory edit that leaves the TIR as it was) the TIR is built
+    (about 0.1 s) and its entry loaded without lowering, and the alias is added.
     """
     from tlx.kernel import Kernel
-    from tlx.lowering import normalize_target
 
-    target = normalize_target(options.target_dict())
-    prim_func = None
-    if program_key is None:
-        prim_func, options = build_program(program, options)
-        program_key = prim_func.script()
-    # pass_configs steer TileLang's lowering: two builds differing only there are two kernels
-    key = cache_key(program_key, {**pass_options(options, target), "name": name,
-                                  "pass_configs": options.pass_config_dict()}, target)
-    entry = cache_dir() / "kernels" / key
-    if _valid_entry(entry):
-        return Kernel.load(entry)
-    with _build_lock(key):
-        if _valid_entry(entry):  # another process built it while this one waited
-            return Kernel.load(entry)
-        if entry.exists():
-            warnings.warn(f"tlx: cache entry {entry} is corrupted; rebuilding it", RuntimeWarning, stacklevel=3)
-            shutil.rmtree(entry, ignore_errors=True)
-        if prim_func is None:
-            prim_func, options = build_program(program, options)
-        _, build = compile_artifacts(prim_func, options, name=name, keep_workdir=True)
-        build.cache_key = key
-        try:
-            _publish(build, entry)
-        finally:
-            shutil.rmtree(build.workdir, ignore_errors=True)  # gone already once published
+    kernels = cache_dir() / "kernels"
+    alias = kernels / entry_key(program_key, options, name) if program_key is not None else None
+    if alias is not None and _valid_entry(alias):
+        return Kernel.load(alias.resolve())  # the entry itself: one kernel, one directory
+    prim_func, options = build_program(program, options)
+    key = entry_key(prim_func.script(), options, name)
+    entry = kernels / key
     if not _valid_entry(entry):
-        raise RuntimeError(f"tlx: could not publish the build of {build.name} to {entry}")
+        with _build_lock(key):
+            if not _valid_entry(entry):  # else another process built it while this one waited
+                if entry.exists():
+                    warnings.warn(f"tlx: cache entry {entry} is corrupted; rebuilding it", RuntimeWarning, stacklevel=3)
+                    shutil.rmtree(entry, ignore_errors=True)
+                _, build = compile_artifacts(prim_func, options, name=name, keep_workdir=True)
+                build.cache_key = key
+                try:
+                    _publish(build, entry)
+                finally:
+                    shutil.rmtree(build.workdir, ignore_errors=True)  # gone already once published
+                if not _valid_entry(entry):
+                    raise RuntimeError(f"tlx: could not publish the build of {build.name} to {entry}")
+    if alias is not None:
+        _link_alias(alias, entry)
     return Kernel.load(entry)
+
+
+def _link_alias(alias: Path, entry: Path) -> None:
+    """``alias`` made a relative symbolic link to the entry beside it, atomically (a stale or
+    corrupt alias, a link or a directory, is replaced; a link another process made is kept)."""
+    if alias.is_symlink() and os.readlink(alias) == entry.name:
+        return
+    if alias.is_dir() and not alias.is_symlink():
+        shutil.rmtree(alias, ignore_errors=True)  # an invalid entry of an older layout
+    tmp = alias.with_name(f".{alias.name}.{os.getpid()}")
+    tmp.unlink(missing_ok=True)
+    os.symlink(entry.name, tmp)
+    os.replace(tmp, alias)
 
 
 @contextlib.contextmanager

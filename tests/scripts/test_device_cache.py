@@ -1,6 +1,6 @@
 """scripts/device-cache without a GPU: the newest cache entries that fit the budget go out in
-parts, come back joined, and unpack into another cache byte for byte; no carried archive is a
-no-op."""
+parts (aliases left out), come back joined, and unpack into another cache byte for byte; `local`
+does both here; no carried archive is a no-op."""
 
 import os
 import subprocess
@@ -31,6 +31,7 @@ def test_round_trip_keeps_the_newest_entries(tmp_path):
     cache, out, archive = tmp_path / "cache", tmp_path / "out", tmp_path / "carry" / "tlx-cache.tar.xz"
     blobs = {f"k{i}": _entry(cache, f"k{i}", 1, 1_000_000 + i) for i in range(4)}
     (cache / "kernels" / "unfinished").mkdir()  # no MANIFEST: a build in progress, never packed
+    os.symlink("k3", cache / "kernels" / "alias")  # a fingerprint's alias: this Python's only, never packed
     said = _run("pack", out, "--budget", "2.5", cache=cache)
     assert "2 of 4 entries" in said  # 4 MiB do not fit 2.5, the newest 2 do
     assert [p.name for p in sorted(out.iterdir())] == ["tlx-cache.tar.xz.part00"]
@@ -45,3 +46,14 @@ def test_round_trip_keeps_the_newest_entries(tmp_path):
 def test_unpack_without_archive_is_a_no_op(tmp_path):
     said = _run("unpack", "--archive", tmp_path / "none.tar.xz", cache=tmp_path / "cache")
     assert "no carried cache" in said and not (tmp_path / "cache").exists()
+
+
+def test_local_packs_this_machines_cache_for_the_device(tmp_path):
+    cache, archive = tmp_path / "cache", tmp_path / "carry" / "tlx-cache.tar.xz"
+    blob = _entry(cache, "k0", 1, 1_000_000)
+    os.symlink("k0", cache / "kernels" / "alias")
+    assert "1 of 1 entries" in _run("local", "--archive", archive, cache=cache)
+    other = tmp_path / "other"
+    _run("unpack", "--archive", archive, cache=other)
+    assert [p.name for p in (other / "kernels").iterdir()] == ["k0"]
+    assert (other / "kernels" / "k0" / "kernel.cubin").read_bytes() == blob
