@@ -105,12 +105,15 @@ def _sweep_forward():
     d 128 and 256 need more); three stages only where they fit shared memory (d <= 128)."""
     base = {"overlap": {}, "pingpong": {"pingpong": True}}
     fast = {"fast_exp2": True}  # exp2 as one instruction (dense_fwd_overlap_kernel)
+    heavy = {"heavy_first": True}  # causal: the tiles with the most keys first (a no-op without causal)
     return {64: {**base, "3 consumers": {"consumers": 3}, "3 consumers pingpong": {"consumers": 3, "pingpong": True},
-                 "3 consumers, fast exp2": {"consumers": 3, **fast}},
+                 "3 consumers, fast exp2": {"consumers": 3, **fast}, "3 consumers, heavy first": {"consumers": 3, **heavy}},
             128: {**base, "3 stages": {"num_stages": 3}, "3 stages pingpong": {"num_stages": 3, "pingpong": True},
                   "3 stages, fast exp2": {"num_stages": 3, **fast}, "176 keys a block": {"block_n": 176},
-                  "176 keys a block, fast exp2": {"block_n": 176, **fast}},
-            256: {**base, "overlap, fast exp2": fast, "pingpong, fast exp2": {"pingpong": True, **fast}}}
+                  "176 keys a block, fast exp2": {"block_n": 176, **fast},
+                  "3 stages, fast exp2, heavy first": {"num_stages": 3, **fast, **heavy}},
+            256: {**base, "overlap, fast exp2": fast, "pingpong, fast exp2": {"pingpong": True, **fast},
+                  "overlap, heavy first": heavy}}
 
 
 def _sweep_backward():

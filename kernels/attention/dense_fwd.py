@@ -197,7 +197,8 @@ def uniform_offsets(batch: int, seqlen: int, device) -> torch.Tensor:
 @tlx.jit(target=C.TARGET, assume=FWD_ASSUME,
          pass_configs={"tl.disable_warp_specialized": True, "tl.disable_thread_storage_sync": True})
 def dense_fwd_overlap_kernel(dim: int, causal: bool, scale_log2: float, dtype: str = "bfloat16", num_stages: int = 2,
-                             consumers: int = 2, pingpong: bool = False, fast_exp2: bool = False, block_n: int = 0):
+                             consumers: int = 2, pingpong: bool = False, fast_exp2: bool = False, block_n: int = 0,
+                             heavy_first: bool = False):
     """``dense_fwd_kernel``'s computation (same parameters, same bits) scheduled by hand:
     a TMA producer warpgroup and ``consumers`` warpgroups (64 query rows each: the grid's
     q_tiles cover ceil(len_q / (64 consumers))) that overlap block ``kb``'s softmax with block
@@ -210,7 +211,10 @@ def dense_fwd_overlap_kernel(dim: int, causal: bool, scale_log2: float, dtype: s
     (``C.exp2_ftz``: p and alpha below 2^-126 become 0, other bits than exp2f's only there; the
     d 128 default, and ``dense_fwd.cu`` takes the same choice). ``block_n``: keys a block (0: ``block_n_for``;
     a multiple of 16 up to 256, e.g. 176 at d 128, FlashAttention-3's choice, which spreads each
-    block's row-state update over more keys; other blocks, other bits: a sweep candidate)."""
+    block's row-state update over more keys; other blocks, other bits: a sweep candidate).
+    ``heavy_first`` (causal only; a sweep candidate, same bits): CTA ``bx`` takes query tile
+    ``q_tiles - 1 - bx``, so a head's tiles with the most keys start first and the grid's last
+    CTAs are short ones (a shorter tail of the last wave), as FlashAttention-3 orders causal tiles."""
     C.check_head_dim("dim", dim, SUPPORTED_DIMS)
     if block_n and (block_n % 16 or not 16 <= block_n <= 256):
         raise ValueError(f"block_n: expected 0 or a multiple of 16 from 16 to 256, got {block_n}")
@@ -249,7 +253,7 @@ def dense_fwd_overlap_kernel(dim: int, causal: bool, scale_log2: float, dtype: s
 
             q0, len_q = sequence_rows(cu_q, bz, total_q)
             k0, len_k = sequence_rows(cu_k, bz, total_k)
-            row0 = bx * block_m
+            row0 = (q_tiles - 1 - bx if causal and heavy_first else bx) * block_m
             n_blocks = T.if_then_else(row0 < len_q, T.ceildiv(keys_seen(row0, block_m, len_q, len_k, causal), block_n), 0)
             kvh = by // (heads // kv_heads)
             tx = T.get_thread_binding()

@@ -91,6 +91,23 @@ def test_wider_key_block_candidate():
         dense_fwd_overlap_kernel(128, False, C.LOG2E / math.sqrt(128), block_n=100)
 
 
+def test_heavy_first_candidate_reverses_only_the_tile_order(derived_preconditions, deterministic):
+    """``heavy_first`` (causal): CTA ``bx`` takes query tile ``q_tiles - 1 - bx``; the kernel is
+    the default's with that index (same TIR otherwise), every access proven with no derived
+    precondition, still deterministic; without causal the option changes nothing."""
+    scale = C.LOG2E / math.sqrt(128)
+    options = {"num_stages": 3, "fast_exp2": True}
+    heavy = dense_fwd_overlap_kernel(128, True, scale, heavy_first=True, **options)
+    default = dense_fwd_overlap_kernel(128, True, scale, **options)
+    assert derived_preconditions(heavy) == [] and deterministic(heavy) is True
+    assert "(q_tiles * 128) - (((int)blockIdx.x) * 128)" in heavy.device_source
+    assert "(q_tiles * 128)" not in default.device_source.split("tl::tma_load(Q_desc")[1].split(";")[0]
+    bounds = heavy.metadata["reports"]["bounds"]
+    assert bounds["proven"] == bounds["accesses"]
+    non_causal = dense_fwd_overlap_kernel(128, False, scale, heavy_first=True, **options)
+    assert non_causal.device_source == dense_fwd_overlap_kernel(128, False, scale, **options).device_source
+
+
 def test_baseline_compiles(tmp_path):
     from tlx.numerics.parity import build_baseline
 
