@@ -99,7 +99,8 @@ SPLIT_WIDE_DQ_TILES = BwdTiles(128, 64, 128, 128, split=True)
 # kernel below.)
 # dK, dV and dQ in one kernel (``bwd_fused_kernel``: 128 keys a CTA, 64 queries a step, dQ's
 # shares added in a fixed order, no recomputation): five GEMMs a step instead of seven. A sweep
-# candidate at d 64 / 128 until the GPU has timed it (the dq_* sizes are unused).
+# candidate at d 64 / 128, timed on the H200 on 2026-12-05 and not the default (the dq_* sizes
+# are unused).
 FUSED_TILES = BwdTiles(128, 64, 64, 128, fused=True)
 # the same with P's exp2 as ex2.approx.ftz (other bits than exp2f's only below 2^-126)
 FUSED_FAST_EXP2_TILES = FUSED_TILES._replace(fast_exp2=True)
@@ -341,8 +342,9 @@ def bwd_dq_kernel(dim: int, causal: bool, scale_log2: float, softmax_scale: floa
 # The fused kernel's dQ hand-off (``bwd_fused_kernel``), GPU scope: one warp waits until the query
 # block's counter has reached the tile's rank (acquire), adds the block's rows from shared memory
 # by bulk asynchronous reductions (``cp.reduce.async.bulk .add.f32``: the TMA unit adds at L2), frees
-# the shared slot once they have read it, then waits for them to complete and releases the counter. Only one tile adds to a block at a time, in the
-# order of the ranks, so each fp32 sum has one order. A wait that has not arrived after
+# the shared slot once they have read it, then waits for them to complete and releases the counter
+# (``tlx_dq_release``). Only one tile adds to a block at a time, in the order of the ranks, so each
+# fp32 sum has one order. A wait that has not arrived after
 # ``ORDERED_DQ_TIMEOUT_NS`` traps (a launch error, never a hang); see ``bwd_fused_kernel`` for why
 # it cannot happen.
 ORDERED_DQ_TIMEOUT_NS = 10_000_000_000
@@ -390,7 +392,9 @@ __device__ __forceinline__ void tlx_dq_release(int* counts, long long index) {
 """
 FUSED_DIMS = (64, 128)  # d 256's dK and dV accumulators alone fill a thread's registers
 FUSED_STAGES = 2  # query blocks in flight (Q, dO, lse, delta)
-FUSED_REGS = (24, 240)  # setmaxnreg of the load / dQ warpgroup and of each consumer: 128 x 24 + 256 x 240 = 384 x 168, the registers at launch
+# setmaxnreg of the load / dQ warpgroup and of each consumer: 128 x 24 + 256 x 240 = 384 x 168,
+# the registers at launch
+FUSED_REGS = (24, 240)
 DQ_PAD = 8  # floats after each row of dq_s: rows 8 banks apart, so a warp's stores take 2 wavefronts
 DS_FREE, DS_FULL = C.NAMED_BARRIER, C.NAMED_BARRIER + 1  # the consumers' barriers around ds_s
 

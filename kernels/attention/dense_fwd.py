@@ -209,9 +209,10 @@ def dense_fwd_overlap_kernel(dim: int, causal: bool, scale_log2: float, dtype: s
     GEMMs hold the tensor cores instead of all of them contending at once. The arithmetic and
     its order are those of the module docstring. ``fast_exp2``: exp2 as one instruction
     (``C.exp2_ftz``: p and alpha below 2^-126 become 0, other bits than exp2f's only there; the
-    d 128 default, and ``dense_fwd.cu`` takes the same choice). ``block_n``: keys a block (0: ``block_n_for``;
-    a multiple of 16 up to 256, e.g. 176 at d 128, FlashAttention-3's choice, which spreads each
-    block's row-state update over more keys; other blocks, other bits: a sweep candidate).
+    d 128 default, and ``dense_fwd.cu`` takes the same choice). ``block_n``: keys a block (0:
+    ``block_n_for``; a multiple of 16 up to 256, e.g. 176 at d 128, FlashAttention-3's choice,
+    which spreads each block's row-state update over more keys; other blocks, other bits: a
+    sweep candidate).
     ``heavy_first`` (causal only; a sweep candidate, same bits): CTA ``bx`` takes query tile
     ``q_tiles - 1 - bx``, so a head's tiles with the most keys start first and the grid's last
     CTAs are short ones (a shorter tail of the last wave), as FlashAttention-3 orders causal tiles."""

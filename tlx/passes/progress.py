@@ -479,11 +479,10 @@ def _register_targets(func, values: dict) -> dict[int, set] | None:
     """warp -> the ``(count, increase)`` of every setmaxnreg its threads can reach (a branch is
     followed where the warp's first thread decides it, both arms where the condition is not
     known), or None when a count is not known."""
+    if not any(op_name(c) == _SET_MAX_NREG for c in nodes(func.body, tir.Call)):
+        return {}  # most kernels: nothing to count
     threads = _block_threads(func)
     thread_var, env0 = _block_env(func, values)
-    sets = nodes(func.body, tir.Call)
-    if not any(op_name(c) == _SET_MAX_NREG for c in sets):
-        return {}
     targets: dict[int, set] = {}
 
     def walk(s, env, warp):
