@@ -73,7 +73,7 @@ MLA_SHAPES = [(16, 1), (128, 1), (128, 2)]  # heads, tokens
 MLA_VARIANTS = [(False, 1, 64), (False, 2, 64), (True, 1, 64), (True, 2, 64), (False, 2, 16), (False, 2, 128), (True, 2, 128)]
 # (heads, tokens, e4m3) of the key-major split kernel's rows, each timed beside the default
 KEY_MAJOR_CASES = [(16, 1, False), (16, 1, True), (16, 2, False), (16, 2, True)]
-KEY_MAJOR_STAGES = (1, 2)  # pages in flight of its two-consumer e4m3 rows (bf16: 2, mla_decode's default)
+KEY_MAJOR_STAGES = (1, 2)  # pages in flight of its e4m3 rows (bf16: 2, mla_decode's default)
 SPARSE_HEADS, SPARSE_TOPK = 128, 2048
 KV_DTYPES = ("bfloat16", "float8_e4m3")
 TOPK_SHAPES = [(32768, 2048), (65536, 2048), (131072, 2048), (65536, 512)]  # N, k (64 rows)
@@ -85,7 +85,7 @@ INDEXER_DECODE_TOKENS = (1, 2)
 # the key-major rows' kernels (--only-key-major compiles these alone): both consumer counts, and
 # the row-major split (consumers 0) and the combine they are timed against
 KEY_MAJOR_CONFIGS = ([("mla_keys", t, h, KV_DTYPES[fp8], st, c) for h, t, fp8 in KEY_MAJOR_CASES
-                      for c in (1, 2) for st in (KEY_MAJOR_STAGES if fp8 and c == 2 else (2,))]
+                      for c in (1, 2) for st in (KEY_MAJOR_STAGES if fp8 and (c == 2 or h * t == 16) else (2,))]
                      + [("mla_keys", t, h, KV_DTYPES[fp8], 1 if fp8 else 2, 0) for h, t, fp8 in KEY_MAJOR_CASES]
                      + [("combine", t, h, 0, False, 64) for h, t, _ in KEY_MAJOR_CASES])
 BENCH_CONFIGS = ([("topk", k, ctas) for k in sorted({k for _, k in TOPK_SHAPES}) for ctas in CTAS_PER_ROW]
@@ -106,8 +106,8 @@ TEST_CONFIGS = ([("topk", k, ctas) for k in (512, 1024, 2048) for ctas in CTAS_P
                 + [("mla", t, h, kv, st) for t, h in ((1, 16), (2, 128)) for kv in KV_DTYPES for st in (1, 2)]
                 + [("combine", t, h, 0, False) for t, h in ((1, 128), (2, 128), (2, 16))]
                 + [("mla", 1, h, "bfloat16", 2, split) for h, split in ((128, 16), (16, 128))] + [("mla", 2, 16, "float8_e4m3", 1, 32)]
-                + [("mla_keys", t, h, kv, st, c) for t, h, kv, st in ((1, 16, "bfloat16", 2), (1, 16, "float8_e4m3", 1),
-                                                                      (2, 16, "bfloat16", 2), (1, 32, "float8_e4m3", 1))
+                + [("mla_keys", t, h, kv, None, c) for t, h, kv in ((1, 16, "bfloat16"), (1, 16, "float8_e4m3"),
+                                                                     (2, 16, "bfloat16"), (1, 32, "float8_e4m3"))
                    for c in (1, 2)]
                 + [("mla", 1, 32, "float8_e4m3", 1), ("combine", 1, 32, 0, False), ("mla_keys", 1, 16, "bfloat16", 2, 0)]
                 + [("combine", 1, h, 0, False, split) for h, split in ((128, 16), (16, 128))] + [("combine", 2, 16, 0, False, 32)]
@@ -475,9 +475,11 @@ def key_major_rows(reps, copy_gbps):
     from tlx.numerics.sweep import same_bits
 
     for heads, tokens, fp8 in KEY_MAJOR_CASES:
-        # (key_major, pages in flight): the row-major kernel (its default stages) first
-        # (one consumer over e4m3: the producers' own two pages in flight)
-        variants = [(0, None), (1, None)] + [(2, st) for st in (KEY_MAJOR_STAGES if fp8 else (None,))]
+        # (key_major, pages in flight): the row-major kernel (its default stages) first (one
+        # consumer over e4m3: pages in flight are its producers, two by default; one, at 16 rows:
+        # two CTAs a SM)
+        variants = ([(0, None), (1, None)] + [(1, 1)] * (fp8 and heads * tokens == 16)
+                    + [(2, st) for st in (KEY_MAJOR_STAGES if fp8 else (None,))])
         shape = f"B {BATCH} ctx {CTX} H {heads} T {tokens} {'e4m3' if fp8 else 'bf16'}"
         g = torch.Generator(device="cuda").manual_seed(heads + tokens + 7)
         q, kv, table, sl, scales = mla_case(BATCH, CTX, heads, tokens, fp8, g)
@@ -494,10 +496,12 @@ def key_major_rows(reps, copy_gbps):
         ms = interleaved_ms({v: (lambda v=v: call(v)) for v in variants}, reps, queued=True)
         moved = BATCH * CTX * (D_QK + (D_QK // GROUP) * 4 if fp8 else D_QK * 2)
         for v in variants:
-            what = ("row-major split" if v[0] == 0 else "key-major split, producers dequantize" if v[0] == 1 and fp8
-                    else f"key-major split, {v[0]} consumer warpgroups")
+            what = ("row-major split" if v[0] == 0 else f"key-major split, {v[0]} consumer warpgroups" if v[0] == 2 or not fp8
+                    else "key-major split, producers dequantize" if v[1] is None
+                    else "key-major split, one producer dequantizes (two CTAs a SM)")
             default = v == (key_major_default(heads * tokens), None)
-            emit(what=f"MLA decode, {what}" + (f", {v[1]} pages in flight" if v[1] else "") + (" (default)" if default else ""),
+            pages = f", {v[1]} pages in flight" if v[1] and v[0] != 1 else ""
+            emit(what=f"MLA decode, {what}" + pages + (" (default)" if default else ""),
                  shape=shape, tlx_us=round(ms[v] * 1e3, 1), vs_row_major=round(ms[variants[0]] / ms[v], 3),
                  pct_of_copy=round(100 * moved / ms[v] / 1e6 / copy_gbps, 1), check=checks[v])
         del q, kv, table, sl, scales

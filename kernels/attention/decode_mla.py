@@ -22,8 +22,8 @@ of the bf16 cache holding the dequantized values. The page and its scales arrive
 staging tile that is released as soon as its values sit in registers (the next page's copy
 then overlaps this page's work); the conversion runs two values per cvt and stores 16 bytes a
 thread, a quarter warp per 128-byte swizzled row (``DEQUANT_LAYOUT``). The key-major kernel with
-one consumer (``mla_split_key_major_fp8_kernel``) instead has two producer warpgroups load the
-pages into registers and dequantize them, off the consumer's path.
+one consumer (``mla_split_key_major_fp8_kernel``) instead has two producer warpgroups (or one, with
+two CTAs a SM) load the pages into registers and dequantize them, off the consumer's path.
 
 Guard (documented, no launcher check: the table is device data): a block-table entry outside
 ``[0, P)`` is never read; the rows of its sequence become NaN. Entries past the sequence's pages
@@ -451,18 +451,28 @@ def mla_split_key_major_kernel(tokens: int, heads: int, kv_dtype: str, softmax_s
     return kernel
 
 
-# the e4m3 key-major kernel's warpgroups: one consumer, two producers (one per shared-memory
-# slot, alternate pages); registers a thread (producer, consumer): 2 x 128 x 136 + 128 x 232 =
-# 384 x 168, the CTA's registers at launch (an increase past them waits forever: 136 / 240 did,
-# which tlx's progress check shows)
-FP8_PRODUCERS = 2
-FP8_REGISTERS = (136, 232)
+# the e4m3 key-major kernel's producer warpgroups (one per bf16 page slot, alternate pages) ->
+# (CTAs a SM, registers a thread of a producer and of the consumer). Two producers: one CTA a SM,
+# 2 x 128 x 136 + 128 x 232 = 384 x 168, the CTA's registers at launch (an increase past them
+# waits forever: 136 / 240 did, which tlx's progress check shows). One producer (16 query rows): 100 KB
+# of shared memory, so two CTAs share a SM (__launch_bounds__(256, 2): 128 registers a thread at launch,
+# 96 + 160 = 2 x 128; ptxas: no spills, the producer within 94 once its scales come by TMA), the
+# other CTA's pages filling the gaps of this one's chain (its consumer waits while the one
+# producer converts the next page). A sweep candidate: not yet timed.
+FP8_SPLITS = {2: (1, (136, 232)), 1: (2, (96, 160))}
 V_PIECES = PAGE * D_V // 8 // C.WARPGROUP  # 8-value pieces of a page's nope keys a producer thread converts
 PE_PIECES = PAGE * D_PE // 8 // C.WARPGROUP  # ... and of its rope keys
 
 
+def piece_scale(scale, KS_s, k, row, group, n):
+    """The scale of a producer's piece ``k`` (key ``row``, scale ``group``) of its page step ``n``:
+    from its registers ``scale``, or (``scale`` None) from the step's shared-memory slot."""
+    return scale[k] if scale is not None else page_scale(KS_s, row, group, n % 2)
+
+
 @tlx.jit(target=C.TARGET, assume=["1 <= P", "1 <= MP", f"MP <= {MAX_PAGES}", "B <= 65535"])
-def mla_split_key_major_fp8_kernel(tokens: int, heads: int, softmax_scale: float, split_pages: int = SPLIT_PAGES):
+def mla_split_key_major_fp8_kernel(tokens: int, heads: int, softmax_scale: float, split_pages: int = SPLIT_PAGES,
+                                   producers: int = 2):
     """``mla_split_key_major_kernel`` for an e4m3 cache with the dequant off the consumer's path:
     two producer warpgroups, each owning one bf16 page slot in shared memory and the alternate
     pages of the split (producer w: pages t = w, w + 2, ...), load a page's e4m3 values and
@@ -475,52 +485,74 @@ def mla_split_key_major_fp8_kernel(tokens: int, heads: int, softmax_scale: float
 
     A producer thread converts ``V_PIECES + PE_PIECES`` pieces of 8 values a page: a warp reads
     256 contiguous bytes of one key row (a rope piece: 64 of each of 4 rows) and stores whole
-    128-byte rows of the swizzled bf16 panels (no bank conflicts)."""
+    128-byte rows of the swizzled bf16 panels (no bank conflicts).
+
+    ``producers`` 2 (pages in flight, one slot each: the default) or 1 (one slot, two CTAs a SM;
+    ``FP8_SPLITS``): the same bits, each CTA's pages in the same order through the same code."""
     split = check_split(split_pages)
+    if producers not in FP8_SPLITS:
+        raise ValueError(f"producers: expected one of {tuple(FP8_SPLITS)}, got {producers!r}")
+    ctas_per_sm, (producer_regs, consumer_regs) = FP8_SPLITS[producers]
+    if producers == 1 and tokens * heads != KEY_MAJOR_ROWS[0]:
+        raise ValueError(f"producers: one producer (two CTAs a SM) takes {KEY_MAJOR_ROWS[0]} query rows (32 need 130 KB "
+                         f"of shared memory a CTA), got {tokens} x {heads}")
     rows = tokens * heads
     if rows not in KEY_MAJOR_ROWS:
         raise ValueError(f"tokens x heads: the key-major split kernel takes {KEY_MAJOR_ROWS} rows, got {tokens} x {heads}")
     scale_log2 = softmax_scale * LOG2E
     batch, pages, max_pages = T.dynamic("B"), T.dynamic("P"), T.dynamic("MP")
     f32, bf16, e4m3 = "float32", "bfloat16", "float8_e4m3"
-    producer_regs, consumer_regs = FP8_REGISTERS
 
     @T.macro
-    def produce(KV, KVS, BT, KV_s, KP_s, full, empty, b, first, seq, count, g, w: int):
-        """Producer warpgroup w (thread g of it): the split's pages w, w + 2, ... into slot w.
+    def produce(KV, KVS, BT, KV_s, KP_s, KS_s, full, empty, scales_full, b, first, seq, count, g, w: int):
+        """Producer warpgroup w (thread g of it): the split's pages w, w + producers, ... into slot w.
         Nope piece k: row ``2 k + g // 64``, columns ``g % 64 * 8 + 0..7``; rope piece k: row
-        ``16 k + g // 8``, columns ``512 + g % 8 * 8 + 0..7``."""
+        ``16 k + g // 8``, columns ``512 + g % 8 * 8 + 0..7``. The scales come with the values into
+        registers, or (``KS_s``, one producer) by TMA into one of two shared-memory slots (page n
+        into slot n % 2: page n - 2's conversions, its last reader, finished before the consumer
+        released page n - 2's bf16 slot, which this producer waited for in step n - 1): 36 registers
+        a thread fewer, which one producer's 128 (two CTAs a SM) need."""
         raw = T.alloc_local((V_PIECES + PE_PIECES, 8), e4m3)
-        scale = T.alloc_local((V_PIECES + PE_PIECES,), "float32")
-        for n in T.serial(T.ceildiv(count - w, FP8_PRODUCERS)):
-            page = clamped_page(BT, b, first + FP8_PRODUCERS * n + w, pages)
+        scale = T.alloc_local((V_PIECES + PE_PIECES,), "float32") if KS_s is None else None
+        for n in T.serial(T.ceildiv(count - w, producers)):
+            page = clamped_page(BT, b, first + producers * n + w, pages)
+            if KS_s is not None:
+                T.tma_copy(KVS[page, :, :], KS_s[n % 2, :, :], barrier=scales_full[n % 2])
+                T.mbarrier_arrive(scales_full[n % 2])
             for k in T.unroll(V_PIECES):
                 for v in T.vectorized(8):
                     raw[k, v] = KV[page, 2 * k + g // 64, g % 64 * 8 + v]
-                scale[k] = page_scale(KVS, 2 * k + g // 64, g % 64 // 8, page)
+                if KS_s is None:
+                    scale[k] = page_scale(KVS, 2 * k + g // 64, g % 64 // 8, page)
             for k in T.unroll(PE_PIECES):
                 for v in T.vectorized(8):
                     raw[V_PIECES + k, v] = KV[page, 16 * k + g // 8, D_V + g % 8 * 8 + v]
-                scale[V_PIECES + k] = page_scale(KVS, 16 * k + g // 8, D_V // GROUP, page)
+                if KS_s is None:
+                    scale[V_PIECES + k] = page_scale(KVS, 16 * k + g // 8, D_V // GROUP, page)
             T.mbarrier_wait_parity(empty[w], (n & 1) ^ 1)
-            k0 = (first + FP8_PRODUCERS * n + w) * PAGE
+            if KS_s is not None:
+                T.mbarrier_wait_parity(scales_full[n % 2], (n // 2) & 1)
+            k0 = (first + producers * n + w) * PAGE
             if k0 + PAGE <= seq:
                 for k in T.unroll(V_PIECES):
                     for v in T.vectorized(8):
-                        KV_s[w, 2 * k + g // 64, g % 64 * 8 + v] = dequant(raw[k, v], scale[k])
+                        KV_s[w, 2 * k + g // 64, g % 64 * 8 + v] = dequant(
+                            raw[k, v], piece_scale(scale, KS_s, k, 2 * k + g // 64, g % 64 // 8, n))
             else:
                 # the sequence's last page: zeros past it (the cache may hold anything there, NaN
                 # too), one branch a piece
                 for k in T.unroll(V_PIECES):
                     if k0 + 2 * k + g // 64 < seq:
                         for v in T.vectorized(8):
-                            KV_s[w, 2 * k + g // 64, g % 64 * 8 + v] = dequant(raw[k, v], scale[k])
+                            KV_s[w, 2 * k + g // 64, g % 64 * 8 + v] = dequant(
+                                raw[k, v], piece_scale(scale, KS_s, k, 2 * k + g // 64, g % 64 // 8, n))
                     else:
                         for v in T.vectorized(8):
                             KV_s[w, 2 * k + g // 64, g % 64 * 8 + v] = T.Cast(bf16, 0)
             for k in T.unroll(PE_PIECES):
                 for v in T.vectorized(8):
-                    KP_s[w, 16 * k + g // 8, g % 8 * 8 + v] = dequant(raw[V_PIECES + k, v], scale[V_PIECES + k])
+                    KP_s[w, 16 * k + g // 8, g % 8 * 8 + v] = dequant(
+                        raw[V_PIECES + k, v], piece_scale(scale, KS_s, V_PIECES + k, 16 * k + g // 8, D_V // GROUP, n))
             T.fence_proxy_async()  # generic-proxy stores, read by the consumer's wgmma
             T.mbarrier_arrive(full[w])
 
@@ -529,17 +561,22 @@ def mla_split_key_major_fp8_kernel(tokens: int, heads: int, softmax_scale: float
                KVS: T.Tensor((pages, *SCALE_TILE), f32), BT: T.Tensor((batch, max_pages), "int32"),
                SL: T.Tensor((batch,), "int32"), OP: T.Tensor((batch, splits_of(max_pages, split), rows, D_V), f32),
                LP: T.Tensor((batch, splits_of(max_pages, split), rows), f32)):
-        with T.Kernel(splits_of(max_pages, split), batch, threads=C.WARPGROUP * (1 + FP8_PRODUCERS)) as (sp, b):
+        with T.Kernel(splits_of(max_pages, split), batch, threads=C.WARPGROUP * (1 + producers)) as (sp, b):
+            if ctas_per_sm > 1:
+                T.annotate_min_blocks_per_sm(ctas_per_sm)
             Q_s = T.alloc_shared((rows, D_V), bf16)
             QP_s = T.alloc_shared((rows, D_PE), bf16)
-            KV_s = T.alloc_shared((FP8_PRODUCERS, PAGE, D_V), bf16)
-            KP_s = T.alloc_shared((FP8_PRODUCERS, PAGE, D_PE), bf16)
+            KV_s = T.alloc_shared((producers, PAGE, D_V), bf16)
+            KP_s = T.alloc_shared((producers, PAGE, D_PE), bf16)
             P_s = T.alloc_shared((rows, PAGE), bf16)
             p_s = T.alloc_shared((PAGE, rows), f32)
             part_s = T.alloc_shared((rows, 8), f32)
             # full[w]: producer w's 128 threads stored slot w's page; empty[w]: the consumer's 128 read it
-            full = T.alloc_barrier([C.WARPGROUP] * FP8_PRODUCERS)
-            empty = T.alloc_barrier([C.WARPGROUP] * FP8_PRODUCERS)
+            full = T.alloc_barrier([C.WARPGROUP] * producers)
+            empty = T.alloc_barrier([C.WARPGROUP] * producers)
+            # one producer: its pages' scales by TMA, two slots (see produce)
+            KS_s = T.alloc_shared((2, *SCALE_TILE), f32) if producers == 1 else None
+            scales_full = T.alloc_barrier([C.WARPGROUP] * 2) if producers == 1 else None
             acc_t = T.alloc_fragment((PAGE, rows), f32)
             acc_o = T.alloc_fragment((D_V, rows), f32)
             m, m_prev, m_scaled, alpha, l, row_sum, lse_rows = C.row_state(rows)
@@ -559,18 +596,18 @@ def mla_split_key_major_fp8_kernel(tokens: int, heads: int, softmax_scale: float
                     for t in T.serial(count):
                         if table_entry(BT, b, first + t) < 0 or table_entry(BT, b, first + t) >= pages:
                             bad = 1
-                        T.mbarrier_wait_parity(full[t % FP8_PRODUCERS], (t // FP8_PRODUCERS) & 1)
-                        key_major_scores(KV_s[t % FP8_PRODUCERS, :, :], KP_s[t % FP8_PRODUCERS, :, :], Q_s, QP_s, acc_t)
-                        key_major_update(KV_s[t % FP8_PRODUCERS, :, :], P_s, p_s, part_s, acc_t, acc_o, m, m_prev, m_scaled,
+                        T.mbarrier_wait_parity(full[t % producers], (t // producers) & 1)
+                        key_major_scores(KV_s[t % producers, :, :], KP_s[t % producers, :, :], Q_s, QP_s, acc_t)
+                        key_major_update(KV_s[t % producers, :, :], P_s, p_s, part_s, acc_t, acc_o, m, m_prev, m_scaled,
                                          alpha, l, row_sum, lambda: (first + t) * PAGE, lambda: seq, tokens, heads, scale_log2)
-                        T.mbarrier_arrive(empty[t % FP8_PRODUCERS])
+                        T.mbarrier_arrive(empty[t % producers])
                     key_major_finish(acc_o, l, m_scaled, lse_rows, OP, LP, b, sp, lambda: bad == 0)
-                elif tx < 2 * C.WARPGROUP:
+                elif tx < 2 * C.WARPGROUP or producers == 1:
                     T.set_max_nreg(producer_regs, 0)
-                    produce(KV, KVS, BT, KV_s, KP_s, full, empty, b, first, seq, count, tx - C.WARPGROUP, 0)
+                    produce(KV, KVS, BT, KV_s, KP_s, KS_s, full, empty, scales_full, b, first, seq, count, tx - C.WARPGROUP, 0)
                 else:
                     T.set_max_nreg(producer_regs, 0)
-                    produce(KV, KVS, BT, KV_s, KP_s, full, empty, b, first, seq, count, tx - 2 * C.WARPGROUP, 1)
+                    produce(KV, KVS, BT, KV_s, KP_s, KS_s, full, empty, scales_full, b, first, seq, count, tx - 2 * C.WARPGROUP, 1)
 
     return kernel
 
@@ -705,15 +742,19 @@ def key_major_default(rows: int) -> int:
     return 1 if rows == KEY_MAJOR_ROWS[0] else 0
 
 
-def split_kernel(tokens: int, heads: int, kv_dtype: str, softmax_scale: float, num_stages: int,
+def split_kernel(tokens: int, heads: int, kv_dtype: str, softmax_scale: float, num_stages: int | None,
                  split_pages: int = SPLIT_PAGES, key_major: int | None = None):
     """The split kernel ``mla_decode`` launches: key-major with ``key_major`` consumer warpgroups
-    (one over an e4m3 cache: ``mla_split_key_major_fp8_kernel``, whose producers dequantize, two
-    pages in flight whatever ``num_stages``), row-major for 0, ``key_major_default`` for None."""
+    (one over an e4m3 cache: ``mla_split_key_major_fp8_kernel``, with ``num_stages`` producers,
+    one page in flight each), row-major for 0, ``key_major_default`` for None. ``num_stages``
+    None: 2 pages in flight, 1 for the e4m3 kernels whose consumers dequantize (``mla_decode``)."""
     if key_major is None:
         key_major = key_major_default(tokens * heads)
-    if key_major == 1 and kv_dtype == "float8_e4m3":
-        return mla_split_key_major_fp8_kernel(tokens, heads, softmax_scale, split_pages)
+    fp8 = kv_dtype == "float8_e4m3"
+    if num_stages is None:
+        num_stages = 1 if fp8 and key_major != 1 else 2
+    if key_major == 1 and fp8:
+        return mla_split_key_major_fp8_kernel(tokens, heads, softmax_scale, split_pages, num_stages)
     if key_major:
         return mla_split_key_major_kernel(tokens, heads, kv_dtype, softmax_scale, num_stages, split_pages, key_major)
     return mla_split_kernel(tokens, heads, kv_dtype, softmax_scale, num_stages, split_pages)
@@ -728,11 +769,13 @@ def mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tenso
     per CTA (2: the next page's TMA load overlaps this page's products; the same bits either
     way). None: 2 for a bf16 cache (1.28-1.32x faster at B128 ctx 8192, H200, 2026-12-03), 1 for
     e4m3 (two fit since P shares the rope keys' buffer, but ran no faster: its dequant, not the
-    copy, is the wait). ``split_pages``: pages per split (``SPLIT_CHOICES``); each size gives its
-    own bits, the baseline's with the same size. ``key_major`` 1 or 2: the split kernel with the
-    keys as the products' M side (``mla_split_key_major_kernel``, T x H in ``KEY_MAJOR_ROWS``) with
-    that many consumer warpgroups (1 over an e4m3 cache: ``mla_split_key_major_fp8_kernel``, its
-    own two pages in flight), 0: the row-major kernel; the same bits either way. None:
+    copy, is the wait), but 2 for the e4m3 key-major kernel with one consumer, whose producers
+    dequantize: there the count of producer warpgroups (1: two CTAs a SM). ``split_pages``:
+    pages per split (``SPLIT_CHOICES``); each size gives its own bits, the baseline's with the
+    same size. ``key_major`` 1 or 2: the split kernel with the keys as the products' M side
+    (``mla_split_key_major_kernel``, T x H in ``KEY_MAJOR_ROWS``) with that many consumer
+    warpgroups (1 over an e4m3 cache: ``mla_split_key_major_fp8_kernel``), 0: the row-major
+    kernel; the same bits either way. None:
     ``key_major_default`` (1 for 16 rows, else 0)."""
     check_split(split_pages)
     if key_major is not None and (key_major not in (0, 1, 2) or isinstance(key_major, bool)):
@@ -740,10 +783,7 @@ def mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tenso
     if key_major and (not isinstance(q, torch.Tensor) or q.dim() != 4 or q.shape[1] * q.shape[2] not in KEY_MAJOR_ROWS):
         shape = tuple(q.shape) if isinstance(q, torch.Tensor) else type(q).__name__
         raise ValueError(f"key_major: needs tokens x heads in {KEY_MAJOR_ROWS}, got q of shape {shape}")
-    e4m3 = getattr(kv_cache, "dtype", None) == torch.float8_e4m3fn
-    if num_stages is None:
-        num_stages = 1 if e4m3 else 2
-    if num_stages not in (1, 2):
+    if num_stages is not None and num_stages not in (1, 2):
         raise ValueError(f"num_stages: expected 1 or 2, got {num_stages!r}")
     fp8 = _check(q, kv_cache, kv_scales, block_table, seq_lens, out)
     b, t, h, _ = q.shape

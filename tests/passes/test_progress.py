@@ -203,6 +203,45 @@ def test_register_reallocation_past_the_pool_deadlocks():
     assert check_progress(_reallocated(136, 232)).verdict == "ok"
 
 
+def _two_ctas_a_sm(producer_regs: int, consumer_regs: int):
+    """256 threads under ``__launch_bounds__(256, 2)``: 128 registers a thread at launch (what
+    ptxas gives the e4m3 decode kernel with one producer), warpgroup 1 down to
+    ``producer_regs``, warpgroup 0 up to ``consumer_regs``, then a named barrier of both."""
+
+    @T.prim_func
+    def main(A: T.Tensor((256,), "float32")):
+        with T.Kernel(1, threads=256):
+            T.annotate_min_blocks_per_sm(2)
+            tx = T.get_thread_binding()
+            if tx < 128:
+                T.set_max_nreg(consumer_regs, 1)
+                A[tx] = A[tx] + 1
+                T.sync_threads(8, 256)
+            else:
+                T.set_max_nreg(producer_regs, 0)
+                T.sync_threads(8, 256)
+
+    [(_, func)] = list(device_functions(lower(main, TARGET, {}).device_mod))
+    return func
+
+
+def test_two_ctas_a_sm_share_the_register_file():
+    """With two CTAs a SM each CTA holds half the register file: 96 + 168 over 2 x 128 threads is
+    1024 registers more than 256 x 128 (the count for one CTA a SM, 256 x 168, would hide it);
+    96 + 160 fits exactly. Both the static count and the simulation see it."""
+    from tlx.passes.progress import ctas_per_sm, thread_traces
+
+    over = _two_ctas_a_sm(96, 168)
+    assert ctas_per_sm(over) == 2
+    report = check_progress(over)
+    assert report.verdict == "deadlock", report
+    assert "warps 0-3 increase to [168] registers a thread, 1024 registers more than the CTA's 256 threads x 128" in report.detail
+    simulated = simulate(thread_traces(over, {}, 256), 0, ctas_per_sm(over))
+    assert simulated.verdict == "deadlock" and "at setmaxnreg.inc to 168 registers a thread" in simulated.detail, simulated
+    assert check_progress(_two_ctas_a_sm(96, 160)).verdict == "ok"
+    assert ctas_per_sm(_reallocated(136, 232)) == 1
+
+
 def test_a_compile_refuses_a_kernel_whose_registers_cannot_fit():
     """The register count runs on every verified compile: 136 / 240 over 384 threads is a
     DeadlockError before any launch (and 136 / 232 compiles)."""

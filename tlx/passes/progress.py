@@ -24,8 +24,8 @@ whether waits end. This pass runs the protocol instead:
    count, a named barrier releases when ``n`` threads reached it, ``__syncthreads`` when all
    did; ``setmaxnreg.dec`` returns a thread's registers above its new count to the CTA's pool and
    ``setmaxnreg.inc`` waits until the pool holds the ones it adds (every thread starts with
-   ``launch_registers``: the CTA holds no more than the register file allows its thread count,
-   so warpgroups that together ask for more wait forever; that count is ptxas's choice, taken
+   ``launch_registers``: the CTA holds no more than the register file allows its thread count
+   and the CTAs a SM its ``__launch_bounds__`` asks for, so warpgroups that together ask for more wait forever; that count is ptxas's choice, taken
    as observed). The order of steps is drawn at random (``seeds`` schedules, each thread run
    until it blocks, then another picked); a state in which no thread can move and some have not
    finished is a deadlock, reported with the waits that never end. Before any simulation, and for
@@ -330,20 +330,29 @@ def _ranges(threads: list[int]) -> str:
     return ", ".join(out)
 
 
-def launch_registers(threads: int, most: int) -> int:
+def launch_registers(threads: int, most: int, ctas_per_sm: int = 1) -> int:
     """Registers a thread holds at launch in a kernel that reallocates them (setmaxnreg, ``most``:
     the largest count it asks for): the most its thread count allows, in units of 8, and no more
     than ``most`` (what ptxas gave every such build in tlx's cache, 423 of them: 240 at 256
-    threads asking for 240, 168 at 384, 128 at 512)."""
-    return min(most, 65536 // max(threads, 1) // 8 * 8)
+    threads asking for 240, 168 at 384, 128 at 512). ``ctas_per_sm``: the kernel's
+    ``__launch_bounds__`` minimum of CTAs a SM (``T.annotate_min_blocks_per_sm``), which shares
+    the register file among that many CTAs (128 at 256 threads and 2 CTAs)."""
+    return min(most, 65536 // max(threads * ctas_per_sm, 1) // 8 * 8)
 
 
-def simulate(traces: list[list[tuple]], seed: int) -> ProgressReport:
-    """Run the traces under one random schedule (module docstring): "ok" or "deadlock". Event
-    driven: a blocked thread sleeps on what it waits for and is woken when that changes."""
+def ctas_per_sm(func) -> int:
+    """The minimum of CTAs a SM the kernel asks its ``__launch_bounds__`` for (1 if none)."""
+    found = [int(a.value) for a in nodes(func.body, tir.AttrStmt) if a.attr_key == "tl.min_blocks_per_sm"]
+    return max(found, default=1)
+
+
+def simulate(traces: list[list[tuple]], seed: int, ctas: int = 1) -> ProgressReport:
+    """Run the traces under one random schedule (module docstring): "ok" or "deadlock"; ``ctas``:
+    the kernel's ``ctas_per_sm``. Event driven: a blocked thread sleeps on what it waits for and
+    is woken when that changes."""
     rng = random.Random(seed)
     most = max((op[1] for trace in traces for op in trace if op[0] == "nreg"), default=0)
-    at_launch = launch_registers(len(traces), most)
+    at_launch = launch_registers(len(traces), most, ctas)
     regs = [at_launch] * -(-len(traces) // 32)  # registers a thread of each warp holds
     pool = [0]  # registers released by setmaxnreg.dec and not yet taken (all the warp's threads')
     counts: dict = {}  # barrier -> arrivals per phase
@@ -529,7 +538,7 @@ def register_budget(func, values: dict | None = None) -> ProgressReport | None:
         return None
     threads = _block_threads(func)
     warps = -(-threads // 32)
-    at_launch = launch_registers(threads, max(count for t in targets.values() for count, _ in t))
+    at_launch = launch_registers(threads, max(count for t in targets.values() for count, _ in t), ctas_per_sm(func))
     final = {w: next(iter(targets[w]))[0] if w in targets else at_launch for w in range(warps)}
     if 32 * sum(final.values()) <= at_launch * 32 * warps:
         return None
@@ -555,7 +564,7 @@ def check_progress(func, values: dict | None = None, seeds: int = SEEDS, swept: 
     try:
         traces = thread_traces(func, values or {}, _block_threads(func), swept)
         for seed in range(seeds):
-            report = simulate(traces, seed)
+            report = simulate(traces, seed, ctas_per_sm(func))
             if report.verdict != "ok":
                 report.detail = f"schedule {seed}: {report.detail}"
                 return report

@@ -91,6 +91,38 @@ def test_key_major_fp8_kernel_compiles(tokens, heads):
     assert "atomic" not in src.lower()
 
 
+def test_key_major_fp8_one_producer_kernel():
+    """One producer warpgroup (``mla_decode(key_major=1, num_stages=1)`` over e4m3): 256 threads
+    under ``__launch_bounds__(256, 2)`` in 100 KB of shared memory, so two CTAs share a SM; its
+    scales by TMA into two slots, its values still straight into registers; 96 / 160 registers
+    (2 x 128 at launch); the consumer's products the two-producer kernel's; every access proven;
+    the hand-off, the scale slots and the register reallocation simulated at 0..9 pages: no
+    thread waits forever."""
+    from tlx.ir.tir import device_functions
+    from tlx.lowering import lower
+    from tlx.passes.progress import check_progress, ctas_per_sm
+
+    scale, tokens, heads = D_QK ** -0.5, 1, 16
+    kernel = mla_split_key_major_fp8_kernel(tokens, heads, scale, SPLIT_PAGES, 1)
+    src, n = kernel.device_source, tokens * heads
+    assert "__launch_bounds__(256, 2)" in src
+    [launch] = kernel.metadata["launches"]
+    assert launch["block"][0] == "256" and 2 * (int(launch["dynamic_shared_memory"]) + launch["static_shared_memory"]) <= 227 * 1024
+    assert "warpgroup_reg_alloc<160>" in src and "warpgroup_reg_dealloc<96>" in src
+    assert f"kFloat32, 64, {n}, 16, false, false" in src and f"kFloat32, 64, {n}, 16, true, false" in src
+    assert src.count("wgmma_ss<") == 3 and src.count("tma_load(") == 1  # the scales' only
+    assert src.count("init(128)") == 4  # full, empty, two scale slots
+    bounds = kernel.metadata["reports"]["bounds"]
+    assert (bounds["unknown"], bounds["violations"]) == ([], []) and bounds["proven"] == bounds["accesses"] > 0
+    [(_, func)] = list(device_functions(lower(mla_split_key_major_fp8_kernel.get_tir(tokens, heads, scale, SPLIT_PAGES, 1),
+                                              {"kind": "cuda", "arch": "sm_90a"}, {}).device_mod))
+    assert ctas_per_sm(func) == 2
+    report = check_progress(func)
+    assert report.verdict == "unknown" and "no hang at count = 0..9 (8 schedules each)" in report.detail, report.detail
+    with pytest.raises(ValueError, match="producers: one producer .* takes 16 query rows"):
+        mla_split_key_major_fp8_kernel(2, 16, scale, SPLIT_PAGES, 1)
+
+
 def test_key_major_fp8_kernel_proven_and_never_hangs():
     """Every access proven in bounds; deterministic, and batch invariance unknown for one reason
     only: the block table's width ``MP`` clamps ``seq_lens`` (a length past its table's pages),
@@ -130,7 +162,12 @@ def test_key_major_rows_checked():
         mla_split_key_major_fp8_kernel(1, 64, D_QK ** -0.5)
     with pytest.raises(ValueError, match="consumers: one consumer warpgroup over an e4m3 cache is mla_split_key_major_fp8_kernel"):
         mla_split_key_major_kernel(1, 16, "float8_e4m3", D_QK ** -0.5, 1, SPLIT_PAGES, 1)
-    assert split_kernel(1, 16, "float8_e4m3", D_QK ** -0.5, 1, SPLIT_PAGES, 1) is mla_split_key_major_fp8_kernel(1, 16, D_QK ** -0.5)
+    # one consumer over e4m3: pages in flight are its producers (two by default)
+    scale = D_QK ** -0.5
+    assert split_kernel(1, 16, "float8_e4m3", scale, None, SPLIT_PAGES, 1) is mla_split_key_major_fp8_kernel(1, 16, scale)
+    assert split_kernel(1, 16, "float8_e4m3", scale, 1, SPLIT_PAGES, 1) is mla_split_key_major_fp8_kernel(1, 16, scale, SPLIT_PAGES, 1)
+    with pytest.raises(ValueError, match="producers: expected one of"):
+        mla_split_key_major_fp8_kernel(1, 16, scale, SPLIT_PAGES, 3)
 
 
 def test_key_major_default_is_sixteen_rows():
