@@ -25,8 +25,8 @@ whether waits end. This pass runs the protocol instead:
    did; ``setmaxnreg.dec`` returns a thread's registers above its new count to the CTA's pool and
    ``setmaxnreg.inc`` waits until the pool holds the ones it adds (every thread starts with
    ``launch_registers``: the CTA holds no more than the register file allows its thread count
-   and the CTAs a SM its ``__launch_bounds__`` asks for, so warpgroups that together ask for more wait forever; that count is ptxas's choice, taken
-   as observed). The order of steps is drawn at random (``seeds`` schedules, each thread run
+   and the CTAs a SM its ``__launch_bounds__`` asks for, so warpgroups that together ask for
+   more wait forever; that count is ptxas's choice, taken as observed). The order of steps is drawn at random (``seeds`` schedules, each thread run
    until it blocks, then another picked); a state in which no thread can move and some have not
    finished is a deadlock, reported with the waits that never end. Before any simulation, and for
    any control values, the counts a kernel's warps reallocate to are added up
