@@ -102,18 +102,22 @@ def _sweep_forward():
     """Forward candidates per head dim ("overlap" schedule; the first is the reference of the
     ``bits`` column; the default is ``dense_fwd.DEFAULT_OPTIONS``, set from this sweep). Three
     consumers only at d 64 (160 registers a thread hold its 32 + 64 + 32 fragment registers;
-    d 128 and 256 need more); three stages only where they fit shared memory (d <= 128)."""
+    d 128 and 256 need more); three stages only where they fit shared memory (d <= 128). Wider or
+    narrower key blocks than ``block_n_for`` (176 at d 128, 80 at d 256: FlashAttention-3's tiles;
+    224 KB of shared memory at d 256) give other bits than the baseline's."""
     base = {"overlap": {}, "pingpong": {"pingpong": True}}
     fast = {"fast_exp2": True}  # exp2 as one instruction (dense_fwd_overlap_kernel)
     heavy = {"heavy_first": True}  # causal: the tiles with the most keys first (a no-op without causal)
     return {64: {**base, "3 consumers": {"consumers": 3}, "3 consumers pingpong": {"consumers": 3, "pingpong": True},
-                 "3 consumers, fast exp2": {"consumers": 3, **fast}, "3 consumers, heavy first": {"consumers": 3, **heavy}},
+                 "3 consumers, fast exp2": {"consumers": 3, **fast}, "3 consumers, heavy first": {"consumers": 3, **heavy},
+                 "3 consumers, 3 stages, fast exp2": {"consumers": 3, "num_stages": 3, **fast}},
             128: {**base, "3 stages": {"num_stages": 3}, "3 stages pingpong": {"num_stages": 3, "pingpong": True},
                   "3 stages, fast exp2": {"num_stages": 3, **fast}, "176 keys a block": {"block_n": 176},
                   "176 keys a block, fast exp2": {"block_n": 176, **fast},
                   "3 stages, fast exp2, heavy first": {"num_stages": 3, **fast, **heavy}},
             256: {**base, "overlap, fast exp2": fast, "pingpong, fast exp2": {"pingpong": True, **fast},
-                  "overlap, heavy first": heavy}}
+                  "overlap, heavy first": heavy, "80 keys a block": {"block_n": 80},
+                  "80 keys a block, fast exp2": {"block_n": 80, **fast}}}
 
 
 def _sweep_backward():

@@ -79,14 +79,18 @@ def test_fast_exp2_candidate_is_one_instruction_per_exp(deterministic):
     assert default.metadata["reports"]["numerics"]["approximate"] == []
 
 
-def test_wider_key_block_candidate():
-    """``block_n=176`` (FlashAttention-3's keys a block at d 128): S by m64n176 wgmma, P V over 11
-    k16 steps, every access proven; a block size wgmma cannot take is refused by name."""
-    kernel = dense_fwd_overlap_kernel(128, False, C.LOG2E / math.sqrt(128), block_n=176)
+@pytest.mark.parametrize("dim, block_n, smem", [(128, 176, None), (256, 80, 224 << 10)])
+def test_other_key_block_candidates(dim, block_n, smem):
+    """FlashAttention-3's keys a block: 176 at d 128 (S by m64n176 wgmma, P V over 11 k16 steps),
+    80 at d 256 (two stages of 80-key K and V tiles beside Q: 224 KB of shared memory, within
+    sm_90a's 227); every access proven; a block size wgmma cannot take is refused by name."""
+    kernel = dense_fwd_overlap_kernel(dim, False, C.LOG2E / math.sqrt(dim), block_n=block_n)
     src = kernel.device_source
-    assert "kFloat32, 64, 176, 16, false, false" in src and "kFloat32, 64, 128, 16, false, true" in src
+    assert f"kFloat32, 64, {block_n}, 16, false, false" in src and f"kFloat32, 64, {dim}, 16, false, true" in src
     bounds = kernel.metadata["reports"]["bounds"]
     assert bounds["proven"] == bounds["accesses"]
+    if smem is not None:
+        assert int(kernel.metadata["launches"][0]["dynamic_shared_memory"]) == smem
     with pytest.raises(ValueError, match="block_n: expected 0 or a multiple of 16 from 16 to 256, got 100"):
         dense_fwd_overlap_kernel(128, False, C.LOG2E / math.sqrt(128), block_n=100)
 

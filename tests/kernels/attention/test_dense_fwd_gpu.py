@@ -139,13 +139,15 @@ def test_fast_exp2_flushes_as_the_baseline(attention_baseline, schedule):
         "exp2f: alpha = 2^-130 kept, o = 2^-23"
 
 
-@pytest.mark.parametrize("options", [{"block_n": 176}, {"block_n": 176, "fast_exp2": True}], ids=str)
+@pytest.mark.parametrize("dim, options", [(128, {"block_n": 176}), (128, {"block_n": 176, "fast_exp2": True}),
+                                          (256, {"block_n": 80}), (256, {"block_n": 80, "fast_exp2": True})], ids=str)
 @pytest.mark.parametrize("causal", [False, True])
-def test_wider_key_blocks_match_reference(options, causal):
-    """176 keys a block (a sweep candidate; other blocks than the baseline's, so other bits): within
-    tolerance of the reference on GQA with a partial last tile and a partial last key block."""
+def test_other_key_blocks_match_reference(dim, options, causal):
+    """176 keys a block at d 128, 80 at d 256 (sweep candidates; other blocks than the baseline's,
+    so other bits): within tolerance of the reference on GQA with a partial last tile and a
+    partial last key block."""
     b, s, h, hk = 2, 1000, 8, 2
-    q, k, v = (randn((b, s, n, 128), torch.bfloat16, seed) for n, seed in ((h, 17), (hk, 18), (hk, 19)))
+    q, k, v = (randn((b, s, n, dim), torch.bfloat16, seed) for n, seed in ((h, 17), (hk, 18), (hk, 19)))
     o, lse = run(q, k, v, causal=causal, schedule="overlap", options=options)
     check_reference(o, lse, q, k, v, causal)
 
