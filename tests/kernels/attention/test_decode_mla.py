@@ -397,6 +397,8 @@ def test_slots_past_sequence_may_hold_nan(fp8):
 @pytest.mark.gpu
 @pytest.mark.parametrize("tokens, heads, fp8", [(1, 16, False), (2, 128, False), (1, 16, True), (2, 128, True)])
 def test_two_pages_in_flight_same_bits(tokens, heads, fp8):
+    """One page in flight or two: the same bits (H16 T1 e4m3: the key-major kernel's one producer,
+    two CTAs a SM, against its two producers, the default)."""
     q, kv, table, sl, scales = make_case([1, 63, 65, 4001, 0, 1500], tokens=tokens, heads=heads, fp8=fp8, seed=30 + tokens)
     o1, lse1 = mla_decode(q, kv, table, sl, kv_scales=scales, num_stages=1)
     o2, lse2 = mla_decode(q, kv, table, sl, kv_scales=scales, out=poisoned_outputs(q), num_stages=2)
