@@ -754,6 +754,9 @@ def split_kernel(tokens: int, heads: int, kv_dtype: str, softmax_scale: float, n
     if num_stages is None:
         num_stages = 1 if fp8 and key_major != 1 else 2
     if key_major == 1 and fp8:
+        if num_stages == 1 and tokens * heads != KEY_MAJOR_ROWS[0]:
+            raise ValueError(f"num_stages: 1 with key_major=1 over an e4m3 cache (one producer warpgroup, two CTAs a SM) "
+                             f"takes {KEY_MAJOR_ROWS[0]} query rows, got {tokens} x {heads}; use 2")
         return mla_split_key_major_fp8_kernel(tokens, heads, softmax_scale, split_pages, num_stages)
     if key_major:
         return mla_split_key_major_kernel(tokens, heads, kv_dtype, softmax_scale, num_stages, split_pages, key_major)

@@ -168,6 +168,8 @@ def test_key_major_rows_checked():
     assert split_kernel(1, 16, "float8_e4m3", scale, 1, SPLIT_PAGES, 1) is mla_split_key_major_fp8_kernel(1, 16, scale, SPLIT_PAGES, 1)
     with pytest.raises(ValueError, match="producers: expected one of"):
         mla_split_key_major_fp8_kernel(1, 16, scale, SPLIT_PAGES, 3)
+    with pytest.raises(ValueError, match=r"num_stages: 1 with key_major=1 over an e4m3 cache .* takes 16 query rows, got 2 x 16"):
+        split_kernel(2, 16, "float8_e4m3", scale, 1, SPLIT_PAGES, 1)  # what mla_decode(num_stages=1) asks for
 
 
 def test_key_major_default_is_sixteen_rows():
