@@ -91,6 +91,16 @@ def test_key_major_fp8_kernel_compiles(tokens, heads):
     assert "atomic" not in src.lower()
 
 
+def fp8_split_device_function(*args):
+    """The lowered device function of ``mla_split_key_major_fp8_kernel(*args)`` (for the progress check)."""
+    from tlx.ir.tir import device_functions
+    from tlx.lowering import lower
+
+    [(_, func)] = list(device_functions(lower(mla_split_key_major_fp8_kernel.get_tir(*args),
+                                              {"kind": "cuda", "arch": "sm_90a"}, {}).device_mod))
+    return func
+
+
 def test_key_major_fp8_one_producer_kernel():
     """One producer warpgroup (``mla_decode(key_major=1, num_stages=1)`` over e4m3): 256 threads
     under ``__launch_bounds__(256, 2)`` in 100 KB of shared memory, so two CTAs share a SM; its
@@ -98,8 +108,6 @@ def test_key_major_fp8_one_producer_kernel():
     (2 x 128 at launch); the consumer's products the two-producer kernel's; every access proven;
     the hand-off, the scale slots and the register reallocation simulated at 0..9 pages: no
     thread waits forever."""
-    from tlx.ir.tir import device_functions
-    from tlx.lowering import lower
     from tlx.passes.progress import check_progress, ctas_per_sm
 
     scale, tokens, heads = D_QK ** -0.5, 1, 16
@@ -114,8 +122,7 @@ def test_key_major_fp8_one_producer_kernel():
     assert src.count("init(128)") == 4  # full, empty, two scale slots
     bounds = kernel.metadata["reports"]["bounds"]
     assert (bounds["unknown"], bounds["violations"]) == ([], []) and bounds["proven"] == bounds["accesses"] > 0
-    [(_, func)] = list(device_functions(lower(mla_split_key_major_fp8_kernel.get_tir(tokens, heads, scale, SPLIT_PAGES, 1),
-                                              {"kind": "cuda", "arch": "sm_90a"}, {}).device_mod))
+    func = fp8_split_device_function(tokens, heads, scale, SPLIT_PAGES, 1)
     assert ctas_per_sm(func) == 2
     report = check_progress(func)
     assert report.verdict == "unknown" and "no hang at count = 0..9 (8 schedules each)" in report.detail, report.detail
@@ -130,8 +137,6 @@ def test_key_major_fp8_kernel_proven_and_never_hangs():
     reallocation simulated (tlx/passes/progress.py) at every page count 0..9 (read from memory, so the verdict stays
     unknown; the producers' branch on the sequence's length synchronises alike in both arms): no
     thread waits forever."""
-    from tlx.ir.tir import device_functions
-    from tlx.lowering import lower
     from tlx.passes.progress import check_progress
 
     kernel = mla_split_key_major_fp8_kernel(1, 16, D_QK ** -0.5)
@@ -140,8 +145,7 @@ def test_key_major_fp8_kernel_proven_and_never_hangs():
     assert bounds["proven"] == bounds["accesses"] > 0
     assert det["deterministic"] is True and det["batch_invariant"] == "unknown" and det["findings"] == []
     assert det["unresolved"] and all("on ['MP']" in u for u in det["unresolved"]), det["unresolved"]
-    [(_, func)] = list(device_functions(lower(mla_split_key_major_fp8_kernel.get_tir(1, 16, D_QK ** -0.5),
-                                              {"kind": "cuda", "arch": "sm_90a"}, {}).device_mod))
+    func = fp8_split_device_function(1, 16, D_QK ** -0.5)
     report = check_progress(func)
     assert report.verdict == "unknown" and "no hang at count = 0..9 (8 schedules each)" in report.detail, report.detail
 
