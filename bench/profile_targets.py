@@ -6,7 +6,8 @@ time goes). Profiling is on only around that call (``cudaProfilerStart`` / ``Sto
 
 TARGET: ``dense_fwd`` (the default forward, b 8 h 32 s 4096 d 128), ``dense_bwd`` (the
 deterministic backward at that shape: delta, dK/dV, dQ), ``mla_h128`` / ``mla_h16`` (MLA decode,
-B 128, ctx 8192, T 1, bf16 cache: split, combine), ``mla_h16_e4m3`` (the same with an e4m3 cache), ``sparse`` / ``sparse_e4m3`` (sparse MLA
+B 128, ctx 8192, T 1, bf16 cache: split, combine), ``mla_h16_e4m3`` (the same with an e4m3 cache), ``mla_h16_e4m3_one_producer`` (its
+one-producer split, two CTAs a SM), ``sparse`` / ``sparse_e4m3`` (sparse MLA
 decode at the benchmark's shape: B 128, H 128, k 2048, bf16 / e4m3 cache), ``sparse_fwd`` /
 ``sparse_fwd_producer`` / ``sparse_fwd_independent`` / ``sparse_fwd_alternate`` (the sparse prefill forward at its
 benchmark shape, each schedule). Inputs are random (never zeros); the first
@@ -36,7 +37,7 @@ def _dense(backward: bool):
     return lambda: dense_attention_backward(do, q, k, v, o, lse), dense_attention_backward(do, q, k, v, o, lse)[0]
 
 
-def _mla(heads: int, fp8: bool = False):
+def _mla(heads: int, fp8: bool = False, num_stages: int | None = None):
     import torch
 
     from bench.attention_decode import BATCH, CTX, mla_case
@@ -44,7 +45,7 @@ def _mla(heads: int, fp8: bool = False):
 
     g = torch.Generator(device="cuda").manual_seed(heads)
     q, kv, table, sl, scales = mla_case(BATCH, CTX, heads, 1, fp8, g)
-    call = lambda: mla_decode(q, kv, table, sl, kv_scales=scales)  # noqa: E731
+    call = lambda: mla_decode(q, kv, table, sl, kv_scales=scales, num_stages=num_stages)  # noqa: E731
     return call, call()[0]
 
 
@@ -70,7 +71,7 @@ def _sparse_fwd(schedule: str):
 
 TARGETS = {"dense_fwd": lambda: _dense(False), "dense_bwd": lambda: _dense(True),
            "mla_h128": lambda: _mla(128), "mla_h16": lambda: _mla(16),
-           "mla_h16_e4m3": lambda: _mla(16, True),
+           "mla_h16_e4m3": lambda: _mla(16, True), "mla_h16_e4m3_one_producer": lambda: _mla(16, True, 1),
            "sparse": lambda: _sparse(False), "sparse_e4m3": lambda: _sparse(True),
            "sparse_fwd": lambda: _sparse_fwd("pipelined"), "sparse_fwd_producer": lambda: _sparse_fwd("producer"),
            "sparse_fwd_independent": lambda: _sparse_fwd("independent"), "sparse_fwd_alternate": lambda: _sparse_fwd("alternate")}
