@@ -299,3 +299,26 @@ def doubled_through_workspace(M, N=64, block=64):
             T.copy(out, Y[bx * block, 0])
 
     return main
+
+
+@tlx.jit(out_idx=[-1], target=SM90)
+def chained_through_workspace(N, block=128):
+    """``Y = 3 * X + X`` in two kernels: the first stores ``3 * X`` into a workspace and lets its
+    dependents start (``T.pdl_trigger``), the second waits on it (``T.pdl_sync``) before it reads
+    the workspace, so its launch is a programmatic dependent one."""
+
+    @T.prim_func
+    def main(X: T.Tensor((N,), "float32"), Y: T.Tensor((N,), "float32")):
+        tripled = T.alloc_global((N,), "float32")
+        with T.Kernel(T.ceildiv(N, block), threads=block) as b:
+            i = b * block + T.get_thread_binding()
+            if i < N:
+                tripled[i] = X[i] * T.float32(3)
+            T.pdl_trigger()
+        with T.Kernel(T.ceildiv(N, block), threads=block) as b:
+            T.pdl_sync()
+            i = b * block + T.get_thread_binding()
+            if i < N:
+                Y[i] = tripled[i] + X[i]
+
+    return main

@@ -496,3 +496,16 @@ def test_tma_descriptors_may_map_a_workspace(cache):
     assert steps.index(workspace) < steps.index(desc)
     src = sk.doubled_through_workspace(T.dynamic("M")).host_source
     assert src.index("void* const v_doubled = workspaces.allocate(0,") < src.index('cache_v_doubled_desc.get(kKernel, "doubled", ')
+
+
+def test_a_kernel_that_waits_on_the_grid_before_it_is_a_programmatic_dependent_launch():
+    """``T.pdl_sync()`` in the second kernel (TileLang marks it ``has_cuda_pdl_sync``): that launch,
+    and only that one, carries the programmatic-stream-serialization attribute."""
+    kernel = sk.chained_through_workspace(T.dynamic("N"))
+    assert [lc["programmatic_dependent"] for lc in kernel.metadata["launches"]] == [False, True]
+    launches = [line.strip() for line in kernel.host_source.splitlines() if "tlx::launch(" in line]
+    assert [line.endswith(", false, false);") for line in launches] == [True, False]
+    assert launches[1].endswith(", false, true);")
+    assert "cudaGridDependencySynchronize();" in kernel.device_source
+    assert "cudaTriggerProgrammaticLaunchCompletion();" in kernel.device_source
+    assert not any(lc["programmatic_dependent"] for lc in sk.add(T.dynamic("M"), 1024).metadata["launches"])

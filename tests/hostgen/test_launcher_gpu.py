@@ -367,3 +367,37 @@ def test_tma_copies_through_a_workspace_match_torch():
     for m in (64, 1000, 4096):
         x = torch.randn(m, 64, device="cuda").half()
         assert torch.equal(kernel(x), x * 2 + x), m
+
+
+def test_a_programmatic_dependent_launch_sees_the_first_kernels_writes():
+    """The second kernel of ``chained_through_workspace`` is launched as a programmatic dependent
+    (it may start while the first drains) and reads the first's workspace after ``T.pdl_sync()``:
+    calls queued back to back behind a sleep, each on new inputs and a fresh workspace, then
+    the same launches captured in a CUDA graph and replayed on new values, all equal to torch."""
+    kernel = sk.chained_through_workspace(T.dynamic("N"))
+    inputs = [torch.randn(n, device="cuda") for n in (1, 1000, 1 << 22, 4097, 1 << 22)]
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        torch.cuda._sleep(10_000_000)
+        results = [kernel(x) for x in inputs]
+    stream.synchronize()
+    for x, y in zip(inputs, results):
+        assert torch.equal(y, x * 3 + x)
+    x = inputs[2]
+    y = torch.full_like(x, float("nan"))
+    with torch.cuda.stream(stream):
+        kernel.launch(x, y)
+    stream.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        kernel.launch(x, y)
+        kernel.launch(y, x)
+    for _ in range(3):
+        x.copy_(torch.randn_like(x))
+        expected = x * 3 + x
+        expected = expected * 3 + expected
+        y.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(x, expected)

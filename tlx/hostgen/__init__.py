@@ -43,7 +43,8 @@ def describe(plan: LaunchPlan, source: str) -> dict:
                        for w in (s.workspace for s in walk_steps(plan.steps) if s.kind == "workspace")],
         "launches": [
             {"kernel": lc.kernel, "grid": [pyexpr(g) for g in lc.grid], "block": [pyexpr(b) for b in lc.block],
-             "dynamic_shared_memory": pyexpr(lc.dyn_smem), "cluster": lc.cluster, "cooperative": lc.cooperative}
+             "dynamic_shared_memory": pyexpr(lc.dyn_smem), "cluster": lc.cluster, "cooperative": lc.cooperative,
+             "programmatic_dependent": lc.pdl}
             for lc in (s.launch for s in walk_steps(plan.steps) if s.kind == "launch")
         ],
     }

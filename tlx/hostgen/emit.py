@@ -371,9 +371,9 @@ class _Emitter:
         if lc.cluster and any(c != 1 for c in lc.cluster):
             self.out(f"static const unsigned cluster[3] = {{{', '.join(str(c) for c in lc.cluster)}}};", i + 1)
             cluster = "&cluster"
-        coop = "true" if lc.cooperative else "false"
+        coop, pdl = ("true" if flag else "false" for flag in (lc.cooperative, lc.pdl))
         self.out(
-            f"tlx::launch(kKernel, fn[{k}], g[0], g[1], g[2], {', '.join(dims[3:])}, {smem}, stream, params, {cluster}, {coop});",
+            f"tlx::launch(kKernel, fn[{k}], g[0], g[1], g[2], {', '.join(dims[3:])}, {smem}, stream, params, {cluster}, {coop}, {pdl});",
             i + 1,
         )
         self.out("}", i)

@@ -89,6 +89,9 @@ class Launch:
     dyn_smem: Any  # PrimExpr
     cluster: list | None = None
     cooperative: bool = False
+    # the kernel waits on the grid before it (``T.pdl_sync()``): it is launched as a programmatic
+    # dependent, so it may start while that grid drains (TileLang's own wrapper does the same)
+    pdl: bool = False
 
 
 @dataclass
@@ -140,6 +143,8 @@ _LAUNCH_TAGS = {
     "threadIdx.y": ("block", 1),
     "threadIdx.z": ("block", 2),
 }
+# the device function attribute TileLang's MarkCudaSyncCalls sets when the kernel calls T.pdl_sync()
+PDL_SYNC_ATTR = "has_cuda_pdl_sync"
 
 
 # TVM's plain "float8_e4m3" is generated as CUDA's __nv_fp8_e4m3, whose encoding is
@@ -431,5 +436,6 @@ def _launch(callee, args, device_func, kernels, name) -> Launch:
     static_smem = int(dyn.value) if isinstance(dyn, tirx.IntImm) else None
     prev = kernels.get(callee, 0)
     kernels[callee] = None if (static_smem is None or prev is None) else max(prev, static_smem)
-    cooperative = bool(device_func.attrs.get("use_cooperative_groups", False)) if device_func.attrs else False
-    return Launch(callee, kargs, arg_types, grid, block, dyn, cluster, cooperative)
+    attrs = device_func.attrs or {}
+    cooperative = bool(attrs.get("use_cooperative_groups", False))
+    return Launch(callee, kargs, arg_types, grid, block, dyn, cluster, cooperative, PDL_SYNC_ATTR in attrs)

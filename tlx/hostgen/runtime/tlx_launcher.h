@@ -398,7 +398,7 @@ struct TensorMapCache {
 };
 
 void launch(const char* kernel, CUfunction fn, int64_t gx, int64_t gy, int64_t gz, int64_t bx, int64_t by, int64_t bz, int64_t smem,
-            CUstream stream, void** params, const unsigned (*cluster)[3], bool cooperative);
+            CUstream stream, void** params, const unsigned (*cluster)[3], bool cooperative, bool pdl);
 
 }  // namespace tlx
 

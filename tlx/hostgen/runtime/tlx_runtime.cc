@@ -306,7 +306,7 @@ void encode_tensor_map(const char* kernel, const char* tensor, CUtensorMap* map,
 }
 
 void launch(const char* kernel, CUfunction fn, int64_t gx, int64_t gy, int64_t gz, int64_t bx, int64_t by, int64_t bz, int64_t smem,
-            CUstream stream, void** params, const unsigned (*cluster)[3], bool cooperative) {
+            CUstream stream, void** params, const unsigned (*cluster)[3], bool cooperative, bool pdl) {
   CUlaunchConfig cfg{};
   cfg.gridDimX = static_cast<unsigned>(gx);
   cfg.gridDimY = static_cast<unsigned>(gy);
@@ -316,7 +316,7 @@ void launch(const char* kernel, CUfunction fn, int64_t gx, int64_t gy, int64_t g
   cfg.blockDimZ = static_cast<unsigned>(bz);
   cfg.sharedMemBytes = static_cast<unsigned>(smem);
   cfg.hStream = stream;
-  CUlaunchAttribute attrs[2];
+  CUlaunchAttribute attrs[3];
   unsigned n = 0;
   if (cluster) {
     attrs[n].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
@@ -328,6 +328,11 @@ void launch(const char* kernel, CUfunction fn, int64_t gx, int64_t gy, int64_t g
   if (cooperative) {
     attrs[n].id = CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
     attrs[n].value.cooperative = 1;
+    ++n;
+  }
+  if (pdl) {  // T.pdl_sync(): may start while the stream's previous grid drains (griddepcontrol.wait orders it)
+    attrs[n].id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attrs[n].value.programmaticStreamSerializationAllowed = 1;
     ++n;
   }
   cfg.attrs = n ? attrs : nullptr;
