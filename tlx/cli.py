@@ -252,7 +252,8 @@ Prove every access of the kernel in bounds and run tlx's other analyses over it.
 Each analysis gives its own verdict (text: the "verdicts:" block; JSON: "verdicts"):
   ok, violation, unknown, error (the analysis itself failed) or not run.
   bounds       every buffer access and index computation, for every shape the launcher accepts
-  races        shared-memory data races between threads
+  races        shared-memory data races between threads; global memory a dependent launch
+               (T.pdl_sync()) touches before that sync while earlier grids run
   progress     no thread of a CTA waits forever on an mbarrier or named barrier (simulated)
   layouts      fragment layouts are bijective
   vectors      vector accesses are aligned and contiguous

@@ -1,4 +1,6 @@
 """Shared-memory races: two threads, one address, at least one write, nothing ordering them.
+(The report also carries ``pdl.py``'s finding: global memory a dependent launch touches before
+its ``T.pdl_sync()`` while the grids before it may still run.)
 
 Model. ``__syncthreads()`` (``tvm_storage_sync`` without a barrier id) splits each
 thread's execution into *epochs*; the epoch of an access instance is the number of
@@ -86,6 +88,7 @@ from tlx.passes import PassContext, TlxError, exit_status, raise_or_warn
 from tlx.ir.program import SHARED_SCOPES, Access, Program, collect_program
 from tlx.ir.tir import const_int, elem_bytes, eval_numpy, free_vars, nodes, op_name
 from tlx.passes.layouts import bit_split, bits_to_arith
+from tlx.passes.pdl import pdl_report
 from tlx.passes.smt import Encoder, Verdict, kernel_encoder
 
 tir = tvm.tirx
@@ -1408,14 +1411,22 @@ def races_report(kernel: LoweredKernel, programs: list[Program] | None = None, b
     t0 = time.perf_counter()
     enc = kernel_encoder(kernel, assume)
     per = [find_races(enc, p, budget) for p in (programs or collect_program(kernel))]
-    n_races = sum(len(p["races"]) for p in per)
-    n_unknown = sum(len(p["unknown"]) for p in per)
+    shared_verdict = "race" if any(p["races"] for p in per) else "unknown" if any(p["unknown"] for p in per) else "race-free"
+    dependent = pdl_report(kernel)
+    n_races = sum(len(p["races"]) for p in per) + len(dependent["races"])
+    n_unknown = sum(len(p["unknown"]) for p in per) + len(dependent["unknown"])
     verdict = "race" if n_races else "unknown" if n_unknown else "race-free"
-    summary = [f"shared memory: {verdict} ({sum(p['pairs'] for p in per)} access pairs checked, {n_unknown} unknown)"]
+    summary = [f"shared memory: {shared_verdict} ({sum(p['pairs'] for p in per)} access pairs checked, "
+               f"{sum(len(p['unknown']) for p in per)} unknown)"]
+    if dependent["dependents"]:
+        summary.append(f"global memory before T.pdl_sync(): {len(dependent['races'])} races, {len(dependent['unknown'])} unknown "
+                       f"({dependent['dependents']} dependent kernels)")
+    summary += [f"race: {r['reason']}" for r in dependent["races"]][:5]
     summary += [describe_race(r) for p in per for r in p["races"]][:5]
-    summary += sorted({f"unknown: {u['reason']}" for p in per for u in p["unknown"]})[:5]
-    return {"summary": summary, "kernels": per, "races": n_races, "unknown": n_unknown, "verdict": verdict, "exit_code": exit_status(n_races, n_unknown),
-            "rlimit_used": enc.rlimit_used, "seconds": round(time.perf_counter() - t0, 4)}
+    summary += sorted({f"unknown: {u['reason']}" for u in dependent["unknown"]} | {f"unknown: {u['reason']}" for p in per for u in p["unknown"]})[:5]
+    return {"summary": summary, "kernels": per, "dependent_launches": dependent, "races": n_races, "unknown": n_unknown,
+            "verdict": verdict, "exit_code": exit_status(n_races, n_unknown), "rlimit_used": enc.rlimit_used,
+            "seconds": round(time.perf_counter() - t0, 4)}
 
 
 PASS_BUDGET = 6_000_000
@@ -1434,5 +1445,6 @@ def races_pass(kernel: LoweredKernel, ctx: PassContext) -> LoweredKernel:
     report = races_report(kernel, budget=budget, assume=ctx.options.assume)
     ctx.reports["races"] = report
     if report["races"]:
-        raise_or_warn(ctx, RaceError("\n".join(describe_race(r) for p in report["kernels"] for r in p["races"])))
+        raise_or_warn(ctx, RaceError("\n".join([*(describe_race(r) for p in report["kernels"] for r in p["races"]),
+                                                 *(r["reason"] for r in report["dependent_launches"]["races"])])))
     return kernel
