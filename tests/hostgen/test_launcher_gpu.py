@@ -310,18 +310,25 @@ def test_host_workspaces_match_torch_on_both_calls():
         assert torch.equal(total, ref_total) and torch.equal(peak, ref_peak)
 
 
-def test_workspaces_are_reused_in_stream_order():
-    """Calls queued back to back on a side stream, behind a sleep, with no synchronization between
-    them: each call's workspaces go back to the allocator while its kernels are still queued, and
-    the next call's reuse of that memory must not corrupt them."""
-    kernel = sk.split_row_stats(T.dynamic("M"), 256)
-    inputs = [torch.randint(-64, 64, (2048, 256), device="cuda").float() for _ in range(8)]
+def _queued_behind_a_sleep(kernel, inputs) -> list:
+    """``kernel(x)`` for each input, queued back to back on a side stream behind a sleep (no
+    synchronization between them), the results once the stream is done."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         torch.cuda._sleep(10_000_000)
         results = [kernel(x) for x in inputs]
     stream.synchronize()
+    return results
+
+
+def test_workspaces_are_reused_in_stream_order():
+    """Calls queued back to back on a side stream, behind a sleep, with no synchronization between
+    them: each call's workspaces go back to the allocator while its kernels are still queued, and
+    the next call's reuse of that memory must not corrupt them."""
+    kernel = sk.split_row_stats(T.dynamic("M"), 256)
+    inputs = [torch.randint(-64, 64, (2048, 256), device="cuda").float() for _ in range(8)]
+    results = _queued_behind_a_sleep(kernel, inputs)
     for x, (total, peak) in zip(inputs, results):
         ref_total, ref_peak = _row_stats_reference(x)
         assert torch.equal(total, ref_total) and torch.equal(peak, ref_peak)
@@ -376,16 +383,11 @@ def test_a_programmatic_dependent_launch_sees_the_first_kernels_writes():
     the same launches captured in a CUDA graph and replayed on new values, all equal to torch."""
     kernel = sk.chained_through_workspace(T.dynamic("N"))
     inputs = [torch.randn(n, device="cuda") for n in (1, 1000, 1 << 22, 4097, 1 << 22)]
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        torch.cuda._sleep(10_000_000)
-        results = [kernel(x) for x in inputs]
-    stream.synchronize()
-    for x, y in zip(inputs, results):
+    for x, y in zip(inputs, _queued_behind_a_sleep(kernel, inputs)):
         assert torch.equal(y, x * 3 + x)
     x = inputs[2]
     y = torch.full_like(x, float("nan"))
+    stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
         kernel.launch(x, y)
     stream.synchronize()
