@@ -97,6 +97,34 @@ def tma_chain(early_workspace: bool):
     return main
 
 
+def skippable_middle():
+    """Y = X + 1 (grid over N), then an ordinary kernel over another extent K that may be empty
+    (the launcher then skips it), then a dependent kernel over N that reads Y before its sync."""
+    K = T.dynamic("K")
+
+    @T.prim_func
+    def main(X: T.Tensor((N,), "float32"), Y: T.Tensor((N,), "float32"), Z: T.Tensor((K,), "float32"),
+             W: T.Tensor((N,), "float32")):
+        with T.Kernel(T.ceildiv(N, BLOCK), threads=BLOCK) as b:
+            i = b * BLOCK + T.get_thread_binding()
+            if i < N:
+                Y[i] = X[i] + T.float32(1)
+        with T.Kernel(T.ceildiv(K, BLOCK), threads=BLOCK) as b:
+            i = b * BLOCK + T.get_thread_binding()
+            if i < K:
+                Z[i] = Z[i] * T.float32(2)
+        with T.Kernel(T.ceildiv(N, BLOCK), threads=BLOCK) as b:
+            i = b * BLOCK + T.get_thread_binding()
+            y = T.alloc_var("float32")
+            if i < N:
+                y = Y[i]
+            T.pdl_sync()
+            if i < N:
+                W[i] = y
+
+    return main
+
+
 def report(func):
     return pdl_report(lower(func, TARGET))
 
@@ -126,6 +154,13 @@ def test_a_tma_store_writes_the_tensor_its_descriptor_maps(early_workspace):
     assert any(op_name(c) == "tl.tma_store" for c in nodes(first.body, tir.Call))
     races = pdl_report(lowered)["races"]
     assert [(r["buffer"], r["access"], r["other_access"]) for r in races] == ([("doubled", "read", "write")] if early_workspace else [])
+
+
+def test_an_ordinary_launch_the_host_may_skip_orders_nothing():
+    """The middle kernel's grid may be empty while the dependent's is not (the launcher skips it):
+    the dependent may then overlap the first kernel, whose write of Y it reads early."""
+    (race,) = report(skippable_middle())["races"]
+    assert (race["buffer"], race["access"], race["other_access"]) == ("Y", "read", "write")
 
 
 def test_a_sync_under_a_condition_orders_nothing():

@@ -7,8 +7,9 @@ orders it after them. What it reads or writes of global memory before that wait 
 with those grids where one of them writes the same buffer, or reads what it writes.
 
 Per program, in launch order (the host launch plan): the grids a dependent kernel may overlap are
-the launches since the last ordinary one, that one included (an ordinary launch waits for all
-earlier work). A dependent kernel's *early* accesses are those of the statements that run
+the launches since the last ordinary one that surely runs whenever it does, that one included (an
+ordinary launch waits for all earlier work; one under an ``if`` of the program, or whose grid may
+be empty while the dependent's is not, may be skipped). A dependent kernel's *early* accesses are those of the statements that run
 before its first ``T.pdl_sync()`` on the kernel body's path of unconditional statements; a
 ``T.pdl_sync()`` under a condition or a loop orders nothing for certain, so then the whole body
 is early. Buffers are named as the host passes them (a tensor argument, a workspace, the
@@ -122,6 +123,17 @@ def _by_buffer(func, launch, touched: dict, names: dict) -> dict:
     return out
 
 
+def _orders(earlier, dependent, unconditional: set) -> bool:
+    """Whether ``earlier``, an ordinary launch, surely runs whenever ``dependent`` does (then all
+    work before it has finished when ``dependent`` starts): not under an ``if`` of the program,
+    and each grid dimension a positive constant or one of ``dependent``'s (the launcher skips a
+    launch with an empty grid)."""
+    if earlier.pdl or id(earlier) not in unconditional:
+        return False
+    return all((isinstance(g, tir.IntImm) and g.value > 0) or any(tvm.ir.structural_equal(g, h) for h in dependent.grid)
+               for g in earlier.grid)
+
+
 def pdl_report(kernel: LoweredKernel) -> dict:
     """``{"races": [...], "unknown": [...], "dependents": n}``: each finding names the dependent
     kernel, the buffer, what it does early and, for a race, the overlapping kernel."""
@@ -138,6 +150,7 @@ def pdl_report(kernel: LoweredKernel) -> dict:
         return {"races": races, "unknown": unknown, "dependents": len(syncing)}
     names = _host_names(plan)
     launches = [s.launch for s in walk_steps(plan.steps) if s.kind == "launch"]
+    unconditional = {id(s.launch) for s in plan.steps if s.kind == "launch"}  # not under an ``if`` of the program
     whole = [_by_buffer(funcs[lc.kernel], lc, _touches(funcs[lc.kernel], [funcs[lc.kernel].body]), names) for lc in launches]
     for n, lc in enumerate(launches):
         if not lc.pdl:
@@ -146,14 +159,13 @@ def pdl_report(kernel: LoweredKernel) -> dict:
         parts, synced = _early_statements(func.body)
         early = _by_buffer(func, lc, _touches(func, parts), names)
         where = "before its T.pdl_sync()" if synced else "anywhere (its T.pdl_sync() runs under a condition or loop)"
-        start = max((j for j in range(n) if not launches[j].pdl), default=None)
+        start = max((j for j in range(n) if _orders(launches[j], lc, unconditional)), default=None)
         for buffer, how in sorted(early.items()):
             if start is None:
                 unknown.append({"kernel": lc.kernel, "buffer": buffer, "access": how,
                                 "reason": f"{lc.kernel} may {how} {buffer} {where} while the stream's previous launch, "
                                           "outside this program, runs"})
-                continue
-            for j in range(start, n):
+            for j in range(start or 0, n):
                 other = whole[j].get(buffer)
                 vague = UNNAMED in (buffer, *whole[j]) and (how == "write" or "write" in whole[j].values())
                 if other == "write" or (other and how == "write"):
