@@ -10,7 +10,8 @@ B 128, ctx 8192, T 1, bf16 cache: split, combine), ``mla_h16_e4m3`` (the same wi
 one-producer split, two CTAs a SM), ``sparse`` / ``sparse_e4m3`` (sparse MLA
 decode at the benchmark's shape: B 128, H 128, k 2048, bf16 / e4m3 cache), ``sparse_fwd`` /
 ``sparse_fwd_producer`` / ``sparse_fwd_independent`` / ``sparse_fwd_alternate`` (the sparse prefill forward at its
-benchmark shape, each schedule). Inputs are random (never zeros); the first
+benchmark shape, each schedule), ``indexer_h32_d64`` / ``indexer_h64_d128`` (the prefill indexer, S 4096,
+N 8192, causal). Inputs are random (never zeros); the first
 call's output is checked for finiteness, so a broken launch is not mistaken for the kernel.
 """
 # not a benchmark (scripts/gpu-check runs the bench/*.py files without this line)
@@ -60,6 +61,15 @@ def _sparse(fp8: bool):
     return call, call()[0]
 
 
+def _indexer(heads: int, dim: int):
+    from bench.attention_decode import indexer_inputs
+    from kernels.attention.indexer import indexer_logits
+
+    args = indexer_inputs(4096, 8192, heads, dim, heads + dim)
+    call = lambda: indexer_logits(*args)  # noqa: E731
+    return call, call()[:, :64]  # keys every query sees (the rest are -inf)
+
+
 def _sparse_fwd(schedule: str):
     from bench.attention_prefill import sparse_inputs
     from kernels.attention.sparse_fwd import sparse_attention
@@ -72,6 +82,7 @@ def _sparse_fwd(schedule: str):
 TARGETS = {"dense_fwd": lambda: _dense(False), "dense_bwd": lambda: _dense(True),
            "mla_h128": lambda: _mla(128), "mla_h16": lambda: _mla(16),
            "mla_h16_e4m3": lambda: _mla(16, True), "mla_h16_e4m3_one_producer": lambda: _mla(16, True, 1),
+           "indexer_h32_d64": lambda: _indexer(32, 64), "indexer_h64_d128": lambda: _indexer(64, 128),
            "sparse": lambda: _sparse(False), "sparse_e4m3": lambda: _sparse(True),
            "sparse_fwd": lambda: _sparse_fwd("pipelined"), "sparse_fwd_producer": lambda: _sparse_fwd("producer"),
            "sparse_fwd_independent": lambda: _sparse_fwd("independent"), "sparse_fwd_alternate": lambda: _sparse_fwd("alternate")}
