@@ -44,7 +44,7 @@ reported in the row and the row is not timed.
 Every kernel configuration the run uses is compiled first, in parallel processes, so that the
 timed part never waits for a compile (about a minute per configuration on one core).
 
-Usage: python bench/attention_decode.py [--out FILE.json] [--reps N] [--upstream-indexer PATH] [--only-mla | --only-indexer | --only-key-major]
+Usage: python bench/attention_decode.py [--out FILE.json] [--reps N] [--upstream-indexer PATH] [--only-mla | --only-indexer | --only-key-major | --only-overlap]
        python bench/attention_decode.py --precompile [WORKERS]   (no GPU needed: compiles every
        kernel configuration of this benchmark and of the decode GPU tests, and the tests' CUDA
        baselines where the CUDA driver library is installed, WORKERS processes at once, into
@@ -88,6 +88,11 @@ KEY_MAJOR_CONFIGS = ([("mla_keys", t, h, KV_DTYPES[fp8], st, c) for h, t, fp8 in
                       for c in (1, 2) for st in (KEY_MAJOR_STAGES if fp8 and (c == 2 or h * t == 16) else (2,))]
                      + [("mla_keys", t, h, KV_DTYPES[fp8], 1 if fp8 else 2, 0) for h, t, fp8 in KEY_MAJOR_CASES]
                      + [("combine", t, h, 0, False, 64) for h, t, _ in KEY_MAJOR_CASES])
+# the overlap rows' kernels (--only-overlap compiles these alone): the hand-scheduled row-major
+# split beside the default it is timed against, at the compute-bound shapes (bf16)
+OVERLAP_SHAPES = [(128, 1), (128, 2)]  # heads, tokens
+OVERLAP_CONFIGS = ([("mla_overlap", t, h) for h, t in OVERLAP_SHAPES] + [("mla", t, h, "bfloat16", 2, 64) for h, t in OVERLAP_SHAPES]
+                   + [("combine", t, h, 0, False, 64) for h, t in OVERLAP_SHAPES])
 BENCH_CONFIGS = ([("topk", k, ctas) for k in sorted({k for _, k in TOPK_SHAPES}) for ctas in CTAS_PER_ROW]
                  + [("indexer", h, d, staged) for h, d in INDEXER_SHAPES for staged in (True, False)]
                  + [("indexer_paged", t) for t in INDEXER_DECODE_TOKENS]
@@ -95,7 +100,7 @@ BENCH_CONFIGS = ([("topk", k, ctas) for k in sorted({k for _, k in TOPK_SHAPES})
                  + sorted({("mla", t, h, KV_DTYPES[fp8], st, split) for h, t in MLA_SHAPES
                            for fp8, stages, split in MLA_VARIANTS for st in {1, stages}})
                  + [("combine", t, h, 0, False, split) for h, t in MLA_SHAPES for split in sorted({v[2] for v in MLA_VARIANTS})]
-                 + KEY_MAJOR_CONFIGS
+                 + KEY_MAJOR_CONFIGS + OVERLAP_CONFIGS
                  + [("sparse", 1, SPARSE_HEADS, SPARSE_TOPK, kv) for kv in KV_DTYPES]
                  + [("combine", 1, SPARSE_HEADS, splits_of(SPARSE_TOPK), True)])
 MLA_KINDS = ("mla", "mla_keys", "combine", "sparse")  # the configurations of --only-mla
@@ -151,6 +156,8 @@ def compile_config(cfg) -> str:
     elif kind == "mla_keys":  # mla_decode(key_major=consumers): 0 the row-major kernel
         tokens, heads, kv, stages, consumers = args
         split_kernel(tokens, heads, kv, scale, stages, SPLIT_PAGES, consumers)
+    elif kind == "mla_overlap":  # mla_decode(overlap=True)
+        split_kernel(*args, "bfloat16", scale, None, SPLIT_PAGES, None, True)
     elif kind == "combine":  # MLA decode's (fixed_splits 0, no sink) and sparse decode's
         mla_combine_kernel(*args)
     elif kind == "baseline":
@@ -190,6 +197,8 @@ def args_parse():
                         help="only the copy, MLA and sparse decode rows (and only their kernels compiled)")
     parser.add_argument("--only-key-major", action="store_true",
                         help="only the copy and the key-major MLA rows (and only their kernels compiled)")
+    parser.add_argument("--only-overlap", action="store_true",
+                        help="only the copy and the hand-scheduled MLA split rows (and only their kernels compiled)")
     parser.add_argument("--only-indexer", action="store_true",
                         help="only the copy, FP8 matmul and indexer rows (and only the indexer kernels compiled)")
     parser.add_argument("--upstream-indexer", default=os.environ.get("TLX_UPSTREAM_INDEXER", _carried_upstream_indexer()),
@@ -518,6 +527,36 @@ def key_major_rows(reps, copy_gbps):
         torch.cuda.empty_cache()
 
 
+def overlap_rows(reps):
+    """The hand-scheduled row-major split (``mla_decode(overlap=True)``) beside the default at
+    ``OVERLAP_SHAPES``, interleaved on the same inputs, calls queued (the GPU's time): each
+    checked against the reference, and bit for bit against the default."""
+    import torch
+
+    from bench.timing import interleaved_ms
+    from kernels.attention.decode_mla import D_QK, D_V, mla_decode, reference_mla_decode
+    from tests.kernels.attention.test_decode_mla import poisoned_outputs
+    from tlx.numerics.sweep import same_bits
+
+    for heads, tokens in OVERLAP_SHAPES:
+        shape = f"B {BATCH} ctx {CTX} H {heads} T {tokens} bf16"
+        g = torch.Generator(device="cuda").manual_seed(heads + tokens + 11)
+        q, kv, table, sl, _ = mla_case(BATCH, CTX, heads, tokens, False, g)
+        ref = reference_mla_decode(q, kv, table, sl)
+        outs = {v: mla_decode(q, kv, table, sl, out=poisoned_outputs(q), overlap=v) for v in (False, True)}
+        check = checked(*outs[True], *ref)
+        check += ", bits same" if all(same_bits(a, b) for a, b in zip(outs[False], outs[True])) else ", bits DIFFER"
+        del outs, ref
+        ms = interleaved_ms({v: (lambda v=v: mla_decode(q, kv, table, sl, overlap=v)) for v in (False, True)}, reps, queued=True)
+        flops = 2 * BATCH * tokens * heads * CTX * (D_QK + D_V)
+        for v in (False, True):
+            emit(what="MLA decode, " + ("hand-scheduled split (overlap)" if v else "row-major split (default)"), shape=shape,
+                 tlx_us=round(ms[v] * 1e3, 1), TFLOPs=round(flops / ms[v] / 1e9), vs_default=round(ms[False] / ms[v], 3),
+                 check=check if v else "ok")
+        del q, kv, table, sl
+        torch.cuda.empty_cache()
+
+
 UPSTREAM_MLA = {  # TileLang's MLA decode examples: file, whether its kernel takes glse and the partials
     "example": ("example_mla_decode.py", False),
     "warp-specialized example": ("example_mla_decode_ws.py", True),
@@ -608,6 +647,8 @@ def main():
                and (not args.only_indexer or c[0] in INDEXER_KINDS)]
     if args.only_key_major:
         configs = KEY_MAJOR_CONFIGS
+    if args.only_overlap:
+        configs = OVERLAP_CONFIGS
     precompile(configs, os.cpu_count() or 1)  # no CUDA context yet: the forked workers only compile
 
     import torch
@@ -621,6 +662,8 @@ def main():
     emit(what="copy 2 GiB", ms=round(copy_ms, 3), GBps=round(copy_gbps))
     if args.only_key_major:
         key_major_rows(reps, copy_gbps)
+    elif args.only_overlap:
+        overlap_rows(reps)
     elif not args.only_mla:
         if not args.only_indexer:
             topk_rows(reps)
@@ -632,8 +675,9 @@ def main():
             emit(what="upstream indexer", check=f"not loaded: {type(e).__name__}: {e}")
         indexer_rows(reps, upstream, fp8)
         indexer_decode_rows(reps, copy_gbps)
-    if not args.only_indexer and not args.only_key_major:
+    if not args.only_indexer and not args.only_key_major and not args.only_overlap:
         key_major_rows(reps, copy_gbps)
+        overlap_rows(reps)
         sparse_rows(reps, mla_rows(reps, copy_gbps))
         upstream_mla_rows(reps)
     if args.out:

@@ -274,6 +274,137 @@ def mla_split_kernel(tokens: int, heads: int, kv_dtype: str, softmax_scale: floa
     return kernel
 
 
+PANELS = D_V // 64  # 64-column panels of a page's nope keys (one 128-byte swizzle atom a row)
+OVERLAP_BARRIER = C.NAMED_BARRIER  # the overlap kernel's consumer-wide named barrier
+
+
+@tlx.jit(target=C.TARGET, assume=["1 <= P", "1 <= MP", f"MP <= {MAX_PAGES}", "B <= 65535"])
+def mla_split_overlap_kernel(tokens: int, heads: int, softmax_scale: float, split_pages: int = SPLIT_PAGES):
+    """``mla_split_kernel`` (bf16 cache, 64 heads of one token a block) scheduled by hand so that
+    the tensor cores and the softmax overlap: page t's scores ``S_t`` are issued, then the
+    previous page's ``P V`` product, and page t's softmax runs while that product does. A
+    producer warpgroup loads each page by TMA as eight 64-column panels and the rope keys, each
+    on its own barrier, so that the score product's first steps start when the first panel
+    lands (two page slots: the next page's panels arrive during this page's products). The
+    same instructions per page as ``mla_split_kernel`` in the same order per value (the score
+    chain is split at panel boundaries, not reordered): the same bits."""
+    split = check_split(split_pages)
+    if heads % ROWS:
+        raise ValueError(f"heads: the overlap split kernel takes a multiple of {ROWS}, got {heads}")
+    rows = tokens * heads
+    scale_log2 = softmax_scale * LOG2E
+    batch, pages, max_pages = T.dynamic("B"), T.dynamic("P"), T.dynamic("MP")
+    f32, bf16 = "float32", "bfloat16"
+    consumers = 2 * C.WARPGROUP
+
+    @T.macro
+    def issue_scores(Q_s, QP_s, KV_s, KP_s, acc_s, nope_full, rope_full, t):
+        """``S_t = Q K_t^T`` issued panel by panel as each lands (asynchronous wgmma)."""
+        for c in T.unroll(PANELS):
+            T.mbarrier_wait_parity(nope_full[t % 2 * PANELS + c], (t // 2) & 1)
+            T.wgmma_gemm(Q_s[:, c * 64:(c + 1) * 64], KV_s[t % 2, :, c * 64:(c + 1) * 64], acc_s, transpose_B=True,
+                         clear_accum=c == 0, policy=T.GemmWarpPolicy.FullCol)
+        T.mbarrier_wait_parity(rope_full[t % 2], (t // 2) & 1)
+        T.wgmma_gemm(QP_s, KP_s[t % 2, :, :], acc_s, transpose_B=True, policy=T.GemmWarpPolicy.FullCol)
+
+    @T.macro
+    def page_softmax(acc_s, m, m_prev, m_scaled, alpha, l, row_sum, seq, first, r0, t):
+        """Page t's scores (done) through the online softmax: the keys past each row's last
+        masked, then ``mla_split_kernel``'s step."""
+        if (first + t) * PAGE + PAGE > seq - tokens + (r0 // heads):
+            for i, j in T.Parallel(ROWS, PAGE):
+                acc_s[i, j] = T.if_then_else((first + t) * PAGE + j <= seq - tokens + (r0 + i) // heads, acc_s[i, j], C.neg_inf())
+        C.softmax_step(acc_s, m, m_prev, m_scaled, alpha, l, row_sum, scale_log2, ROWS, PAGE)
+
+    @T.macro
+    def publish(acc_s, KV_s, KP_s, seq, first, t):
+        """Page t's P into its slot's rope keys (read by its score product only, done: the
+        softmax's reductions came after both warpgroups' wait for it) and, on the sequence's last page,
+        zeros in its slots past the sequence (they may hold anything, NaN too, and P V would
+        give 0 * NaN); then the consumers' barrier, before P V reads them."""
+        if (first + t) * PAGE + PAGE > seq:
+            for i, d in T.Parallel(PAGE, D_V):
+                if (first + t) * PAGE + i >= seq:
+                    KV_s[t % 2, i, d] = T.Cast(bf16, 0)
+        T.copy(acc_s, KP_s[t % 2, :, :])
+        T.fence_proxy_async()  # plain stores, read by wgmma
+        T.sync_threads(OVERLAP_BARRIER, consumers)
+
+    @T.prim_func
+    def kernel(Q: T.Tensor((batch, tokens, heads, D_QK), bf16), KV: T.Tensor((pages, PAGE, D_QK), bf16),
+               BT: T.Tensor((batch, max_pages), "int32"), SL: T.Tensor((batch,), "int32"),
+               OP: T.Tensor((batch, splits_of(max_pages, split), rows, D_V), f32),
+               LP: T.Tensor((batch, splits_of(max_pages, split), rows), f32)):
+        with T.Kernel(rows // ROWS, splits_of(max_pages, split), batch, threads=consumers + C.WARPGROUP) as (rb, sp, b):
+            Q_s = T.alloc_shared((ROWS, D_V), bf16)
+            QP_s = T.alloc_shared((ROWS, D_PE), bf16)
+            KV_s = T.alloc_shared((2, PAGE, D_V), bf16)
+            KP_s = T.alloc_shared((2, PAGE, D_PE), bf16)
+            acc_s = T.alloc_fragment((ROWS, PAGE), f32)
+            acc_o = T.alloc_fragment((ROWS, D_V), f32)
+            m, m_prev, m_scaled, alpha, l, row_sum, lse_rows = C.row_state(ROWS)
+            q_full = T.alloc_barrier(C.WARPGROUP)
+            nope_full = T.alloc_barrier([C.WARPGROUP] * (2 * PANELS))  # slot s, panel c: s * PANELS + c
+            rope_full = T.alloc_barrier([C.WARPGROUP] * 2)
+            empty = T.alloc_barrier([consumers] * 2)
+            bad = T.alloc_var("int32")  # a table entry of this split lies outside [0, P)
+            tx = T.get_thread_binding()
+            seq = sequence_keys(SL, b, max_pages)
+            count = pages_in_split(SL, b, sp, max_pages, split)
+            first = sp * split
+            r0 = rb * ROWS
+            if count > 0:
+                if tx >= consumers:
+                    T.set_max_nreg(24, 0)
+                    T.tma_copy(Q[b, r0 // heads, r0 % heads:r0 % heads + ROWS, 0:D_V], Q_s, barrier=q_full)
+                    T.tma_copy(Q[b, r0 // heads, r0 % heads:r0 % heads + ROWS, D_V:D_QK], QP_s, barrier=q_full)
+                    T.mbarrier_arrive(q_full)
+                    for t in T.serial(count):
+                        T.mbarrier_wait_parity(empty[t % 2], ((t // 2) & 1) ^ 1)
+                        for c in T.unroll(PANELS):
+                            T.tma_copy(KV[clamped_page(BT, b, first + t, pages), :, c * 64:(c + 1) * 64],
+                                       KV_s[t % 2, :, c * 64:(c + 1) * 64], barrier=nope_full[t % 2 * PANELS + c])
+                            T.mbarrier_arrive(nope_full[t % 2 * PANELS + c])
+                        T.tma_copy(KV[clamped_page(BT, b, first + t, pages), :, D_V:D_QK], KP_s[t % 2, :, :],
+                                   barrier=rope_full[t % 2])
+                        T.mbarrier_arrive(rope_full[t % 2])
+                else:
+                    T.set_max_nreg(240, 1)
+                    C.init_softmax(m, m_scaled, l, acc_o)
+                    bad = 0
+                    T.mbarrier_wait_parity(q_full, 0)
+                    issue_scores(Q_s, QP_s, KV_s, KP_s, acc_s, nope_full, rope_full, 0)
+                    T.wait_wgmma(0)
+                    if table_entry(BT, b, first + 0) < 0 or table_entry(BT, b, first + 0) >= pages:
+                        bad = 1
+                    page_softmax(acc_s, m, m_prev, m_scaled, alpha, l, row_sum, seq, first, r0, 0)
+                    publish(acc_s, KV_s, KP_s, seq, first, 0)
+                    # S_t, then P_(t-1) V_(t-1) on the tensor cores; page t's softmax overlaps the
+                    # latter (every wgmma issued outside a branch: ptxas serializes them otherwise)
+                    for t in T.serial(1, T.max(count, 1)):
+                        issue_scores(Q_s, QP_s, KV_s, KP_s, acc_s, nope_full, rope_full, t)
+                        C.rescale_rows(acc_o, alpha, ROWS, D_V)
+                        T.wgmma_gemm(KP_s[(t - 1) % 2, :, :], KV_s[(t - 1) % 2, :, :], acc_o, policy=T.GemmWarpPolicy.FullCol)
+                        T.wait_wgmma(1)
+                        if table_entry(BT, b, first + t) < 0 or table_entry(BT, b, first + t) >= pages:
+                            bad = 1
+                        page_softmax(acc_s, m, m_prev, m_scaled, alpha, l, row_sum, seq, first, r0, t)
+                        T.wait_wgmma(0)
+                        # both warpgroups' P_(t-1) V_(t-1) are done: page t-1's slot is free
+                        T.sync_threads(OVERLAP_BARRIER, consumers)
+                        T.mbarrier_arrive(empty[(t - 1) % 2])
+                        publish(acc_s, KV_s, KP_s, seq, first, t)
+                    C.rescale_rows(acc_o, alpha, ROWS, D_V)
+                    T.gemm(KP_s[(count - 1) % 2, :, :], KV_s[(count - 1) % 2, :, :], acc_o, policy=T.GemmWarpPolicy.FullCol)
+                    C.finish_rows(acc_o, l, m_scaled, lse_rows, ROWS, D_V)
+                    for i, d in T.Parallel(ROWS, D_V):
+                        OP[b, sp, r0 + i, d] = T.if_then_else(bad == 0, acc_o[i, d], nan())
+                    for i in T.Parallel(ROWS):
+                        LP[b, sp, r0 + i] = T.if_then_else(bad == 0, lse_rows[i], nan())
+
+    return kernel
+
+
 KEY_MAJOR_ROWS = (16, 32)  # query rows (tokens x heads) the key-major split kernel takes
 
 
@@ -743,11 +874,17 @@ def key_major_default(rows: int) -> int:
 
 
 def split_kernel(tokens: int, heads: int, kv_dtype: str, softmax_scale: float, num_stages: int | None,
-                 split_pages: int = SPLIT_PAGES, key_major: int | None = None):
+                 split_pages: int = SPLIT_PAGES, key_major: int | None = None, overlap: bool = False):
     """The split kernel ``mla_decode`` launches: key-major with ``key_major`` consumer warpgroups
     (one over an e4m3 cache: ``mla_split_key_major_fp8_kernel``, with ``num_stages`` producers,
     one page in flight each), row-major for 0, ``key_major_default`` for None. ``num_stages``
-    None: 2 pages in flight, 1 for the e4m3 kernels whose consumers dequantize (``mla_decode``)."""
+    None: 2 pages in flight, 1 for the e4m3 kernels whose consumers dequantize (``mla_decode``).
+    ``overlap``: ``mla_split_overlap_kernel`` (row-major, bf16, two pages in flight)."""
+    if overlap:
+        if kv_dtype != "bfloat16" or key_major or num_stages not in (None, 2):
+            raise ValueError(f"overlap: takes a bf16 cache, the row-major kernel and 2 pages in flight, got {kv_dtype}, "
+                             f"key_major={key_major!r}, num_stages={num_stages!r}")
+        return mla_split_overlap_kernel(tokens, heads, softmax_scale, split_pages)
     if key_major is None:
         key_major = key_major_default(tokens * heads)
     fp8 = kv_dtype == "float8_e4m3"
@@ -765,7 +902,8 @@ def split_kernel(tokens: int, heads: int, kv_dtype: str, softmax_scale: float, n
 
 def mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
                softmax_scale: float | None = None, kv_scales: torch.Tensor | None = None, out=None,
-               num_stages: int | None = None, split_pages: int = SPLIT_PAGES, key_major: int | None = None):
+               num_stages: int | None = None, split_pages: int = SPLIT_PAGES, key_major: int | None = None,
+               overlap: bool = False):
     """(o ``[B, T, H, 512]`` bf16, lse ``[B, T, H]`` fp32) of MLA decode over the paged cache
     (module docstring); ``softmax_scale`` defaults to ``576 ** -0.5``; ``out``: an (o, lse)
     pair to write (e.g. poisoned by a test), else new tensors. ``num_stages``: pages in flight
@@ -779,8 +917,15 @@ def mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tenso
     (``mla_split_key_major_kernel``, T x H in ``KEY_MAJOR_ROWS``) with that many consumer
     warpgroups (1 over an e4m3 cache: ``mla_split_key_major_fp8_kernel``), 0: the row-major
     kernel; the same bits either way. None:
-    ``key_major_default`` (1 for 16 rows, else 0)."""
+    ``key_major_default`` (1 for 16 rows, else 0). ``overlap``: the row-major kernel scheduled so
+    that each page's softmax overlaps the tensor cores (``mla_split_overlap_kernel``: bf16, H a
+    multiple of 64; the same bits)."""
     check_split(split_pages)
+    if not isinstance(overlap, bool):
+        raise TypeError(f"overlap: expected a bool, got {type(overlap).__name__}")
+    if overlap and (not isinstance(q, torch.Tensor) or q.dim() != 4 or q.shape[2] % ROWS):
+        shape = tuple(q.shape) if isinstance(q, torch.Tensor) else type(q).__name__
+        raise ValueError(f"overlap: needs heads a multiple of {ROWS}, got q of shape {shape}")
     if key_major is not None and (key_major not in (0, 1, 2) or isinstance(key_major, bool)):
         raise ValueError(f"key_major: expected 0, 1 or 2 (consumer warpgroups of the key-major kernel), got {key_major!r}")
     if key_major and (not isinstance(q, torch.Tensor) or q.dim() != 4 or q.shape[1] * q.shape[2] not in KEY_MAJOR_ROWS):
@@ -802,8 +947,11 @@ def mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tenso
     kv_scales = kv_scales.view(-1, *SCALE_TILE) if fp8 else _zeros(dev, (1, *SCALE_TILE))
     part_o = torch.empty((b, splits, rows, D_V), dtype=torch.float32, device=dev)
     part_lse = torch.empty((b, splits, rows), dtype=torch.float32, device=dev)
-    split_kernel(t, h, KV_DTYPES[kv_cache.dtype], scale, num_stages, split_pages, key_major)(
-        q, kv_cache, kv_scales, block_table, seq_lens, part_o, part_lse)
+    kernel = split_kernel(t, h, KV_DTYPES[kv_cache.dtype], scale, num_stages, split_pages, key_major, overlap)
+    if overlap:  # no scales: bf16 only
+        kernel(q, kv_cache, block_table, seq_lens, part_o, part_lse)
+    else:
+        kernel(q, kv_cache, kv_scales, block_table, seq_lens, part_o, part_lse)
     mla_combine_kernel(t, h, split_pages=split_pages)(block_table, seq_lens, part_o, part_lse, _zeros(dev, (h,)), o, lse)
     return o, lse
 

@@ -17,7 +17,8 @@ import torch
 
 from kernels.attention.decode_mla import (D_QK, D_V, GROUP, PAGE, SPLIT_PAGES, dequant_cache, key_major_default,
                                           mla_combine_kernel, mla_decode, mla_split_key_major_fp8_kernel,
-                                          mla_split_key_major_kernel, mla_split_kernel, reference_mla_decode, split_kernel)
+                                          mla_split_key_major_kernel, mla_split_kernel, mla_split_overlap_kernel,
+                                          reference_mla_decode, split_kernel)
 from tests.kernels.staged_release import assert_stages_released_after_last_read
 
 E4M3 = torch.float8_e4m3fn
@@ -93,12 +94,53 @@ def test_key_major_fp8_kernel_compiles(tokens, heads):
 
 def fp8_split_device_function(*args):
     """The lowered device function of ``mla_split_key_major_fp8_kernel(*args)`` (for the progress check)."""
+    return device_function(mla_split_key_major_fp8_kernel, *args)
+
+
+def device_function(factory, *args):
+    """The lowered device function of ``factory(*args)`` (for the progress check)."""
     from tlx.ir.tir import device_functions
     from tlx.lowering import lower
 
-    [(_, func)] = list(device_functions(lower(mla_split_key_major_fp8_kernel.get_tir(*args),
-                                              {"kind": "cuda", "arch": "sm_90a"}, {}).device_mod))
+    [(_, func)] = list(device_functions(lower(factory.get_tir(*args), {"kind": "cuda", "arch": "sm_90a"}, {}).device_mod))
     return func
+
+
+@pytest.mark.parametrize("tokens", [1, 2])
+def test_overlap_kernel_proven_overlapped_and_never_hangs(tokens):
+    """The hand-scheduled row-major kernel: every access proven in bounds, each page's nope keys
+    as eight TMA panels on their own barriers, no wgmma serialized (a wait right after each would
+    show as ``wgmma_wait<0>`` inside the page loop: the loop's only waits keep one product in
+    flight or come before the slot is released), within the opt-in shared-memory limit; its
+    producer / consumer hand-off simulated at every page count 0..9: no thread waits forever."""
+    from tlx.passes.progress import check_progress
+
+    kernel = mla_split_overlap_kernel(tokens, 128, D_QK ** -0.5)
+    bounds = kernel.metadata["reports"]["bounds"]
+    assert (bounds["unknown"], bounds["violations"], bounds["preconditions"]) == ([], [], [])
+    assert bounds["proven"] == bounds["accesses"] > 0
+    src = kernel.device_source
+    assert "nope_full[(((t & 1) * 8) + c)].expect_transaction(8192);" in src  # a 64 x 64 bf16 panel each
+    assert "tl::tma_load(KV_desc, nope_full[(((t & 1) * 8) + c)]" in src
+    loop = src[src.index("for (int t_1 = 1; t_1 < count; ++t_1)"):]
+    assert "tl::wait_wgmma<1>();" in loop and loop.index("tl::wait_wgmma<1>();") < loop.index("tl::wait_wgmma<0>();")
+    assert int(kernel.metadata["launches"][0]["dynamic_shared_memory"]) <= 231424
+    report = check_progress(device_function(mla_split_overlap_kernel, tokens, 128, D_QK ** -0.5))
+    assert report.verdict == "unknown" and "no hang at count = 0..9 (8 schedules each)" in report.detail, report.detail
+
+
+def test_overlap_kernel_checks_its_arguments():
+    q = torch.zeros(1, 1, 16, D_QK, dtype=torch.bfloat16)
+    kv = torch.zeros(4, PAGE, D_QK, dtype=torch.bfloat16)
+    table, sl = torch.zeros(1, 4, dtype=torch.int32), torch.ones(1, dtype=torch.int32)
+    with pytest.raises(ValueError, match="overlap: needs heads a multiple of 64"):
+        mla_decode(q, kv, table, sl, overlap=True)
+    with pytest.raises(TypeError, match="overlap: expected a bool"):
+        mla_decode(q, kv, table, sl, overlap=1)
+    with pytest.raises(ValueError, match="overlap: takes a bf16 cache"):
+        split_kernel(1, 128, "float8_e4m3", D_QK ** -0.5, None, overlap=True)
+    with pytest.raises(ValueError, match="heads: the overlap split kernel takes a multiple of 64"):
+        mla_split_overlap_kernel(1, 96, D_QK ** -0.5)
 
 
 def test_key_major_fp8_one_producer_kernel():
@@ -426,6 +468,23 @@ def test_key_major_same_bits_as_row_major(tokens, heads, fp8, consumers):
     kv[table[3, 1].long(), 1:] = torch.tensor(float("nan"), device="cuda").to(kv.dtype)
     o1, lse1 = mla_decode(q, kv, table, sl, kv_scales=scales, key_major=0)
     o2, lse2 = mla_decode(q, kv, table, sl, kv_scales=scales, out=poisoned_outputs(q), key_major=consumers)
+    assert torch.equal(o2.view(torch.int16), o1.view(torch.int16))
+    assert torch.equal(lse2.view(torch.int32), lse1.view(torch.int32))
+    assert not torch.isnan(o2[0]).any() and torch.isnan(o2[1]).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tokens, heads, split", [(1, 128, SPLIT_PAGES), (2, 128, SPLIT_PAGES), (1, 64, 16)])
+def test_overlap_same_bits_as_row_major(tokens, heads, split):
+    """The hand-scheduled kernel gives the row-major kernel's bits (and so the baseline's): short,
+    page-edge and long sequences (one page, a partial last page, several splits), an empty one, a
+    bad table entry (NaN rows in both), NaN slots past a sequence; every element written."""
+    q, kv, table, sl, scales = make_case([1, 63, 64, 65, 4001, 0, 1500, 9000], tokens=tokens, heads=heads, fp8=False,
+                                         seed=50 + tokens + heads)
+    table[1, 0] = kv.shape[0] + 3
+    kv[table[3, 1].long(), 1:] = torch.tensor(float("nan"), device="cuda").to(kv.dtype)
+    o1, lse1 = mla_decode(q, kv, table, sl, split_pages=split)
+    o2, lse2 = mla_decode(q, kv, table, sl, out=poisoned_outputs(q), split_pages=split, overlap=True)
     assert torch.equal(o2.view(torch.int16), o1.view(torch.int16))
     assert torch.equal(lse2.view(torch.int32), lse1.view(torch.int32))
     assert not torch.isnan(o2[0]).any() and torch.isnan(o2[1]).all()
