@@ -6,7 +6,7 @@ time goes). Profiling is on only around that call (``cudaProfilerStart`` / ``Sto
 
 TARGET: ``dense_fwd`` (the default forward, b 8 h 32 s 4096 d 128), ``dense_bwd`` (the
 deterministic backward at that shape: delta, dK/dV, dQ), ``mla_h128`` / ``mla_h16`` (MLA decode,
-B 128, ctx 8192, T 1, bf16 cache: split, combine), ``mla_h16_e4m3`` (the same with an e4m3 cache), ``mla_h16_e4m3_one_producer`` (its
+B 128, ctx 8192, T 1, bf16 cache: split, combine), ``mla_h128_overlap`` (its hand-scheduled split), ``mla_h16_e4m3`` (the same with an e4m3 cache), ``mla_h16_e4m3_one_producer`` (its
 one-producer split, two CTAs a SM), ``sparse`` / ``sparse_e4m3`` (sparse MLA
 decode at the benchmark's shape: B 128, H 128, k 2048, bf16 / e4m3 cache), ``sparse_fwd`` /
 ``sparse_fwd_producer`` / ``sparse_fwd_independent`` / ``sparse_fwd_alternate`` (the sparse prefill forward at its
@@ -38,7 +38,7 @@ def _dense(backward: bool):
     return lambda: dense_attention_backward(do, q, k, v, o, lse), dense_attention_backward(do, q, k, v, o, lse)[0]
 
 
-def _mla(heads: int, fp8: bool = False, num_stages: int | None = None):
+def _mla(heads: int, fp8: bool = False, num_stages: int | None = None, overlap: bool = False):
     import torch
 
     from bench.attention_decode import BATCH, CTX, mla_case
@@ -46,7 +46,7 @@ def _mla(heads: int, fp8: bool = False, num_stages: int | None = None):
 
     g = torch.Generator(device="cuda").manual_seed(heads)
     q, kv, table, sl, scales = mla_case(BATCH, CTX, heads, 1, fp8, g)
-    call = lambda: mla_decode(q, kv, table, sl, kv_scales=scales, num_stages=num_stages)  # noqa: E731
+    call = lambda: mla_decode(q, kv, table, sl, kv_scales=scales, num_stages=num_stages, overlap=overlap)  # noqa: E731
     return call, call()[0]
 
 
@@ -80,7 +80,7 @@ def _sparse_fwd(schedule: str):
 
 
 TARGETS = {"dense_fwd": lambda: _dense(False), "dense_bwd": lambda: _dense(True),
-           "mla_h128": lambda: _mla(128), "mla_h16": lambda: _mla(16),
+           "mla_h128": lambda: _mla(128), "mla_h128_overlap": lambda: _mla(128, overlap=True), "mla_h16": lambda: _mla(16),
            "mla_h16_e4m3": lambda: _mla(16, True), "mla_h16_e4m3_one_producer": lambda: _mla(16, True, 1),
            "indexer_h32_d64": lambda: _indexer(32, 64), "indexer_h64_d128": lambda: _indexer(64, 128),
            "sparse": lambda: _sparse(False), "sparse_e4m3": lambda: _sparse(True),
