@@ -1,10 +1,12 @@
 """scripts/device-cache without a GPU: the newest cache entries that fit the budget go out in
 parts (aliases left out), come back joined, and unpack into another cache byte for byte; `local`
-does both here; no carried archive is a no-op."""
+does both here, without the entries built before tlx's sources were last written; no carried
+archive is a no-op."""
 
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -49,8 +51,11 @@ def test_unpack_without_archive_is_a_no_op(tmp_path):
 
 
 def test_local_packs_this_machines_cache_for_the_device(tmp_path):
+    """``local`` leaves out entries built before tlx's sources here were last written: their keys
+    name other sources, so they cannot hit."""
     cache, archive = tmp_path / "cache", tmp_path / "carry" / "tlx-cache.tar.xz"
-    blob = _entry(cache, "k0", 1, 1_000_000)
+    _entry(cache, "stale", 1, 1_000_000)
+    blob = _entry(cache, "k0", 1, int(time.time()) + 60)
     os.symlink("k0", cache / "kernels" / "alias")
     assert "1 of 1 entries" in _run("local", "--archive", archive, cache=cache)
     other = tmp_path / "other"
