@@ -326,7 +326,7 @@ def indexer_rows(reps, upstream, fp8_tflops):
         unstaged(q, k, ks, w, pos, direct)
         same = torch.equal(direct.view(torch.int32), got.view(torch.int32))
         fns = {"tlx": lambda i=iter(range(1 << 30)): indexer_logits(*sets[next(i) % 2]),
-               "unstaged": lambda i=iter(range(1 << 30)): unstaged(*sets[next(i) % 2])}
+               "unstaged": lambda i=iter(range(1 << 30)): unstaged(*sets[next(i) % 2], direct)}
         note = "no upstream path given"
         if upstream is not None:
             zero = torch.zeros(s, dtype=torch.int32, device="cuda")
