@@ -94,7 +94,7 @@ OVERLAP_SHAPES = [(128, 1), (128, 2)]  # heads, tokens
 OVERLAP_CONFIGS = ([("mla_overlap", t, h) for h, t in OVERLAP_SHAPES] + [("mla", t, h, "bfloat16", 2, 64) for h, t in OVERLAP_SHAPES]
                    + [("combine", t, h, 0, False, 64) for h, t in OVERLAP_SHAPES])
 BENCH_CONFIGS = ([("topk", k, ctas) for k in sorted({k for _, k in TOPK_SHAPES}) for ctas in CTAS_PER_ROW]
-                 + [("indexer", h, d, staged) for h, d in INDEXER_SHAPES for staged in (True, False)]
+                 + [("indexer", h, d) for h, d in INDEXER_SHAPES]
                  + [("indexer_paged", t) for t in INDEXER_DECODE_TOKENS]
                  # each variant, and with two pages in flight its one-page twin (the rows compare their bits)
                  + sorted({("mla", t, h, KV_DTYPES[fp8], st, split) for h, t in MLA_SHAPES
@@ -145,8 +145,7 @@ def compile_config(cfg) -> str:
     elif kind == "indexer":
         from kernels.attention.indexer import PREFILL_OPTIONS, indexer_kernel
 
-        heads, dim, staged = args
-        indexer_kernel(heads, dim, **PREFILL_OPTIONS[dim], staged=staged)
+        indexer_kernel(*args, **PREFILL_OPTIONS[args[1]])
     elif kind == "indexer_paged":
         from kernels.attention.indexer import indexer_paged_kernel
 
@@ -320,13 +319,7 @@ def indexer_rows(reps, upstream, fp8_tflops):
             continue
         pairs = int((pos.long() + 1).clamp(0, n).sum())
         flops = 2 * h * d * pairs
-        # the candidate whose consumers store their own sums (no barrier a tile), its bits checked
-        unstaged = indexer_kernel(h, d, **PREFILL_OPTIONS[d], staged=False)
-        direct = torch.full((s, n), float("nan"), device="cuda")
-        unstaged(q, k, ks, w, pos, direct)
-        same = torch.equal(direct.view(torch.int32), got.view(torch.int32))
-        fns = {"tlx": lambda i=iter(range(1 << 30)): indexer_logits(*sets[next(i) % 2]),
-               "unstaged": lambda i=iter(range(1 << 30)): unstaged(*sets[next(i) % 2], direct)}
+        fns = {"tlx": lambda i=iter(range(1 << 30)): indexer_logits(*sets[next(i) % 2])}
         note = "no upstream path given"
         if upstream is not None:
             zero = torch.zeros(s, dtype=torch.int32, device="cuda")
@@ -348,9 +341,6 @@ def indexer_rows(reps, upstream, fp8_tflops):
             row.update(upstream_ms=round(ms["upstream"], 3), upstream_TFLOPs=round(flops / ms["upstream"] / 1e9),
                        speedup=round(ms["upstream"] / ms["tlx"], 2))
         emit(**row, check="ok", note=note)
-        emit(what="indexer prefill, each consumer stores its own sums (staged=False)", shape=shape,
-             tlx_ms=round(ms["unstaged"], 3), tlx_TFLOPs=round(flops / ms["unstaged"] / 1e9),
-             vs_default=round(ms["tlx"] / ms["unstaged"], 3), check="bits same" if same else "bits DIFFER")
 
 
 def indexer_decode_rows(reps, copy_gbps):

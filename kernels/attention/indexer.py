@@ -85,16 +85,12 @@ def head_sums(acc3, prods3, W_f, sums, keys: int, tokens: int, heads: int):
 
 
 @tlx.jit(target=TARGET, assume=["1 <= S", "1 <= N", f"N <= {MAX_KEYS}", "S * N <= 2147483647"])
-def indexer_kernel(heads: int, dim: int, num_stages: int = 4, consumers: int = CONSUMERS, overlap: bool = True,
-                   staged: bool = True):
+def indexer_kernel(heads: int, dim: int, num_stages: int = 4, consumers: int = CONSUMERS, overlap: bool = True):
     """Prefill form: ``Logits [S, N]`` from ``Q [S, heads, dim]``, ``K [N, dim]``, ``KS [N]``,
     ``W [S, heads]``, ``Pos [S]``. A CTA owns ``consumers * 128 / heads`` consecutive queries
     (the grid's first CTAs the last queries: in a causal prefill they see the most keys).
     ``overlap``: two accumulators per consumer, one tile's products beside the other's head
-    sums; else one, and the consumers' own interleaving hides the products (the same bits).
-    ``staged``: the logits leave through shared memory as whole 64-key rows, the CTA's consumers
-    meeting at a barrier each tile; else each thread quad stores its own sums (32-byte pieces),
-    and the consumers drift apart as far as the key stages let them (the same bits)."""
+    sums; else one, and the consumers' own interleaving hides the products (the same bits)."""
     if consumers not in REGISTERS:
         raise ValueError(f"consumers: expected one of {tuple(REGISTERS)}, got {consumers}")
     bq = COLS // heads * consumers
@@ -106,25 +102,18 @@ def indexer_kernel(heads: int, dim: int, num_stages: int = 4, consumers: int = C
 
     @T.macro
     def score_tile(acc3, prods3, sums, W_f, S_s, Pos_s, t, tiles, s0, KS, Logits):
-        """Logits of key tile ``t`` (nothing for a tile past the last one) from its dots; with
-        ``staged`` the head sums go through shared memory ``S_s [bq, 64]`` (one buffer per
-        accumulator: the barrier of the next tile orders this tile's reads before the buffer's
-        next writes), so that the logits leave as whole rows of 64 keys instead of one float
-        per thread quad."""
+        """Logits of key tile ``t`` (nothing for a tile past the last one) from its dots: the
+        head sums go through shared memory ``S_s [bq, 64]`` (one buffer per accumulator: the
+        barrier of the next tile orders this tile's reads before the buffer's next writes), so
+        that the logits leave as whole rows of 64 keys instead of one float per thread quad."""
         head_sums(acc3, prods3, W_f, sums, BLOCK_N, bq, heads)
-        if staged:
-            for i, q in T.Parallel(BLOCK_N, bq):
-                S_s[q, i] = sums[i, q]
-            T.sync_threads(1, WARPGROUP * consumers)
-            for q, i in T.Parallel(bq, BLOCK_N):
-                n = t * BLOCK_N + i
-                if t < tiles and s0 + q < seqs and n < keys:
-                    Logits[s0 + q, n] = T.if_then_else(n <= Pos_s[q], T.ieee_mul(S_s[q, i], KS[n]), neg_inf())
-        else:
-            for i, q in T.Parallel(BLOCK_N, bq):
-                n = t * BLOCK_N + i
-                if t < tiles and s0 + q < seqs and n < keys:
-                    Logits[s0 + q, n] = T.if_then_else(n <= Pos_s[q], T.ieee_mul(sums[i, q], KS[n]), neg_inf())
+        for i, q in T.Parallel(BLOCK_N, bq):
+            S_s[q, i] = sums[i, q]
+        T.sync_threads(1, WARPGROUP * consumers)
+        for q, i in T.Parallel(bq, BLOCK_N):
+            n = t * BLOCK_N + i
+            if t < tiles and s0 + q < seqs and n < keys:
+                Logits[s0 + q, n] = T.if_then_else(n <= Pos_s[q], T.ieee_mul(S_s[q, i], KS[n]), neg_inf())
 
     @T.macro
     def issue(K_s, Q_s, acc, k_full, t, tiles):
@@ -150,10 +139,10 @@ def indexer_kernel(heads: int, dim: int, num_stages: int = 4, consumers: int = C
                 acc3_b = T.reshape(acc_b, (BLOCK_N, bq, heads))
                 prods = T.alloc_fragment((BLOCK_N, rows), f32)
                 prods3 = T.reshape(prods, (BLOCK_N, bq, heads))
-                S_b = T.alloc_shared((bq, BLOCK_N), f32) if staged else None
+                S_b = T.alloc_shared((bq, BLOCK_N), f32)
             W_f = T.alloc_fragment((bq, heads), f32)
             sums = T.alloc_fragment((BLOCK_N, bq), f32)
-            S_a = T.alloc_shared((bq, BLOCK_N), f32) if staged else None
+            S_a = T.alloc_shared((bq, BLOCK_N), f32)
             Pos_s = T.alloc_shared((bq,), "int32")
             k_full = T.alloc_barrier([WARPGROUP] * stages)
             k_empty = T.alloc_barrier([WARPGROUP * consumers] * stages)

@@ -23,8 +23,6 @@ TOL = 2.0**-9
 def test_kernels_compile_with_wgmma_and_tma():
     for src in (indexer_kernel(64, 128).device_source, indexer_kernel(32, 64).device_source,
                 indexer_kernel(32, 64, consumers=3, overlap=False).device_source,
-                indexer_kernel(64, 128, staged=False).device_source,
-                indexer_kernel(32, 64, consumers=3, overlap=False, staged=False).device_source,
                 indexer_paged_kernel(1, 128).device_source, indexer_paged_kernel(4, 128).device_source):
         assert "wgmma" in src and "tma_load" in src
         assert "__fmul_rn" in src  # the weights' and the key scale's rounded multiplies
@@ -33,8 +31,7 @@ def test_kernels_compile_with_wgmma_and_tma():
         assert_stages_released_after_last_read(src, {"K_s"})
 
 
-@pytest.mark.parametrize("heads, dim, options", [(64, 128, {}), (32, 64, {}), (32, 64, {"consumers": 3, "overlap": False}),
-                                                 (64, 128, {"staged": False}), (32, 64, {"consumers": 3, "overlap": False, "staged": False})])
+@pytest.mark.parametrize("heads, dim, options", [(64, 128, {}), (32, 64, {}), (32, 64, {"consumers": 3, "overlap": False})])
 def test_every_access_proven_under_the_launch_conditions(heads, dim, options):
     """The tiles count once depended on a variable the verifier does not follow (unknown until
     the kernel clamped it where it is computed); what remains is the grid's own 'S <= ...'."""
@@ -111,9 +108,7 @@ def poisoned_twice(run, shape):
 @pytest.mark.parametrize("s, n, pos_kind, heads", [(1, 1, "causal", 64), (63, 65, "causal", 64), (130, 4001, "causal", 64),
                                                    (64, 1000, "random", 64), (256, 8192, "causal", 64),
                                                    (130, 4001, "causal", 32), (62, 700, "random", 32)])
-@pytest.mark.parametrize("options", [{}, {"consumers": 3, "overlap": False}, {"staged": False},
-                                     {"consumers": 3, "overlap": False, "staged": False}],
-                         ids=["overlap", "three_consumers", "overlap_unstaged", "three_consumers_unstaged"])
+@pytest.mark.parametrize("options", [{}, {"consumers": 3, "overlap": False}], ids=["overlap", "three_consumers"])
 def test_prefill_bitwise_and_reference(attention_baseline, s, n, pos_kind, heads, options):
     from tlx.numerics.parity import assert_bitwise
 
@@ -213,9 +208,7 @@ def test_paged_entry_past_cache_is_nan_not_read(attention_baseline):
     assert_bitwise(got, base, name="indexer paged logits with bad pages")
 
 
-@pytest.mark.parametrize("options", [{}, {"consumers": 3, "overlap": False}, {"staged": False},
-                                     {"consumers": 3, "overlap": False, "staged": False}],
-                         ids=["overlap", "three_consumers", "overlap_unstaged", "three_consumers_unstaged"])
+@pytest.mark.parametrize("options", [{}, {"consumers": 3, "overlap": False}], ids=["overlap", "three_consumers"])
 def test_prefill_pipeline_never_hangs_at_small_tile_counts(options):
     """The prefill's hand-written producer / consumer protocol simulated (tlx/passes/progress.py):
     its tile count reads memory, so the verdict stays unknown, but no tile count from 0 to 9
