@@ -287,7 +287,9 @@ def mla_split_overlap_kernel(tokens: int, heads: int, softmax_scale: float, spli
     on its own barrier, so that the score product's first steps start when the first panel
     lands (two page slots: the next page's panels arrive during this page's products). The
     same instructions per page as ``mla_split_kernel`` in the same order per value (the score
-    chain is split at panel boundaries, not reordered): the same bits."""
+    chain is split at panel boundaries, not reordered): the same bits. Measured slower than the
+    default (H100, 2026-12-05, B128 ctx 8192 H128: 0.90x at T1, 0.935x at T2), so not the
+    default: each page now waits at nine barriers and two more consumer-wide syncs."""
     split = check_split(split_pages)
     if heads % ROWS:
         raise ValueError(f"heads: the overlap split kernel takes a multiple of {ROWS}, got {heads}")
@@ -919,7 +921,7 @@ def mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tenso
     kernel; the same bits either way. None:
     ``key_major_default`` (1 for 16 rows, else 0). ``overlap``: the row-major kernel scheduled so
     that each page's softmax overlaps the tensor cores (``mla_split_overlap_kernel``: bf16, H a
-    multiple of 64; the same bits)."""
+    multiple of 64; the same bits; 0.90-0.935x the default's speed at H128, H100 2026-12-05)."""
     check_split(split_pages)
     if not isinstance(overlap, bool):
         raise TypeError(f"overlap: expected a bool, got {type(overlap).__name__}")
