@@ -289,7 +289,7 @@ def mla_split_overlap_kernel(tokens: int, heads: int, softmax_scale: float, spli
     same instructions per page as ``mla_split_kernel`` in the same order per value (the score
     chain is split at panel boundaries, not reordered): the same bits. Measured slower than the
     default (H100, 2026-12-05, B128 ctx 8192 H128: 0.90x at T1, 0.935x at T2), so not the
-    default: each page now waits at nine barriers and two more consumer-wide syncs."""
+    default (ncu: SM 41%, memory 52% of peak; where its pages wait is not yet profiled)."""
     split = check_split(split_pages)
     if heads % ROWS:
         raise ValueError(f"heads: the overlap split kernel takes a multiple of {ROWS}, got {heads}")
