@@ -103,7 +103,7 @@ BENCH_CONFIGS = ([("topk", k, ctas) for k in sorted({k for _, k in TOPK_SHAPES})
                  + KEY_MAJOR_CONFIGS + OVERLAP_CONFIGS
                  + [("sparse", 1, SPARSE_HEADS, SPARSE_TOPK, kv) for kv in KV_DTYPES]
                  + [("combine", 1, SPARSE_HEADS, splits_of(SPARSE_TOPK), True)])
-MLA_KINDS = ("mla", "mla_keys", "combine", "sparse")  # the configurations of --only-mla
+MLA_KINDS = ("mla", "mla_keys", "mla_overlap", "combine", "sparse")  # the configurations of --only-mla
 INDEXER_KINDS = ("indexer", "indexer_paged")  # the configurations of --only-indexer
 TEST_CONFIGS = ([("topk", k, ctas) for k in (512, 1024, 2048) for ctas in CTAS_PER_ROW]
                 + [("indexer_paged", t) for t in (1, 2, 4)]
