@@ -66,6 +66,12 @@ MAX_PAGES = 1 << 16
 LOG2E = C.LOG2E
 
 
+def entry_outside(BT, b, slot, pages):
+    """Whether block-table entry ``BT[b, slot]`` lies outside ``[0, P)``: its sequence's rows
+    become NaN (the module docstring's guard)."""
+    return T.Or(table_entry(BT, b, slot) < 0, table_entry(BT, b, slot) >= pages)
+
+
 def nan():
     return T.reinterpret(T.uint32(0x7FC00000), T.float32)
 
@@ -233,7 +239,7 @@ def mla_split_kernel(tokens: int, heads: int, kv_dtype: str, softmax_scale: floa
                     # copies run in TileLang's producer warps, which do not see the consumers' variables
                     # (checked here, in the page loop: a check hoisted before it, under a branch on the
                     # split's page count, cost the analysis its batch-invariance verdict and no measurable time)
-                    if table_entry(BT, b, first + t) < 0 or table_entry(BT, b, first + t) >= pages:
+                    if entry_outside(BT, b, first + t, pages):
                         bad = 1
                     if fp8:
                         T.copy(KV[clamped_page(BT, b, first + t, pages), :, 0:D_V], KQ_s)
@@ -377,7 +383,7 @@ def mla_split_overlap_kernel(tokens: int, heads: int, softmax_scale: float, spli
                     T.mbarrier_wait_parity(q_full, 0)
                     issue_scores(Q_s, QP_s, KV_s, KP_s, acc_s, nope_full, rope_full, 0)
                     T.wait_wgmma(0)
-                    if table_entry(BT, b, first + 0) < 0 or table_entry(BT, b, first + 0) >= pages:
+                    if entry_outside(BT, b, first, pages):
                         bad = 1
                     page_softmax(acc_s, m, m_prev, m_scaled, alpha, l, row_sum, seq, first, r0, 0)
                     publish(acc_s, KV_s, KP_s, seq, first, 0)
@@ -388,7 +394,7 @@ def mla_split_overlap_kernel(tokens: int, heads: int, softmax_scale: float, spli
                         C.rescale_rows(acc_o, alpha, ROWS, D_V)
                         T.wgmma_gemm(KP_s[(t - 1) % 2, :, :], KV_s[(t - 1) % 2, :, :], acc_o, policy=T.GemmWarpPolicy.FullCol)
                         T.wait_wgmma(1)
-                        if table_entry(BT, b, first + t) < 0 or table_entry(BT, b, first + t) >= pages:
+                        if entry_outside(BT, b, first + t, pages):
                             bad = 1
                         page_softmax(acc_s, m, m_prev, m_scaled, alpha, l, row_sum, seq, first, r0, t)
                         T.wait_wgmma(0)
@@ -558,7 +564,7 @@ def mla_split_key_major_kernel(tokens: int, heads: int, kv_dtype: str, softmax_s
                 C.init_softmax(m, m_scaled, l, acc_o)
                 bad = 0
                 for t in T.Pipelined(count, num_stages=num_stages):
-                    if table_entry(BT, b, first + t) < 0 or table_entry(BT, b, first + t) >= pages:
+                    if entry_outside(BT, b, first + t, pages):
                         bad = 1
                     # the page as mla_split_kernel stages it
                     if fp8:
@@ -727,7 +733,7 @@ def mla_split_key_major_fp8_kernel(tokens: int, heads: int, softmax_scale: float
                     C.init_softmax(m, m_scaled, l, acc_o)
                     bad = 0
                     for t in T.serial(count):
-                        if table_entry(BT, b, first + t) < 0 or table_entry(BT, b, first + t) >= pages:
+                        if entry_outside(BT, b, first + t, pages):
                             bad = 1
                         T.mbarrier_wait_parity(full[t % producers], (t // producers) & 1)
                         key_major_scores(KV_s[t % producers, :, :], KP_s[t % producers, :, :], Q_s, QP_s, acc_t)
