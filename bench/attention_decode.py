@@ -30,8 +30,9 @@ Rows (printed as they are measured, so a timeout still leaves the earlier ones):
   warp-specialized form, from the carried examples copy) at the 128-head shape, interleaved with ``mla_decode`` on the same
   values: what the same two-warpgroup design reaches with TileLang's choices (an anchor);
 * sparse MLA decode (``kernels/attention/decode_sparse.py``), batch 128, context 8192, k 2048,
-  128 heads, T 1, bf16 / e4m3, with a sink: TFLOP/s per selected key (2 B T H k (576 + 512)),
-  and its ratio to the dense row's rate per key (target >= 80%).
+  128 heads, T 1, bf16 / e4m3, with a sink, each consumer schedule: TFLOP/s per selected key
+  (2 B T H k (576 + 512)), and its ratio to the rate per key of dense decode over the same cache,
+  timed interleaved with it (target >= 80%).
 
 Timing: ``bench.timing.interleaved_ms`` for candidates side by side, ``median_ms`` otherwise
 (CUDA events, warm-up, median); inputs random, fresh per row, rotated over 2 sets. Before timing,
@@ -44,7 +45,7 @@ reported in the row and the row is not timed.
 Every kernel configuration the run uses is compiled first, in parallel processes, so that the
 timed part never waits for a compile (about a minute per configuration on one core).
 
-Usage: python bench/attention_decode.py [--out FILE.json] [--reps N] [--upstream-indexer PATH] [--only-mla | --only-indexer | --only-key-major | --only-overlap]
+Usage: python bench/attention_decode.py [--out FILE.json] [--reps N] [--upstream-indexer PATH] [--only-mla | --only-indexer | --only-key-major | --only-overlap | --only-sparse]
        python bench/attention_decode.py --precompile [WORKERS]   (no GPU needed: compiles every
        kernel configuration of this benchmark and of the decode GPU tests, and the tests' CUDA
        baselines where the CUDA driver library is installed, WORKERS processes at once, into
@@ -62,7 +63,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kernels.attention.decode_sparse import splits_of  # noqa: E402  (no CUDA context: fork stays safe)
+from kernels.attention.decode_sparse import CONSUMERS as SPARSE_CONSUMERS, splits_of  # noqa: E402  (no CUDA context: fork stays safe)
 from kernels.attention.topk import CTAS_PER_ROW  # noqa: E402
 
 ROWS = []
@@ -75,6 +76,8 @@ MLA_VARIANTS = [(False, 1, 64), (False, 2, 64), (True, 1, 64), (True, 2, 64), (F
 KEY_MAJOR_CASES = [(16, 1, False), (16, 1, True), (16, 2, False), (16, 2, True)]
 KEY_MAJOR_STAGES = (1, 2)  # pages in flight of its e4m3 rows (bf16: 2, mla_decode's default)
 SPARSE_HEADS, SPARSE_TOPK = 128, 2048
+# (consumer schedule, slots per split) of the sparse rows, each timed beside dense decode
+SPARSE_VARIANTS = [(c, n) for n in (1024, 2048) for c in SPARSE_CONSUMERS]
 KV_DTYPES = ("bfloat16", "float8_e4m3")
 TOPK_SHAPES = [(32768, 2048), (65536, 2048), (131072, 2048), (65536, 512)]  # N, k (64 rows)
 INDEXER_SHAPES = [(64, 128), (32, 64)]  # heads, dim
@@ -93,6 +96,12 @@ KEY_MAJOR_CONFIGS = ([("mla_keys", t, h, KV_DTYPES[fp8], st, c) for h, t, fp8 in
 OVERLAP_SHAPES = [(128, 1), (128, 2)]  # heads, tokens
 OVERLAP_CONFIGS = ([("mla_overlap", t, h) for h, t in OVERLAP_SHAPES] + [("mla", t, h, "bfloat16", 2, 64) for h, t in OVERLAP_SHAPES]
                    + [("combine", t, h, 0, False, 64) for h, t in OVERLAP_SHAPES])
+# the sparse rows' kernels (--only-sparse compiles these alone): both consumer schedules, and the
+# dense split (either page count in flight) whose rate per key they are compared with
+SPARSE_CONFIGS = ([("sparse", 1, SPARSE_HEADS, SPARSE_TOPK, kv, c, n) for kv in KV_DTYPES for c, n in SPARSE_VARIANTS]
+                  + [("combine", 1, SPARSE_HEADS, splits_of(SPARSE_TOPK, n), True) for n in sorted({n for _, n in SPARSE_VARIANTS})]
+                  + [("mla", 1, SPARSE_HEADS, kv, st, 64) for kv in KV_DTYPES for st in (1, 2)]
+                  + [("combine", 1, SPARSE_HEADS, 0, False, 64)])
 BENCH_CONFIGS = ([("topk", k, ctas) for k in sorted({k for _, k in TOPK_SHAPES}) for ctas in CTAS_PER_ROW]
                  + [("indexer", h, d) for h, d in INDEXER_SHAPES]
                  + [("indexer_paged", t) for t in INDEXER_DECODE_TOKENS]
@@ -101,8 +110,7 @@ BENCH_CONFIGS = ([("topk", k, ctas) for k in sorted({k for _, k in TOPK_SHAPES})
                            for fp8, stages, split in MLA_VARIANTS for st in {1, stages}})
                  + [("combine", t, h, 0, False, split) for h, t in MLA_SHAPES for split in sorted({v[2] for v in MLA_VARIANTS})]
                  + KEY_MAJOR_CONFIGS + OVERLAP_CONFIGS
-                 + [("sparse", 1, SPARSE_HEADS, SPARSE_TOPK, kv) for kv in KV_DTYPES]
-                 + [("combine", 1, SPARSE_HEADS, splits_of(SPARSE_TOPK), True)])
+                 + SPARSE_CONFIGS)
 MLA_KINDS = ("mla", "mla_keys", "mla_overlap", "combine", "sparse")  # the configurations of --only-mla
 INDEXER_KINDS = ("indexer", "indexer_paged")  # the configurations of --only-indexer
 TEST_CONFIGS = ([("topk", k, ctas) for k in (512, 1024, 2048) for ctas in CTAS_PER_ROW]
@@ -116,7 +124,8 @@ TEST_CONFIGS = ([("topk", k, ctas) for k in (512, 1024, 2048) for ctas in CTAS_P
                    for c in (1, 2)]
                 + [("mla", 1, 32, "float8_e4m3", 1), ("combine", 1, 32, 0, False), ("mla_keys", 1, 16, "bfloat16", 2, 0)]
                 + [("combine", 1, h, 0, False, split) for h, split in ((128, 16), (16, 128))] + [("combine", 2, 16, 0, False, 32)]
-                + [("sparse", t, h, k, kv) for t, h, k in ((1, 128, 2048), (2, 16, 512)) for kv in KV_DTYPES]
+                + [("sparse", t, h, k, kv, c) for t, h, k in ((1, 128, 2048), (2, 16, 512)) for kv in KV_DTYPES
+                   for c in SPARSE_CONSUMERS]
                 + [("combine", t, h, splits_of(k), sink) for t, h, k in ((1, 128, 2048), (2, 16, 512))
                    for sink in (False, True)])
 
@@ -167,8 +176,7 @@ def compile_config(cfg) -> str:
     else:
         from kernels.attention.decode_sparse import sparse_split_kernel
 
-        tokens, heads, topk, kv = args
-        sparse_split_kernel(tokens, heads, topk, kv, scale)
+        sparse_split_kernel(*args[:4], scale, *args[4:])  # tokens, heads, topk, kv[, consumers[, split_slots]]
     return f"{cfg}: {time.time() - t0:.1f} s"
 
 
@@ -198,6 +206,8 @@ def args_parse():
                         help="only the copy and the key-major MLA rows (and only their kernels compiled)")
     parser.add_argument("--only-overlap", action="store_true",
                         help="only the copy and the hand-scheduled MLA split rows (and only their kernels compiled)")
+    parser.add_argument("--only-sparse", action="store_true",
+                        help="only the copy and the sparse decode rows (and only their kernels compiled)")
     parser.add_argument("--only-indexer", action="store_true",
                         help="only the copy, FP8 matmul and indexer rows (and only the indexer kernels compiled)")
     parser.add_argument("--upstream-indexer", default=os.environ.get("TLX_UPSTREAM_INDEXER", _carried_upstream_indexer()),
@@ -429,14 +439,13 @@ def checked(o, lse, ref_o, ref_lse) -> str:
 
 
 def mla_rows(reps, copy_gbps):
-    """MLA decode rows; returns {(heads, tokens, fp8): TFLOP/s} for the sparse rows' ratio."""
+    """MLA decode rows."""
     import torch
 
     from bench.timing import median_ms
     from kernels.attention.decode_mla import D_QK, D_V, GROUP, key_major_default, mla_decode, reference_mla_decode
     from tests.kernels.attention.test_decode_mla import poisoned_outputs
 
-    rates = {}
     for heads, tokens in MLA_SHAPES:
         for fp8, stages, split in MLA_VARIANTS:
             shape = f"B {BATCH} ctx {CTX} H {heads} T {tokens} {'e4m3' if fp8 else 'bf16'}"
@@ -463,11 +472,8 @@ def mla_rows(reps, copy_gbps):
             flops = 2 * BATCH * tokens * heads * CTX * (D_QK + D_V)
             emit(what=what, shape=shape, tlx_us=round(ms * 1e3, 1), GBps=round(moved / ms / 1e6),
                  pct_of_copy=round(100 * moved / ms / 1e6 / copy_gbps, 1), TFLOPs=round(flops / ms / 1e9), check="ok")
-            # the dense rate a sparse row is read against: the faster variant (mla_decode's default)
-            rates[heads, tokens, fp8] = max(rates.get((heads, tokens, fp8), 0.0), flops / ms / 1e9)
             del sets
             torch.cuda.empty_cache()
-    return rates
 
 
 def key_major_rows(reps, copy_gbps):
@@ -599,31 +605,42 @@ def upstream_mla_rows(reps):
              tlx_TFLOPs=round(flops / ms["tlx"] / 1e9), check="ok")
 
 
-def sparse_rows(reps, dense_rates):
+def sparse_rows(reps):
+    """Sparse decode with each consumer schedule and split length beside dense decode over the same cache (all
+    keys, the same dtype), interleaved, calls queued (the GPU's time); each sparse output checked
+    against the reference first. The rate per key is compared with the dense call's."""
     import torch
 
-    from bench.timing import median_ms
-    from kernels.attention.decode_mla import D_QK, D_V
+    from bench.timing import interleaved_ms
+    from kernels.attention.decode_mla import D_QK, D_V, mla_decode
     from kernels.attention.decode_sparse import reference_sparse_mla_decode, sparse_mla_decode
     from tests.kernels.attention.test_decode_mla import poisoned_outputs
 
     for fp8 in (False, True):
         shape = f"B {BATCH} ctx {CTX} H {SPARSE_HEADS} T 1 k {SPARSE_TOPK} {'e4m3' if fp8 else 'bf16'}"
         g = torch.Generator(device="cuda").manual_seed(SPARSE_TOPK)
-        sets = [sparse_case(fp8, g) for _ in range(2)]
-        q, kv, table, sl, idx, sink, scales = sets[0]
-        o, lse = sparse_mla_decode(q, kv, table, sl, idx, sink=sink, kv_scales=scales, out=poisoned_outputs(q))
-        check = checked(o, lse, *reference_sparse_mla_decode(q, kv, table, sl, idx, sink=sink, kv_scales=scales))
-        if check != "ok":
-            emit(what="sparse MLA decode", shape=shape, check=check)
-            continue
-        del o, lse
-        ms = median_ms([lambda s=st: sparse_mla_decode(*s[:5], sink=s[5], kv_scales=s[6]) for st in sets], reps)
-        tf = 2 * BATCH * SPARSE_HEADS * SPARSE_TOPK * (D_QK + D_V) / ms / 1e9
-        dense = dense_rates.get((SPARSE_HEADS, 1, fp8))
-        emit(what="sparse MLA decode", shape=shape, tlx_us=round(ms * 1e3, 1), TFLOPs=round(tf),
-             pct_of_dense_per_key=round(100 * tf / dense, 1) if dense else "-", check="ok")
-        del sets
+        q, kv, table, sl, idx, sink, scales = sparse_case(fp8, g)
+        ref = reference_sparse_mla_decode(q, kv, table, sl, idx, sink=sink, kv_scales=scales)
+        checks = {v: checked(*sparse_mla_decode(q, kv, table, sl, idx, sink=sink, kv_scales=scales, out=poisoned_outputs(q),
+                                                consumers=v[0], split_slots=v[1]), *ref) for v in SPARSE_VARIANTS}
+        del ref
+        calls = {v: (lambda v=v: sparse_mla_decode(q, kv, table, sl, idx, sink=sink, kv_scales=scales, consumers=v[0],
+                                                   split_slots=v[1]))
+                 for v in SPARSE_VARIANTS if checks[v] == "ok"}
+        calls["dense"] = lambda: mla_decode(q, kv, table, sl, kv_scales=scales)
+        ms = interleaved_ms(calls, reps, queued=True)
+        dense_tf = 2 * BATCH * SPARSE_HEADS * CTX * (D_QK + D_V) / ms["dense"] / 1e9
+        emit(what="MLA decode (dense anchor, every key)", shape=f"B {BATCH} ctx {CTX} H {SPARSE_HEADS} T 1",
+             tlx_us=round(ms["dense"] * 1e3, 1), TFLOPs=round(dense_tf), check="-")
+        for v in SPARSE_VARIANTS:
+            what = f"sparse MLA decode, {v[0]} consumers, {v[1]}-slot splits"
+            if v not in ms:
+                emit(what=what, shape=shape, check=checks[v])
+                continue
+            tf = 2 * BATCH * SPARSE_HEADS * SPARSE_TOPK * (D_QK + D_V) / ms[v] / 1e9
+            emit(what=what, shape=shape, tlx_us=round(ms[v] * 1e3, 1), TFLOPs=round(tf),
+                 pct_of_dense_per_key=round(100 * tf / dense_tf, 1), check=checks[v])
+        del q, kv, table, sl, idx, calls
         torch.cuda.empty_cache()
 
 
@@ -639,6 +656,8 @@ def main():
         configs = KEY_MAJOR_CONFIGS
     if args.only_overlap:
         configs = OVERLAP_CONFIGS
+    if args.only_sparse:
+        configs = SPARSE_CONFIGS
     precompile(configs, os.cpu_count() or 1)  # no CUDA context yet: the forked workers only compile
 
     import torch
@@ -654,6 +673,8 @@ def main():
         key_major_rows(reps, copy_gbps)
     elif args.only_overlap:
         overlap_rows(reps)
+    elif args.only_sparse:
+        sparse_rows(reps)
     elif not args.only_mla:
         if not args.only_indexer:
             topk_rows(reps)
@@ -665,10 +686,11 @@ def main():
             emit(what="upstream indexer", check=f"not loaded: {type(e).__name__}: {e}")
         indexer_rows(reps, upstream, fp8)
         indexer_decode_rows(reps, copy_gbps)
-    if not args.only_indexer and not args.only_key_major and not args.only_overlap:
+    if not (args.only_indexer or args.only_key_major or args.only_overlap or args.only_sparse):
         key_major_rows(reps, copy_gbps)
         overlap_rows(reps)
-        sparse_rows(reps, mla_rows(reps, copy_gbps))
+        mla_rows(reps, copy_gbps)
+        sparse_rows(reps)
         upstream_mla_rows(reps)
     if args.out:
         Path(args.out).write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "rows": ROWS}, indent=1))

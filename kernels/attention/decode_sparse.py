@@ -8,8 +8,8 @@ the token may see, ``0 <= index <= seq_lens[b] - T + t``; a masked slot's block-
 not used and its values enter the products as zeros. A visible index whose table entry lies outside ``[0, P)`` makes the
 token's rows NaN (documented guard; that page is not read).
 
-Batch invariance: the K slots are cut into splits of ``min(K, 1024)`` slots (a constant of the call, never
-the batch or the SM count); one CTA per (64 heads, split, token) runs the online softmax of
+Batch invariance: the K slots are cut into splits of ``min(K, split_slots)`` slots (2048 unless the
+call says: a constant of the call, never the batch or the SM count); one CTA per (64 heads, split, token) runs the online softmax of
 ``kernels/attention/common.py`` over its slots in order, 64 at a time, gathering each slot's
 key row through the block table (the rows found once per 64 slots, then 16-byte gathers; the
 e4m3 cache dequantized on the way as in dense decode) in a producer warpgroup, two chunks ahead
@@ -30,34 +30,54 @@ from kernels.attention.decode_mla import (D_PE, D_QK, D_V, GROUP, KV_DTYPES, MAX
 from kernels.attention.indexer import table_entry
 
 TOPKS = (512, 1024, 2048)
-SPLIT_SLOTS = 1024  # slots per split (fewer when K is smaller): each split CTA loads its queries and writes fp32 partials
+# slots per split (fewer when K is smaller): each split CTA loads its queries and writes fp32
+# partials, so longer splits cost less at a large batch (H100, B128 H128 k 2048: 224.2 us at 2048
+# slots against 270.9 at 1024) and fill fewer SMs at a small one
+SPLIT_SLOTS = 2048
+SPLIT_CHOICES = (512, 1024, 2048)  # slots per split a call may choose (a constant of the call: batch invariant)
 STAGES = 2  # chunks of 64 slots in flight
 REGISTERS = {False: (40, 232), True: (56, 224)}  # (producer, consumer) per thread, bf16 / e4m3 cache
+CONSUMERS = ("independent", "shared")  # sparse_split_kernel's consumer schedules
+SHARED_BARRIER = C.NAMED_BARRIER + 1  # the shared consumers' named barrier (the producer's is C.NAMED_BARRIER)
 MASKED_ROW = -1  # slot_row of a masked slot
 BAD_ROW = -2  # slot_row of a visible slot whose table entry lies outside [0, P)
 
 
-def splits_of(topk: int) -> int:
-    """The splits of a top-k of ``topk`` slots: ``SPLIT_SLOTS`` slots each, or one split of all."""
-    return max(topk // SPLIT_SLOTS, 1)
+def splits_of(topk: int, split_slots: int = SPLIT_SLOTS) -> int:
+    """The splits of a top-k of ``topk`` slots: ``split_slots`` slots each, or one split of all."""
+    return max(topk // split_slots, 1)
 
 
 # a cache row (page * 64 + slot) is an int32: at most 2^25 pages (2.5 TB of bf16 cache)
 @tlx.jit(target=C.TARGET, assume=["1 <= P", f"P <= {2 ** 31 // PAGE}", "1 <= MP", f"MP <= {MAX_PAGES}", "B <= 65535"])
-def sparse_split_kernel(tokens: int, heads: int, topk: int, kv_dtype: str, softmax_scale: float):
+def sparse_split_kernel(tokens: int, heads: int, topk: int, kv_dtype: str, softmax_scale: float,
+                        consumers: str = "shared", split_slots: int = SPLIT_SLOTS):
     """Partial attention of (64-row block of one token's heads, split, token): ``OP [B, NS,
     T*H, 512]`` normalised and ``LP [B, NS, T*H]`` log-sum-exp (-inf: every slot masked; NS =
-    ``splits_of(K)``).
+    ``splits_of(K, split_slots)``).
 
     Warp-specialized: a producer warpgroup gathers the next chunks' key rows into shared memory
     (``STAGES`` chunks in flight: a bf16 row by predicated 16-byte cp.async, zeros for a masked
     slot; an e4m3 row by 8-byte loads, dequantized on the way) while the two consumer
-    warpgroups compute on the current one. Each consumer computes the whole 64 x 64 score tile
-    and its softmax itself (the same instructions on the same data: the same values in both)
-    and owns 256 of the 512 output columns, so the consumers never wait for each other."""
+    warpgroups compute on the current one.
+
+    ``consumers="shared"`` (the default): the two consumers share each chunk as
+    ``mla_split_kernel`` does (the score tile 32 keys each, FullCol; the softmax's row
+    reductions across both; P through the chunk's rope-key slot, dead once both score products
+    are done) and own 256 of the 512 output columns each, so the scores are computed once.
+    ``consumers="independent"``: each consumer computes the whole 64 x 64 score tile and its
+    softmax itself (the same instructions on the same data: the same values in both), so the
+    consumers never wait for each other, at 1.5x the tensor work a chunk; its row sums are one
+    64-key chain, the shared schedule's two 32-key chains added: other bits, the same values
+    within rounding. On an H100 (2026-12-05, B128 H128 T1 k 2048 bf16, interleaved): shared
+    270.9 against independent 296.2 us at 1024-slot splits, 224.2 against 256.3 at 2048."""
+    if consumers not in CONSUMERS:
+        raise ValueError(f"consumers: expected one of {CONSUMERS}, got {consumers!r}")
+    if split_slots not in SPLIT_CHOICES:
+        raise ValueError(f"split_slots: expected one of {SPLIT_CHOICES}, got {split_slots!r}")
     fp8 = kv_dtype == "float8_e4m3"
     head_blocks = -(-heads // ROWS)
-    splits = splits_of(topk)
+    splits = splits_of(topk, split_slots)
     chunks = topk // splits // PAGE
     scale_log2 = softmax_scale * C.LOG2E
     batch, pages, max_pages = T.dynamic("B"), T.dynamic("P"), T.dynamic("MP")
@@ -143,6 +163,38 @@ def sparse_split_kernel(tokens: int, heads: int, topk: int, kv_dtype: str, softm
                 if h0 + i < heads:
                     LP[b, sp, t * heads + h0 + i] = T.if_then_else(BAD_s[0] == 0, lse_rows[i], nan())
 
+    @T.macro
+    def consume_shared(Q_s, QP_s, KV_s, KP_s, VIS_s, BAD_s, full, empty, acc_s, acc_o, m, m_prev, m_scaled, alpha, l,
+                       row_sum, lse_rows, OP, LP, b, sp, t, h0):
+        """Both consumer warpgroups on each chunk together (``consumers="shared"``): all 512
+        output columns, the scores split between them by key."""
+        C.init_softmax(m, m_scaled, l, acc_o)
+        for c in T.serial(chunks):
+            T.mbarrier_wait_parity(full[c % STAGES], (c // STAGES) & 1)
+            T.fence_proxy_async()  # the producer's rows (cp.async or stores) before the wgmma reads them
+            # the rope product is issued without waiting for it: the nope product's wait covers both
+            T.wgmma_gemm(QP_s, KP_s[c % STAGES, :, :], acc_s, transpose_B=True, clear_accum=True,
+                         policy=T.GemmWarpPolicy.FullCol)
+            T.gemm(Q_s, KV_s[c % STAGES, :, :], acc_s, transpose_B=True, policy=T.GemmWarpPolicy.FullCol)
+            for i, j in T.Parallel(ROWS, PAGE):
+                acc_s[i, j] = T.if_then_else(slot_visible(VIS_s, c % STAGES, j), acc_s[i, j], C.neg_inf())
+            C.softmax_step(acc_s, m, m_prev, m_scaled, alpha, l, row_sum, scale_log2, ROWS, PAGE)
+            # P into the rope slot: both warpgroups' score products are done (the row max's
+            # cross-warpgroup exchange came after each one's wait)
+            T.copy(acc_s, KP_s[c % STAGES, :, :])
+            T.fence_proxy_async()  # plain stores, read by wgmma
+            T.sync_threads(SHARED_BARRIER, 2 * C.WARPGROUP)
+            C.rescale_rows(acc_o, alpha, ROWS, D_V)
+            T.gemm(KP_s[c % STAGES, :, :], KV_s[c % STAGES, :, :], acc_o, policy=T.GemmWarpPolicy.FullCol)
+            T.mbarrier_arrive(empty[c % STAGES])
+        C.finish_rows(acc_o, l, m_scaled, lse_rows, ROWS, D_V)
+        for i, d in T.Parallel(ROWS, D_V):
+            if h0 + i < heads:
+                OP[b, sp, t * heads + h0 + i, d] = T.if_then_else(BAD_s[0] == 0, acc_o[i, d], nan())
+        for i in T.Parallel(ROWS):
+            if h0 + i < heads:
+                LP[b, sp, t * heads + h0 + i] = T.if_then_else(BAD_s[0] == 0, lse_rows[i], nan())
+
     @T.prim_func
     def kernel(Q: T.Tensor((batch, tokens, heads, D_QK), bf16), KV: T.Tensor((pages, PAGE, D_QK), kv_dtype),
                KVS: T.Tensor((pages if fp8 else 1, PAGE, D_QK // GROUP), f32), BT: T.Tensor((batch, max_pages), "int32"),
@@ -159,15 +211,19 @@ def sparse_split_kernel(tokens: int, heads: int, topk: int, kv_dtype: str, softm
             # full: the producer's 128 gathering threads and the 64 that wrote ROW_s; empty: both consumers
             full = T.alloc_barrier([C.WARPGROUP + PAGE] * STAGES)
             empty = T.alloc_barrier([2 * C.WARPGROUP] * STAGES)
-            # each consumer's own scores, probabilities, softmax state and half of the output
-            acc_s0 = T.alloc_fragment((ROWS, PAGE), f32)
-            p0 = T.alloc_fragment((ROWS, PAGE), bf16)
-            acc_o0 = T.alloc_fragment((ROWS, half), f32)
-            m0, m_prev0, m_scaled0, alpha0, l0, row_sum0, lse_rows0 = C.row_state(ROWS)
-            acc_s1 = T.alloc_fragment((ROWS, PAGE), f32)
-            p1 = T.alloc_fragment((ROWS, PAGE), bf16)
-            acc_o1 = T.alloc_fragment((ROWS, half), f32)
-            m1, m_prev1, m_scaled1, alpha1, l1, row_sum1, lse_rows1 = C.row_state(ROWS)
+            if consumers == "shared":  # the two consumers' shared scores, softmax state and output
+                acc_s = T.alloc_fragment((ROWS, PAGE), f32)
+                acc_o = T.alloc_fragment((ROWS, D_V), f32)
+                rows_state = C.row_state(ROWS)
+            else:  # each consumer's own scores, probabilities, softmax state and half of the output
+                acc_s0 = T.alloc_fragment((ROWS, PAGE), f32)
+                p0 = T.alloc_fragment((ROWS, PAGE), bf16)
+                acc_o0 = T.alloc_fragment((ROWS, half), f32)
+                m0, m_prev0, m_scaled0, alpha0, l0, row_sum0, lse_rows0 = C.row_state(ROWS)
+                acc_s1 = T.alloc_fragment((ROWS, PAGE), f32)
+                p1 = T.alloc_fragment((ROWS, PAGE), bf16)
+                acc_o1 = T.alloc_fragment((ROWS, half), f32)
+                m1, m_prev1, m_scaled1, alpha1, l1, row_sum1, lse_rows1 = C.row_state(ROWS)
             seq = T.alloc_var("int32")
             b = bt // tokens
             t = bt % tokens
@@ -189,11 +245,14 @@ def sparse_split_kernel(tokens: int, heads: int, topk: int, kv_dtype: str, softm
             if tx == 0:
                 BAD_s[0] = 0
             T.sync_threads()
-            if tx < C.WARPGROUP:
+            if consumers == "shared" and tx < 2 * C.WARPGROUP:
+                T.set_max_nreg(consumer_regs, 1)
+                consume_shared(Q_s, QP_s, KV_s, KP_s, VIS_s, BAD_s, full, empty, acc_s, acc_o, *rows_state, OP, LP, b, sp, t, h0)
+            elif consumers == "independent" and tx < C.WARPGROUP:
                 T.set_max_nreg(consumer_regs, 1)
                 consume(Q_s, QP_s, KV_s, KP_s, VIS_s, BAD_s, full, empty, acc_s0, p0, acc_o0, m0, m_prev0, m_scaled0, alpha0,
                         l0, row_sum0, lse_rows0, OP, LP, b, sp, t, h0, 0)
-            elif tx < 2 * C.WARPGROUP:
+            elif consumers == "independent" and tx < 2 * C.WARPGROUP:
                 T.set_max_nreg(consumer_regs, 1)
                 consume(Q_s, QP_s, KV_s, KP_s, VIS_s, BAD_s, full, empty, acc_s1, p1, acc_o1, m1, m_prev1, m_scaled1, alpha1,
                         l1, row_sum1, lse_rows1, OP, LP, b, sp, t, h0, 1)
@@ -265,10 +324,17 @@ def sparse_split_kernel(tokens: int, heads: int, topk: int, kv_dtype: str, softm
 
 def sparse_mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
                       indices: torch.Tensor, sink: torch.Tensor | None = None, softmax_scale: float | None = None,
-                      kv_scales: torch.Tensor | None = None, out=None):
+                      kv_scales: torch.Tensor | None = None, out=None, consumers: str = "shared",
+                      split_slots: int = SPLIT_SLOTS):
     """(o ``[B, T, H, 512]`` bf16, lse ``[B, T, H]`` fp32 including the sink) of sparse MLA
     decode (module docstring); ``sink`` None: no sink; ``softmax_scale`` defaults to 576^-0.5;
-    ``out``: an (o, lse) pair to write, else new tensors."""
+    ``out``: an (o, lse) pair to write, else new tensors; ``consumers``: the split kernel's
+    consumer schedule (``sparse_split_kernel``); ``split_slots``: slots per split CTA (fewer,
+    longer splits write fewer partials, more and shorter ones fill more SMs at a small batch)."""
+    if consumers not in CONSUMERS:
+        raise ValueError(f"consumers: expected one of {CONSUMERS}, got {consumers!r}")
+    if split_slots not in SPLIT_CHOICES:
+        raise ValueError(f"split_slots: expected one of {SPLIT_CHOICES}, got {split_slots!r}")
     C.check_tensor("q", q, (torch.bfloat16,), 4)
     b, t, h, _ = q.shape
     C.check_tensor("indices", indices, (torch.int32,), 3)
@@ -289,11 +355,11 @@ def sparse_mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torc
     o, lse = _outputs(q, out)
     if b == 0:
         return o, lse
-    splits = splits_of(k)
+    splits = splits_of(k, split_slots)
     part_o = torch.empty((b, splits, t * h, D_V), dtype=torch.float32, device=dev)
     part_lse = torch.empty((b, splits, t * h), dtype=torch.float32, device=dev)
     scales = kv_scales if fp8 else _zeros(dev, (1, PAGE, D_QK // GROUP))
-    sparse_split_kernel(t, h, k, KV_DTYPES[kv_cache.dtype], scale)(q, kv_cache, scales, block_table, seq_lens,
+    sparse_split_kernel(t, h, k, KV_DTYPES[kv_cache.dtype], scale, consumers, split_slots)(q, kv_cache, scales, block_table, seq_lens,
                                                                      indices, part_o, part_lse)
     mla_combine_kernel(t, h, splits, sink is not None)(block_table, seq_lens, part_o, part_lse,
                                                        sink if sink is not None else _zeros(dev, (h,)), o, lse)

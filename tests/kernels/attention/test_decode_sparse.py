@@ -5,22 +5,28 @@ a producer warpgroup and 8-value gathers (bf16: 16-byte cp.async); bad input rai
 reference with -1 slots, slots past the token's visible keys, repeated indices, an attention
 sink, every slot masked (o = 0, lse = the sink); with every visible key selected it equals dense
 decode's reference; e4m3 = bf16 of the dequantized cache bit for bit; batch invariant; a visible
-slot whose table entry lies past the cache makes that token NaN."""
+slot whose table entry lies past the cache makes that token NaN. Each for both consumer schedules
+(independent: each consumer its own score tile; shared: one tile split between them)."""
 
 import pytest
 import torch
 
 from kernels.attention.decode_mla import D_QK, PAGE, dequant_cache, mla_combine_kernel, reference_mla_decode
-from kernels.attention.decode_sparse import reference_sparse_mla_decode, sparse_mla_decode, sparse_split_kernel, splits_of
+from kernels.attention.decode_sparse import (CONSUMERS, reference_sparse_mla_decode, sparse_mla_decode, sparse_split_kernel,
+                                             splits_of)
 
 from tests.kernels.attention.test_decode_mla import check_close, make_case, poisoned_outputs
 
 
-@pytest.mark.parametrize("tokens, heads, topk, kv", [(1, 128, 2048, "bfloat16"), (2, 64, 512, "float8_e4m3"),
-                                                     (1, 16, 1024, "bfloat16")])
-def test_kernels_compile(tokens, heads, topk, kv):
-    src = sparse_split_kernel(tokens, heads, topk, kv, D_QK ** -0.5).device_source
+@pytest.mark.parametrize("tokens, heads, topk, kv, consumers", [
+    (1, 128, 2048, "bfloat16", "independent"), (2, 64, 512, "float8_e4m3", "independent"),
+    (1, 16, 1024, "bfloat16", "independent"), (1, 128, 2048, "bfloat16", "shared"), (2, 16, 512, "float8_e4m3", "shared")])
+def test_kernels_compile(tokens, heads, topk, kv, consumers):
+    src = sparse_split_kernel(tokens, heads, topk, kv, D_QK ** -0.5, consumers).device_source
     assert "wgmma" in src and "atomic" not in src.lower()
+    # shared: the score tile split between the consumers (m64n32), P V over all 512 columns
+    # (two m64n256 halves); independent: each consumer's whole tile (m64n64)
+    assert ("64, 32, 16" in src) == (consumers == "shared") and ("64, 64, 16" in src) == (consumers == "independent")
     # the producer's gathers move 8 values a thread: 16-byte predicated cp.async (bf16), 8-byte
     # loads (e4m3; per element, each waited for the slot's index and table entry: sparse e4m3
     # decode once ran 7x slower than bf16 on the H200)
@@ -29,13 +35,14 @@ def test_kernels_compile(tokens, heads, topk, kv):
     assert "atomic" not in mla_combine_kernel(tokens, heads, splits_of(topk), True).device_source.lower()
 
 
-@pytest.mark.parametrize("kv", ["float8_e4m3", "bfloat16"])
-def test_every_access_proven_in_bounds(kv):
+@pytest.mark.parametrize("kv, consumers", [("float8_e4m3", "independent"), ("bfloat16", "independent"),
+                                           ("bfloat16", "shared")])
+def test_every_access_proven_in_bounds(kv, consumers):
     """An index near 2^31 once wrapped in the visibility test (TileLang rewrote ``i <= seq - 2``
     into ``i + 2 <= seq``): the bounds pass left that int32 overflow unknown. bf16: the block
     table's load ran out of budget in the walk's shared solver after the new query loads' queries
     (proven alone; an unknown is now retried in a solver of its own)."""
-    report = sparse_split_kernel(2, 64, 512, kv, D_QK ** -0.5).metadata["reports"]["bounds"]
+    report = sparse_split_kernel(2, 64, 512, kv, D_QK ** -0.5, consumers).metadata["reports"]["bounds"]
     assert (report["unknown"], report["violations"], report["preconditions"]) == ([], [], [])
     assert report["proven"] == report["accesses"] > 0
 
@@ -49,6 +56,10 @@ def test_rejects_bad_input():
         sparse_mla_decode(q, kv, bt, sl, idx[:, :, :100].contiguous())
     with pytest.raises(TypeError, match="indices: expected dtype"):
         sparse_mla_decode(q, kv, bt, sl, idx.long())
+    with pytest.raises(ValueError, match="consumers: expected one of"):
+        sparse_mla_decode(q, kv, bt, sl, idx, consumers="both")
+    with pytest.raises(ValueError, match="split_slots: expected one of"):
+        sparse_mla_decode(q, kv, bt, sl, idx, split_slots=768)
     with pytest.raises(ValueError, match="sink: expected shape"):
         sparse_mla_decode(q, kv, bt, sl, idx, sink=torch.zeros(32))
     with pytest.raises(ValueError, match="expected a CUDA tensor"):
@@ -68,16 +79,18 @@ def random_indices(seq_lens, tokens, topk, seed):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("consumers", CONSUMERS)
 @pytest.mark.parametrize("fp8", [False, True])
-@pytest.mark.parametrize("tokens, heads, topk", [(1, 128, 2048), (2, 16, 512)])
-def test_reference(fp8, tokens, heads, topk):
+@pytest.mark.parametrize("tokens, heads, topk, split_slots", [(1, 128, 2048, 1024), (1, 128, 2048, 2048), (2, 16, 512, 1024)])
+def test_reference(fp8, tokens, heads, topk, split_slots, consumers):
     seq_lens = [1, 63, 65, 4001, 0, 3000]
     q, kv, table, sl, scales = make_case(seq_lens, tokens=tokens, heads=heads, fp8=fp8, seed=topk)
     idx = random_indices(seq_lens, tokens, topk, seed=1)
     idx[3, 0, :5] = idx[3, 0, 5]  # a repeated index counts once per slot
     idx[5, 0, 7] = 5000  # past the sequence: masked
     sink = torch.randn(heads, device="cuda")
-    o, lse = sparse_mla_decode(q, kv, table, sl, idx, sink=sink, kv_scales=scales, out=poisoned_outputs(q))
+    o, lse = sparse_mla_decode(q, kv, table, sl, idx, sink=sink, kv_scales=scales, out=poisoned_outputs(q),
+                               consumers=consumers, split_slots=split_slots)
     check_close(o, lse, *reference_sparse_mla_decode(q, kv, table, sl, idx, sink=sink, kv_scales=scales))
     assert torch.equal(lse[4], sink.expand_as(lse[4]))  # no keys: the sink alone
     assert bool((o[4] == 0).all())
@@ -95,30 +108,32 @@ def test_all_keys_selected_equals_dense_reference():
 
 
 @pytest.mark.gpu
-def test_fp8_equals_bf16_and_batch_invariance():
+@pytest.mark.parametrize("consumers", CONSUMERS)
+def test_fp8_equals_bf16_and_batch_invariance(consumers):
     g = torch.Generator().manual_seed(4)
     lens = [int(x) for x in torch.randint(1, 6000, (64,), generator=g)]
     q, kv, table, sl, scales = make_case(lens, tokens=2, heads=16, fp8=True, seed=6)
     idx = random_indices(lens, 2, 512, seed=3)
     sink = torch.randn(16, device="cuda")
-    o8, l8 = sparse_mla_decode(q, kv, table, sl, idx, sink=sink, kv_scales=scales)
-    o16, l16 = sparse_mla_decode(q, dequant_cache(kv, scales), table, sl, idx, sink=sink)
+    o8, l8 = sparse_mla_decode(q, kv, table, sl, idx, sink=sink, kv_scales=scales, consumers=consumers)
+    o16, l16 = sparse_mla_decode(q, dequant_cache(kv, scales), table, sl, idx, sink=sink, consumers=consumers)
     assert torch.equal(o8.view(torch.int16), o16.view(torch.int16))
     assert torch.equal(l8.view(torch.int32), l16.view(torch.int32))
     for size in (1, 7, 64):
         o, lse = sparse_mla_decode(q[:size].contiguous(), kv, table[:size].contiguous(), sl[:size].contiguous(),
-                                   idx[:size].contiguous(), sink=sink, kv_scales=scales)
+                                   idx[:size].contiguous(), sink=sink, kv_scales=scales, consumers=consumers)
         assert torch.equal(o[:1].view(torch.int16), o8[:1].view(torch.int16)), f"batch {size}"
         assert torch.equal(lse[:1].view(torch.int32), l8[:1].view(torch.int32)), f"batch {size}"
 
 
 @pytest.mark.gpu
-def test_entry_past_cache_is_nan():
+@pytest.mark.parametrize("consumers", CONSUMERS)
+def test_entry_past_cache_is_nan(consumers):
     q, kv, table, sl, _ = make_case([200, 200], tokens=2, heads=16, seed=8)
     idx = random_indices([200, 200], 2, 512, seed=5)
     table[0, 1] = kv.shape[0]  # page of keys 64..127 of sequence 0
     idx[0, 0, 0] = 70
-    o, lse = sparse_mla_decode(q, kv, table, sl, idx)
+    o, lse = sparse_mla_decode(q, kv, table, sl, idx, consumers=consumers)
     # both tokens of sequence 0 select keys of the bad page (each selects all its visible keys)
     assert bool(torch.isnan(o[0]).all()) and bool(torch.isnan(lse[0]).all())
     assert not torch.isnan(o[1]).any()
@@ -126,15 +141,16 @@ def test_entry_past_cache_is_nan():
 
 
 @pytest.mark.gpu
-def test_masked_slots_may_point_at_nan():
+@pytest.mark.parametrize("consumers", CONSUMERS)
+def test_masked_slots_may_point_at_nan(consumers):
     """Masked slots (-1, past the sequence) whose would-be rows hold NaN change nothing."""
     q, kv, table, sl, _ = make_case([100], tokens=2, heads=16, seed=13)
     idx = random_indices([100], 2, 512, seed=6)
     idx[0, 0, 0] = 120  # past the sequence, in its last page
-    clean = sparse_mla_decode(q, kv, table, sl, idx)
+    clean = sparse_mla_decode(q, kv, table, sl, idx, consumers=consumers)
     dirty = kv.clone()
     dirty[table[0, 1].long(), 100 - PAGE:] = float("nan")
-    got = sparse_mla_decode(q, dirty, table, sl, idx)
+    got = sparse_mla_decode(q, dirty, table, sl, idx, consumers=consumers)
     assert torch.equal(got[0].view(torch.int16), clean[0].view(torch.int16))
 
 
