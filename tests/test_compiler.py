@@ -288,3 +288,68 @@ def test_an_entry_is_found_by_its_tir_under_another_fingerprint(tmp_path, monkey
     monkeypatch.setattr(compiler, "compile_artifacts", compile_artifacts)
     other = compiler.compile_kernel(lambda: scale.get_tir(2048), options, name="scale", program_key="python A, 2048")
     assert other.metadata["cache_key"] != entry.name
+
+
+def test_an_entry_whose_launcher_does_not_load_here_is_built_again(tmp_path, monkeypatch):
+    """An entry carried from another machine passes its manifest check, but its launcher may not
+    load here (built against other system libraries): it is built again, with a warning, not
+    raised to the caller."""
+    import hashlib
+    import json
+
+    import tlx.compiler as compiler
+    from tests.jit_kernels import scale
+
+    import shutil
+
+    monkeypatch.setenv("TLX_CACHE_DIR", str(tmp_path / "elsewhere"))
+    options = Options.make(target=TARGET, out_idx=[-1])
+    program = lambda: scale.get_tir(1024)  # noqa: E731
+    first = compiler.compile_kernel(program, options, name="scale")
+    # carried here, its launcher replaced (a path this process never loaded: dlopen reuses a loaded one)
+    entry = tmp_path / "here" / "kernels" / first.metadata["cache_key"]
+    shutil.copytree(tmp_path / "elsewhere" / "kernels" / entry.name, entry)
+    (entry / "launcher.so").write_bytes(b"not a shared library")
+    manifest = json.loads((entry / "MANIFEST").read_text())
+    manifest["launcher.so"] = hashlib.sha256(b"not a shared library").hexdigest()
+    (entry / "MANIFEST").write_text(json.dumps(manifest))
+    monkeypatch.setenv("TLX_CACHE_DIR", str(tmp_path / "here"))
+    with pytest.warns(RuntimeWarning, match="does not load here; rebuilding it"):
+        again = compiler.compile_kernel(program, options, name="scale")
+    assert again.metadata["cache_key"] == entry.name
+    assert (entry / "launcher.so").read_bytes() != b"not a shared library"
+
+
+def test_two_installs_of_one_cuda_release_share_cache_keys(tmp_path, monkeypatch):
+    """The toolkit enters the key by its nvcc release, read from an installer's version.json or a
+    wheel layout's dist-info, not by its path and mtime: the development machine's cache hits on
+    the GPU machine's install of the same release, and another release misses."""
+    import json
+
+    from tlx.lowering import cuda_toolkit_version
+
+    def toolkit(name, release, layout):
+        home = tmp_path / name
+        (home / "include").mkdir(parents=True)
+        (home / "include" / "cuda.h").write_text("")
+        (home / "bin").mkdir()
+        (home / "bin" / "nvcc").write_text(name)  # another size and mtime in each install
+        if layout == "installer":
+            (home / "version.json").write_text(json.dumps({"cuda": {"version": "13.0.2"}, "cuda_nvcc": {"version": release}}))
+        elif layout == "wheels":
+            (home / "dist-info" / f"nvidia_cuda_nvcc-{release}.dist-info").mkdir(parents=True)
+        return home
+
+    def identity(home):
+        monkeypatch.setenv("CUDA_HOME", str(home))
+        cuda_toolkit_version.cache_clear()
+        try:
+            return cuda_toolkit_version()
+        finally:
+            cuda_toolkit_version.cache_clear()
+
+    here = identity(toolkit("wheels", "13.0.88", "wheels"))
+    assert here == "nvcc 13.0.88" == identity(toolkit("installer", "13.0.88", "installer"))
+    assert identity(toolkit("older", "13.0.48", "installer")) == "nvcc 13.0.48"
+    bare = toolkit("bare", "13.0.88", "none")
+    assert identity(bare).startswith(f"{bare}:")  # nothing names the release: the install itself

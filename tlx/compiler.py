@@ -48,7 +48,7 @@ from typing import Any
 from tlx.options import Options, cache_dir
 
 __all__ = ["STAGES", "Build", "cache_key", "compile_artifacts", "compile_kernel", "nvcc_command", "ptxas_performance_losses",
-           "pass_options"]
+           "pass_options", "tlx_source_files", "tool_versions"]
 
 _ARTIFACTS = ("kernel.cu", "kernel.cubin", "launcher.cc", "metadata.json")
 
@@ -311,7 +311,8 @@ STAGES: OrderedDict[str, Any] = OrderedDict(
 
 
 # ---- cache key ------------------------------------------------------------------------
-def _tool_versions() -> dict:
+def tool_versions() -> dict:
+    """The tools a build depends on, by version: part of every cache key."""
     import importlib.metadata as im
 
     versions = {p: im.version(p) for p in ("tilelang", "apache-tvm-ffi")}
@@ -333,17 +334,23 @@ def _tlx_source_hash() -> str:
     if "tlx" not in _VERSION_CACHE:
         root = Path(__file__).parent
         h = hashlib.sha256()
-        for p in sorted(root.rglob("*")):
-            if p.suffix in (".py", ".h", ".cc", ".cu", ".cuh") and "__pycache__" not in p.parts:
-                h.update(f"{p.relative_to(root).as_posix()}:".encode())
-                h.update(hashlib.sha256(p.read_bytes()).digest())
+        for p in tlx_source_files():
+            h.update(f"{p.relative_to(root).as_posix()}:".encode())
+            h.update(hashlib.sha256(p.read_bytes()).digest())
         _VERSION_CACHE["tlx"] = h.hexdigest()[:16]
     return _VERSION_CACHE["tlx"]
 
 
+def tlx_source_files() -> list[Path]:
+    """tlx's own sources, whose contents are part of every cache key (``scripts/device-cache``
+    also reads their mtimes: an entry built before the last edit cannot hit)."""
+    return sorted(p for p in Path(__file__).parent.rglob("*")
+                  if p.suffix in (".py", ".h", ".cc", ".cu", ".cuh") and "__pycache__" not in p.parts)
+
+
 def cache_key(program_text: str, options: dict, target: dict) -> str:
     material = json.dumps(
-        {"program": program_text, "options": options, "target": target, "versions": _tool_versions()},
+        {"program": program_text, "options": options, "target": target, "versions": tool_versions()},
         sort_keys=True,
         default=str,
     )
@@ -487,16 +494,21 @@ def compile_kernel(program, options: Options, name: str | None = None, program_k
 
     kernels = cache_dir() / "kernels"
     alias = kernels / entry_key(program_key, options, name) if program_key is not None else None
-    if alias is not None and _valid_entry(alias):
-        return Kernel.load(alias.resolve())  # the entry itself: one kernel, one directory
+    if alias is not None:
+        kernel = _loaded(alias.resolve())  # the entry itself: one kernel, one directory
+        if kernel is not None:
+            return kernel
     prim_func, options = build_program(program, options)
     key = entry_key(prim_func.script(), options, name)
     entry = kernels / key
-    if not _valid_entry(entry):
+    kernel = _loaded(entry)
+    if kernel is None:
         with _build_lock(key):
-            if not _valid_entry(entry):  # else another process built it while this one waited
+            kernel = _loaded(entry)  # another process may have built it while this one waited
+            if kernel is None:
                 if entry.exists():
-                    warnings.warn(f"tlx: cache entry {entry} is corrupted; rebuilding it", RuntimeWarning, stacklevel=3)
+                    warnings.warn(f"tlx: cache entry {entry} is corrupted or does not load here; rebuilding it", RuntimeWarning,
+                                  stacklevel=3)
                     shutil.rmtree(entry, ignore_errors=True)
                 _, build = compile_artifacts(prim_func, options, name=name, keep_workdir=True)
                 build.cache_key = key
@@ -506,9 +518,24 @@ def compile_kernel(program, options: Options, name: str | None = None, program_k
                     shutil.rmtree(build.workdir, ignore_errors=True)  # gone already once published
                 if not _valid_entry(entry):
                     raise RuntimeError(f"tlx: could not publish the build of {build.name} to {entry}")
+                kernel = Kernel.load(entry)
     if alias is not None:
         _link_alias(alias, entry)
-    return Kernel.load(entry)
+    return kernel
+
+
+def _loaded(entry: Path):
+    """The kernel of a whole entry; None where there is none, or its launcher does not load on
+    this machine (an entry carried from another machine, built against other system libraries):
+    then it is built again here."""
+    from tlx.kernel import Kernel
+
+    if not _valid_entry(entry):
+        return None
+    try:
+        return Kernel.load(entry)
+    except RuntimeError:  # tvm_ffi: the shared library failed to load
+        return None
 
 
 def _link_alias(alias: Path, entry: Path) -> None:

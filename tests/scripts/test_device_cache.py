@@ -1,7 +1,7 @@
 """scripts/device-cache without a GPU: the newest cache entries that fit the budget go out in
 parts (aliases left out), come back joined, and unpack into another cache byte for byte; `local`
 does both here, without the entries built before tlx's sources were last written; no carried
-archive is a no-op."""
+archive is a no-op; unpack says whether the archive's tool versions are this machine's."""
 
 import os
 import subprocess
@@ -39,7 +39,8 @@ def test_round_trip_keeps_the_newest_entries(tmp_path):
     assert [p.name for p in sorted(out.iterdir())] == ["tlx-cache.tar.xz.part00"]
     _run("keep", out, "--archive", archive, cache=cache)
     other = tmp_path / "other"
-    _run("unpack", "--archive", archive, cache=other)
+    said = _run("unpack", "--archive", archive, cache=other)
+    assert "built with this machine's tools: the entries can hit" in said
     assert sorted(p.name for p in (other / "kernels").iterdir()) == ["k2", "k3"]
     for name in ("k2", "k3"):
         assert (other / "kernels" / name / "kernel.cubin").read_bytes() == blobs[name]
@@ -62,3 +63,16 @@ def test_local_packs_this_machines_cache_for_the_device(tmp_path):
     _run("unpack", "--archive", archive, cache=other)
     assert [p.name for p in (other / "kernels").iterdir()] == ["k0"]
     assert (other / "kernels" / "k0" / "kernel.cubin").read_bytes() == blob
+
+
+def test_unpack_says_when_the_archive_was_built_with_other_tools():
+    """Entries keyed by other tool versions never hit: unpack says which tool differs (every
+    device call compiled every kernel again until the toolkit was keyed by its release)."""
+    import runpy
+
+    tools_verdict = runpy.run_path(str(ROOT / "scripts" / "device-cache"))["tools_verdict"]
+    here = {"tilelang": "0.1.15", "nvcc": "nvcc 13.0.88", "tlx": "abc"}
+    assert "can hit" in tools_verdict(dict(here), here)
+    said = tools_verdict({**here, "nvcc": "/usr/local/cuda:30153384:1792191843000000000"}, here)
+    assert said.startswith("device-cache: WARNING") and "nvcc '/usr/local/cuda:" in said and "'nvcc 13.0.88' here" in said
+    assert "does not say" in tools_verdict(None, here)

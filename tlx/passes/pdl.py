@@ -138,7 +138,7 @@ def pdl_report(kernel: LoweredKernel) -> dict:
     """``{"races": [...], "unknown": [...], "dependents": n}``: each finding names the dependent
     kernel, the buffer, what it does early and, for a race, the overlapping kernel."""
     funcs = dict(device_functions(kernel.device_mod))
-    syncing = [name for name, f in funcs.items() if any(op_name(c) == SYNC for c in nodes(f.body, tir.Call))]
+    syncing = [name for name, f in funcs.items() if _has_sync(f.body)]
     races: list[dict] = []
     unknown: list[dict] = []
     if not syncing:
