@@ -31,7 +31,7 @@ Fixed orders (the contract with ``dense_fwd.cu``, which must give the same bits)
 * ``O = O * alpha + P V``: P rounded to the input dtype (RNE), one wgmma chain
   m64n{d}k16 with P from registers, keys ascending in steps of 16, onto the rescaled O;
 * ``o = O / l`` (IEEE division) rounded to the input dtype; ``lse = (m_scaled + log2(l)) * ln 2``;
-* ``exp2`` is CUDA's ``exp2f``, or with ``fast_exp2`` (the default at d 128) the one instruction
+* ``exp2`` is CUDA's ``exp2f``, or with ``fast_exp2`` (the default at every head dim) the one instruction
   ``ex2.approx.ftz.f32``: the same bits but for results below 2^-126, which it flushes to 0
   (the baseline takes the same choice: its ``fast_exp2`` argument).
 
@@ -324,8 +324,10 @@ SCHEDULES = {"pipelined": dense_fwd_kernel, "overlap": dense_fwd_overlap_kernel}
 # "overlap"'s fastest options per head dim in `bench/attention_prefill.py --sweep` (H200): three
 # consumers are 13-15% faster at d 64 (2026-12-02); at d 128 exp2 as one instruction is 6-7% faster
 # with three stages (538 / 463 TFLOP/s against 505 / 436, b8 h32 s4096, 2026-12-05); ping-pong
-# moves d 128 / 256 by <= 1%
-DEFAULT_OPTIONS = {64: {"consumers": 3}, 128: {"num_stages": 3, "fast_exp2": True}, 256: {}}
+# moves d 128 / 256 by <= 1%. The one-instruction exp2 also at d 64 (414 / 330 against 378 / 300,
+# b8 h32) and d 256 (522 / 469 against 513 / 456, b4 h16; H100, `--sweep-forward`, 2026-12-05),
+# each the same bits as exp2f on those random inputs
+DEFAULT_OPTIONS = {64: {"consumers": 3, "fast_exp2": True}, 128: {"num_stages": 3, "fast_exp2": True}, 256: {"fast_exp2": True}}
 
 
 def kernel_options(schedule: str, dim: int, options: dict | None) -> dict:
