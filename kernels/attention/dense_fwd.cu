@@ -2,8 +2,9 @@
 // bits by the same arithmetic in the same order (the fixed orders in dense_fwd.py's docstring).
 //
 // One warpgroup (128 threads) computes 64 query rows of one head: the rows one consumer
-// warpgroup of the TileLang kernel computes. Per key block (128 keys, 64 at d = 256, ascending,
-// as many blocks as the enclosing 128-row tile needs):
+// warpgroup of the TileLang kernel computes. Per key block (128 keys, 64 at d = 256, or the
+// kernel option block_n's 176 at d = 128 / 80 at d = 256; ascending, as many blocks as the
+// enclosing 128-row tile needs):
 //   S = Q K^T      wgmma m64n{BN}k16 (CuTe's SM90 GMMA atom), d ascending in steps of 16, from 0
 //   mask           S = -inf where the key is past the sequence or (causal) right of the diagonal
 //   m              row max (thread's registers, then the quad)
@@ -24,6 +25,7 @@
 
 #include <utility>
 
+#define CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED  // m64n80k16 and m64n176k16: the block_n candidates' score products
 #include <cute/arch/mma_sm90_gmma.hpp>
 
 #include "../moe/common.cuh"
@@ -48,10 +50,14 @@ template <> struct Gmma<__half> {
   template <> struct Gmma<ELEM>::SS<N> { using Op = G::MMA_64x##N##x16_F32##TAG##_SS<G::Major::K, G::Major::K>; }; \
   template <> struct Gmma<ELEM>::RS<N> { using Op = G::MMA_64x##N##x16_F32##TAG##_RS<G::Major::K, G::Major::MN>; };
 TLX_ATTN_GMMA(__nv_bfloat16, BF16BF16, 64)
+TLX_ATTN_GMMA(__nv_bfloat16, BF16BF16, 80)
 TLX_ATTN_GMMA(__nv_bfloat16, BF16BF16, 128)
+TLX_ATTN_GMMA(__nv_bfloat16, BF16BF16, 176)
 TLX_ATTN_GMMA(__nv_bfloat16, BF16BF16, 256)
 TLX_ATTN_GMMA(__half, F16F16, 64)
+TLX_ATTN_GMMA(__half, F16F16, 80)
 TLX_ATTN_GMMA(__half, F16F16, 128)
+TLX_ATTN_GMMA(__half, F16F16, 176)
 TLX_ATTN_GMMA(__half, F16F16, 256)
 #undef TLX_ATTN_GMMA
 
@@ -231,10 +237,9 @@ __global__ void __launch_bounds__(128) fwd_kernel(const Elem* q, const Elem* k, 
   }
 }
 
-template <class Elem, int D, bool kCausal>
+template <class Elem, int D, int BN, bool kCausal>
 void launch(tvm::ffi::TensorView q, tvm::ffi::TensorView k, tvm::ffi::TensorView v, tvm::ffi::TensorView cu_q,
             tvm::ffi::TensorView cu_k, tvm::ffi::TensorView o, tvm::ffi::TensorView lse, double scale_log2, bool fast_exp2, int q_tiles) {
-  constexpr int BN = D == 256 ? 64 : 128;
   auto kernel = fwd_kernel<Elem, D, BN, kCausal>;
   int smem = (kRows + 2 * BN) * D * 2;
   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
@@ -248,25 +253,29 @@ void launch(tvm::ffi::TensorView q, tvm::ffi::TensorView k, tvm::ffi::TensorView
 template <class Elem>
 void dispatch(int d, bool causal, tvm::ffi::TensorView q, tvm::ffi::TensorView k, tvm::ffi::TensorView v,
               tvm::ffi::TensorView cu_q, tvm::ffi::TensorView cu_k, tvm::ffi::TensorView o, tvm::ffi::TensorView lse,
-              double scale_log2, bool fast_exp2, int q_tiles) {
-#define TLX_ATTN_CASE(D)                                                                              \
-  if (d == D) {                                                                                       \
-    if (causal) launch<Elem, D, true>(q, k, v, cu_q, cu_k, o, lse, scale_log2, fast_exp2, q_tiles);  \
-    else launch<Elem, D, false>(q, k, v, cu_q, cu_k, o, lse, scale_log2, fast_exp2, q_tiles);        \
-    return;                                                                                           \
+              double scale_log2, bool fast_exp2, int q_tiles, int block_n) {
+#define TLX_ATTN_CASE(D, BN)                                                                              \
+  if (d == D && block_n == BN) {                                                                          \
+    if (causal) launch<Elem, D, BN, true>(q, k, v, cu_q, cu_k, o, lse, scale_log2, fast_exp2, q_tiles);  \
+    else launch<Elem, D, BN, false>(q, k, v, cu_q, cu_k, o, lse, scale_log2, fast_exp2, q_tiles);        \
+    return;                                                                                               \
   }
-  TLX_ATTN_CASE(64)
-  TLX_ATTN_CASE(128)
-  TLX_ATTN_CASE(256)
+  TLX_ATTN_CASE(64, 128)
+  TLX_ATTN_CASE(128, 128)
+  TLX_ATTN_CASE(128, 176)
+  TLX_ATTN_CASE(256, 64)
+  TLX_ATTN_CASE(256, 80)
 #undef TLX_ATTN_CASE
 }
 
 // q [TQ, H, D], k, v [TK, HK, D] (bf16 or fp16), cu_q, cu_k [B + 1] int32, o [TQ, H, D],
-// lse [H, TQ] fp32; q_tiles >= ceil(max len_q / 64); fast_exp2: exp2 as ex2.approx.ftz.f32.
+// lse [H, TQ] fp32; q_tiles >= ceil(max len_q / 64); fast_exp2: exp2 as ex2.approx.ftz.f32;
+// block_n: keys a block, 0 for the TileLang kernel's default (128, 64 at d = 256), else 176 at
+// d = 128 or 80 at d = 256 (its block_n candidates).
 void attention_dense_fwd(tvm::ffi::TensorView q, tvm::ffi::TensorView k, tvm::ffi::TensorView v,
                          tvm::ffi::TensorView cu_q, tvm::ffi::TensorView cu_k, tvm::ffi::TensorView o,
                          tvm::ffi::TensorView lse, double scale_log2, int64_t q_tiles, bool causal,
-                         bool fast_exp2) {
+                         bool fast_exp2, int64_t block_n) {
   using namespace moe_baseline;
   const char* fn = "attention_dense_fwd";
   auto code = static_cast<DLDataTypeCode>(q.dtype().code);
@@ -275,6 +284,9 @@ void attention_dense_fwd(tvm::ffi::TensorView q, tvm::ffi::TensorView k, tvm::ff
   require(is(k, code, 16, 3) && is(v, code, 16, 3) && is(o, code, 16, 3), fn, "k, v, o must be contiguous, q's dtype");
   int64_t d = q.size(2);
   require(d == 64 || d == 128 || d == 256, fn, "head dim 64, 128 or 256");
+  const int bn = block_n != 0 ? static_cast<int>(block_n) : d == 256 ? 64 : 128;
+  require(bn == (d == 256 ? 64 : 128) || (d == 128 && bn == 176) || (d == 256 && bn == 80), fn,
+          "block_n: 0, 176 at head dim 128 or 80 at head dim 256");
   require(k.size(2) == d && v.size(2) == d && v.size(0) == k.size(0) && v.size(1) == k.size(1), fn, "k, v [TK, HK, D]");
   require(k.size(1) > 0 && q.size(1) % k.size(1) == 0, fn, "kv heads divide query heads");
   require(o.size(0) == q.size(0) && o.size(1) == q.size(1) && o.size(2) == d, fn, "o [TQ, H, D]");
@@ -282,8 +294,8 @@ void attention_dense_fwd(tvm::ffi::TensorView q, tvm::ffi::TensorView k, tvm::ff
           "cu_q, cu_k int32 [B + 1]");
   require(is(lse, kDLFloat, 32, 2) && lse.size(0) == q.size(1) && lse.size(1) == q.size(0), fn, "lse [H, TQ] fp32");
   if (q_tiles <= 0 || q.size(0) == 0) return;
-  if (code == kDLBfloat) dispatch<__nv_bfloat16>((int)d, causal, q, k, v, cu_q, cu_k, o, lse, scale_log2, fast_exp2, (int)q_tiles);
-  else dispatch<__half>((int)d, causal, q, k, v, cu_q, cu_k, o, lse, scale_log2, fast_exp2, (int)q_tiles);
+  if (code == kDLBfloat) dispatch<__nv_bfloat16>((int)d, causal, q, k, v, cu_q, cu_k, o, lse, scale_log2, fast_exp2, (int)q_tiles, bn);
+  else dispatch<__half>((int)d, causal, q, k, v, cu_q, cu_k, o, lse, scale_log2, fast_exp2, (int)q_tiles, bn);
   check_launch(fn);
 }
 

@@ -42,8 +42,10 @@ def run(q, k, v, **kw):
     return results[0]
 
 
-def run_baseline(base, q, k, v, causal, softmax_scale=None, cu_seqlens_q=None, cu_seqlens_k=None, fast_exp2=False):
-    """The CUDA baseline's (o [.., h, d] like q, lse [h, total_q]); ``fast_exp2``: the kernel option's exp2."""
+def run_baseline(base, q, k, v, causal, softmax_scale=None, cu_seqlens_q=None, cu_seqlens_k=None, fast_exp2=False,
+                 block_n=0):
+    """The CUDA baseline's (o [.., h, d] like q, lse [h, total_q]); ``fast_exp2``, ``block_n``: the
+    kernel options' exp2 and keys a block (0: the default)."""
     d, h = q.shape[-1], q.shape[-2]
     scale = 1.0 / math.sqrt(d) if softmax_scale is None else softmax_scale
     if cu_seqlens_q is None:
@@ -57,7 +59,7 @@ def run_baseline(base, q, k, v, causal, softmax_scale=None, cu_seqlens_q=None, c
     o = torch.full_like(qp, float("nan"))
     lse = torch.full((h, qp.shape[0]), float("nan"), device="cuda")
     base("dense_fwd").attention_dense_fwd(qp, kp, vp, cu_seqlens_q, cu_seqlens_k, o, lse, scale * LOG2E,
-                                          max(1, -(-max_q // 64)), causal, fast_exp2)
+                                          max(1, -(-max_q // 64)), causal, fast_exp2, block_n)
     return o.view(q.shape), lse
 
 
@@ -76,8 +78,9 @@ def check_reference(o, lse, q, k, v, causal, softmax_scale=None, cu_seqlens_q=No
 def check_all(base, q, k, v, causal, schedule="pipelined", options=None, **kw):
     o, lse = run(q, k, v, causal=causal, schedule=schedule, options=options, **kw)
     check_reference(o, lse, q, k, v, causal, **kw)
-    fast_exp2 = kernel_options(schedule, q.shape[-1], options).get("fast_exp2", False)
-    bo, blse = run_baseline(base, q, k, v, causal, fast_exp2=fast_exp2, **kw)
+    chosen = kernel_options(schedule, q.shape[-1], options)
+    bo, blse = run_baseline(base, q, k, v, causal, fast_exp2=chosen.get("fast_exp2", False), block_n=chosen.get("block_n", 0),
+                            **kw)
     assert_bitwise(o, bo, name="o vs baseline")
     assert_bitwise(lse, blse, name="lse vs baseline")
     return o, lse
@@ -142,14 +145,13 @@ def test_fast_exp2_flushes_as_the_baseline(attention_baseline, schedule):
 @pytest.mark.parametrize("dim, options", [(128, {"block_n": 176}), (128, {"block_n": 176, "fast_exp2": True}),
                                           (256, {"block_n": 80}), (256, {"block_n": 80, "fast_exp2": True})], ids=str)
 @pytest.mark.parametrize("causal", [False, True])
-def test_other_key_blocks_match_reference(dim, options, causal):
-    """176 keys a block at d 128, 80 at d 256 (sweep candidates; other blocks than the baseline's,
-    so other bits): within tolerance of the reference on GQA with a partial last tile and a
-    partial last key block."""
+def test_other_key_blocks_match_reference_and_baseline(attention_baseline, dim, options, causal):
+    """176 keys a block at d 128, 80 at d 256 (sweep candidates; other blocks than the default's,
+    so other bits): within tolerance of the reference, and bit for bit the baseline built with
+    the same block, on GQA with a partial last tile and a partial last key block."""
     b, s, h, hk = 2, 1000, 8, 2
     q, k, v = (randn((b, s, n, dim), torch.bfloat16, seed) for n, seed in ((h, 17), (hk, 18), (hk, 19)))
-    o, lse = run(q, k, v, causal=causal, schedule="overlap", options=options)
-    check_reference(o, lse, q, k, v, causal)
+    check_all(attention_baseline, q, k, v, causal, schedule="overlap", options=options)
 
 
 @pytest.mark.parametrize("h,hk", [(4, 4), (8, 1), (16, 4)])  # MHA, MQA, GQA
