@@ -76,8 +76,9 @@ MLA_VARIANTS = [(False, 1, 64), (False, 2, 64), (True, 1, 64), (True, 2, 64), (F
 KEY_MAJOR_CASES = [(16, 1, False), (16, 1, True), (16, 2, False), (16, 2, True)]
 KEY_MAJOR_STAGES = (1, 2)  # pages in flight of its e4m3 rows (bf16: 2, mla_decode's default)
 SPARSE_HEADS, SPARSE_TOPK = 128, 2048
-# (consumer schedule, slots per split) of the sparse rows, each timed beside dense decode
-SPARSE_VARIANTS = [(c, n) for n in (1024, 2048) for c in SPARSE_CONSUMERS]
+# (consumer schedule, slots per split, who dequantizes e4m3) of the sparse rows, each timed beside
+# dense decode (the consumers' dequant: e4m3 rows only)
+SPARSE_VARIANTS = [(c, n, "producer") for n in (1024, 2048) for c in SPARSE_CONSUMERS] + [("shared", 2048, "consumers")]
 KV_DTYPES = ("bfloat16", "float8_e4m3")
 TOPK_SHAPES = [(32768, 2048), (65536, 2048), (131072, 2048), (65536, 512)]  # N, k (64 rows)
 INDEXER_SHAPES = [(64, 128), (32, 64)]  # heads, dim
@@ -98,8 +99,9 @@ OVERLAP_CONFIGS = ([("mla_overlap", t, h) for h, t in OVERLAP_SHAPES] + [("mla",
                    + [("combine", t, h, 0, False, 64) for h, t in OVERLAP_SHAPES])
 # the sparse rows' kernels (--only-sparse compiles these alone): both consumer schedules, and the
 # dense split (either page count in flight) whose rate per key they are compared with
-SPARSE_CONFIGS = ([("sparse", 1, SPARSE_HEADS, SPARSE_TOPK, kv, c, n) for kv in KV_DTYPES for c, n in SPARSE_VARIANTS]
-                  + [("combine", 1, SPARSE_HEADS, splits_of(SPARSE_TOPK, n), True) for n in sorted({n for _, n in SPARSE_VARIANTS})]
+SPARSE_CONFIGS = ([("sparse", 1, SPARSE_HEADS, SPARSE_TOPK, kv, *v) for kv in KV_DTYPES for v in SPARSE_VARIANTS
+                   if kv == "float8_e4m3" or v[2] == "producer"]
+                  + [("combine", 1, SPARSE_HEADS, splits_of(SPARSE_TOPK, n), True) for n in sorted({v[1] for v in SPARSE_VARIANTS})]
                   + [("mla", 1, SPARSE_HEADS, kv, st, 64) for kv in KV_DTYPES for st in (1, 2)]
                   + [("combine", 1, SPARSE_HEADS, 0, False, 64)])
 BENCH_CONFIGS = ([("topk", k, ctas) for k in sorted({k for _, k in TOPK_SHAPES}) for ctas in CTAS_PER_ROW]
@@ -126,6 +128,7 @@ TEST_CONFIGS = ([("topk", k, ctas) for k in (512, 1024, 2048) for ctas in CTAS_P
                 + [("combine", 1, h, 0, False, split) for h, split in ((128, 16), (16, 128))] + [("combine", 2, 16, 0, False, 32)]
                 + [("sparse", t, h, k, kv, c) for t, h, k in ((1, 128, 2048), (2, 16, 512)) for kv in KV_DTYPES
                    for c in SPARSE_CONSUMERS]
+                + [("sparse", t, h, k, "float8_e4m3", "shared", 2048, "consumers") for t, h, k in ((1, 128, 2048), (2, 16, 512))]
                 + [("combine", t, h, splits_of(k), sink) for t, h, k in ((1, 128, 2048), (2, 16, 512))
                    for sink in (False, True)])
 
@@ -176,7 +179,7 @@ def compile_config(cfg) -> str:
     else:
         from kernels.attention.decode_sparse import sparse_split_kernel
 
-        sparse_split_kernel(*args[:4], scale, *args[4:])  # tokens, heads, topk, kv[, consumers[, split_slots]]
+        sparse_split_kernel(*args[:4], scale, *args[4:])  # tokens, heads, topk, kv[, consumers[, split_slots[, dequant_by]]]
     return f"{cfg}: {time.time() - t0:.1f} s"
 
 
@@ -606,34 +609,40 @@ def upstream_mla_rows(reps):
 
 
 def sparse_rows(reps):
-    """Sparse decode with each consumer schedule and split length beside dense decode over the same cache (all
-    keys, the same dtype), interleaved, calls queued (the GPU's time); each sparse output checked
-    against the reference first. The rate per key is compared with the dense call's."""
+    """Sparse decode with each consumer schedule, split length and (e4m3) dequantizing side
+    beside dense decode over the same cache (all keys, the same dtype), interleaved, calls queued
+    (the GPU's time); each sparse output checked against the reference first, the consumers'
+    dequant bit for bit against the producer's. The rate per key is compared with the dense call's."""
     import torch
 
     from bench.timing import interleaved_ms
     from kernels.attention.decode_mla import D_QK, D_V, mla_decode
     from kernels.attention.decode_sparse import reference_sparse_mla_decode, sparse_mla_decode
     from tests.kernels.attention.test_decode_mla import poisoned_outputs
+    from tlx.numerics.sweep import same_bits
 
     for fp8 in (False, True):
         shape = f"B {BATCH} ctx {CTX} H {SPARSE_HEADS} T 1 k {SPARSE_TOPK} {'e4m3' if fp8 else 'bf16'}"
         g = torch.Generator(device="cuda").manual_seed(SPARSE_TOPK)
         q, kv, table, sl, idx, sink, scales = sparse_case(fp8, g)
         ref = reference_sparse_mla_decode(q, kv, table, sl, idx, sink=sink, kv_scales=scales)
+        variants = [v for v in SPARSE_VARIANTS if fp8 or v[2] == "producer"]
         checks = {v: checked(*sparse_mla_decode(q, kv, table, sl, idx, sink=sink, kv_scales=scales, out=poisoned_outputs(q),
-                                                consumers=v[0], split_slots=v[1]), *ref) for v in SPARSE_VARIANTS}
+                                                consumers=v[0], split_slots=v[1], dequant_by=v[2]), *ref) for v in variants}
         del ref
         calls = {v: (lambda v=v: sparse_mla_decode(q, kv, table, sl, idx, sink=sink, kv_scales=scales, consumers=v[0],
-                                                   split_slots=v[1]))
-                 for v in SPARSE_VARIANTS if checks[v] == "ok"}
+                                                   split_slots=v[1], dequant_by=v[2]))
+                 for v in variants if checks[v] == "ok"}
+        if fp8 and checks[("shared", 2048, "consumers")] == "ok":  # the same dequantized values: the same bits
+            same = all(same_bits(a, b) for a, b in zip(calls[("shared", 2048, "producer")](), calls[("shared", 2048, "consumers")]()))
+            checks[("shared", 2048, "consumers")] += ", bits same as the producer's dequant" if same else ", bits DIFFER"
         calls["dense"] = lambda: mla_decode(q, kv, table, sl, kv_scales=scales)
         ms = interleaved_ms(calls, reps, queued=True)
         dense_tf = 2 * BATCH * SPARSE_HEADS * CTX * (D_QK + D_V) / ms["dense"] / 1e9
         emit(what="MLA decode (dense anchor, every key)", shape=f"B {BATCH} ctx {CTX} H {SPARSE_HEADS} T 1",
              tlx_us=round(ms["dense"] * 1e3, 1), TFLOPs=round(dense_tf), check="-")
-        for v in SPARSE_VARIANTS:
-            what = f"sparse MLA decode, {v[0]} consumers, {v[1]}-slot splits"
+        for v in variants:
+            what = f"sparse MLA decode, {v[0]} consumers, {v[1]}-slot splits" + (", consumers dequantize" if v[2] == "consumers" else "")
             if v not in ms:
                 emit(what=what, shape=shape, check=checks[v])
                 continue

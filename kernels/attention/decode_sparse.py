@@ -24,7 +24,7 @@ import tilelang.language as T
 
 import tlx
 from kernels.attention import common as C
-from kernels.attention.decode_mla import (D_PE, D_QK, D_V, GROUP, KV_DTYPES, MAX_PAGES, PAGE, ROWS,
+from kernels.attention.decode_mla import (D_PE, D_QK, D_V, GROUP, GROUPS, KV_DTYPES, MAX_PAGES, PAGE, ROWS,
                                           _check, _outputs, _zeros, dequant, mla_combine_kernel, nan,
                                           load_queries, reference_mla_decode)
 from kernels.attention.indexer import table_entry
@@ -37,7 +37,16 @@ SPLIT_SLOTS = 2048
 SPLIT_CHOICES = (512, 1024, 2048)  # slots per split a call may choose (a constant of the call: batch invariant)
 STAGES = 2  # chunks of 64 slots in flight
 REGISTERS = {False: (40, 232), True: (56, 224)}  # (producer, consumer) per thread, bf16 / e4m3 cache
+RAW_REGISTERS = (96, 184)  # the same with dequant_by="consumers": the raw gather's addresses (at 56 / 224 it spilled 92 bytes)
 CONSUMERS = ("independent", "shared")  # sparse_split_kernel's consumer schedules
+DEQUANT_BY = ("producer", "consumers")  # who dequantizes an e4m3 cache's rows (sparse_split_kernel)
+RAW_PIECES = D_QK // 16  # 16-byte pieces of a raw e4m3 row
+RAW_BATCHES = 2  # a producer thread's 18 raw copies of a chunk go in batches (all at once spilled it)
+RAW_BATCH = PAGE * RAW_PIECES // C.WARPGROUP // RAW_BATCHES
+DEQUANT_ROWS = 4  # rows of a raw chunk the 256 consumer threads dequantize at a time (8 values a thread)
+# thread and register of value (i, d) of such rows: 64 threads along a row, 8 columns each (a
+# quarter warp stores one 128-byte row of a swizzled bf16 panel, as decode_mla's DEQUANT_LAYOUT)
+ROW_GROUP_LAYOUT = T.Fragment((DEQUANT_ROWS, D_V), forward_fn=lambda i, d: (i * 64 + d // 8, d % 8))
 SHARED_BARRIER = C.NAMED_BARRIER + 1  # the shared consumers' named barrier (the producer's is C.NAMED_BARRIER)
 MASKED_ROW = -1  # slot_row of a masked slot
 BAD_ROW = -2  # slot_row of a visible slot whose table entry lies outside [0, P)
@@ -51,7 +60,7 @@ def splits_of(topk: int, split_slots: int = SPLIT_SLOTS) -> int:
 # a cache row (page * 64 + slot) is an int32: at most 2^25 pages (2.5 TB of bf16 cache)
 @tlx.jit(target=C.TARGET, assume=["1 <= P", f"P <= {2 ** 31 // PAGE}", "1 <= MP", f"MP <= {MAX_PAGES}", "B <= 65535"])
 def sparse_split_kernel(tokens: int, heads: int, topk: int, kv_dtype: str, softmax_scale: float,
-                        consumers: str = "shared", split_slots: int = SPLIT_SLOTS):
+                        consumers: str = "shared", split_slots: int = SPLIT_SLOTS, dequant_by: str = "producer"):
     """Partial attention of (64-row block of one token's heads, split, token): ``OP [B, NS,
     T*H, 512]`` normalised and ``LP [B, NS, T*H]`` log-sum-exp (-inf: every slot masked; NS =
     ``splits_of(K, split_slots)``).
@@ -70,12 +79,23 @@ def sparse_split_kernel(tokens: int, heads: int, topk: int, kv_dtype: str, softm
     consumers never wait for each other, at 1.5x the tensor work a chunk; its row sums are one
     64-key chain, the shared schedule's two 32-key chains added: other bits, the same values
     within rounding. On an H100 (2026-12-05, B128 H128 T1 k 2048 bf16, interleaved): shared
-    270.9 against independent 296.2 us at 1024-slot splits, 224.2 against 256.3 at 2048."""
+    270.9 against independent 296.2 us at 1024-slot splits, 224.2 against 256.3 at 2048.
+
+    ``dequant_by`` (an e4m3 cache, shared consumers): "producer" (the default) dequantizes while
+    gathering (two threads a slot, 8-byte loads, each waited for: the producer bounds the e4m3
+    kernel, 520 against bf16's 224 us on the H100); "consumers" gathers the raw rows and their
+    scales by cp.async into ``STAGES`` raw stages (no register holds them: every copy of a chunk
+    in flight at once) and the consumers dequantize a chunk into the one bf16 tile before its
+    products, as dense decode's e4m3 split does. The same dequantized values: the same bits."""
     if consumers not in CONSUMERS:
         raise ValueError(f"consumers: expected one of {CONSUMERS}, got {consumers!r}")
     if split_slots not in SPLIT_CHOICES:
         raise ValueError(f"split_slots: expected one of {SPLIT_CHOICES}, got {split_slots!r}")
     fp8 = kv_dtype == "float8_e4m3"
+    if dequant_by not in DEQUANT_BY or (dequant_by == "consumers" and not (fp8 and consumers == "shared")):
+        raise ValueError(f"dequant_by: expected one of {DEQUANT_BY} ('consumers' with an e4m3 cache and shared consumers), "
+                         f"got {dequant_by!r} ({kv_dtype}, {consumers} consumers)")
+    raw_gather = dequant_by == "consumers"  # the producer copies raw e4m3 rows; the consumers dequantize
     head_blocks = -(-heads // ROWS)
     splits = splits_of(topk, split_slots)
     chunks = topk // splits // PAGE
@@ -83,7 +103,7 @@ def sparse_split_kernel(tokens: int, heads: int, topk: int, kv_dtype: str, softm
     batch, pages, max_pages = T.dynamic("B"), T.dynamic("P"), T.dynamic("MP")
     f32, bf16 = "float32", "bfloat16"
     half = D_V // 2
-    producer_regs, consumer_regs = REGISTERS[fp8]
+    producer_regs, consumer_regs = RAW_REGISTERS if raw_gather else REGISTERS[fp8]
 
     def visible(IDX, b, t, slot, seq):
         """Slot ``slot`` of token t holds a key the token may see. Compared in int64: TileLang
@@ -164,29 +184,50 @@ def sparse_split_kernel(tokens: int, heads: int, topk: int, kv_dtype: str, softm
                     LP[b, sp, t * heads + h0 + i] = T.if_then_else(BAD_s[0] == 0, lse_rows[i], nan())
 
     @T.macro
-    def consume_shared(Q_s, QP_s, KV_s, KP_s, VIS_s, BAD_s, full, empty, acc_s, acc_o, m, m_prev, m_scaled, alpha, l,
-                       row_sum, lse_rows, OP, LP, b, sp, t, h0):
+    def dequant_chunk(RAW_s, SC_s, KV_s, KP_s, st):
+        """The raw e4m3 chunk in stage ``st`` into the bf16 tiles by the project's rule (a masked
+        slot's copies were predicated off: zero values and scale, so zeros)."""
+        for r in T.serial(PAGE // DEQUANT_ROWS):  # a loop, not unrolled: unrolled, its loads spilled the output
+            for i, d in T.Parallel(DEQUANT_ROWS, D_V, loop_layout=ROW_GROUP_LAYOUT):
+                KV_s[0, r * DEQUANT_ROWS + i, d] = dequant(RAW_s[st, r * DEQUANT_ROWS + i, d],
+                                                           SC_s[st, r * DEQUANT_ROWS + i, d // GROUP])
+        for i, d in T.Parallel(PAGE, D_PE):
+            KP_s[0, i, d] = dequant(RAW_s[st, i, D_V + d], SC_s[st, i, GROUPS - 1])
+
+    @T.macro
+    def consume_shared(Q_s, QP_s, KV_s, KP_s, RAW_s, SC_s, VIS_s, BAD_s, full, empty, acc_s, acc_o, m, m_prev, m_scaled,
+                       alpha, l, row_sum, lse_rows, OP, LP, b, sp, t, h0):
         """Both consumer warpgroups on each chunk together (``consumers="shared"``): all 512
-        output columns, the scores split between them by key."""
+        output columns, the scores split between them by key. With ``raw_gather``, each chunk is
+        first dequantized from its raw stage into the one bf16 tile (``KV_s[0]``, ``KP_s[0]``)."""
         C.init_softmax(m, m_scaled, l, acc_o)
         for c in T.serial(chunks):
             T.mbarrier_wait_parity(full[c % STAGES], (c // STAGES) & 1)
-            T.fence_proxy_async()  # the producer's rows (cp.async or stores) before the wgmma reads them
+            if raw_gather:
+                T.sync_threads(SHARED_BARRIER, 2 * C.WARPGROUP)  # both warpgroups' P V of the last chunk are done with the tile
+                dequant_chunk(RAW_s, SC_s, KV_s, KP_s, c % STAGES)
+            T.fence_proxy_async()  # the chunk's rows (the producer's cp.async or stores, or the dequant's) before wgmma reads them
+            if raw_gather:
+                T.sync_threads(SHARED_BARRIER, 2 * C.WARPGROUP)  # every thread's part of the tile
             # the rope product is issued without waiting for it: the nope product's wait covers both
-            T.wgmma_gemm(QP_s, KP_s[c % STAGES, :, :], acc_s, transpose_B=True, clear_accum=True,
+            T.wgmma_gemm(QP_s, KP_s[0 if raw_gather else c % STAGES, :, :], acc_s, transpose_B=True, clear_accum=True,
                          policy=T.GemmWarpPolicy.FullCol)
-            T.gemm(Q_s, KV_s[c % STAGES, :, :], acc_s, transpose_B=True, policy=T.GemmWarpPolicy.FullCol)
+            T.gemm(Q_s, KV_s[0 if raw_gather else c % STAGES, :, :], acc_s, transpose_B=True, policy=T.GemmWarpPolicy.FullCol)
             for i, j in T.Parallel(ROWS, PAGE):
                 acc_s[i, j] = T.if_then_else(slot_visible(VIS_s, c % STAGES, j), acc_s[i, j], C.neg_inf())
+            if raw_gather:
+                T.mbarrier_arrive(empty[c % STAGES])  # the raw stage and its visible slots are read
             C.softmax_step(acc_s, m, m_prev, m_scaled, alpha, l, row_sum, scale_log2, ROWS, PAGE)
             # P into the rope slot: both warpgroups' score products are done (the row max's
             # cross-warpgroup exchange came after each one's wait)
-            T.copy(acc_s, KP_s[c % STAGES, :, :])
+            T.copy(acc_s, KP_s[0 if raw_gather else c % STAGES, :, :])
             T.fence_proxy_async()  # plain stores, read by wgmma
             T.sync_threads(SHARED_BARRIER, 2 * C.WARPGROUP)
             C.rescale_rows(acc_o, alpha, ROWS, D_V)
-            T.gemm(KP_s[c % STAGES, :, :], KV_s[c % STAGES, :, :], acc_o, policy=T.GemmWarpPolicy.FullCol)
-            T.mbarrier_arrive(empty[c % STAGES])
+            T.gemm(KP_s[0 if raw_gather else c % STAGES, :, :], KV_s[0 if raw_gather else c % STAGES, :, :], acc_o,
+                   policy=T.GemmWarpPolicy.FullCol)
+            if not raw_gather:
+                T.mbarrier_arrive(empty[c % STAGES])
         C.finish_rows(acc_o, l, m_scaled, lse_rows, ROWS, D_V)
         for i, d in T.Parallel(ROWS, D_V):
             if h0 + i < heads:
@@ -203,8 +244,10 @@ def sparse_split_kernel(tokens: int, heads: int, topk: int, kv_dtype: str, softm
         with T.Kernel(head_blocks, splits, batch * tokens, threads=3 * C.WARPGROUP) as (hb, sp, bt):
             Q_s = T.alloc_shared((ROWS, D_V), bf16)
             QP_s = T.alloc_shared((ROWS, D_PE), bf16)
-            KV_s = T.alloc_shared((STAGES, PAGE, D_V), bf16)
-            KP_s = T.alloc_shared((STAGES, PAGE, D_PE), bf16)
+            KV_s = T.alloc_shared((1 if raw_gather else STAGES, PAGE, D_V), bf16)
+            KP_s = T.alloc_shared((1 if raw_gather else STAGES, PAGE, D_PE), bf16)
+            RAW_s = T.alloc_shared((STAGES, PAGE, D_QK), kv_dtype) if raw_gather else None  # raw e4m3 rows
+            SC_s = T.alloc_shared((STAGES, PAGE, GROUPS), f32) if raw_gather else None  # ... and their scales
             ROW_s = T.alloc_shared((STAGES, PAGE), "int32")  # each chunk's cache rows (slot_row)
             VIS_s = T.alloc_shared((STAGES, PAGE // 32), "uint32")  # bit j % 32 of word j // 32: slot j is visible
             BAD_s = T.alloc_shared((1,), "int32")  # 1: a visible slot's table entry lies outside [0, P)
@@ -247,7 +290,8 @@ def sparse_split_kernel(tokens: int, heads: int, topk: int, kv_dtype: str, softm
             T.sync_threads()
             if consumers == "shared" and tx < 2 * C.WARPGROUP:
                 T.set_max_nreg(consumer_regs, 1)
-                consume_shared(Q_s, QP_s, KV_s, KP_s, VIS_s, BAD_s, full, empty, acc_s, acc_o, *rows_state, OP, LP, b, sp, t, h0)
+                consume_shared(Q_s, QP_s, KV_s, KP_s, RAW_s, SC_s, VIS_s, BAD_s, full, empty, acc_s, acc_o, *rows_state, OP, LP,
+                               b, sp, t, h0)
             elif consumers == "independent" and tx < C.WARPGROUP:
                 T.set_max_nreg(consumer_regs, 1)
                 consume(Q_s, QP_s, KV_s, KP_s, VIS_s, BAD_s, full, empty, acc_s0, p0, acc_o0, m0, m_prev0, m_scaled0, alpha0,
@@ -265,6 +309,7 @@ def sparse_split_kernel(tokens: int, heads: int, topk: int, kv_dtype: str, softm
                 visible_bits = T.alloc_var("uint32")  # ... its warp's ballot of visible slots
                 bad_bits = T.alloc_var("uint32")  # ... and of slots with a table entry outside [0, P)
                 rows = T.alloc_local((PAGE // 16,), "int32")  # the slots this thread gathers (bf16: four; e4m3: one)
+                raw_rows = T.alloc_local((RAW_BATCH,), "int32") if raw_gather else None  # the row of each raw piece of a batch
                 for c in T.serial(chunks):
                     # each slot's cache row, found once (not per element: every element of a slot
                     # waited for its index, then its table entry, then the value and its scale),
@@ -282,7 +327,26 @@ def sparse_split_kernel(tokens: int, heads: int, topk: int, kv_dtype: str, softm
                                 BAD_s[0] = 1
                         T.mbarrier_arrive(full[c % STAGES])
                     T.sync_threads(C.NAMED_BARRIER, C.WARPGROUP)
-                    if fp8:
+                    if raw_gather:
+                        # the chunk's raw rows as 16-byte cp.async, consecutive threads along a
+                        # row (36 pieces a row), and each slot's 9 scales by its own thread (g < 64)
+                        # in batches, each batch's rows read first (a shared read between two
+                        # copies cost a barrier each; all 18 rows at once spilled the producer)
+                        for h in T.unroll(RAW_BATCHES):
+                            for k in T.unroll(RAW_BATCH):
+                                raw_rows[k] = ROW_s[c % STAGES, ((h * RAW_BATCH + k) * C.WARPGROUP + g) // RAW_PIECES]
+                            for k in T.unroll(RAW_BATCH):
+                                T.ptx_cp_async(
+                                    T.access_ptr(RAW_s[c % STAGES, ((h * RAW_BATCH + k) * C.WARPGROUP + g) // RAW_PIECES,
+                                                       ((h * RAW_BATCH + k) * C.WARPGROUP + g) % RAW_PIECES * 16], "w", 16),
+                                    T.access_ptr(KV[page_of(raw_rows[k]), raw_rows[k] % PAGE,
+                                                    ((h * RAW_BATCH + k) * C.WARPGROUP + g) % RAW_PIECES * 16], "r", 16),
+                                    16, predicate=raw_rows[k] >= 0)
+                        if g < PAGE:
+                            for k in T.unroll(GROUPS):
+                                T.ptx_cp_async(T.access_ptr(SC_s[c % STAGES, g, k], "w", 1),
+                                               T.access_ptr(KVS[page_of(mine), mine % PAGE, k], "r", 1), 1, predicate=mine >= 0)
+                    elif fp8:
                         # two threads a slot, each its alternate 8-value pieces: one row a thread,
                         # so its 9 scales are 9 loads (eight threads a slot, below, made them 36:
                         # 1.4x slower, H200, 2026-12-03)
@@ -312,7 +376,7 @@ def sparse_split_kernel(tokens: int, heads: int, topk: int, kv_dtype: str, softm
                                 gather(KV, KVS, KV_s, raw, scale, rows[s], c % STAGES, s * 16 + g // 8, i * 64 + g % 8 * 8,
                                        i * 64 + g % 8 * 8)
                             gather(KV, KVS, KP_s, raw, scale, rows[s], c % STAGES, s * 16 + g // 8, D_V + g % 8 * 8, g % 8 * 8)
-                    if fp8:
+                    if fp8 and not raw_gather:
                         T.fence_proxy_async()  # rows stored by threads, read by the consumers' wgmma
                         T.mbarrier_arrive(full[c % STAGES])
                     else:
@@ -325,16 +389,19 @@ def sparse_split_kernel(tokens: int, heads: int, topk: int, kv_dtype: str, softm
 def sparse_mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
                       indices: torch.Tensor, sink: torch.Tensor | None = None, softmax_scale: float | None = None,
                       kv_scales: torch.Tensor | None = None, out=None, consumers: str = "shared",
-                      split_slots: int = SPLIT_SLOTS):
+                      split_slots: int = SPLIT_SLOTS, dequant_by: str = "producer"):
     """(o ``[B, T, H, 512]`` bf16, lse ``[B, T, H]`` fp32 including the sink) of sparse MLA
     decode (module docstring); ``sink`` None: no sink; ``softmax_scale`` defaults to 576^-0.5;
     ``out``: an (o, lse) pair to write, else new tensors; ``consumers``: the split kernel's
     consumer schedule (``sparse_split_kernel``); ``split_slots``: slots per split CTA (fewer,
-    longer splits write fewer partials, more and shorter ones fill more SMs at a small batch)."""
+    longer splits write fewer partials, more and shorter ones fill more SMs at a small batch);
+    ``dequant_by``: who dequantizes an e4m3 cache (``sparse_split_kernel``; ignored for bf16)."""
     if consumers not in CONSUMERS:
         raise ValueError(f"consumers: expected one of {CONSUMERS}, got {consumers!r}")
     if split_slots not in SPLIT_CHOICES:
         raise ValueError(f"split_slots: expected one of {SPLIT_CHOICES}, got {split_slots!r}")
+    if dequant_by not in DEQUANT_BY:
+        raise ValueError(f"dequant_by: expected one of {DEQUANT_BY}, got {dequant_by!r}")
     C.check_tensor("q", q, (torch.bfloat16,), 4)
     b, t, h, _ = q.shape
     C.check_tensor("indices", indices, (torch.int32,), 3)
@@ -359,8 +426,9 @@ def sparse_mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torc
     part_o = torch.empty((b, splits, t * h, D_V), dtype=torch.float32, device=dev)
     part_lse = torch.empty((b, splits, t * h), dtype=torch.float32, device=dev)
     scales = kv_scales if fp8 else _zeros(dev, (1, PAGE, D_QK // GROUP))
-    sparse_split_kernel(t, h, k, KV_DTYPES[kv_cache.dtype], scale, consumers, split_slots)(q, kv_cache, scales, block_table, seq_lens,
-                                                                     indices, part_o, part_lse)
+    split = sparse_split_kernel(t, h, k, KV_DTYPES[kv_cache.dtype], scale, consumers, split_slots,
+                                dequant_by if fp8 else "producer")
+    split(q, kv_cache, scales, block_table, seq_lens, indices, part_o, part_lse)
     mla_combine_kernel(t, h, splits, sink is not None)(block_table, seq_lens, part_o, part_lse,
                                                        sink if sink is not None else _zeros(dev, (h,)), o, lse)
     return o, lse

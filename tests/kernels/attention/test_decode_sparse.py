@@ -35,6 +35,34 @@ def test_kernels_compile(tokens, heads, topk, kv, consumers):
     assert "atomic" not in mla_combine_kernel(tokens, heads, splits_of(topk), True).device_source.lower()
 
 
+def test_consumers_dequantize_kernel():
+    """``dequant_by="consumers"``: the producer copies raw e4m3 rows by 16-byte cp.async (no
+    register holds them), the consumers dequantize into the one bf16 tile; every access proven,
+    no wgmma serialized, no spill (the raw gather's addresses spilled at 56 producer registers),
+    no thread waits forever; only with an e4m3 cache and shared consumers."""
+    import warnings
+
+    from tests.kernels.attention.test_decode_mla import device_function
+    from tlx.passes.progress import check_progress
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # ptxas's serialized wgmma
+        kernel = sparse_split_kernel(1, 128, 2048, "float8_e4m3", D_QK ** -0.5, "shared", 2048, "consumers")
+    src = kernel.device_source
+    assert "cp_async_gs_conditional<16>((&(((fp8_e4_t*)RAW_s)" in src and "cp_async_gs_conditional<4>((&(((float*)SC_s)" in src
+    assert "*(fp8_e4_8_t*)(KV + " not in src  # no register-staged gather
+    bounds = kernel.metadata["reports"]["bounds"]
+    assert (bounds["unknown"], bounds["violations"], bounds["preconditions"]) == ([], [], [])
+    assert bounds["proven"] == bounds["accesses"] > 0
+    assert int(kernel.metadata["launches"][0]["dynamic_shared_memory"]) <= 232448
+    report = check_progress(device_function(sparse_split_kernel, 1, 128, 2048, "float8_e4m3", D_QK ** -0.5, "shared", 2048,
+                                            "consumers"))
+    assert report.verdict == "ok", report.detail
+    for kv, consumers in (("bfloat16", "shared"), ("float8_e4m3", "independent")):
+        with pytest.raises(ValueError, match="dequant_by: expected one of"):
+            sparse_split_kernel(1, 128, 2048, kv, D_QK ** -0.5, consumers, 2048, "consumers")
+
+
 @pytest.mark.parametrize("kv, consumers", [("float8_e4m3", "independent"), ("bfloat16", "independent"),
                                            ("bfloat16", "shared")])
 def test_every_access_proven_in_bounds(kv, consumers):
@@ -60,6 +88,8 @@ def test_rejects_bad_input():
         sparse_mla_decode(q, kv, bt, sl, idx, consumers="both")
     with pytest.raises(ValueError, match="split_slots: expected one of"):
         sparse_mla_decode(q, kv, bt, sl, idx, split_slots=768)
+    with pytest.raises(ValueError, match="dequant_by: expected one of"):
+        sparse_mla_decode(q, kv, bt, sl, idx, dequant_by="both")
     with pytest.raises(ValueError, match="sink: expected shape"):
         sparse_mla_decode(q, kv, bt, sl, idx, sink=torch.zeros(32))
     with pytest.raises(ValueError, match="expected a CUDA tensor"):
@@ -124,6 +154,30 @@ def test_fp8_equals_bf16_and_batch_invariance(consumers):
                                    idx[:size].contiguous(), sink=sink, kv_scales=scales, consumers=consumers)
         assert torch.equal(o[:1].view(torch.int16), o8[:1].view(torch.int16)), f"batch {size}"
         assert torch.equal(lse[:1].view(torch.int32), l8[:1].view(torch.int32)), f"batch {size}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tokens, heads, topk", [(1, 128, 2048), (2, 16, 512)])
+def test_consumers_dequantize_same_bits(tokens, heads, topk):
+    """The consumers' dequant (raw rows by cp.async) gives the producer's dequantized values, so
+    the same bits, with masked slots whose would-be rows hold NaN, a sink, and a table entry past
+    the cache (that token NaN); and it is within tolerance of the reference."""
+    seq_lens = [1, 63, 65, 4001, 0, 3000]
+    q, kv, table, sl, scales = make_case(seq_lens, tokens=tokens, heads=heads, fp8=True, seed=topk + 1)
+    idx = random_indices(seq_lens, tokens, topk, seed=2)
+    kv[table[2, 1].long(), 1:] = float("nan")  # past sequence 2's 65 keys: the rows of masked slots
+    idx[2, 0, 0] = 100  # past sequence 2: masked, its row NaN
+    table[5, 2] = kv.shape[0]  # a page of sequence 5 past the cache
+    sink = torch.randn(heads, device="cuda")
+    got = {by: sparse_mla_decode(q, kv, table, sl, idx, sink=sink, kv_scales=scales, out=poisoned_outputs(q), dequant_by=by)
+           for by in ("producer", "consumers")}
+    for a, b in zip(got["producer"], got["consumers"]):
+        assert torch.equal(a.view(torch.int16 if a.dtype == torch.bfloat16 else torch.int32),
+                           b.view(torch.int16 if b.dtype == torch.bfloat16 else torch.int32))
+    o, lse = got["consumers"]
+    assert bool(torch.isnan(o[5]).any())  # the token that selected a key of the bad page
+    ok = [i for i in range(len(seq_lens)) if i != 5]
+    check_close(o[ok], lse[ok], *reference_sparse_mla_decode(q[ok], kv, table[ok], sl[ok], idx[ok], sink=sink, kv_scales=scales))
 
 
 @pytest.mark.gpu
