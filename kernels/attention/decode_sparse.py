@@ -24,7 +24,7 @@ import tilelang.language as T
 
 import tlx
 from kernels.attention import common as C
-from kernels.attention.decode_mla import (D_PE, D_QK, D_V, GROUP, GROUPS, KV_DTYPES, MAX_PAGES, PAGE, ROWS,
+from kernels.attention.decode_mla import (D_PE, D_QK, D_V, DEQUANT_LAYOUT, GROUP, GROUPS, KV_DTYPES, MAX_PAGES, PAGE, ROWS,
                                           _check, _outputs, _zeros, dequant, mla_combine_kernel, nan,
                                           load_queries, reference_mla_decode)
 from kernels.attention.indexer import table_entry
@@ -43,10 +43,6 @@ DEQUANT_BY = ("producer", "consumers")  # who dequantizes an e4m3 cache's rows (
 RAW_PIECES = D_QK // 16  # 16-byte pieces of a raw e4m3 row
 RAW_BATCHES = 2  # a producer thread's 18 raw copies of a chunk go in batches (all at once spilled it)
 RAW_BATCH = PAGE * RAW_PIECES // C.WARPGROUP // RAW_BATCHES
-DEQUANT_ROWS = 4  # rows of a raw chunk the 256 consumer threads dequantize at a time (8 values a thread)
-# thread and register of value (i, d) of such rows: 64 threads along a row, 8 columns each (a
-# quarter warp stores one 128-byte row of a swizzled bf16 panel, as decode_mla's DEQUANT_LAYOUT)
-ROW_GROUP_LAYOUT = T.Fragment((DEQUANT_ROWS, D_V), forward_fn=lambda i, d: (i * 64 + d // 8, d % 8))
 SHARED_BARRIER = C.NAMED_BARRIER + 1  # the shared consumers' named barrier (the producer's is C.NAMED_BARRIER)
 MASKED_ROW = -1  # slot_row of a masked slot
 BAD_ROW = -2  # slot_row of a visible slot whose table entry lies outside [0, P)
@@ -187,10 +183,8 @@ def sparse_split_kernel(tokens: int, heads: int, topk: int, kv_dtype: str, softm
     def dequant_chunk(RAW_s, SC_s, KV_s, KP_s, st):
         """The raw e4m3 chunk in stage ``st`` into the bf16 tiles by the project's rule (a masked
         slot's copies were predicated off: zero values and scale, so zeros)."""
-        for r in T.serial(PAGE // DEQUANT_ROWS):  # a loop, not unrolled: unrolled, its loads spilled the output
-            for i, d in T.Parallel(DEQUANT_ROWS, D_V, loop_layout=ROW_GROUP_LAYOUT):
-                KV_s[0, r * DEQUANT_ROWS + i, d] = dequant(RAW_s[st, r * DEQUANT_ROWS + i, d],
-                                                           SC_s[st, r * DEQUANT_ROWS + i, d // GROUP])
+        for i, d in T.Parallel(PAGE, D_V, loop_layout=DEQUANT_LAYOUT):
+            KV_s[0, i, d] = dequant(RAW_s[st, i, d], SC_s[st, i, d // GROUP])
         for i, d in T.Parallel(PAGE, D_PE):
             KP_s[0, i, d] = dequant(RAW_s[st, i, D_V + d], SC_s[st, i, GROUPS - 1])
 
