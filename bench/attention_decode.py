@@ -79,6 +79,12 @@ SPARSE_HEADS, SPARSE_TOPK = 128, 2048
 # (consumer schedule, slots per split, who dequantizes e4m3) of the sparse rows, each timed beside
 # dense decode (the consumers' dequant: e4m3 rows only)
 SPARSE_VARIANTS = [(c, n, "producer") for n in (1024, 2048) for c in SPARSE_CONSUMERS] + [("shared", 2048, "consumers")]
+
+
+def sparse_variants(fp8: bool) -> list:
+    """The sparse rows' variants for a cache of that dtype (the consumers' dequant is e4m3's only)."""
+    return [v for v in SPARSE_VARIANTS if fp8 or v[2] == "producer"]
+
 KV_DTYPES = ("bfloat16", "float8_e4m3")
 TOPK_SHAPES = [(32768, 2048), (65536, 2048), (131072, 2048), (65536, 512)]  # N, k (64 rows)
 INDEXER_SHAPES = [(64, 128), (32, 64)]  # heads, dim
@@ -99,8 +105,7 @@ OVERLAP_CONFIGS = ([("mla_overlap", t, h) for h, t in OVERLAP_SHAPES] + [("mla",
                    + [("combine", t, h, 0, False, 64) for h, t in OVERLAP_SHAPES])
 # the sparse rows' kernels (--only-sparse compiles these alone): both consumer schedules, and the
 # dense split (either page count in flight) whose rate per key they are compared with
-SPARSE_CONFIGS = ([("sparse", 1, SPARSE_HEADS, SPARSE_TOPK, kv, *v) for kv in KV_DTYPES for v in SPARSE_VARIANTS
-                   if kv == "float8_e4m3" or v[2] == "producer"]
+SPARSE_CONFIGS = ([("sparse", 1, SPARSE_HEADS, SPARSE_TOPK, kv, *v) for kv in KV_DTYPES for v in sparse_variants(kv == "float8_e4m3")]
                   + [("combine", 1, SPARSE_HEADS, splits_of(SPARSE_TOPK, n), True) for n in sorted({v[1] for v in SPARSE_VARIANTS})]
                   + [("mla", 1, SPARSE_HEADS, kv, st, 64) for kv in KV_DTYPES for st in (1, 2)]
                   + [("combine", 1, SPARSE_HEADS, 0, False, 64)])
@@ -626,7 +631,7 @@ def sparse_rows(reps):
         g = torch.Generator(device="cuda").manual_seed(SPARSE_TOPK)
         q, kv, table, sl, idx, sink, scales = sparse_case(fp8, g)
         ref = reference_sparse_mla_decode(q, kv, table, sl, idx, sink=sink, kv_scales=scales)
-        variants = [v for v in SPARSE_VARIANTS if fp8 or v[2] == "producer"]
+        variants = sparse_variants(fp8)
         checks = {v: checked(*sparse_mla_decode(q, kv, table, sl, idx, sink=sink, kv_scales=scales, out=poisoned_outputs(q),
                                                 consumers=v[0], split_slots=v[1], dequant_by=v[2]), *ref) for v in variants}
         del ref

@@ -53,6 +53,15 @@ def splits_of(topk: int, split_slots: int = SPLIT_SLOTS) -> int:
     return max(topk // split_slots, 1)
 
 
+def check_schedule(consumers: str, split_slots: int, dequant_by: str) -> None:
+    """``sparse_split_kernel``'s schedule options, each one of its choices (else a ValueError
+    naming it)."""
+    for name, value, choices in (("consumers", consumers, CONSUMERS), ("split_slots", split_slots, SPLIT_CHOICES),
+                                 ("dequant_by", dequant_by, DEQUANT_BY)):
+        if value not in choices:
+            raise ValueError(f"{name}: expected one of {choices}, got {value!r}")
+
+
 # a cache row (page * 64 + slot) is an int32: at most 2^25 pages (2.5 TB of bf16 cache)
 @tlx.jit(target=C.TARGET, assume=["1 <= P", f"P <= {2 ** 31 // PAGE}", "1 <= MP", f"MP <= {MAX_PAGES}", "B <= 65535"])
 def sparse_split_kernel(tokens: int, heads: int, topk: int, kv_dtype: str, softmax_scale: float,
@@ -83,12 +92,9 @@ def sparse_split_kernel(tokens: int, heads: int, topk: int, kv_dtype: str, softm
     scales by cp.async into ``STAGES`` raw stages (no register holds them: every copy of a chunk
     in flight at once) and the consumers dequantize a chunk into the one bf16 tile before its
     products, as dense decode's e4m3 split does. The same dequantized values: the same bits."""
-    if consumers not in CONSUMERS:
-        raise ValueError(f"consumers: expected one of {CONSUMERS}, got {consumers!r}")
-    if split_slots not in SPLIT_CHOICES:
-        raise ValueError(f"split_slots: expected one of {SPLIT_CHOICES}, got {split_slots!r}")
+    check_schedule(consumers, split_slots, dequant_by)
     fp8 = kv_dtype == "float8_e4m3"
-    if dequant_by not in DEQUANT_BY or (dequant_by == "consumers" and not (fp8 and consumers == "shared")):
+    if dequant_by == "consumers" and not (fp8 and consumers == "shared"):
         raise ValueError(f"dequant_by: expected one of {DEQUANT_BY} ('consumers' with an e4m3 cache and shared consumers), "
                          f"got {dequant_by!r} ({kv_dtype}, {consumers} consumers)")
     raw_gather = dequant_by == "consumers"  # the producer copies raw e4m3 rows; the consumers dequantize
@@ -179,6 +185,11 @@ def sparse_split_kernel(tokens: int, heads: int, topk: int, kv_dtype: str, softm
                 if h0 + i < heads:
                     LP[b, sp, t * heads + h0 + i] = T.if_then_else(BAD_s[0] == 0, lse_rows[i], nan())
 
+    def tile_of(c):
+        """The bf16 tile chunk c is computed from: its stage's, or with ``raw_gather`` the one
+        tile its raw rows are dequantized into."""
+        return 0 if raw_gather else c % STAGES
+
     @T.macro
     def dequant_chunk(RAW_s, SC_s, KV_s, KP_s, st):
         """The raw e4m3 chunk in stage ``st`` into the bf16 tiles by the project's rule (a masked
@@ -204,9 +215,9 @@ def sparse_split_kernel(tokens: int, heads: int, topk: int, kv_dtype: str, softm
             if raw_gather:
                 T.sync_threads(SHARED_BARRIER, 2 * C.WARPGROUP)  # every thread's part of the tile
             # the rope product is issued without waiting for it: the nope product's wait covers both
-            T.wgmma_gemm(QP_s, KP_s[0 if raw_gather else c % STAGES, :, :], acc_s, transpose_B=True, clear_accum=True,
+            T.wgmma_gemm(QP_s, KP_s[tile_of(c), :, :], acc_s, transpose_B=True, clear_accum=True,
                          policy=T.GemmWarpPolicy.FullCol)
-            T.gemm(Q_s, KV_s[0 if raw_gather else c % STAGES, :, :], acc_s, transpose_B=True, policy=T.GemmWarpPolicy.FullCol)
+            T.gemm(Q_s, KV_s[tile_of(c), :, :], acc_s, transpose_B=True, policy=T.GemmWarpPolicy.FullCol)
             for i, j in T.Parallel(ROWS, PAGE):
                 acc_s[i, j] = T.if_then_else(slot_visible(VIS_s, c % STAGES, j), acc_s[i, j], C.neg_inf())
             if raw_gather:
@@ -214,11 +225,11 @@ def sparse_split_kernel(tokens: int, heads: int, topk: int, kv_dtype: str, softm
             C.softmax_step(acc_s, m, m_prev, m_scaled, alpha, l, row_sum, scale_log2, ROWS, PAGE)
             # P into the rope slot: both warpgroups' score products are done (the row max's
             # cross-warpgroup exchange came after each one's wait)
-            T.copy(acc_s, KP_s[0 if raw_gather else c % STAGES, :, :])
+            T.copy(acc_s, KP_s[tile_of(c), :, :])
             T.fence_proxy_async()  # plain stores, read by wgmma
             T.sync_threads(SHARED_BARRIER, 2 * C.WARPGROUP)
             C.rescale_rows(acc_o, alpha, ROWS, D_V)
-            T.gemm(KP_s[0 if raw_gather else c % STAGES, :, :], KV_s[0 if raw_gather else c % STAGES, :, :], acc_o,
+            T.gemm(KP_s[tile_of(c), :, :], KV_s[tile_of(c), :, :], acc_o,
                    policy=T.GemmWarpPolicy.FullCol)
             if not raw_gather:
                 T.mbarrier_arrive(empty[c % STAGES])
@@ -390,12 +401,7 @@ def sparse_mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torc
     consumer schedule (``sparse_split_kernel``); ``split_slots``: slots per split CTA (fewer,
     longer splits write fewer partials, more and shorter ones fill more SMs at a small batch);
     ``dequant_by``: who dequantizes an e4m3 cache (``sparse_split_kernel``; ignored for bf16)."""
-    if consumers not in CONSUMERS:
-        raise ValueError(f"consumers: expected one of {CONSUMERS}, got {consumers!r}")
-    if split_slots not in SPLIT_CHOICES:
-        raise ValueError(f"split_slots: expected one of {SPLIT_CHOICES}, got {split_slots!r}")
-    if dequant_by not in DEQUANT_BY:
-        raise ValueError(f"dequant_by: expected one of {DEQUANT_BY}, got {dequant_by!r}")
+    check_schedule(consumers, split_slots, dequant_by)
     C.check_tensor("q", q, (torch.bfloat16,), 4)
     b, t, h, _ = q.shape
     C.check_tensor("indices", indices, (torch.int32,), 3)
