@@ -63,7 +63,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kernels.attention.decode_sparse import CONSUMERS as SPARSE_CONSUMERS, splits_of  # noqa: E402  (no CUDA context: fork stays safe)
+from kernels.attention.decode_sparse import CONSUMERS as SPARSE_CONSUMERS, finishes, splits_of  # noqa: E402  (no CUDA context: fork stays safe)
 from kernels.attention.topk import CTAS_PER_ROW  # noqa: E402
 
 ROWS = []
@@ -76,14 +76,26 @@ MLA_VARIANTS = [(False, 1, 64), (False, 2, 64), (True, 1, 64), (True, 2, 64), (F
 KEY_MAJOR_CASES = [(16, 1, False), (16, 1, True), (16, 2, False), (16, 2, True)]
 KEY_MAJOR_STAGES = (1, 2)  # pages in flight of its e4m3 rows (bf16: 2, mla_decode's default)
 SPARSE_HEADS, SPARSE_TOPK = 128, 2048
-# (consumer schedule, slots per split, who dequantizes e4m3) of the sparse rows, each timed beside
-# dense decode (the consumers' dequant: e4m3 rows only)
-SPARSE_VARIANTS = [(c, n, "producer") for n in (1024, 2048) for c in SPARSE_CONSUMERS] + [("shared", 2048, "consumers")]
+# (consumer schedule, slots per split, who dequantizes e4m3, finish) of the sparse rows, each timed
+# beside dense decode (the consumers' dequant: e4m3 rows only); finish False: the one-split default's
+# partials through mla_combine_kernel, as before the split kernel finished its rows
+SPARSE_VARIANTS = ([(c, n, "producer", True) for n in (1024, 2048) for c in SPARSE_CONSUMERS]
+                   + [("shared", 2048, "consumers", True)] + [("shared", 2048, d, False) for d in ("producer", "consumers")])
 
 
 def sparse_variants(fp8: bool) -> list:
     """The sparse rows' variants for a cache of that dtype (the consumers' dequant is e4m3's only)."""
     return [v for v in SPARSE_VARIANTS if fp8 or v[2] == "producer"]
+
+
+def sparse_configs(tokens, heads, topk, kv, consumers="shared", split_slots=2048, dequant_by="producer", sinks=(False, True),
+                   finish=True):
+    """The kernels ``sparse_mla_decode`` compiles for one call shape and schedule (its ``finish``),
+    with and/or without a sink: the finishing split kernel, or the split kernel and its combine."""
+    split = ("sparse", tokens, heads, topk, kv, consumers, split_slots, dequant_by)
+    if finish and finishes(topk, consumers, split_slots):
+        return [(*split, True, sink) for sink in sinks]
+    return [split] + [("combine", tokens, heads, splits_of(topk, split_slots), sink) for sink in sinks]
 
 KV_DTYPES = ("bfloat16", "float8_e4m3")
 TOPK_SHAPES = [(32768, 2048), (65536, 2048), (131072, 2048), (65536, 512)]  # N, k (64 rows)
@@ -105,8 +117,8 @@ OVERLAP_CONFIGS = ([("mla_overlap", t, h) for h, t in OVERLAP_SHAPES] + [("mla",
                    + [("combine", t, h, 0, False, 64) for h, t in OVERLAP_SHAPES])
 # the sparse rows' kernels (--only-sparse compiles these alone): both consumer schedules, and the
 # dense split (either page count in flight) whose rate per key they are compared with
-SPARSE_CONFIGS = ([("sparse", 1, SPARSE_HEADS, SPARSE_TOPK, kv, *v) for kv in KV_DTYPES for v in sparse_variants(kv == "float8_e4m3")]
-                  + [("combine", 1, SPARSE_HEADS, splits_of(SPARSE_TOPK, n), True) for n in sorted({v[1] for v in SPARSE_VARIANTS})]
+SPARSE_CONFIGS = ([c for kv in KV_DTYPES for v in sparse_variants(kv == "float8_e4m3")
+                   for c in sparse_configs(1, SPARSE_HEADS, SPARSE_TOPK, kv, *v[:3], sinks=(True,), finish=v[3])]
                   + [("mla", 1, SPARSE_HEADS, kv, st, 64) for kv in KV_DTYPES for st in (1, 2)]
                   + [("combine", 1, SPARSE_HEADS, 0, False, 64)])
 BENCH_CONFIGS = ([("topk", k, ctas) for k in sorted({k for _, k in TOPK_SHAPES}) for ctas in CTAS_PER_ROW]
@@ -131,11 +143,13 @@ TEST_CONFIGS = ([("topk", k, ctas) for k in (512, 1024, 2048) for ctas in CTAS_P
                    for c in (1, 2)]
                 + [("mla", 1, 32, "float8_e4m3", 1), ("combine", 1, 32, 0, False), ("mla_keys", 1, 16, "bfloat16", 2, 0)]
                 + [("combine", 1, h, 0, False, split) for h, split in ((128, 16), (16, 128))] + [("combine", 2, 16, 0, False, 32)]
-                + [("sparse", t, h, k, kv, c) for t, h, k in ((1, 128, 2048), (2, 16, 512)) for kv in KV_DTYPES
-                   for c in SPARSE_CONSUMERS]
-                + [("sparse", t, h, k, "float8_e4m3", "shared", 2048, "consumers") for t, h, k in ((1, 128, 2048), (2, 16, 512))]
-                + [("combine", t, h, splits_of(k), sink) for t, h, k in ((1, 128, 2048), (2, 16, 512))
-                   for sink in (False, True)])
+                + [c for t, h, k in ((1, 128, 2048), (2, 16, 512)) for kv in KV_DTYPES for cons in SPARSE_CONSUMERS
+                   for dequant in (("producer", "consumers") if kv == "float8_e4m3" and cons == "shared" else ("producer",))
+                   for c in sparse_configs(t, h, k, kv, cons, 2048, dequant)]
+                # test_finishing_split_same_bits_as_combine: the finishing kernel and the split it finishes, combined
+                + [c for kv, dequant in (("bfloat16", "producer"), ("float8_e4m3", "consumers"))
+                   for c in sparse_configs(2, 128, 512, kv, "shared", 2048, dequant)
+                   + sparse_configs(2, 128, 512, kv, "shared", 2048, dequant, finish=False)])
 
 
 def baseline_configs():
@@ -184,7 +198,7 @@ def compile_config(cfg) -> str:
     else:
         from kernels.attention.decode_sparse import sparse_split_kernel
 
-        sparse_split_kernel(*args[:4], scale, *args[4:])  # tokens, heads, topk, kv[, consumers[, split_slots[, dequant_by]]]
+        sparse_split_kernel(*args[:4], scale, *args[4:])  # tokens, heads, topk, kv, consumers, split_slots, dequant_by[, finish, with_sink]
     return f"{cfg}: {time.time() - t0:.1f} s"
 
 
@@ -633,21 +647,27 @@ def sparse_rows(reps):
         ref = reference_sparse_mla_decode(q, kv, table, sl, idx, sink=sink, kv_scales=scales)
         variants = sparse_variants(fp8)
         checks = {v: checked(*sparse_mla_decode(q, kv, table, sl, idx, sink=sink, kv_scales=scales, out=poisoned_outputs(q),
-                                                consumers=v[0], split_slots=v[1], dequant_by=v[2]), *ref) for v in variants}
+                                                consumers=v[0], split_slots=v[1], dequant_by=v[2], finish=v[3]), *ref)
+                  for v in variants}
         del ref
         calls = {v: (lambda v=v: sparse_mla_decode(q, kv, table, sl, idx, sink=sink, kv_scales=scales, consumers=v[0],
-                                                   split_slots=v[1], dequant_by=v[2]))
+                                                   split_slots=v[1], dequant_by=v[2], finish=v[3]))
                  for v in variants if checks[v] == "ok"}
-        if fp8 and checks[("shared", 2048, "consumers")] == "ok":  # the same dequantized values: the same bits
-            same = all(same_bits(a, b) for a, b in zip(calls[("shared", 2048, "producer")](), calls[("shared", 2048, "consumers")]()))
-            checks[("shared", 2048, "consumers")] += ", bits same as the producer's dequant" if same else ", bits DIFFER"
+        # the same dequantized values, the combine's arithmetic: the same bits as the first-named variant
+        for v, like, says in ((("shared", 2048, "consumers", True), ("shared", 2048, "producer", True), "the producer's dequant"),
+                              (("shared", 2048, "producer", False), ("shared", 2048, "producer", True), "the finished rows"),
+                              (("shared", 2048, "consumers", False), ("shared", 2048, "consumers", True), "the finished rows")):
+            if v in calls and like in calls:
+                same = all(same_bits(a, b) for a, b in zip(calls[like](), calls[v]()))
+                checks[v] += f", bits same as {says}" if same else ", bits DIFFER"
         calls["dense"] = lambda: mla_decode(q, kv, table, sl, kv_scales=scales)
         ms = interleaved_ms(calls, reps, queued=True)
         dense_tf = 2 * BATCH * SPARSE_HEADS * CTX * (D_QK + D_V) / ms["dense"] / 1e9
         emit(what="MLA decode (dense anchor, every key)", shape=f"B {BATCH} ctx {CTX} H {SPARSE_HEADS} T 1",
              tlx_us=round(ms["dense"] * 1e3, 1), TFLOPs=round(dense_tf), check="-")
         for v in variants:
-            what = f"sparse MLA decode, {v[0]} consumers, {v[1]}-slot splits" + (", consumers dequantize" if v[2] == "consumers" else "")
+            what = (f"sparse MLA decode, {v[0]} consumers, {v[1]}-slot splits" + (", consumers dequantize" if v[2] == "consumers" else "")
+                    + ("" if v[3] or not finishes(SPARSE_TOPK, v[0], v[1]) else ", combined by mla_combine_kernel"))
             if v not in ms:
                 emit(what=what, shape=shape, check=checks[v])
                 continue

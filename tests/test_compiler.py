@@ -321,23 +321,18 @@ def test_an_entry_whose_launcher_does_not_load_here_is_built_again(tmp_path, mon
 
 
 def test_two_installs_of_one_cuda_release_share_cache_keys(tmp_path, monkeypatch):
-    """The toolkit enters the key by its nvcc release, read from an installer's version.json or a
-    wheel layout's dist-info, not by its path and mtime: the development machine's cache hits on
-    the GPU machine's install of the same release, and another release misses."""
-    import json
-
+    """The toolkit enters the key by its release (``CUDA_VERSION`` of its cuda.h), not by its path,
+    mtime or patch level: the development machine's cache (pip wheels, 13.0.88) hits on the GPU
+    machine's installer toolkit (its path, size and mtime in the key missed there every time),
+    and another release misses."""
     from tlx.lowering import cuda_toolkit_version
 
-    def toolkit(name, release, layout):
+    def toolkit(name, cuda_h):
         home = tmp_path / name
         (home / "include").mkdir(parents=True)
-        (home / "include" / "cuda.h").write_text("")
+        (home / "include" / "cuda.h").write_text(cuda_h)
         (home / "bin").mkdir()
         (home / "bin" / "nvcc").write_text(name)  # another size and mtime in each install
-        if layout == "installer":
-            (home / "version.json").write_text(json.dumps({"cuda": {"version": "13.0.2"}, "cuda_nvcc": {"version": release}}))
-        elif layout == "wheels":
-            (home / "dist-info" / f"nvidia_cuda_nvcc-{release}.dist-info").mkdir(parents=True)
         return home
 
     def identity(home):
@@ -348,8 +343,8 @@ def test_two_installs_of_one_cuda_release_share_cache_keys(tmp_path, monkeypatch
         finally:
             cuda_toolkit_version.cache_clear()
 
-    here = identity(toolkit("wheels", "13.0.88", "wheels"))
-    assert here == "nvcc 13.0.88" == identity(toolkit("installer", "13.0.88", "installer"))
-    assert identity(toolkit("older", "13.0.48", "installer")) == "nvcc 13.0.48"
-    bare = toolkit("bare", "13.0.88", "none")
-    assert identity(bare).startswith(f"{bare}:")  # nothing names the release: the install itself
+    release = "#ifndef __cuda_cuda_h__\n#define CUDA_VERSION 13000\n#endif\n"
+    assert identity(toolkit("wheels", release)) == "cuda 13.0" == identity(toolkit("installer", release))
+    assert identity(toolkit("next", release.replace("13000", "13010"))) == "cuda 13.1"
+    unnamed = identity(toolkit("unnamed", "/* no version */\n"))
+    assert unnamed.startswith("cuda.h:") and unnamed != identity(toolkit("other", "/* another */\n"))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
+import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -127,22 +127,18 @@ def cuda_include_dir() -> str:
 
 @functools.cache
 def cuda_toolkit_version() -> str:
-    """The CUDA compiler in use, by its release (``nvcc 13.0.88``): from the toolkit's
-    ``version.json`` (an installer's) or its ``nvidia_cuda_nvcc-*.dist-info`` folder (a wheel
-    layout), so that two installs of one release name the same kernels (a cache built on the
-    development machine hits on the GPU machine: with the install's path, size and mtime in the
-    key, every kernel compiled again there); else nvcc's resolved path, size and mtime. No
-    subprocess on the hit path."""
+    """The CUDA toolkit in use, by its release (``cuda 13.0``, ``CUDA_VERSION`` of its ``cuda.h``):
+    every install of one release names the same kernels, so a cache built on the development
+    machine (pip wheels) hits on the GPU machine (an installer's toolkit, another patch level;
+    cubins of one release's patches are interchangeable). With the install's path, size and
+    mtime or its patch level in the key, every kernel compiled again there. No subprocess on
+    the hit path."""
     try:
-        home = Path(cuda_include_dir()).parent
-        manifest = home / "version.json"
-        if manifest.is_file():
-            release = json.loads(manifest.read_text()).get("cuda_nvcc", {}).get("version")
-            return f"nvcc {release}" if release else "cuda:" + hashlib.sha256(manifest.read_bytes()).hexdigest()[:16]
-        wheels = sorted((home / "dist-info").glob("nvidia_cuda_nvcc-*.dist-info"))
-        if len(wheels) == 1:
-            return "nvcc " + wheels[0].name[len("nvidia_cuda_nvcc-"):-len(".dist-info")]
-        st = (home / "bin" / "nvcc").stat()
-        return f"{home}:{st.st_size}:{st.st_mtime_ns}"
+        header = Path(cuda_include_dir()) / "cuda.h"
+        found = re.search(r"^#define CUDA_VERSION (\d+)$", header.read_text(), re.M)
+        if found is None:
+            return "cuda.h:" + hashlib.sha256(header.read_bytes()).hexdigest()[:16]
+        version = int(found.group(1))
+        return f"cuda {version // 1000}.{version % 1000 // 10}"
     except (RuntimeError, OSError, ValueError):
         return "missing"

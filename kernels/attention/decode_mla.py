@@ -76,6 +76,12 @@ def nan():
     return T.reinterpret(T.uint32(0x7FC00000), T.float32)
 
 
+def lse_weight(lse, mx):
+    """``exp(lse - mx)`` as the combine computes it (``exp2`` of the difference times log2 e, each
+    step IEEE): a split's (or the sink's) weight against the row's running max ``mx``."""
+    return T.exp2(T.ieee_mul(T.ieee_sub(lse, mx), T.float32(LOG2E)))
+
+
 def dequant_layout(threads: int):
     """The consumer thread and register of element (i, d) of an e4m3 page: 8 columns a thread,
     64 threads along one row, ``threads // 64`` rows at a time. A quarter warp then stores one
@@ -789,13 +795,13 @@ def mla_combine_kernel(tokens: int, heads: int, fixed_splits: int = 0, with_sink
                 mx = T.if_then_else(LP[b, i, r] > mx, LP[b, i, r], mx)
                 # T.isnan, not `x != x`: TVM's simplifier folds `x != x` to false
                 bad = T.if_then_else(T.isnan(LP[b, i, r]), 1, bad)
-            s = T.exp2(T.ieee_mul(T.ieee_sub(SINK[r % heads], mx), T.float32(LOG2E))) if with_sink else T.float32(0)
+            s = lse_weight(SINK[r % heads], mx) if with_sink else T.float32(0)
             for i in T.serial(n):
-                s = T.ieee_add(s, T.exp2(T.ieee_mul(T.ieee_sub(LP[b, i, r], mx), T.float32(LOG2E))))
+                s = T.ieee_add(s, lse_weight(LP[b, i, r], mx))
             for c in T.unroll(4):
                 acc[c] = T.float32(0)
             for i in T.serial(n):
-                wgt = T.ieee_fdiv(T.exp2(T.ieee_mul(T.ieee_sub(LP[b, i, r], mx), T.float32(LOG2E))), s)
+                wgt = T.ieee_fdiv(lse_weight(LP[b, i, r], mx), s)
                 for c in T.unroll(4):
                     acc[c] = T.ieee_fmaf(wgt, OP[b, i, r, tx * 4 + c], acc[c])
             for c in T.vectorized(4):

@@ -11,9 +11,9 @@ token's rows NaN (documented guard; that page is not read).
 Batch invariance: the K slots are cut into splits of ``min(K, split_slots)`` slots (2048 unless the
 call says: a constant of the call, never the batch or the SM count); one CTA per (64 heads, split, token) runs the online softmax of
 ``kernels/attention/common.py`` over its slots in order, 64 at a time, gathering each slot's
-key row through the block table (the rows found once per 64 slots, then 16-byte gathers; the
-e4m3 cache dequantized on the way as in dense decode) in a producer warpgroup, two chunks ahead
-of the consumers (:func:`sparse_split_kernel`); :func:`decode_mla.mla_combine_kernel` combines
+key row through the block table (the rows found once per 64 slots, then 16-byte gathers; an
+e4m3 cache's raw rows and scales by cp.async, dequantized by the consumers as in dense decode's
+split) in a producer warpgroup, two chunks ahead of the consumers (:func:`sparse_split_kernel`); :func:`decode_mla.mla_combine_kernel` combines
 the splits in order and adds the sink.
 """
 
@@ -25,7 +25,7 @@ import tilelang.language as T
 import tlx
 from kernels.attention import common as C
 from kernels.attention.decode_mla import (D_PE, D_QK, D_V, DEQUANT_LAYOUT, GROUP, GROUPS, KV_DTYPES, MAX_PAGES, PAGE, ROWS,
-                                          _check, _outputs, _zeros, dequant, mla_combine_kernel, nan,
+                                          _check, _outputs, _zeros, dequant, lse_weight, mla_combine_kernel, nan,
                                           load_queries, reference_mla_decode)
 from kernels.attention.indexer import table_entry
 
@@ -53,6 +53,12 @@ def splits_of(topk: int, split_slots: int = SPLIT_SLOTS) -> int:
     return max(topk // split_slots, 1)
 
 
+def finishes(topk: int, consumers: str, split_slots: int) -> bool:
+    """The split kernel finishes the rows itself (one split, shared consumers: ``finish``), or
+    ``mla_combine_kernel`` combines its partials."""
+    return splits_of(topk, split_slots) == 1 and consumers == "shared"
+
+
 def check_schedule(consumers: str, split_slots: int, dequant_by: str) -> None:
     """``sparse_split_kernel``'s schedule options, each one of its choices (else a ValueError
     naming it)."""
@@ -65,10 +71,18 @@ def check_schedule(consumers: str, split_slots: int, dequant_by: str) -> None:
 # a cache row (page * 64 + slot) is an int32: at most 2^25 pages (2.5 TB of bf16 cache)
 @tlx.jit(target=C.TARGET, assume=["1 <= P", f"P <= {2 ** 31 // PAGE}", "1 <= MP", f"MP <= {MAX_PAGES}", "B <= 65535"])
 def sparse_split_kernel(tokens: int, heads: int, topk: int, kv_dtype: str, softmax_scale: float,
-                        consumers: str = "shared", split_slots: int = SPLIT_SLOTS, dequant_by: str = "producer"):
+                        consumers: str = "shared", split_slots: int = SPLIT_SLOTS, dequant_by: str = "producer",
+                        finish: bool = False, with_sink: bool = False):
     """Partial attention of (64-row block of one token's heads, split, token): ``OP [B, NS,
     T*H, 512]`` normalised and ``LP [B, NS, T*H]`` log-sum-exp (-inf: every slot masked; NS =
-    ``splits_of(K, split_slots)``).
+    ``splits_of(K, split_slots)``), for ``mla_combine_kernel`` to combine.
+
+    ``finish`` (one split, shared consumers): the split is the whole attention, so the kernel
+    writes what the combine would, bit for bit, itself: ``OP [B, 1, T*H, 512]`` bf16 (the
+    output ``o`` viewed so) and ``LP`` the final lse, the sink ``SINK [H]`` (natural-log units)
+    joining each row's softmax when ``with_sink`` (else SINK is not read), by the combine's
+    arithmetic (``lse_weight``, ``finish_with_sink``). That saves the fp32 partials' round trip
+    through memory (512 x 4 bytes a row, written, read back) and the second launch.
 
     Warp-specialized: a producer warpgroup gathers the next chunks' key rows into shared memory
     (``STAGES`` chunks in flight: a bf16 row by predicated 16-byte cp.async, zeros for a masked
@@ -86,9 +100,9 @@ def sparse_split_kernel(tokens: int, heads: int, topk: int, kv_dtype: str, softm
     within rounding. On an H100 (2026-12-05, B128 H128 T1 k 2048 bf16, interleaved): shared
     270.9 against independent 296.2 us at 1024-slot splits, 224.2 against 256.3 at 2048.
 
-    ``dequant_by`` (an e4m3 cache, shared consumers): "producer" (the default) dequantizes while
-    gathering (two threads a slot, 8-byte loads, each waited for: the producer bounds the e4m3
-    kernel, 520 against bf16's 224 us on the H100); "consumers" gathers the raw rows and their
+    ``dequant_by`` (an e4m3 cache, shared consumers): "producer" dequantizes while gathering (two
+    threads a slot, 8-byte loads, each waited for: the producer bounds the e4m3 kernel, 519.3
+    against bf16's 211.9 us on an H200); "consumers" (``sparse_mla_decode``'s default: 352.9 us) gathers the raw rows and their
     scales by cp.async into ``STAGES`` raw stages (no register holds them: every copy of a chunk
     in flight at once) and the consumers dequantize a chunk into the one bf16 tile before its
     products, as dense decode's e4m3 split does. The same dequantized values: the same bits."""
@@ -100,6 +114,10 @@ def sparse_split_kernel(tokens: int, heads: int, topk: int, kv_dtype: str, softm
     raw_gather = dequant_by == "consumers"  # the producer copies raw e4m3 rows; the consumers dequantize
     head_blocks = -(-heads // ROWS)
     splits = splits_of(topk, split_slots)
+    if finish and (splits != 1 or consumers != "shared"):
+        raise ValueError(f"finish: expected one split and shared consumers, got {splits} splits, {consumers} consumers")
+    if with_sink and not finish:
+        raise ValueError("with_sink: the sink joins in the kernel only with finish=True (else in mla_combine_kernel)")
     chunks = topk // splits // PAGE
     scale_log2 = softmax_scale * C.LOG2E
     batch, pages, max_pages = T.dynamic("B"), T.dynamic("P"), T.dynamic("MP")
@@ -185,6 +203,23 @@ def sparse_split_kernel(tokens: int, heads: int, topk: int, kv_dtype: str, softm
                 if h0 + i < heads:
                     LP[b, sp, t * heads + h0 + i] = T.if_then_else(BAD_s[0] == 0, lse_rows[i], nan())
 
+    @T.macro
+    def finish_with_sink(acc_o, lse_rows, mx, wgt, s, SINK, h0):
+        """``mla_combine_kernel``'s arithmetic for one split (its ``mx``, ``s`` and weight, per
+        row, in the dead softmax fragments ``mx``, ``s`` and ``wgt``) on the normalised
+        ``acc_o`` and ``lse_rows``: ``acc_o`` becomes the output (``fma(wgt, o, 0)``; 0 for a
+        row with neither keys nor sink), ``lse_rows`` the final lse. Rounded to bf16 by the store."""
+        for i in T.Parallel(ROWS):
+            mx[i] = SINK[T.min(h0 + i, heads - 1)] if with_sink else C.neg_inf()
+            mx[i] = T.if_then_else(lse_rows[i] > mx[i], lse_rows[i], mx[i])
+            s[i] = T.ieee_add(lse_weight(SINK[T.min(h0 + i, heads - 1)], mx[i]) if with_sink else T.float32(0),
+                              lse_weight(lse_rows[i], mx[i]))
+            wgt[i] = T.ieee_fdiv(lse_weight(lse_rows[i], mx[i]), s[i])
+        for i, d in T.Parallel(ROWS, D_V):
+            acc_o[i, d] = T.if_then_else(mx[i] == C.neg_inf(), T.float32(0), T.ieee_fmaf(wgt[i], acc_o[i, d], T.float32(0)))
+        for i in T.Parallel(ROWS):
+            lse_rows[i] = T.if_then_else(mx[i] == C.neg_inf(), C.neg_inf(), T.ieee_add(mx[i], T.log(s[i])))
+
     def tile_of(c):
         """The bf16 tile chunk c is computed from: its stage's, or with ``raw_gather`` the one
         tile its raw rows are dequantized into."""
@@ -201,7 +236,7 @@ def sparse_split_kernel(tokens: int, heads: int, topk: int, kv_dtype: str, softm
 
     @T.macro
     def consume_shared(Q_s, QP_s, KV_s, KP_s, RAW_s, SC_s, VIS_s, BAD_s, full, empty, acc_s, acc_o, m, m_prev, m_scaled,
-                       alpha, l, row_sum, lse_rows, OP, LP, b, sp, t, h0):
+                       alpha, l, row_sum, lse_rows, SINK, OP, LP, b, sp, t, h0):
         """Both consumer warpgroups on each chunk together (``consumers="shared"``): all 512
         output columns, the scores split between them by key. With ``raw_gather``, each chunk is
         first dequantized from its raw stage into the one bf16 tile (``KV_s[0]``, ``KP_s[0]``)."""
@@ -234,9 +269,11 @@ def sparse_split_kernel(tokens: int, heads: int, topk: int, kv_dtype: str, softm
             if not raw_gather:
                 T.mbarrier_arrive(empty[c % STAGES])
         C.finish_rows(acc_o, l, m_scaled, lse_rows, ROWS, D_V)
+        if finish:
+            finish_with_sink(acc_o, lse_rows, m_prev, alpha, row_sum, SINK, h0)
         for i, d in T.Parallel(ROWS, D_V):
             if h0 + i < heads:
-                OP[b, sp, t * heads + h0 + i, d] = T.if_then_else(BAD_s[0] == 0, acc_o[i, d], nan())
+                OP[b, sp, t * heads + h0 + i, d] = T.Cast(OP.dtype, T.if_then_else(BAD_s[0] == 0, acc_o[i, d], nan()))
         for i in T.Parallel(ROWS):
             if h0 + i < heads:
                 LP[b, sp, t * heads + h0 + i] = T.if_then_else(BAD_s[0] == 0, lse_rows[i], nan())
@@ -245,7 +282,8 @@ def sparse_split_kernel(tokens: int, heads: int, topk: int, kv_dtype: str, softm
     def kernel(Q: T.Tensor((batch, tokens, heads, D_QK), bf16), KV: T.Tensor((pages, PAGE, D_QK), kv_dtype),
                KVS: T.Tensor((pages if fp8 else 1, PAGE, D_QK // GROUP), f32), BT: T.Tensor((batch, max_pages), "int32"),
                SL: T.Tensor((batch,), "int32"), IDX: T.Tensor((batch, tokens, topk), "int32"),
-               OP: T.Tensor((batch, splits, tokens * heads, D_V), f32), LP: T.Tensor((batch, splits, tokens * heads), f32)):
+               SINK: T.Tensor((heads,), f32), OP: T.Tensor((batch, splits, tokens * heads, D_V), bf16 if finish else f32),
+               LP: T.Tensor((batch, splits, tokens * heads), f32)):
         with T.Kernel(head_blocks, splits, batch * tokens, threads=3 * C.WARPGROUP) as (hb, sp, bt):
             Q_s = T.alloc_shared((ROWS, D_V), bf16)
             QP_s = T.alloc_shared((ROWS, D_PE), bf16)
@@ -295,8 +333,8 @@ def sparse_split_kernel(tokens: int, heads: int, topk: int, kv_dtype: str, softm
             T.sync_threads()
             if consumers == "shared" and tx < 2 * C.WARPGROUP:
                 T.set_max_nreg(consumer_regs, 1)
-                consume_shared(Q_s, QP_s, KV_s, KP_s, RAW_s, SC_s, VIS_s, BAD_s, full, empty, acc_s, acc_o, *rows_state, OP, LP,
-                               b, sp, t, h0)
+                consume_shared(Q_s, QP_s, KV_s, KP_s, RAW_s, SC_s, VIS_s, BAD_s, full, empty, acc_s, acc_o, *rows_state,
+                               SINK, OP, LP, b, sp, t, h0)
             elif consumers == "independent" and tx < C.WARPGROUP:
                 T.set_max_nreg(consumer_regs, 1)
                 consume(Q_s, QP_s, KV_s, KP_s, VIS_s, BAD_s, full, empty, acc_s0, p0, acc_o0, m0, m_prev0, m_scaled0, alpha0,
@@ -394,13 +432,19 @@ def sparse_split_kernel(tokens: int, heads: int, topk: int, kv_dtype: str, softm
 def sparse_mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
                       indices: torch.Tensor, sink: torch.Tensor | None = None, softmax_scale: float | None = None,
                       kv_scales: torch.Tensor | None = None, out=None, consumers: str = "shared",
-                      split_slots: int = SPLIT_SLOTS, dequant_by: str = "producer"):
+                      split_slots: int = SPLIT_SLOTS, dequant_by: str | None = None, finish: bool = True):
     """(o ``[B, T, H, 512]`` bf16, lse ``[B, T, H]`` fp32 including the sink) of sparse MLA
     decode (module docstring); ``sink`` None: no sink; ``softmax_scale`` defaults to 576^-0.5;
     ``out``: an (o, lse) pair to write, else new tensors; ``consumers``: the split kernel's
     consumer schedule (``sparse_split_kernel``); ``split_slots``: slots per split CTA (fewer,
     longer splits write fewer partials, more and shorter ones fill more SMs at a small batch);
-    ``dequant_by``: who dequantizes an e4m3 cache (``sparse_split_kernel``; ignored for bf16)."""
+    ``dequant_by``: who dequantizes an e4m3 cache (``sparse_split_kernel``; ignored for bf16);
+    None: the consumers where they can (shared consumers; H200, B128 H128 T1 k 2048: 352.9
+    against the producer's 519.3 us, the same bits), else the producer; ``finish``: the split kernel
+    finishes the rows where it can (``finishes``), else (False: always) ``mla_combine_kernel``
+    combines its partials: the same bits."""
+    if dequant_by is None:
+        dequant_by = "consumers" if consumers == "shared" and kv_cache.dtype == torch.float8_e4m3fn else "producer"
     check_schedule(consumers, split_slots, dequant_by)
     C.check_tensor("q", q, (torch.bfloat16,), 4)
     b, t, h, _ = q.shape
@@ -423,14 +467,18 @@ def sparse_mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torc
     if b == 0:
         return o, lse
     splits = splits_of(k, split_slots)
+    scales = kv_scales if fp8 else _zeros(dev, (1, PAGE, D_QK // GROUP))
+    sink_or_zeros = sink if sink is not None else _zeros(dev, (h,))
+    schedule = (KV_DTYPES[kv_cache.dtype], scale, consumers, split_slots, dequant_by if fp8 else "producer")
+    if finish and finishes(k, consumers, split_slots):
+        sparse_split_kernel(t, h, k, *schedule, finish=True, with_sink=sink is not None)(
+            q, kv_cache, scales, block_table, seq_lens, indices, sink_or_zeros, o.view(b, 1, t * h, D_V), lse.view(b, 1, t * h))
+        return o, lse
     part_o = torch.empty((b, splits, t * h, D_V), dtype=torch.float32, device=dev)
     part_lse = torch.empty((b, splits, t * h), dtype=torch.float32, device=dev)
-    scales = kv_scales if fp8 else _zeros(dev, (1, PAGE, D_QK // GROUP))
-    split = sparse_split_kernel(t, h, k, KV_DTYPES[kv_cache.dtype], scale, consumers, split_slots,
-                                dequant_by if fp8 else "producer")
-    split(q, kv_cache, scales, block_table, seq_lens, indices, part_o, part_lse)
-    mla_combine_kernel(t, h, splits, sink is not None)(block_table, seq_lens, part_o, part_lse,
-                                                       sink if sink is not None else _zeros(dev, (h,)), o, lse)
+    sparse_split_kernel(t, h, k, *schedule)(q, kv_cache, scales, block_table, seq_lens, indices, sink_or_zeros, part_o,
+                                            part_lse)
+    mla_combine_kernel(t, h, splits, sink is not None)(block_table, seq_lens, part_o, part_lse, sink_or_zeros, o, lse)
     return o, lse
 
 

@@ -71,8 +71,8 @@ def test_unpack_says_when_the_archive_was_built_with_other_tools():
     import runpy
 
     tools_verdict = runpy.run_path(str(ROOT / "scripts" / "device-cache"))["tools_verdict"]
-    here = {"tilelang": "0.1.15", "nvcc": "nvcc 13.0.88", "tlx": "abc"}
+    here = {"tilelang": "0.1.15", "nvcc": "cuda 13.0", "tlx": "abc"}
     assert "can hit" in tools_verdict(dict(here), here)
     said = tools_verdict({**here, "nvcc": "/usr/local/cuda:30153384:1792191843000000000"}, here)
-    assert said.startswith("device-cache: WARNING") and "nvcc '/usr/local/cuda:" in said and "'nvcc 13.0.88' here" in said
+    assert said.startswith("device-cache: WARNING") and "nvcc '/usr/local/cuda:" in said and "'cuda 13.0' here" in said
     assert "does not say" in tools_verdict(None, here)

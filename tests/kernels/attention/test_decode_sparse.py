@@ -64,6 +64,26 @@ def test_consumers_dequantize_kernel():
             sparse_split_kernel(1, 128, 2048, kv, D_QK ** -0.5, consumers, 2048, "consumers")
 
 
+def test_finishing_kernel():
+    """``finish=True`` (one split, shared consumers: every default case): the split kernel writes
+    bf16 rows and the final lse itself, by the combine's arithmetic (its IEEE steps and exp2 of
+    ``lse_weight``), every access proven; it refuses several splits, the independent consumers,
+    and a sink without finishing."""
+    kernel = sparse_split_kernel(1, 128, 2048, "float8_e4m3", D_QK ** -0.5, "shared", 2048, "consumers", True, True)
+    src = kernel.device_source
+    assert "atomic" not in src.lower() and "bfloat16_t* __restrict__ OP" in src and "__fmaf_rn(" in src
+    assert "__fdiv_rn(exp2f(__fmul_rn(__fsub_rn(" in src and "logf(" in src  # the combine's weight and lse
+    bounds = kernel.metadata["reports"]["bounds"]
+    assert (bounds["unknown"], bounds["violations"], bounds["preconditions"]) == ([], [], [])
+    assert bounds["proven"] == bounds["accesses"] > 0
+    with pytest.raises(ValueError, match="finish: expected one split and shared consumers, got 2 splits"):
+        sparse_split_kernel(1, 128, 2048, "bfloat16", D_QK ** -0.5, "shared", 1024, "producer", True)
+    with pytest.raises(ValueError, match="finish: expected one split and shared consumers, got 1 splits, independent"):
+        sparse_split_kernel(1, 128, 2048, "bfloat16", D_QK ** -0.5, "independent", 2048, "producer", True)
+    with pytest.raises(ValueError, match="with_sink: the sink joins in the kernel only with finish=True"):
+        sparse_split_kernel(1, 128, 2048, "bfloat16", D_QK ** -0.5, "shared", 2048, "producer", False, True)
+
+
 @pytest.mark.parametrize("kv, consumers", [("float8_e4m3", "independent"), ("bfloat16", "independent"),
                                            ("bfloat16", "shared")])
 def test_every_access_proven_in_bounds(kv, consumers):
@@ -177,6 +197,29 @@ def test_consumers_dequantize_same_bits(tokens, heads, topk):
     assert bool(torch.isnan(o[5]).any())  # the token that selected a key of the bad page
     ok = [i for i in range(len(seq_lens)) if i != 5]
     check_close(o[ok], lse[ok], *reference_sparse_mla_decode(q[ok], kv, table[ok], sl[ok], idx[ok], sink=sink, kv_scales=scales))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kv", ["bfloat16", "float8_e4m3"])
+@pytest.mark.parametrize("with_sink", [False, True])
+def test_finishing_split_same_bits_as_combine(kv, with_sink):
+    """One split (every default case) finishes in the split kernel: the same bits as the split's
+    partials combined by ``mla_combine_kernel``, with rows of no visible key (o 0, lse the sink
+    or -inf), masked slots over NaN rows and a table entry past the cache (that token NaN)."""
+    seq_lens, tokens, heads, topk = [1, 63, 65, 4001, 0, 3000], 2, 128, 512
+    q, cache, table, sl, scales = make_case(seq_lens, tokens=tokens, heads=heads, fp8=kv == "float8_e4m3", seed=17)
+    idx = random_indices(seq_lens, tokens, topk, seed=3)
+    cache[table[2, 1].long(), 1:] = float("nan")  # past sequence 2's 65 keys: the rows of masked slots
+    idx[2, 0, 0] = 100  # past sequence 2: masked, its row NaN
+    table[5, 2] = cache.shape[0]  # a page of sequence 5 past the cache
+    sink = torch.randn(heads, device="cuda") if with_sink else None
+    combined = sparse_mla_decode(q, cache, table, sl, idx, sink=sink, kv_scales=scales, out=poisoned_outputs(q), finish=False)
+    o, lse = sparse_mla_decode(q, cache, table, sl, idx, sink=sink, kv_scales=scales, out=poisoned_outputs(q))
+    assert same_bits(o, combined[0]) and same_bits(lse, combined[1])
+    assert bool(torch.isnan(o[5]).any()) and not bool(torch.isnan(o[:5]).any())
+    assert bool((o[4] == 0).all()) and bool((lse[4] == (sink.expand(tokens, heads) if with_sink else float("-inf"))).all())
+    check_close(o[:5], lse[:5], *reference_sparse_mla_decode(q[:5], cache, table[:5], sl[:5], idx[:5], sink=sink,
+                                                             kv_scales=scales))
 
 
 @pytest.mark.gpu
