@@ -316,14 +316,16 @@ def sparse_split_kernel(tokens: int, heads: int, topk: int, kv_dtype: str, softm
             h0 = hb * ROWS
             tx = T.get_thread_binding()
             seq = T.min(SL[b], max_pages * PAGE)
-            if not fp8:
-                # bf16: the consumers load the queries (`load_queries`), 18 16-byte pieces each;
-                # 1.32x faster than TileLang's loop (H200, 2026-12-03, interleaved, same bits)
+            if not fp8 or raw_gather:
+                # the consumers load the queries (`load_queries`), 18 16-byte pieces each, while the
+                # producer starts gathering; bf16: 1.32x faster than TileLang's loop (H200,
+                # 2026-12-03, interleaved, same bits), whose 4-byte pieces (54 loads a thread) were
+                # 23% of the consumers' stall samples
                 if tx < 2 * C.WARPGROUP:
                     load_queries(Q, Q_s, QP_s, b, tx, 2 * C.WARPGROUP, lambda i: (t, T.min(h0 + i, heads - 1), h0 + i < heads))
             else:
-                # e4m3 keeps the loop over all threads: the consumers' loads ran 5% slower there
-                # (991 against 942 us in the same run, same bits; not profiled)
+                # the producer's e4m3 dequant keeps the loop over all threads: the consumers' loads
+                # ran 5% slower there (991 against 942 us in the same run, same bits; not profiled)
                 for i, d in T.Parallel(ROWS, D_V):
                     Q_s[i, d] = T.if_then_else(h0 + i < heads, Q[b, t, T.min(h0 + i, heads - 1), d], T.Cast(bf16, 0))
                 for i, d in T.Parallel(ROWS, D_PE):

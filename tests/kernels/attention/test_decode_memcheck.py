@@ -7,7 +7,7 @@ Any bad access fails the test. Run as a script, this file is the workload (``pyt
 import pytest
 
 
-N_OPS = 15
+N_OPS = 16
 
 
 def workload(only: int | None = None):
@@ -56,7 +56,9 @@ def workload(only: int | None = None):
     idx_long = torch.randint(-1, 400, (3, 1, 2048), dtype=torch.int32, device=dev)  # one 2048-slot split, 128 heads
     ops.append(lambda: sparse_mla_decode(qh[:, :1].contiguous(), cache, table, sl, idx_long, sink=torch.randn(128, device=dev)))
     ops.append(lambda: sparse_mla_decode(qh[:, :1].contiguous(), cache8, table, sl, idx_long, kv_scales=scales,
-                                         dequant_by="consumers"))  # raw rows by cp.async, the consumers dequantize
+                                         finish=False))  # the consumers' dequant, fp32 partials and the combine
+    ops.append(lambda: sparse_mla_decode(qh[:, :1].contiguous(), cache8, table, sl, idx_long, kv_scales=scales,
+                                         dequant_by="producer", split_slots=1024))  # two splits, the producer's dequant
     assert len(ops) == N_OPS
     for op in ops if only is None else ops[only:only + 1]:
         op()
