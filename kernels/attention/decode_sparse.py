@@ -14,7 +14,8 @@ call says: a constant of the call, never the batch or the SM count); one CTA per
 key row through the block table (the rows found once per 64 slots, then 16-byte gathers; an
 e4m3 cache's raw rows and scales by cp.async, dequantized by the consumers as in dense decode's
 split) in a producer warpgroup, two chunks ahead of the consumers (:func:`sparse_split_kernel`); :func:`decode_mla.mla_combine_kernel` combines
-the splits in order and adds the sink.
+the splits in order and adds the sink, or with one split (every default case: K <= 2048 slots a
+split) the split kernel finishes its rows itself by the combine's arithmetic, the same bits.
 """
 
 import math
