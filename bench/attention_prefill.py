@@ -104,7 +104,8 @@ def _sweep_forward():
     consumers only at d 64 (160 registers a thread hold its 32 + 64 + 32 fragment registers;
     d 128 and 256 need more); three stages only where they fit shared memory (d <= 128). Wider or
     narrower key blocks than ``block_n_for`` (176 at d 128, 80 at d 256: FlashAttention-3's tiles;
-    224 KB of shared memory at d 256) give other bits than the baseline's."""
+    224 KB of shared memory at d 256) give other bits than its blocks (``dense_fwd.cu`` takes the
+    block too)."""
     base = {"overlap": {}, "pingpong": {"pingpong": True}}
     fast = {"fast_exp2": True}  # exp2 as one instruction (dense_fwd_overlap_kernel)
     heavy = {"heavy_first": True}  # causal: the tiles with the most keys first (a no-op without causal)

@@ -18,7 +18,8 @@ sequence's bits do not depend on the other sequences of the batch (batch invaria
 
 Fixed orders (the contract with ``dense_fwd.cu``, which must give the same bits):
 
-* keys in blocks of ``block_n`` (128 for d <= 128, 64 for d = 256) in ascending order, from
+* keys in blocks of ``block_n`` (128 for d <= 128, 64 for d = 256; the overlap schedule's default
+  at d 256 takes 80) in ascending order, from
   block 0 to the last block the tile's rows can see;
 * ``S = Q K^T``: one fp32 wgmma chain per warpgroup, m64n{block_n}k16, K (= d) ascending in
   steps of 16, starting from zero; masked entries are then replaced by -inf;
@@ -326,8 +327,12 @@ SCHEDULES = {"pipelined": dense_fwd_kernel, "overlap": dense_fwd_overlap_kernel}
 # with three stages (538 / 463 TFLOP/s against 505 / 436, b8 h32 s4096, 2026-12-05); ping-pong
 # moves d 128 / 256 by <= 1%. The one-instruction exp2 also at d 64 (414 / 330 against 378 / 300,
 # b8 h32) and d 256 (522 / 469 against 513 / 456, b4 h16; H100, `--sweep-forward`, 2026-12-05),
-# each the same bits as exp2f on those random inputs
-DEFAULT_OPTIONS = {64: {"consumers": 3, "fast_exp2": True}, 128: {"num_stages": 3, "fast_exp2": True}, 256: {"fast_exp2": True}}
+# each the same bits as exp2f on those random inputs. At d 256, 80 keys a block (FlashAttention-3's
+# tile; 224 KB of shared memory) with the one-instruction exp2: 1.11x / 1.05x the 64-key block
+# (592 / 505 against 535 / 481 TFLOP/s, b4 h16 s4096; H100, 2026-12-05 18:57, `--sweep-forward
+# --dim 256`), bit for bit `dense_fwd.cu` with the same block (H100, 2026-12-05 18:54)
+DEFAULT_OPTIONS = {64: {"consumers": 3, "fast_exp2": True}, 128: {"num_stages": 3, "fast_exp2": True},
+                   256: {"block_n": 80, "fast_exp2": True}}
 
 
 def kernel_options(schedule: str, dim: int, options: dict | None) -> dict:
