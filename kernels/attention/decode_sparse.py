@@ -13,8 +13,8 @@ call says: a constant of the call, never the batch or the SM count); one CTA per
 ``kernels/attention/common.py`` over its slots in order, 64 at a time, gathering each slot's
 key row through the block table (the rows found once per 64 slots, then 16-byte gathers; an
 e4m3 cache's raw rows and scales by cp.async, dequantized by the consumers as in dense decode's
-split) in a producer warpgroup, two chunks ahead of the consumers (:func:`sparse_split_kernel`); :func:`decode_mla.mla_combine_kernel` combines
-the splits in order and adds the sink, or with one split (every default case: K <= 2048 slots a
+split) in a producer warpgroup, two chunks ahead of the consumers (:func:`sparse_split_kernel`);
+:func:`decode_mla.mla_combine_kernel` combines the splits in order and adds the sink, or with one split (every default case: K <= 2048 slots a
 split) the split kernel finishes its rows itself by the combine's arithmetic, the same bits.
 """
 
@@ -102,8 +102,9 @@ def sparse_split_kernel(tokens: int, heads: int, topk: int, kv_dtype: str, softm
     270.9 against independent 296.2 us at 1024-slot splits, 224.2 against 256.3 at 2048.
 
     ``dequant_by`` (an e4m3 cache, shared consumers): "producer" dequantizes while gathering (two
-    threads a slot, 8-byte loads, each waited for: the producer bounds the e4m3 kernel, 519.3
-    against bf16's 211.9 us on an H200); "consumers" (``sparse_mla_decode``'s default: 352.9 us) gathers the raw rows and their
+    threads a slot, 8-byte loads, each waited for: the producer bounds the e4m3 kernel, 514.0
+    against bf16's 210.1 us through the combine on an H200); "consumers" (``sparse_mla_decode``'s default: 289.3 us
+    finished, B128 H128 T1 k 2048, H200, 2026-12-05) gathers the raw rows and their
     scales by cp.async into ``STAGES`` raw stages (no register holds them: every copy of a chunk
     in flight at once) and the consumers dequantize a chunk into the one bf16 tile before its
     products, as dense decode's e4m3 split does. The same dequantized values: the same bits."""
@@ -442,8 +443,8 @@ def sparse_mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torc
     consumer schedule (``sparse_split_kernel``); ``split_slots``: slots per split CTA (fewer,
     longer splits write fewer partials, more and shorter ones fill more SMs at a small batch);
     ``dequant_by``: who dequantizes an e4m3 cache (``sparse_split_kernel``; ignored for bf16);
-    None: the consumers where they can (shared consumers; H200, B128 H128 T1 k 2048: 352.9
-    against the producer's 519.3 us, the same bits), else the producer; ``finish``: the split kernel
+    None: the consumers where they can (shared consumers; H200, B128 H128 T1 k 2048 through the
+    combine: 297.7 against the producer's 514.0 us, the same bits), else the producer; ``finish``: the split kernel
     finishes the rows where it can (``finishes``), else (False: always) ``mla_combine_kernel``
     combines its partials: the same bits."""
     if dequant_by is None:
