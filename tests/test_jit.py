@@ -30,6 +30,22 @@ def test_lazy_compile_and_sources():
     assert "T.match_buffer(X_handle, (1024,)" in J.scale.get_tir(1024).script()
 
 
+def test_build_log_names_each_build_once(tmp_path, monkeypatch):
+    """``$TLX_BUILD_LOG`` gets one line per build, naming the factory and its arguments (how a
+    device run tells which kernels its carried cache missed); a cache hit, in this process or
+    through the disk cache, adds none."""
+    log = tmp_path / "builds.log"
+    monkeypatch.setenv("TLX_BUILD_LOG", str(log))
+    J.scale.compile(N=512, block=64)
+    J.scale.compile(N=512, block=64)
+    lines = log.read_text().splitlines()
+    assert len(lines) == 1 and " built scale(N=512, block=64) in " in lines[0], lines
+    J.scale._kernels.clear()
+    J.scale._by_call.clear()
+    J.scale.compile(N=512, block=64)  # the disk cache's entry
+    assert log.read_text().splitlines() == lines
+
+
 def test_symbolic_dims_reach_params():
     kernel = J.scale(T.dynamic("N"))
     (x, y) = kernel.params

@@ -477,7 +477,8 @@ def entry_key(program_text: str, options: Options, name: str | None) -> str:
                                     "pass_configs": options.pass_config_dict()}, target)
 
 
-def compile_kernel(program, options: Options, name: str | None = None, program_key: str | None = None):
+def compile_kernel(program, options: Options, name: str | None = None, program_key: str | None = None,
+                   label: str | None = None):
     """Compile (or load from the disk cache) a program and return a :class:`tlx.kernel.Kernel`.
 
     ``program`` is a ``PrimFunc``, or a zero-argument callable building one (or returning
@@ -489,6 +490,10 @@ def compile_kernel(program, options: Options, name: str | None = None, program_k
     so a hit in a fresh process never builds the TIR and loads in milliseconds; where the alias
     misses (another Python, a factory edit that leaves the TIR as it was) the TIR is built
     (about 0.1 s) and its entry loaded without lowering, and the alias is added.
+
+    ``label`` names the call (default: ``name``) in the line each build appends to the file
+    ``$TLX_BUILD_LOG`` when that is set: which kernels a run compiled instead of loading (a
+    carried cache that misses shows there), across processes.
     """
     from tlx.kernel import Kernel
 
@@ -510,7 +515,9 @@ def compile_kernel(program, options: Options, name: str | None = None, program_k
                     warnings.warn(f"tlx: cache entry {entry} is corrupted or does not load here; rebuilding it", RuntimeWarning,
                                   stacklevel=3)
                     shutil.rmtree(entry, ignore_errors=True)
+                started = time.perf_counter()
                 _, build = compile_artifacts(prim_func, options, name=name, keep_workdir=True)
+                _log_build(label or name or build.name, key, time.perf_counter() - started)
                 build.cache_key = key
                 try:
                     _publish(build, entry)
@@ -522,6 +529,19 @@ def compile_kernel(program, options: Options, name: str | None = None, program_k
     if alias is not None:
         _link_alias(alias, entry)
     return kernel
+
+
+def _log_build(label: str, key: str, seconds: float) -> None:
+    """One line for a build in ``$TLX_BUILD_LOG`` (if set): one ``O_APPEND`` write, whole lines
+    from parallel processes."""
+    path = os.environ.get("TLX_BUILD_LOG")
+    if path:
+        line = f"{time.strftime('%H:%M:%S')} built {label} in {seconds:.1f} s (entry {key[:16]})\n"
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, line.encode())
+        finally:
+            os.close(fd)
 
 
 def _loaded(entry: Path):

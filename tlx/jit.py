@@ -78,6 +78,12 @@ class JITFunction(_tilelang_jit_impl()):
     def _options_for(self, prim_func) -> Options:
         return _program_options(self.options, prim_func, self.pass_configs or {})
 
+    def _label(self, args, kwargs) -> str:
+        """The call as ``$TLX_BUILD_LOG`` names it: the factory and its arguments (tensors by type)."""
+        shown = [repr(a) if _keyable(a) else type(a).__name__ for a in args]
+        shown += [f"{k}={v!r}" if _keyable(v) else f"{k}={type(v).__name__}" for k, v in kwargs.items()]
+        return f"{self.factory.__name__}({', '.join(shown)})"
+
     def compile(self, *args, **kwargs):
         """Build (or load from the disk cache) the kernel for these arguments; like
         ``tilelang.jit(...).compile`` but returns a :class:`tlx.kernel.Kernel`.
@@ -92,9 +98,10 @@ class JITFunction(_tilelang_jit_impl()):
         options = self.options if (self.pass_configs or None) == (self.options.pass_config_dict() or None) else None
         if self.mode == "lazy" and options is not None and not self.debug_root_path and all(_keyable(v) for v in (*args, *kwargs.values())):
             program_key = self._fingerprint() + repr(self._key(args, kwargs))
-            return compile_kernel(lambda: self._tir_and_options(args, kwargs), options, name=self.factory.__name__, program_key=program_key)
+            return compile_kernel(lambda: self._tir_and_options(args, kwargs), options, name=self.factory.__name__,
+                                  program_key=program_key, label=self._label(args, kwargs))
         prim_func, options = self._tir_and_options(args, kwargs)
-        kernel = compile_kernel(prim_func, options, name=self.factory.__name__)
+        kernel = compile_kernel(prim_func, options, name=self.factory.__name__, label=self._label(args, kwargs))
         kernel.prim_func = prim_func
         if self.debug_root_path:
             os.makedirs(self.debug_root_path, exist_ok=True)
