@@ -19,8 +19,9 @@ warpgroups gather a block themselves, and ``T.Pipelined`` issues that gather as 
 one block ahead; ``sparse_fwd_producer_kernel`` (``schedule="producer"``) moves it into a third,
 producer warpgroup, two blocks ahead, and keeps the consumers' instructions, so it gives the same
 bits. On an H200 (2026-12-03, b 1, s 4096, h 128, k 1024) the default ran at 286 TFLOP/s (its
-gather from 32-bit views, ``slot_views``) and the producer schedule at 251: the gather is not what
-bounds either. Under ncu the L2 is 15% busy and
+gather from 32-bit views, ``slot_views``) and the producer schedule at 251 (its queries then loaded
+in 4-byte steps by all 384 threads, since 16-byte pieces by the consumers: not yet re-timed): the
+gather is not what bounds either. Under ncu the L2 is 15% busy and
 the schedulers issue in 34% of cycles: both consumer warpgroups step through the same block in
 lockstep (scores, cross-warpgroup softmax reductions, then P V), so the tensor cores idle through
 every softmax. ``schedule="independent"`` lets the two warpgroups drift apart: each computes
@@ -363,8 +364,14 @@ def sparse_fwd_producer_kernel(heads: int, topk: int, window: int, scale_log2: f
             full = T.alloc_barrier([C.WARPGROUP + bk] * STAGES)
             empty = T.alloc_barrier([consumer_threads] * STAGES)
             tx = T.get_thread_binding()
-            for i, d in T.Parallel(hb, DIM):
-                Q_s[i, d] = Q[bz, bx, by * hb + i, d]
+            # the consumers load the queries in 16-byte pieces, 16 a thread, all in flight at once
+            # (TileLang's loop over the 384 threads made 43 four-byte loads a thread: in sparse
+            # decode the same pattern cost the e4m3 kernel 1.19x, H200, 2026-12-05)
+            if tx < consumer_threads:
+                for k in T.unroll(hb * DIM // 8 // consumer_threads):
+                    for v in T.vectorized(8):
+                        Q_s[k * (consumer_threads // 64) + tx // 64, tx % 64 * 8 + v] = Q[
+                            bz, bx, by * hb + k * (consumer_threads // 64) + tx // 64, tx % 64 * 8 + v]
             T.sync_threads()
             if consumers == "alternate":
                 if tx < C.WARPGROUP:
