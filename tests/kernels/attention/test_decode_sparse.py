@@ -177,25 +177,34 @@ def test_fp8_equals_bf16_and_batch_invariance(consumers):
         assert torch.equal(lse[:1].view(torch.int32), l8[:1].view(torch.int32)), f"batch {size}"
 
 
+def guarded_case(tokens, heads, topk, fp8, seed, idx_seed):
+    """A batch of six sequences (lengths 1 .. 4001 and an empty one) with the inputs the guards
+    are for: masked slots whose would-be rows hold NaN (sequence 2) and a visible key on a page
+    past the cache (sequence 5, whose token turns NaN). Returns (q, cache, table, seq_lens, scales,
+    indices)."""
+    seq_lens = [1, 63, 65, 4001, 0, 3000]
+    q, cache, table, sl, scales = make_case(seq_lens, tokens=tokens, heads=heads, fp8=fp8, seed=seed)
+    idx = random_indices(seq_lens, tokens, topk, seed=idx_seed)
+    cache[table[2, 1].long(), 1:] = float("nan")  # past sequence 2's 65 keys: the rows of masked slots
+    idx[2, 0, 0] = 100  # past sequence 2: masked, its row NaN
+    table[5, 2] = cache.shape[0]  # a page of sequence 5 past the cache
+    return q, cache, table, sl, scales, idx
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("tokens, heads, topk", [(1, 128, 2048), (2, 16, 512)])
 def test_consumers_dequantize_same_bits(tokens, heads, topk):
     """The consumers' dequant (raw rows by cp.async) gives the producer's dequantized values, so
     the same bits, with masked slots whose would-be rows hold NaN, a sink, and a table entry past
     the cache (that token NaN); and it is within tolerance of the reference."""
-    seq_lens = [1, 63, 65, 4001, 0, 3000]
-    q, kv, table, sl, scales = make_case(seq_lens, tokens=tokens, heads=heads, fp8=True, seed=topk + 1)
-    idx = random_indices(seq_lens, tokens, topk, seed=2)
-    kv[table[2, 1].long(), 1:] = float("nan")  # past sequence 2's 65 keys: the rows of masked slots
-    idx[2, 0, 0] = 100  # past sequence 2: masked, its row NaN
-    table[5, 2] = kv.shape[0]  # a page of sequence 5 past the cache
+    q, kv, table, sl, scales, idx = guarded_case(tokens, heads, topk, True, seed=topk + 1, idx_seed=2)
     sink = torch.randn(heads, device="cuda")
     got = {by: sparse_mla_decode(q, kv, table, sl, idx, sink=sink, kv_scales=scales, out=poisoned_outputs(q), dequant_by=by)
            for by in ("producer", "consumers")}
     assert all(same_bits(a, b) for a, b in zip(got["producer"], got["consumers"]))
     o, lse = got["consumers"]
     assert bool(torch.isnan(o[5]).any())  # the token that selected a key of the bad page
-    ok = [i for i in range(len(seq_lens)) if i != 5]
+    ok = [i for i in range(q.shape[0]) if i != 5]
     check_close(o[ok], lse[ok], *reference_sparse_mla_decode(q[ok], kv, table[ok], sl[ok], idx[ok], sink=sink, kv_scales=scales))
 
 
@@ -206,12 +215,8 @@ def test_finishing_split_same_bits_as_combine(kv, with_sink):
     """One split (every default case) finishes in the split kernel: the same bits as the split's
     partials combined by ``mla_combine_kernel``, with rows of no visible key (o 0, lse the sink
     or -inf), masked slots over NaN rows and a table entry past the cache (that token NaN)."""
-    seq_lens, tokens, heads, topk = [1, 63, 65, 4001, 0, 3000], 2, 128, 512
-    q, cache, table, sl, scales = make_case(seq_lens, tokens=tokens, heads=heads, fp8=kv == "float8_e4m3", seed=17)
-    idx = random_indices(seq_lens, tokens, topk, seed=3)
-    cache[table[2, 1].long(), 1:] = float("nan")  # past sequence 2's 65 keys: the rows of masked slots
-    idx[2, 0, 0] = 100  # past sequence 2: masked, its row NaN
-    table[5, 2] = cache.shape[0]  # a page of sequence 5 past the cache
+    tokens, heads = 2, 128
+    q, cache, table, sl, scales, idx = guarded_case(tokens, heads, 512, kv == "float8_e4m3", seed=17, idx_seed=3)
     sink = torch.randn(heads, device="cuda") if with_sink else None
     combined = sparse_mla_decode(q, cache, table, sl, idx, sink=sink, kv_scales=scales, out=poisoned_outputs(q), finish=False)
     o, lse = sparse_mla_decode(q, cache, table, sl, idx, sink=sink, kv_scales=scales, out=poisoned_outputs(q))
