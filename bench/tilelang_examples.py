@@ -372,8 +372,8 @@ def _tilelang_twins(tilelang_compile):
 
     compile_kernel, programs, twins = tlx.compiler.compile_kernel, {}, {}
 
-    def remembered(program, options, name=None, program_key=None):
-        kernel = compile_kernel(program, options, name=name, program_key=program_key)
+    def remembered(program, options, **keys):  # compile_kernel's keywords (name, program_key, label) passed on
+        kernel = compile_kernel(program, options, **keys)
         programs[id(kernel)] = (kernel, program, options)  # the kernel held: its id stays unique
         return kernel
 
