@@ -322,3 +322,20 @@ def chained_through_workspace(N, block=128):
                 Y[i] = tripled[i] + X[i]
 
     return main
+
+
+@tlx.jit(target=SM90)
+def strided_rows(M, N=32, block_M=4):
+    """``Y[i, j] = 2 X[i, j]`` over an X whose row stride ``S`` no dimension gives (TileLang's
+    ``StridedTensor``, as DeepSeek's TileKernels take their scale tensors): the launcher binds
+    ``S`` from X's stride."""
+    S = T.dynamic("S")
+
+    @T.prim_func
+    def main(X: T.StridedTensor((M, N), (S, 1), "float32"), Y: T.Tensor((M, N), "float32")):
+        with T.Kernel(T.ceildiv(M, block_M), threads=128) as bx:
+            for i, j in T.Parallel(block_M, N):
+                if bx * block_M + i < M:
+                    Y[bx * block_M + i, j] = X[bx * block_M + i, j] * 2.0
+
+    return main

@@ -509,3 +509,22 @@ def test_a_kernel_that_waits_on_the_grid_before_it_is_a_programmatic_dependent_l
     assert "cudaGridDependencySynchronize();" in kernel.device_source
     assert "cudaTriggerProgrammaticLaunchCompletion();" in kernel.device_source
     assert not any(lc["programmatic_dependent"] for lc in sk.add(T.dynamic("M"), 1024).metadata["launches"])
+
+
+def test_a_stride_that_no_dimension_gives_is_bound_from_the_tensor(cache):
+    """A ``StridedTensor`` whose row stride is a variable of its own builds (it did not: "shape
+    variable S of X is not bound by any dimension", found on DeepSeek's TileKernels): the launcher
+    binds ``S`` from X's stride(0), checks the rest of X's layout against it, and the bounds
+    verifier proves X's accesses within the span such a view holds (``S >= 0``, rows padded or not)."""
+    k = sk.strided_rows(T.dynamic("M"))
+    src = k.host_source
+    assert 'tlx::bind_stride(kKernel, "X", t_X, 0, "S")' in src
+    assert 'tlx::check_stride(kKernel, "X", t_X, 1, int64_t(1))' in src
+    assert k.metadata["symbolic_strides"] == {"S": {"tensor": "X", "dim": 0}}
+    assert not [p for p in k.metadata["preconditions"] if "S" in p["text"]]
+    padded = torch.zeros(6, 48)[:, :32]  # stride 48: accepted, refused only for being on the CPU
+    for x in (padded, torch.zeros(6, 32)):
+        with pytest.raises(ValueError, match="CUDA tensor"):
+            k(x, torch.zeros(6, 32))
+    with pytest.raises(ValueError, match=r"X.stride\(1\) expected 1"):
+        k(torch.zeros(32, 6).t(), torch.zeros(6, 32))

@@ -252,3 +252,114 @@ def test_private_array_elements_lie_in_the_hull_of_their_stores(init, clobber, p
     report = verify_kernel(_local_index_kernel(init, clobber), ())
     [store] = [a for a in report.accesses if a.buffer == "S" and a.kind == "store"]
     assert (store.status == "proven") == proven
+
+
+def _warp_indexed_kernel(index: str, threads: int = 128, dims: int = 1):
+    """``Out[warp]`` style accesses through TileLang's thread-position intrinsics (``index`` names
+    one), with ``threads`` threads along x, or 32 x ``threads // 32`` along x, y for ``dims`` 2."""
+    warps = threads // 32
+
+    @tlx.jit(target=TARGET, verify="off")
+    def warp_indexed():
+        @T.prim_func
+        def main(A: T.Tensor((warps,), "float32"), L: T.Tensor((32,), "float32"), Out: T.Tensor((threads,), "float32")):
+            with T.Kernel(1, threads=threads if dims == 1 else (32, warps)):
+                i = {"warp": T.get_warp_idx(), "warp_sync": T.get_warp_idx_sync(), "warp_past": T.get_warp_idx() + 1,
+                     "group": T.get_warp_group_idx() * warps + T.get_warp_idx() % 4,
+                     "lane": T.get_lane_idx(), "lane16": T.get_lane_idx(16) + 16,
+                     "opaque": T.call_extern("int32", "some_index")}[index]
+                if index.startswith("lane"):
+                    Out[T.get_warp_idx() * 32 + T.get_lane_idx()] = L[i]
+                elif index == "opaque":  # shared memory: TileLang guards no access there
+                    S = T.alloc_shared((warps,), "float32")
+                    S[i] = A[0]
+                else:
+                    Out[T.get_warp_idx() * 32 + T.get_lane_idx()] = A[i]
+
+        return main
+
+    return lower_jit(warp_indexed)
+
+
+@pytest.mark.parametrize("index,dims", [("warp", 1), ("warp_sync", 1), ("lane", 1), ("lane16", 1), ("warp", 2), ("lane", 2)])
+def test_lane_and_warp_intrinsics_are_the_thread_index_divided(index, dims):
+    """TileLang's ``get_warp_idx`` / ``get_lane_idx`` are the block-linear thread id divided by /
+    modulo the warp size (DeepSeek's TileKernels index per-warp rows so: before, a fresh int32 made
+    them a false violation with index -1 at tid 0)."""
+    res = verify_kernel(_warp_indexed_kernel(index, dims=dims), ())
+    assert res.accesses and all(a.status == "proven" for a in res.accesses), [(a.buffer, a.status, a.detail) for a in res.accesses]
+
+
+def test_a_warp_index_past_the_buffer_is_a_violation_at_a_real_thread():
+    """``A[warp + 1]`` with 4 warps and 4 rows: the last warp's threads (96..127) overrun."""
+    res = verify_kernel(_warp_indexed_kernel("warp_past"), ())
+    [bad] = [a for a in res.accesses if a.buffer == "A"]
+    assert bad.status == "violation"
+    assert 96 <= bad.counterexample["tx"] < 128 and bad.counterexample["index"] == 4
+
+
+def test_an_unmodelled_call_in_an_index_is_unknown_not_a_violation():
+    """An index from an extern call can be anything its dtype holds, but no counterexample can
+    choose that value: "unknown", naming the call."""
+    res = verify_kernel(_warp_indexed_kernel("opaque"), ())
+    [acc] = [a for a in res.accesses if a.buffer == "S"]
+    assert acc.status == "unknown" and "some_index" in acc.detail and "does not model" in acc.detail
+
+
+def _strided_kernel(column_past_the_row: bool):
+    """Rows of X, a ``StridedTensor`` whose row stride ``S`` no dimension gives; the last row's
+    element past its 32 columns when ``column_past_the_row``."""
+    M, S = T.dynamic("M"), T.dynamic("S")
+
+    @tlx.jit(target=TARGET, verify="off")
+    def strided():
+        @T.prim_func
+        def main(X: T.StridedTensor((M, 32), (S, 1), "float32"), Y: T.Tensor((M, 33), "float32")):
+            with T.Kernel(M, threads=32) as bx:
+                tx = T.get_thread_binding()
+                Y[bx, tx] = X[bx, tx]
+                if column_past_the_row and tx == 0:
+                    Y[bx, 32] = X[bx, 32]
+
+        return main
+
+    return lower_jit(strided)
+
+
+def test_a_strided_argument_holds_its_views_span_and_its_stride_is_not_negative():
+    """X's memory is what any tensor of that shape and stride holds, ``(M - 1) * S + 32``
+    elements (TileLang flattens it to ``S * M``, more than a tight tensor holds); the launcher binds
+    ``S >= 0``. In-row accesses are proven (before: a violation at ``S < 0``); the last row's
+    element 32 is a violation even where ``S * M`` would cover it (``S > 32``)."""
+    res = verify_kernel(_strided_kernel(False), ())
+    assert all(a.status == "proven" for a in res.accesses), [(a.buffer, a.status, a.detail) for a in res.accesses]
+    res = verify_kernel(_strided_kernel(True), ())
+    [past] = [a for a in res.accesses if a.buffer == "X" and "32" in a.index]
+    assert past.status == "violation", (past.status, past.detail)
+
+
+def test_a_stepped_loop_lowered_without_its_zero_trip_case_is_a_violation():
+    """``for i in T.serial(lane, 9, 32)`` runs once for lanes 0..8 and never for the others, but
+    TileLang 0.1.15 lowers it to one unconditional iteration (its CUDA: ``S[(tx >> 5) * 9 +
+    (tx & 31)] = 0;``), so lanes 9..31 write past each row and the last warp past the buffer.
+    Found in DeepSeek's TileKernels (``get_fused_mapping_kernel``, its per-warp expert counts);
+    the check reports what the GPU runs: a violation at thread 255, index 94 of 72."""
+
+    @tlx.jit(target=TARGET, verify="off")
+    def stepped(experts=9, threads=256):
+        @T.prim_func
+        def main(Out: T.Tensor((threads // 32, experts), "int32")):
+            with T.Kernel(1, threads=threads):
+                tx = T.get_thread_binding()
+                S = T.alloc_shared((threads // 32, experts), "int32")
+                for i in T.serial(tx % 32, experts, 32):
+                    S[tx // 32, i] = 0
+                T.sync_threads()
+                if tx < experts:
+                    Out[0, tx] = S[0, tx]
+
+        return main
+
+    res = verify_kernel(lower_jit(stepped), ())
+    [store] = [a for a in res.accesses if a.buffer == "S" and a.kind == "store"]
+    assert store.status == "violation" and store.counterexample["index"] >= 72

@@ -39,6 +39,7 @@ def describe(plan: LaunchPlan, source: str) -> dict:
         ]
         + [{"index": s.index, "name": s.name, "kind": "scalar", "dtype": s.dtype} for s in plan.scalars],
         "symbolic_dims": {n: {"tensor": t.name, "dim": d} for n, (_, t, d) in plan.shape_vars.items()},
+        "symbolic_strides": {n: {"tensor": t.name, "dim": d} for n, (_, t, d) in plan.stride_vars.items()},
         "workspaces": [{"name": w.name, "dtype": w.dtype, "elements": pyexpr(w.elements)}
                        for w in (s.workspace for s in walk_steps(plan.steps) if s.kind == "workspace")],
         "launches": [

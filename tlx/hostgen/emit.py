@@ -159,6 +159,9 @@ class _Emitter:
         for name, (var, tensor, dim) in p.shape_vars.items():
             self.out(f"const int64_t {c_name(var)} = tlx::bind_dim(kKernel, {_cstr(tensor.name)}, t_{tensor.c_id}, {dim}, {_cstr(name)});")
             self.known.add(c_name(var))
+        for name, (var, tensor, dim) in p.stride_vars.items():
+            self.out(f"const int64_t {c_name(var)} = tlx::bind_stride(kKernel, {_cstr(tensor.name)}, t_{tensor.c_id}, {dim}, {_cstr(name)});")
+            self.known.add(c_name(var))
         for t in self.checked:
             for d, s in enumerate(t.storage_shape):
                 if isinstance(s, tirx.Var) and p.shape_vars[s.name][1] is t and p.shape_vars[s.name][2] == d:
@@ -173,6 +176,8 @@ class _Emitter:
                 self.out(f"tlx::check_dim(kKernel, {_cstr(t.name)}, t_{t.c_id}, {d}, {self.expr(s)}, {_cstr(what)});")
         for t in self.checked:
             for d, s in enumerate(t.storage_strides):
+                if isinstance(s, tirx.Var) and s.name in p.stride_vars and p.stride_vars[s.name][1:] == (t, d):
+                    continue  # the stride that binds the variable
                 self.out(f"tlx::check_stride(kKernel, {_cstr(t.name)}, t_{t.c_id}, {d}, {self.expr(s)});")
 
     def scalars(self) -> None:
@@ -416,10 +421,10 @@ def _allocating_function(plan: LaunchPlan) -> list[str]:
     the inputs and scalars (placement and workspace sizes included), then allocates the outputs through TVM-FFI's
     environment allocator (torch's caching allocator for torch callers), then launches and
     returns them: check first, allocate second, with no Python in between. Emitted only for
-    kernels with outputs whose every shape variable is bound by an input tensor."""
+    kernels with outputs whose every shape (or stride) variable is bound by an input tensor."""
     outputs = [t for t in plan.tensors if t.is_output]
     inputs = [t for t in plan.tensors if not t.is_output]
-    if not outputs or not inputs or any(tensor.is_output for _, tensor, _ in plan.shape_vars.values()):
+    if not outputs or not inputs or any(tensor.is_output for _, tensor, _ in (*plan.shape_vars.values(), *plan.stride_vars.values())):
         return []
     positions = sorted([t.index for t in inputs] + [s.index for s in plan.scalars])
     c = _Emitter(plan, "", "", inputs_only=True)

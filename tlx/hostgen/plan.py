@@ -133,6 +133,7 @@ class LaunchPlan:
     steps: list[Step]
     kernels: dict  # kernel name -> max dynamic shared memory (int or None when symbolic)
     preconditions: list = field(default_factory=list)  # (PrimExpr, text)
+    stride_vars: dict = field(default_factory=dict)  # name -> (tirx.Var, TensorArg, dim): bound by no dimension, only a stride
 
 
 _LAUNCH_TAGS = {
@@ -265,11 +266,19 @@ def plan_launcher(kernel: LoweredKernel, out_idx=(), preconditions=()) -> Launch
         t.c_id = t.name if names.count(t.name) == 1 else f"arg{t.index}"
         if t.c_id in names and t.c_id != t.name:
             raise HostgenError(f"{kernel.name}: argument {t.index} ({t.name}) shares its name, and 'arg{t.index}' is taken too")
+    # a variable no dimension gives but a stride does (TileLang's StridedTensor[shape, (s, 1)]): the
+    # tensor's stride binds it, as TileLang's host code does
+    stride_vars: dict[str, tuple] = {}
+    for t in tensors:
+        for d, s in enumerate(t.strides):
+            if isinstance(s, tirx.Var) and t.per_element == 1 and s.name not in shape_vars and s.name not in stride_vars \
+                    and s.name not in {sc.name for sc in scalars}:
+                stride_vars[s.name] = (s, t, d)
     for t in tensors:
         for s in t.shape + t.strides:
             if isinstance(s, tirx.PrimExpr) and not isinstance(s, tirx.IntImm):
                 for v in free_vars(s):
-                    if v.name not in shape_vars and v.name not in {sc.name for sc in scalars}:
+                    if v.name not in shape_vars and v.name not in stride_vars and v.name not in {sc.name for sc in scalars}:
                         raise HostgenError(f"{kernel.name}: shape variable {v.name} of {t.name} is not bound by any dimension")
     host = _host_main(kernel)
     body = _compute_scope(host.body)
@@ -284,7 +293,7 @@ def plan_launcher(kernel: LoweredKernel, out_idx=(), preconditions=()) -> Launch
     steps = _steps(body, devices, tma_args, by_data, kernels, kernel.name)
     # a T.assume over shape variables and scalars alone is checked with the other preconditions,
     # before the device is touched; one that needs host let-bindings stays where the program has it
-    inputs = set(shape_vars) | {sc.name for sc in scalars}
+    inputs = set(shape_vars) | set(stride_vars) | {sc.name for sc in scalars}
     hoisted = [s for s in steps if s.kind == "check" and {v.name for v in free_vars(s.cond)} <= inputs]
     steps = [s for s in steps if not any(s is h for h in hoisted)]
     preconditions = [*preconditions, *((s.cond, s.value) for s in hoisted)]
@@ -292,7 +301,7 @@ def plan_launcher(kernel: LoweredKernel, out_idx=(), preconditions=()) -> Launch
         for step in walk_steps(steps):
             if step.kind == "desc" and step.desc.tensor_index == t.index:
                 t.align = max(t.align, 16)
-    return LaunchPlan(kernel.name, tensors, scalars, n, shape_vars, steps, kernels, list(preconditions))
+    return LaunchPlan(kernel.name, tensors, scalars, n, shape_vars, steps, kernels, list(preconditions), stride_vars)
 
 
 def walk_steps(steps):

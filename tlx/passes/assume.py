@@ -52,6 +52,20 @@ def dimension_vars(prim_func) -> set[str]:
     }
 
 
+def stride_vars(prim_func) -> set[str]:
+    """Names of the symbolic variables that only a tensor's stride gives (a ``StridedTensor`` with
+    a stride of its own): the launcher binds each from that stride (tlx/hostgen/plan.py) and
+    refuses a negative one, so it is >= 0."""
+    dims = dimension_vars(prim_func)
+    scalars = {p.name for p in prim_func.params if p not in prim_func.buffer_map}
+    return {
+        stride.name
+        for buf in prim_func.buffer_map.values()
+        for stride in buf.strides or []
+        if isinstance(stride, tir.Var) and stride.name not in dims and stride.name not in scalars
+    }
+
+
 _BINOPS = {
     ast.Add: lambda a, b: a + b,
     ast.Sub: lambda a, b: a - b,

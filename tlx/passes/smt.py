@@ -9,7 +9,9 @@ obligation of an expression knows that the exact term equals what the GPU comput
 one that cannot has found a possible overflow. Bitwise operations go through
 bit-vectors of the operand's width. Anything the encoder does not model (floats,
 loads, opaque calls) becomes a fresh unconstrained variable bounded only by its
-dtype, so every verdict is a sound over-approximation: never a false "safe".
+dtype, so every verdict is a sound over-approximation: never a false "safe"; a
+counterexample that needs the value of such a load or call is not a witness either
+(``opaque_loads`` names them, and the callers report "unknown").
 
 Budgets are Z3 ``rlimit`` units, so a verdict does not depend on the machine or
 its load; a query the walk's shared solver leaves unknown is asked again in a solver
@@ -36,7 +38,7 @@ from tilelang import tvm
 
 from tlx.ir.facts import FunctionFacts, user_name
 from tlx.ir.tir import PRIVATE_SCOPES, elem_bytes, op_name, scalar_dtype
-from tlx.passes.assume import dimension_vars, parse_assumption, shape_vars
+from tlx.passes.assume import dimension_vars, parse_assumption, shape_vars, stride_vars
 
 tir = tvm.tirx
 
@@ -190,7 +192,9 @@ class Encoder:
         self._obligations: list[Obligation] = []
         self._fresh = 0
         self.memory = MemoryFacts()  # what the caller knows of private memory (see know())
-        self.opaque_loads: dict[str, tuple[str, str]] = {}  # fresh variable name -> (load text "ids[i]", buffer scope)
+        # fresh variable name -> (load text "ids[i]", buffer scope), or (call text, "call") for an unmodelled call
+        self.opaque_loads: dict[str, tuple[str, str]] = {}
+        self.threads: dict[str, tuple[Any, Any]] = {}  # "threadIdx.x" -> (its term, its launch extent's term)
         self.definitions: dict[str, Any] = {}  # bound variable's term name -> the term bound to it (a ``Bind``)
         self.read_only: set = set()  # data vars of inputs the function never writes (see know())
         self._read_only_loads: dict = {}  # (data var, simplified index terms) -> the value loaded there
@@ -215,6 +219,11 @@ class Encoder:
     def bind(self, v, to) -> None:
         """Encode TIR variable ``v`` as the same term as ``to`` (a device parameter that is a shape variable)."""
         self._vars[v] = self._var(to)
+
+    def launch(self, tag: str, term, extent) -> None:
+        """Record a launched thread index (``threadIdx.x`` / ``y`` / ``z``) and its extent's term
+        (None: not known), from which TileLang's lane / warp / warpgroup intrinsics are encoded."""
+        self.threads[tag] = (term, extent)
 
     def define(self, v, term) -> None:
         """Record that TIR variable ``v`` is bound to ``term`` (a ``Bind``), so that the
@@ -335,7 +344,10 @@ class Encoder:
         dtype = getattr(expr, "dtype", "int64")
         kind, bits, _ = scalar_dtype(dtype)
         if kind in ("int", "uint"):
-            return self._ranged_int(self._fresh_name(type(expr).__name__), f"{kind}{bits}")
+            e = self._ranged_int(self._fresh_name(type(expr).__name__), f"{kind}{bits}")
+            if isinstance(expr, tir.Call):  # found by loaded_values like a load: a counterexample may not choose it
+                self.opaque_loads[str(e.term)] = (str(expr), "call")
+            return e
         if kind == "bool":
             return _Enc(self.fresh("bool", type(expr).__name__), None, None)
         return _Enc(self.fresh("int64", type(expr).__name__), None, None)
@@ -583,10 +595,39 @@ class Encoder:
             return self._enc(args[0], env, lane)
         if name in _LANE_MASKS:  # a warp's 32-lane mask, which CUDA's codegen widens to the op's uint64
             return self._ranged_int(self._fresh_name("lane_mask"), "uint32")
+        if name in _THREAD_INTRINSICS:
+            e = self._thread_intrinsic(name, args)
+            if e is not None:
+                return e
         kind, bits, _ = scalar_dtype(expr.dtype)
         if kind in ("int", "uint") and name in _BITWISE:
             return self._bitwise(name, expr, [self._enc(a, env, lane) for a in args], kind, bits)
         return self._opaque(expr)
+
+    def _thread_intrinsic(self, name: str, args) -> _Enc | None:
+        """``tl.get_lane_idx`` / ``get_warp_idx(_sync)`` / ``get_warp_group_idx`` as TileLang's
+        CUDA helpers compute them (``tl_templates/cuda/intrin.h``): the block-linear thread id
+        ``x + X * (y + Y * z)`` modulo / divided by the warp size (32 unless a positive constant is
+        given) or by warp size times warps per group (4 unless given). None where a size is not a
+        constant or a launched dimension's extent is unknown (the call stays opaque)."""
+        sizes = []
+        for a, default in zip(args, (32, 4)):
+            if not isinstance(a, tir.IntImm):
+                return None
+            sizes.append(int(a.value) if int(a.value) > 0 else default)
+        warp = sizes[0] if sizes else 32
+        divisor = warp * (sizes[1] if len(sizes) > 1 else 4) if name == "tl.get_warp_group_idx" else warp
+        linear, scale = self.int_val(0), self.int_val(1)
+        for tag in ("threadIdx.x", "threadIdx.y", "threadIdx.z"):
+            if tag not in self.threads:
+                continue  # not launched: index 0, extent 1
+            term, extent = self.threads[tag]
+            if extent is None:
+                return None
+            linear, scale = linear + scale * term, scale * extent
+        if name == "tl.get_lane_idx":
+            return _Enc(linear % divisor, 0, divisor - 1)  # SMT-LIB mod: in [0, divisor) for a positive divisor
+        return _Enc(linear / divisor, 0, None)
 
     def _bitwise(self, name, expr, ops: list[_Enc], kind: str, bits: int) -> _Enc:
         signed = kind == "int"
@@ -750,6 +791,8 @@ class Encoder:
 # TileLang's warp votes that return a lane mask: on CUDA (the only target tlx compiles for) the
 # mask of a 32-lane warp, never above 2^32 - 1
 _LANE_MASKS = frozenset({"tl.ballot_sync", "tl.ballot", "tl.activemask"})
+# TileLang's thread-position intrinsics, encoded from the launched thread indices
+_THREAD_INTRINSICS = frozenset({"tl.get_lane_idx", "tl.get_warp_idx", "tl.get_warp_idx_sync", "tl.get_warp_group_idx"})
 _BITWISE = {
     "tirx.shift_left",
     "tirx.shift_right",
@@ -792,9 +835,10 @@ def shape_setup(enc: Encoder, kernel, assume: tuple[str, ...] | list[str], extra
     variables = shape_vars(kernel.prim_func)
     dims = dimension_vars(kernel.prim_func)
     terms = {}
+    strides = stride_vars(kernel.prim_func)
     for name, v in variables.items():
         t = enc.var(v)
-        if name in dims:
+        if name in dims or name in strides:  # the launcher binds both from the tensors, >= 0
             enc.add_fact(t >= 0)
         terms[name] = t
     for buf in kernel.prim_func.buffer_map.values():
@@ -817,18 +861,40 @@ def tensor_size_fact(enc: Encoder, buf):
     shape), and a compact one (no declared strides: the launcher checks row-major strides) spans
     ``numel * element bytes`` of allocated memory, which torch also keeps <= INT64_MAX. So no
     shape makes a tensor larger than that, however large each dimension may be alone (a
-    dimension of 0 leaves the others free). The dimensions are the launcher's host values, so
-    their arithmetic is not device arithmetic: no width obligations."""
+    dimension of 0 leaves the others free). A strided one holds at least its view's span
+    (``allocation_elements``), which fits in memory the same way. The dimensions and strides are
+    the launcher's host values, so their arithmetic is not device arithmetic: no width
+    obligations."""
     enc.take_obligations()
     numel = enc.int_val(1)
     for dim in buf.shape:
         numel = numel * enc.encode(dim)
+    fact = numel <= (INT64_MAX // elem_bytes(buf.dtype) if row_major(buf) else INT64_MAX)
+    if not row_major(buf):
+        fact = z3.And(fact, enc.encode(allocation_elements(buf)) <= INT64_MAX // elem_bytes(buf.dtype))
     enc.take_obligations()
-    cap = INT64_MAX // elem_bytes(buf.dtype) if _row_major(buf) else INT64_MAX
-    return numel <= cap
+    return fact
 
 
-def _row_major(buf) -> bool:
+def allocation_elements(buf):
+    """The elements of memory a tensor argument ``buf`` (a declared buffer) is known to hold, as
+    TIR: its shape's product when it is row-major (the launcher checks those strides), else the
+    span of its strided view, ``1 + sum((shape_i - 1) * stride_i)`` (0 when a dimension is 0;
+    the launcher binds or checks every stride, each >= 0): what every tensor of that shape and
+    those strides holds, and no more, however its rows are padded or overlap."""
+    if row_major(buf):
+        size = 1
+        for dim in buf.shape:
+            size = size * dim
+        return size
+    span, empty = tir.IntImm("int64", 1), tir.const(False, "bool")
+    for dim, stride in zip(buf.shape, buf.strides, strict=True):
+        span = span + (tir.Cast("int64", dim) - 1) * tir.Cast("int64", stride)
+        empty = tir.Or(empty, dim == 0)
+    return tir.Select(empty, tir.IntImm("int64", 0), span)
+
+
+def row_major(buf) -> bool:
     """No strides declared, or exactly the row-major ones (TileLang declares them): the launcher
     checks them, so the tensor's elements are one dense block of memory."""
     expected, analyzer = tir.IntImm("int64", 1), tvm.arith.Analyzer()

@@ -38,7 +38,8 @@ from tlx.ir.walk import MATRIX_MOVES, DeviceWalker, is_access_ptr, is_cp_async, 
 from tlx.lowering import LoweredKernel
 from tlx.passes import TlxError
 from tlx.passes.private_arrays import candidate_arrays, initialized_by
-from tlx.passes.smt import DEFAULT_RLIMIT, Encoder, MemoryFacts, Obligation, bind_params, known_term, shape_setup
+from tlx.passes.smt import (DEFAULT_RLIMIT, Encoder, MemoryFacts, Obligation, allocation_elements, bind_params, known_term, row_major,
+                            shape_setup)
 
 tir = tvm.tirx
 
@@ -232,9 +233,13 @@ class _Walker(DeviceWalker):
         loaded = self.enc.loaded_values(model, list(extra.values()), self.context() + self.enc.facts + list(facts),
                                         fixed=self.shape_terms.values())
         out.update({k: v for k, (v, _) in loaded.items()})
-        private = sorted(k for k, (_, scope) in loaded.items() if scope != "global")
-        if loaded:
-            out["__data__"] = sorted(loaded)
+        calls = sorted(k for k, (_, scope) in loaded.items() if scope == "call")
+        private = sorted(k for k, (_, scope) in loaded.items() if scope not in ("global", "call"))
+        if len(calls) < len(loaded):
+            out["__data__"] = sorted(k for k, (_, scope) in loaded.items() if scope != "call")
+        if calls:
+            # The value of a call the encoder does not model: the assignment may be impossible.
+            out["__opaque__"] = calls
         if private:
             # Values the kernel itself computed into shared/local memory are not tracked, so
             # this assignment may be impossible: the caller reports "unknown", not a violation.
@@ -278,11 +283,16 @@ class _Walker(DeviceWalker):
         contract, so it is not refuted for valid inputs)."""
         untracked = access.counterexample.pop("__untracked__", None)
         data = access.counterexample.pop("__data__", None)
+        opaque = access.counterexample.pop("__opaque__", None)
         if access.status != "violation":
             return
         if data:
             access.data_dependent = True
             access.detail += f" when the input holds {', '.join(f'{k} = {access.counterexample[k]}' for k in data)}"
+        if opaque:
+            access.status = "unknown"
+            access.detail = f"not proven; depends on the value of {', '.join(opaque)}, which the verifier does not model"
+            return
         if untracked:
             access.status = "unknown"
             access.detail = f"not proven; depends on {', '.join(untracked)}, whose contents the verifier does not track"
@@ -321,6 +331,12 @@ class _Walker(DeviceWalker):
         name = user_name(buffer.name)
         scope = str(buffer.scope())
         shape = list(buffer.shape)
+        declared = self.buffers.get(buffer.data)
+        if declared is not None and declared.strides and len(indices) == 1 and not row_major(declared) \
+                and declared.dtype == buffer.dtype:
+            # a strided tensor argument, flattened by TileLang to stride * rows: the memory it is
+            # known to hold is its view's span (allocation_elements), not that product
+            shape = [allocation_elements(declared)]
         access = CheckedAccess(self.func, name, scope, kind, ", ".join(str(i) for i in indices), " x ".join(str(s) for s in shape))
         access.source = self.locate(name, kind, access.index)
         self.accesses.append(access)
@@ -442,9 +458,7 @@ class _Walker(DeviceWalker):
             return
         name = user_name(data.name)
         buf_bytes = elem_bytes(buf.dtype)
-        size = 1
-        for s in buf.shape:
-            size = size * s
+        size = allocation_elements(buf)
         access = CheckedAccess(self.func, name, str(buf.scope()), "pointer", f"[{offset}, {offset} + {extent})", f"{size} x {buf.dtype}")
         access.source = self.locate(name, "pointer", access.index)
         self.accesses.append(access)
@@ -535,6 +549,15 @@ class _Walker(DeviceWalker):
             if t is not None:
                 self.add_fact(self.enc.var(e.var) == t)
             self.visit_expr(e.body)
+            self.pop()
+            return
+        if isinstance(e, (tir.And, tir.Or)) and scalar_dtype(e.dtype)[2] == 1:
+            # C's && and || (CUDA's code generator prints them): the right operand is evaluated
+            # only where the left one does not decide, so its accesses are checked only there
+            self.visit_expr(e.a)
+            c = self.reliable(e.a, f"condition {e.a}", as_bool=True)
+            self.push([] if c is None else [c if isinstance(e, tir.And) else z3.Not(c)])
+            self.visit_expr(e.b)
             self.pop()
             return
         if isinstance(e, _BINARY):
@@ -644,6 +667,8 @@ class _Walker(DeviceWalker):
             if ext is not None:
                 self.add_fact(t < ext)
             self.add_name(v.name, t)
+            if str(s.node.thread_tag).startswith("threadIdx"):
+                self.enc.launch(str(s.node.thread_tag), t, ext)
         elif s.attr_key == "tl.assume" and isinstance(s.node, tvm.ir.PrimExpr) and str(s.node) in self.host_checked:
             # a program's T.assume over the kernel's parameters: the launcher checks it (the
             # host assert TileLang made of it), so the kernel only runs where it holds

@@ -43,6 +43,7 @@ struct Named {
 [[noreturn]] void fail_ndim(const char* kernel, const char* name, const DLTensor* t, int32_t ndim);
 [[noreturn]] void fail_dim(const char* kernel, const char* name, const DLTensor* t, int d, int64_t expected, const char* what);
 [[noreturn]] void fail_bind_dim(const char* kernel, const char* name, int d, const char* var, int64_t v);
+[[noreturn]] void fail_bind_stride(const char* kernel, const char* name, int d, const char* var, int64_t v);
 [[noreturn]] void fail_stride(const char* kernel, const char* name, int d, int64_t expected, int64_t got);
 [[noreturn]] void fail_cuda_device(const char* kernel, const char* name, const DLTensor* t, int32_t device_id);
 [[noreturn]] void fail_align(const char* kernel, const char* name, const void* p, uintptr_t align, const char* why);
@@ -104,9 +105,25 @@ inline int64_t bind_dim(const char* kernel, const char* name, const DLTensor* t,
   return v;
 }
 
+// The stride of dimension d in elements: strides[d], or the row-major one of a tensor that carries
+// none (DLPack's compact layout).
+inline int64_t stride_of(const DLTensor* t, int d) {
+  if (t->strides) return t->strides[d];
+  int64_t s = 1;
+  for (int32_t i = t->ndim - 1; i > d; --i) s *= t->shape[i];
+  return s;
+}
+
+// A symbolic variable that only a tensor's stride gives (TileLang's StridedTensor): in [0, INT32_MAX].
+inline int64_t bind_stride(const char* kernel, const char* name, const DLTensor* t, int d, const char* var) {
+  int64_t v = stride_of(t, d);
+  if (__builtin_expect(v < 0 || v > INT32_MAX, 0)) fail_bind_stride(kernel, name, d, var, v);
+  return v;
+}
+
 // strides[d] must equal `expected` unless the dimension has extent 1 (any stride is then equivalent).
 inline void check_stride(const char* kernel, const char* name, const DLTensor* t, int d, int64_t expected) {
-  int64_t got = t->strides ? t->strides[d] : expected;
+  int64_t got = stride_of(t, d);
   if (__builtin_expect(got != expected && t->shape[d] != 1, 0)) fail_stride(kernel, name, d, expected, got);
 }
 

@@ -117,6 +117,11 @@ void fail_bind_dim(const char* kernel, const char* name, int d, const char* var,
                           " exceeds the int32 range the kernel indexes with");
 }
 
+void fail_bind_stride(const char* kernel, const char* name, int d, const char* var, int64_t v) {
+  raise("ValueError", std::string(kernel) + ": " + var + " = " + name + ".stride(" + std::to_string(d) + ") = " + std::to_string(v) +
+                          (v < 0 ? " is negative; the kernel indexes with strides >= 0" : " exceeds the int32 range the kernel indexes with"));
+}
+
 void fail_stride(const char* kernel, const char* name, int d, int64_t expected, int64_t got) {
   raise("ValueError", std::string(kernel) + ": argument " + name + ".stride(" + std::to_string(d) + ") expected " +
                           std::to_string(expected) + " (the layout the kernel was compiled for), got " + std::to_string(got) +
