@@ -84,3 +84,41 @@ def test_selects_of_plain_loads_and_outside_loops_are_not_reported():
     select in straight-line code runs once: neither is reported."""
     for make in (K.scale_add(), K.shifted_vector_copy(shift=4), K.row_sum()):
         assert vectors_report(_lower(make))["branches"] == []
+
+
+def _strided_rows_under_assume():
+    """Rows of a ``StridedTensor`` X (row stride ``S``) copied as 16-byte vectors, which TileLang
+    emits only under the program's ``T.assume(S % 4 == 0)`` (as DeepSeek's TileKernels transpose
+    does); the launcher checks that assumption."""
+    from tilelang import language as T
+
+    S = T.dynamic("S")
+
+    @T.prim_func
+    def main(X: T.StridedTensor((64, 64), (S, 1), "float32"), Y: T.Tensor((64, 64), "float32")):
+        with T.Kernel(8, threads=128) as bx:
+            T.assume(S % 4 == 0)
+            for i, j in T.Parallel(8, 16):
+                for v in T.vectorized(4):
+                    Y[bx * 8 + i, j * 4 + v] = X[bx * 8 + i, j * 4 + v]
+
+    return lower(main, TARGET, {})
+
+
+def test_the_programs_checked_assumptions_make_a_strided_vector_aligned():
+    """With the launcher-checked ``T.assume`` as a fact (a stride multiple substituted, which Z3
+    proves where the modulus constraint over a product leaves it unknown), X's vector loads are
+    proven aligned; without it, an odd stride misaligns them (before: every TileKernels kernel
+    vectorized this way was reported misaligned)."""
+    from tlx.ir.program import collect_program
+    from tlx.passes.smt import kernel_encoder
+    from tlx.passes.vectors import check_vector
+
+    kernel = _strided_rows_under_assume()
+    r = vectors_report(kernel)
+    loads = [e for e in r["vectors"] if e["buffer"] == "X"]
+    assert loads and all(e["verdict"] == "legal" for e in loads), r["vectors"]
+    enc = kernel_encoder(kernel)
+    [prog] = collect_program(kernel)
+    bare = [check_vector(enc, prog, a) for a in prog.accesses if a.buffer == "X" and isinstance(a.index, tir.Ramp)]
+    assert bare and all(e["verdict"] == "misaligned" for e in bare)

@@ -890,7 +890,7 @@ def allocation_elements(buf):
     span, empty = tir.IntImm("int64", 1), tir.const(False, "bool")
     for dim, stride in zip(buf.shape, buf.strides, strict=True):
         span = span + (tir.Cast("int64", dim) - 1) * tir.Cast("int64", stride)
-        empty = tir.Or(empty, dim == 0)
+        empty = tir.Or(empty, tir.EQ(dim, tir.IntImm(dim.dtype, 0)))
     return tir.Select(empty, tir.IntImm("int64", 0), span)
 
 

@@ -9,6 +9,9 @@ is a proof, a model is the counterexample. Global buffers are assumed to start a
 address aligned to at least 16 bytes (what PyTorch allocations give); that assumption
 is reported with the verdict, since a sliced tensor can break it.
 
+The program's own ``T.assume`` conditions that the launcher checks are facts here, as for
+the bounds verifier: TileLang vectorizes a strided row only under one (``stride % 4 == 0``).
+
 Missed vectorization: a scalar access in a loop whose index advances by exactly one
 element per iteration, from a start that is provably aligned to ``w`` elements,
 could be one ``w``-wide access; the widest such ``w`` (up to 16 bytes) is reported.
@@ -26,11 +29,13 @@ from __future__ import annotations
 
 import time
 
+import z3
 from tilelang import tvm
 from tlx.lowering import LoweredKernel
 from tlx.passes import PassContext, TlxError, exit_status, raise_or_warn
 from tlx.ir.program import Access, Program, collect_program
 from tlx.ir.tir import const_int, device_functions, elem_bytes, nodes, op_name
+from tlx.passes.verification import launcher_checks
 from tlx.passes.smt import Encoder, context_facts, kernel_encoder
 
 tir = tvm.tirx
@@ -55,8 +60,46 @@ def _address(enc: Encoder, acc: Access, index) -> object:
     return acc.base_bytes + enc.encode(index) * elem_bytes(acc.dtype)
 
 
-def check_vector(enc: Encoder, prog: Program, acc: Access) -> dict:
-    """Contiguity and alignment of one vector access."""
+def program_assumptions(enc: Encoder, kernel: LoweredKernel) -> dict[str, list]:
+    """Device function name -> the program's ``T.assume`` conditions in it that the launcher
+    checks (its host asserts), as for the bounds verifier (TileLang vectorizes under them, e.g.
+    a row stride assumed a multiple of 4): each conjunct ``v % m == 0`` over a variable as the
+    pair (``v``'s term, ``m``), to be substituted (see ``_solve``), any other as an encoded fact."""
+    checked = launcher_checks(kernel)
+    out = {}
+    for name, f in device_functions(kernel.device_mod):
+        found = []
+        for a in nodes(f.body, tir.AttrStmt):
+            if a.attr_key == "tl.assume" and isinstance(a.node, tvm.ir.PrimExpr) and str(a.node) in checked:
+                found += [_multiple(enc, c) or enc.encode_bool(c) for c in _conjuncts(a.node)]
+        enc.take_obligations()
+        out[name] = found
+    return out
+
+
+def _conjuncts(cond) -> list:
+    return _conjuncts(cond.a) + _conjuncts(cond.b) if isinstance(cond, tir.And) else [cond]
+
+
+def _multiple(enc: Encoder, cond) -> tuple | None:
+    """(term, m) for ``v % m == 0`` (floor or truncated modulus) with ``v`` a variable, else None."""
+    if isinstance(cond, tir.EQ) and const_int(cond.b) == 0 and isinstance(cond.a, (tir.FloorMod, tir.Mod)) \
+            and isinstance(cond.a.a, tir.Var) and (const_int(cond.a.b) or 0) > 0:
+        return enc.var(cond.a.a), const_int(cond.a.b)
+    return None
+
+
+def _solve(enc: Encoder, formulas: list, assumed) -> object:
+    """``enc.check`` of ``formulas`` and the ``assumed`` facts, each assumed multiple ``v = m * k``
+    substituted for ``v`` (a fresh ``k``): Z3 gives up on a modulus constraint over a product of
+    variables (a stride times a row index) where it proves the substituted form."""
+    pairs = [(t, m * z3.Int(f"{t}!over{m}", enc.ctx)) for t, m in (a for a in assumed if isinstance(a, tuple))]
+    facts = [a for a in assumed if not isinstance(a, tuple)]
+    return enc.check([z3.substitute(f, *pairs) if pairs else f for f in formulas + facts])
+
+
+def check_vector(enc: Encoder, prog: Program, acc: Access, assumed=()) -> dict:
+    """Contiguity and alignment of one vector access (``assumed``: facts the launcher makes true)."""
     ramp = acc.index
     eb = elem_bytes(acc.dtype)
     entry = {"buffer": acc.buffer, "scope": acc.scope, "op": acc.op, "statement": acc.text, "lanes": int(ramp.lanes), "width_bytes": eb * int(ramp.lanes)}
@@ -68,7 +111,7 @@ def check_vector(enc: Encoder, prog: Program, acc: Access) -> dict:
     facts = _thread_facts(enc, prog) + context_facts(enc, prog, acc) + [enc.encode_bool(c) for c in acc.conds]
     addr = _address(enc, acc, ramp.base)
     enc.take_obligations()
-    v = enc.check(facts + [addr % width != 0])
+    v = _solve(enc, facts + [addr % width != 0], assumed)
     entry["aligned"] = v.status
     if v.status == "violation":
         entry["counterexample"] = _model_of(enc, v.model, prog, acc)
@@ -165,6 +208,7 @@ def vectors_report(kernel: LoweredKernel, programs: list[Program] | None = None,
     """
     t0 = time.perf_counter()
     enc = kernel_encoder(kernel, assume)
+    assumed = program_assumptions(enc, kernel)
     vectors, missed = [], []
     for prog in programs or collect_program(kernel):
         vectors += [{"kernel": prog.name, "statement": what, "verdict": "unknown"} for what in prog.unread]
@@ -172,7 +216,7 @@ def vectors_report(kernel: LoweredKernel, programs: list[Program] | None = None,
             if acc.scope not in ("global", "shared", "shared.dyn") or acc.op not in ("load", "store"):
                 continue
             if isinstance(acc.index, tir.Ramp):
-                e = check_vector(enc, prog, acc)
+                e = check_vector(enc, prog, acc, assumed.get(prog.name, ()))
                 e["kernel"] = prog.name
                 vectors.append(e)
             else:

@@ -964,7 +964,7 @@ def _walk_kernel(kernel, assume, extra_conditions, rlimit, prove_guards, source_
     enc = Encoder(rlimit=rlimit)
     variables, terms = shape_setup(enc, kernel, tuple(assume), list(extra_conditions))
     walkers = {}
-    host_checked = _launcher_checks(kernel)
+    host_checked = launcher_checks(kernel)
     for name, f in device_functions(kernel.device_mod):
         bind_params(enc, f, variables)
         w = _Walker(enc, name, terms, prove_guards, source_map, focus, least_of, candidate_arrays(f),
@@ -977,7 +977,7 @@ def _walk_kernel(kernel, assume, extra_conditions, rlimit, prove_guards, source_
     return enc, walkers
 
 
-def _launcher_checks(kernel) -> set:
+def launcher_checks(kernel) -> set:
     """The conditions of the asserts in the host code's compute scope, as text: the program's
     ``T.assume`` conditions, which the generated launcher checks (tlx/hostgen/plan.py; the
     argument checks outside that scope are TileLang's own launcher's, not tlx's)."""
