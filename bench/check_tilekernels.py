@@ -21,9 +21,8 @@ TileKernels' own pytest suite picks the kernels and their arguments; nothing is 
       sources must be the same program (equal up to TileLang's numbering of reduction
       workspaces, which varies from process to process).
 
-TileKernels is written against a newer TileLang. Its one import that 0.1.15 lacks,
-``tilelang.utils.target.determine_target``, is served by 0.1.15's
-``tilelang.backend.target.determine_target``, with "auto" meaning sm_90a (no device to probe).
+TileKernels is written against a newer TileLang: ``bench/foreign_suites.py`` serves the one
+import 0.1.15 lacks, with "auto" meaning sm_90a here (no device to probe).
 """
 
 # cpu-only bench: scripts/gpu-check skips it (it needs a TileKernels checkout, not a GPU)
@@ -35,12 +34,10 @@ import fnmatch
 import io
 import json
 import os
-import random
 import subprocess
 import sys
 import tempfile
 import time
-import types
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -48,6 +45,7 @@ HERE = Path(__file__).resolve()
 sys.path.insert(0, str(HERE.parent))
 
 import check_examples  # noqa: E402  (the trap, the rows and the table are shared)
+from foreign_suites import sample_per_test, serve_newer_imports  # noqa: E402
 
 TARGET = check_examples.TARGET
 
@@ -61,21 +59,6 @@ class _H200Properties:
     shared_memory_per_multiprocessor = 233472
     shared_memory_per_block_optin = 232448
     total_memory = 141 << 30
-
-
-def _serve_newer_tilelang_imports() -> None:
-    """``tilelang.utils.target`` as TileKernels imports it, from 0.1.15's backend module."""
-    import tilelang.backend.target as backend_target
-    import tilelang.utils
-
-    shim = types.ModuleType("tilelang.utils.target")
-
-    def determine_target(target="auto", return_object=False):
-        return backend_target.determine_target(TARGET if target == "auto" else target, return_object=return_object)
-
-    shim.determine_target = determine_target
-    sys.modules["tilelang.utils.target"] = shim
-    tilelang.utils.target = shim
 
 
 def _no_device_needed() -> None:
@@ -129,15 +112,9 @@ class _Capture:
     def pytest_collection_modifyitems(self, session, config, items):
         if self.per_test is None:
             return
-        groups: dict = {}
-        for item in items:
-            rel = Path(str(item.fspath)).as_posix().split("/tests/", 1)[-1]
-            if "benchmark" in item.name or (self.only and not fnmatch.fnmatch(rel, self.only)):
-                continue
-            groups.setdefault((rel, item.originalname), []).append(item)
-        rng = random.Random(0)
-        items[:] = [it for group in groups.values()
-                    for it in group[:1] + rng.sample(group[1:], min(self.per_test - 1, len(group) - 1))]
+        by_id = {item.nodeid: item for item in items
+                 if not self.only or fnmatch.fnmatch(item.nodeid.split("::")[0].removeprefix("tests/"), self.only)}
+        items[:] = [by_id[n] for n in sample_per_test(list(by_id), self.per_test)]
 
     def pytest_runtest_setup(self, item):
         self._item = item.nodeid
@@ -147,7 +124,7 @@ def _run_pytest(checkout: Path, args: list[str], plugin: _Capture) -> None:
     """TileKernels' pytest in this process (its conftest imports TileLang through the shim)."""
     import pytest
 
-    _serve_newer_tilelang_imports()
+    serve_newer_imports(auto_target=TARGET)
     plugin.install()
     sys.path.insert(0, str(checkout))
     os.chdir(checkout)

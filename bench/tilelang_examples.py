@@ -3,12 +3,15 @@
     python3 bench/tilelang_examples.py EXAMPLES_DIR [TARGET ...] [--out DIR] [--jobs N] [--exclude TEXT]
         [--timeout S] [--deadline S] [--stop S] [--costs OLD_RESULTS.json] [--collect-only]
         [--timing-rounds R] [--timing-jobs N] [--timing-deadline S] [--merge RESULTS.json] [--longest-first]
-        [--paired-rounds R]
+        [--paired-rounds R] [--per-test N]
 
 EXAMPLES_DIR is a TileLang checkout's ``examples/`` (or the checkout itself); its files are used
 in place, never copied into this repository. A TARGET is a path under it: a ``test_*.py`` file,
 optionally ``::test_name``. Without targets, every ``examples/**/test_*.py``. ``--exclude TEXT``
-leaves out the files and items whose id contains TEXT.
+leaves out the files and items whose id contains TEXT. Another project's TileLang suite runs
+the same way: DeepSeek's TileKernels with EXAMPLES_DIR its ``tests/`` and ``--per-test N`` (each
+test function's first item and a seeded sample; ``bench/foreign_suites.py`` serves the import
+its newer TileLang has, in both arms).
 
 Steps:
 1. Collection: ``pytest --collect-only`` of each file in a fresh process (``--jobs`` at a time),
@@ -144,6 +147,8 @@ _PAIRED_KERNELS = 8  # per process: the kernels of an item that get a paired tim
 _PAIRED_SAMPLE_MS = 2.0  # a paired timing's sample runs back-to-back calls for about this long
 _PAIRED_MAX_CALLS = 200  # ... and at most this many calls
 _ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # this folder's modules, however this one was imported
+from foreign_suites import sample_per_test, serve_newer_imports  # noqa: E402
 
 
 # ---- inside a test process ------------------------------------------------------------------
@@ -565,6 +570,7 @@ def install() -> None:
     import torch
 
     global _recorder, _test_lock
+    serve_newer_imports()  # a suite written for a newer TileLang (DeepSeek's TileKernels), in both arms
     arm, log = os.environ[_ENV_ARM], os.environ[_ENV_LOG]
     if os.environ.get(_ENV_TIMING):  # each test body holds the lock exclusively, the recorder none
         _test_lock = _GpuLock(os.environ.get(_ENV_LOCK))
@@ -1060,6 +1066,9 @@ def main(argv=None) -> int:
                         help="rounds of the tlx arm's paired timing of each kernel against TileLang's build of it (0: none)")
     parser.add_argument("--merge", type=Path, metavar="RESULTS.json",
                         help="start from an earlier run's table: only the TARGETs given run (none: no first phase), then the timing phase")
+    parser.add_argument("--per-test", type=int, metavar="N",
+                        help="of each test function's items, the first and a seeded sample of N - 1 others (suites that "
+                             "parametrize thousands, as TileKernels'); benchmark items left out")
     parser.add_argument("--longest-first", action="store_true", help="start the costliest items first (shortest run when all must finish)")
     args = parser.parse_args(argv)
     examples = args.examples / "examples" if (args.examples / "examples").is_dir() else args.examples
@@ -1152,6 +1161,8 @@ def _run_all(runner: Runner, examples: Path, files: list, args, table: Table, st
             rest = item["nodeid"].split("::", 1)[1]
             if (name is None or name in (rest, rest.split("[")[0])) and not any(text in item["nodeid"] for text in args.exclude):
                 wanted[item["nodeid"]] = item
+    if args.per_test:
+        wanted = {n: wanted[n] for n in sample_per_test(list(wanted), args.per_test)}
     for nodeid, item in wanted.items():
         if item["skip"]:
             table.not_applicable[nodeid] = item["skip"]

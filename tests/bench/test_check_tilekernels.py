@@ -95,3 +95,13 @@ def test_a_captured_kernel_is_checked_built_and_lowered_as_tilelang_does(checkou
     assert row["bounds"] == "ok" and row["accesses"] == row["proven"] >= 2
     assert row["dropin_build"] == "linked"
     assert row["dropin_cuda"] == "same CUDA"
+
+
+def test_sample_per_test_keeps_each_functions_first_item_and_a_seeded_sample():
+    from bench.foreign_suites import sample_per_test
+
+    ids = [f"t.py::test_a[{i}]" for i in range(10)] + ["t.py::test_b[0]", "t.py::test_a_benchmark[0]", "u.py::test_a[0]"]
+    kept = sample_per_test(ids, 3)
+    assert kept[0] == "t.py::test_a[0]" and len([k for k in kept if k.startswith("t.py::test_a[")]) == 3
+    assert "t.py::test_b[0]" in kept and "u.py::test_a[0]" in kept and not any("benchmark" in k for k in kept)
+    assert kept == sample_per_test(ids, 3) and len(kept) == 5
