@@ -363,3 +363,27 @@ def test_a_stepped_loop_lowered_without_its_zero_trip_case_is_a_violation():
     res = verify_kernel(lower_jit(stepped), ())
     [store] = [a for a in res.accesses if a.buffer == "S" and a.kind == "store"]
     assert store.status == "violation" and store.counterexample["index"] >= 72
+
+
+def test_the_right_operand_of_and_is_checked_only_where_it_runs():
+    """``k != 0 and L[k - 1] == 0``: C's ``&&`` never reads ``L[-1]`` (TileKernels' top-2 gate
+    reads its previous pick so; it was a violation at k = 0)."""
+
+    @tlx.jit(target=TARGET, verify="off")
+    def previous_pick():
+        @T.prim_func
+        def main(A: T.Tensor((32,), "int32"), Out: T.Tensor((32,), "int32")):
+            with T.Kernel(1, threads=32):
+                tx = T.get_thread_binding()
+                L = T.alloc_local((4,), "int32")
+                for k in T.serial(4):
+                    L[k] = A[tx] + k
+                for k in T.serial(4):
+                    if k != 0 and L[k - 1] == 0:
+                        Out[tx] = k
+
+        return main
+
+    res = verify_kernel(lower_jit(previous_pick), ())
+    reads = [a for a in res.accesses if a.buffer == "L" and a.kind == "load"]
+    assert reads and all(a.status == "proven" for a in reads), [(a.index, a.status, a.detail) for a in reads]
