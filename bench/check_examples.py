@@ -71,18 +71,18 @@ def _tensors_stay_on_the_cpu() -> None:
     torch.Tensor.to = to_cpu
 
 
-def _calling_jit_object():
-    """The ``tilelang.jit`` object whose compile called the trap (its factory gives tlx check the
-    example's source lines), or None."""
+def calling_jit():
+    """(the ``tilelang.jit`` object whose compile called the trap, that call's args, its kwargs),
+    or (None, (), {}): its factory gives tlx check the example's source lines, its arguments name
+    the kernel (bench/check_tilekernels.py)."""
     from tilelang.jit import JITImpl
 
     frame = sys._getframe(2)
     while frame is not None:
-        candidate = frame.f_locals.get("self")
-        if isinstance(candidate, JITImpl):
-            return candidate
+        if isinstance(frame.f_locals.get("self"), JITImpl):
+            return frame.f_locals["self"], frame.f_locals.get("args", ()), frame.f_locals.get("kwargs", {})
         frame = frame.f_back
-    return None
+    return None, (), {}
 
 
 def capture_first_kernel(example: str):
@@ -94,7 +94,7 @@ def capture_first_kernel(example: str):
     seen = []
 
     def trap(func=None, *args, **kwargs):
-        seen.append((func, _calling_jit_object()))
+        seen.append((func, calling_jit()[0]))
         raise _Captured
 
     tj.cached = trap

@@ -70,18 +70,6 @@ def _no_device_needed() -> None:
     torch.cuda.synchronize = lambda *a, **k: None
 
 
-def _jit_call():
-    """(the ``tilelang.jit`` object whose compile reached the trap, its call's args, kwargs)."""
-    from tilelang.jit import JITImpl
-
-    frame = sys._getframe(2)
-    while frame is not None:
-        if isinstance(frame.f_locals.get("self"), JITImpl) and frame.f_code.co_name == "compile":
-            return frame.f_locals["self"], frame.f_locals.get("args", ()), frame.f_locals.get("kwargs", {})
-        frame = frame.f_back
-    return None, (), {}
-
-
 def _factory_name(jit) -> str:
     fn = getattr(jit, "func", None)
     fn = getattr(fn, "orig_func", None) or getattr(fn, "func", None) or fn
@@ -100,7 +88,7 @@ class _Capture:
         import tilelang.jit  # noqa: F401
 
         def trap(func=None, *args, **kwargs):
-            jit, call_args, call_kwargs = _jit_call()
+            jit, call_args, call_kwargs = check_examples.calling_jit()
             self.records.append({"nodeid": self._item, "prim": func, "jit": jit, "compile": kwargs,
                                  "factory": _factory_name(jit),
                                  "key": f"{_factory_name(jit)}{call_args!r}{sorted(call_kwargs.items())!r}"})
