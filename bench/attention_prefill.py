@@ -50,7 +50,7 @@ Usage: python bench/attention_prefill.py [--out FILE.json] [--reps N]
        backward's candidates alone, from the default forward's output)
        python bench/attention_prefill.py --sweep-forward [--out FILE.json] [--reps N]   (the forward's alone)
        ... --sweep[-forward|-backward] --dim D   (one head dim's candidates: a device call may not fit all)
-       ... --sweep-forward --only WORD[,WORD...]   (the forward candidates whose name contains a WORD)
+       ... --sweep-forward --only "WORDS[|WORDS...]"   (the forward candidates whose name contains one)
        python bench/attention_prefill.py --precompile-sweep [WORKERS]   (the sweep's kernels only)
        python bench/attention_prefill.py --precompile [WORKERS]   (no GPU needed: compiles every
        kernel configuration the attention GPU tests and this benchmark use, WORKERS processes at
@@ -562,9 +562,9 @@ def main():
         for candidates in (SWEEP_FORWARD, SWEEP_BACKWARD):
             for d in [d for d in candidates if d != dim]:
                 del candidates[d]
-    if "--only" in sys.argv:  # forward candidates whose name contains one of the comma-separated words
+    if "--only" in sys.argv:  # forward candidates whose name contains one of the "|"-separated words
         at = sys.argv.index("--only")
-        words = sys.argv.pop(at + 1).split(",")
+        words = sys.argv.pop(at + 1).split("|")
         sys.argv.pop(at)
         for cands in SWEEP_FORWARD.values():
             for name in [n for n in cands if not any(w in n for w in words)]:
