@@ -50,6 +50,7 @@ Usage: python bench/attention_prefill.py [--out FILE.json] [--reps N]
        backward's candidates alone, from the default forward's output)
        python bench/attention_prefill.py --sweep-forward [--out FILE.json] [--reps N]   (the forward's alone)
        ... --sweep[-forward|-backward] --dim D   (one head dim's candidates: a device call may not fit all)
+       ... --sweep-forward --only WORD[,WORD...]   (the forward candidates whose name contains a WORD)
        python bench/attention_prefill.py --precompile-sweep [WORKERS]   (the sweep's kernels only)
        python bench/attention_prefill.py --precompile [WORKERS]   (no GPU needed: compiles every
        kernel configuration the attention GPU tests and this benchmark use, WORKERS processes at
@@ -109,16 +110,20 @@ def _sweep_forward():
     base = {"overlap": {}, "pingpong": {"pingpong": True}}
     fast = {"fast_exp2": True}  # exp2 as one instruction (dense_fwd_overlap_kernel)
     heavy = {"heavy_first": True}  # causal: the tiles with the most keys first (a no-op without causal)
+    persist = {"persistent": True}  # one CTA a SM walking the tiles (dense_fwd_persistent_kernel)
     return {64: {**base, "3 consumers": {"consumers": 3}, "3 consumers pingpong": {"consumers": 3, "pingpong": True},
                  "3 consumers, fast exp2": {"consumers": 3, **fast}, "3 consumers, heavy first": {"consumers": 3, **heavy},
-                 "3 consumers, 3 stages, fast exp2": {"consumers": 3, "num_stages": 3, **fast}},
+                 "3 consumers, 3 stages, fast exp2": {"consumers": 3, "num_stages": 3, **fast},
+                 "3 consumers, fast exp2, persistent": {"consumers": 3, **fast, **persist}},
             128: {**base, "3 stages": {"num_stages": 3}, "3 stages pingpong": {"num_stages": 3, "pingpong": True},
                   "3 stages, fast exp2": {"num_stages": 3, **fast}, "176 keys a block": {"block_n": 176},
                   "176 keys a block, fast exp2": {"block_n": 176, **fast},
-                  "3 stages, fast exp2, heavy first": {"num_stages": 3, **fast, **heavy}},
+                  "3 stages, fast exp2, heavy first": {"num_stages": 3, **fast, **heavy},
+                  "fast exp2, persistent": {**fast, **persist}, "3 stages, fast exp2, persistent": {"num_stages": 3, **fast, **persist}},
             256: {**base, "overlap, fast exp2": fast, "pingpong, fast exp2": {"pingpong": True, **fast},
                   "overlap, heavy first": heavy, "80 keys a block": {"block_n": 80},
-                  "80 keys a block, fast exp2": {"block_n": 80, **fast}}}
+                  "80 keys a block, fast exp2": {"block_n": 80, **fast},
+                  "80 keys a block, fast exp2, persistent": {"block_n": 80, **fast, **persist}}}
 
 
 def _sweep_backward():
@@ -188,10 +193,10 @@ def _compile_config(cfg) -> str:
         SCHEDULES[schedule](d, causal, (scale[0] if scale else 1.0 / math.sqrt(d)) * LOG2E, dtype,
                             **kernel_options(schedule, d, None))  # what dense_attention builds
     elif kind == "forward options":
-        from kernels.attention.dense_fwd import dense_fwd_overlap_kernel
+        from kernels.attention.dense_fwd import overlap_kernel
 
         d, causal, options = args
-        dense_fwd_overlap_kernel(d, causal, 1.0 / math.sqrt(d) * LOG2E, "bfloat16", **dict(options))
+        overlap_kernel(d, causal, 1.0 / math.sqrt(d) * LOG2E, "bfloat16", **dict(options))
     elif kind in ("backward", "fused"):
         from kernels.attention.dense_bwd import FUSED_TILES, backward_kernels
 
@@ -557,6 +562,13 @@ def main():
         for candidates in (SWEEP_FORWARD, SWEEP_BACKWARD):
             for d in [d for d in candidates if d != dim]:
                 del candidates[d]
+    if "--only" in sys.argv:  # forward candidates whose name contains one of the comma-separated words
+        at = sys.argv.index("--only")
+        words = sys.argv.pop(at + 1).split(",")
+        sys.argv.pop(at)
+        for cands in SWEEP_FORWARD.values():
+            for name in [n for n in cands if not any(w in n for w in words)]:
+                del cands[name]
     from bench.timing import gpu_bench_args
 
     # NVML's device count, not the CUDA runtime's: the compile workers are forked after this check,

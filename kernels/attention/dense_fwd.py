@@ -11,7 +11,8 @@ Work split: one CTA per (query tile, query head, sequence); consumer warpgroups 
 rows each (two: 128-query tiles) plus a TMA producer warpgroup, either by TileLang's warp
 specialization of the pipelined key loop (``dense_fwd_kernel``) or scheduled by hand with the
 softmax overlapping the tensor cores (``dense_fwd_overlap_kernel``: two or three consumers, the
-warpgroups optionally taking turns to issue their GEMMs); all compute the same bits (a row's
+warpgroups optionally taking turns to issue their GEMMs; or, as ``dense_fwd_persistent_kernel``,
+one CTA a SM walking the tiles); all compute the same bits (a row's
 arithmetic does not depend on the tile's other rows; a row given key blocks wholly right of its
 diagonal by a taller tile adds exact zeros: its max, sum and output stay bit for bit). Every tile of a sequence starts at the sequence's first row, so a
 sequence's bits do not depend on the other sequences of the batch (batch invariance).
@@ -50,7 +51,10 @@ of the whole batch, but only through the clamp of the offsets read from ``cu_q``
 offsets that ``check_cu_seqlens`` accepts, so a tile's block count is a function of its own
 sequence's lengths.
 ``tests/kernels/attention/test_dense_fwd_gpu.py::test_batch_invariance`` checks the property
-on the GPU (one sequence alone and inside a 64-sequence varlen batch).
+on the GPU (one sequence alone and inside a 64-sequence varlen batch). The persistent grid's tile -> (row
+block, head, sequence) map divides by ``H``, so there the analysis finds the key loop's extent
+depending on ``H`` and reports batch invariance false; each tile still reads only its own
+sequence's rows.
 """
 
 import functools
@@ -195,11 +199,36 @@ def uniform_offsets(batch: int, seqlen: int, device) -> torch.Tensor:
     return torch.arange(0, batch + 1, dtype=torch.int32, device=device) * seqlen
 
 
-@tlx.jit(target=C.TARGET, assume=FWD_ASSUME,
-         pass_configs={"tl.disable_warp_specialized": True, "tl.disable_thread_storage_sync": True})
+OVERLAP_CONFIGS = {"tl.disable_warp_specialized": True, "tl.disable_thread_storage_sync": True}
+# a persistent grid's own preconditions: ctas CTAs, at most one a tile, fewer than 2^30 tiles (so the
+# tile count plus ctas stays in int32)
+PERSISTENT_ASSUME = [*FWD_ASSUME, "1 <= ctas", "ctas <= q_tiles * H * (NB - 1)", "q_tiles * H * (NB - 1) <= 1073741823"]
+
+
+@tlx.jit(target=C.TARGET, assume=FWD_ASSUME, pass_configs=OVERLAP_CONFIGS)
 def dense_fwd_overlap_kernel(dim: int, causal: bool, scale_log2: float, dtype: str = "bfloat16", num_stages: int = 2,
                              consumers: int = 2, pingpong: bool = False, fast_exp2: bool = False, block_n: int = 0,
                              heavy_first: bool = False):
+    """The hand-scheduled forward, one CTA a tile (see ``overlap_program``)."""
+    return overlap_program(dim, causal, scale_log2, dtype, num_stages, consumers, pingpong, fast_exp2, block_n, heavy_first, False)
+
+
+@tlx.jit(target=C.TARGET, assume=PERSISTENT_ASSUME, pass_configs=OVERLAP_CONFIGS)
+def dense_fwd_persistent_kernel(dim: int, causal: bool, scale_log2: float, dtype: str = "bfloat16", num_stages: int = 2,
+                                consumers: int = 2, fast_exp2: bool = False, block_n: int = 0, heavy_first: bool = False):
+    """The hand-scheduled forward on a persistent grid of ``ctas`` CTAs (see ``overlap_program``)."""
+    return overlap_program(dim, causal, scale_log2, dtype, num_stages, consumers, False, fast_exp2, block_n, heavy_first, True)
+
+
+def overlap_kernel(*args, persistent: bool = False, **options):
+    """``dense_fwd_overlap_kernel``, or with ``persistent`` ``dense_fwd_persistent_kernel``."""
+    if persistent and options.get("pingpong"):
+        raise ValueError("pingpong: the turns start once per CTA, so a persistent grid takes pingpong=False")
+    return (dense_fwd_persistent_kernel if persistent else dense_fwd_overlap_kernel)(*args, **options)
+
+
+def overlap_program(dim: int, causal: bool, scale_log2: float, dtype: str, num_stages: int, consumers: int, pingpong: bool,
+                    fast_exp2: bool, block_n: int, heavy_first: bool, persistent: bool):
     """``dense_fwd_kernel``'s computation (same parameters, same bits) scheduled by hand:
     a TMA producer warpgroup and ``consumers`` warpgroups (64 query rows each: the grid's
     q_tiles cover ceil(len_q / (64 consumers))) that overlap block ``kb``'s softmax with block
@@ -216,7 +245,14 @@ def dense_fwd_overlap_kernel(dim: int, causal: bool, scale_log2: float, dtype: s
     sweep candidate).
     ``heavy_first`` (causal only; a sweep candidate, same bits): CTA ``bx`` takes query tile
     ``q_tiles - 1 - bx``, so a head's tiles with the most keys start first and the grid's last
-    CTAs are short ones (a shorter tail of the last wave), as FlashAttention-3 orders causal tiles."""
+    CTAs are short ones (a shorter tail of the last wave), as FlashAttention-3 orders causal tiles.
+    ``persistent`` (a sweep candidate, same bits): a grid of ``ctas`` CTAs (one more scalar
+    parameter, at most the tile count, ``PERSISTENT_ASSUME``; the wrapper passes the SM count) that walk the tiles
+    ``bid, bid + ctas, ...`` (tile ``t``: query tile ``t % q_tiles``, head ``t // q_tiles % H``,
+    sequence ``t // (q_tiles H)``), the K/V ring and its barrier phases running on across tiles,
+    so the producer loads the next tile's Q and first blocks while the consumers finish this one
+    (FlashAttention-3's persistent scheduler). Where the shared memory allows (``O_s`` beside
+    ``Q_s``), the consumers release Q after the tile's last ``Q K^T``, else after its output."""
     C.check_head_dim("dim", dim, SUPPORTED_DIMS)
     if block_n and (block_n % 16 or not 16 <= block_n <= 256):
         raise ValueError(f"block_n: expected 0 or a multiple of 16 from 16 to 256, got {block_n}")
@@ -232,96 +268,187 @@ def dense_fwd_overlap_kernel(dim: int, causal: bool, scale_log2: float, dtype: s
     f32 = "float32"
     S = num_stages
     exp2 = C.exp2_ftz if fast_exp2 else T.exp2
+    elem = 2  # bytes of a bf16 / fp16 value
+    # the output's own staging tile, when it fits beside Q and the K/V ring (227 KB a CTA)
+    own_o = persistent and (2 * block_m * dim + 2 * S * block_n * dim) * elem <= 227 * 1024
+
+    def ring(base, kb):
+        """Block ``kb`` of a tile as a position in the K/V ring (``base``: the blocks of the
+        CTA's earlier tiles mod 2 S; None without a persistent grid)."""
+        return kb if base is None else T.floormod(base, 2 * S) + kb  # (floormod: in range whatever base holds)
+
+    def slot(base, kb):
+        return ring(base, kb) % S
+
+    def phase(base, kb):
+        """The barrier parity of block ``kb``'s pass through its slot."""
+        return (ring(base, kb) // S) & 1
+
+    def tile(cu_q, cu_k, q_tiles, t):
+        """A persistent grid's tile ``t``: its head, its sequence's rows (``sequence_rows``), its first
+        row and its key blocks."""
+        by, bz = t // q_tiles % heads, t // (q_tiles * heads)
+        q0, len_q = sequence_rows(cu_q, bz, total_q)
+        k0, len_k = sequence_rows(cu_k, bz, total_k)
+        row0 = (q_tiles - 1 - t % q_tiles if causal and heavy_first else t % q_tiles) * block_m
+        n_blocks = T.if_then_else(row0 < len_q, T.ceildiv(keys_seen(row0, block_m, len_q, len_k, causal), block_n), 0)
+        return by, q0, len_q, k0, len_k, row0, n_blocks
+
+    @T.macro
+    def produce(Q, K, V, Q_s, K_s, V_s, q_full, k_full, v_full, k_empty, v_empty, q0, k0, row0, by, kvh, n_blocks, base):
+        T.tma_copy(Q[q0 + row0:q0 + row0 + block_m, by, :], Q_s, barrier=q_full)
+        T.mbarrier_arrive(q_full)
+        for kb in T.serial(n_blocks):
+            T.mbarrier_wait_parity(k_empty[slot(base, kb)], phase(base, kb) ^ 1)
+            T.tma_copy(K[k0 + kb * block_n:k0 + (kb + 1) * block_n, kvh, :], K_s[slot(base, kb), :, :], barrier=k_full[slot(base, kb)])
+            T.mbarrier_arrive(k_full[slot(base, kb)])
+            T.mbarrier_wait_parity(v_empty[slot(base, kb)], phase(base, kb) ^ 1)
+            T.tma_copy(V[k0 + kb * block_n:k0 + (kb + 1) * block_n, kvh, :], V_s[slot(base, kb), :, :], barrier=v_full[slot(base, kb)])
+            T.mbarrier_arrive(v_full[slot(base, kb)])
+
+    @T.macro
+    def consume(O, LSE, Q_s, K_s, V_s, O_s, acc_s, p, acc_o, m, m_prev, m_scaled, alpha, l, row_sum, lse_rows,
+                q_full, q_phase, k_full, v_full, k_empty, v_empty, q_empty, q0, len_q, len_k, row0, by, n_blocks, warpgroup,
+                base):
+        C.init_softmax(m, m_scaled, l, acc_o)
+        T.mbarrier_wait_parity(q_full, q_phase)
+        if n_blocks > 0:
+            T.mbarrier_wait_parity(k_full[slot(base, 0)], phase(base, 0))
+            T.gemm(Q_s, K_s[slot(base, 0), :, :], acc_s, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
+            T.mbarrier_arrive(k_empty[slot(base, 0)])
+            mask_block(acc_s, 0, row0, len_q, len_k, causal, block_m, block_n)
+            C.softmax_step(acc_s, m, m_prev, m_scaled, alpha, l, row_sum, scale_log2, block_m, block_n, exp2)
+            T.copy(acc_s, p)
+        # S_kb and then P_(kb-1) V_(kb-1) on the tensor cores; block kb's softmax overlaps the latter
+        for kb in T.serial(1, T.max(n_blocks, 1)):
+            T.mbarrier_wait_parity(k_full[slot(base, kb)], phase(base, kb))
+            if pingpong:  # this warpgroup's turn: the one before it has issued its GEMMs
+                T.sync_threads(TURN_BARRIER + warpgroup, 2 * C.WARPGROUP)
+            T.wgmma_gemm(Q_s, K_s[slot(base, kb), :, :], acc_s, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
+            T.mbarrier_wait_parity(v_full[slot(base, kb - 1)], phase(base, kb - 1))
+            C.rescale_rows(acc_o, alpha, block_m, dim)
+            T.wgmma_gemm(p, V_s[slot(base, kb - 1), :, :], acc_o, policy=T.GemmWarpPolicy.FullRow)
+            if pingpong:  # the next warpgroup's turn
+                T.named_barrier_arrive(TURN_BARRIER + (warpgroup + 1) % consumers, 2 * C.WARPGROUP)
+            T.wait_wgmma(1)
+            T.mbarrier_arrive(k_empty[slot(base, kb)])
+            mask_block(acc_s, kb, row0, len_q, len_k, causal, block_m, block_n)
+            C.softmax_step(acc_s, m, m_prev, m_scaled, alpha, l, row_sum, scale_log2, block_m, block_n, exp2)
+            T.wait_wgmma(0)
+            T.mbarrier_arrive(v_empty[slot(base, kb - 1)])
+            T.copy(acc_s, p)
+        if own_o:  # the tile's last Q K^T is done: the producer may load the next tile's Q
+            T.mbarrier_arrive(q_empty)
+        if n_blocks > 0:
+            T.mbarrier_wait_parity(v_full[slot(base, n_blocks - 1)], phase(base, n_blocks - 1))
+            C.rescale_rows(acc_o, alpha, block_m, dim)
+            T.gemm(p, V_s[slot(base, n_blocks - 1), :, :], acc_o, policy=T.GemmWarpPolicy.FullRow)
+            T.mbarrier_arrive(v_empty[slot(base, n_blocks - 1)])
+        C.finish_rows(acc_o, l, m_scaled, lse_rows, block_m, dim)
+        if persistent:  # every consumer has read the previous tile's output from O_s
+            T.sync_threads(1, consumer_threads)
+        T.copy(acc_o, O_s)  # without own_o, O_s is Q_s: each warpgroup overwrites only its own rows, read by its own gemms
+        T.sync_threads(1, consumer_threads)
+        for i, j in T.Parallel(block_m, dim):
+            if row0 + i < len_q:
+                O[q0 + row0 + i, by, j] = O_s[i, j]
+        for i in T.Parallel(block_m):
+            if row0 + i < len_q:
+                LSE[by, q0 + row0 + i] = lse_rows[i]
+        if persistent and not own_o:  # Q_s held the output: free once every consumer has stored it
+            T.sync_threads(1, consumer_threads)
+            T.mbarrier_arrive(q_empty)
+
+    if not persistent:
+        @T.prim_func
+        def main(Q: T.Tensor((total_q, heads, dim), dtype), K: T.Tensor((total_k, kv_heads, dim), dtype),
+                 V: T.Tensor((total_k, kv_heads, dim), dtype), cu_q: T.Tensor((n_offsets,), "int32"),
+                 cu_k: T.Tensor((n_offsets,), "int32"), O: T.Tensor((total_q, heads, dim), dtype),
+                 LSE: T.Tensor((heads, total_q), f32), q_tiles: T.int32):
+            with T.Kernel(q_tiles, heads, n_offsets - 1, threads=consumer_threads + C.WARPGROUP,
+                          prelude=C.EXP2_FTZ_PRELUDE if fast_exp2 else None) as (bx, by, bz):
+                Q_s = T.alloc_shared((block_m, dim), dtype)
+                K_s = T.alloc_shared((S, block_n, dim), dtype)
+                V_s = T.alloc_shared((S, block_n, dim), dtype)
+                acc_s = T.alloc_fragment((block_m, block_n), f32)
+                p = T.alloc_fragment((block_m, block_n), dtype)
+                acc_o = T.alloc_fragment((block_m, dim), f32)
+                m, m_prev, m_scaled, alpha, l, row_sum, lse_rows = C.row_state(block_m)
+                q_full = T.alloc_barrier(128)
+                k_full = T.alloc_barrier([128] * S)
+                v_full = T.alloc_barrier([128] * S)
+                k_empty = T.alloc_barrier([consumer_threads] * S)
+                v_empty = T.alloc_barrier([consumer_threads] * S)
+
+                q0, len_q = sequence_rows(cu_q, bz, total_q)
+                k0, len_k = sequence_rows(cu_k, bz, total_k)
+                row0 = (q_tiles - 1 - bx if causal and heavy_first else bx) * block_m
+                n_blocks = T.if_then_else(row0 < len_q, T.ceildiv(keys_seen(row0, block_m, len_q, len_k, causal), block_n), 0)
+                kvh = by // (heads // kv_heads)
+                tx = T.get_thread_binding()
+                warpgroup = tx // C.WARPGROUP
+
+                if tx >= consumer_threads:
+                    T.set_max_nreg(producer_regs, 0)
+                    produce(Q, K, V, Q_s, K_s, V_s, q_full, k_full, v_full, k_empty, v_empty, q0, k0, row0, by, kvh, n_blocks, None)
+                else:
+                    T.set_max_nreg(consumer_regs, 1)
+                    if pingpong and warpgroup == consumers - 1:
+                        T.named_barrier_arrive(TURN_BARRIER, 2 * C.WARPGROUP)  # warpgroup 0 goes first
+                    consume(O, LSE, Q_s, K_s, V_s, Q_s, acc_s, p, acc_o, m, m_prev, m_scaled, alpha, l, row_sum, lse_rows,
+                            q_full, 0, k_full, v_full, k_empty, v_empty, None, q0, len_q, len_k, row0, by, n_blocks, warpgroup, None)
+
+        return main
 
     @T.prim_func
-    def main(Q: T.Tensor((total_q, heads, dim), dtype), K: T.Tensor((total_k, kv_heads, dim), dtype),
-             V: T.Tensor((total_k, kv_heads, dim), dtype), cu_q: T.Tensor((n_offsets,), "int32"),
-             cu_k: T.Tensor((n_offsets,), "int32"), O: T.Tensor((total_q, heads, dim), dtype),
-             LSE: T.Tensor((heads, total_q), f32), q_tiles: T.int32):
-        with T.Kernel(q_tiles, heads, n_offsets - 1, threads=consumer_threads + C.WARPGROUP,
-                      prelude=C.EXP2_FTZ_PRELUDE if fast_exp2 else None) as (bx, by, bz):
+    def main_persistent(Q: T.Tensor((total_q, heads, dim), dtype), K: T.Tensor((total_k, kv_heads, dim), dtype),
+                        V: T.Tensor((total_k, kv_heads, dim), dtype), cu_q: T.Tensor((n_offsets,), "int32"),
+                        cu_k: T.Tensor((n_offsets,), "int32"), O: T.Tensor((total_q, heads, dim), dtype),
+                        LSE: T.Tensor((heads, total_q), f32), q_tiles: T.int32, ctas: T.int32):
+        with T.Kernel(ctas, threads=consumer_threads + C.WARPGROUP,
+                      prelude=C.EXP2_FTZ_PRELUDE if fast_exp2 else None) as bid:
             Q_s = T.alloc_shared((block_m, dim), dtype)
             K_s = T.alloc_shared((S, block_n, dim), dtype)
             V_s = T.alloc_shared((S, block_n, dim), dtype)
+            O_s = T.alloc_shared((block_m, dim), dtype) if own_o else Q_s
             acc_s = T.alloc_fragment((block_m, block_n), f32)
             p = T.alloc_fragment((block_m, block_n), dtype)
             acc_o = T.alloc_fragment((block_m, dim), f32)
             m, m_prev, m_scaled, alpha, l, row_sum, lse_rows = C.row_state(block_m)
             q_full = T.alloc_barrier(128)
+            q_empty = T.alloc_barrier(consumer_threads)
             k_full = T.alloc_barrier([128] * S)
             v_full = T.alloc_barrier([128] * S)
             k_empty = T.alloc_barrier([consumer_threads] * S)
             v_empty = T.alloc_barrier([consumer_threads] * S)
-
-            q0, len_q = sequence_rows(cu_q, bz, total_q)
-            k0, len_k = sequence_rows(cu_k, bz, total_k)
-            row0 = (q_tiles - 1 - bx if causal and heavy_first else bx) * block_m
-            n_blocks = T.if_then_else(row0 < len_q, T.ceildiv(keys_seen(row0, block_m, len_q, len_k, causal), block_n), 0)
-            kvh = by // (heads // kv_heads)
             tx = T.get_thread_binding()
             warpgroup = tx // C.WARPGROUP
-
+            tiles = T.ceildiv(q_tiles * heads * (n_offsets - 1) - bid, ctas)  # this CTA's: bid, bid + ctas, ...
             if tx >= consumer_threads:
                 T.set_max_nreg(producer_regs, 0)
-                T.tma_copy(Q[q0 + row0:q0 + row0 + block_m, by, :], Q_s, barrier=q_full)
-                T.mbarrier_arrive(q_full)
-                for kb in T.serial(n_blocks):
-                    T.mbarrier_wait_parity(k_empty[kb % S], ((kb // S) & 1) ^ 1)
-                    T.tma_copy(K[k0 + kb * block_n:k0 + (kb + 1) * block_n, kvh, :], K_s[kb % S, :, :], barrier=k_full[kb % S])
-                    T.mbarrier_arrive(k_full[kb % S])
-                    T.mbarrier_wait_parity(v_empty[kb % S], ((kb // S) & 1) ^ 1)
-                    T.tma_copy(V[k0 + kb * block_n:k0 + (kb + 1) * block_n, kvh, :], V_s[kb % S, :, :], barrier=v_full[kb % S])
-                    T.mbarrier_arrive(v_full[kb % S])
+                base = T.alloc_var("int32")  # the K/V blocks of this CTA's earlier tiles, mod 2 S
+                base = 0
+                for i in T.serial(tiles):
+                    by, q0, len_q, k0, len_k, row0, n_blocks = tile(cu_q, cu_k, q_tiles, bid + i * ctas)
+                    T.mbarrier_wait_parity(q_empty, (i & 1) ^ 1)
+                    produce(Q, K, V, Q_s, K_s, V_s, q_full, k_full, v_full, k_empty, v_empty, q0, k0, row0, by,
+                            by // (heads // kv_heads), n_blocks, base)
+                    base = T.floormod(ring(base, n_blocks), 2 * S)  # slots and phases repeat every 2 S blocks
             else:
                 T.set_max_nreg(consumer_regs, 1)
-                if pingpong and warpgroup == consumers - 1:
-                    T.named_barrier_arrive(TURN_BARRIER, 2 * C.WARPGROUP)  # warpgroup 0 goes first
-                C.init_softmax(m, m_scaled, l, acc_o)
-                T.mbarrier_wait_parity(q_full, 0)
-                if n_blocks > 0:
-                    T.mbarrier_wait_parity(k_full[0], 0)
-                    T.gemm(Q_s, K_s[0, :, :], acc_s, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
-                    T.mbarrier_arrive(k_empty[0])
-                    mask_block(acc_s, 0, row0, len_q, len_k, causal, block_m, block_n)
-                    C.softmax_step(acc_s, m, m_prev, m_scaled, alpha, l, row_sum, scale_log2, block_m, block_n, exp2)
-                    T.copy(acc_s, p)
-                # S_kb and then P_(kb-1) V_(kb-1) on the tensor cores; block kb's softmax overlaps the latter
-                for kb in T.serial(1, T.max(n_blocks, 1)):
-                    T.mbarrier_wait_parity(k_full[kb % S], (kb // S) & 1)
-                    if pingpong:  # this warpgroup's turn: the one before it has issued its GEMMs
-                        T.sync_threads(TURN_BARRIER + warpgroup, 2 * C.WARPGROUP)
-                    T.wgmma_gemm(Q_s, K_s[kb % S, :, :], acc_s, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
-                    T.mbarrier_wait_parity(v_full[(kb - 1) % S], ((kb - 1) // S) & 1)
-                    C.rescale_rows(acc_o, alpha, block_m, dim)
-                    T.wgmma_gemm(p, V_s[(kb - 1) % S, :, :], acc_o, policy=T.GemmWarpPolicy.FullRow)
-                    if pingpong:  # the next warpgroup's turn
-                        T.named_barrier_arrive(TURN_BARRIER + (warpgroup + 1) % consumers, 2 * C.WARPGROUP)
-                    T.wait_wgmma(1)
-                    T.mbarrier_arrive(k_empty[kb % S])
-                    mask_block(acc_s, kb, row0, len_q, len_k, causal, block_m, block_n)
-                    C.softmax_step(acc_s, m, m_prev, m_scaled, alpha, l, row_sum, scale_log2, block_m, block_n, exp2)
-                    T.wait_wgmma(0)
-                    T.mbarrier_arrive(v_empty[(kb - 1) % S])
-                    T.copy(acc_s, p)
-                if n_blocks > 0:
-                    T.mbarrier_wait_parity(v_full[(n_blocks - 1) % S], ((n_blocks - 1) // S) & 1)
-                    C.rescale_rows(acc_o, alpha, block_m, dim)
-                    T.gemm(p, V_s[(n_blocks - 1) % S, :, :], acc_o, policy=T.GemmWarpPolicy.FullRow)
-                    T.mbarrier_arrive(v_empty[(n_blocks - 1) % S])
-                C.finish_rows(acc_o, l, m_scaled, lse_rows, block_m, dim)
-                T.copy(acc_o, Q_s)  # each warpgroup overwrites only its own rows of Q, read by its own gemms
-                T.sync_threads(1, consumer_threads)
-                for i, j in T.Parallel(block_m, dim):
-                    if row0 + i < len_q:
-                        O[q0 + row0 + i, by, j] = Q_s[i, j]
-                for i in T.Parallel(block_m):
-                    if row0 + i < len_q:
-                        LSE[by, q0 + row0 + i] = lse_rows[i]
+                base = T.alloc_var("int32")
+                base = 0
+                for i in T.serial(tiles):
+                    by, q0, len_q, k0, len_k, row0, n_blocks = tile(cu_q, cu_k, q_tiles, bid + i * ctas)
+                    consume(O, LSE, Q_s, K_s, V_s, O_s, acc_s, p, acc_o, m, m_prev, m_scaled, alpha, l, row_sum, lse_rows,
+                            q_full, i & 1, k_full, v_full, k_empty, v_empty, q_empty, q0, len_q, len_k, row0, by, n_blocks,
+                            warpgroup, base)
+                    base = T.floormod(ring(base, n_blocks), 2 * S)  # slots and phases repeat every 2 S blocks
 
-    return main
+    return main_persistent
 
 
-SCHEDULES = {"pipelined": dense_fwd_kernel, "overlap": dense_fwd_overlap_kernel}
+SCHEDULES = {"pipelined": dense_fwd_kernel, "overlap": overlap_kernel}
 # "overlap"'s fastest options per head dim in `bench/attention_prefill.py --sweep` (H200): three
 # consumers are 13-15% faster at d 64 (2026-12-02); at d 128 exp2 as one instruction is 6-7% faster
 # with three stages (538 / 463 TFLOP/s against 505 / 436, b8 h32 s4096, 2026-12-05); ping-pong
@@ -420,7 +547,12 @@ def dense_attention(q, k, v, *, causal: bool = False, softmax_scale: float | Non
             raise ValueError(f"out[1]: expected shape {(h, qp.shape[0])}, got {tuple(lse.shape)}")
         o = o.view(qp.shape)
     if qp.shape[0] and cu_q.numel() > 1:
-        kernel(qp, kp, vp, cu_q, cu_k, o, lse, max(1, -(-max_q // tile_rows(schedule, options))))
+        q_tiles = max(1, -(-max_q // tile_rows(schedule, options)))
+        if options.get("persistent"):
+            tiles = q_tiles * h * (cu_q.numel() - 1)
+            kernel(qp, kp, vp, cu_q, cu_k, o, lse, q_tiles, min(tiles, torch.cuda.get_device_properties(q.device).multi_processor_count))
+        else:
+            kernel(qp, kp, vp, cu_q, cu_k, o, lse, q_tiles)
     if varlen:
         return o, lse
     return o.view(q.shape), lse.view(h, q.shape[0], q.shape[1]).permute(1, 0, 2)

@@ -15,8 +15,8 @@ from kernels.attention import dense_bwd, dense_fwd, sparse_fwd
 
 
 def record_kernel_requests(monkeypatch) -> list:
-    """Replace the kernels' JIT calls by a recorder (factory name, cache key) and the device
-    check by nothing; returns the list the requests go to."""
+    """Replace the kernels' JIT calls by a recorder (factory name, cache key), the device check by
+    nothing and the device's properties by an H200's SM count; returns the list the requests go to."""
     jit = importlib.import_module("tlx.jit")
     requested = []
 
@@ -27,6 +27,8 @@ def record_kernel_requests(monkeypatch) -> list:
     monkeypatch.setattr(jit.JITFunction, "__call__", record)
     for module in (dense_fwd, dense_bwd, sparse_fwd):
         monkeypatch.setattr(module.C, "check_cuda", lambda **tensors: None)
+    # the persistent forward sizes its grid by the SM count (an H200's)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: type("Props", (), {"multi_processor_count": 132}))
     return requested
 
 
@@ -74,5 +76,5 @@ def test_sweep_compile_step_covers_every_candidate(monkeypatch):
     launched = set(requested)
 
     forward = sum(len(c) for c in bench.SWEEP_FORWARD.values()) * 2
-    assert len({k for k in launched if k[0] == "dense_fwd_overlap_kernel"}) == forward
+    assert len({k for k in launched if k[0] in ("dense_fwd_overlap_kernel", "dense_fwd_persistent_kernel")}) == forward
     assert launched <= compiled, f"launched but not compiled first: {sorted(launched - compiled)}"

@@ -10,7 +10,8 @@ import torch
 
 from kernels.attention import common as C
 from kernels.attention import reference as R
-from kernels.attention.dense_fwd import REGISTER_SPLIT, dense_attention, dense_fwd_kernel, dense_fwd_overlap_kernel
+from kernels.attention.dense_fwd import (REGISTER_SPLIT, dense_attention, dense_fwd_kernel, dense_fwd_overlap_kernel,
+                                        dense_fwd_persistent_kernel, overlap_kernel)
 from tests.kernels.staged_release import assert_stages_released_after_last_read
 
 KDIR = Path(R.__file__).parent
@@ -110,6 +111,26 @@ def test_heavy_first_candidate_reverses_only_the_tile_order(derived_precondition
     assert bounds["proven"] == bounds["accesses"]
     non_causal = dense_fwd_overlap_kernel(128, False, scale, heavy_first=True, **options)
     assert non_causal.device_source == dense_fwd_overlap_kernel(128, False, scale, **options).device_source
+
+
+def test_persistent_candidate_walks_the_tiles_with_its_own_output_tile(derived_preconditions, deterministic):
+    """``persistent``: a grid of ``ctas`` CTAs (a scalar parameter) walking the tiles; at d 128 with
+    two stages the output has its own tile beside Q (2 x 32 KB + two 64 KB K/V stages: 192 KB),
+    so Q is released (``q_empty``) before the tile's last P V; every access proven under its
+    ``assume`` list alone (``PERSISTENT_ASSUME``), deterministic, and no wgmma serialized by ptxas
+    (one ``setmaxnreg`` per role, the tile loops inside them)."""
+    kernel = dense_fwd_persistent_kernel(128, False, C.LOG2E / math.sqrt(128), fast_exp2=True)
+    assert [p["name"] for p in kernel.metadata["params"]][-2:] == ["q_tiles", "ctas"]
+    assert derived_preconditions(kernel) == [] and deterministic(kernel) is True
+    bounds = kernel.metadata["reports"]["bounds"]
+    assert bounds["proven"] == bounds["accesses"]
+    assert kernel.metadata["reports"].get("ptxas", {}).get("performance_loss", []) == []  # no ptxas remark
+    assert int(kernel.metadata["launches"][0]["dynamic_shared_memory"]) == 192 << 10
+    src = kernel.device_source
+    assert src.index("q_empty[0].arrive()") < src.rindex("tl::wgmma_rs")  # Q freed before the last P V
+    assert src.count("tl::warpgroup_reg_alloc<240>") == 1 and src.count("tl::warpgroup_reg_dealloc<24>") == 1
+    with pytest.raises(ValueError, match="pingpong: the turns start once per CTA"):
+        overlap_kernel(128, False, C.LOG2E / math.sqrt(128), pingpong=True, persistent=True)
 
 
 def test_baseline_compiles(tmp_path):

@@ -142,6 +142,28 @@ def test_fast_exp2_flushes_as_the_baseline(attention_baseline, schedule):
         "exp2f: alpha = 2^-130 kept, o = 2^-23"
 
 
+PERSISTENT = [(64, {"consumers": 3, "fast_exp2": True, "persistent": True}),
+              (128, {"fast_exp2": True, "persistent": True}),  # its own output tile: Q freed after the last Q K^T
+              (128, {"num_stages": 3, "fast_exp2": True, "persistent": True}),  # the output through Q's tile
+              (256, {"block_n": 80, "fast_exp2": True, "persistent": True})]
+
+
+@pytest.mark.parametrize("dim, options", PERSISTENT, ids=str)
+@pytest.mark.parametrize("causal", [False, True])
+def test_persistent_grid_matches_baseline(attention_baseline, dim, options, causal):
+    """A grid of one CTA a SM walking the tiles (several a CTA here: 4 x 8 x 16 = 512 tiles of 128
+    rows at d 128) gives the baseline's bits, also over a varlen batch with empty sequences
+    (tiles without keys or rows), where the K/V ring's phases run on across tiles of different
+    block counts."""
+    b, s, h, hk = 4, 1000, 16, 4
+    q, k, v = (randn((b, s, n, dim), torch.bfloat16, seed) for n, seed in ((h, 27), (hk, 28), (hk, 29)))
+    check_all(attention_baseline, q, k, v, causal, schedule="overlap", options=options)
+    lens_q = [0, 5, 0, 300, 129, 0, 1000, 1] * 4
+    lens_k = [3, 5, 0, 300, 200, 0, 900, 64] * 4
+    q, k, v, cu_q, cu_k = varlen_inputs(lens_q, lens_k, 8, 2, dim, 40)
+    check_all(attention_baseline, q, k, v, causal, "overlap", options=options, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
+
+
 @pytest.mark.parametrize("dim, options", [(128, {"block_n": 176}), (128, {"block_n": 176, "fast_exp2": True}),
                                           (256, {"block_n": 80}), (256, {"block_n": 80, "fast_exp2": True})], ids=str)
 @pytest.mark.parametrize("causal", [False, True])
