@@ -14,7 +14,7 @@ from tlx.ir.tir import PRIVATE_SCOPES, arith_only, device_functions, free_vars, 
 tir = tvm.tirx
 
 __all__ = ["FunctionFacts", "accumulators", "counters", "dimension_vars", "function_facts", "launcher_checks", "param_buffers",
-           "read_only_params", "stride_vars", "user_name"]
+           "private_int_cell", "read_only_params", "stride_vars", "user_name"]
 
 
 @dataclass
@@ -111,7 +111,7 @@ def read_only_params(f) -> set:
     return handles - written
 
 
-def _private_int_cell(buf) -> bool:
+def private_int_cell(buf) -> bool:
     """A thread-private integer buffer of one element (``T.alloc_var``, ``T.alloc_local((1,))``): a
     scalar only its own thread's stores change."""
     shape = list(buf.shape)
@@ -149,7 +149,7 @@ def counters(f) -> dict:
     def scan(expr):
         """Loads: one before the start disqualifies."""
         for load in nodes(expr, tir.BufferLoad):
-            if _private_int_cell(load.buffer):
+            if private_int_cell(load.buffer):
                 e = entry(load.buffer)
                 e["ok"] &= e["start"] is not None
 
@@ -176,7 +176,7 @@ def counters(f) -> dict:
         if isinstance(s, tir.BufferStore):
             for i in s.indices:
                 scan(i)
-            if _private_int_cell(s.buffer):
+            if private_int_cell(s.buffer):
                 e = entry(s.buffer)
                 step = step_of(s.value, s.buffer.data)
                 if e["start"] is None and isinstance(s.value, tir.IntImm) and not nested:
@@ -274,7 +274,7 @@ def accumulators(loop) -> dict:
 
     def walk(s, trips):
         if isinstance(s, tir.BufferStore):
-            if _private_int_cell(s.buffer):
+            if private_int_cell(s.buffer):
                 site(s, trips)
             return
         if isinstance(s, tir.For):
