@@ -1,7 +1,8 @@
 """tlx/passes/progress.py: a two-warpgroup mbarrier hand-off runs to the end; the classic
 mistakes (the producer's first wait without the flipped parity, a missing arrive, an init count
 no phase reaches) deadlock, reported with the wait that never ends; a loop bound read from
-memory is unknown; a cross-warp AllReduce is its named barriers; ``tlx check --only progress`` decides."""
+memory is unknown; a ring position a thread carries in its own scalar is followed; a cross-warp
+AllReduce is its named barriers; ``tlx check --only progress`` decides."""
 
 import pytest
 import tilelang.language as T
@@ -70,6 +71,52 @@ def test_a_trip_count_read_from_memory_is_unknown_and_swept():
     broken = check_progress(_handoff(trips_from_memory=True, consumer_arrives=False))
     assert broken.verdict == "unknown" and "at trips = 6 it hangs" in broken.detail, broken.detail
     assert broken.stuck and all(op[0] == "wait" for _, op in broken.stuck)
+
+
+def _ring_across_tiles(consumer_advances: bool = True, tiles: int = 3, blocks: int = 3):
+    """A persistent hand-off: ``tiles`` tiles of ``blocks`` blocks through a two-stage ring whose
+    position each side carries from tile to tile in a ``T.alloc_var`` (the ring wraps inside a
+    tile when ``blocks`` is odd, so each tile starts at another slot and parity)."""
+
+    @T.prim_func
+    def main(A: T.Tensor((4096,), "float32"), B: T.Tensor((4096,), "float32")):
+        with T.Kernel(1, threads=256):
+            S = T.alloc_shared((2, 128), "float32")
+            full = T.alloc_barrier([128] * 2)
+            empty = T.alloc_barrier([128] * 2)
+            tx = T.get_thread_binding()
+            if tx < 128:
+                base = T.alloc_var("int32")
+                base = 0
+                for t in T.serial(tiles):
+                    for k in T.serial(blocks):
+                        T.mbarrier_wait_parity(empty[(base + k) % 2], (((base + k) // 2) & 1) ^ 1)
+                        S[(base + k) % 2, tx] = A[(t * blocks + k) * 128 + tx]
+                        T.mbarrier_arrive(full[(base + k) % 2])
+                    base = (base + blocks) % 4
+            else:
+                base = T.alloc_var("int32")
+                base = 0
+                for t in T.serial(tiles):
+                    for k in T.serial(blocks):
+                        T.mbarrier_wait_parity(full[(base + k) % 2], ((base + k) // 2) & 1)
+                        B[(t * blocks + k) * 128 + tx - 128] = S[(base + k) % 2, tx - 128]
+                        T.mbarrier_arrive(empty[(base + k) % 2])
+                    if consumer_advances:
+                        base = (base + blocks) % 4
+
+    [(_, func)] = list(device_functions(lower(main, TARGET, {}).device_mod))
+    return func
+
+
+def test_a_ring_position_carried_across_tiles_is_simulated():
+    """The thread's own scalar (``base``) is followed through its stores, not taken for memory:
+    the correct persistent ring runs to the end; a consumer that never advances its position
+    waits, in the second tile, for a parity its slot already passed."""
+    assert check_progress(_ring_across_tiles()).verdict == "ok"
+    report = check_progress(_ring_across_tiles(consumer_advances=False))
+    assert report.verdict == "deadlock", report
+    assert report.stuck and all(op[0] == "wait" for _, op in report.stuck)
 
 
 def test_named_barriers_and_syncthreads_release_only_when_full():

@@ -13,6 +13,7 @@ from typing import Any
 from tilelang import tvm
 from tvm import tirx
 
+from tlx.ir.facts import stride_vars as stride_vars_of
 from tlx.ir.tir import device_functions, elem_bytes, free_vars, nodes, op_name
 from tlx.ir.walk import is_access_ptr, is_cp_async, pointer_alias
 from tlx.lowering import LoweredKernel
@@ -268,11 +269,11 @@ def plan_launcher(kernel: LoweredKernel, out_idx=(), preconditions=()) -> Launch
             raise HostgenError(f"{kernel.name}: argument {t.index} ({t.name}) shares its name, and 'arg{t.index}' is taken too")
     # a variable no dimension gives but a stride does (TileLang's StridedTensor[shape, (s, 1)]): the
     # tensor's stride binds it, as TileLang's host code does
+    stride_only = stride_vars_of(kernel.prim_func)
     stride_vars: dict[str, tuple] = {}
     for t in tensors:
         for d, s in enumerate(t.strides):
-            if isinstance(s, tirx.Var) and t.per_element == 1 and s.name not in shape_vars and s.name not in stride_vars \
-                    and s.name not in {sc.name for sc in scalars}:
+            if isinstance(s, tirx.Var) and t.per_element == 1 and s.name in stride_only and s.name not in stride_vars:
                 stride_vars[s.name] = (s, t, d)
     for t in tensors:
         for s in t.shape + t.strides:

@@ -9,11 +9,12 @@ from dataclasses import dataclass, field
 
 from tilelang import tvm
 
-from tlx.ir.tir import PRIVATE_SCOPES, arith_only, free_vars, nodes, op_name, scalar_dtype, unit_step
+from tlx.ir.tir import PRIVATE_SCOPES, arith_only, device_functions, free_vars, nodes, op_name, scalar_dtype, unit_step
 
 tir = tvm.tirx
 
-__all__ = ["FunctionFacts", "accumulators", "counters", "function_facts", "param_buffers", "read_only_params", "user_name"]
+__all__ = ["FunctionFacts", "accumulators", "counters", "dimension_vars", "function_facts", "launcher_checks", "param_buffers",
+           "private_int_cell", "read_only_params", "stride_vars", "user_name"]
 
 
 @dataclass
@@ -33,6 +34,44 @@ def user_name(name: str) -> str:
     """``C_1`` (a re-declaration made by lowering) -> ``C``."""
     base, _, suffix = name.rpartition("_")
     return base if base and suffix.isdigit() else name
+
+
+def dimension_vars(prim_func) -> set[str]:
+    """Names of the symbolic variables that are a tensor dimension themselves: the launcher binds
+    each from an argument's shape, so it is >= 0. A scalar parameter, or a variable seen only
+    inside a stride or a larger extent expression, carries no sign beyond its dtype's range."""
+    return {
+        dim.name
+        for buf in prim_func.buffer_map.values()
+        for dim in buf.shape
+        if isinstance(dim, tir.Var) and dim not in prim_func.params
+    }
+
+
+def stride_vars(prim_func) -> set[str]:
+    """Names of the symbolic variables that only a tensor's stride gives (a ``StridedTensor`` with
+    a stride of its own): the launcher binds each from that stride (tlx/hostgen/plan.py) and
+    refuses a negative one, so it is >= 0."""
+    dims = dimension_vars(prim_func)
+    scalars = {p.name for p in prim_func.params if p not in prim_func.buffer_map}
+    return {
+        stride.name
+        for buf in prim_func.buffer_map.values()
+        for stride in buf.strides or []
+        if isinstance(stride, tir.Var) and stride.name not in dims and stride.name not in scalars
+    }
+
+
+def launcher_checks(kernel) -> set:
+    """The conditions of the asserts in the host code's compute scope, as text: the program's
+    ``T.assume`` conditions, which the generated launcher checks (tlx/hostgen/plan.py; the
+    argument checks outside that scope are TileLang's own launcher's, not tlx's)."""
+    out = set()
+    for _, h in device_functions(kernel.host_mod):
+        for scope in nodes(h.body, tir.AttrStmt):
+            if scope.attr_key == "compute_scope":
+                out.update(str(a.condition) for a in nodes(scope.body, tir.AssertStmt))
+    return out
 
 
 def param_buffers(kernel, f) -> dict:
@@ -72,7 +111,7 @@ def read_only_params(f) -> set:
     return handles - written
 
 
-def _private_int_cell(buf) -> bool:
+def private_int_cell(buf) -> bool:
     """A thread-private integer buffer of one element (``T.alloc_var``, ``T.alloc_local((1,))``): a
     scalar only its own thread's stores change."""
     shape = list(buf.shape)
@@ -110,7 +149,7 @@ def counters(f) -> dict:
     def scan(expr):
         """Loads: one before the start disqualifies."""
         for load in nodes(expr, tir.BufferLoad):
-            if _private_int_cell(load.buffer):
+            if private_int_cell(load.buffer):
                 e = entry(load.buffer)
                 e["ok"] &= e["start"] is not None
 
@@ -137,7 +176,7 @@ def counters(f) -> dict:
         if isinstance(s, tir.BufferStore):
             for i in s.indices:
                 scan(i)
-            if _private_int_cell(s.buffer):
+            if private_int_cell(s.buffer):
                 e = entry(s.buffer)
                 step = step_of(s.value, s.buffer.data)
                 if e["start"] is None and isinstance(s.value, tir.IntImm) and not nested:
@@ -235,7 +274,7 @@ def accumulators(loop) -> dict:
 
     def walk(s, trips):
         if isinstance(s, tir.BufferStore):
-            if _private_int_cell(s.buffer):
+            if private_int_cell(s.buffer):
                 site(s, trips)
             return
         if isinstance(s, tir.For):

@@ -16,7 +16,7 @@ from tlx.passes import TlxError
 
 tir = tvm.tirx
 
-__all__ = ["AssumptionError", "dimension_vars", "parse_assumption", "shape_vars"]
+__all__ = ["AssumptionError", "parse_assumption", "shape_vars"]
 
 
 class AssumptionError(TlxError, ValueError):
@@ -38,32 +38,6 @@ def shape_vars(prim_func) -> dict[str, object]:
         if p not in prim_func.buffer_map and str(p.dtype).startswith(("int", "uint")):
             collect(p)
     return out
-
-
-def dimension_vars(prim_func) -> set[str]:
-    """Names of the symbolic variables that are a tensor dimension themselves: the launcher binds
-    each from an argument's shape, so it is >= 0. A scalar parameter, or a variable seen only
-    inside a stride or a larger extent expression, carries no sign beyond its dtype's range."""
-    return {
-        dim.name
-        for buf in prim_func.buffer_map.values()
-        for dim in buf.shape
-        if isinstance(dim, tir.Var) and dim not in prim_func.params
-    }
-
-
-def stride_vars(prim_func) -> set[str]:
-    """Names of the symbolic variables that only a tensor's stride gives (a ``StridedTensor`` with
-    a stride of its own): the launcher binds each from that stride (tlx/hostgen/plan.py) and
-    refuses a negative one, so it is >= 0."""
-    dims = dimension_vars(prim_func)
-    scalars = {p.name for p in prim_func.params if p not in prim_func.buffer_map}
-    return {
-        stride.name
-        for buf in prim_func.buffer_map.values()
-        for stride in buf.strides or []
-        if isinstance(stride, tir.Var) and stride.name not in dims and stride.name not in scalars
-    }
 
 
 _BINOPS = {

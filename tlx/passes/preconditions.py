@@ -10,7 +10,8 @@ from tilelang import tvm
 from tlx.ir.tir import device_functions
 from tlx.lowering import LoweredKernel
 from tlx.passes import Precondition
-from tlx.passes.assume import dimension_vars, shape_vars
+from tlx.ir.facts import dimension_vars
+from tlx.passes.assume import shape_vars
 from tlx.passes.smt import DEFAULT_RLIMIT, Encoder, shape_setup
 from tlx.passes.verification import CheckedAccess, BoundsReport, verify_kernel
 

@@ -11,7 +11,10 @@ whether waits end. This pass runs the protocol instead:
    mbarrier init, arrive (``cp.async.mbarrier.arrive.noinc`` is one arrival), parity wait, named
    barriers, ``__syncthreads``, the barriers of TileLang's cross-warp ``tl::AllReduce`` (two a
    butterfly level that goes through shared memory) and register reallocation (``setmaxnreg``).
-   Subtrees without synchronisation are skipped. A branch whose condition reads memory is simulated without it when both arms take
+   Subtrees without synchronisation are skipped, but for the stores they make to the thread's
+   private integer scalars (``T.alloc_var``: a ring position carried across a persistent
+   kernel's tiles), which are run to keep those values (a store the walk cannot evaluate leaves
+   its scalar unknown, as memory). A branch whose condition reads memory is simulated without it when both arms take
    the same synchronisation steps; otherwise, and for a loop bound that reads memory or a value
    not given, the verdict is "unknown" (never "ok"). A bound variable that reads memory (a tile
    count from a loaded length) is then tried at each value of ``SWEEP`` in turn, and a second
@@ -49,6 +52,7 @@ from dataclasses import dataclass, field
 
 from tilelang import tvm
 
+from tlx.ir.facts import private_int_cell
 from tlx.ir.tir import device_functions, eval_numpy, extern_name, nodes, op_name
 from tlx.lowering import LoweredKernel
 from tlx.passes import PassContext, TlxError, raise_or_warn
@@ -133,6 +137,37 @@ def _sync_nodes():
     return has_sync
 
 
+def _cell_stores():
+    """``stmt -> set``: the private integer scalars (data vars) the statement stores to (memoized)."""
+    stored: dict = {}
+
+    def cells(s) -> set:
+        if s not in stored:
+            stored[s] = {n.buffer.data for n in nodes(s, tir.BufferStore) if private_int_cell(n.buffer)}
+        return stored[s]
+
+    return cells
+
+
+def _with_cells(expr, env):
+    """``expr`` with each load of a private integer scalar whose value the walk holds replaced by
+    that value (the others stay loads: unknown)."""
+    known = env.get(_CELLS, {})
+    if not known:
+        return expr
+
+    def replace(node):
+        if isinstance(node, tir.BufferLoad) and node.buffer.data in known:
+            return tir.IntImm(node.dtype, known[node.buffer.data])
+        return None
+
+    return tir.stmt_functor.ir_transform(tir.Evaluate(expr), None, replace, ["tirx.BufferLoad"]).value
+
+
+def _evaluate(expr, env) -> int:
+    return int(eval_numpy(_with_cells(expr, env), env))
+
+
 def thread_traces(func, values: dict, threads: int, swept: dict | None = None) -> list[list[tuple]]:
     """Per thread of one CTA (block 0), its synchronisation trace: ``("init", bar, count)``,
     ``("arrive", bar)``, ``("wait", bar, parity)``, ``("bar", id, n)`` (named barrier),
@@ -143,6 +178,7 @@ def thread_traces(func, values: dict, threads: int, swept: dict | None = None) -
     traces, steps = [], 0
     for t in range(threads):
         env = dict(env0)
+        env[_CELLS] = {}
         env[_THREAD] = t
         if thread_var is not None:
             env[thread_var] = t
@@ -158,7 +194,7 @@ def thread_traces(func, values: dict, threads: int, swept: dict | None = None) -
 def _block_env(func, values: dict, swept: dict | None = None) -> tuple:
     """(threadIdx.x's variable or None, the environment of block 0: other thread and block
     indices 0, the shape parameters named in ``values``, the ``swept`` bound variables)."""
-    thread_var, env = None, {_SWEPT: dict(swept or {})}
+    thread_var, env = None, {_SWEPT: dict(swept or {}), _STORES: _cell_stores()}
     for attr in _attrs(func.body):
         tag = str(attr.node.thread_tag)
         if tag == "threadIdx.x":
@@ -178,6 +214,8 @@ def _attrs(body) -> list:
 _THREAD = "thread"  # env key of the simulated thread's index, for tl_shuffle_elect
 _UNREAD = "unread"  # env key: name -> value of the bound variables that could not be evaluated
 _SWEPT = "swept"  # env key: name -> the value given to a bound variable that reads memory
+_CELLS = "cells"  # env key: data var -> the value of a private integer scalar (T.alloc_var) the walk holds
+_STORES = "stores"  # env key: stmt -> the private integer scalars it stores to (_cell_stores)
 
 
 def _elected(expr, env):
@@ -196,11 +234,11 @@ def _elected(expr, env):
 
 def _value(expr, env) -> int:
     try:
-        return int(eval_numpy(expr, env))
+        return _evaluate(expr, env)
     except ValueError:
         pass
     try:
-        return int(eval_numpy(_elected(expr, env), env))
+        return _evaluate(_elected(expr, env), env)
     except ValueError as e:
         for name, value in env.get(_UNREAD, {}).items():
             if f"{name} has no known value" in str(e):
@@ -215,14 +253,28 @@ def _run(s, env: dict, trace: list, has_sync) -> None:
         return
     if isinstance(s, tir.Bind):  # a value later statements may branch on
         try:
-            env[s.var] = int(eval_numpy(s.value, env))
+            env[s.var] = _evaluate(s.value, env)
         except ValueError:  # unknown only if control reads it
+            env.pop(s.var, None)
             if s.var.name in env[_SWEPT]:
                 env[s.var] = env[_SWEPT][s.var.name]
             else:
                 env.setdefault(_UNREAD, {})[s.var.name] = str(s.value)[:80]
         return
+    if isinstance(s, tir.BufferStore) and private_int_cell(s.buffer):
+        try:
+            env[_CELLS][s.buffer.data] = _evaluate(s.value, env)
+        except ValueError:  # from here on unknown, as memory
+            env[_CELLS].pop(s.buffer.data, None)
+        return
     if not has_sync(s):
+        stored = env[_STORES](s)
+        if stored:  # no synchronisation, but values of the thread's own scalars: kept where computable
+            try:  # its loops and branches walked as here, only the scalars' stores run
+                _run(s, env, [], lambda x: bool(env[_STORES](x)))
+            except Unknown:
+                for cell in stored:
+                    env[_CELLS].pop(cell, None)
         return
     if isinstance(s, tir.For):
         lo, n = _value(s.min, env), _value(s.extent, env)
@@ -263,19 +315,23 @@ def _run_either(s, env: dict, trace: list, has_sync) -> None:
     they synchronise alike (the same steps, as a producer's per-slot copy or zeros, each behind
     the same named barrier), either is this thread's trace; otherwise the condition is needed
     (re-raised: unknown)."""
-    arms = []
+    arms, cells = [], []
     for arm in (s.then_case, s.else_case):
         steps: list = []
+        arm_env = {**env, _CELLS: dict(env[_CELLS])}
         if arm is not None:
             try:
-                _run(arm, dict(env), steps, has_sync)
+                _run(arm, arm_env, steps, has_sync)
             except Unknown:
                 arms = None
                 break
         arms.append(steps)
+        cells.append(arm_env[_CELLS])
     if arms is None or arms[0] != arms[1]:
         _value(s.condition, env)  # raises the Unknown that names the value
     trace.extend(arms[0])
+    # a private scalar the arms leave with different values is unknown after the branch
+    env[_CELLS] = {c: v for c, v in cells[0].items() if cells[1].get(c) == v}
 
 
 def _call(call, env: dict, trace: list) -> None:

@@ -36,9 +36,9 @@ import z3
 import tilelang  # noqa: F401  (sets up the bundled TVM)
 from tilelang import tvm
 
-from tlx.ir.facts import FunctionFacts, user_name
+from tlx.ir.facts import FunctionFacts, dimension_vars, stride_vars, user_name
 from tlx.ir.tir import PRIVATE_SCOPES, elem_bytes, op_name, scalar_dtype
-from tlx.passes.assume import dimension_vars, parse_assumption, shape_vars, stride_vars
+from tlx.passes.assume import parse_assumption, shape_vars
 
 tir = tvm.tirx
 
@@ -869,9 +869,11 @@ def tensor_size_fact(enc: Encoder, buf):
     numel = enc.int_val(1)
     for dim in buf.shape:
         numel = numel * enc.encode(dim)
-    fact = numel <= (INT64_MAX // elem_bytes(buf.dtype) if row_major(buf) else INT64_MAX)
-    if not row_major(buf):
-        fact = z3.And(fact, enc.encode(allocation_elements(buf)) <= INT64_MAX // elem_bytes(buf.dtype))
+    eb = elem_bytes(buf.dtype)
+    if row_major(buf):
+        fact = numel <= INT64_MAX // eb
+    else:
+        fact = z3.And(numel <= INT64_MAX, enc.encode(allocation_elements(buf)) <= INT64_MAX // eb)
     enc.take_obligations()
     return fact
 

@@ -33,9 +33,9 @@ import z3
 from tilelang import tvm
 from tlx.lowering import LoweredKernel
 from tlx.passes import PassContext, TlxError, exit_status, raise_or_warn
+from tlx.ir.facts import launcher_checks
 from tlx.ir.program import Access, Program, collect_program
 from tlx.ir.tir import const_int, device_functions, elem_bytes, nodes, op_name
-from tlx.passes.verification import launcher_checks
 from tlx.passes.smt import Encoder, context_facts, kernel_encoder
 
 tir = tvm.tirx

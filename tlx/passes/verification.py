@@ -32,8 +32,8 @@ import z3
 import tilelang  # noqa: F401
 from tilelang import tvm
 
-from tlx.ir.facts import accumulators, function_facts, param_buffers, user_name
-from tlx.ir.tir import PRIVATE_SCOPES, arith_only, device_functions, elem_bytes, nodes, op_name, scalar_dtype, unit_step
+from tlx.ir.facts import accumulators, function_facts, launcher_checks, param_buffers, user_name
+from tlx.ir.tir import PRIVATE_SCOPES, arith_only, device_functions, elem_bytes, op_name, scalar_dtype, unit_step
 from tlx.ir.walk import MATRIX_MOVES, DeviceWalker, is_access_ptr, is_cp_async, pointer_uses
 from tlx.lowering import LoweredKernel
 from tlx.passes import TlxError
@@ -235,8 +235,9 @@ class _Walker(DeviceWalker):
         out.update({k: v for k, (v, _) in loaded.items()})
         calls = sorted(k for k, (_, scope) in loaded.items() if scope == "call")
         private = sorted(k for k, (_, scope) in loaded.items() if scope not in ("global", "call"))
-        if len(calls) < len(loaded):
-            out["__data__"] = sorted(k for k, (_, scope) in loaded.items() if scope != "call")
+        data = sorted(k for k, (_, scope) in loaded.items() if scope != "call")
+        if data:
+            out["__data__"] = data
         if calls:
             # The value of a call the encoder does not model: the assignment may be impossible.
             out["__opaque__"] = calls
@@ -975,18 +976,6 @@ def _walk_kernel(kernel, assume, extra_conditions, rlimit, prove_guards, source_
         w.visit(f.body)
         walkers[name] = w
     return enc, walkers
-
-
-def launcher_checks(kernel) -> set:
-    """The conditions of the asserts in the host code's compute scope, as text: the program's
-    ``T.assume`` conditions, which the generated launcher checks (tlx/hostgen/plan.py; the
-    argument checks outside that scope are TileLang's own launcher's, not tlx's)."""
-    out = set()
-    for _, h in device_functions(kernel.host_mod):
-        for scope in nodes(h.body, tir.AttrStmt):
-            if scope.attr_key == "compute_scope":
-                out.update(str(a.condition) for a in nodes(scope.body, tir.AssertStmt))
-    return out
 
 
 def format_violation(a: CheckedAccess) -> str:

@@ -133,6 +133,18 @@ def test_persistent_candidate_walks_the_tiles_with_its_own_output_tile(derived_p
         overlap_kernel(128, False, C.LOG2E / math.sqrt(128), pingpong=True, persistent=True)
 
 
+def test_persistent_candidate_never_hangs_across_tiles():
+    """One CTA walking 8 tiles (q_tiles 2 x 2 heads x 2 sequences) through the two-stage K/V ring,
+    its position carried from tile to tile: the barrier protocol simulated at every key-block
+    count 0..9 a tile (odd counts start each tile at the other slot and parity) never hangs."""
+    from tests.kernels.attention.test_decode_mla import device_function
+    from tlx.passes.progress import check_progress
+
+    func = device_function(dense_fwd_persistent_kernel, 128, False, C.LOG2E / math.sqrt(128), "bfloat16", 2, 2, True)
+    report = check_progress(func, {"q_tiles": 2, "H": 2, "HK": 2, "NB": 3, "ctas": 1, "TQ": 512, "TK": 600})
+    assert report.verdict == "unknown" and "no hang at n_blocks = 0..9 (8 schedules each)" in report.detail, report.detail
+
+
 def test_baseline_compiles(tmp_path):
     from tlx.numerics.parity import build_baseline
 
