@@ -125,6 +125,17 @@ def mask_block(acc_s, kb, row0, len_q, len_k, causal: bool, block_m: int, block_
                 acc_s[i, j] = T.if_then_else(col < len_k, acc_s[i, j], C.neg_inf())
 
 
+@T.macro
+def store_rows(O, LSE, O_s, lse_rows, q0, row0, len_q, by, block_m: int, dim: int):
+    """A tile's output rows (staged in ``O_s``) and their log-sum-exp, the rows past the sequence left alone."""
+    for i, j in T.Parallel(block_m, dim):
+        if row0 + i < len_q:
+            O[q0 + row0 + i, by, j] = O_s[i, j]
+    for i in T.Parallel(block_m):
+        if row0 + i < len_q:
+            LSE[by, q0 + row0 + i] = lse_rows[i]
+
+
 # Host-checked preconditions (the wrapper meets them): at least one sequence, heads grouped evenly, a grid that covers
 # the longest sequence without running past the packed rows, row sums (TQ + TK) within int32, rows x heads of q and k
 # within 2^25 (check_tensor's element limit at d >= 64: the int64 offsets of every row are then provably in range).
@@ -183,12 +194,7 @@ def dense_fwd_kernel(dim: int, causal: bool, scale_log2: float, dtype: str = "bf
                 T.gemm(p, V_s, acc_o, policy=T.GemmWarpPolicy.FullRow)
             C.finish_rows(acc_o, l, m_scaled, lse_rows, block_m, dim)
             T.copy(acc_o, O_s)
-            for i, j in T.Parallel(block_m, dim):
-                if row0 + i < len_q:
-                    O[q0 + row0 + i, by, j] = O_s[i, j]
-            for i in T.Parallel(block_m):
-                if row0 + i < len_q:
-                    LSE[by, q0 + row0 + i] = lse_rows[i]
+            store_rows(O, LSE, O_s, lse_rows, q0, row0, len_q, by, block_m, dim)
 
     return main
 
@@ -349,12 +355,7 @@ def overlap_program(dim: int, causal: bool, scale_log2: float, dtype: str, num_s
             T.sync_threads(1, consumer_threads)
         T.copy(acc_o, O_s)  # without own_o, O_s is Q_s: each warpgroup overwrites only its own rows, read by its own gemms
         T.sync_threads(1, consumer_threads)
-        for i, j in T.Parallel(block_m, dim):
-            if row0 + i < len_q:
-                O[q0 + row0 + i, by, j] = O_s[i, j]
-        for i in T.Parallel(block_m):
-            if row0 + i < len_q:
-                LSE[by, q0 + row0 + i] = lse_rows[i]
+        store_rows(O, LSE, O_s, lse_rows, q0, row0, len_q, by, block_m, dim)
         if persistent and not own_o:  # Q_s held the output: free once every consumer has stored it
             T.sync_threads(1, consumer_threads)
             T.mbarrier_arrive(q_empty)
