@@ -137,13 +137,19 @@ def _sync_nodes():
     return has_sync
 
 
-def _cell_stores():
-    """``stmt -> set``: the private integer scalars (data vars) the statement stores to (memoized)."""
+def _cell_stores(func):
+    """``stmt -> set``: the private integer scalars (data vars) the statement stores to (memoized),
+    of those whose storage never escapes (no ``address_of``, no use of the pointer itself), so
+    that the thread's own stores are the only ones."""
+    escaped = {n for n in nodes(func.body, tir.Var) if str(n.dtype) == "handle"}
+    escaped |= {c.args[0].buffer.data for c in nodes(func.body, tir.Call)
+                if op_name(c) == "tirx.address_of" and isinstance(c.args[0], tir.BufferLoad)}
     stored: dict = {}
 
     def cells(s) -> set:
         if s not in stored:
-            stored[s] = {n.buffer.data for n in nodes(s, tir.BufferStore) if private_int_cell(n.buffer)}
+            stored[s] = {n.buffer.data for n in nodes(s, tir.BufferStore)
+                         if private_int_cell(n.buffer) and not any(n.buffer.data.same_as(e) for e in escaped)}
         return stored[s]
 
     return cells
@@ -194,7 +200,7 @@ def thread_traces(func, values: dict, threads: int, swept: dict | None = None) -
 def _block_env(func, values: dict, swept: dict | None = None) -> tuple:
     """(threadIdx.x's variable or None, the environment of block 0: other thread and block
     indices 0, the shape parameters named in ``values``, the ``swept`` bound variables)."""
-    thread_var, env = None, {_SWEPT: dict(swept or {}), _STORES: _cell_stores()}
+    thread_var, env = None, {_SWEPT: dict(swept or {}), _STORES: _cell_stores(func)}
     for attr in _attrs(func.body):
         tag = str(attr.node.thread_tag)
         if tag == "threadIdx.x":
@@ -261,7 +267,7 @@ def _run(s, env: dict, trace: list, has_sync) -> None:
             else:
                 env.setdefault(_UNREAD, {})[s.var.name] = str(s.value)[:80]
         return
-    if isinstance(s, tir.BufferStore) and private_int_cell(s.buffer):
+    if isinstance(s, tir.BufferStore) and s.buffer.data in env[_STORES](s):
         try:
             env[_CELLS][s.buffer.data] = _evaluate(s.value, env)
         except ValueError:  # from here on unknown, as memory
