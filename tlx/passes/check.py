@@ -185,8 +185,11 @@ class CheckResult:
                 lines.append(f"{title}:")
                 lines += ["  " + line for line in self._describe(a)]
         analysis_sections = {section: analysis for analysis, (_, section) in ANALYSES.items()}
-        for name in self.sections:
-            if name not in analysis_sections:
+        for name, payload in self.sections.items():
+            if name == "unchecked_assumes":  # tlx/passes/unchecked_assumes.py: a list, empty when none
+                lines += [f"unchecked: T.assume({a['condition']}) names {', '.join(a['names']) or 'no bound parameter'}: "
+                          "the launcher cannot check it and the proofs do not use it" for a in payload]
+            elif name not in analysis_sections:
                 lines.append(f"{name}: see --json")
         lines.append("verdicts:")
         for analysis, v in self.verdicts().items():

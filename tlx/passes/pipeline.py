@@ -72,6 +72,7 @@ PASSES: tuple[Pass, ...] = (
     Pass("races", _Lazy("tlx.passes.races", "races_pass"), verifying_exhaustively),
     Pass("progress", _Lazy("tlx.passes.progress", "progress_pass"), verifying_exhaustively),
     Pass("registers", _Lazy("tlx.passes.progress", "register_budget_pass"), verifying),
+    Pass("unchecked_assumes", _Lazy("tlx.passes.unchecked_assumes", "unchecked_assumes_pass"), verifying),
     Pass("bounds", _Lazy("tlx.passes.bounds", "bounds_pass"), _compile_time_bounds),
     Pass("check", _Lazy("tlx.passes.check", "check_pass"), _checking),
     Pass("eliminate_guards", _Lazy("tlx.passes.guards", "eliminate_guards_pass"), _removing_guards),
