@@ -300,6 +300,30 @@ def overlap_program(dim: int, causal: bool, scale_log2: float, dtype: str, num_s
         n_blocks = T.if_then_else(row0 < len_q, T.ceildiv(keys_seen(row0, block_m, len_q, len_k, causal), block_n), 0)
         return by, q0, len_q, k0, len_k, row0, n_blocks
 
+    def shared_state():
+        """The CTA's tiles, fragments and barriers, allocated where this is called inside the
+        kernel, in this order: ``(Q_s, K_s, V_s, O_s, acc_s, p, acc_o, row state (7), q_full,
+        q_empty, k_full, v_full, k_empty, v_empty)``. ``O_s`` is ``Q_s`` unless ``own_o``. Without a
+        persistent grid the tuple has no ``O_s`` (the output goes through ``Q_s``: a buffer bound
+        to two names in the program takes the second) and no ``q_empty``."""
+        Q_s = T.alloc_shared((block_m, dim), dtype)
+        K_s = T.alloc_shared((S, block_n, dim), dtype)
+        V_s = T.alloc_shared((S, block_n, dim), dtype)
+        O_s = T.alloc_shared((block_m, dim), dtype) if own_o else Q_s
+        acc_s = T.alloc_fragment((block_m, block_n), f32)
+        p = T.alloc_fragment((block_m, block_n), dtype)
+        acc_o = T.alloc_fragment((block_m, dim), f32)
+        rows = C.row_state(block_m)
+        q_full = T.alloc_barrier(128)
+        q_empty = T.alloc_barrier(consumer_threads) if persistent else None
+        k_full = T.alloc_barrier([128] * S)
+        v_full = T.alloc_barrier([128] * S)
+        k_empty = T.alloc_barrier([consumer_threads] * S)
+        v_empty = T.alloc_barrier([consumer_threads] * S)
+        if not persistent:
+            return (Q_s, K_s, V_s, acc_s, p, acc_o, *rows, q_full, k_full, v_full, k_empty, v_empty)
+        return (Q_s, K_s, V_s, O_s, acc_s, p, acc_o, *rows, q_full, q_empty, k_full, v_full, k_empty, v_empty)
+
     @T.macro
     def produce(Q, K, V, Q_s, K_s, V_s, q_full, k_full, v_full, k_empty, v_empty, q0, k0, row0, by, kvh, n_blocks, base):
         T.tma_copy(Q[q0 + row0:q0 + row0 + block_m, by, :], Q_s, barrier=q_full)
@@ -368,18 +392,8 @@ def overlap_program(dim: int, causal: bool, scale_log2: float, dtype: str, num_s
                  LSE: T.Tensor((heads, total_q), f32), q_tiles: T.int32):
             with T.Kernel(q_tiles, heads, n_offsets - 1, threads=consumer_threads + C.WARPGROUP,
                           prelude=C.EXP2_FTZ_PRELUDE if fast_exp2 else None) as (bx, by, bz):
-                Q_s = T.alloc_shared((block_m, dim), dtype)
-                K_s = T.alloc_shared((S, block_n, dim), dtype)
-                V_s = T.alloc_shared((S, block_n, dim), dtype)
-                acc_s = T.alloc_fragment((block_m, block_n), f32)
-                p = T.alloc_fragment((block_m, block_n), dtype)
-                acc_o = T.alloc_fragment((block_m, dim), f32)
-                m, m_prev, m_scaled, alpha, l, row_sum, lse_rows = C.row_state(block_m)
-                q_full = T.alloc_barrier(128)
-                k_full = T.alloc_barrier([128] * S)
-                v_full = T.alloc_barrier([128] * S)
-                k_empty = T.alloc_barrier([consumer_threads] * S)
-                v_empty = T.alloc_barrier([consumer_threads] * S)
+                (Q_s, K_s, V_s, acc_s, p, acc_o, m, m_prev, m_scaled, alpha, l, row_sum, lse_rows,
+                 q_full, k_full, v_full, k_empty, v_empty) = shared_state()
 
                 q0, len_q = sequence_rows(cu_q, bz, total_q)
                 k0, len_k = sequence_rows(cu_k, bz, total_k)
@@ -408,20 +422,8 @@ def overlap_program(dim: int, causal: bool, scale_log2: float, dtype: str, num_s
                         LSE: T.Tensor((heads, total_q), f32), q_tiles: T.int32, ctas: T.int32):
         with T.Kernel(ctas, threads=consumer_threads + C.WARPGROUP,
                       prelude=C.EXP2_FTZ_PRELUDE if fast_exp2 else None) as bid:
-            Q_s = T.alloc_shared((block_m, dim), dtype)
-            K_s = T.alloc_shared((S, block_n, dim), dtype)
-            V_s = T.alloc_shared((S, block_n, dim), dtype)
-            O_s = T.alloc_shared((block_m, dim), dtype) if own_o else Q_s
-            acc_s = T.alloc_fragment((block_m, block_n), f32)
-            p = T.alloc_fragment((block_m, block_n), dtype)
-            acc_o = T.alloc_fragment((block_m, dim), f32)
-            m, m_prev, m_scaled, alpha, l, row_sum, lse_rows = C.row_state(block_m)
-            q_full = T.alloc_barrier(128)
-            q_empty = T.alloc_barrier(consumer_threads)
-            k_full = T.alloc_barrier([128] * S)
-            v_full = T.alloc_barrier([128] * S)
-            k_empty = T.alloc_barrier([consumer_threads] * S)
-            v_empty = T.alloc_barrier([consumer_threads] * S)
+            (Q_s, K_s, V_s, O_s, acc_s, p, acc_o, m, m_prev, m_scaled, alpha, l, row_sum, lse_rows,
+             q_full, q_empty, k_full, v_full, k_empty, v_empty) = shared_state()
             tx = T.get_thread_binding()
             warpgroup = tx // C.WARPGROUP
             tiles = T.ceildiv(q_tiles * heads * (n_offsets - 1) - bid, ctas)  # this CTA's: bid, bid + ctas, ...
