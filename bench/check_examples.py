@@ -153,7 +153,7 @@ def _examples(root: Path, only: str | None) -> list[Path]:
     return files
 
 
-ANALYSES = ("bounds", "races", "layouts", "vectors", "banks", "numerics", "determinism")
+ANALYSES = ("bounds", "races", "progress", "layouts", "vectors", "banks", "numerics", "determinism")
 _EXIT = {0: "ok", 1: "violation", 2: "error", 3: "unknown"}
 
 
@@ -189,6 +189,7 @@ def _row(example: str, rec: dict) -> dict:
         # the vectors analysis' performance note: selects that are an if/else per vector in a loop
         "branching_selects": len((res.get("vectors") or {}).get("branches", [])),
         "branching_selects_unconditional": sum(not b["conditional"] for b in (res.get("vectors") or {}).get("branches", [])),
+        "unchecked_assumes": [a["condition"] for a in res.get("unchecked_assumes", [])],  # tlx/passes/unchecked_assumes.py
         "seconds": round(rec["seconds"], 2),
         "verify_seconds": res.get("seconds", 0.0),  # the bounds verdict alone (with preconditions)
         "violation_detail": res.get("violations", []),
@@ -221,6 +222,9 @@ def _table(rows: list[dict]) -> str:
     lines += ["", f"branching selects (vectors' note): {sum(r['branching_selects'] for r in branchy)} in {len(branchy)} examples "
               f"({sum(r['branching_selects_unconditional'] for r in branchy)} not on a conditional path)"
               + "".join(f"; {r['example']} {r['branching_selects']}" for r in branchy)]
+    assumed = [r for r in checked if r.get("unchecked_assumes")]
+    lines.append(f"unchecked T.assume (kept on the device, checked nowhere): {sum(len(r['unchecked_assumes']) for r in assumed)} "
+                 f"in {len(assumed)} examples" + "".join(f"; {r['example']}: " + ", ".join(r["unchecked_assumes"]) for r in assumed))
     return "\n".join(lines)
 
 

@@ -20,3 +20,11 @@ def test_rows_count_branching_selects_and_the_table_names_their_examples():
     table = ce._table(rows)
     assert "branching selects (vectors' note): 2 in 1 examples (1 not on a conditional path); cast/a.py 2" in table
     assert "| 3 | 2 | 20 | 20 | 100.00% |" in table  # examples, checked, accesses, proven, rate
+
+
+def test_the_table_names_the_unchecked_assumes():
+    result = _result([])
+    result["result"]["unchecked_assumes"] = [{"condition": "bx < 4", "names": ["bx"]}]
+    rows = [ce._row("gemm/a.py", result), ce._row("gemm/b.py", _result([]))]
+    assert rows[0]["unchecked_assumes"] == ["bx < 4"] and rows[1]["unchecked_assumes"] == []
+    assert "unchecked T.assume (kept on the device, checked nowhere): 1 in 1 examples; gemm/a.py: bx < 4" in ce._table(rows)
