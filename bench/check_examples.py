@@ -31,6 +31,9 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve()
+sys.path.insert(0, str(HERE.parents[1]))  # tlx, for the progress analysis' wording
+
+from tlx.passes.progress import LATE  # noqa: E402
 
 
 TARGET = {"kind": "cuda", "arch": "sm_90a"}
@@ -190,6 +193,8 @@ def _row(example: str, rec: dict) -> dict:
         "branching_selects": len((res.get("vectors") or {}).get("branches", [])),
         "branching_selects_unconditional": sum(not b["conditional"] for b in (res.get("vectors") or {}).get("branches", [])),
         "unchecked_assumes": [a["condition"] for a in res.get("unchecked_assumes", [])],  # tlx/passes/unchecked_assumes.py
+        # progress unknown only for threads that poll a barrier and fell behind it (tlx/passes/progress.py's LATE)
+        "progress_late": any(LATE in k.get("detail", "") for k in (res.get("progress") or {}).get("kernels", [])),
         "seconds": round(rec["seconds"], 2),
         "verify_seconds": res.get("seconds", 0.0),  # the bounds verdict alone (with preconditions)
         "violation_detail": res.get("violations", []),
@@ -222,6 +227,8 @@ def _table(rows: list[dict]) -> str:
     lines += ["", f"branching selects (vectors' note): {sum(r['branching_selects'] for r in branchy)} in {len(branchy)} examples "
               f"({sum(r['branching_selects_unconditional'] for r in branchy)} not on a conditional path)"
               + "".join(f"; {r['example']} {r['branching_selects']}" for r in branchy)]
+    late = [r["example"] for r in checked if r.get("progress_late")]
+    lines.append(f"progress unknown because a polling thread fell two phases behind (a fair schedule finishes): {len(late)} examples")
     assumed = [r for r in checked if r.get("unchecked_assumes")]
     lines.append(f"unchecked T.assume (kept on the device, checked nowhere): {sum(len(r['unchecked_assumes']) for r in assumed)} "
                  f"in {len(assumed)} examples" + "".join(f"; {r['example']}: " + ", ".join(r["unchecked_assumes"]) for r in assumed))

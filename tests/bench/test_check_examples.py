@@ -28,3 +28,11 @@ def test_the_table_names_the_unchecked_assumes():
     rows = [ce._row("gemm/a.py", result), ce._row("gemm/b.py", _result([]))]
     assert rows[0]["unchecked_assumes"] == ["bx < 4"] and rows[1]["unchecked_assumes"] == []
     assert "unchecked T.assume (kept on the device, checked nowhere): 1 in 1 examples; gemm/a.py: bx < 4" in ce._table(rows)
+
+
+def test_the_table_counts_the_late_pollers():
+    result = _result([])
+    result["result"]["progress"] = {"kernels": [{"kernel": "k", "verdict": "unknown", "detail": f"schedule 0: threads 16 ...: {ce.LATE}"}]}
+    rows = [ce._row("gemm/a.py", result), ce._row("gemm/b.py", _result([]))]
+    assert [r["progress_late"] for r in rows] == [True, False]
+    assert "progress unknown because a polling thread fell two phases behind (a fair schedule finishes): 1 examples" in ce._table(rows)
