@@ -441,9 +441,6 @@ def simulate(traces: list[list[tuple]], seed: int, ctas: int = 1, fair: bool = F
     runnable = sorted(unfinished)
     blocked: dict = {}  # thread -> the op it is blocked at
 
-    def wake(ts) -> None:
-        runnable.extend(ts)
-
     def passes(op) -> bool:
         bar = op[1]
         if bar not in counts:
@@ -456,7 +453,7 @@ def simulate(traces: list[list[tuple]], seed: int, ctas: int = 1, fair: bool = F
             for t in ts[:n]:
                 pc[t] += 1
                 del blocked[t]
-            wake(ts[:n])
+            runnable.extend(ts[:n])
             gathering[key] = ts[n:]
 
     def take_registers(t: int, op) -> bool:
@@ -480,7 +477,7 @@ def simulate(traces: list[list[tuple]], seed: int, ctas: int = 1, fair: bool = F
                     waiting.remove(sleeper)
                     del blocked[sleeper]
                     pc[sleeper] += 1
-                    wake([sleeper])
+                    runnable.append(sleeper)
         return True
 
     def check_sync() -> None:
@@ -517,7 +514,7 @@ def simulate(traces: list[list[tuple]], seed: int, ctas: int = 1, fair: bool = F
                     sleepers[bar] = [w for w in sleepers.get(bar, []) if w not in woken]
                     for w in woken:
                         del blocked[w]
-                    wake(woken)
+                    runnable.extend(woken)
             else:  # a named barrier or __syncthreads: wait there until it fills
                 blocked[t] = op
                 key = (op[1], op[2]) if kind == "bar" else "sync"
