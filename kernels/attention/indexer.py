@@ -84,7 +84,8 @@ def head_sums(acc3, prods3, W_f, sums, keys: int, tokens: int, heads: int):
     T.reduce_sum(prods3, sums, dim=-1, clear=True)
 
 
-@tlx.jit(target=TARGET, assume=["1 <= S", "1 <= N", f"N <= {MAX_KEYS}", "S * N <= 2147483647"])
+@tlx.jit(target=TARGET, assume=["1 <= S", "1 <= N", f"N <= {MAX_KEYS}", "S * N <= 2147483647"],
+         pass_configs={"tl.disable_thread_storage_sync": True})  # every barrier is placed by hand
 def indexer_kernel(heads: int, dim: int, num_stages: int = 4, consumers: int = CONSUMERS, overlap: bool = True):
     """Prefill form: ``Logits [S, N]`` from ``Q [S, heads, dim]``, ``K [N, dim]``, ``KS [N]``,
     ``W [S, heads]``, ``Pos [S]``. A CTA owns ``consumers * 128 / heads`` consecutive queries
@@ -93,7 +94,9 @@ def indexer_kernel(heads: int, dim: int, num_stages: int = 4, consumers: int = C
     sums; else one, and the consumers' own interleaving hides the products (the same bits)."""
     if consumers not in REGISTERS:
         raise ValueError(f"consumers: expected one of {tuple(REGISTERS)}, got {consumers}")
-    bq = COLS // heads * consumers
+    tq = COLS // heads  # queries of one consumer warpgroup
+    bq = tq * consumers
+    stores = tq * BLOCK_N // WARPGROUP  # logits one consumer thread stores a tile
     rows = COLS * consumers
     stages = num_stages
     seqs = T.dynamic("S")
@@ -101,19 +104,26 @@ def indexer_kernel(heads: int, dim: int, num_stages: int = 4, consumers: int = C
     f32 = "float32"
 
     @T.macro
-    def score_tile(acc3, prods3, sums, W_f, S_s, Pos_s, t, tiles, s0, KS, Logits):
+    def score_tile(acc3, prods3, sums, W_f, S_s, buf, Pos_s, t, tiles, s0, KS, KS_l, Logits, tx):
         """Logits of key tile ``t`` (nothing for a tile past the last one) from its dots: the
-        head sums go through shared memory ``S_s [bq, 64]`` (one buffer per accumulator: the
-        barrier of the next tile orders this tile's reads before the buffer's next writes), so
-        that the logits leave as whole rows of 64 keys instead of one float per thread quad."""
+        head sums go through shared memory ``S_s[buf] [bq, 64]`` so that the logits leave as
+        whole rows of 64 keys instead of one float per thread quad. Each consumer stages and
+        stores only its own ``tq`` queries behind its own named barrier, so the consumers never
+        wait for one another and one's products overlap another's head sums; ``buf`` alternates
+        between tiles, so the barrier of tile t + 1 orders tile t's reads before tile t + 2's
+        writes of the same buffer."""
+        for j in T.serial(stores):  # the key scales this thread applies, loaded under the head sums
+            KS_l[j] = KS[T.min(t * BLOCK_N + (j * WARPGROUP + tx % WARPGROUP) % BLOCK_N, keys - 1)]
         head_sums(acc3, prods3, W_f, sums, BLOCK_N, bq, heads)
         for i, q in T.Parallel(BLOCK_N, bq):
-            S_s[q, i] = sums[i, q]
-        T.sync_threads(1, WARPGROUP * consumers)
-        for q, i in T.Parallel(bq, BLOCK_N):
-            n = t * BLOCK_N + i
+            S_s[buf, q, i] = sums[i, q]
+        T.sync_threads(2 + tx // WARPGROUP, WARPGROUP)
+        for j in T.serial(stores):
+            q = tx // WARPGROUP * tq + (j * WARPGROUP + tx % WARPGROUP) // BLOCK_N
+            n = t * BLOCK_N + (j * WARPGROUP + tx % WARPGROUP) % BLOCK_N
             if t < tiles and s0 + q < seqs and n < keys:
-                Logits[s0 + q, n] = T.if_then_else(n <= Pos_s[q], T.ieee_mul(S_s[q, i], KS[n]), neg_inf())
+                Logits[s0 + q, n] = T.if_then_else(n <= Pos_s[q], T.ieee_mul(S_s[buf, q, n - t * BLOCK_N], KS_l[j]),
+                                                   neg_inf())
 
     @T.macro
     def issue(K_s, Q_s, acc, k_full, t, tiles):
@@ -139,11 +149,11 @@ def indexer_kernel(heads: int, dim: int, num_stages: int = 4, consumers: int = C
                 acc3_b = T.reshape(acc_b, (BLOCK_N, bq, heads))
                 prods = T.alloc_fragment((BLOCK_N, rows), f32)
                 prods3 = T.reshape(prods, (BLOCK_N, bq, heads))
-                S_b = T.alloc_shared((bq, BLOCK_N), f32)
             W_f = T.alloc_fragment((bq, heads), f32)
             sums = T.alloc_fragment((BLOCK_N, bq), f32)
-            S_a = T.alloc_shared((bq, BLOCK_N), f32)
+            S_s = T.alloc_shared((2, bq, BLOCK_N), f32)
             Pos_s = T.alloc_shared((bq,), "int32")
+            KS_l = T.alloc_local((stores,), f32)
             k_full = T.alloc_barrier([WARPGROUP] * stages)
             k_empty = T.alloc_barrier([WARPGROUP * consumers] * stages)
             last = T.alloc_var("int32")  # the last key any of the CTA's queries sees, -1 for none
@@ -185,7 +195,7 @@ def indexer_kernel(heads: int, dim: int, num_stages: int = 4, consumers: int = C
                         T.gemm(K_s[t % stages, :, :], Q_s, acc_a, transpose_B=True, clear_accum=True,
                                policy=T.GemmWarpPolicy.FullCol)
                         T.mbarrier_arrive(k_empty[t % stages])
-                        score_tile(acc3_a, acc3_a, sums, W_f, S_a, Pos_s, t, tiles, s0, KS, Logits)
+                        score_tile(acc3_a, acc3_a, sums, W_f, S_s, t % 2, Pos_s, t, tiles, s0, KS, KS_l, Logits, tx)
                 else:
                     # tiles in pairs: while one accumulator's products run, the other's head sums
                     # do. ptxas serializes every wgmma of the kernel unless each one is issued
@@ -200,12 +210,12 @@ def indexer_kernel(heads: int, dim: int, num_stages: int = 4, consumers: int = C
                         T.wait_wgmma(0)
                         T.mbarrier_arrive(k_empty[(2 * j) % stages])
                         issue(K_s, Q_s, acc_b, k_full, 2 * j + 1, tiles)
-                        score_tile(acc3_a, prods3, sums, W_f, S_a, Pos_s, 2 * j, tiles, s0, KS, Logits)
+                        score_tile(acc3_a, prods3, sums, W_f, S_s, 0, Pos_s, 2 * j, tiles, s0, KS, KS_l, Logits, tx)
                         T.wait_wgmma(0)
                         if 2 * j + 1 < tiles:
                             T.mbarrier_arrive(k_empty[(2 * j + 1) % stages])
                         issue(K_s, Q_s, acc_a, k_full, 2 * j + 2, tiles)
-                        score_tile(acc3_b, prods3, sums, W_f, S_b, Pos_s, 2 * j + 1, tiles, s0, KS, Logits)
+                        score_tile(acc3_b, prods3, sums, W_f, S_s, 1, Pos_s, 2 * j + 1, tiles, s0, KS, KS_l, Logits, tx)
                     T.wait_wgmma(0)
 
     return kernel
