@@ -8,7 +8,8 @@ import tilelang.language as T
 import z3
 
 from tests.passes.async_corpus.pipelines import (BUGS, drop_block_barrier, drop_call, move_proxy_fence, rename_call, shared_histogram,
-                                                 staged_then_wgmma, tile_once_pipeline, tma_pipeline, tma_store_rounds)
+                                                 staged_then_wgmma, tile_once_pipeline, tma_pipeline, tma_store_rounds,
+                                                 warpgroup_staging)
 from tests.passes.layout_corpus import kernels as K
 from tests.tiled_gemm import tiled_gemm
 from tlx.ir.program import collect_program
@@ -323,3 +324,16 @@ def test_wait_wgmma_is_the_warpgroup_wait():
     dropped = races_report(drop_call(kernel, "tl.wait_wgmma"))
     assert dropped["verdict"] != "race-free"
     assert dropped["summary"] == races_report(drop_call(plain, "tl.warpgroup_wait"))["summary"]
+
+
+@pytest.mark.parametrize("buffers, across, verdict", [(2, False, "race-free"), (1, False, "race"), (2, True, "race")])
+def test_named_barrier_per_warpgroup_in_a_loop(buffers, across, verdict):
+    """``bar.sync 2 + tx / 128, 128`` in the step loop: one barrier per warpgroup, its instances
+    paired by step. Double-buffered staging read inside the warpgroup is ordered (step t's reads
+    before step t + 2's writes); one buffer races the next step's writes, and a read of another
+    warpgroup's values is not ordered by either group's barrier."""
+    r = _report(warpgroup_staging(buffers, across))
+    assert r["verdict"] == verdict, r["summary"]
+    if verdict == "race":
+        loops = [(x["first"]["loops"]["t"], x["second"]["loops"]["t"]) for x in _races(r)]
+        assert loops and (across or all(abs(a - b) == 1 for a, b in loops)), loops

@@ -53,13 +53,18 @@ In a tabulated loop a wait may run in some iterations only (``if k == 0``): its 
 those iterations, and it acquires for the rest of the loop. A wait acquires for an access after
 the loop it is in (its iterations that run; the last 8 of a long loop) or outside any loop.
 
-Named barriers (``bar.sync id, n``) order accesses only in one form: every barrier of an id
-stands outside loops and is run by exactly its ``n`` threads, one group per id. Then an access
-before such a barrier happens before an access after it, for two threads of the group, with what
-the async proxy needs (:func:`_named_barrier_orders`); a witness of two such threads is set aside
-and the pair solved again for one outside the group. Other named barriers are not counted:
-ignoring an ordering can only report more races. A race found is reported as certain only when no named barrier can order it (the two
-threads are in no common group, and every group runs its waits and arrives uniformly, see
+Named barriers (``bar.sync id, n``) order accesses in two forms. Every statement's id is known
+per thread (a constant, or a function of the thread: ``2 + tx / 128``, one barrier per
+warpgroup), and each id is run by exactly its ``n`` threads, one group per id. Then an id whose
+statements all stand outside loops orders an access before such a barrier before an access
+after it, for two threads of the group, with what the async proxy needs
+(:func:`_named_barrier_orders`); and an id whose one statement stands in one loop, run in every
+iteration, orders two plain accesses in that loop when one of its instances lies between them
+(the k-th barrier of every member is iteration k's: :func:`_looped_barrier_orders`). A witness
+that such a barrier orders is set aside and the pair solved again without it: for a thread
+outside the group, or in iterations the barrier does not order. Other named barriers are not
+counted: ignoring an ordering can only report more races. A race found is reported as certain only when no named barrier can order it (the two
+threads are in no common group left uncounted, and every group runs its waits and arrives uniformly, see
 :func:`_named_barrier_gap`) and, in a periodic pipeline, its orderings are exact (no elected wait
 or arrive, one block-barrier epoch); otherwise it is ``unknown``.
 
@@ -897,14 +902,20 @@ def _overlap(sets: list) -> bool:
 
 
 
+def _thread_env(prog: Program) -> dict:
+    """Each thread variable as a numpy array over the block's linear thread ids."""
+    t, env, stride = np.arange(prog.block_threads), {}, 1
+    for v, ext in prog.threads:
+        env[v] = (t // stride) % ext
+        stride *= ext
+    return env
+
+
 def _thread_sets(prog: Program, conds) -> tuple[frozenset, bool, frozenset]:
     """(threads, elected, runners) of a statement under ``conds``: the linear thread ids that run
     it (one per group when elected), and every thread of each group when elected."""
     nthreads = prog.block_threads
-    t, env, stride = np.arange(nthreads), {}, 1
-    for v, ext in prog.threads:
-        env[v] = (t // stride) % ext
-        stride *= ext
+    env = _thread_env(prog)
     plain = [c for c in conds if not _has_call(c, _ELECT)]
     elects = [c for c in conds if _has_call(c, _ELECT)]
     groups = []
@@ -942,29 +953,65 @@ def _member(term, members: frozenset):
     return z3.Or([z3.And(term >= lo, term <= hi) for lo, hi in spans] + [z3.BoolVal(False, term.ctx)])
 
 
+def _barrier_ids(prog: Program, nb) -> dict:
+    """{id: the threads that run named barrier statement ``nb`` with that id}: its id may be a
+    function of the thread (``bar.sync 2 + tx / 128, 128``: one barrier per warpgroup). Raises
+    :class:`_NotModelled` for an elected statement or an id or thread set not known per thread."""
+    members, elected, _ = _thread_sets(prog, nb.conds)
+    if elected:
+        raise _NotModelled(f"named barrier `{nb.index}, {nb.arg}` run by an elected thread")
+    if const_int(nb.index) is not None:
+        return {const_int(nb.index): members}
+    try:
+        ids = np.broadcast_to(np.asarray(eval_numpy(nb.index, _thread_env(prog))), (prog.block_threads,))
+    except ValueError:
+        raise _NotModelled(f"named barrier id `{nb.index}` is not a function of the thread alone") from None
+    out = {}
+    for t in sorted(members):
+        out.setdefault(int(ids[t]), set()).add(t)
+    return {i: frozenset(ts) for i, ts in out.items()}
+
+
 def _barrier_groups(prog: Program) -> tuple[dict, str | None]:
     """(id -> the threads of each named barrier (``bar.sync id, n``), None) when every named
-    barrier is run by exactly its ``n`` threads and one id always by one group; else ({}, why).
-    Raises :class:`_NotModelled` for a barrier whose threads are not a function of the thread."""
+    barrier is run by exactly its ``n`` threads for each id it takes and one id always by one
+    group; else ({}, why). Raises :class:`_NotModelled` as :func:`_barrier_ids`."""
     groups = {}
     for nb in prog.named_barriers:
-        members, elected, _ = _thread_sets(prog, nb.conds)
-        ident, count = const_int(nb.index), const_int(nb.arg)
-        if elected or ident is None or count != len(members):
-            return {}, f"named barrier `{nb.index}, {nb.arg}` run by {len(members)} threads"
-        if groups.setdefault(ident, members) != members:
-            return {}, f"named barrier {ident} run by different thread groups"
+        for ident, members in _barrier_ids(prog, nb).items():
+            if const_int(nb.arg) != len(members):
+                return {}, f"named barrier `{nb.index}, {nb.arg}` run by {len(members)} threads with id {ident}"
+            if groups.setdefault(ident, members) != members:
+                return {}, f"named barrier {ident} run by different thread groups"
     return groups, None
 
 
-def _named_groups(prog: Program) -> dict:
-    """The groups of :func:`_barrier_groups` when, besides, every named barrier stands outside any
-    loop: each member then passes an id's barriers in the same sequence, so they pair up. {} otherwise."""
+def _looped_barrier(prog: Program, ident: int):
+    """The one statement of named barrier ``ident`` when it is its only statement and stands in
+    exactly one loop, run by its group in every iteration (no condition of the iteration): the
+    k-th barrier every member passes is then iteration k's, so instances pair up by iteration.
+    None otherwise."""
+    stmts = [nb for nb in prog.named_barriers if ident in _barrier_ids(prog, nb)]
+    if len(stmts) != 1 or len(stmts[0].loops) != 1:
+        return None
+    nb = stmts[0]
+    return None if any(_varies_with(c, nb.loops) for c in nb.conds) else nb
+
+
+def _named_groups(prog: Program) -> tuple[dict, dict]:
+    """(groups, looped): the groups of :func:`_barrier_groups` whose barriers pair up: an id
+    whose statements all stand outside any loop (each member passes them in the same sequence),
+    or whose one statement stands in one loop (:func:`_looped_barrier`, kept in ``looped``).
+    ({}, {}) when the barriers are not modelled."""
     try:
         groups, why = _barrier_groups(prog)
+        if why:
+            return {}, {}
+        looped = {i: nb for i in groups if (nb := _looped_barrier(prog, i)) is not None}
+        loop_free = {i for i in groups if all(not nb.loops for nb in prog.named_barriers if i in _barrier_ids(prog, nb))}
     except _NotModelled:
-        return {}
-    return {} if why or any(nb.loops for nb in prog.named_barriers) else groups
+        return {}, {}
+    return {i: m for i, m in groups.items() if i in loop_free or i in looped}, looped
 
 
 def _prefix_loops(op, acc: Access) -> bool:
@@ -994,7 +1041,7 @@ def _named_barrier_orders(prog: Program, groups: dict, first: Access, second: Ac
         return False
     fences = [f for f in prog.syncs if f.kind == "fence_proxy_async"]
     for nb in prog.named_barriers:
-        if const_int(nb.index) != ident or not first.order < nb.order < second.order:
+        if ident not in _barrier_ids(prog, nb) or not first.order < nb.order < second.order:
             continue
         if first.op in _READ_WAITS and not any(
                 w.kind == _READ_WAITS[first.op] and const_int(w.arg) == 0 and first.order < w.order < nb.order
@@ -1009,7 +1056,23 @@ def _named_barrier_orders(prog: Program, groups: dict, first: Access, second: Ac
     return False
 
 
-def _named_barrier_gap(prog: Program, a: Access, b: Access, threads: tuple[int, int]) -> str | None:
+def _looped_barrier_orders(nb, first: Access, cf: "_Copy", second: Access, cs: "_Copy"):
+    """Z3: instance ``cf`` of ``first`` happens before instance ``cs`` of ``second`` (two threads
+    of the group of :func:`_looped_barrier` ``nb``): an instance of ``nb`` lies between them, the
+    one of ``first``'s iteration after it, or a later one before ``second``. None where this model
+    does not apply: both accesses must be plain (generic) ones inside ``nb``'s loop."""
+    if any(acc.is_async or _async_proxy(acc) for acc in (first, second)):
+        return None
+    ((loop, _, _),) = nb.loops
+    if not all(acc.loops and acc.loops[0][0].same_as(loop) for acc in (first, second)):
+        return None
+    kf, ks = cf.loops[0][1], cs.loops[0][1]
+    after_first, before_second = first.order < nb.order, nb.order < second.order
+    later = z3.And(kf < ks, z3.Or(z3.BoolVal(after_first or before_second, kf.ctx), kf + 1 < ks))
+    return z3.Or(later, kf == ks) if after_first and before_second else later
+
+
+def _named_barrier_gap(prog: Program, a: Access, b: Access, threads: tuple[int, int], accounted=()) -> str | None:
     """Why a named barrier (``bar.sync id, n``, which this model does not count) might order a race
     between ``a`` and ``b`` run by the linear ``threads``; None when none can.
 
@@ -1018,7 +1081,8 @@ def _named_barrier_gap(prog: Program, a: Access, b: Access, threads: tuple[int, 
     its threads' mbarrier arrives (or enters through a wait): when every thread of G runs every
     such statement (the kinds the pair needs: waits and arrives, proxy fences for a generic write
     the async proxy reads, wgmma waits for a wgmma), the barrier's own thread does the same, and the
-    chain needs no named barrier. Only a pair inside one group is then left to it.
+    chain needs no named barrier. Only a pair inside one group is then left to it, unless its
+    group is ``accounted``: the witness's query already excluded what that barrier orders.
     """
     if not prog.named_barriers:
         return None
@@ -1029,7 +1093,7 @@ def _named_barrier_gap(prog: Program, a: Access, b: Access, threads: tuple[int, 
         if _overlap(list(set(groups.values()))):
             return "named barriers of overlapping thread groups"
         for ident, members in groups.items():
-            if threads[0] in members and threads[1] in members:
+            if threads[0] in members and threads[1] in members and members not in accounted:
                 return f"both threads pass named barrier {ident} ({len(members)} threads), which may order them"
         kinds = {"wait", "arrive"}
         if _generic_write(a) and _async_proxy(b) or _generic_write(b) and _async_proxy(a):
@@ -1135,12 +1199,16 @@ def _fenced_earlier(enc, prog, first: Access, cf: "_Copy", cs: "_Copy", fences: 
 
 
 def _pair_query(enc, prog, a: Access, b: Access, pipeline: "_Pipeline | None" = None, ordered_groups=()):
-    """``ordered_groups``: thread groups inside which every instance pair is known ordered (by a
-    named barrier, :func:`_named_barrier_orders`); a witness must have a thread outside each."""
+    """``ordered_groups``: (threads, looped barrier or None) of named barriers that order pairs of
+    their threads: every instance pair (:func:`_named_barrier_orders`), or, for a barrier in a
+    loop, the instances :func:`_looped_barrier_orders` says; a witness must avoid each."""
     ca, cb = _Copy(enc, prog, a, "1"), _Copy(enc, prog, b, "2")
     cons = ca.facts + cb.facts
-    for members in ordered_groups:
-        cons.append(z3.Not(z3.And(_member(_linear(prog, ca), members), _member(_linear(prog, cb), members))))
+    for members, nb in ordered_groups:
+        both = z3.And(_member(_linear(prog, ca), members), _member(_linear(prog, cb), members))
+        if nb is not None:
+            both = z3.And(both, z3.Or(_looped_barrier_orders(nb, a, ca, b, cb), _looped_barrier_orders(nb, b, cb, a, ca)))
+        cons.append(z3.Not(both))
     other_thread = z3.Or([x != y for (_, x), (_, y) in zip(ca.threads, cb.threads, strict=True)])
     if _async_proxy(a) or _async_proxy(b):
         # an async-proxy access is not ordered by its own thread's program order: the same
@@ -1301,7 +1369,7 @@ def find_races(enc: Encoder, prog: Program, budget: int | None = None) -> dict:
         return _modelled(acc) or _async_proxy(acc) and (acc.op != "tma_load" or pipeline is not None)
 
     unmodelled = sorted({a.op for a in shared if not modelled(a)})
-    named = _named_groups(prog)
+    named, looped = _named_groups(prog)
     pairs, races, unknown, spans = 0, [], [], {}
     for i, a in enumerate(shared):
         for b in shared[i:]:
@@ -1333,23 +1401,30 @@ def find_races(enc: Encoder, prog: Program, budget: int | None = None) -> dict:
                 unknown.append({"first": a.text, "second": b.text, "data_dependent": True,
                                 "reason": "a race only for some values read from memory (data-dependent index or condition)"})
             elif v.status == "violation":
+                def _orders(ident, a=a, b=b, ca=ca, cb=cb):
+                    """Named barrier ``ident`` orders a's and b's instances (some, when looped)."""
+                    if ident in looped:
+                        return _looped_barrier_orders(looped[ident], a, ca, b, cb) is not None
+                    return _named_barrier_orders(prog, named, a, b, ident) or _named_barrier_orders(prog, named, b, a, ident)
+
                 # a witness inside one named barrier's group that the barrier orders: look again
-                # for one with a thread outside that group
+                # for one with a thread outside that group (or, for a barrier in a loop, in
+                # iterations it does not order)
                 ordered = []
                 while v.status == "violation":
                     threads = (enc.model_value(v.model, _linear(prog, ca)), enc.model_value(v.model, _linear(prog, cb)))
-                    ident = next((i for i, m in named.items() if threads[0] in m and threads[1] in m), None)
-                    if ident is None or named[ident] in ordered or not (
-                            _named_barrier_orders(prog, named, a, b, ident) or _named_barrier_orders(prog, named, b, a, ident)):
+                    ident = next((i for i, m in named.items() if threads[0] in m and threads[1] in m
+                                  and (m, looped.get(i)) not in ordered and _orders(i)), None)
+                    if ident is None:
                         break
-                    ordered.append(named[ident])
+                    ordered.append((named[ident], looped.get(ident)))
                     v, ca, cb = _pair_query(enc, prog, a, b, pipeline, ordered)
                 if v.status != "violation":
                     if v.status == "unknown":
                         unknown.append({"first": a.text, "second": b.text, "reason": "solver budget"})
                     continue
                 race = _witness(enc, v.model, a, b, ca, cb, pipeline)
-                gap = _named_barrier_gap(prog, a, b, threads) or (pipeline.inexact(race) if pipeline is not None else None)
+                gap = _named_barrier_gap(prog, a, b, threads, [m for m, _ in ordered]) or (pipeline.inexact(race) if pipeline is not None else None)
                 if gap:
                     unknown.append({"first": a.text, "second": b.text, "reason": f"a race unless {gap}"})
                 else:

@@ -12,7 +12,8 @@ removes or breaks exactly one of those orderings (``bug``):
 
 Also: a shared-atomics histogram (:func:`shared_histogram`), stores then wgmma
 (:func:`staged_then_wgmma`), a shared tile written and TMA-stored round after round
-(:func:`tma_store_rounds`), and the lowered-kernel rewrites that plant a missing barrier, move a
+(:func:`tma_store_rounds`), warpgroups staging rows behind their own named barriers in a loop
+(:func:`warpgroup_staging`), and the lowered-kernel rewrites that plant a missing barrier, move a
 proxy fence or drop a call (:func:`drop_block_barrier`, :func:`move_proxy_fence`, :func:`drop_call`).
 """
 
@@ -103,6 +104,29 @@ def shared_histogram(from_input=False, bins=16, threads=128):
                 out[tx] = hist[tx]
 
     return main, {}
+
+
+def warpgroup_staging(buffers=2, across=False, steps=4, groups=3):
+    """Each warpgroup, step after step, writes its 128 values into shared ``S[step % buffers]``,
+    passes its own named barrier (``bar.sync 2 + tx / 128, 128``, in the loop), then reads
+    another of its threads' values (``across``: one of the next warpgroup's, which its barrier
+    does not order). Two buffers order step t's reads before step t + 2's writes through step
+    t + 1's barrier; one buffer leaves step t's reads racing step t + 1's writes (the indexer's
+    per-consumer staging, ``kernels/attention/indexer.py``). Returns ``(prim_func, configs)``."""
+    threads = 128 * groups
+
+    @T.prim_func
+    def main(X: T.Tensor((steps, threads), "float32"), Y: T.Tensor((steps, threads), "float32")):
+        with T.Kernel(1, threads=threads) as bx:
+            S = T.alloc_shared((buffers, threads), "float32")
+            tx = T.get_thread_binding()
+            for t in T.serial(steps):
+                S[t % buffers, tx] = X[t, tx]
+                T.sync_threads(2 + tx // 128, 128)
+                other = (tx + 128) % threads if across else tx // 128 * 128 + 127 - tx % 128
+                Y[t, tx] = S[t % buffers, other]
+
+    return main, {"tl.disable_thread_storage_sync": True}
 
 
 def tma_store_rounds(rounds=2, n=64):
