@@ -15,7 +15,9 @@ whether waits end. This pass runs the protocol instead:
    private integer scalars (``T.alloc_var``: a ring position carried across a persistent
    kernel's tiles), which are run to keep those values (a store the walk cannot evaluate leaves
    its scalar unknown, as memory). A branch whose condition reads memory is simulated without it when both arms take
-   the same synchronisation steps; otherwise, and for a loop bound that reads memory or a value
+   the same synchronisation steps, none of them an aligned barrier (``bar.sync``,
+   ``__syncthreads``: a warp whose lanes disagree would diverge at it, which PTX leaves
+   undefined); otherwise, and for a loop bound that reads memory or a value
    not given, the verdict is "unknown" (never "ok"). A bound variable that reads memory (a tile
    count from a loaded length) is then tried at each value of ``SWEEP`` in turn, and a second
    one at each value of ``SWEEP`` for each of those: the verdict stays "unknown", and the detail
@@ -328,11 +330,15 @@ def _run(s, env: dict, trace: list, has_sync) -> None:
     raise Unknown(f"a {type(s).__name__} holding a synchronisation is not simulated")
 
 
+_ALIGNED = ("sync", "bar")  # trace steps of warp-aligned barriers (__syncthreads, bar.sync)
+
+
 def _run_either(s, env: dict, trace: list, has_sync) -> None:
     """A branch whose condition is not known (a value read from memory): both arms run; when
-    they synchronise alike (the same steps, as a producer's per-slot copy or zeros, each behind
-    the same named barrier), either is this thread's trace; otherwise the condition is needed
-    (re-raised: unknown)."""
+    they synchronise alike (the same mbarrier steps, as a producer's per-slot copy or zeros,
+    each followed by the same arrive), either is this thread's trace; otherwise, or when the
+    arms hold an aligned barrier (which lanes that disagree would reach at two instructions),
+    the condition is needed (unknown)."""
     arms, cells = [], []
     for arm in (s.then_case, s.else_case):
         steps: list = []
@@ -347,6 +353,12 @@ def _run_either(s, env: dict, trace: list, has_sync) -> None:
         cells.append(arm_env[_CELLS])
     if arms is None or arms[0] != arms[1]:
         _value(s.condition, env)  # raises the Unknown that names the value
+    if any(step[0] in _ALIGNED for step in arms[0]):
+        # bar.sync and __syncthreads are warp-aligned: the lanes of a warp that disagree on the
+        # condition reach them at two instructions, which PTX leaves undefined (it hung: the
+        # sparse decode's e4m3 gather on a short sequence, H100, 2026-12-06)
+        raise Unknown(f"an aligned barrier in both arms of a branch on a value read from memory "
+                      f"(`{s.condition}`): a warp whose lanes disagree diverges at it and may hang")
     trace.extend(arms[0])
     # a private scalar the arms leave with different values is unknown after the branch
     env[_CELLS] = {c: v for c, v in cells[0].items() if cells[1].get(c) == v}

@@ -64,6 +64,19 @@ def test_consumers_dequantize_kernel():
             sparse_split_kernel(1, 128, 2048, kv, D_QK ** -0.5, consumers, 2048, "consumers")
 
 
+@pytest.mark.parametrize("consumers", CONSUMERS)
+def test_producer_dequant_never_diverges_at_a_barrier(consumers):
+    """The e4m3 producer's gather loads a slot's values only when it is visible: that branch
+    holds no barrier (TileLang's storage sync once put a bar.sync in both arms, and a warp whose
+    slots differed in visibility, a short sequence, hung there: H100, 2026-12-06)."""
+    from tests.kernels.attention.test_decode_mla import device_function
+    from tlx.passes.progress import check_progress
+
+    report = check_progress(device_function(sparse_split_kernel, 2, 16, 512, "float8_e4m3", D_QK ** -0.5, consumers, 2048,
+                                            "producer"))
+    assert report.verdict == "ok", report.detail
+
+
 def test_finishing_kernel():
     """``finish=True`` (one split, shared consumers: every default case): the split kernel writes
     bf16 rows and the final lse itself, by the combine's arithmetic (its IEEE steps and exp2 of
