@@ -223,6 +223,33 @@ def test_a_data_branch_whose_arms_synchronise_alike_needs_no_value():
     assert report.verdict == "unknown" and "control value is not known" in report.detail, report.detail
 
 
+def _barrier_under_lane_test(split_warp: bool):
+    """A named barrier in a branch on the thread: the first 16 lanes of each warp (one warp
+    split between the arms, a barrier in each) or the first 64 threads (whole warps)."""
+
+    @T.prim_func
+    def main(A: T.Tensor((128,), "float32")):
+        with T.Kernel(1, threads=128):
+            tx = T.get_thread_binding()
+            if (tx % 32 < 16) if split_warp else (tx < 64):
+                T.sync_threads(3, 128)
+                A[tx] = 1
+            else:
+                T.sync_threads(3, 128)
+                A[tx] = 2
+
+    [(_, func)] = list(device_functions(lower(main, TARGET, {"tl.disable_thread_storage_sync": True}).device_mod))
+    return func
+
+
+def test_a_warp_split_between_two_aligned_barriers_is_a_deadlock():
+    """bar.sync is warp-aligned: lanes of one warp reaching it at two instructions is undefined
+    (the simulation alone counts 128 arrivals and would pass it); whole warps may take either."""
+    report = check_progress(_barrier_under_lane_test(True))
+    assert report.verdict == "deadlock" and "lanes 0 and 16 reach their aligned barrier 0 at two instructions" in report.detail, report.detail
+    assert check_progress(_barrier_under_lane_test(False)).verdict == "ok"
+
+
 def _reallocated_prim_func(producer_regs: int, consumer_regs: int):
     """384 threads (168 registers a thread at launch): warpgroups 1 and 2 give registers back
     (setmaxnreg.dec to ``producer_regs``), warpgroup 0 takes more (inc to ``consumer_regs``)

@@ -23,6 +23,10 @@ whether waits end. This pass runs the protocol instead:
    one at each value of ``SWEEP`` for each of those: the verdict stays "unknown", and the detail
    says whether some value hangs (a real hang wherever the data can give that value) or none of
    them did.
+   Aligned barriers (``bar.sync``, ``__syncthreads``, an ``AllReduce``'s) are also recorded by
+   statement: two lanes of one warp whose k-th aligned barrier is a different statement (a
+   branch on the thread with a barrier in each arm) are a "deadlock" before any simulation, as
+   PTX leaves that undefined and it hangs.
 2. Simulation. Every thread runs its trace; a parity wait passes when the barrier's current phase
    parity differs from the awaited one (PTX semantics: ``wait(p)`` on a barrier that completed
    ``c`` phases returns iff ``c % 2 != p``), a phase completes when its arrivals reach the init
@@ -195,20 +199,42 @@ def thread_traces(func, values: dict, threads: int, swept: dict | None = None) -
     name, of bound variables that read memory."""
     has_sync = _sync_nodes()
     thread_var, env0 = _block_env(func, values, swept)
-    traces, steps = [], 0
+    traces, sites, steps = [], [], 0
     for t in range(threads):
         env = dict(env0)
         env[_CELLS] = {}
+        env[_SITES] = []
         env[_THREAD] = t
         if thread_var is not None:
             env[thread_var] = t
         trace: list = []
         _run(func.body, env, trace, has_sync)
         traces.append(trace)
+        sites.append(env[_SITES])
         steps += len(trace)
         if steps > MAX_STEPS:
             raise Unknown(f"over {MAX_STEPS} synchronisation steps to simulate")
+    _check_warps_aligned(sites)
     return traces
+
+
+class Diverged(Exception):
+    """Lanes of one warp reach an aligned barrier at different instructions."""
+
+
+def _check_warps_aligned(sites: list[list]) -> None:
+    """``bar.sync`` and ``__syncthreads`` are warp-aligned: every lane of a warp must execute the
+    same instruction, and PTX leaves a warp that reaches one with its lanes split between two
+    (a branch on the thread around a barrier) undefined; it hangs in practice. Raises
+    :class:`Diverged` naming the warp, its two lanes and the barriers when two lanes' k-th aligned
+    barriers are different statements (a lane that finished earlier is not compared further)."""
+    for w in range(0, len(sites), 32):
+        lanes = sites[w:w + 32]
+        for lane, seq in enumerate(lanes[1:], 1):
+            for k, (a, b) in enumerate(zip(lanes[0], seq)):
+                if not a.same_as(b):
+                    raise Diverged(f"warp {w // 32}: its lanes 0 and {lane} reach their aligned barrier {k} at two "
+                                   f"instructions (`{a}` and `{b}`), which PTX leaves undefined (it hangs)")
 
 
 def _block_env(func, values: dict, swept: dict | None = None) -> tuple:
@@ -236,6 +262,7 @@ _UNREAD = "unread"  # env key: name -> value of the bound variables that could n
 _SWEPT = "swept"  # env key: name -> the value given to a bound variable that reads memory
 _CELLS = "cells"  # env key: data var -> the value of a private integer scalar (T.alloc_var) the walk holds
 _STORES = "stores"  # env key: stmt -> the private integer scalars it stores to (_cell_stores)
+_SITES = "sites"  # env key: the aligned barrier statements (bar.sync, __syncthreads) the thread reached, in order
 
 
 def _elected(expr, env):
@@ -342,7 +369,7 @@ def _run_either(s, env: dict, trace: list, has_sync) -> None:
     arms, cells = [], []
     for arm in (s.then_case, s.else_case):
         steps: list = []
-        arm_env = {**env, _CELLS: dict(env[_CELLS])}
+        arm_env = {**env, _CELLS: dict(env[_CELLS]), _SITES: []}
         if arm is not None:
             try:
                 _run(arm, arm_env, steps, has_sync)
@@ -367,6 +394,7 @@ def _run_either(s, env: dict, trace: list, has_sync) -> None:
 def _call(call, env: dict, trace: list) -> None:
     name = op_name(call)
     if name == "tirx.tvm_storage_sync":
+        env[_SITES].append(call)
         if len(call.args) == 1:
             trace.append(("sync",))
         else:
@@ -377,6 +405,8 @@ def _call(call, env: dict, trace: list) -> None:
         return
     reduce = _all_reduce_barriers(extern_name(call) or "")
     if reduce is not None:
+        if reduce:
+            env[_SITES].append(call)
         trace.extend(reduce)
         return
     kind = _MBARRIER.get(name)
@@ -659,6 +689,8 @@ def check_progress(func, values: dict | None = None, seeds: int = SEEDS, swept: 
     try:
         traces = thread_traces(func, values or {}, _block_threads(func), swept)
         return simulate_schedules(traces, seeds, ctas_per_sm(func))
+    except Diverged as e:
+        return ProgressReport("deadlock", str(e))
     except Unknown as e:
         if e.unread is not None and len(swept or {}) < MAX_SWEPT:
             return _sweep(func, values, seeds, dict(swept or {}), e.unread, str(e))
