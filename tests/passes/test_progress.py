@@ -184,7 +184,7 @@ def _branch_on_data(arms: str):
     """Warpgroup 1 branches per thread on a value it read from memory. ``arms``: "bar", both
     arms meet at named barrier 3 of its 128 threads; "one", only one arm does; "arrive", both
     arrive on an mbarrier of 128 arrivals that warpgroup 0 waits for (a producer's copy or zeros
-    per slot)."""
+    per slot); "uniform": as "bar", on a value every thread reads at one index."""
 
     @T.prim_func
     def main(A: T.Tensor((256,), "float32"), B: T.Tensor((256,), "float32")):
@@ -192,14 +192,14 @@ def _branch_on_data(arms: str):
             tx = T.get_thread_binding()
             done = T.alloc_barrier([128])
             if tx >= 128:
-                if A[tx] > 0:
+                if A[0 if arms == "uniform" else tx] > 0:
                     if arms != "arrive":
                         T.sync_threads(3, 128)
                     B[tx] = A[tx]
                     if arms == "arrive":
                         T.mbarrier_arrive(done[0])
                 else:
-                    if arms == "bar":
+                    if arms == "bar" or arms == "uniform":
                         T.sync_threads(3, 128)
                     B[tx] = 0
                     if arms == "arrive":
@@ -213,10 +213,12 @@ def _branch_on_data(arms: str):
 
 def test_a_data_branch_whose_arms_synchronise_alike_needs_no_value():
     """A branch on a value read from memory is simulated without it when both arms take the same
-    mbarrier steps; when they differ the verdict stays unknown, and so it does when the arms meet
-    at an aligned barrier (bar.sync): lanes of one warp that disagree would reach it at two
-    instructions, undefined in PTX (the sparse decode's e4m3 gather hung so on an H100)."""
+    steps; when they differ the verdict stays unknown, and so it does when the arms meet at an
+    aligned barrier (bar.sync) and the value may differ between lanes: lanes of one warp that
+    disagree would reach it at two instructions, undefined in PTX (the sparse decode's e4m3
+    gather hung so on an H100); a value read at one index for every thread cannot split a warp."""
     assert check_progress(_branch_on_data("arrive")).verdict == "ok"
+    assert check_progress(_branch_on_data("uniform")).verdict == "ok"  # no warp can split on A[0]
     report = check_progress(_branch_on_data("bar"))
     assert report.verdict == "unknown" and "aligned barrier in both arms" in report.detail, report.detail
     report = check_progress(_branch_on_data("one"))

@@ -17,7 +17,8 @@ whether waits end. This pass runs the protocol instead:
    its scalar unknown, as memory). A branch whose condition reads memory is simulated without it when both arms take
    the same synchronisation steps, none of them an aligned barrier (``bar.sync``,
    ``__syncthreads``: a warp whose lanes disagree would diverge at it, which PTX leaves
-   undefined); otherwise, and for a loop bound that reads memory or a value
+   undefined) unless the condition has one value in every thread (``_lane_uniform``: no thread
+   index, loads at such indices); otherwise, and for a loop bound that reads memory or a value
    not given, the verdict is "unknown" (never "ok"). A bound variable that reads memory (a tile
    count from a loaded length) is then tried at each value of ``SWEEP`` in turn, and a second
    one at each value of ``SWEEP`` for each of those: the verdict stays "unknown", and the detail
@@ -173,6 +174,63 @@ def _cell_stores(func):
     return cells
 
 
+def _lane_uniform(func):
+    """``expr -> bool``: the expression has one value in every thread of the block (so no warp
+    can split on it): no thread index, and every load at an index that has one value everywhere,
+    of a buffer that is not the thread's own, or of a private scalar every store of which stores
+    such a value; a loop variable counts when its loop's bounds do. Conservative: False when
+    unsure."""
+    threads = {a.node.var for a in _attrs(func.body) if str(a.node.thread_tag).startswith("threadIdx")}
+    loops = {f.loop_var: f for f in nodes(func.body, tir.For)}
+    stores: dict = {}
+    for st in nodes(func.body, tir.BufferStore):
+        stores.setdefault(st.buffer.data, []).append(st)
+    memo: dict = {}
+
+    def uniform(e) -> bool:
+        if isinstance(e, tir.Var):
+            if e in threads:
+                return False
+            if e in loops:
+                return cached(e, lambda: uniform(loops[e].min) and uniform(loops[e].extent))
+            return True  # a kernel parameter, a block index or a let-bound name of one
+        if isinstance(e, tir.BufferLoad):
+            if not all(uniform(i) for i in e.indices):
+                return False
+            if str(e.buffer.scope()) not in ("local", "local.var", "local.fragment"):
+                return True  # global or shared memory at one index: one value at a time
+            return cached(e.buffer.data, lambda: all(all(uniform(i) for i in st.indices) and uniform(st.value)
+                                                     for st in stores.get(e.buffer.data, [])))
+        if isinstance(e, tir.Call):
+            return op_name(e) not in ("tl.tl_shuffle_elect", "tirx.tvm_warp_shuffle") and all(uniform(a) for a in e.args)
+        children = [getattr(e, f) for f in ("a", "b", "value", "condition", "true_value", "false_value")
+                    if isinstance(getattr(e, f, None), tir.PrimExpr)]
+        if children or isinstance(e, (tir.IntImm, tir.FloatImm, tir.StringImm)):
+            return all(uniform(c) for c in children)
+        return False
+
+    active: set = set()
+
+    def cached(key, compute) -> bool:
+        """A scalar updated from itself (``last = max(last, ...)``) is assumed uniform while its
+        stores are checked (by induction over its stores); results that leaned on such an
+        assumption are kept only once the outermost check holds them."""
+        if key in memo:
+            return memo[key]
+        if key in active:
+            return True
+        active.add(key)
+        try:
+            result = compute()
+        finally:
+            active.discard(key)
+        if not active:
+            memo[key] = result
+        return result
+
+    return uniform
+
+
 def _with_cells(expr, env):
     """``expr`` with each load of a private integer scalar whose value the walk holds replaced by
     that value (the others stay loads: unknown)."""
@@ -240,7 +298,7 @@ def _check_warps_aligned(sites: list[list]) -> None:
 def _block_env(func, values: dict, swept: dict | None = None) -> tuple:
     """(threadIdx.x's variable or None, the environment of block 0: other thread and block
     indices 0, the shape parameters named in ``values``, the ``swept`` bound variables)."""
-    thread_var, env = None, {_SWEPT: dict(swept or {}), _STORES: _cell_stores(func)}
+    thread_var, env = None, {_SWEPT: dict(swept or {}), _STORES: _cell_stores(func), _UNIFORM: _lane_uniform(func)}
     for attr in _attrs(func.body):
         tag = str(attr.node.thread_tag)
         if tag == "threadIdx.x":
@@ -262,6 +320,7 @@ _UNREAD = "unread"  # env key: name -> value of the bound variables that could n
 _SWEPT = "swept"  # env key: name -> the value given to a bound variable that reads memory
 _CELLS = "cells"  # env key: data var -> the value of a private integer scalar (T.alloc_var) the walk holds
 _STORES = "stores"  # env key: stmt -> the private integer scalars it stores to (_cell_stores)
+_UNIFORM = "uniform"  # env key: expr -> whether every thread of the block gives it one value (_lane_uniform)
 _SITES = "sites"  # env key: the aligned barrier statements (bar.sync, __syncthreads) the thread reached, in order
 
 
@@ -362,10 +421,10 @@ _ALIGNED = ("sync", "bar")  # trace steps of warp-aligned barriers (__syncthread
 
 def _run_either(s, env: dict, trace: list, has_sync) -> None:
     """A branch whose condition is not known (a value read from memory): both arms run; when
-    they synchronise alike (the same mbarrier steps, as a producer's per-slot copy or zeros,
-    each followed by the same arrive), either is this thread's trace; otherwise, or when the
-    arms hold an aligned barrier (which lanes that disagree would reach at two instructions),
-    the condition is needed (unknown)."""
+    they synchronise alike (the same steps, as a producer's per-slot copy or zeros, each followed
+    by the same arrive), either is this thread's trace; otherwise, or when the arms hold an
+    aligned barrier and the condition may differ between lanes (:func:`_lane_uniform`: lanes
+    that disagree would reach it at two instructions), the condition is needed (unknown)."""
     arms, cells = [], []
     for arm in (s.then_case, s.else_case):
         steps: list = []
@@ -380,7 +439,7 @@ def _run_either(s, env: dict, trace: list, has_sync) -> None:
         cells.append(arm_env[_CELLS])
     if arms is None or arms[0] != arms[1]:
         _value(s.condition, env)  # raises the Unknown that names the value
-    if any(step[0] in _ALIGNED for step in arms[0]):
+    if any(step[0] in _ALIGNED for step in arms[0]) and not env[_UNIFORM](s.condition):
         # bar.sync and __syncthreads are warp-aligned: the lanes of a warp that disagree on the
         # condition reach them at two instructions, which PTX leaves undefined (it hung: the
         # sparse decode's e4m3 gather on a short sequence, H100, 2026-12-06)
