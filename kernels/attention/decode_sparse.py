@@ -114,6 +114,13 @@ def sparse_split_kernel(tokens: int, heads: int, topk: int, kv_dtype: str, softm
         raise ValueError(f"dequant_by: expected one of {DEQUANT_BY} ('consumers' with an e4m3 cache and shared consumers), "
                          f"got {dequant_by!r} ({kv_dtype}, {consumers} consumers)")
     raw_gather = dequant_by == "consumers"  # the producer copies raw e4m3 rows; the consumers dequantize
+    # With independent consumers, TileLang's storage sync put a bar.sync in both arms of the e4m3
+    # producer's per-slot branch (gather or zeros): a warp whose slots differ in visibility (a
+    # short sequence) diverged at it and hung (H100, 2026-12-06). Those two are the only
+    # barriers it adds to that kernel, and its rows need none (each thread stores its own
+    # pieces; the stages are handed over by the mbarriers), so it adds none there; a branch-free
+    # gather instead cost 1.74x (904.8 against 520.1 us, shared consumers, H100).
+    producer_gather_sync_off = fp8 and not raw_gather and consumers == "independent"
     head_blocks = -(-heads // ROWS)
     splits = splits_of(topk, split_slots)
     if finish and (splits != 1 or consumers != "shared"):
@@ -148,31 +155,31 @@ def sparse_split_kernel(tokens: int, heads: int, topk: int, kv_dtype: str, softm
     def page_of(row):
         """The page of cache row ``row``, clamped into [0, P) for the bounds proof (it does not
         follow values read from memory; a masked slot's negative row is not read: its bf16
-        copy is predicated off, its e4m3 loads are skipped)."""
+        copy is predicated off, its e4m3 load reads row 0 instead)."""
         return T.min(T.max(row // PAGE, 0), pages - 1)
 
     @T.macro
     def gather(KV, KVS, dst, raw, scale, row, st, j, col, dst_col):
         """Eight values of key row ``row`` (slot j) from column ``col`` into ``dst[st, j,
-        dst_col:+8]``, zeros for a masked slot (row < 0), whatever the cache holds there (NaN
-        too). bf16: the copy is predicated off. e4m3: the values into ``raw`` and their scale
-        into ``scale`` (zeros for a masked slot), then dequantized by one store for both cases:
-        a branch whose two arms store into shared memory got a bar.sync of TileLang's storage
-        sync in each arm, and a warp whose slots differ in visibility (a short sequence) then
-        diverged at that aligned barrier and hung (H100, 2026-12-06)."""
+        dst_col:+8]``. bf16: zeros for a masked slot (the copy is predicated off). e4m3: values
+        into ``raw``, their scale into ``scale``, then dequantized; the caller takes a masked
+        slot (row < 0) to ``zero_piece`` instead, one branch per slot: a select per piece made
+        every four values a branch (1.17-1.19x slower in dense decode, H200, 2026-12-04)."""
         if fp8:
             for v in T.vectorized(8):
-                raw[v] = T.Cast(kv_dtype, 0)
-            scale[0] = T.float32(0)
-            if row >= 0:
-                for v in T.vectorized(8):
-                    raw[v] = KV[page_of(row), row % PAGE, col + v]
-                scale[0] = KVS[page_of(row), row % PAGE, col // GROUP]
+                raw[v] = KV[page_of(T.max(row, 0)), T.max(row, 0) % PAGE, col + v]
+            scale[0] = KVS[page_of(T.max(row, 0)), T.max(row, 0) % PAGE, col // GROUP]
             for v in T.vectorized(8):
                 dst[st, j, dst_col + v] = dequant(raw[v], scale[0])
         else:
             T.ptx_cp_async(T.access_ptr(dst[st, j, dst_col], "w", 8), T.access_ptr(KV[page_of(row), row % PAGE, col], "r", 8),
                            8, predicate=row >= 0)
+
+    @T.macro
+    def zero_piece(dst, st, j, dst_col):
+        """Zeros for eight values of a masked slot (whatever the cache holds there, NaN too)."""
+        for v in T.vectorized(8):
+            dst[st, j, dst_col + v] = T.Cast(bf16, 0)
 
     @T.macro
     def consume(Q_s, QP_s, KV_s, KP_s, VIS_s, BAD_s, full, empty, acc_s, p, acc_o, m, m_prev, m_scaled, alpha, l, row_sum,
@@ -398,12 +405,20 @@ def sparse_split_kernel(tokens: int, heads: int, topk: int, kv_dtype: str, softm
                         # so its 9 scales are 9 loads (eight threads a slot, below, made them 36:
                         # 1.4x slower, H200, 2026-12-03)
                         rows[0] = ROW_s[c % STAGES, g // 2]
-                        for i in T.unroll(D_V // 16):
-                            gather(KV, KVS, KV_s, raw, scale, rows[0], c % STAGES, g // 2, (2 * i + g % 2) * 8,
-                                   (2 * i + g % 2) * 8)
-                        for i in T.unroll(D_PE // 16):
-                            gather(KV, KVS, KP_s, raw, scale, rows[0], c % STAGES, g // 2, D_V + (2 * i + g % 2) * 8,
-                                   (2 * i + g % 2) * 8)
+                        # a warp's slots may differ in visibility (a short sequence): no barrier
+                        # may stand in these arms (see `producer_gather_sync_off`)
+                        if rows[0] >= 0:
+                            for i in T.unroll(D_V // 16):
+                                gather(KV, KVS, KV_s, raw, scale, rows[0], c % STAGES, g // 2, (2 * i + g % 2) * 8,
+                                       (2 * i + g % 2) * 8)
+                            for i in T.unroll(D_PE // 16):
+                                gather(KV, KVS, KP_s, raw, scale, rows[0], c % STAGES, g // 2, D_V + (2 * i + g % 2) * 8,
+                                       (2 * i + g % 2) * 8)
+                        else:
+                            for i in T.unroll(D_V // 16):
+                                zero_piece(KV_s, c % STAGES, g // 2, (2 * i + g % 2) * 8)
+                            for i in T.unroll(D_PE // 16):
+                                zero_piece(KP_s, c % STAGES, g // 2, (2 * i + g % 2) * 8)
                     else:
                         # eight threads a slot, 16 slots at a time: a warp's cp.async reads 128
                         # contiguous bytes of each of 4 rows and stores whole 128-byte rows of the
@@ -423,6 +438,8 @@ def sparse_split_kernel(tokens: int, heads: int, topk: int, kv_dtype: str, softm
                     else:
                         T.cp_async_barrier_noinc(full[c % STAGES])
 
+    if producer_gather_sync_off:
+        return kernel.with_attr("tilelang_pass_configs", {"tl.disable_thread_storage_sync": True})
     return kernel
 
 

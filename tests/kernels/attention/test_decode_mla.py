@@ -98,11 +98,14 @@ def fp8_split_device_function(*args):
 
 
 def device_function(factory, *args):
-    """The lowered device function of ``factory(*args)`` (for the progress check)."""
+    """The lowered device function of ``factory(*args)`` (for the progress check), under the
+    pass configs its build takes (the decorator's and the program's own)."""
     from tlx.ir.tir import device_functions
     from tlx.lowering import lower
 
-    [(_, func)] = list(device_functions(lower(factory.get_tir(*args), {"kind": "cuda", "arch": "sm_90a"}, {}).device_mod))
+    tir = factory.get_tir(*args)
+    configs = factory._options_for(tir).pass_config_dict() or {}
+    [(_, func)] = list(device_functions(lower(tir, {"kind": "cuda", "arch": "sm_90a"}, configs).device_mod))
     return func
 
 

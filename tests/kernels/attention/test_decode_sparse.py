@@ -66,9 +66,10 @@ def test_consumers_dequantize_kernel():
 
 @pytest.mark.parametrize("consumers", CONSUMERS)
 def test_producer_dequant_never_diverges_at_a_barrier(consumers):
-    """The e4m3 producer's gather loads a slot's values only when it is visible: that branch
-    holds no barrier (TileLang's storage sync once put a bar.sync in both arms, and a warp whose
-    slots differed in visibility, a short sequence, hung there: H100, 2026-12-06)."""
+    """The e4m3 producer's gather branches per slot on its visibility (its row, or zeros): no
+    barrier may stand in those arms. TileLang's storage sync put a bar.sync in both of them with
+    independent consumers, and a warp whose slots differed in visibility (a short sequence) hung
+    there (H100, 2026-12-06): that build now takes no storage sync of TileLang's."""
     from tests.kernels.attention.test_decode_mla import device_function
     from tlx.passes.progress import check_progress
 
