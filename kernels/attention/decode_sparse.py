@@ -116,10 +116,11 @@ def sparse_split_kernel(tokens: int, heads: int, topk: int, kv_dtype: str, softm
     raw_gather = dequant_by == "consumers"  # the producer copies raw e4m3 rows; the consumers dequantize
     # With independent consumers, TileLang's storage sync put a bar.sync in both arms of the e4m3
     # producer's per-slot branch (gather or zeros): a warp whose slots differ in visibility (a
-    # short sequence) diverged at it and hung (H100, 2026-12-06). Those two are the only
-    # barriers it adds to that kernel, and its rows need none (each thread stores its own
-    # pieces; the stages are handed over by the mbarriers), so it adds none there; a branch-free
-    # gather instead cost 1.74x (904.8 against 520.1 us, shared consumers, H100).
+    # short sequence) diverged at it and hung (H100, 2026-12-06). Those two were the only
+    # barriers it added to that build, and its rows need none (each thread stores its own
+    # pieces; the stages are handed over by the mbarriers), so that build takes none of
+    # TileLang's; a branch-free gather instead cost 1.78x (904.8 against 507.8 us, shared
+    # consumers, H100).
     producer_gather_sync_off = fp8 and not raw_gather and consumers == "independent"
     head_blocks = -(-heads // ROWS)
     splits = splits_of(topk, split_slots)
