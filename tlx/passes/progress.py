@@ -416,13 +416,16 @@ def _run(s, env: dict, trace: list, has_sync) -> None:
     raise Unknown(f"a {type(s).__name__} holding a synchronisation is not simulated")
 
 
+_ALIGNED = ("sync", "bar")  # trace steps of warp-aligned barriers (__syncthreads, bar.sync)
+
+
 def _run_either(s, env: dict, trace: list, has_sync) -> None:
     """A branch whose condition is not known (a value read from memory): both arms run; when
     they synchronise alike (the same steps, as a producer's per-slot copy or zeros, each followed
     by the same arrive), either is this thread's trace; otherwise, or when the arms hold an
     aligned barrier and the condition may differ between lanes (:func:`_lane_uniform`: lanes
     that disagree would reach it at two instructions), the condition is needed (unknown)."""
-    arms, cells, sites = [], [], []
+    arms, cells = [], []
     for arm in (s.then_case, s.else_case):
         steps: list = []
         arm_env = {**env, _CELLS: dict(env[_CELLS]), _SITES: []}
@@ -434,10 +437,9 @@ def _run_either(s, env: dict, trace: list, has_sync) -> None:
                 break
         arms.append(steps)
         cells.append(arm_env[_CELLS])
-        sites.append(arm_env[_SITES])
     if arms is None or arms[0] != arms[1]:
         _value(s.condition, env)  # raises the Unknown that names the value
-    if any(sites) and not env[_UNIFORM](s.condition):
+    if any(step[0] in _ALIGNED for step in arms[0]) and not env[_UNIFORM](s.condition):
         # bar.sync and __syncthreads are warp-aligned: the lanes of a warp that disagree on the
         # condition reach them at two instructions, which PTX leaves undefined (it hung: the
         # sparse decode's e4m3 gather on a short sequence, H100, 2026-12-06)

@@ -60,7 +60,7 @@ statements all stand outside loops orders an access before such a barrier before
 after it, for two threads of the group, with what the async proxy needs
 (:func:`_named_barrier_orders`); and an id whose one statement stands in one loop, run in every
 iteration, orders two plain accesses in that loop when one of its instances lies between them
-(the k-th barrier of every member is iteration k's: :func:`_named_groups`, :func:`_looped_barrier_orders`). A witness
+(the k-th barrier of every member is iteration k's: :func:`_looped_barrier_orders`). A witness
 that such a barrier orders is set aside and the pair solved again without it: for a thread
 outside the group, or in iterations the barrier does not order. Other named barriers are not
 counted: ignoring an ordering can only report more races. A race found is reported as certain only when no named barrier can order it (the two
@@ -986,23 +986,32 @@ def _barrier_groups(prog: Program) -> tuple[dict, str | None]:
     return groups, None
 
 
+def _looped_barrier(prog: Program, ident: int):
+    """The one statement of named barrier ``ident`` when it is its only statement and stands in
+    exactly one loop, run by its group in every iteration (no condition of the iteration): the
+    k-th barrier every member passes is then iteration k's, so instances pair up by iteration.
+    None otherwise."""
+    stmts = [nb for nb in prog.named_barriers if ident in _barrier_ids(prog, nb)]
+    if len(stmts) != 1 or len(stmts[0].loops) != 1:
+        return None
+    nb = stmts[0]
+    return None if any(_varies_with(c, nb.loops) for c in nb.conds) else nb
+
+
 def _named_groups(prog: Program) -> tuple[dict, dict]:
     """(groups, looped): the groups of :func:`_barrier_groups` whose barriers pair up: an id
     whose statements all stand outside any loop (each member passes them in the same sequence),
-    or, kept in ``looped``, an id whose one statement stands in exactly one loop and runs in
-    every iteration (no condition of the iteration: the k-th barrier every member passes is
-    then iteration k's, so instances pair up by iteration). ({}, {}) when the barriers are not
-    modelled."""
+    or whose one statement stands in one loop (:func:`_looped_barrier`, kept in ``looped``).
+    ({}, {}) when the barriers are not modelled."""
     try:
         groups, why = _barrier_groups(prog)
         if why:
             return {}, {}
-        stmts = {i: [nb for nb in prog.named_barriers if i in _barrier_ids(prog, nb)] for i in groups}
+        looped = {i: nb for i in groups if (nb := _looped_barrier(prog, i)) is not None}
+        loop_free = {i for i in groups if all(not nb.loops for nb in prog.named_barriers if i in _barrier_ids(prog, nb))}
     except _NotModelled:
         return {}, {}
-    looped = {i: nbs[0] for i, nbs in stmts.items()
-              if len(nbs) == 1 and len(nbs[0].loops) == 1 and not any(_varies_with(c, nbs[0].loops) for c in nbs[0].conds)}
-    return {i: m for i, m in groups.items() if i in looped or not any(nb.loops for nb in stmts[i])}, looped
+    return {i: m for i, m in groups.items() if i in loop_free or i in looped}, looped
 
 
 def _prefix_loops(op, acc: Access) -> bool:
@@ -1047,31 +1056,20 @@ def _named_barrier_orders(prog: Program, groups: dict, first: Access, second: Ac
     return False
 
 
-def _in_barrier_loop(nb, acc: Access) -> bool:
-    """``acc`` is a plain (generic) access inside looped named barrier ``nb``'s loop: the only
-    kind :func:`_looped_barrier_orders` orders."""
-    ((loop, _, _),) = nb.loops
-    return not (acc.is_async or _async_proxy(acc)) and bool(acc.loops) and acc.loops[0][0].same_as(loop)
-
-
 def _looped_barrier_orders(nb, first: Access, cf: "_Copy", second: Access, cs: "_Copy"):
     """Z3: instance ``cf`` of ``first`` happens before instance ``cs`` of ``second`` (two threads
-    of the group of a looped named barrier ``nb``, both accesses :func:`_in_barrier_loop`): an
-    instance of ``nb`` lies between them, the one of ``first``'s iteration after it, or a later
-    one before ``second``."""
+    of the group of :func:`_looped_barrier` ``nb``): an instance of ``nb`` lies between them, the
+    one of ``first``'s iteration after it, or a later one before ``second``. None where this model
+    does not apply: both accesses must be plain (generic) ones inside ``nb``'s loop."""
+    if any(acc.is_async or _async_proxy(acc) for acc in (first, second)):
+        return None
+    ((loop, _, _),) = nb.loops
+    if not all(acc.loops and acc.loops[0][0].same_as(loop) for acc in (first, second)):
+        return None
     kf, ks = cf.loops[0][1], cs.loops[0][1]
     after_first, before_second = first.order < nb.order, nb.order < second.order
     later = z3.And(kf < ks, z3.Or(z3.BoolVal(after_first or before_second, kf.ctx), kf + 1 < ks))
     return z3.Or(later, kf == ks) if after_first and before_second else later
-
-
-def _barrier_orders(prog: Program, named: dict, looped: dict, a: Access, b: Access, ident: int) -> bool:
-    """Named barrier ``ident`` orders instances of ``a`` and ``b`` of two of its threads: every
-    pair (:func:`_named_barrier_orders`, either way), or, for a looped barrier, the pairs
-    :func:`_looped_barrier_orders` gives."""
-    if ident in looped:
-        return _in_barrier_loop(looped[ident], a) and _in_barrier_loop(looped[ident], b)
-    return _named_barrier_orders(prog, named, a, b, ident) or _named_barrier_orders(prog, named, b, a, ident)
 
 
 def _named_barrier_gap(prog: Program, a: Access, b: Access, threads: tuple[int, int], accounted=()) -> str | None:
@@ -1403,6 +1401,12 @@ def find_races(enc: Encoder, prog: Program, budget: int | None = None) -> dict:
                 unknown.append({"first": a.text, "second": b.text, "data_dependent": True,
                                 "reason": "a race only for some values read from memory (data-dependent index or condition)"})
             elif v.status == "violation":
+                def _orders(ident, a=a, b=b, ca=ca, cb=cb):
+                    """Named barrier ``ident`` orders a's and b's instances (some, when looped)."""
+                    if ident in looped:
+                        return _looped_barrier_orders(looped[ident], a, ca, b, cb) is not None
+                    return _named_barrier_orders(prog, named, a, b, ident) or _named_barrier_orders(prog, named, b, a, ident)
+
                 # a witness inside one named barrier's group that the barrier orders: look again
                 # for one with a thread outside that group (or, for a barrier in a loop, in
                 # iterations it does not order)
@@ -1410,7 +1414,7 @@ def find_races(enc: Encoder, prog: Program, budget: int | None = None) -> dict:
                 while v.status == "violation":
                     threads = (enc.model_value(v.model, _linear(prog, ca)), enc.model_value(v.model, _linear(prog, cb)))
                     ident = next((i for i, m in named.items() if threads[0] in m and threads[1] in m
-                                  and (m, looped.get(i)) not in ordered and _barrier_orders(prog, named, looped, a, b, i)), None)
+                                  and (m, looped.get(i)) not in ordered and _orders(i)), None)
                     if ident is None:
                         break
                     ordered.append((named[ident], looped.get(ident)))
