@@ -88,16 +88,32 @@ def calling_jit():
     return None, (), {}
 
 
+def with_callers_configs(func, pass_configs=None, compile_flags=None):
+    """``func`` with the pass configs and compile flags its caller gave TileLang's compile merged
+    into the program's own attributes (the caller's configs win, as in TileLang), so that ``tlx
+    check`` analyses the build TileLang would compile."""
+    if pass_configs:
+        own = dict(func.attrs["tilelang_pass_configs"]) if func.attrs and "tilelang_pass_configs" in func.attrs else {}
+        func = func.with_attr("tilelang_pass_configs", {**own, **pass_configs})
+    if compile_flags:
+        own = list(func.attrs["tilelang_compile_flags"]) if func.attrs and "tilelang_compile_flags" in func.attrs else []
+        flags = [compile_flags] if isinstance(compile_flags, str) else list(compile_flags)
+        func = func.with_attr("tilelang_compile_flags", [str(f) for f in own] + flags)
+    return func
+
+
 def capture_first_kernel(example: str):
-    """(the first PrimFunc that ``example``'s ``main()`` asks TileLang to compile, the
-    ``tilelang.jit`` object that asked, or None)."""
+    """(the first PrimFunc that ``example``'s ``main()`` asks TileLang to compile, with the
+    caller's pass configs and compile flags merged in, the ``tilelang.jit`` object that asked, or
+    None)."""
     import tilelang.jit  # noqa: F401  (the package's ``jit`` attribute is the decorator, not this module)
 
     tj = sys.modules["tilelang.jit"]
     seen = []
 
     def trap(func=None, *args, **kwargs):
-        seen.append((func, calling_jit()[0]))
+        seen.append((with_callers_configs(func, kwargs.get("pass_configs"), kwargs.get("compile_flags")),
+                     calling_jit()[0]))
         raise _Captured
 
     tj.cached = trap

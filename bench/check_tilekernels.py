@@ -121,13 +121,16 @@ def _run_pytest(checkout: Path, args: list[str], plugin: _Capture) -> None:
 
 
 def capture_item(checkout: str, nodeid: str):
-    """(the PrimFunc, the ``tilelang.jit`` object, the compile keywords) of ``nodeid``'s first compile."""
+    """(the PrimFunc with the compile's pass configs and flags merged in (what ``tlx check`` is to
+    analyse), the ``tilelang.jit`` object, the compile keywords) of ``nodeid``'s first compile."""
     plugin = _Capture()
     _run_pytest(Path(checkout), [nodeid], plugin)
     if not plugin.records:
         raise LookupError(f"{nodeid}: no kernel compiled")
     rec = plugin.records[0]
-    return rec["prim"], rec["jit"], rec["compile"]
+    kw = rec["compile"]
+    return (check_examples.with_callers_configs(rec["prim"], kw.get("pass_configs"), kw.get("compile_flags")),
+            rec["jit"], kw)
 
 
 def _capture_all(checkout: Path, per_test: int, only: str | None) -> list[dict]:

@@ -397,7 +397,7 @@ def _tilelang_twins(tilelang_compile):
 def _caller_options(prim_func, options) -> dict:
     """``out_idx`` and ``pass_configs`` as the caller gave them to tlx: without what tlx merged
     in from the program itself (``T.empty`` outputs, its compile flags appended to the device
-    flags, jit._program_options), which ``tilelang.compile`` merges in again from the same
+    flags, jit.program_options), which ``tilelang.compile`` merges in again from the same
     attributes."""
     from tlx.numerics.modes import DEVICE_FLAGS_CONFIG
 

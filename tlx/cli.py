@@ -45,7 +45,7 @@ def _parse_params(items: list[str]) -> dict[str, Any]:
 def load_kernel(spec: str, params: dict[str, Any]):
     """Return (prim_func, tlx Options, source, display name) for ``FILE.py::NAME``; the source
     (the factory, or a prim_func's own definition) gives ``tlx check`` its source lines."""
-    from tlx.jit import JITFunction
+    from tlx.jit import JITFunction, program_options
     from tlx.options import Options
     from tlx.passes.check import KernelSource
 
@@ -66,17 +66,22 @@ def load_kernel(spec: str, params: dict[str, Any]):
     from tilelang import tvm
 
     building = f"cannot build {name}"
+    # the options of each kernel with what its program declares (function-level pass configs,
+    # T.empty outputs, compile flags) merged in, as a build of it takes them
     if isinstance(obj, JITFunction):
-        return _user_code(building, lambda: obj.get_tir(**params)), obj.options, obj, name
+        prim = _user_code(building, lambda: obj.get_tir(**params))
+        return prim, obj.build_options(prim), obj, name
     if isinstance(obj, tvm.tirx.PrimFunc):
         if params:
             raise SystemExit(f"tlx: {name} is a prim_func; --param applies to kernel factories only")
-        return obj, Options.make(), KernelSource.named(file, name), name
+        return obj, program_options(Options.make(), obj, {}), KernelSource.named(file, name), name
     if hasattr(obj, "get_tir") and callable(obj.get_tir):
-        out_idx = getattr(obj, "out_idx", None)
-        return _user_code(building, lambda: obj.get_tir(**params)), Options.make(out_idx=out_idx), obj, name
+        prim = _user_code(building, lambda: obj.get_tir(**params))
+        return prim, program_options(Options.make(out_idx=getattr(obj, "out_idx", None)), prim, {}), obj, name
     if callable(obj):
-        return _user_code(building, lambda: obj(**params)), Options.make(), obj, name
+        prim = _user_code(building, lambda: obj(**params))
+        options = program_options(Options.make(), prim, {}) if isinstance(prim, tvm.tirx.PrimFunc) else Options.make()
+        return prim, options, obj, name
     raise SystemExit(f"tlx: {name} is neither a prim_func nor a kernel factory")
 
 

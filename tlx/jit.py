@@ -75,8 +75,11 @@ class JITFunction(_tilelang_jit_impl()):
             self._source_hash = f"{self.factory.__module__}.{self.factory.__qualname__}:{program_fingerprint(self.factory)}"
         return self._source_hash
 
-    def _options_for(self, prim_func) -> Options:
-        return _program_options(self.options, prim_func, self.pass_configs or {})
+    def build_options(self, prim_func) -> Options:
+        """The options a build of ``prim_func`` (from this factory) takes: the decorator's, with what
+        the program itself declares (``program_options``). ``tlx check`` / ``host`` / ``device`` use
+        them too, so that they analyse and print the kernel that is compiled."""
+        return program_options(self.options, prim_func, self.pass_configs or {})
 
     def _label(self, args, kwargs) -> str:
         """The call as ``$TLX_BUILD_LOG`` names it: the factory and its arguments (tensors by type)."""
@@ -133,7 +136,7 @@ class JITFunction(_tilelang_jit_impl()):
 
     def _tir_and_options(self, args, kwargs):
         prim_func = self.get_tir(*args, **kwargs)
-        return prim_func, self._options_for(prim_func)
+        return prim_func, self.build_options(prim_func)
 
     def __call__(self, *args, **kwargs):
         # Hot path: a repeat lazy call with plain values (ints, strings, ...) is one dict lookup,
@@ -186,7 +189,7 @@ def _frontend(factory: Callable):
         return _LazyFactory(factory), "lazy"
 
 
-def _program_options(options: Options, prim_func, pass_configs: dict) -> Options:
+def program_options(options: Options, prim_func, pass_configs: dict) -> Options:
     """One compile's options: the decorator's, with what the program itself declares
     (``T.empty`` outputs, function-level pass configs and flags), merged as ``tilelang.compile``
     does; ``pass_configs`` (the decorator's, or an autotuner's) win over the program's."""
@@ -212,7 +215,7 @@ def compile(func, out_idx=None, target=None, pass_configs: dict | None = None, c
     from tlx.compiler import compile_kernel
 
     opts = _jit_options(dict(options, out_idx=out_idx, target=target, pass_configs=pass_configs), compile_flags)
-    return compile_kernel(func, _program_options(opts, func, opts.pass_config_dict()))
+    return compile_kernel(func, program_options(opts, func, opts.pass_config_dict()))
 
 
 def _keyable(v) -> bool:

@@ -159,3 +159,20 @@ def test_check_usage_errors_exit_2(cache):
     assert out.returncode == 2 and "has no attribute 'nope'" in out.stderr
     help_text = tlx("check", "--help", cache=cache).stdout
     assert "Exit status" in help_text and "--only" in help_text
+
+
+def test_check_and_device_take_the_programs_own_pass_configs(cache):
+    """A program that turns TileLang's safe-memory legalization off (function-level
+    ``tilelang_pass_configs``) is compiled without the guard on its data-dependent load; ``tlx
+    check`` must analyse that build (the load is not proven: exit 3), not one with the guard
+    (which it called safe before the CLI merged the program's configs in), and ``tlx device``
+    must print it. The guarded build of the same program is proven."""
+    spec = f"{ROOT / 'tests' / 'cli' / 'program_configs.py'}::gather"
+    unguarded = tlx("check", spec, "--bounds-only", "--json", cache=cache)
+    assert unguarded.returncode == 3, unguarded.stdout + unguarded.stderr
+    assert [u["buffer"] for u in json.loads(unguarded.stdout)["unknown"]] == ["X"]
+    guarded = tlx("check", spec, "--param", "unguarded=False", "--bounds-only", cache=cache)
+    assert guarded.returncode == 0, guarded.stdout + guarded.stderr
+    cuda = {g: tlx("device", spec, "--param", f"unguarded={g}", cache=cache) for g in (True, False)}
+    assert all(out.returncode == 0 for out in cuda.values())
+    assert "< 1024)" in cuda[False].stdout and "< 1024)" not in cuda[True].stdout

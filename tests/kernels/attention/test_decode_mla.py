@@ -104,7 +104,7 @@ def device_function(factory, *args):
     from tlx.lowering import lower
 
     tir = factory.get_tir(*args)
-    configs = factory._options_for(tir).pass_config_dict() or {}
+    configs = factory.build_options(tir).pass_config_dict() or {}
     [(_, func)] = list(device_functions(lower(tir, {"kind": "cuda", "arch": "sm_90a"}, configs).device_mod))
     return func
 
