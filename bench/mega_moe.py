@@ -108,9 +108,10 @@ def kernel_specs(layers, tests=False):
             clamp = (V4_FLASH if name == "V4-Flash" else V4_PRO)["cfg"].clamp
             specs |= {(mod, fn, args, tuple(sorted(kw.items())))
                       for mod, fn, args, kw in compute_kernel_specs(p, clamp, fusion).values()}
-        # moe_layer's GEMMs on every SM
-        specs |= {("kernels.moe.grouped_gemm", "grouped_gemm_contiguous_kernel", (2 * i, h), (("num_sms", SMS),)),
-                  ("kernels.moe.grouped_gemm", "grouped_gemm_contiguous_kernel", (h, i), (("num_sms", SMS),))}
+        # moe_layer's GEMMs on every SM, in both tile widths (``streaming_block_n`` picks by T)
+        specs |= {("kernels.moe.grouped_gemm", "grouped_gemm_contiguous_kernel", nk,
+                   (("block_n", bn), ("num_sms", SMS), ("row_mask", True)))
+                  for nk in ((2 * i, h), (h, i)) for bn in (None, 128)}
     return sorted(specs, key=lambda s: (not s[1].startswith("grouped_gemm"), str(s)))  # slowest first
 
 

@@ -35,6 +35,7 @@ empty mbarrier pair per stage; the GPU tests check the results bit for bit again
 import functools
 
 import tilelang.language as T
+from tilelang.layout import make_swizzled_layout
 
 import tlx
 from kernels.quant.common import cast_e4m3, group_scale
@@ -70,12 +71,16 @@ def check_gemm_args(n: int, k: int):
 
 def persistent_grouped_gemm(n: int, k: int, masked: bool, num_stages: int, cluster: int, num_sms: int,
                             block_n: int | None, unroll_stages: bool, swiglu_clamp: float | None = None,
-                            wave: bool = False):
+                            wave: bool = False, row_mask: bool = False):
     """The kernel of ``grouped_gemm_contiguous_kernel`` (docstring there) for either layout;
     ``swiglu_clamp`` set: ``grouped_gemm_swiglu_kernel``'s epilogue (contiguous layout only);
-    ``wave`` (with it): ``kernels.moe.mega.wave.wave_kernel``, its L1 tiles then the L2 tiles."""
+    ``wave`` (with it): ``kernels.moe.mega.wave.wave_kernel``, its L1 tiles then the L2 tiles;
+    ``row_mask``: a ``rows [R]`` parameter, and only C's rows whose entry is >= 0 are stored
+    (plain contiguous layout only)."""
     check_gemm_args(n, k)
     swiglu = swiglu_clamp is not None
+    if row_mask and (masked or swiglu or wave):
+        raise ValueError("row_mask: the row-masked store serves the plain contiguous layout only")
     if wave and not swiglu:
         raise ValueError("wave: the wave kernel's L1 tiles take the SwiGLU epilogue; expected a swiglu_clamp")
     if swiglu:
@@ -281,10 +286,13 @@ def persistent_grouped_gemm(n: int, k: int, masked: bool, num_stages: int, clust
             S[r0 + i, c0 // 128] = group_scale(amax[i], "e4m3", False)[0]
 
     @T.macro
-    def finish_tile(fill, total, total_up, amax, out_s, dst, S, r0, c0):
+    def finish_tile(fill, total, total_up, amax, out_s, dst, S, r0, c0, live):
         """The consumers' epilogue: ``out_s`` filled from the totals (``fill`` "swiglu": by
         ``swiglu_epilogue``, else a bf16 copy) once the previous TMA store has read it, then stored
-        to ``dst`` by TMA, which runs under the next tile's main loop."""
+        to ``dst`` by TMA, which runs under the next tile's main loop. ``live`` (row_mask): the
+        thread's row entry (threads 0..127: row ``tx``), the tile's entries in shared memory, C and
+        tx; the consumers then store the rows whose entry is >= 0 themselves (TileLang 0.1.15
+        lowers no TMA store of a part of the swizzled tile)."""
         # the previous tile's store has read out_s (a no-op in the other threads)
         T.tma_store_wait(0)
         T.sync_threads(1, 256)  # consumers only: the producer keeps loading
@@ -292,9 +300,23 @@ def persistent_grouped_gemm(n: int, k: int, masked: bool, num_stages: int, clust
             swiglu_epilogue(total, total_up, amax, out_s, S, r0, c0)
         else:
             T.copy(total, out_s)
-        T.fence_proxy_async()  # out_s's generic-proxy writes before the TMA reads them
-        T.sync_threads(1, 256)
-        T.tma_copy(out_s, dst)
+        if live is not None:
+            entry, live_s, C, tx = live
+            if tx < BLOCK_M:
+                live_s[tx] = entry[0]
+            T.sync_threads(1, 256)
+            vpr = block_n // 8  # 16-byte pieces a row
+            for p in T.unroll(BLOCK_M * vpr // 256):
+                # a 192-wide tile may pass N (the TMA store clipped it)
+                if live_s[(p * 256 + tx) // vpr] >= 0 and (c0 // 8 + (p * 256 + tx) % vpr) * 8 < cols:
+                    # the column as 8 * (piece index) lets TileLang prove 16-byte alignment
+                    for v in T.vectorized(8):
+                        C[r0 + (p * 256 + tx) // vpr, (c0 // 8 + (p * 256 + tx) % vpr) * 8 + v] = \
+                            out_s[(p * 256 + tx) // vpr, (p * 256 + tx) % vpr * 8 + v]
+        else:
+            T.fence_proxy_async()  # out_s's generic-proxy writes before the TMA reads them
+            T.sync_threads(1, 256)
+            T.tma_copy(out_s, dst)
 
     if wave:
         from kernels.moe.mega.protocol import FLAG_WORDS, RECORD_PRELUDE, STATUS, WAIT_L1, record_failure
@@ -341,14 +363,14 @@ def persistent_grouped_gemm(n: int, k: int, masked: bool, num_stages: int, clust
                         stage_round(128, it, full, empty, scale_s, sf0, sf1, A_s, B_s, Bu_s, part, total, total_up,
                                     tx, "single")
                         it = it + unroll
-                    finish_tile("copy", total, total_up, amax, Y_s, Y[r0:r0 + BLOCK_M, c0:c0 + block_n], S, r0, c0)
+                    finish_tile("copy", total, total_up, amax, Y_s, Y[r0:r0 + BLOCK_M, c0:c0 + block_n], S, r0, c0, None)
                 else:
                     T.clear(total_up)
                     for kq in T.serial(kblocks // unroll):
                         stage_round(128, it, full, empty, scale_s, sf0, sf1, A_s, B_s, Bu_s, part, total, total_up,
                                     tx, "swiglu")
                         it = it + unroll
-                    finish_tile("swiglu", total, total_up, amax, C_s, C[r0:r0 + BLOCK_M, c0:c0 + block_n], S, r0, c0)
+                    finish_tile("swiglu", total, total_up, amax, C_s, C[r0:r0 + BLOCK_M, c0:c0 + block_n], S, r0, c0, None)
                     # publish: the store complete (its issuing thread waits), the async proxy's global
                     # writes and every consumer's scale stores ordered before the count's release
                     T.tma_store_wait(0, read=False)
@@ -360,7 +382,7 @@ def persistent_grouped_gemm(n: int, k: int, masked: bool, num_stages: int, clust
         T.tma_store_wait(0)  # C_s and Y_s stay valid until the last store has read them
 
     @T.macro
-    def body(A, SA, B, SB, route, C, S, L2):
+    def body(A, SA, B, SB, route, C, S, L2, rows):
         with T.ClusterKernel(num_sms, cluster_dims=(cluster, 1, 1), threads=384,
                              prelude=PRELUDE + RECORD_PRELUDE + COUNTER_PRELUDE if wave else None) as pid:
             A_s = T.alloc_shared((num_stages, BLOCK_M, BLOCK_K), "float8_e4m3")
@@ -369,6 +391,8 @@ def persistent_grouped_gemm(n: int, k: int, masked: bool, num_stages: int, clust
             Bu_s = T.alloc_shared((num_stages, block_n, BLOCK_K), "float8_e4m3") if swiglu else None
             scale_s = T.alloc_shared((num_stages, ncol, BLOCK_M), "float32")
             C_s = T.alloc_shared((BLOCK_M, block_n), "float8_e4m3" if swiglu else "bfloat16")
+            if row_mask:  # no TMA store to give C_s its swizzle: without one, stmatrix conflicts 8-way
+                T.annotate_layout({C_s: make_swizzled_layout(C_s)})
             Y_s = T.alloc_shared((BLOCK_M, block_n), "bfloat16") if wave else None  # the wave's L2 tiles
             sf0 = T.alloc_fragment((BLOCK_M,), "float32")
             sf1 = T.alloc_fragment((BLOCK_M,), "float32")
@@ -390,6 +414,8 @@ def persistent_grouped_gemm(n: int, k: int, masked: bool, num_stages: int, clust
             second = T.alloc_var("int32") if wave else None  # the wave kernel's tile: 1 for an L2 tile
             next_sa = T.alloc_local((1,), "float32")  # the producer's scales of the next K block
             next_sb = T.alloc_local((ncol,), "float32")
+            entry = T.alloc_local((1,), "int32") if row_mask else None  # row_mask: row tx's entry
+            live_s = T.alloc_shared((BLOCK_M,), "int32") if row_mask else None  # the tile's row entries
             tx = T.get_thread_binding()
             walk_rem = pid // cluster
             T.cluster_sync()
@@ -414,6 +440,8 @@ def persistent_grouped_gemm(n: int, k: int, masked: bool, num_stages: int, clust
                 for w in T.serial(T.ceildiv(nrb * groups, nclusters)):
                     next_tile(w, pid, route, walk_e, walk_rem, expert, r0, c0)
                     if expert >= 0:
+                        if row_mask and tx < BLOCK_M:
+                            entry[0] = rows[r0 + tx]  # used in the epilogue: its latency under the main loop
                         T.clear(total)
                         if swiglu:
                             T.clear(total_up)
@@ -427,7 +455,8 @@ def persistent_grouped_gemm(n: int, k: int, masked: bool, num_stages: int, clust
                                             total_up, tx, "plain")
                             it = it + unroll
                         finish_tile("swiglu" if swiglu else "copy", total, total_up, amax, C_s,
-                                    c_tile(C, expert, r0, c0), S, r0, c0)
+                                    c_tile(C, expert, r0, c0), S, r0, c0,
+                                    (entry, live_s, C, tx) if row_mask else None)
                 T.tma_store_wait(0)  # C_s stays valid until the last store has read it
             # no CTA leaves while a peer may still multicast into it or arrive on its barriers
             T.cluster_sync()
@@ -447,19 +476,24 @@ def persistent_grouped_gemm(n: int, k: int, masked: bool, num_stages: int, clust
                  B2: T.Tensor((nexp, k, cols), "float8_e4m3"), SB2: T.Tensor((nexp, k // 128, cols // 128), "float32"),
                  Y: T.Tensor((nrows, k), "bfloat16"), counters: T.Tensor((nblocks,), "int32"),
                  flags: T.Tensor((FLAG_WORDS,), "int32"), rank: T.int32, wave_id: T.int32, timeout_ns: T.int64):
-            body(A, SA, B, SB, block_expert, Q, S, (QA, B2, SB2, Y, counters, flags, rank, wave_id, timeout_ns))
+            body(A, SA, B, SB, block_expert, Q, S, (QA, B2, SB2, Y, counters, flags, rank, wave_id, timeout_ns), None)
     elif swiglu:
         @T.prim_func
         def main(A: A_t, SA: SA_t, B: B_t, SB: SB_t, block_expert: route_t, Q: Q_t, S: S_t):
-            body(A, SA, B, SB, block_expert, Q, S, None)
+            body(A, SA, B, SB, block_expert, Q, S, None, None)
     elif masked:
         @T.prim_func
         def main(A: A_t, SA: SA_t, B: B_t, SB: SB_t, counts: route_t, C: C_t):
-            body(A, SA, B, SB, counts, C, None, None)
+            body(A, SA, B, SB, counts, C, None, None, None)
+    elif row_mask:
+        @T.prim_func
+        def main(A: A_t, SA: SA_t, B: B_t, SB: SB_t, block_expert: route_t, rows: T.Tensor((nrows,), "int32"),
+                 C: C_t):
+            body(A, SA, B, SB, block_expert, C, None, None, rows)
     else:
         @T.prim_func
         def main(A: A_t, SA: SA_t, B: B_t, SB: SB_t, block_expert: route_t, C: C_t):
-            body(A, SA, B, SB, block_expert, C, None, None)
+            body(A, SA, B, SB, block_expert, C, None, None, None)
     return main
 
 
@@ -467,7 +501,7 @@ def persistent_grouped_gemm(n: int, k: int, masked: bool, num_stages: int, clust
          pass_configs={"tl.disable_warp_specialized": True, "tl.disable_thread_storage_sync": True},
          assume=("NB <= 16777214",))  # rows < 2^31 - 256: row_block * 128 + tx stays in int32
 def grouped_gemm_contiguous_kernel(n: int, k: int, num_stages: int = 4, cluster: int = 2, num_sms: int = 132,
-                                   block_n: int | None = None, unroll_stages: bool = True):
+                                   block_n: int | None = None, unroll_stages: bool = True, row_mask: bool = False):
     """``(A [R, K], SA [R, K/128], B [E, N, K], SB [E, N/128, K/128], block_expert [R/128], C [R, N])``.
 
     ``num_sms`` persistent CTAs (one per SM) walk the output tiles row block by row block; the
@@ -518,7 +552,7 @@ def grouped_gemm_contiguous_kernel(n: int, k: int, num_stages: int = 4, cluster:
     took 1.79-1.83 ms before the K loop was unrolled (8 x 4096 x 4096 x 7168). Neither A's multicast
     (L2 traffic), nor a banded tile order (DRAM traffic), nor ordering or staggering the two
     warpgroups' wgmma issue made it faster (the figures are in the git history of ``bench/grouped_gemm.py``)."""
-    return persistent_grouped_gemm(n, k, False, num_stages, cluster, num_sms, block_n, unroll_stages)
+    return persistent_grouped_gemm(n, k, False, num_stages, cluster, num_sms, block_n, unroll_stages, row_mask=row_mask)
 
 
 @tlx.jit(target={"kind": "cuda", "arch": "sm_90a"},
@@ -603,14 +637,40 @@ def _check_contiguous(a, sa, b, sb, block_expert):
     return r, n, k
 
 
-def grouped_gemm_contiguous(a, sa, b, sb, block_expert, out=None):
-    """C [R, N] bf16 for the contiguous layout (see the module docstring)."""
+def streaming_block_n(rows: int, n_experts: int) -> int | None:
+    """``block_n`` of a contiguous GEMM over ``rows`` padded rows (a static bound, such as
+    ``metadata.max_rows``) and ``n_experts`` experts: 128 where the bound is below one row block
+    an expert (a decode batch: few experts active, few rows each), else None (the kernel's
+    default: 192 where the column tiles pair up). The 128-wide kernel is the one that stores
+    routed rows only (``row_mask``; at 192 wide its registers do not fit: V4-Flash T = 8192, 6185
+    against 4687 us a layer on an H100).
+
+    The V4 layers as CUDA graphs, 2026-12-06, interleaved, the same bits, 128-wide tiles storing
+    routed rows against 192-wide tiles storing every row: on an H200, V4-Flash T = 8 350 against
+    378 us (1.08x), T = 512 1938 / 1940 (equal), T = 8192 3994 / 3696 (0.93x), V4-Pro T = 8192
+    0.90x; on an H100 (less bandwidth a flop) 1.15x / 1.18x / 1.06x and V4-Pro T = 8192 1.25x.
+    The rule takes the H200's side (the issues' machine): 128 only below one block an expert."""
+    return BLOCK_N if rows < BLOCK_M * n_experts else None
+
+
+def grouped_gemm_contiguous(a, sa, b, sb, block_expert, out=None, rows=None):
+    """C [R, N] bf16 for the contiguous layout (see the module docstring); the tile width by
+    ``streaming_block_n`` (either gives the same bits). ``rows`` (int32 [R], the metadata's
+    ``entry_of_row``): C's rows whose entry is < 0 are unspecified; where the tiles are 128 wide
+    (``streaming_block_n``) they are not written. The padding rows of a few-token batch are most of
+    C (T = 8: 6144 rows, 48 routed), and storing them cost a tenth of the weights' bytes again."""
     import torch
 
     r, n, k = _check_contiguous(a, sa, b, sb, block_expert)
+    if rows is not None:
+        _check("rows", rows, torch.int32, (r,))
     if out is None:
         out = torch.empty(r, n, dtype=torch.bfloat16, device=a.device)
-    grouped_gemm_contiguous_kernel(n, k, num_sms=persistent_ctas(a.device.index))(a, sa, b, sb, block_expert, out)
+    block_n = streaming_block_n(r, b.shape[0])
+    row_mask = rows is not None and block_n == BLOCK_N
+    kernel = grouped_gemm_contiguous_kernel(n, k, num_sms=persistent_ctas(a.device.index), block_n=block_n,
+                                            row_mask=row_mask)
+    kernel(a, sa, b, sb, block_expert, rows, out) if row_mask else kernel(a, sa, b, sb, block_expert, out)
     return out
 
 

@@ -138,6 +138,7 @@ from dataclasses import dataclass
 import torch
 
 from kernels.moe.mega import protocol as K
+from kernels.moe.grouped_gemm import BLOCK_N, streaming_block_n
 from kernels.moe.metadata import max_rows, metadata_buffers, routing_metadata
 from kernels.moe.pipeline import MoEConfig
 
@@ -261,9 +262,12 @@ def compute_kernel_specs(plan: MegaPlan, clamp: float, fusion: str) -> dict:
     i2, h = 2 * plan.inter, plan.hidden
     if fusion == "wave":
         return {"wave": ("kernels.moe.mega.wave", "wave_kernel", (i2, h, float(clamp)), {"num_sms": plan.wave_sms})}
+    # the unfused GEMMs as moe_layer's: its tile width (``streaming_block_n``); 128 wide, the wave's routed rows stored
+    block_n = streaming_block_n(plan.rows, plan.n_local)
+    plain = sms | {"block_n": block_n, "row_mask": block_n == BLOCK_N}
     l1 = ((gemm, "grouped_gemm_swiglu_kernel", (i2, h, float(clamp)), sms) if fusion == "l1_swiglu"
-          else (gemm, "grouped_gemm_contiguous_kernel", (i2, h), sms))
-    return {"l1": l1, "l2": (gemm, "grouped_gemm_contiguous_kernel", (h, plan.inter), sms)}
+          else (gemm, "grouped_gemm_contiguous_kernel", (i2, h), plain))
+    return {"l1": l1, "l2": (gemm, "grouped_gemm_contiguous_kernel", (h, plan.inter), plain)}
 
 
 def launch_order(plan: MegaPlan, ranks) -> list[tuple[str, int, int]]:
@@ -515,6 +519,7 @@ class MegaMoE:
         }
         for name, (module, factory, args, kwargs) in compute_kernel_specs(p, self.cfg.clamp, self.fusion).items():
             kernels[name] = getattr(importlib.import_module(module), factory)(*args, **kwargs)
+            self._row_mask = kwargs.get("row_mask", False)  # the plain GEMMs' (L2's, L1's with fusion "none")
         return kernels
 
     def _warm(self, x, logits):
@@ -619,14 +624,15 @@ class MegaMoE:
             meta = routing_metadata(rk.gids, p.n_experts, r, p.n_ranks, out=rk.meta)
             rk.sym["row_of"].copy_(meta["row_of"])
             be = meta["block_expert"]
-            # per wave: its blocks' experts (-1 elsewhere) and, for the unfused SwiGLU cast, its rows
+            # per wave: its blocks' experts (-1 elsewhere) and, for the unfused SwiGLU cast and the
+            # row-masked GEMMs, its rows
             if p.n_waves == 1:
                 rk.block_waves, rk.row_waves = be[None], meta["entry_of_row"][None]
             else:
                 wave_of_block = torch.div(be, p.wave_experts, rounding_mode="floor")  # -1 stays -1
                 mine = wave_of_block[None] == rk.waves
                 rk.block_waves = torch.where(mine, be[None], -1)
-                if self.fusion == "none":
+                if self.fusion == "none" or self._row_mask:
                     rk.row_waves = torch.where(mine.repeat_interleave(128, dim=1), meta["entry_of_row"][None], -1)
         comm.wait_stream(compute)
         with torch.cuda.stream(comm):
@@ -654,12 +660,16 @@ class MegaMoE:
                                  rk.sym["y"], rk.l1_done, rk.sym["flags"], r, w, self.timeout_ns)
                 return
             if self.fusion == "none":
-                k["l1"].launch(rk.xp, rk.sp, w1[mine], s1[mine], rk.block_waves[w], st["hid"])
+                k["l1"].launch(rk.xp, rk.sp, w1[mine], s1[mine], rk.block_waves[w], *self._rows(rk, w), st["hid"])
                 hq, hs = swiglu_cast(st["hid"], clamp=self.cfg.clamp, group=GROUP, rows=rk.row_waves[w])
             else:
                 hq, hs = st["hq"], st["hs"]
                 k["l1"].launch(rk.xp, rk.sp, w1[mine], s1[mine], rk.block_waves[w], hq, hs)
-            k["l2"].launch(hq, hs, w2[mine], s2[mine], rk.block_waves[w], rk.sym["y"])
+            k["l2"].launch(hq, hs, w2[mine], s2[mine], rk.block_waves[w], *self._rows(rk, w), rk.sym["y"])
+
+    def _rows(self, rk, w) -> tuple:
+        """The wave's row mask as the plain GEMMs' ``rows`` argument, where they take one (128-wide tiles)."""
+        return (rk.row_waves[w],) if self._row_mask else ()
 
     def _finish(self, r, out, st):
         p, rk, k = self.plan, self.ranks[r], self._kernels

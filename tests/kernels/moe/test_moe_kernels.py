@@ -15,6 +15,8 @@ from kernels.moe.grouped_gemm import (
     grouped_gemm_masked_kernel,
     grouped_gemm_swiglu,
     grouped_gemm_swiglu_kernel,
+    persistent_ctas,
+    persistent_grouped_gemm,
 )
 from kernels.moe.metadata import max_rows, metadata_buffers, metadata_kernel, routing_metadata
 from kernels.moe.permute import combine, combine_kernel, permute, permute_fp8_kernel, permute_kernel
@@ -34,6 +36,8 @@ COMPILES = {
     "gemm_contiguous": lambda: grouped_gemm_contiguous_kernel(4096, 2048),  # 22 column tiles: 192-wide
     "gemm_contiguous_n128": lambda: grouped_gemm_contiguous_kernel(2048, 1024),  # 11 column tiles: 128-wide
     "gemm_contiguous_k1152": lambda: grouped_gemm_contiguous_kernel(2048, 1152),  # 9 K blocks: K loop not unrolled
+    "gemm_contiguous_rows": lambda: grouped_gemm_contiguous_kernel(4096, 2048, block_n=128, row_mask=True),
+    "gemm_contiguous_rows_192": lambda: grouped_gemm_contiguous_kernel(4096, 2048, row_mask=True),
     "gemm_masked": lambda: grouped_gemm_masked_kernel(4096, 2048),
     "gemm_swiglu": lambda: grouped_gemm_swiglu_kernel(4096, 4096),  # V4-Flash L1 with the SwiGLU cast
 }
@@ -47,9 +51,13 @@ def test_kernel_compiles_for_sm90a(name):
         # wgmma m64n192k32 (persistent kernel, 128 x 192 tiles at N = 4096) or m64n128k32 e4m3 x
         # e4m3 -> f32 (the baseline's m64n64k32 steps compute the same per-element sums; the GPU
         # tests compare bits), and the promotion fma per K block
-        width = 192 if name in ("gemm_contiguous", "gemm_masked") else 128
+        width = 192 if name in ("gemm_contiguous", "gemm_masked", "gemm_contiguous_rows_192") else 128
         # the TMA store of C_s is waited on (.read) only before C_s is written again
         assert src.count("tl::tma_store_wait<0, true>()") == 2
+        if name.startswith("gemm_contiguous_rows"):
+            # no TMA store: 16-byte stores of the rows whose entry (staged in live_s) is >= 0
+            assert "tl::tma_store(" not in src and "rows[" in src
+            assert "(0 <= ((int*)live_s)[" in src and "*(uint4*)(C + " in src
         wgmma = f"kFloat8_e4m3, tl::DataType::kFloat8_e4m3, tl::DataType::kFloat32, 64, {width}, 32"
         assert wgmma in src
         assert "__fmaf_rn(part" in src
@@ -86,6 +94,13 @@ def test_bad_arguments_are_named():
         grouped_gemm_contiguous_kernel(256, 100)
     with pytest.raises(ValueError, match="block_n: expected 128 or 192"):
         grouped_gemm_contiguous_kernel(4096, 2048, block_n=256)
+    with pytest.raises(ValueError, match="row_mask: the row-masked store serves the plain contiguous layout only"):
+        persistent_grouped_gemm(4096, 2048, True, 4, 2, 132, None, True, row_mask=True)  # the masked layout
+    with pytest.raises(ValueError, match="rows: expected torch.int32 of shape \\(256,\\), got torch.int64"):
+        e4 = torch.float8_e4m3fn
+        grouped_gemm_contiguous(torch.zeros(256, 128, dtype=e4), torch.ones(256, 1), torch.zeros(1, 128, 128, dtype=e4),
+                                torch.ones(1, 1, 1), torch.zeros(2, dtype=torch.int32),
+                                rows=torch.zeros(256, dtype=torch.int64))
     with pytest.raises(ValueError, match="n: expected 2I with I a multiple of 128"):
         grouped_gemm_swiglu_kernel(4096 + 128, 2048)
     with pytest.raises(ValueError, match="out\\[0\\]: expected torch.float8_e4m3fn of shape \\(128, 128\\)"):
@@ -313,7 +328,12 @@ GEMM_SHAPES = [
 @pytest.mark.gpu
 @pytest.mark.parametrize("e,n,k", GEMM_SHAPES)
 @pytest.mark.parametrize("kind", ["uniform", "hot", "sparse"])
-def test_grouped_gemm_contiguous_bitwise_and_reference(baseline, e4m3, e, n, k, kind):
+@pytest.mark.parametrize("store", ["all rows", "routed rows"])
+def test_grouped_gemm_contiguous_bitwise_and_reference(baseline, e4m3, e, n, k, kind, store):
+    """"all rows": the kernel with its default tiles (192-wide where the column tiles pair up),
+    every row of the computed blocks stored; "routed rows": the 128-wide kernel that
+    ``grouped_gemm_contiguous(rows=...)`` takes where the GEMM streams weights
+    (``streaming_block_n``), the padding rows (entry -1) left as they were."""
     from tlx.numerics.parity import assert_bitwise
 
     t = 97 if kind != "hot" else 300
@@ -324,16 +344,22 @@ def test_grouped_gemm_contiguous_bitwise_and_reference(baseline, e4m3, e, n, k, 
     sa = torch.rand(rows, k // 128, device=CUDA) + 0.5
     b, sb = _weights(e, n, k, e4m3)
     poison = torch.full((rows, n), float("nan"), dtype=torch.bfloat16, device=CUDA)
-    out = grouped_gemm_contiguous(a, sa, b, sb, meta["block_expert"], out=poison.clone())
+    out = poison.clone()
+    written = torch.arange(rows, device=CUDA) < int(meta["offsets"][-1])  # rows past the offsets: not computed
+    if store == "all rows":
+        grouped_gemm_contiguous_kernel(n, k, num_sms=persistent_ctas(0))(a, sa, b, sb, meta["block_expert"], out)
+    else:
+        kernel = grouped_gemm_contiguous_kernel(n, k, num_sms=persistent_ctas(0), block_n=128, row_mask=True)
+        kernel(a, sa, b, sb, meta["block_expert"], meta["entry_of_row"], out)
+        written &= meta["entry_of_row"] >= 0  # (the metadata leaves entry_of_row past the offsets unset)
     bout = poison.clone()
     baseline("grouped_gemm").moe_grouped_gemm_contiguous(a, sa, b, sb, meta["block_expert"], bout)
-    assert_bitwise(out, bout, name="grouped GEMM contiguous")
+    assert_bitwise(out[written], bout[written], name="grouped GEMM contiguous")
     ref = R.grouped_gemm_contiguous_ref(a, sa, b, sb, meta["block_expert"].cpu())
-    used = int(meta["offsets"][-1])
-    err = R.rel_error(out[:used], ref[:used])
-    print(f"gemm contiguous E={e} N={n} K={k} {kind}: rows {used}, rel err {err:.2e}")
+    err = R.rel_error(out[written], ref[written])
+    print(f"gemm contiguous E={e} N={n} K={k} {kind} {store}: rows {int(written.sum())}, rel err {err:.2e}")
     assert err < 5e-3
-    assert torch.isnan(out[used:].float()).all()  # blocks past the end are not written
+    assert torch.isnan(out[~written].float()).all()  # padding rows (routed rows) and blocks past the end
 
 
 def _masked_counts(pattern, e, m):

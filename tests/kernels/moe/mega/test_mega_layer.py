@@ -194,14 +194,17 @@ def test_plan_rejects_bad_arguments(kwargs, match):
 @pytest.mark.parametrize("n", [1, 8])
 def test_compute_kernels_of_each_fusion(n):
     """Fused: L1 is the SwiGLU-epilogue GEMM (clamp from the config); unfused: the bf16 L1. Both on
-    the rank's SM share, L2 the same."""
+    the rank's SM share, L2 the same; the plain GEMMs as ``streaming_block_n`` says: 128-wide
+    tiles storing the routed rows only at 8 tokens on 1 rank (6144 rows for 256 experts), the
+    default tiles at 8 ranks (4448 rows for 32 experts)."""
     p = make_plan(n, 8, sms=132, **FLASH)
     fused, unfused = (compute_kernel_specs(p, 10.0, f) for f in ("l1_swiglu", "none"))
     share = {"num_sms": p.gemm_sms}
+    plain = share | ({"block_n": 128, "row_mask": True} if n == 1 else {"block_n": None, "row_mask": False})
     assert fused["l1"][1:] == ("grouped_gemm_swiglu_kernel", (4096, 4096, 10.0), share)
-    assert unfused["l1"][1:] == ("grouped_gemm_contiguous_kernel", (4096, 4096), share)
+    assert unfused["l1"][1:] == ("grouped_gemm_contiguous_kernel", (4096, 4096), plain)
     assert fused["l2"] == unfused["l2"] == ("kernels.moe.grouped_gemm", "grouped_gemm_contiguous_kernel", (4096, 2048),
-                                            share)
+                                            plain)
     wave = compute_kernel_specs(p, 10.0, "wave")
     assert wave == {"wave": ("kernels.moe.mega.wave", "wave_kernel", (4096, 4096, 10.0), {"num_sms": p.wave_sms})}
     with pytest.raises(ValueError, match="fusion: expected one of"):
