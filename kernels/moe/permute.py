@@ -1,7 +1,7 @@
 """Permute (tokens into the expert-major layout) and combine (weighted top-k sum).
 
 Permute copies whole rows, so any order gives the same bits; padding rows are written as
-zero (scales too), rows past ``offsets[-1]`` are not touched. Combine accumulates
+zero (scales too) unless ``zero_padding`` is off, rows past ``offsets[-1]`` are not touched. Combine accumulates
 ``fma(w[t, j], y[row_of[t, j]], acc)`` in fp32 for j = 0..k-1 starting from 0, skipping
 rows of -1, then rounds to bf16 once: a token's result does not depend on the batch.
 ``permute.cu`` repeats both.
@@ -23,11 +23,13 @@ WARP = 32
 _BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "float8_e4m3": 1}
 
 
-def _scatter_rows(hidden: int, topk: int, dtype: str, scale_groups: int, threads: int):
+def _scatter_rows(hidden: int, topk: int, dtype: str, scale_groups: int, threads: int, zero_padding: bool = True):
     """Warp ``i`` copies token ``i``'s row to its k rows (read once, ``hidden / 32`` elements a
-    lane as 16-byte words, all loads before any store) and zeroes row ``i`` if that is a
-    padding row (entry -1); there are at least as many rows as tokens (``R >= T * k``). The
-    scale row (``scale_groups`` floats, 0 for none) goes lane by lane."""
+    lane as 16-byte words, all loads before any store) and, with ``zero_padding``, zeroes row
+    ``i`` if that is a padding row (entry -1); there are at least as many rows as tokens (``R >=
+    T * k``). Without it the grid covers the tokens only: at T = 8 (V4-Flash) the padding is
+    6096 of 6144 rows, 25 MB of zeros. The scale row (``scale_groups`` floats, 0 for none) goes
+    lane by lane."""
     per_word = 16 // _BYTES[dtype]
     if hidden % per_word:
         raise ValueError(f"hidden: expected a multiple of {per_word} ({dtype} rows move in 16-byte words), got {hidden}")
@@ -67,7 +69,7 @@ def _scatter_rows(hidden: int, topk: int, dtype: str, scale_groups: int, threads
                     for g in T.unroll(spl):
                         if g * WARP + lane < ng:
                             sxp[row, g * WARP + lane] = sbuf[g]
-        if i < nrows and i < offsets[nl1 - 1]:
+        if zero_padding and i < nrows and i < offsets[nl1 - 1]:
             if entry_of_row[i] < 0:
                 for c in T.unroll(per_lane):
                     if not ragged or c * WARP + lane < words:
@@ -87,7 +89,7 @@ def _scatter_rows(hidden: int, topk: int, dtype: str, scale_groups: int, threads
             offsets: T.Tensor((nl1,), "int32"),
             xp: T.Tensor((nrows, hidden), dtype),
         ):
-            with T.Kernel(T.ceildiv(nrows, warps), threads=threads) as b:
+            with T.Kernel(T.ceildiv(nrows if zero_padding else ntok, warps), threads=threads) as b:
                 move(x, x, row_of, entry_of_row, offsets, xp, xp, b, T.get_thread_binding() % WARP)
 
         return main
@@ -102,7 +104,7 @@ def _scatter_rows(hidden: int, topk: int, dtype: str, scale_groups: int, threads
         xp: T.Tensor((nrows, hidden), dtype),
         sxp: T.Tensor((nrows, ng), "float32"),
     ):
-        with T.Kernel(T.ceildiv(nrows, warps), threads=threads) as b:
+        with T.Kernel(T.ceildiv(nrows if zero_padding else ntok, warps), threads=threads) as b:
             move(x, sx, row_of, entry_of_row, offsets, xp, sxp, b, T.get_thread_binding() % WARP)
 
     return main_scaled
@@ -115,11 +117,11 @@ def permute_kernel(hidden: int, topk: int, dtype: str = "bfloat16", threads: int
 
 
 @tlx.jit(target={"kind": "cuda", "arch": "sm_90a"})
-def permute_fp8_kernel(hidden: int, topk: int, threads: int = 256):
+def permute_fp8_kernel(hidden: int, topk: int, threads: int = 256, zero_padding: bool = True):
     """``(x [T, H] e4m3, sx [T, H/128] f32, row_of, entry_of_row, offsets) -> (xp [R, H], sxp [R, H/128])``."""
     if hidden % GROUP:
         raise ValueError(f"hidden: expected a multiple of {GROUP}, got {hidden}")
-    return _scatter_rows(hidden, topk, "float8_e4m3", hidden // GROUP, threads)
+    return _scatter_rows(hidden, topk, "float8_e4m3", hidden // GROUP, threads, zero_padding)
 
 
 @tlx.jit(target={"kind": "cuda", "arch": "sm_90a"})
@@ -181,8 +183,10 @@ def _check(name, t, dtype, ndim):
         raise ValueError(f"{name}: expected a {ndim}-D {dtype} tensor, got {t.dtype} of shape {tuple(t.shape)}")
 
 
-def permute(x, meta, topk: int, x_scales=None):
-    """Gather ``x`` [T, H] (bf16, or e4m3 with ``x_scales`` [T, H/128]) into expert-major rows."""
+def permute(x, meta, topk: int, x_scales=None, zero_padding: bool = True):
+    """Gather ``x`` [T, H] (bf16, or e4m3 with ``x_scales`` [T, H/128]) into expert-major rows;
+    ``zero_padding`` off (e4m3 only): the padding rows are left unwritten, for a consumer that
+    reads none of them (``moe_layer``: its GEMMs' padding rows are never read)."""
     import torch
 
     _check("x", x, torch.bfloat16 if x_scales is None else torch.float8_e4m3fn, 2)
@@ -194,14 +198,16 @@ def permute(x, meta, topk: int, x_scales=None):
         raise ValueError(f"meta['entry_of_row']: expected at least {t} rows (one per token at least), got {rows}")
     xp = torch.empty(rows, h, dtype=x.dtype, device=x.device)
     if x_scales is None:
+        if not zero_padding:
+            raise ValueError("zero_padding: only the e4m3 permute (with x_scales) leaves padding rows unwritten")
         _kernel(permute_kernel, h, topk).launch(x.contiguous(), meta["row_of"], meta["entry_of_row"], meta["offsets"], xp)
         return xp
     _check("x_scales", x_scales, torch.float32, 2)
     if h % GROUP or x_scales.shape != (t, h // GROUP):
         raise ValueError(f"x_scales: expected shape {(t, h // GROUP)}, got {tuple(x_scales.shape)}")
     sxp = torch.empty(rows, h // GROUP, dtype=torch.float32, device=x.device)
-    _kernel(permute_fp8_kernel, h, topk).launch(x.contiguous(), x_scales.contiguous(), meta["row_of"], meta["entry_of_row"],
-                                                meta["offsets"], xp, sxp)
+    _kernel(permute_fp8_kernel, h, topk, 256, zero_padding).launch(x.contiguous(), x_scales.contiguous(), meta["row_of"],
+                                                              meta["entry_of_row"], meta["offsets"], xp, sxp)
     return xp, sxp
 
 

@@ -70,8 +70,10 @@ def _expert_rows(xq, xs, ids, meta, w1, s1, w2, s2, clamp: float, swiglu_quant):
     """One rank's experts (``w1 .. s2`` its slices) on the entries of ``ids`` that ``meta`` (its
     ``routing_metadata``) routes to it: permute, L1, SwiGLU cast, L2. Returns y [R, H] bf16, in
     the metadata's expert-contiguous row order (padding rows unspecified)."""
-    xp, sp = permute(xq, meta, ids.shape[1], xs)
-    rows = meta["entry_of_row"]  # the GEMMs store routed rows only: nothing reads the padding rows
+    # no step reads a padding row: permute leaves them unwritten, the GEMMs and the SwiGLU cast
+    # store routed rows only where that saves time (``grouped_gemm_contiguous``, ``swiglu_cast``)
+    xp, sp = permute(xq, meta, ids.shape[1], xs, zero_padding=False)
+    rows = meta["entry_of_row"]
     hid = grouped_gemm_contiguous(xp, sp, w1, s1, meta["block_expert"], rows=rows)
     hq, hs = swiglu_quant(hid, clamp, rows)
     return grouped_gemm_contiguous(hq, hs, w2, s2, meta["block_expert"], rows=rows)
@@ -84,8 +86,8 @@ def moe_layer(x, logits, w1, s1, w2, s2, cfg: MoEConfig, bias=None, *, n_ranks: 
 
     ``act_quant(x) -> (e4m3, scales)`` and ``swiglu_quant(h, clamp, rows) -> (e4m3, scales)`` default
     to ``kernels.quant.group_cast``'s per-token 1 x 128 cast and fused SwiGLU cast. ``rows`` is the
-    metadata's ``entry_of_row``: the L1 GEMM does not write the padding rows (-1) of ``h``, and a
-    ``swiglu_quant`` must not read them (``swiglu_cast`` writes +0 there: the cast of a zero row).
+    metadata's ``entry_of_row``: the padding rows (-1) of ``h`` are unspecified, and a
+    ``swiglu_quant`` must neither depend on them nor make a routed row depend on them.
     """
     act_quant = act_quant or _default_act_quant
     swiglu_quant = swiglu_quant or _default_swiglu_quant

@@ -90,8 +90,7 @@ def group_cast_kernel(H: int, group: int, in_mode: str, in_dtype: str, out_fmt: 
                       scale_fmt: str = "fp32", col_major: bool = False, clamp: float = 10.0, weighted: bool = False,
                       masked: bool = False):
     """``in_mode``: "plain" (X ``[T, H]``), "swiglu" (X ``[T, 2H]`` and, if ``weighted``, W ``[T]``;
-    if ``masked``, R ``[T]`` int32 after W: a row with R < 0 is not read and is cast as a row of
-    +0), "e2m1" (P ``[T, H/2]`` uint8 and C ``[T, H/32]`` UE8M0 codes). ``out_fmt``: "e4m3" or "e2m1".
+    if ``masked``, R ``[T]`` int32 after W: a row with R < 0 is neither read nor written), "e2m1" (P ``[T, H/2]`` uint8 and C ``[T, H/32]`` UE8M0 codes). ``out_fmt``: "e4m3" or "e2m1".
     A thread owns :func:`default_ept` elements; it works on packed bf16 pairs where that is exact
     (bf16 -> e2m1 by :func:`e2m1_pair_bf16`; the SwiGLU clamps when the clamp is a bf16 value), else
     per fp32 value. "e2m1" input has its own integer path (:func:`e2m1_e4m3_table`; power-of-two
@@ -377,7 +376,8 @@ def group_cast_kernel(H: int, group: int, in_mode: str, in_dtype: str, out_fmt: 
         def kernel(X: T.Tensor((Tn, x_cols), x_dtype), W: T.Tensor((Tn,), T.float32), R: T.Tensor((Tn,), T.int32),
                    Q: T.Tensor(q_shape, q_dtype), S: T.Tensor(s_shape, s_dtype)):
             with T.Kernel(Tn, nby, threads=tpc, prelude=QUANT_PRELUDE + SILU_PRELUDE) as (row, by):
-                swiglu_row(X, W, Q, S, row, by, R[row] >= 0)
+                if R[row] >= 0:
+                    swiglu_row(X, W, Q, S, row, by, True)
 
         return kernel
 
@@ -426,9 +426,9 @@ def swiglu_cast(x: torch.Tensor, weights: torch.Tensor | None = None, clamp: flo
                 scale_fmt: str = "fp32", col_major: bool = False, rows: torch.Tensor | None = None):
     """bf16 ``[T, 2I]`` -> e4m3 ``[T, I]`` of ``silu(fmin(gate, c)) * clamp(up, -c, c) * w`` plus scales.
 
-    ``rows``: int32 ``[T]``; a row whose entry is negative is not read and comes out as the cast
-    of a row of +0 (MoE padding rows: metadata's ``entry_of_row``, -1 there, which the grouped
-    GEMM turns into rows of +0 anyway), so only the routed rows cost memory traffic."""
+    ``rows``: int32 ``[T]``; a row whose entry is negative is neither read nor written (its
+    output is unspecified): MoE padding rows (metadata's ``entry_of_row``, -1 there), which no
+    later step reads, so only the routed rows cost memory traffic."""
     _check_group(group, scale_fmt)
     check_2d("x", x, (torch.bfloat16,), 2 * group)
     t, i = x.shape[0], x.shape[1] // 2

@@ -32,6 +32,7 @@ COMPILES = {
     "metadata": lambda: metadata_kernel(6, 256),
     "permute": lambda: permute_kernel(4096, 6),
     "permute_fp8": lambda: permute_fp8_kernel(4096, 6),
+    "permute_fp8_unpadded": lambda: permute_fp8_kernel(4096, 6, 256, False),
     "combine": lambda: combine_kernel(4096, 6),
     "gemm_contiguous": lambda: grouped_gemm_contiguous_kernel(4096, 2048),  # 22 column tiles: 192-wide
     "gemm_contiguous_n128": lambda: grouped_gemm_contiguous_kernel(2048, 1024),  # 11 column tiles: 128-wide
@@ -292,6 +293,17 @@ def test_permute_and_combine_bitwise_and_reference(baseline, e4m3, t, e, h):
     assert_bitwise(qp[:used], bqp[:used], name="permute e4m3")
     assert_bitwise(sp[:used], bsp[:used], name="permute scales")
     assert torch.equal(sp[:used].cpu(), R.permute_ref(xs.cpu(), meta["entry_of_row"][:used].cpu(), 6))
+    # without zero_padding (moe_layer's): the routed rows' bits, the padding rows left as they were
+    unpadded = permute_fp8_kernel(h, 6, 256, False)
+    uqp, usp = torch.empty_like(qp), torch.full_like(sp, float("nan"))
+    uqp.view(torch.uint8).fill_(0x7F)  # an e4m3 NaN
+    unpadded(xq, xs, meta["row_of"], meta["entry_of_row"], meta["offsets"], uqp, usp)
+    routed = meta["entry_of_row"][:used] >= 0
+    assert_bitwise(uqp[:used][routed], qp[:used][routed], name="permute e4m3, padding rows unwritten")
+    assert_bitwise(usp[:used][routed], sp[:used][routed], name="permute scales, padding rows unwritten")
+    assert (uqp[:used][~routed].view(torch.uint8) == 0x7F).all() and usp[:used][~routed].isnan().all()
+    with pytest.raises(ValueError, match="zero_padding: only the e4m3 permute"):
+        permute(x, meta, 6, zero_padding=False)
 
     y = torch.randn(xp.shape[0], h, device=CUDA).to(torch.bfloat16)
     w = torch.rand(t, 6, device=CUDA)

@@ -146,14 +146,19 @@ def test_bad_input_raises_clear_error(call, error, match):
 
 
 def test_swiglu_rows_mask_guards_every_read_of_a_row():
-    """The masked SwiGLU kernel reads R first and every load of X and W sits under it."""
+    """The masked SwiGLU kernel reads R first, and every load of X and W and every store of Q and
+    S sits under that one check: a masked row is neither read nor written."""
     src = group_cast_kernel(2048, 128, "swiglu", "bfloat16", "e4m3", "fp32", False, 10.0, True, True).device_source
     body = src[src.index("{", src.index("__launch_bounds__")):]
-    keep = re.search(r"bool (\w+) = \(0 <= R\[", body)
-    assert keep, "no row mask read from R"
+    guard = body.index("if (0 <= R[")
+    depth, close = 0, None
+    for i in range(body.index("{", guard), len(body)):  # the guard's matching brace
+        depth += {"{": 1, "}": -1}.get(body[i], 0)
+        if depth == 0:
+            close = i
+            break
     reads = [m.start() for m in re.finditer(r"\(\(uint\*\)Xw\)|W\[", body)]
-    assert len(reads) == 3  # gate, up, weight
-    guards = [m.end() for m in re.finditer(rf"if \({keep.group(1)}\) {{", body)]
-    assert len(guards) == 3
-    for g, r in zip(guards, reads):  # each read inside its guard's then-branch
-        assert g < r < body.index("} else {", g)
+    stores = [m.start() for m in re.finditer(r"\b(Q\w*|S)\[[^\]]*\] =|\*\(uint4\*\)\(\(\(uint\*\)Q\w*\)", body)]
+    assert len(reads) == 3 and len(stores) >= 2  # gate, up, weight; the e4m3 words and the scale
+    assert all(guard < i < close for i in reads + stores)
+    assert not body[close + 1:].strip("} \n")  # nothing after the guarded block
