@@ -23,8 +23,7 @@ and the *wave schedule* of that design; of the compute steps, L1 and the SwiGLU 
   never reaches memory, and each wave is two launches (L1 + SwiGLU, L2) instead of
   three. Why this step first: it is the one whose intermediate is largest (2I bf16 per row, 4x
   the e4m3 L2 input) and whose fusion costs no synchronisation (a tile's epilogue needs only its own
-  rows and its own gate and up columns), and it computes only the wave's row blocks, where the
-  unfused cast wrote +0 rows for the rows of every other wave too.
+  rows and its own gate and up columns), and it computes only the wave's row blocks.
 * **Fused, opt-in: the whole wave** (``fusion="wave"``, ``kernels.moe.mega.wave``): one persistent
   kernel runs the wave's L1 + SwiGLU tiles and then its L2 tiles; an L2 tile waits (bounded, with
   the rank's timeout, status WAIT_L1) for a per-row-block count of finished L1 tiles. It saves the
@@ -41,8 +40,8 @@ and the *wave schedule* of that design; of the compute steps, L1 and the SwiGLU 
   the contiguous grouped GEMM for L2 (run per wave on the wave's row blocks only, with the rank's
   SM share as its persistent grid). ``fusion="none"`` keeps the unfused wave for comparison: L1 by
   the contiguous grouped GEMM into bf16, ``swiglu_cast`` over the wave's rows (``rows`` masks the
-  others: it writes +0 rows for them, ``n_waves - 1`` extra writes of the rank's [R, I] e4m3
-  buffer), then L2.
+  others: it neither reads nor writes them), then L2. The plain GEMMs store the wave's routed
+  rows only where their tiles are 128 wide (``grouped_gemm.streaming_block_n``).
 
 Ranks and buffers
 -----------------
@@ -125,8 +124,8 @@ combine compute each token / row from its own data in a fixed order; the grouped
 row of a row block from that row and the expert's weights only, whichever CTA takes the tile and
 whatever rows share the block; dispatch copies bytes. The fused L1 + SwiGLU kernel computes each
 row's e4m3 bytes and scale to the bit as L1 followed by ``swiglu_cast`` (its docstring says how);
-padding rows (zeros from the dispatch) give +0 hidden values either way, and the cast of a +0
-row is what the masked ``swiglu_cast`` writes for them. So only the row placement differs (the
+padding rows are read by no later step (the combine reads routed rows only). So only the row
+placement differs (the
 metadata here counts the padding token slots of short ranks, ids -1, which take no rows), which no
 output bit depends on.
 """
@@ -364,7 +363,7 @@ def protocol_segments(plan: MegaPlan, calls: int = 2, fusion: str = "l1_swiglu",
                     continue
                 if fusion == "none":
                     seg(f"l1 {w}", r, "compute", l1_in + [wr(r, "hid", w)])
-                    seg(f"swiglu_cast {w}", r, "compute", [rd(r, "hid", w), wr(r, "hq"), wr(r, "hs")])  # +0 rows elsewhere
+                    seg(f"swiglu_cast {w}", r, "compute", [rd(r, "hid", w), wr(r, "hq", w), wr(r, "hs", w)])
                 else:
                     seg(f"l1_swiglu {w}", r, "compute", l1_in + [wr(r, "hq", w), wr(r, "hs", w)])
                 seg(f"l2 {w}", r, "compute", [rd(r, "hq", w), rd(r, "hs", w), rd(r, "meta"), wr(r, "y", w)])
