@@ -45,7 +45,7 @@ def _parse_params(items: list[str]) -> dict[str, Any]:
 def load_kernel(spec: str, params: dict[str, Any]):
     """Return (prim_func, tlx Options, source, display name) for ``FILE.py::NAME``; the source
     (the factory, or a prim_func's own definition) gives ``tlx check`` its source lines."""
-    from tlx.jit import JITFunction, program_options
+    from tlx.jit import JITFunction, jit_options, program_options
     from tlx.options import Options
     from tlx.passes.check import KernelSource
 
@@ -75,9 +75,11 @@ def load_kernel(spec: str, params: dict[str, Any]):
         if params:
             raise SystemExit(f"tlx: {name} is a prim_func; --param applies to kernel factories only")
         return obj, program_options(Options.make(), obj, {}), KernelSource.named(file, name), name
-    if hasattr(obj, "get_tir") and callable(obj.get_tir):
+    if hasattr(obj, "get_tir") and callable(obj.get_tir):  # a ``tilelang.jit`` factory: its own keywords
         prim = _user_code(building, lambda: obj.get_tir(**params))
-        return prim, program_options(Options.make(out_idx=getattr(obj, "out_idx", None)), prim, {}), obj, name
+        options = jit_options({"out_idx": getattr(obj, "out_idx", None), "pass_configs": getattr(obj, "pass_configs", None)},
+                              getattr(obj, "compile_flags", None))
+        return prim, program_options(options, prim, options.pass_config_dict()), obj, name
     if callable(obj):
         prim = _user_code(building, lambda: obj(**params))
         options = program_options(Options.make(), prim, {}) if isinstance(prim, tvm.tirx.PrimFunc) else Options.make()

@@ -214,7 +214,7 @@ def compile(func, out_idx=None, target=None, pass_configs: dict | None = None, c
     ``verbose`` are ignored, as by :func:`jit`) and tlx's options."""
     from tlx.compiler import compile_kernel
 
-    opts = _jit_options(dict(options, out_idx=out_idx, target=target, pass_configs=pass_configs), compile_flags)
+    opts = jit_options(dict(options, out_idx=out_idx, target=target, pass_configs=pass_configs), compile_flags)
     return compile_kernel(func, program_options(opts, func, opts.pass_config_dict()))
 
 
@@ -268,7 +268,7 @@ def jit(fn: Callable | None = None, *, compile_flags: str | Sequence[str] | None
     ``eliminate_guards``, ``allow_approx`` (approximate intrinsics allowed in strict mode),
     ``pin`` (a pin file re-applied at compile time).
     """
-    opts = _jit_options(options, compile_flags)
+    opts = jit_options(options, compile_flags)
 
     def decorate(f: Callable) -> JITFunction:
         jf = JITFunction(f, opts)
@@ -278,7 +278,7 @@ def jit(fn: Callable | None = None, *, compile_flags: str | Sequence[str] | None
     return decorate if fn is None else decorate(fn)
 
 
-def _jit_options(options: dict, compile_flags) -> Options:
+def jit_options(options: dict, compile_flags) -> Options:
     """``Options`` from ``tilelang.jit``/``tilelang.compile`` keywords plus tlx's."""
     options = {k: v for k, v in options.items() if k not in _IGNORED_TILELANG_OPTIONS}
     pass_configs = {str(getattr(k, "value", k)): v for k, v in (options.pop("pass_configs", None) or {}).items()}

@@ -176,3 +176,13 @@ def test_check_and_device_take_the_programs_own_pass_configs(cache):
     cuda = {g: tlx("device", spec, "--param", f"unguarded={g}", cache=cache) for g in (True, False)}
     assert all(out.returncode == 0 for out in cuda.values())
     assert "< 1024)" in cuda[False].stdout and "< 1024)" not in cuda[True].stdout
+
+
+def test_check_takes_a_tilelang_factorys_pass_configs(cache):
+    """A ``@tilelang.jit(pass_configs=...)`` factory is checked as TileLang compiles it: with its
+    decorator's pass configs (here: no safe-memory guard, so the gather's load is unproven)."""
+    spec = f"{ROOT / 'tests' / 'cli' / 'tilelang_kernels.py'}::unguarded_gather"
+    out = tlx("check", spec, "--bounds-only", "--json", cache=cache)
+    assert out.returncode == 3, out.stdout + out.stderr
+    assert [u["buffer"] for u in json.loads(out.stdout)["unknown"]] == ["X"]
+    assert "< 1024)" not in tlx("device", spec, cache=cache).stdout

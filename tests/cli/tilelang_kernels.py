@@ -20,3 +20,16 @@ def copy256(X: T.Tensor((256,), "float32"), Y: T.Tensor((256,), "float32")):
     with T.Kernel(2, threads=128) as bx:
         for i in T.Parallel(128):
             Y[bx * 128 + i] = X[bx * 128 + i]
+
+
+@tilelang.jit(pass_configs={"tl.disable_safe_memory_legalize": True})
+def unguarded_gather(n=1024):
+    """Y[i] = X[I[i]], the data-dependent load left unguarded by the decorator's pass configs."""
+
+    @T.prim_func
+    def main(X: T.Tensor((n,), "float32"), I: T.Tensor((n,), "int32"), Y: T.Tensor((n,), "float32")):
+        with T.Kernel(n // 128, threads=128) as bx:
+            for i in T.Parallel(128):
+                Y[bx * 128 + i] = X[I[bx * 128 + i]]
+
+    return main
