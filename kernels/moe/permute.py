@@ -1,8 +1,8 @@
 """Permute (tokens into the expert-major layout) and combine (weighted top-k sum).
 
 Permute copies whole rows, so any order gives the same bits; padding rows are written as
-zero (scales too) unless ``zero_padding`` is off, rows past ``offsets[-1]`` are not touched. Combine accumulates
-``fma(w[t, j], y[row_of[t, j]], acc)`` in fp32 for j = 0..k-1 starting from 0, skipping
+zero (scales too) unless ``zero_padding`` is off, rows past ``offsets[-1]`` are not touched.
+Combine accumulates ``fma(w[t, j], y[row_of[t, j]], acc)`` in fp32 for j = 0..k-1 starting from 0, skipping
 rows of -1, then rounds to bf16 once: a token's result does not depend on the batch.
 ``permute.cu`` repeats both.
 """

@@ -125,9 +125,8 @@ row of a row block from that row and the expert's weights only, whichever CTA ta
 whatever rows share the block; dispatch copies bytes. The fused L1 + SwiGLU kernel computes each
 row's e4m3 bytes and scale to the bit as L1 followed by ``swiglu_cast`` (its docstring says how);
 padding rows are read by no later step (the combine reads routed rows only). So only the row
-placement differs (the
-metadata here counts the padding token slots of short ranks, ids -1, which take no rows), which no
-output bit depends on.
+placement differs (the metadata here counts the padding token slots of short ranks, ids -1, which
+take no rows), which no output bit depends on.
 """
 
 from __future__ import annotations
