@@ -96,7 +96,7 @@ def kernel_specs(layers, tests=False):
                   ("kernels.quant.group_cast", "group_cast_kernel",
                    (i, 128, "swiglu", "bfloat16", "e4m3", "fp32", False, 10.0, False, True), ()),
                   ("kernels.moe.permute", "permute_fp8_kernel", (h, k), ()),
-                  ("kernels.moe.permute", "permute_fp8_kernel", (h, k, 256, False), ()),  # moe_layer's
+                  ("kernels.moe.permute", "permute_fp8_kernel", (h, k), (("zero_padding", False),)),  # moe_layer's
                   ("kernels.moe.permute", "combine_kernel", (h, k), ()),
                   ("kernels.moe.metadata", "metadata_kernel", (k, e // n, 128, 128), ()),
                   ("kernels.moe.mega.protocol", "exchange_kernel", (n,), ()),

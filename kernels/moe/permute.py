@@ -206,7 +206,7 @@ def permute(x, meta, topk: int, x_scales=None, zero_padding: bool = True):
     if h % GROUP or x_scales.shape != (t, h // GROUP):
         raise ValueError(f"x_scales: expected shape {(t, h // GROUP)}, got {tuple(x_scales.shape)}")
     sxp = torch.empty(rows, h // GROUP, dtype=torch.float32, device=x.device)
-    _kernel(permute_fp8_kernel, h, topk, 256, zero_padding).launch(x.contiguous(), x_scales.contiguous(), meta["row_of"],
+    _kernel(permute_fp8_kernel, h, topk, zero_padding=zero_padding).launch(x.contiguous(), x_scales.contiguous(), meta["row_of"],
                                                               meta["entry_of_row"], meta["offsets"], xp, sxp)
     return xp, sxp
 
@@ -227,6 +227,6 @@ def combine(y, row_of, weights):
 
 
 @functools.lru_cache(maxsize=None)
-def _kernel(factory, *params):
-    """``factory(*params)`` behind a plain dict lookup (the jit's own lookup costs µs per call)."""
-    return factory(*params)
+def _kernel(factory, *params, **options):
+    """``factory(*params, **options)`` behind a plain dict lookup (the jit's own lookup costs µs per call)."""
+    return factory(*params, **options)

@@ -327,8 +327,8 @@ def group_cast_kernel(H: int, group: int, in_mode: str, in_dtype: str, out_fmt: 
             xf[v] = g / T.ieee_add(T.float32(1.0), T.exp(-g), "rn") * u  # no FMA contraction into expf
 
     @T.macro
-    def swiglu_row(X, W, Q, S, row, by, keep):
-        """Row ``row``'s column block ``by``; a row without ``keep`` reads zeros (and w = 1)."""
+    def swiglu_row(X, W, Q, S, row, by):
+        """Row ``row``'s column block ``by`` (a thread past the row reads zeros, and w = 1)."""
         # at most 72 registers (4 CTAs of 224 threads per SM at H = 7168: 99.8% of copy on H200;
         # unbounded, nvcc takes 128 and 2 CTAs: 77.5%)
         T.annotate_min_blocks_per_sm(max(1, 65536 // (72 * tpc)))
@@ -342,13 +342,13 @@ def group_cast_kernel(H: int, group: int, in_mode: str, in_dtype: str, out_fmt: 
         col = c * ept
         w = T.alloc_var(T.float32)
         if bf16_clamp:  # fminf/fmaxf against a bf16 value: exact on the bf16 pairs
-            load_bf16(X, gw, gf, row, col, c < cpr and keep, 0, None, u32(bf16_clamp * 0x10001))
-            load_bf16(X, uw, uf, row, col, c < cpr and keep, H, u32((bf16_clamp | 0x8000) * 0x10001),
+            load_bf16(X, gw, gf, row, col, c < cpr, 0, None, u32(bf16_clamp * 0x10001))
+            load_bf16(X, uw, uf, row, col, c < cpr, H, u32((bf16_clamp | 0x8000) * 0x10001),
                       u32(bf16_clamp * 0x10001))
         else:
-            load_bf16(X, gw, gf, row, col, c < cpr and keep, 0, None, None)
-            load_bf16(X, uw, uf, row, col, c < cpr and keep, H, None, None)
-        if c < cpr and keep:
+            load_bf16(X, gw, gf, row, col, c < cpr, 0, None, None)
+            load_bf16(X, uw, uf, row, col, c < cpr, H, None, None)
+        if c < cpr:
             w = W[row]
         else:
             w = T.float32(1.0)
@@ -377,7 +377,7 @@ def group_cast_kernel(H: int, group: int, in_mode: str, in_dtype: str, out_fmt: 
                    Q: T.Tensor(q_shape, q_dtype), S: T.Tensor(s_shape, s_dtype)):
             with T.Kernel(Tn, nby, threads=tpc, prelude=QUANT_PRELUDE + SILU_PRELUDE) as (row, by):
                 if R[row] >= 0:
-                    swiglu_row(X, W, Q, S, row, by, True)
+                    swiglu_row(X, W, Q, S, row, by)
 
         return kernel
 
@@ -385,7 +385,7 @@ def group_cast_kernel(H: int, group: int, in_mode: str, in_dtype: str, out_fmt: 
     def kernel(X: T.Tensor((Tn, x_cols), x_dtype), W: T.Tensor((Tn,), T.float32),
                Q: T.Tensor(q_shape, q_dtype), S: T.Tensor(s_shape, s_dtype)):
         with T.Kernel(Tn, nby, threads=tpc, prelude=QUANT_PRELUDE + SILU_PRELUDE) as (row, by):
-            swiglu_row(X, W, Q, S, row, by, True)
+            swiglu_row(X, W, Q, S, row, by)
 
     return kernel
 

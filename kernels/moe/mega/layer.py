@@ -515,9 +515,11 @@ class MegaMoE:
             "dispatch": K.dispatch_kernel(p.n_ranks, h, p.topk, p.n_waves, p.wave_experts, p.n_local, p.dispatch_ctas),
             "combine": K.combine_kernel(p.n_ranks, h, p.topk, p.n_local),
         }
-        for name, (module, factory, args, kwargs) in compute_kernel_specs(p, self.cfg.clamp, self.fusion).items():
+        specs = compute_kernel_specs(p, self.cfg.clamp, self.fusion)
+        for name, (module, factory, args, kwargs) in specs.items():
             kernels[name] = getattr(importlib.import_module(module), factory)(*args, **kwargs)
-            self._row_mask = kwargs.get("row_mask", False)  # the plain GEMMs' (L2's, L1's with fusion "none")
+        # whether the plain GEMMs (L2, and L1 with fusion "none") take the wave's rows
+        self._row_mask = "l2" in specs and specs["l2"][3]["row_mask"]
         return kernels
 
     def _warm(self, x, logits):

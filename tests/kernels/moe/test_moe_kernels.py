@@ -32,7 +32,7 @@ COMPILES = {
     "metadata": lambda: metadata_kernel(6, 256),
     "permute": lambda: permute_kernel(4096, 6),
     "permute_fp8": lambda: permute_fp8_kernel(4096, 6),
-    "permute_fp8_unpadded": lambda: permute_fp8_kernel(4096, 6, 256, False),
+    "permute_fp8_unpadded": lambda: permute_fp8_kernel(4096, 6, zero_padding=False),
     "combine": lambda: combine_kernel(4096, 6),
     "gemm_contiguous": lambda: grouped_gemm_contiguous_kernel(4096, 2048),  # 22 column tiles: 192-wide
     "gemm_contiguous_n128": lambda: grouped_gemm_contiguous_kernel(2048, 1024),  # 11 column tiles: 128-wide
@@ -294,7 +294,7 @@ def test_permute_and_combine_bitwise_and_reference(baseline, e4m3, t, e, h):
     assert_bitwise(sp[:used], bsp[:used], name="permute scales")
     assert torch.equal(sp[:used].cpu(), R.permute_ref(xs.cpu(), meta["entry_of_row"][:used].cpu(), 6))
     # without zero_padding (moe_layer's): the routed rows' bits, the padding rows left as they were
-    unpadded = permute_fp8_kernel(h, 6, 256, False)
+    unpadded = permute_fp8_kernel(h, 6, zero_padding=False)
     uqp, usp = torch.empty_like(qp), torch.full_like(sp, float("nan"))
     uqp.view(torch.uint8).fill_(0x7F)  # an e4m3 NaN
     unpadded(xq, xs, meta["row_of"], meta["entry_of_row"], meta["offsets"], uqp, usp)
