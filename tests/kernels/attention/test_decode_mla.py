@@ -264,7 +264,12 @@ def test_products_survive_nvcc(kv, tmp_path):
     kernel = mla_split_kernel(2, 16, kv, D_QK ** -0.5)
     src = tmp_path / "split.cu"
     src.write_text(kernel.device_source)
-    cmd = [a for a in kernel.metadata["nvcc_command"][:-3] if a != "--cubin"]  # without -o OUT SRC
+    # the recorded command without -o OUT SRC, its header directories this environment's (a kernel
+    # loaded from the disk cache records those of the environment that built it)
+    from tlx.lowering import device_include_dirs
+
+    cmd = [a for a in kernel.metadata["nvcc_command"][:-3] if a != "--cubin" and not a.startswith("-I")]
+    cmd += [f"-I{d}" for d in device_include_dirs()]
     subprocess.run([*cmd, "--ptx", "-o", str(tmp_path / "split.ptx"), str(src)], check=True, capture_output=True)
     ptx = (tmp_path / "split.ptx").read_text()
     assert "cp.async.bulk.tensor" in ptx
