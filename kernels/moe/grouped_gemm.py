@@ -637,20 +637,33 @@ def _check_contiguous(a, sa, b, sb, block_expert):
     return r, n, k
 
 
-def streaming_block_n(rows: int, n_experts: int) -> int | None:
+# GPUs (by a part of their name) on which the 128-wide routed-row tiles won at every batch size
+# (``streaming_block_n``): an H100 has 0.7x an H200's bandwidth for the same tensor cores
+NARROW_EVERYWHERE = ("H100",)
+
+
+@functools.cache
+def narrow_everywhere(device_index: int) -> bool:
+    """Whether ``streaming_block_n`` takes the 128-wide tiles at every size on this device."""
+    import torch
+
+    return any(tag in torch.cuda.get_device_name(device_index) for tag in NARROW_EVERYWHERE)
+
+
+def streaming_block_n(rows: int, n_experts: int, everywhere: bool = False) -> int | None:
     """``block_n`` of a contiguous GEMM over ``rows`` padded rows (a static bound, such as
     ``metadata.max_rows``) and ``n_experts`` experts: 128 where the bound is below one row block
-    an expert (a decode batch: few experts active, few rows each), else None (the kernel's
-    default: 192 where the column tiles pair up). The 128-wide kernel is the one that stores
-    routed rows only (``row_mask``; at 192 wide its registers do not fit: V4-Flash T = 8192, 6185
-    against 4687 us a layer on an H100).
+    an expert (a decode batch: few experts active, few rows each) or ``everywhere`` (a device of
+    ``NARROW_EVERYWHERE``), else None (the kernel's default: 192 where the column tiles pair up).
+    The 128-wide kernel is the one that stores routed rows only (``row_mask``; at 192 wide its
+    registers do not fit: V4-Flash T = 8192, 6185 against 4687 us a layer on an H100).
 
     The V4 layers as CUDA graphs, 2026-12-06, interleaved, the same bits, 128-wide tiles storing
     routed rows against 192-wide tiles storing every row: on an H200, V4-Flash T = 8 350 against
     378 us (1.08x), T = 512 1938 / 1940 (equal), T = 8192 3994 / 3696 (0.93x), V4-Pro T = 8192
-    0.90x; on an H100 (less bandwidth a flop) 1.15x / 1.18x / 1.06x and V4-Pro T = 8192 1.25x.
-    The rule takes the H200's side (the issues' machine): 128 only below one block an expert."""
-    return BLOCK_N if rows < BLOCK_M * n_experts else None
+    0.90x; on an H100 (less bandwidth a flop) 1.15x / 1.18x / 1.06x and V4-Pro T = 8192 1.25x,
+    hence 128 at every size there."""
+    return BLOCK_N if everywhere or rows < BLOCK_M * n_experts else None
 
 
 def grouped_gemm_contiguous(a, sa, b, sb, block_expert, out=None, rows=None):
@@ -666,7 +679,7 @@ def grouped_gemm_contiguous(a, sa, b, sb, block_expert, out=None, rows=None):
         _check("rows", rows, torch.int32, (r,))
     if out is None:
         out = torch.empty(r, n, dtype=torch.bfloat16, device=a.device)
-    block_n = streaming_block_n(r, b.shape[0])
+    block_n = streaming_block_n(r, b.shape[0], narrow_everywhere(a.device.index))
     row_mask = rows is not None and block_n == BLOCK_N
     kernel = grouped_gemm_contiguous_kernel(n, k, num_sms=persistent_ctas(a.device.index), block_n=block_n,
                                             row_mask=row_mask)

@@ -136,7 +136,7 @@ from dataclasses import dataclass
 import torch
 
 from kernels.moe.mega import protocol as K
-from kernels.moe.grouped_gemm import BLOCK_N, streaming_block_n
+from kernels.moe.grouped_gemm import BLOCK_N, narrow_everywhere, streaming_block_n
 from kernels.moe.metadata import max_rows, metadata_buffers, routing_metadata
 from kernels.moe.pipeline import MoEConfig
 
@@ -173,6 +173,7 @@ class MegaPlan:
     gemm_sms: int  # persistent CTAs of each GEMM launch (the rank's SM share)
     dispatch_ctas: int
     wave_sms: int  # persistent CTAs of the fused wave kernel (all co-resident: see make_plan)
+    narrow_tiles: bool = False  # the device takes 128-wide GEMM tiles at every size (grouped_gemm.narrow_everywhere)
 
     @property
     def n_local(self) -> int:
@@ -200,7 +201,7 @@ class MegaPlan:
 
 
 def make_plan(n_ranks: int, tokens_per_rank: int, hidden: int, inter: int, n_experts: int, topk: int, sms: int,
-              waves: int | None = None, virtual: bool = True) -> MegaPlan:
+              waves: int | None = None, virtual: bool = True, narrow_tiles: bool = False) -> MegaPlan:
     """The plan of a layer call; every argument error names the argument. ``sms``: the device's
     SM count; virtual ranks share it (each rank's GEMMs get ``sms // n`` rounded down to even).
 
@@ -209,7 +210,9 @@ def make_plan(n_ranks: int, tokens_per_rank: int, hidden: int, inter: int, n_exp
     SMs (a TPC: ``sms / 2`` pairs); on one GPU the n ranks' wave kernels may run together with up to
     n - 1 waiting one-warp CTAs of the other ranks (``exchange``, ``step``, ``gate``: one at a time
     per compute stream), each of which can spoil a pair at worst, so
-    ``n * wave_sms / 2 + n - 1 <= sms / 2``. On one GPU per rank only the rank's own kernels run there."""
+    ``n * wave_sms / 2 + n - 1 <= sms / 2``. On one GPU per rank only the rank's own kernels run there.
+    ``narrow_tiles``: the unfused GEMMs take 128-wide tiles at every size (the device is one of
+    ``grouped_gemm.NARROW_EVERYWHERE``: see ``streaming_block_n``)."""
     if not 1 <= n_ranks <= K.PEERS:
         raise ValueError(f"n_ranks: expected 1 to {K.PEERS} ranks, got {n_ranks}")
     if n_experts % n_ranks:
@@ -235,7 +238,7 @@ def make_plan(n_ranks: int, tokens_per_rank: int, hidden: int, inter: int, n_exp
         raise ValueError(f"n_ranks: {n_ranks} virtual ranks leave {share} SMs each of {sms}; a GEMM needs 2")
     wave_sms = max(1, (sms // 2 - n_ranks + 1) // n_ranks) * 2 if virtual else gemm_sms
     return MegaPlan(n_ranks, tokens_per_rank, hidden, inter, n_experts, topk, -(-el // per_wave), per_wave,
-                    gemm_sms, gemm_sms, wave_sms)
+                    gemm_sms, gemm_sms, wave_sms, narrow_tiles)
 
 
 FUSIONS = ("l1_swiglu", "none", "wave")  # what a wave's compute fuses (module docstring)
@@ -261,7 +264,7 @@ def compute_kernel_specs(plan: MegaPlan, clamp: float, fusion: str) -> dict:
     if fusion == "wave":
         return {"wave": ("kernels.moe.mega.wave", "wave_kernel", (i2, h, float(clamp)), {"num_sms": plan.wave_sms})}
     # the unfused GEMMs as moe_layer's: its tile width (``streaming_block_n``); 128 wide, the wave's routed rows stored
-    block_n = streaming_block_n(plan.rows, plan.n_local)
+    block_n = streaming_block_n(plan.rows, plan.n_local, plan.narrow_tiles)
     plain = sms | {"block_n": block_n, "row_mask": block_n == BLOCK_N}
     l1 = ((gemm, "grouped_gemm_swiglu_kernel", (i2, h, float(clamp)), sms) if fusion == "l1_swiglu"
           else (gemm, "grouped_gemm_contiguous_kernel", (i2, h), plain))
@@ -459,7 +462,8 @@ class MegaMoE:
         device = w1.device
         sms = torch.cuda.get_device_properties(device).multi_processor_count
         tr = max(1, -(-n_tokens // n) if self.virtual else n_tokens)  # every rank passes the same T in group mode
-        self.plan = make_plan(n, tr, h, two_i // 2, e, cfg.topk, sms, waves, self.virtual)
+        self.plan = make_plan(n, tr, h, two_i // 2, e, cfg.topk, sms, waves, self.virtual,
+                              narrow_everywhere(device.index))
         self.cfg, self.weights, self.n_tokens = cfg, (w1, s1, w2, s2), n_tokens
         self.timeout_ns = int(timeout_s * 1e9)
         self.timeout_s = timeout_s

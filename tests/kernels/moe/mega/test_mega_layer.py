@@ -211,6 +211,31 @@ def test_compute_kernels_of_each_fusion(n):
         compute_kernel_specs(p, 10.0, "all")
 
 
+def test_narrow_tiles_plan_takes_routed_row_gemms_at_every_size():
+    """A device of ``grouped_gemm.NARROW_EVERYWHERE`` (the plan's ``narrow_tiles``): the plain
+    GEMMs take 128-wide tiles storing routed rows at 8192 tokens too, where another device's plan
+    takes the default tiles; the fused L1 is unchanged."""
+    wide, narrow = (make_plan(1, 8192, sms=132, narrow_tiles=t, **FLASH) for t in (False, True))
+    share = {"num_sms": 132}
+    for plan, plain in ((wide, {"block_n": None, "row_mask": False}), (narrow, {"block_n": 128, "row_mask": True})):
+        specs = compute_kernel_specs(plan, 10.0, "none")
+        assert specs["l1"][3] == specs["l2"][3] == share | plain
+        assert compute_kernel_specs(plan, 10.0, "l1_swiglu")["l1"][3] == share
+
+
+def test_narrow_everywhere_by_device_name(monkeypatch):
+    """The tile rule's device check reads the device's name: an H100 takes the narrow tiles, an H200 not."""
+    from kernels.moe import grouped_gemm as G
+
+    for name, expected in (("NVIDIA H100 80GB HBM3", True), ("NVIDIA H200", False), ("NVIDIA H100 NVL", True)):
+        G.narrow_everywhere.cache_clear()
+        monkeypatch.setattr(torch.cuda, "get_device_name", lambda index, name=name: name)
+        assert G.narrow_everywhere(0) is expected
+    G.narrow_everywhere.cache_clear()
+    assert G.streaming_block_n(1 << 20, 256, True) == 128 and G.streaming_block_n(1 << 20, 256) is None
+    assert G.streaming_block_n(6144, 256) == 128
+
+
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 8])
 @pytest.mark.parametrize("sms", [132, 114, 78])
 def test_wave_kernels_of_all_ranks_fit_with_the_waiting_warps(n, sms):
