@@ -59,6 +59,12 @@ def test_kernel_compiles_for_sm90a(name):
             # no TMA store: 16-byte stores of the rows whose entry (staged in live_s) is >= 0
             assert "tl::tma_store(" not in src and "rows[" in src
             assert "(0 <= ((int*)live_s)[" in src and "*(uint4*)(C + " in src
+            # a tile whose row 64 is padding (its entry < 0) loads 64 A rows a stage (8 KB of
+            # e4m3), any other tile all 128 (16 KB); the other kernels always load 128
+            assert "rows[(((int64_t)r0) + (int64_t)64)]" in src
+            assert src.count("expect_transaction(8192)") == 1
+        elif name.startswith("gemm"):
+            assert "expect_transaction(8192)" not in src
         wgmma = f"kFloat8_e4m3, tl::DataType::kFloat8_e4m3, tl::DataType::kFloat32, 64, {width}, 32"
         assert wgmma in src
         assert "__fmaf_rn(part" in src
