@@ -27,6 +27,7 @@ Usage: python bench/mega_moe.py [--out FILE.json] [--reps N] [--models V4-Flash,
 """
 
 import argparse
+import dataclasses
 import json
 import os
 import signal
@@ -105,13 +106,15 @@ def kernel_specs(layers, tests=False):
                   ("kernels.moe.mega.protocol", "gate_kernel", (n, p.n_waves), ()),
                   ("kernels.moe.mega.protocol", "dispatch_kernel",
                    (n, h, k, p.n_waves, p.wave_experts, p.n_local, p.dispatch_ctas), ())}
-        for fusion in fusions:  # the layer's wave GEMMs on the rank's SM share
+        for fusion in fusions:  # the layer's wave GEMMs on the rank's SM share, for either tile rule
             clamp = (V4_FLASH if name == "V4-Flash" else V4_PRO)["cfg"].clamp
-            specs |= {(mod, fn, args, tuple(sorted(kw.items())))
-                      for mod, fn, args, kw in compute_kernel_specs(p, clamp, fusion).values()}
-        # moe_layer's GEMMs on every SM, in both tile widths (``streaming_block_n`` picks by T)
+            for plan in (p, dataclasses.replace(p, narrow_tiles=True)):
+                specs |= {(mod, fn, args, tuple(sorted(kw.items())))
+                          for mod, fn, args, kw in compute_kernel_specs(plan, clamp, fusion).values()}
+        # moe_layer's GEMMs on every SM, in both tile widths (``streaming_block_n`` picks by T and
+        # device; only the 128-wide one stores routed rows alone)
         specs |= {("kernels.moe.grouped_gemm", "grouped_gemm_contiguous_kernel", nk,
-                   (("block_n", bn), ("num_sms", SMS), ("row_mask", True)))
+                   (("block_n", bn), ("num_sms", SMS), ("row_mask", bn == 128)))
                   for nk in ((2 * i, h), (h, i)) for bn in (None, 128)}
     return sorted(specs, key=lambda s: (not s[1].startswith("grouped_gemm"), str(s)))  # slowest first
 
