@@ -682,6 +682,7 @@ def streaming_block_n(rows: int, n_experts: int, everywhere: bool = False) -> in
     routed rows against 192-wide tiles storing every row: on an H200, V4-Flash T = 8 350 against
     378 us (1.08x), T = 512 1938 / 1940 (equal), T = 8192 3994 / 3696 (0.93x), V4-Pro T = 8192
     0.90x; on an H100 (less bandwidth a flop) 1.15x / 1.18x / 1.06x and V4-Pro T = 8192 1.25x,
+    and 1.06-1.24x at each of 14 sizes of both models in a later sweep (``bench/moe_tile_width.py``),
     hence 128 at every size there."""
     return BLOCK_N if everywhere or rows < BLOCK_M * n_experts else None
 
