@@ -11,8 +11,12 @@ the MLA H16 e4m3 decode case (B 128, context 8192: 604M values) take on the devi
 * half: half the values each way.
 
 The integer path is first checked equal to the native one on every non-NaN e4m3 pair at four
-scales. Usage: ``python3 bench/dequant_rate.py``."""
-import cupy as cp
+scales (a difference ends the run). Usage: ``python3 bench/dequant_rate.py [--out FILE.json]``."""
+import argparse
+import json
+import sys
+from pathlib import Path
+
 import torch
 
 SRC = r"""
@@ -72,9 +76,17 @@ extern "C" __global__ void check(const unsigned* w, float s, unsigned* o_native,
 
 
 def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", help="write the rows as JSON here")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("bench/dequant_rate.py needs a CUDA GPU")
+    import cupy as cp  # the device machine's (NVRTC); not a dependency of tlx
+
+    print(f"# {torch.cuda.get_device_name()}")
     mod = cp.RawModule(code=SRC, options=("-arch=sm_90a", "-std=c++17", f"-I{cp.cuda.get_cuda_path()}/include"))
     check = mod.get_function("check")
-    # correctness of the integer path on every byte pair whose value is not NaN, two scales
+    # the integer path against the native one on every byte pair whose value is not NaN, four scales
     w = torch.arange(1 << 16, dtype=torch.int64, device="cuda").to(torch.int32)
     lo, hi = w & 0xFF, (w >> 8) & 0xFF
     finite = ((lo & 0x7F) != 0x7F) & ((hi & 0x7F) != 0x7F)
@@ -84,13 +96,14 @@ def main():
         n = w.numel()
         check(((n + 255) // 256,), (256,), (cp.from_dlpack(w), cp.float32(s), cp.from_dlpack(a), cp.from_dlpack(b), cp.int32(n)))
         torch.cuda.synchronize()
-        print(f"# scale {s}: integer path equal to the native one on {n} pairs: {torch.equal(a, b)} "
-              f"({int((a != b).sum())} differ)")
-    props = torch.cuda.get_device_properties(0)
-    sms = props.multi_processor_count
+        if not torch.equal(a, b):
+            sys.exit(f"scale {s}: the integer path differs from the native one on {int((a != b).sum())} of {n} pairs")
+    print("# the integer path equals the native one on every finite pair at four scales")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
     out = torch.zeros(1, dtype=torch.int32, device="cuda")
     iters = 2048
     elems = sms * 2 * 512 * iters * 8 * 8  # 2 CTAs of 512 a SM, 8 pairs of 4-value words an iteration
+    rows = []
     for name in ("native", "integer", "half"):
         run = mod.get_function(f"run_{name}")
         ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
@@ -103,10 +116,13 @@ def main():
             ts.append(ev[0].elapsed_time(ev[1]))
         ms = sorted(ts)[3]
         per_sm_per_ns = elems / sms / (ms * 1e6)
+        mla_us = 604e6 / sms / per_sm_per_ns / 1e3
+        rows.append({"path": name, "ms": ms, "values_per_sm_ns": per_sm_per_ns, "mla_h16_e4m3_us": mla_us})
         print(f"| {name} | {ms:.3f} ms | {per_sm_per_ns:.2f} values / SM / ns | 604M values on {sms} SMs: "
-              f"{604e6 / sms / per_sm_per_ns / 1e3:.0f} us |", flush=True)
+              f"{mla_us:.0f} us |", flush=True)
+    if args.out:
+        Path(args.out).write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "rows": rows}, indent=1))
 
 
 if __name__ == "__main__":
-    print(f"# {torch.cuda.get_device_name()}")
     main()

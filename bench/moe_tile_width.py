@@ -8,10 +8,12 @@ bit, then the replays are timed in turn (``bench.timing.interleaved_ms``: CUDA e
 median). With ``--timeline T,...`` one replay of each graph at those V4-Flash sizes also runs under
 the profiler: each kernel's time and the gaps between kernels.
 
-    python3 bench/moe_tile_width.py [--flash 8,32,...] [--pro 8,128,...] [--timeline 8,512] [--reps 20]
+    python3 bench/moe_tile_width.py [--flash 8,32,...] [--pro 8,128,...] [--timeline 8,512] [--reps 20] [--out FILE]
 """
 
 import argparse
+import json
+import signal
 import sys
 from pathlib import Path
 
@@ -19,6 +21,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+ROWS = []  # the measured rows, for --out
 WIDTHS = {"128 wide": lambda rows, experts, *_: 128, "192 wide": lambda rows, experts, *_: None}
 
 
@@ -76,6 +79,7 @@ def sweep(model_name: str, tokens: list[int], timeline: set[int], reps: int) -> 
             ms = interleaved_ms({k: v.replay for k, v in graphs.items()}, reps)
             narrow, wide = ms["128 wide"] * 1e3, ms["192 wide"] * 1e3
             print(f"| {model_name} | {t} | {narrow:.1f} | {wide:.1f} | {wide / narrow:.3f}x | bit for bit |", flush=True)
+            ROWS.append({"model": model_name, "T": t, "us_128_wide": narrow, "us_192_wide": wide})
             del graphs, outs
     finally:
         G.streaming_block_n = rule
@@ -89,15 +93,21 @@ def main() -> None:
     ap.add_argument("--pro", default="8,128,512,2048,8192", help="V4-Pro T values ('' for none)")
     ap.add_argument("--timeline", default="8,512", help="V4-Flash T values profiled as one replay")
     ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--out", help="write the rows as JSON here")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench/moe_tile_width.py needs a CUDA GPU")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(124))  # a timeout still writes --out
     ints = lambda text: [int(v) for v in text.split(",") if v]  # noqa: E731
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}")
     print("| model | T | 128 wide, routed rows (us) | 192 wide, every row (us) | 192 / 128 | outputs |")
     print("| --- | --- | --- | --- | --- | --- |", flush=True)
-    for name, tokens in (("V4-Flash", ints(args.flash)), ("V4-Pro", ints(args.pro))):
-        sweep(name, tokens, set(ints(args.timeline)), args.reps)
+    try:
+        for name, tokens in (("V4-Flash", ints(args.flash)), ("V4-Pro", ints(args.pro))):
+            sweep(name, tokens, set(ints(args.timeline)), args.reps)
+    finally:
+        if args.out:
+            Path(args.out).write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "rows": ROWS}, indent=1))
 
 
 if __name__ == "__main__":
