@@ -133,9 +133,9 @@ def persistent_grouped_gemm(n: int, k: int, masked: bool, num_stages: int, clust
     # The layouts differ only in where a tile's rows live: A / SA / C rows r0.. of the whole matrix
     # (contiguous) or of expert ``expert``'s matrix (masked; SA's row clamped below M: TMA zero-fills
     # A's rows past M and clips C's).
-    def a_tile(A, expert, r0, kb):
+    def a_tile(A, expert, r0, kb, rows: int = BLOCK_M):
         ks = slice(kb * BLOCK_K, (kb + 1) * BLOCK_K)
-        return A[expert, r0:r0 + BLOCK_M, ks] if masked else A[r0:r0 + BLOCK_M, ks]
+        return A[expert, r0:r0 + rows, ks] if masked else A[r0:r0 + rows, ks]
 
     def sa_at(SA, expert, row, kb):
         return SA[expert, T.min(row, mrows - 1), kb] if masked else SA[row, kb]
@@ -238,10 +238,8 @@ def persistent_grouped_gemm(n: int, k: int, masked: bool, num_stages: int, clust
     @T.macro
     def load_a(A, expert, r0, kb, A_s, full, it: T.Ref, rows: int):
         """Stage ``it``'s first ``rows`` A rows of the tile, multicast over the cluster."""
-        if rows < BLOCK_M:
-            src, dst = A[r0:r0 + rows, kb * BLOCK_K:(kb + 1) * BLOCK_K], A_s[it % num_stages, 0:rows, :]
-        else:
-            src, dst = a_tile(A, expert, r0, kb), A_s[it % num_stages, :, :]
+        src = a_tile(A, expert, r0, kb, rows)
+        dst = A_s[it % num_stages, 0:rows, :] if rows < BLOCK_M else A_s[it % num_stages, :, :]
         if cluster > 1:
             T.tma_copy(src, dst, barrier=full[it % num_stages], cluster_mask=(1 << cluster) - 1)
         else:
