@@ -108,6 +108,7 @@ INDEXER_DECODE_TOKENS = (1, 2)
 # the row-major split (consumers 0) and the combine they are timed against
 KEY_MAJOR_CONFIGS = ([("mla_keys", t, h, KV_DTYPES[fp8], st, c) for h, t, fp8 in KEY_MAJOR_CASES
                       for c in (1, 2) for st in (KEY_MAJOR_STAGES if fp8 and (c == 2 or h * t == 16) else (2,))]
+                     + [("mla_keys", t, h, KV_DTYPES[fp8], None, 1) for h, t, fp8 in KEY_MAJOR_CASES if fp8]
                      + [("mla_keys", t, h, KV_DTYPES[fp8], 1 if fp8 else 2, 0) for h, t, fp8 in KEY_MAJOR_CASES]
                      + [("combine", t, h, 0, False, 64) for h, t, _ in KEY_MAJOR_CASES])
 # the overlap rows' kernels (--only-overlap compiles these alone): the hand-scheduled row-major
@@ -513,9 +514,10 @@ def key_major_rows(reps, copy_gbps):
 
     for heads, tokens, fp8 in KEY_MAJOR_CASES:
         # (key_major, pages in flight): the row-major kernel (its default stages) first (one
-        # consumer over e4m3: pages in flight are its producers, two by default; one, at 16 rows:
-        # two CTAs a SM)
-        variants = ([(0, None), (1, None)] + [(1, 1)] * (fp8 and heads * tokens == 16)
+        # consumer over e4m3: pages in flight are its producers; by default at 16 rows one with
+        # the next page staged by TMA, else two; one, at 16 rows: two CTAs a SM; two)
+        staged = fp8 and heads * tokens == 16
+        variants = ([(0, None), (1, None)] + [(1, 1), (1, 2)] * staged
                     + [(2, st) for st in (KEY_MAJOR_STAGES if fp8 else (None,))])
         shape = f"B {BATCH} ctx {CTX} H {heads} T {tokens} {'e4m3' if fp8 else 'bf16'}"
         g = torch.Generator(device="cuda").manual_seed(heads + tokens + 7)
@@ -534,7 +536,8 @@ def key_major_rows(reps, copy_gbps):
         moved = BATCH * CTX * (D_QK + (D_QK // GROUP) * 4 if fp8 else D_QK * 2)
         for v in variants:
             what = ("row-major split" if v[0] == 0 else f"key-major split, {v[0]} consumer warpgroups" if v[0] == 2 or not fp8
-                    else "key-major split, producers dequantize" if v[1] is None
+                    else "key-major split, one producer dequantizes the page TMA staged" if v[1] is None and staged
+                    else "key-major split, two producers dequantize" if v[1] in (None, 2)
                     else "key-major split, one producer dequantizes (two CTAs a SM)")
             default = v == (key_major_default(heads * tokens), None)
             pages = f", {v[1]} pages in flight" if v[1] and v[0] != 1 else ""

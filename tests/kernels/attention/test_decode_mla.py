@@ -15,6 +15,7 @@ import re
 import pytest
 import torch
 
+from kernels.attention import common as C
 from kernels.attention.decode_mla import (D_QK, D_V, GROUP, PAGE, SPLIT_PAGES, dequant_cache, key_major_default,
                                           mla_combine_kernel, mla_decode, mla_split_key_major_fp8_kernel,
                                           mla_split_key_major_kernel, mla_split_kernel, mla_split_overlap_kernel,
@@ -175,6 +176,42 @@ def test_key_major_fp8_one_producer_kernel():
         mla_split_key_major_fp8_kernel(2, 16, scale, SPLIT_PAGES, 1)
 
 
+def test_key_major_fp8_staged_kernel():
+    """The staged split (``staged=True``): one producer warpgroup, 256 threads, one CTA a SM; each
+    page's e4m3 values and scales by TMA into one staging tile (one expected-bytes barrier of 128
+    arrivals), the next page's copy issued right after the producer's named barrier that follows
+    its reads of the tile; the conversions read registers only, so no barrier sits inside a
+    piece's conversion (TileLang put one in each of the 32 when the scales came from shared
+    memory there); two bf16 slots on full / empty barriers; every access proven; the hand-off
+    simulated at 0..9 pages: no thread waits forever."""
+    from tlx.passes.progress import check_progress, ctas_per_sm
+
+    scale, tokens, heads = D_QK ** -0.5, 1, 16
+    kernel = mla_split_key_major_fp8_kernel(tokens, heads, scale, SPLIT_PAGES, 1, True)
+    src, n = kernel.device_source, tokens * heads
+    [launch] = kernel.metadata["launches"]
+    assert launch["block"][0] == "256" and int(launch["dynamic_shared_memory"]) + launch["static_shared_memory"] <= 227 * 1024
+    assert "warpgroup_reg" not in src  # 255 registers for both warpgroups at launch: nothing to hand over
+    assert f"kFloat32, 64, {n}, 16, false, false" in src and f"kFloat32, 64, {n}, 16, true, false" in src
+    assert src.count("wgmma_ss<") == 3
+    assert src.count("staged_full[0].expect_transaction(32768)") == 2  # the nope values: prologue and loop
+    assert src.count("init(128)") == 5  # full and empty of two slots, the staging tile's
+    producer = src[src.index("staged_full[0].wait"):]
+    staged_sync = f"__sync_thread_partial({C.NAMED_BARRIER}, 128)"
+    assert producer.index(staged_sync) < producer.index("if ((n + 1) < count)")
+    conversions = re.findall(r"for \(int k_\d+ = 0; k_\d+ < 32; \+\+k_\d+\) \{(.*?)\n        \}", producer, re.S)
+    assert len(conversions) == 2 and all("__NV_E4M3" in c and "__sync_thread_partial" not in c for c in conversions)
+    bounds = kernel.metadata["reports"]["bounds"]
+    assert (bounds["unknown"], bounds["violations"], bounds["preconditions"]) == ([], [], [])
+    assert bounds["proven"] == bounds["accesses"] > 0
+    func = fp8_split_device_function(tokens, heads, scale, SPLIT_PAGES, 1, True)
+    assert ctas_per_sm(func) == 1
+    report = check_progress(func)
+    assert report.verdict == "unknown" and "no hang at count = 0..9 (8 schedules each)" in report.detail, report.detail
+    with pytest.raises(ValueError, match="staged: takes one producer warpgroup, got producers=2"):
+        mla_split_key_major_fp8_kernel(tokens, heads, scale, SPLIT_PAGES, 2, True)
+
+
 def test_key_major_fp8_kernel_proven_and_never_hangs():
     """Every access proven in bounds; deterministic, and batch invariance unknown for one reason
     only: the block table's width ``MP`` clamps ``seq_lens`` (a length past its table's pages),
@@ -211,9 +248,15 @@ def test_key_major_rows_checked():
         mla_split_key_major_fp8_kernel(1, 64, D_QK ** -0.5)
     with pytest.raises(ValueError, match="consumers: one consumer warpgroup over an e4m3 cache is mla_split_key_major_fp8_kernel"):
         mla_split_key_major_kernel(1, 16, "float8_e4m3", D_QK ** -0.5, 1, SPLIT_PAGES, 1)
-    # one consumer over e4m3: pages in flight are its producers (two by default)
+    # one consumer over e4m3: pages in flight are its producers; by default the staged form at 16
+    # rows (one producer, the next page staged by TMA), two producers at 32
     scale = D_QK ** -0.5
-    assert split_kernel(1, 16, "float8_e4m3", scale, None, SPLIT_PAGES, 1) is mla_split_key_major_fp8_kernel(1, 16, scale)
+    assert split_kernel(1, 16, "float8_e4m3", scale, None, SPLIT_PAGES, 1) is mla_split_key_major_fp8_kernel(
+        1, 16, scale, SPLIT_PAGES, 1, True)
+    assert split_kernel(2, 16, "float8_e4m3", scale, None, SPLIT_PAGES, 1) is mla_split_key_major_fp8_kernel(2, 16, scale)
+    assert split_kernel(1, 16, "float8_e4m3", scale, 2, SPLIT_PAGES, 1) is mla_split_key_major_fp8_kernel(1, 16, scale)
+    with pytest.raises(ValueError, match=r"staged: takes 16 query rows .* got 2 x 16"):
+        mla_split_key_major_fp8_kernel(2, 16, scale, SPLIT_PAGES, 1, True)
     assert split_kernel(1, 16, "float8_e4m3", scale, 1, SPLIT_PAGES, 1) is mla_split_key_major_fp8_kernel(1, 16, scale, SPLIT_PAGES, 1)
     with pytest.raises(ValueError, match="producers: expected one of"):
         mla_split_key_major_fp8_kernel(1, 16, scale, SPLIT_PAGES, 3)
