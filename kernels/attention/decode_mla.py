@@ -462,12 +462,28 @@ def key_major_scores(KV_p, KP_p, Q_s, QP_s, acc_t):
 
 
 @T.macro
-def key_major_update(KV_p, P_s, p_s, part_s, acc_t, acc_o, m, m_prev, m_scaled, alpha, l, row_sum, k0, seq,
-                     tokens: int, heads: int, scale_log2: float):
-    """A page's online-softmax step on ``acc_t = S^T`` and ``O^T += V^T P^T`` (``C.softmax_step``
-    with the rows as columns, the row sum in the row-major kernel's order): the page's first key
-    is ``k0()``, the sequence's keys ``seq()`` (callables: see ``dequant_page``); ``KV_p``'s slots
-    past the sequence must hold finite values (zeros)."""
+def key_major_softmax(P_s, p_s, part_s, acc_t, s_t, m, m_prev, m_scaled, alpha, l, row_sum, k0, seq,
+                      tokens: int, heads: int, scale_log2: float, slot=None):
+    """A page's online-softmax step on ``acc_t = S^T`` (``C.softmax_step`` with the rows as columns,
+    the row sum in the row-major kernel's order), P rounded into ``P_s``: the page's first key is
+    ``k0()``, the sequence's keys ``seq()`` (callables: see ``dequant_page``); ``slot``: P's slot in
+    a ``P_s`` of two (None: ``P_s`` is one [rows, 64] tile). ``s_t``: None to
+    work in ``acc_t`` itself, else a fragment of its shape to work in, so that no instruction
+    writes a wgmma accumulator while another product may be in flight (ptxas then serializes
+    every wgmma of the kernel)."""
+    if s_t is None:
+        softmax_in_place(P_s, p_s, part_s, acc_t, m, m_prev, m_scaled, alpha, l, row_sum, k0, seq, tokens, heads,
+                         scale_log2, slot)
+    else:
+        T.copy(acc_t, s_t)
+        softmax_in_place(P_s, p_s, part_s, s_t, m, m_prev, m_scaled, alpha, l, row_sum, k0, seq, tokens, heads,
+                         scale_log2, slot)
+
+
+@T.macro
+def softmax_in_place(P_s, p_s, part_s, acc_t, m, m_prev, m_scaled, alpha, l, row_sum, k0, seq, tokens: int, heads: int,
+                     scale_log2: float, slot):
+    """``key_major_softmax`` on the scores in ``acc_t``, which it overwrites with p."""
     rows = tokens * heads
     if k0() + PAGE > seq() - tokens:
         for i, j in T.Parallel(PAGE, rows):
@@ -484,9 +500,27 @@ def key_major_update(KV_p, P_s, p_s, part_s, acc_t, acc_o, m, m_prev, m_scaled, 
         row_sum[j] = quad_sum(part_s, j)
         l[j] = T.ieee_fmaf(l[j], alpha[j], row_sum[j])
     for i, j in T.Parallel(PAGE, rows):
-        P_s[j, i] = T.Cast("bfloat16", acc_t[i, j])
-    for d, j in T.Parallel(D_V, rows):
+        if slot is None:
+            P_s[j, i] = T.Cast("bfloat16", acc_t[i, j])
+        else:
+            P_s[slot, j, i] = T.Cast("bfloat16", acc_t[i, j])
+
+
+@T.macro
+def rescale_output(acc_o, alpha):
+    """``O^T *= alpha`` per row (column of ``acc_o``), before the page's ``V^T P^T`` adds to it."""
+    for d, j in T.Parallel(D_V, acc_o.shape[1]):
         acc_o[d, j] = acc_o[d, j] * alpha[j]
+
+
+@T.macro
+def key_major_update(KV_p, P_s, p_s, part_s, acc_t, acc_o, m, m_prev, m_scaled, alpha, l, row_sum, k0, seq,
+                     tokens: int, heads: int, scale_log2: float):
+    """A page's online-softmax step (``key_major_softmax``) and ``O^T += V^T P^T``; ``KV_p``'s
+    slots past the sequence must hold finite values (zeros)."""
+    key_major_softmax(P_s, p_s, part_s, acc_t, None, m, m_prev, m_scaled, alpha, l, row_sum, k0, seq, tokens, heads,
+                      scale_log2)
+    rescale_output(acc_o, alpha)
     T.gemm(KV_p, P_s, acc_o, transpose_A=True, transpose_B=True, policy=T.GemmWarpPolicy.FullCol)
 
 
@@ -621,7 +655,7 @@ def piece_scale(scale, KS_s, k, row, group, n):
 
 @tlx.jit(target=C.TARGET, assume=["1 <= P", "1 <= MP", f"MP <= {MAX_PAGES}", "B <= 65535"])
 def mla_split_key_major_fp8_kernel(tokens: int, heads: int, softmax_scale: float, split_pages: int = SPLIT_PAGES,
-                                   producers: int = 2, staged: bool = False):
+                                   producers: int = 2, staged: bool = False, overlap: bool = False):
     """``mla_split_key_major_kernel`` for an e4m3 cache with the dequant off the consumer's path:
     two producer warpgroups, each owning one bf16 page slot in shared memory and the alternate
     pages of the split (producer w: pages t = w, w + 2, ...), load a page's e4m3 values and
@@ -642,12 +676,20 @@ def mla_split_key_major_fp8_kernel(tokens: int, heads: int, softmax_scale: float
     ``staged`` (with ``producers=1``): one producer warpgroup, one CTA a SM, two bf16 slots (page
     t into slot t % 2) and a staging tile that TMA fills with the next page's e4m3 values and
     scales while the producer converts the last one (``produce_staged``): in the kernels above a
-    producer's next load waits for its conversion, so each holds at most one page in flight."""
+    producer's next load waits for its conversion, so each holds at most one page in flight.
+
+    ``overlap`` (with ``staged``): the consumer issues page t's score product and then page t - 1's
+    ``V^T P^T`` (asynchronous wgmma, P in two slots) and runs page t's softmax while the latter is
+    on the tensor cores, instead of running the products and the softmax one after another; the
+    softmax works on a copy of the scores (no accumulator written while a product is in flight).
+    The same operations on every value in the same order: the same bits."""
     split = check_split(split_pages)
     if producers not in FP8_SPLITS:
         raise ValueError(f"producers: expected one of {tuple(FP8_SPLITS)}, got {producers!r}")
     if staged and producers != 1:
         raise ValueError(f"staged: takes one producer warpgroup, got producers={producers!r}")
+    if overlap and not staged:
+        raise ValueError("overlap: takes the staged form (staged=True)")
     if staged and tokens * heads != KEY_MAJOR_ROWS[0]:
         raise ValueError(f"staged: takes {KEY_MAJOR_ROWS[0]} query rows (32 need 235 KB of shared memory), "
                          f"got {tokens} x {heads}")
@@ -722,6 +764,41 @@ def mla_split_key_major_fp8_kernel(tokens: int, heads: int, softmax_scale: float
             T.mbarrier_arrive(full[w])
 
     @T.macro
+    def overlapped_pages(Q_s, QP_s, KV_s, KP_s, P_s, p_s, part_s, acc_t, s_t, acc_o, m, m_prev, m_scaled, alpha, l,
+                         row_sum, full, empty, BT, b, first, seq, count, bad: T.Ref):
+        """The consumer's pages with ``overlap`` (see the kernel): page 0's scores and softmax, then
+        per page t >= 1 its scores and page t - 1's ``V^T P^T`` issued together, page t's softmax
+        under the latter, the wait for it, slot t - 1 released, ``O^T`` rescaled by page t's
+        alpha; last, the last page's product (every wgmma outside a branch)."""
+        T.mbarrier_wait_parity(full[0], 0)
+        T.wgmma_gemm(KV_s[0, :, :], Q_s, acc_t, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullCol)
+        T.wgmma_gemm(KP_s[0, :, :], QP_s, acc_t, transpose_B=True, policy=T.GemmWarpPolicy.FullCol)
+        T.wait_wgmma(0)
+        if entry_outside(BT, b, first, pages):
+            bad = 1
+        key_major_softmax(P_s, p_s, part_s, acc_t, s_t, m, m_prev, m_scaled, alpha, l, row_sum,
+                          lambda: first * PAGE, lambda: seq, tokens, heads, scale_log2, 0)
+        rescale_output(acc_o, alpha)
+        for t in T.serial(1, T.max(count, 1)):
+            T.mbarrier_wait_parity(full[t % 2], (t // 2) & 1)
+            T.wgmma_gemm(KV_s[t % 2, :, :], Q_s, acc_t, transpose_B=True, clear_accum=True,
+                         policy=T.GemmWarpPolicy.FullCol)
+            T.wgmma_gemm(KP_s[t % 2, :, :], QP_s, acc_t, transpose_B=True, policy=T.GemmWarpPolicy.FullCol)
+            T.wgmma_gemm(KV_s[(t - 1) % 2, :, :], P_s[(t - 1) % 2, :, :], acc_o, transpose_A=True, transpose_B=True,
+                         policy=T.GemmWarpPolicy.FullCol)
+            T.wait_wgmma(1)  # the scores
+            if entry_outside(BT, b, first + t, pages):
+                bad = 1
+            key_major_softmax(P_s, p_s, part_s, acc_t, s_t, m, m_prev, m_scaled, alpha, l, row_sum,
+                              lambda: (first + t) * PAGE, lambda: seq, tokens, heads, scale_log2, t % 2)
+            T.wait_wgmma(0)  # page t - 1's product: its slot is free
+            T.mbarrier_arrive(empty[(t - 1) % 2])
+            rescale_output(acc_o, alpha)
+        T.gemm(KV_s[(count - 1) % 2, :, :], P_s[(count - 1) % 2, :, :], acc_o, transpose_A=True, transpose_B=True,
+               policy=T.GemmWarpPolicy.FullCol)
+        T.mbarrier_arrive(empty[(count - 1) % 2])
+
+    @T.macro
     def stage_page(KV, KVS, BT, KQ_s, KQP_s, KS_s, staged_full, b, first, n):
         """Page step n's e4m3 values and scales into the staging tiles, by TMA."""
         page = clamped_page(BT, b, first + n, pages)
@@ -771,9 +848,10 @@ def mla_split_key_major_fp8_kernel(tokens: int, heads: int, softmax_scale: float
             QP_s = T.alloc_shared((rows, D_PE), bf16)
             KV_s = T.alloc_shared((slots, PAGE, D_V), bf16)
             KP_s = T.alloc_shared((slots, PAGE, D_PE), bf16)
-            P_s = T.alloc_shared((rows, PAGE), bf16)
+            P_s = T.alloc_shared((2, rows, PAGE) if overlap else (rows, PAGE), bf16)  # overlap: page t in slot t % 2
             p_s = T.alloc_shared((PAGE, rows), f32)
             part_s = T.alloc_shared((rows, 8), f32)
+            s_t = T.alloc_fragment((PAGE, rows), f32) if overlap else None  # overlap: the softmax's copy of S^T
             # full[w]: the producer's 128 threads stored slot w's page; empty[w]: the consumer's 128 read it
             full = T.alloc_barrier([C.WARPGROUP] * slots)
             empty = T.alloc_barrier([C.WARPGROUP] * slots)
@@ -801,14 +879,19 @@ def mla_split_key_major_fp8_kernel(tokens: int, heads: int, softmax_scale: float
                     key_major_queries(Q, Q_s, QP_s, b, heads)
                     C.init_softmax(m, m_scaled, l, acc_o)
                     bad = 0
-                    for t in T.serial(count):
-                        if entry_outside(BT, b, first + t, pages):
-                            bad = 1
-                        T.mbarrier_wait_parity(full[t % slots], (t // slots) & 1)
-                        key_major_scores(KV_s[t % slots, :, :], KP_s[t % slots, :, :], Q_s, QP_s, acc_t)
-                        key_major_update(KV_s[t % slots, :, :], P_s, p_s, part_s, acc_t, acc_o, m, m_prev, m_scaled,
-                                         alpha, l, row_sum, lambda: (first + t) * PAGE, lambda: seq, tokens, heads, scale_log2)
-                        T.mbarrier_arrive(empty[t % slots])
+                    if overlap:
+                        overlapped_pages(Q_s, QP_s, KV_s, KP_s, P_s, p_s, part_s, acc_t, s_t, acc_o, m, m_prev, m_scaled,
+                                         alpha, l, row_sum, full, empty, BT, b, first, seq, count, bad)
+                    else:
+                        for t in T.serial(count):
+                            if entry_outside(BT, b, first + t, pages):
+                                bad = 1
+                            T.mbarrier_wait_parity(full[t % slots], (t // slots) & 1)
+                            key_major_scores(KV_s[t % slots, :, :], KP_s[t % slots, :, :], Q_s, QP_s, acc_t)
+                            key_major_update(KV_s[t % slots, :, :], P_s, p_s, part_s, acc_t, acc_o, m, m_prev, m_scaled,
+                                             alpha, l, row_sum, lambda: (first + t) * PAGE, lambda: seq, tokens, heads,
+                                             scale_log2)
+                            T.mbarrier_arrive(empty[t % slots])
                     key_major_finish(acc_o, l, m_scaled, lse_rows, OP, LP, b, sp, lambda: bad == 0)
                 elif staged:
                     produce_staged(KV, KVS, BT, KQ_s, KQP_s, KS_s, KV_s, KP_s, staged_full, full, empty, b, first, seq,

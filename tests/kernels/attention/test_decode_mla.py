@@ -212,6 +212,32 @@ def test_key_major_fp8_staged_kernel():
         mla_split_key_major_fp8_kernel(tokens, heads, scale, SPLIT_PAGES, 2, True)
 
 
+def test_key_major_fp8_staged_overlap_kernel():
+    """The staged split with ``overlap=True``: in the page loop the consumer issues the page's two
+    score products and the last page's ``V^T P^T`` (three commit groups), waits for the scores
+    only (``wait_wgmma<1>``) before the softmax and for the product after it, then releases the
+    last page's slot; P in two slots; no wgmma waited for inside a branch; every access proven;
+    the hand-off simulated at 0..9 pages: no thread waits forever."""
+    from tlx.passes.progress import check_progress
+
+    scale, tokens, heads = D_QK ** -0.5, 1, 16
+    kernel = mla_split_key_major_fp8_kernel(tokens, heads, scale, SPLIT_PAGES, 1, True, True)
+    src = kernel.device_source
+    release = "empty[((t + 1) & 1)].arrive();"
+    loop = src[src.index("for (int t = 1; t < count; ++t)"):src.index(release) + len(release)]
+    assert loop.count("warpgroup_commit_batch();") == 3 and loop.count("wgmma_ss<") == 3
+    assert loop.index("tl::wait_wgmma<1>();") < loop.index("tl::wait_wgmma<0>();") < loop.index(release)
+    assert "increase_descriptor_offset<int>(desc_b_4, (((t + 1) & 1) * 2048))" in loop  # P of the last page, its slot
+    bounds = kernel.metadata["reports"]["bounds"]
+    assert (bounds["unknown"], bounds["violations"], bounds["preconditions"]) == ([], [], [])
+    assert bounds["proven"] == bounds["accesses"] > 0
+    assert kernel.metadata["reports"]["determinism"]["deterministic"] is True
+    report = check_progress(fp8_split_device_function(tokens, heads, scale, SPLIT_PAGES, 1, True, True))
+    assert report.verdict == "unknown" and "no hang at count = 0..9 (8 schedules each)" in report.detail, report.detail
+    with pytest.raises(ValueError, match="overlap: takes the staged form"):
+        mla_split_key_major_fp8_kernel(tokens, heads, scale, SPLIT_PAGES, 2, False, True)
+
+
 def test_key_major_fp8_kernel_proven_and_never_hangs():
     """Every access proven in bounds; deterministic, and batch invariance unknown for one reason
     only: the block table's width ``MP`` clamps ``seq_lens`` (a length past its table's pages),
