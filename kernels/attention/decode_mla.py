@@ -1043,8 +1043,11 @@ def split_kernel(tokens: int, heads: int, kv_dtype: str, softmax_scale: float, n
     one page in flight each; None: its staged form at 16 query rows, two producers at 32),
     row-major for 0, ``key_major_default`` for None. ``num_stages``
     None: 2 pages in flight, 1 for the e4m3 kernels whose consumers dequantize (``mla_decode``).
-    ``overlap``: ``mla_split_overlap_kernel`` (row-major, bf16, two pages in flight)."""
+    ``overlap``: ``mla_split_overlap_kernel`` (row-major, bf16, two pages in flight), or over an
+    e4m3 cache at 16 query rows the staged key-major split with its overlapped consumer."""
     if overlap:
+        if kv_dtype == "float8_e4m3" and tokens * heads == KEY_MAJOR_ROWS[0] and key_major in (None, 1) and num_stages is None:
+            return mla_split_key_major_fp8_kernel(tokens, heads, softmax_scale, split_pages, 1, True, True)
         if kv_dtype != "bfloat16" or key_major or num_stages not in (None, 2):
             raise ValueError(f"overlap: takes a bf16 cache, the row-major kernel and 2 pages in flight, got {kv_dtype}, "
                              f"key_major={key_major!r}, num_stages={num_stages!r}")
@@ -1087,13 +1090,18 @@ def mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tenso
     kernel; the same bits either way. None:
     ``key_major_default`` (1 for 16 rows, else 0). ``overlap``: the row-major kernel scheduled so
     that each page's softmax overlaps the tensor cores (``mla_split_overlap_kernel``: bf16, H a
-    multiple of 64; the same bits; 0.90-0.935x the default's speed at H128, H100 2026-12-05)."""
+    multiple of 64; the same bits; 0.90-0.935x the default's speed at H128, H100 2026-12-05), and
+    over an e4m3 cache at 16 query rows the staged key-major split with the consumer's softmax
+    under its products (``mla_split_key_major_fp8_kernel(overlap=True)``; the same bits)."""
     check_split(split_pages)
     if not isinstance(overlap, bool):
         raise TypeError(f"overlap: expected a bool, got {type(overlap).__name__}")
-    if overlap and (not isinstance(q, torch.Tensor) or q.dim() != 4 or q.shape[2] % ROWS):
+    if overlap and (not isinstance(q, torch.Tensor) or q.dim() != 4
+                    or q.shape[2] % ROWS and not (q.shape[1] * q.shape[2] == KEY_MAJOR_ROWS[0]
+                                                  and getattr(kv_cache, "dtype", None) == torch.float8_e4m3fn)):
         shape = tuple(q.shape) if isinstance(q, torch.Tensor) else type(q).__name__
-        raise ValueError(f"overlap: needs heads a multiple of {ROWS}, got q of shape {shape}")
+        raise ValueError(f"overlap: needs heads a multiple of {ROWS} (or 16 query rows over an e4m3 cache), got q of "
+                         f"shape {shape}")
     if key_major is not None and (key_major not in (0, 1, 2) or isinstance(key_major, bool)):
         raise ValueError(f"key_major: expected 0, 1 or 2 (consumer warpgroups of the key-major kernel), got {key_major!r}")
     if key_major and (not isinstance(q, torch.Tensor) or q.dim() != 4 or q.shape[1] * q.shape[2] not in KEY_MAJOR_ROWS):
@@ -1116,7 +1124,7 @@ def mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tenso
     part_o = torch.empty((b, splits, rows, D_V), dtype=torch.float32, device=dev)
     part_lse = torch.empty((b, splits, rows), dtype=torch.float32, device=dev)
     kernel = split_kernel(t, h, KV_DTYPES[kv_cache.dtype], scale, num_stages, split_pages, key_major, overlap)
-    if overlap:  # no scales: bf16 only
+    if overlap and not fp8:  # the row-major overlap kernel takes no scales
         kernel(q, kv_cache, block_table, seq_lens, part_o, part_lse)
     else:
         kernel(q, kv_cache, kv_scales, block_table, seq_lens, part_o, part_lse)

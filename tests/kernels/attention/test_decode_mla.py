@@ -137,8 +137,11 @@ def test_overlap_kernel_checks_its_arguments():
     q = torch.zeros(1, 1, 16, D_QK, dtype=torch.bfloat16)
     kv = torch.zeros(4, PAGE, D_QK, dtype=torch.bfloat16)
     table, sl = torch.zeros(1, 4, dtype=torch.int32), torch.ones(1, dtype=torch.int32)
-    with pytest.raises(ValueError, match="overlap: needs heads a multiple of 64"):
+    with pytest.raises(ValueError, match=r"overlap: needs heads a multiple of 64 \(or 16 query rows over an e4m3 cache\)"):
         mla_decode(q, kv, table, sl, overlap=True)
+    # over e4m3 at 16 rows: the staged split's overlapped consumer
+    assert split_kernel(1, 16, "float8_e4m3", D_QK ** -0.5, None, overlap=True) is mla_split_key_major_fp8_kernel(
+        1, 16, D_QK ** -0.5, SPLIT_PAGES, 1, True, True)
     with pytest.raises(TypeError, match="overlap: expected a bool"):
         mla_decode(q, kv, table, sl, overlap=1)
     with pytest.raises(ValueError, match="overlap: takes a bf16 cache"):
@@ -545,6 +548,22 @@ def test_key_major_same_bits_as_row_major(tokens, heads, fp8, consumers):
     kv[table[3, 1].long(), 1:] = torch.tensor(float("nan"), device="cuda").to(kv.dtype)
     o1, lse1 = mla_decode(q, kv, table, sl, kv_scales=scales, key_major=0)
     o2, lse2 = mla_decode(q, kv, table, sl, kv_scales=scales, out=poisoned_outputs(q), key_major=consumers)
+    assert torch.equal(o2.view(torch.int16), o1.view(torch.int16))
+    assert torch.equal(lse2.view(torch.int32), lse1.view(torch.int32))
+    assert not torch.isnan(o2[0]).any() and torch.isnan(o2[1]).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("split", [SPLIT_PAGES, 16])
+def test_staged_overlap_same_bits_as_row_major(split):
+    """The staged e4m3 split with its overlapped consumer (``overlap=True`` at 16 query rows) gives
+    the row-major kernel's bits: short, page-edge and long sequences, an empty one, a bad table
+    entry (NaN rows in both), NaN slots past a sequence; every element written."""
+    q, kv, table, sl, scales = make_case([1, 63, 64, 65, 4001, 0, 1500, 9000], tokens=1, heads=16, fp8=True, seed=61 + split)
+    table[1, 0] = kv.shape[0] + 3
+    kv[table[3, 1].long(), 1:] = torch.tensor(float("nan"), device="cuda").to(kv.dtype)
+    o1, lse1 = mla_decode(q, kv, table, sl, kv_scales=scales, split_pages=split, key_major=0)
+    o2, lse2 = mla_decode(q, kv, table, sl, kv_scales=scales, out=poisoned_outputs(q), split_pages=split, overlap=True)
     assert torch.equal(o2.view(torch.int16), o1.view(torch.int16))
     assert torch.equal(lse2.view(torch.int32), lse1.view(torch.int32))
     assert not torch.isnan(o2[0]).any() and torch.isnan(o2[1]).all()
