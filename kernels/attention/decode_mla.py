@@ -462,28 +462,12 @@ def key_major_scores(KV_p, KP_p, Q_s, QP_s, acc_t):
 
 
 @T.macro
-def key_major_softmax(P_s, p_s, part_s, acc_t, s_t, m, m_prev, m_scaled, alpha, l, row_sum, k0, seq,
-                      tokens: int, heads: int, scale_log2: float, slot=None):
-    """A page's online-softmax step on ``acc_t = S^T`` (``C.softmax_step`` with the rows as columns,
-    the row sum in the row-major kernel's order), P rounded into ``P_s``: the page's first key is
-    ``k0()``, the sequence's keys ``seq()`` (callables: see ``dequant_page``); ``slot``: P's slot in
-    a ``P_s`` of two (None: ``P_s`` is one [rows, 64] tile). ``s_t``: None to
-    work in ``acc_t`` itself, else a fragment of its shape to work in, so that no instruction
-    writes a wgmma accumulator while another product may be in flight (ptxas then serializes
-    every wgmma of the kernel)."""
-    if s_t is None:
-        softmax_in_place(P_s, p_s, part_s, acc_t, m, m_prev, m_scaled, alpha, l, row_sum, k0, seq, tokens, heads,
-                         scale_log2, slot)
-    else:
-        T.copy(acc_t, s_t)
-        softmax_in_place(P_s, p_s, part_s, s_t, m, m_prev, m_scaled, alpha, l, row_sum, k0, seq, tokens, heads,
-                         scale_log2, slot)
-
-
-@T.macro
-def softmax_in_place(P_s, p_s, part_s, acc_t, m, m_prev, m_scaled, alpha, l, row_sum, k0, seq, tokens: int, heads: int,
-                     scale_log2: float, slot):
-    """``key_major_softmax`` on the scores in ``acc_t``, which it overwrites with p."""
+def key_major_update(KV_p, P_s, p_s, part_s, acc_t, acc_o, m, m_prev, m_scaled, alpha, l, row_sum, k0, seq,
+                     tokens: int, heads: int, scale_log2: float):
+    """A page's online-softmax step on ``acc_t = S^T`` and ``O^T += V^T P^T`` (``C.softmax_step``
+    with the rows as columns, the row sum in the row-major kernel's order): the page's first key
+    is ``k0()``, the sequence's keys ``seq()`` (callables: see ``dequant_page``); ``KV_p``'s slots
+    past the sequence must hold finite values (zeros)."""
     rows = tokens * heads
     if k0() + PAGE > seq() - tokens:
         for i, j in T.Parallel(PAGE, rows):
@@ -500,27 +484,9 @@ def softmax_in_place(P_s, p_s, part_s, acc_t, m, m_prev, m_scaled, alpha, l, row
         row_sum[j] = quad_sum(part_s, j)
         l[j] = T.ieee_fmaf(l[j], alpha[j], row_sum[j])
     for i, j in T.Parallel(PAGE, rows):
-        if slot is None:
-            P_s[j, i] = T.Cast("bfloat16", acc_t[i, j])
-        else:
-            P_s[slot, j, i] = T.Cast("bfloat16", acc_t[i, j])
-
-
-@T.macro
-def rescale_output(acc_o, alpha):
-    """``O^T *= alpha`` per row (column of ``acc_o``), before the page's ``V^T P^T`` adds to it."""
-    for d, j in T.Parallel(D_V, acc_o.shape[1]):
+        P_s[j, i] = T.Cast("bfloat16", acc_t[i, j])
+    for d, j in T.Parallel(D_V, rows):
         acc_o[d, j] = acc_o[d, j] * alpha[j]
-
-
-@T.macro
-def key_major_update(KV_p, P_s, p_s, part_s, acc_t, acc_o, m, m_prev, m_scaled, alpha, l, row_sum, k0, seq,
-                     tokens: int, heads: int, scale_log2: float):
-    """A page's online-softmax step (``key_major_softmax``) and ``O^T += V^T P^T``; ``KV_p``'s
-    slots past the sequence must hold finite values (zeros)."""
-    key_major_softmax(P_s, p_s, part_s, acc_t, None, m, m_prev, m_scaled, alpha, l, row_sum, k0, seq, tokens, heads,
-                      scale_log2)
-    rescale_output(acc_o, alpha)
     T.gemm(KV_p, P_s, acc_o, transpose_A=True, transpose_B=True, policy=T.GemmWarpPolicy.FullCol)
 
 
@@ -655,7 +621,7 @@ def piece_scale(scale, KS_s, k, row, group, n):
 
 @tlx.jit(target=C.TARGET, assume=["1 <= P", "1 <= MP", f"MP <= {MAX_PAGES}", "B <= 65535"])
 def mla_split_key_major_fp8_kernel(tokens: int, heads: int, softmax_scale: float, split_pages: int = SPLIT_PAGES,
-                                   producers: int = 2, staged: bool = False, overlap: bool = False):
+                                   producers: int = 2, staged: bool = False):
     """``mla_split_key_major_kernel`` for an e4m3 cache with the dequant off the consumer's path:
     two producer warpgroups, each owning one bf16 page slot in shared memory and the alternate
     pages of the split (producer w: pages t = w, w + 2, ...), load a page's e4m3 values and
@@ -676,20 +642,12 @@ def mla_split_key_major_fp8_kernel(tokens: int, heads: int, softmax_scale: float
     ``staged`` (with ``producers=1``): one producer warpgroup, one CTA a SM, two bf16 slots (page
     t into slot t % 2) and a staging tile that TMA fills with the next page's e4m3 values and
     scales while the producer converts the last one (``produce_staged``): in the kernels above a
-    producer's next load waits for its conversion, so each holds at most one page in flight.
-
-    ``overlap`` (with ``staged``): the consumer issues page t's score product and then page t - 1's
-    ``V^T P^T`` (asynchronous wgmma, P in two slots) and runs page t's softmax while the latter is
-    on the tensor cores, instead of running the products and the softmax one after another; the
-    softmax works on a copy of the scores (no accumulator written while a product is in flight).
-    The same operations on every value in the same order: the same bits."""
+    producer's next load waits for its conversion, so each holds at most one page in flight."""
     split = check_split(split_pages)
     if producers not in FP8_SPLITS:
         raise ValueError(f"producers: expected one of {tuple(FP8_SPLITS)}, got {producers!r}")
     if staged and producers != 1:
         raise ValueError(f"staged: takes one producer warpgroup, got producers={producers!r}")
-    if overlap and not staged:
-        raise ValueError("overlap: takes the staged form (staged=True)")
     if staged and tokens * heads != KEY_MAJOR_ROWS[0]:
         raise ValueError(f"staged: takes {KEY_MAJOR_ROWS[0]} query rows (32 need 235 KB of shared memory), "
                          f"got {tokens} x {heads}")
@@ -764,41 +722,6 @@ def mla_split_key_major_fp8_kernel(tokens: int, heads: int, softmax_scale: float
             T.mbarrier_arrive(full[w])
 
     @T.macro
-    def overlapped_pages(Q_s, QP_s, KV_s, KP_s, P_s, p_s, part_s, acc_t, s_t, acc_o, m, m_prev, m_scaled, alpha, l,
-                         row_sum, full, empty, BT, b, first, seq, count, bad: T.Ref):
-        """The consumer's pages with ``overlap`` (see the kernel): page 0's scores and softmax, then
-        per page t >= 1 its scores and page t - 1's ``V^T P^T`` issued together, page t's softmax
-        under the latter, the wait for it, slot t - 1 released, ``O^T`` rescaled by page t's
-        alpha; last, the last page's product (every wgmma outside a branch)."""
-        T.mbarrier_wait_parity(full[0], 0)
-        T.wgmma_gemm(KV_s[0, :, :], Q_s, acc_t, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullCol)
-        T.wgmma_gemm(KP_s[0, :, :], QP_s, acc_t, transpose_B=True, policy=T.GemmWarpPolicy.FullCol)
-        T.wait_wgmma(0)
-        if entry_outside(BT, b, first, pages):
-            bad = 1
-        key_major_softmax(P_s, p_s, part_s, acc_t, s_t, m, m_prev, m_scaled, alpha, l, row_sum,
-                          lambda: first * PAGE, lambda: seq, tokens, heads, scale_log2, 0)
-        rescale_output(acc_o, alpha)
-        for t in T.serial(1, T.max(count, 1)):
-            T.mbarrier_wait_parity(full[t % 2], (t // 2) & 1)
-            T.wgmma_gemm(KV_s[t % 2, :, :], Q_s, acc_t, transpose_B=True, clear_accum=True,
-                         policy=T.GemmWarpPolicy.FullCol)
-            T.wgmma_gemm(KP_s[t % 2, :, :], QP_s, acc_t, transpose_B=True, policy=T.GemmWarpPolicy.FullCol)
-            T.wgmma_gemm(KV_s[(t - 1) % 2, :, :], P_s[(t - 1) % 2, :, :], acc_o, transpose_A=True, transpose_B=True,
-                         policy=T.GemmWarpPolicy.FullCol)
-            T.wait_wgmma(1)  # the scores
-            if entry_outside(BT, b, first + t, pages):
-                bad = 1
-            key_major_softmax(P_s, p_s, part_s, acc_t, s_t, m, m_prev, m_scaled, alpha, l, row_sum,
-                              lambda: (first + t) * PAGE, lambda: seq, tokens, heads, scale_log2, t % 2)
-            T.wait_wgmma(0)  # page t - 1's product: its slot is free
-            T.mbarrier_arrive(empty[(t - 1) % 2])
-            rescale_output(acc_o, alpha)
-        T.gemm(KV_s[(count - 1) % 2, :, :], P_s[(count - 1) % 2, :, :], acc_o, transpose_A=True, transpose_B=True,
-               policy=T.GemmWarpPolicy.FullCol)
-        T.mbarrier_arrive(empty[(count - 1) % 2])
-
-    @T.macro
     def stage_page(KV, KVS, BT, KQ_s, KQP_s, KS_s, staged_full, b, first, n):
         """Page step n's e4m3 values and scales into the staging tiles, by TMA."""
         page = clamped_page(BT, b, first + n, pages)
@@ -848,10 +771,9 @@ def mla_split_key_major_fp8_kernel(tokens: int, heads: int, softmax_scale: float
             QP_s = T.alloc_shared((rows, D_PE), bf16)
             KV_s = T.alloc_shared((slots, PAGE, D_V), bf16)
             KP_s = T.alloc_shared((slots, PAGE, D_PE), bf16)
-            P_s = T.alloc_shared((2, rows, PAGE) if overlap else (rows, PAGE), bf16)  # overlap: page t in slot t % 2
+            P_s = T.alloc_shared((rows, PAGE), bf16)
             p_s = T.alloc_shared((PAGE, rows), f32)
             part_s = T.alloc_shared((rows, 8), f32)
-            s_t = T.alloc_fragment((PAGE, rows), f32) if overlap else None  # overlap: the softmax's copy of S^T
             # full[w]: the producer's 128 threads stored slot w's page; empty[w]: the consumer's 128 read it
             full = T.alloc_barrier([C.WARPGROUP] * slots)
             empty = T.alloc_barrier([C.WARPGROUP] * slots)
@@ -879,19 +801,14 @@ def mla_split_key_major_fp8_kernel(tokens: int, heads: int, softmax_scale: float
                     key_major_queries(Q, Q_s, QP_s, b, heads)
                     C.init_softmax(m, m_scaled, l, acc_o)
                     bad = 0
-                    if overlap:
-                        overlapped_pages(Q_s, QP_s, KV_s, KP_s, P_s, p_s, part_s, acc_t, s_t, acc_o, m, m_prev, m_scaled,
-                                         alpha, l, row_sum, full, empty, BT, b, first, seq, count, bad)
-                    else:
-                        for t in T.serial(count):
-                            if entry_outside(BT, b, first + t, pages):
-                                bad = 1
-                            T.mbarrier_wait_parity(full[t % slots], (t // slots) & 1)
-                            key_major_scores(KV_s[t % slots, :, :], KP_s[t % slots, :, :], Q_s, QP_s, acc_t)
-                            key_major_update(KV_s[t % slots, :, :], P_s, p_s, part_s, acc_t, acc_o, m, m_prev, m_scaled,
-                                             alpha, l, row_sum, lambda: (first + t) * PAGE, lambda: seq, tokens, heads,
-                                             scale_log2)
-                            T.mbarrier_arrive(empty[t % slots])
+                    for t in T.serial(count):
+                        if entry_outside(BT, b, first + t, pages):
+                            bad = 1
+                        T.mbarrier_wait_parity(full[t % slots], (t // slots) & 1)
+                        key_major_scores(KV_s[t % slots, :, :], KP_s[t % slots, :, :], Q_s, QP_s, acc_t)
+                        key_major_update(KV_s[t % slots, :, :], P_s, p_s, part_s, acc_t, acc_o, m, m_prev, m_scaled,
+                                         alpha, l, row_sum, lambda: (first + t) * PAGE, lambda: seq, tokens, heads, scale_log2)
+                        T.mbarrier_arrive(empty[t % slots])
                     key_major_finish(acc_o, l, m_scaled, lse_rows, OP, LP, b, sp, lambda: bad == 0)
                 elif staged:
                     produce_staged(KV, KVS, BT, KQ_s, KQP_s, KS_s, KV_s, KP_s, staged_full, full, empty, b, first, seq,
@@ -1043,11 +960,8 @@ def split_kernel(tokens: int, heads: int, kv_dtype: str, softmax_scale: float, n
     one page in flight each; None: its staged form at 16 query rows, two producers at 32),
     row-major for 0, ``key_major_default`` for None. ``num_stages``
     None: 2 pages in flight, 1 for the e4m3 kernels whose consumers dequantize (``mla_decode``).
-    ``overlap``: ``mla_split_overlap_kernel`` (row-major, bf16, two pages in flight), or over an
-    e4m3 cache at 16 query rows the staged key-major split with its overlapped consumer."""
+    ``overlap``: ``mla_split_overlap_kernel`` (row-major, bf16, two pages in flight)."""
     if overlap:
-        if kv_dtype == "float8_e4m3" and tokens * heads == KEY_MAJOR_ROWS[0] and key_major in (None, 1) and num_stages is None:
-            return mla_split_key_major_fp8_kernel(tokens, heads, softmax_scale, split_pages, 1, True, True)
         if kv_dtype != "bfloat16" or key_major or num_stages not in (None, 2):
             raise ValueError(f"overlap: takes a bf16 cache, the row-major kernel and 2 pages in flight, got {kv_dtype}, "
                              f"key_major={key_major!r}, num_stages={num_stages!r}")
@@ -1090,18 +1004,13 @@ def mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tenso
     kernel; the same bits either way. None:
     ``key_major_default`` (1 for 16 rows, else 0). ``overlap``: the row-major kernel scheduled so
     that each page's softmax overlaps the tensor cores (``mla_split_overlap_kernel``: bf16, H a
-    multiple of 64; the same bits; 0.90-0.935x the default's speed at H128, H100 2026-12-05), and
-    over an e4m3 cache at 16 query rows the staged key-major split with the consumer's softmax
-    under its products (``mla_split_key_major_fp8_kernel(overlap=True)``; the same bits)."""
+    multiple of 64; the same bits; 0.90-0.935x the default's speed at H128, H100 2026-12-05)."""
     check_split(split_pages)
     if not isinstance(overlap, bool):
         raise TypeError(f"overlap: expected a bool, got {type(overlap).__name__}")
-    if overlap and (not isinstance(q, torch.Tensor) or q.dim() != 4
-                    or q.shape[2] % ROWS and not (q.shape[1] * q.shape[2] == KEY_MAJOR_ROWS[0]
-                                                  and getattr(kv_cache, "dtype", None) == torch.float8_e4m3fn)):
+    if overlap and (not isinstance(q, torch.Tensor) or q.dim() != 4 or q.shape[2] % ROWS):
         shape = tuple(q.shape) if isinstance(q, torch.Tensor) else type(q).__name__
-        raise ValueError(f"overlap: needs heads a multiple of {ROWS} (or 16 query rows over an e4m3 cache), got q of "
-                         f"shape {shape}")
+        raise ValueError(f"overlap: needs heads a multiple of {ROWS}, got q of shape {shape}")
     if key_major is not None and (key_major not in (0, 1, 2) or isinstance(key_major, bool)):
         raise ValueError(f"key_major: expected 0, 1 or 2 (consumer warpgroups of the key-major kernel), got {key_major!r}")
     if key_major and (not isinstance(q, torch.Tensor) or q.dim() != 4 or q.shape[1] * q.shape[2] not in KEY_MAJOR_ROWS):
@@ -1124,7 +1033,7 @@ def mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tenso
     part_o = torch.empty((b, splits, rows, D_V), dtype=torch.float32, device=dev)
     part_lse = torch.empty((b, splits, rows), dtype=torch.float32, device=dev)
     kernel = split_kernel(t, h, KV_DTYPES[kv_cache.dtype], scale, num_stages, split_pages, key_major, overlap)
-    if overlap and not fp8:  # the row-major overlap kernel takes no scales
+    if overlap:  # no scales: bf16 only
         kernel(q, kv_cache, block_table, seq_lens, part_o, part_lse)
     else:
         kernel(q, kv_cache, kv_scales, block_table, seq_lens, part_o, part_lse)

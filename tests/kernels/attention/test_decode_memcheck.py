@@ -7,7 +7,7 @@ Any bad access fails the test. Run as a script, this file is the workload (``pyt
 import pytest
 
 
-N_OPS = 18
+N_OPS = 17
 
 
 def workload(only: int | None = None):
@@ -48,7 +48,6 @@ def workload(only: int | None = None):
     q16 = qm[:, :1].contiguous()  # one producer takes 16 query rows
     ops.append(lambda: mla_decode(q16, cache8, table, sl, kv_scales=scales, key_major=1, num_stages=1))  # two CTAs a SM
     ops.append(lambda: mla_decode(q16, cache8, table, sl, kv_scales=scales))  # the staged split: TMA stages the next page
-    ops.append(lambda: mla_decode(q16, cache8, table, sl, kv_scales=scales, overlap=True))  # its overlapped consumer
     qh = torch.randn(3, 2, 128, 576, device=dev, dtype=torch.bfloat16)  # 64 heads a block: the queries by TMA
     ops.append(lambda: mla_decode(qh, cache, table, sl))
     idx = torch.randint(-1, 400, (3, 2, 512), dtype=torch.int32, device=dev)

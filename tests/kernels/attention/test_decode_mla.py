@@ -137,11 +137,8 @@ def test_overlap_kernel_checks_its_arguments():
     q = torch.zeros(1, 1, 16, D_QK, dtype=torch.bfloat16)
     kv = torch.zeros(4, PAGE, D_QK, dtype=torch.bfloat16)
     table, sl = torch.zeros(1, 4, dtype=torch.int32), torch.ones(1, dtype=torch.int32)
-    with pytest.raises(ValueError, match=r"overlap: needs heads a multiple of 64 \(or 16 query rows over an e4m3 cache\)"):
+    with pytest.raises(ValueError, match="overlap: needs heads a multiple of 64"):
         mla_decode(q, kv, table, sl, overlap=True)
-    # over e4m3 at 16 rows: the staged split's overlapped consumer
-    assert split_kernel(1, 16, "float8_e4m3", D_QK ** -0.5, None, overlap=True) is mla_split_key_major_fp8_kernel(
-        1, 16, D_QK ** -0.5, SPLIT_PAGES, 1, True, True)
     with pytest.raises(TypeError, match="overlap: expected a bool"):
         mla_decode(q, kv, table, sl, overlap=1)
     with pytest.raises(ValueError, match="overlap: takes a bf16 cache"):
@@ -213,32 +210,6 @@ def test_key_major_fp8_staged_kernel():
     assert report.verdict == "unknown" and "no hang at count = 0..9 (8 schedules each)" in report.detail, report.detail
     with pytest.raises(ValueError, match="staged: takes one producer warpgroup, got producers=2"):
         mla_split_key_major_fp8_kernel(tokens, heads, scale, SPLIT_PAGES, 2, True)
-
-
-def test_key_major_fp8_staged_overlap_kernel():
-    """The staged split with ``overlap=True``: in the page loop the consumer issues the page's two
-    score products and the last page's ``V^T P^T`` (three commit groups), waits for the scores
-    only (``wait_wgmma<1>``) before the softmax and for the product after it, then releases the
-    last page's slot; P in two slots; no wgmma waited for inside a branch; every access proven;
-    the hand-off simulated at 0..9 pages: no thread waits forever."""
-    from tlx.passes.progress import check_progress
-
-    scale, tokens, heads = D_QK ** -0.5, 1, 16
-    kernel = mla_split_key_major_fp8_kernel(tokens, heads, scale, SPLIT_PAGES, 1, True, True)
-    src = kernel.device_source
-    release = "empty[((t + 1) & 1)].arrive();"
-    loop = src[src.index("for (int t = 1; t < count; ++t)"):src.index(release) + len(release)]
-    assert loop.count("warpgroup_commit_batch();") == 3 and loop.count("wgmma_ss<") == 3
-    assert loop.index("tl::wait_wgmma<1>();") < loop.index("tl::wait_wgmma<0>();") < loop.index(release)
-    assert "increase_descriptor_offset<int>(desc_b_4, (((t + 1) & 1) * 2048))" in loop  # P of the last page, its slot
-    bounds = kernel.metadata["reports"]["bounds"]
-    assert (bounds["unknown"], bounds["violations"], bounds["preconditions"]) == ([], [], [])
-    assert bounds["proven"] == bounds["accesses"] > 0
-    assert kernel.metadata["reports"]["determinism"]["deterministic"] is True
-    report = check_progress(fp8_split_device_function(tokens, heads, scale, SPLIT_PAGES, 1, True, True))
-    assert report.verdict == "unknown" and "no hang at count = 0..9 (8 schedules each)" in report.detail, report.detail
-    with pytest.raises(ValueError, match="overlap: takes the staged form"):
-        mla_split_key_major_fp8_kernel(tokens, heads, scale, SPLIT_PAGES, 2, False, True)
 
 
 def test_key_major_fp8_kernel_proven_and_never_hangs():
@@ -548,22 +519,6 @@ def test_key_major_same_bits_as_row_major(tokens, heads, fp8, consumers):
     kv[table[3, 1].long(), 1:] = torch.tensor(float("nan"), device="cuda").to(kv.dtype)
     o1, lse1 = mla_decode(q, kv, table, sl, kv_scales=scales, key_major=0)
     o2, lse2 = mla_decode(q, kv, table, sl, kv_scales=scales, out=poisoned_outputs(q), key_major=consumers)
-    assert torch.equal(o2.view(torch.int16), o1.view(torch.int16))
-    assert torch.equal(lse2.view(torch.int32), lse1.view(torch.int32))
-    assert not torch.isnan(o2[0]).any() and torch.isnan(o2[1]).all()
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("split", [SPLIT_PAGES, 16])
-def test_staged_overlap_same_bits_as_row_major(split):
-    """The staged e4m3 split with its overlapped consumer (``overlap=True`` at 16 query rows) gives
-    the row-major kernel's bits: short, page-edge and long sequences, an empty one, a bad table
-    entry (NaN rows in both), NaN slots past a sequence; every element written."""
-    q, kv, table, sl, scales = make_case([1, 63, 64, 65, 4001, 0, 1500, 9000], tokens=1, heads=16, fp8=True, seed=61 + split)
-    table[1, 0] = kv.shape[0] + 3
-    kv[table[3, 1].long(), 1:] = torch.tensor(float("nan"), device="cuda").to(kv.dtype)
-    o1, lse1 = mla_decode(q, kv, table, sl, kv_scales=scales, split_pages=split, key_major=0)
-    o2, lse2 = mla_decode(q, kv, table, sl, kv_scales=scales, out=poisoned_outputs(q), split_pages=split, overlap=True)
     assert torch.equal(o2.view(torch.int16), o1.view(torch.int16))
     assert torch.equal(lse2.view(torch.int32), lse1.view(torch.int32))
     assert not torch.isnan(o2[0]).any() and torch.isnan(o2[1]).all()
