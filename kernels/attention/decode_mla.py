@@ -423,17 +423,30 @@ def mla_split_overlap_kernel(tokens: int, heads: int, softmax_scale: float, spli
 KEY_MAJOR_ROWS = (16, 32)  # query rows (tokens x heads) the key-major split kernel takes
 
 
-def ordered_chain(p_s, j, c):
+def p_words(rows: int) -> int:
+    """Words of the key-major kernels' staged p (``p_index``)."""
+    return 2 * (32 * (rows + 2) + 16)
+
+
+def p_index(key, j, rows: int):
+    """Word of p (``key``, row ``j``) in the key-major kernels' staged p: each 32-key half as rows of
+    ``rows + 2`` words, the second half 16 words past the first's end. A warp's reads of the ordered
+    row sums (``ordered_chain``: 4 rows, 8 chains each) then hit 32 banks; a plain [64, rows] tile
+    put 8 lanes on one bank (``tlx check``'s banks analysis, 8-way), 8 loads a thread a page."""
+    return key // 32 * (32 * (rows + 2) + 16) + key % 32 * (rows + 2) + j
+
+
+def ordered_chain(p_s, j, c, rows: int):
     """Chain ``c`` (0..7: 32-key half ``c // 4``, lane quad ``q = c % 4``) of column ``j``'s row sum
-    over ``p_s`` [64 keys, rows] (fp32 p), in the order the row-major kernel adds it (TileLang's
+    over ``p_s`` (fp32 p of 64 keys, ``p_index``), in the order the row-major kernel adds it (TileLang's
     reduce over its two warpgroups' m64n32 score fragments, which ``mla_tile.cuh`` writes out):
     the keys 8 j' + 2 q + c' of the half in the order (j', c') = (0,0) (1,0) (2,0) (3,0) (0,1) ...
     (3,1). ``quad_sum`` then adds the chains as that kernel does."""
     half, q = c // 4, c % 4
     keys = [half * 32 + 8 * jj + 2 * q + cc for cc in range(2) for jj in range(4)]
-    acc = p_s[keys[0], j]
+    acc = p_s[p_index(keys[0], j, rows)]
     for k in keys[1:]:
-        acc = T.ieee_add(acc, p_s[k, j])
+        acc = T.ieee_add(acc, p_s[p_index(k, j, rows)])
     return acc
 
 
@@ -477,9 +490,10 @@ def key_major_update(KV_p, P_s, p_s, part_s, acc_t, acc_o, m, m_prev, m_scaled, 
     C.rescale_state(m, m_prev, m_scaled, alpha, scale_log2, rows)
     for i, j in T.Parallel(PAGE, rows):
         acc_t[i, j] = T.exp2(T.ieee_fmaf(acc_t[i, j], T.float32(scale_log2), -m_scaled[j]))
-    T.copy(acc_t, p_s)
+    for i, j in T.Parallel(PAGE, rows):
+        p_s[p_index(i, j, rows)] = acc_t[i, j]
     for j, c in T.Parallel(rows, 8):
-        part_s[j, c] = ordered_chain(p_s, j, c)
+        part_s[j, c] = ordered_chain(p_s, j, c, rows)
     for j in T.Parallel(rows):
         row_sum[j] = quad_sum(part_s, j)
         l[j] = T.ieee_fmaf(l[j], alpha[j], row_sum[j])
@@ -555,7 +569,7 @@ def mla_split_key_major_kernel(tokens: int, heads: int, kv_dtype: str, softmax_s
                 KS_s = T.alloc_shared(SCALE_TILE, f32)
                 KQ_f = T.alloc_fragment((PAGE, D_V), kv_dtype)
             P_s = T.alloc_shared((rows, PAGE), bf16)  # P rounded: the output product's B (K-major)
-            p_s = T.alloc_shared((PAGE, rows), f32)  # p: the ordered row sum's operands
+            p_s = T.alloc_shared((p_words(rows),), f32)  # p: the ordered row sum's operands (p_index)
             part_s = T.alloc_shared((rows, 8), f32)  # its eight chains a row
             acc_t = T.alloc_fragment((PAGE, rows), f32)  # S^T, then p
             acc_o = T.alloc_fragment((D_V, rows), f32)  # O^T
@@ -772,7 +786,7 @@ def mla_split_key_major_fp8_kernel(tokens: int, heads: int, softmax_scale: float
             KV_s = T.alloc_shared((slots, PAGE, D_V), bf16)
             KP_s = T.alloc_shared((slots, PAGE, D_PE), bf16)
             P_s = T.alloc_shared((rows, PAGE), bf16)
-            p_s = T.alloc_shared((PAGE, rows), f32)
+            p_s = T.alloc_shared((p_words(rows),), f32)
             part_s = T.alloc_shared((rows, 8), f32)
             # full[w]: the producer's 128 threads stored slot w's page; empty[w]: the consumer's 128 read it
             full = T.alloc_barrier([C.WARPGROUP] * slots)
