@@ -98,16 +98,38 @@ def fp8_split_device_function(*args):
     return device_function(mla_split_key_major_fp8_kernel, *args)
 
 
-def device_function(factory, *args):
-    """The lowered device function of ``factory(*args)`` (for the progress check), under the
-    pass configs its build takes (the decorator's and the program's own)."""
-    from tlx.ir.tir import device_functions
+def lowered(factory, *args):
+    """``factory(*args)`` as TileLang lowers it, under the pass configs its build takes (the
+    decorator's and the program's own)."""
     from tlx.lowering import lower
 
     tir = factory.get_tir(*args)
     configs = factory.build_options(tir).pass_config_dict() or {}
-    [(_, func)] = list(device_functions(lower(tir, {"kind": "cuda", "arch": "sm_90a"}, configs).device_mod))
+    return lower(tir, {"kind": "cuda", "arch": "sm_90a"}, configs)
+
+
+def device_function(factory, *args):
+    """The lowered device function of ``factory(*args)`` (for the progress check)."""
+    from tlx.ir.tir import device_functions
+
+    [(_, func)] = list(device_functions(lowered(factory, *args).device_mod))
     return func
+
+
+@pytest.mark.parametrize("factory, args", [
+    (mla_split_key_major_kernel, (1, 16, "bfloat16", D_QK ** -0.5, 2, SPLIT_PAGES, 1)),
+    (mla_split_key_major_fp8_kernel, (1, 16, D_QK ** -0.5, SPLIT_PAGES, 1, True)),
+    (mla_split_key_major_kernel, (2, 16, "bfloat16", D_QK ** -0.5, 2, SPLIT_PAGES, 1))])
+def test_key_major_row_sums_read_p_without_bank_conflicts(factory, args):
+    """The ordered row sums' reads of p (8 a thread a page, on the consumer's chain) each hit
+    32 banks (``p_index``); the plain [64, rows] tile put 8 lanes on one bank. Its stores (once
+    per value, from the score fragment) stay within 4 ways."""
+    from tlx.passes.banks import banks_report
+
+    accesses = [a for a in banks_report(lowered(factory, *args))["accesses"] if a["buffer"] == "p_s"]
+    loads = [a for a in accesses if a["op"] == "load"]
+    assert len(loads) == 8 and all(a["degree"] == 1 and a["status"] == "proven" for a in loads), loads
+    assert all(a["degree"] <= 4 for a in accesses if a["op"] == "store")
 
 
 @pytest.mark.parametrize("tokens", [1, 2])
