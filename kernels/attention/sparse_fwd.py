@@ -50,6 +50,7 @@ import math
 
 import torch
 import tilelang.language as T
+from tilelang.layout import make_swizzled_layout
 
 import tlx
 
@@ -165,6 +166,9 @@ def sparse_fwd_kernel(heads: int, topk: int, window: int, scale_log2: float, dty
             KV_s = T.alloc_shared((bk, DIM), dtype)
             P_s = T.alloc_shared((hb, bk), dtype)
             O_s = T.alloc_shared((hb, DIM), dtype)
+            # swizzled: the plain [64, 512] tile took the accumulator's stmatrix stores 8-way
+            # (tlx check's banks analysis); its TMA store then goes out in 64-column boxes
+            T.annotate_layout({O_s: make_swizzled_layout(O_s)})
             valid = T.alloc_shared((bk,), "int32")
             acc_s = T.alloc_fragment((hb, bk), f32)
             acc_o = T.alloc_fragment((hb, DIM), f32)
