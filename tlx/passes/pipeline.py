@@ -1,7 +1,8 @@
 """The order tlx's passes run in, between TileLang's lowering and CUDA code generation.
 
 Read top to bottom: the pin's decisions are checked first (on the kernel as lowered); the
-layout analyses only read the kernel; the bounds verifier then derives the preconditions
+warpgroups' cross-warp reductions get barriers of their own (a fix the analyses after it see);
+the layout analyses only read the kernel; the bounds verifier then derives the preconditions
 the launcher enforces, which guard elimination may use as facts; a parameter that a view is
 made from loses its ``const`` (TileLang's read-only marking, tlx/passes/viewed_params.py); the numerics checks look
 at the final device code; the ``tlx.ieee`` prelude is injected last because it only adds
@@ -66,6 +67,7 @@ class _Lazy:
 
 PASSES: tuple[Pass, ...] = (
     Pass("numerics_pin", _Lazy("tlx.numerics.pin", "pin_pass"), _pinned),
+    Pass("reduce_barriers", _Lazy("tlx.passes.reduce_barriers", "reduce_barriers_pass")),
     Pass("layouts", _Lazy("tlx.passes.layouts", "layouts_pass"), verifying),
     Pass("banks", _Lazy("tlx.passes.banks", "banks_pass"), verifying_exhaustively),
     Pass("vectors", _Lazy("tlx.passes.vectors", "vectors_pass"), verifying),

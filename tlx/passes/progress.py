@@ -67,7 +67,7 @@ from dataclasses import dataclass, field
 from tilelang import tvm
 
 from tlx.ir.facts import private_int_cell
-from tlx.ir.tir import device_functions, eval_numpy, extern_name, nodes, op_name
+from tlx.ir.tir import device_functions, eval_numpy, extern_name, free_vars, nodes, op_name
 from tlx.lowering import LoweredKernel
 from tlx.passes import PassContext, TlxError, raise_or_warn
 
@@ -107,25 +107,28 @@ class Unknown(Exception):
 
 
 _ALL_REDUCE = re.compile(r"tl::AllReduce<\s*[\w:]+\s*,\s*(\d+)\s*,\s*(\d+)\s*(?:,\s*\d+\s*)?"
-                         r"(?:,\s*tl::(?:NamedBarrier<\s*(\d+)\s*>|(SyncThreadsBarrier))\s*)?[,>]")
+                         r"(?:,\s*(?:tl::NamedBarrier<\s*(\d+)\s*>|tl::(SyncThreadsBarrier)"
+                         r"|tlx::NamedBarrierIds<\s*(\d+)\s*,\s*(\d+)\s*,\s*(\d+)\s*>)\s*)?[,>]")
 
 
 def _all_reduce_barriers(ext: str) -> list[tuple] | None:
     """The trace of one ``tl::AllReduce<Op, threads, scale, offset, Barrier>::run``
     (``tl_templates/cuda/reduce.h``): its butterfly halves the offset from ``threads / 2`` down
     to ``scale``; a level at offset >= 32 goes through shared memory between two barriers
-    (``bar.sync 1, n`` and ``bar.sync 2, n`` for ``NamedBarrier<n>``, ``__syncthreads`` for
+    (``bar.sync 1, n`` and ``bar.sync 2, n`` for ``NamedBarrier<n>``, ids a and b for
+    ``tlx::NamedBarrierIds<n, a, b>`` (tlx/passes/reduce_barriers.py), ``__syncthreads`` for
     ``SyncThreadsBarrier``, the default), a smaller offset shuffles. None: not an AllReduce."""
     if not ext.startswith("tl::AllReduce<"):
         return None
     m = _ALL_REDUCE.match(ext)
     if m is None:
         raise Unknown(f"{ext}: an AllReduce whose template arguments the simulation does not read")
-    threads, scale, named = int(m.group(1)), int(m.group(2)), m.group(3)
+    threads, scale = int(m.group(1)), int(m.group(2))
+    named, ids = (m.group(3), (1, 2)) if m.group(5) is None else (m.group(5), (int(m.group(6)), int(m.group(7))))
     trace, offset = [], threads // 2
     while offset >= scale and offset >= 1:
         if offset >= 32:
-            trace += [("bar", 1, int(named)), ("bar", 2, int(named))] if named else [("sync",), ("sync",)]
+            trace += [("bar", ids[0], int(named)), ("bar", ids[1], int(named))] if named else [("sync",), ("sync",)]
         offset //= 2
     return trace
 
@@ -140,7 +143,7 @@ def _is_sync(call) -> bool:
             return bool(_all_reduce_barriers(ext))
         except Unknown:
             return True  # kept: _call then says why the verdict is unknown
-    return "NamedBarrier<" in ext
+    return "NamedBarrier<" in ext or "NamedBarrierIds<" in ext
 
 
 def _sync_nodes():
@@ -298,7 +301,8 @@ def _check_warps_aligned(sites: list[list]) -> None:
 def _block_env(func, values: dict, swept: dict | None = None) -> tuple:
     """(threadIdx.x's variable or None, the environment of block 0: other thread and block
     indices 0, the shape parameters named in ``values``, the ``swept`` bound variables)."""
-    thread_var, env = None, {_SWEPT: dict(swept or {}), _STORES: _cell_stores(func), _UNIFORM: _lane_uniform(func)}
+    thread_var, env = None, {_SWEPT: dict(swept or {}), _STORES: _cell_stores(func), _UNIFORM: _lane_uniform(func),
+                             _LABELS: _bind_labels(func)}
     for attr in _attrs(func.body):
         tag = str(attr.node.thread_tag)
         if tag == "threadIdx.x":
@@ -310,14 +314,30 @@ def _block_env(func, values: dict, swept: dict | None = None) -> tuple:
     return thread_var, env
 
 
+def _bind_labels(func) -> dict:
+    """Each bound variable's label in reports and sweeps: one per name and value text, the name
+    itself for the first, ``name#k`` for the k-th. Bindings of one name and one expression (a
+    count each branch computes alike, over loop variables that step alike) are one control value,
+    swept together; TileLang also gives one name to different values (two splits' page counts),
+    which are swept apart."""
+    labels, seen = {}, {}
+    for b in nodes(func.body, tir.Bind):
+        if b.var not in labels:
+            names = seen.setdefault(b.var.name, {})
+            k = names.setdefault(str(b.value), len(names) + 1)
+            labels[b.var] = b.var.name if k == 1 else f"{b.var.name}#{k}"
+    return labels
+
+
 def _attrs(body) -> list:
     """The thread_extent attributes: the kernel's thread and block indices."""
     return [a for a in nodes(body, tir.AttrStmt) if a.attr_key == "thread_extent"]
 
 
 _THREAD = "thread"  # env key of the simulated thread's index, for tl_shuffle_elect
-_UNREAD = "unread"  # env key: name -> value of the bound variables that could not be evaluated
-_SWEPT = "swept"  # env key: name -> the value given to a bound variable that reads memory
+_UNREAD = "unread"  # env key: var -> (label, value) of the bound variables that could not be evaluated
+_SWEPT = "swept"  # env key: label -> the value given to a bound variable that reads memory
+_LABELS = "labels"  # env key: var -> its label (_bind_labels)
 _CELLS = "cells"  # env key: data var -> the value of a private integer scalar (T.alloc_var) the walk holds
 _STORES = "stores"  # env key: stmt -> the private integer scalars it stores to (_cell_stores)
 _UNIFORM = "uniform"  # env key: expr -> whether every thread of the block gives it one value (_lane_uniform)
@@ -346,9 +366,11 @@ def _value(expr, env) -> int:
     try:
         return _evaluate(_elected(expr, env), env)
     except ValueError as e:
-        for name, value in env.get(_UNREAD, {}).items():
-            if f"{name} has no known value" in str(e):
-                raise Unknown(f"a control value is not known: {name} = {value}, which reads memory", name) from None
+        unread = env.get(_UNREAD, {})
+        for var in free_vars(expr):
+            if var in unread:
+                label, value = unread[var]
+                raise Unknown(f"a control value is not known: {label} = {value}, which reads memory", label) from None
         raise Unknown(f"a control value is not known: {e}") from None
 
 
@@ -362,10 +384,11 @@ def _run(s, env: dict, trace: list, has_sync) -> None:
             env[s.var] = _evaluate(s.value, env)
         except ValueError:  # unknown only if control reads it
             env.pop(s.var, None)
-            if s.var.name in env[_SWEPT]:
-                env[s.var] = env[_SWEPT][s.var.name]
+            label = env[_LABELS].get(s.var, s.var.name)
+            if label in env[_SWEPT]:
+                env[s.var] = env[_SWEPT][label]
             else:
-                env.setdefault(_UNREAD, {})[s.var.name] = str(s.value)[:80]
+                env.setdefault(_UNREAD, {})[s.var] = (label, str(s.value)[:80])
         return
     if isinstance(s, tir.BufferStore) and s.buffer.data in env[_STORES](s):
         try:
