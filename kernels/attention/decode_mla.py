@@ -24,7 +24,8 @@ then overlaps this page's work); the conversion runs two values per cvt and stor
 thread, a quarter warp per 128-byte swizzled row (``DEQUANT_LAYOUT``). The key-major kernel with
 one consumer (``mla_split_key_major_fp8_kernel``) instead has producer warpgroups dequantize the
 pages off the consumer's path: by default (16 query rows) one producer, whose next page TMA
-stages while it converts the last; or two (one, with two CTAs a SM) loading pages into registers.
+stages while it converts the last (optionally for two consumers, each its own split); or two
+(one, with two CTAs a SM) loading pages into registers.
 
 Guard (documented, no launcher check: the table is device data): a block-table entry outside
 ``[0, P)`` is never read; the rows of its sequence become NaN. Entries past the sequence's pages
@@ -459,12 +460,13 @@ def quad_sum(part, j):
 
 
 @T.macro
-def key_major_queries(Q, Q_s, QP_s, b, heads: int):
-    """Sequence b's query rows (token-major, ``t * heads + h``) into ``Q_s`` / ``QP_s``."""
-    for i, d in T.Parallel(Q_s.shape[0], D_V):
-        Q_s[i, d] = Q[b, i // heads, i % heads, d]
-    for i, d in T.Parallel(QP_s.shape[0], D_PE):
-        QP_s[i, d] = Q[b, i // heads, i % heads, D_V + d]
+def key_major_queries(Q, Q_s, QP_s, b, heads: int, part: int = 0, parts: int = 1):
+    """Sequence b's query rows (token-major, ``t * heads + h``) into ``Q_s`` / ``QP_s``: column
+    block ``part`` of ``parts`` (warpgroups that load one tile together)."""
+    for i, d in T.Parallel(Q_s.shape[0], D_V // parts):
+        Q_s[i, part * (D_V // parts) + d] = Q[b, i // heads, i % heads, part * (D_V // parts) + d]
+    for i, d in T.Parallel(QP_s.shape[0], D_PE // parts):
+        QP_s[i, part * (D_PE // parts) + d] = Q[b, i // heads, i % heads, D_V + part * (D_PE // parts) + d]
 
 
 @T.macro
@@ -620,11 +622,34 @@ def mla_split_key_major_kernel(tokens: int, heads: int, kv_dtype: str, softmax_s
 # other CTA's pages filling the gaps of this one's chain (its consumer waits while the one
 # producer converts the next page): as fast as two producers (H100, 2026-12-06: 390.0 / 368.2 us).
 FP8_SPLITS = {2: (1, (136, 232)), 1: (2, (96, 160))}
-# the staged split (one producer, TMA staging, one CTA a SM): 256 threads, no register handover
-STAGED_SPLIT = (1, (None, None))
+# the staged split (one producer, TMA staging, one CTA a SM): 256 threads, no register handover;
+# with two consumers (two splits a CTA) 384 threads: 128 x 136 + 2 x 128 x 184 = 384 x 168 (ptxas:
+# no spills; the producer spilled at 120 and fewer, holding a page's 36 pieces and their scales)
+STAGED_SPLIT = {1: (1, (None, None)), 2: (1, (136, 184))}
 STAGED_BARRIER = C.NAMED_BARRIER  # the staged producer's named barrier (its 128 threads have read the staging tile)
+QUERY_BARRIER = C.NAMED_BARRIER + 1  # two consumers: both halves of the shared query tile are stored
 V_PIECES = PAGE * D_V // 8 // C.WARPGROUP  # 8-value pieces of a page's nope keys a producer thread converts
 PE_PIECES = PAGE * D_PE // 8 // C.WARPGROUP  # ... and of its rope keys
+
+
+def consumer_tiles(rows: int):
+    """A key-major consumer warpgroup's own tiles, allocated where this is called inside a kernel:
+    P (bf16, the output product's B), p (fp32, ``p_index``), the row sums' chains, S^T, O^T, the
+    row state (``C.row_state``) and its bad-entry flag (the names ``consume`` unpacks)."""
+    return (T.alloc_shared((rows, PAGE), "bfloat16"), T.alloc_shared((p_words(rows),), "float32"),
+            T.alloc_shared((rows, 8), "float32"), T.alloc_fragment((PAGE, rows), "float32"),
+            T.alloc_fragment((D_V, rows), "float32"), C.row_state(rows), T.alloc_local((1,), "int32"))
+
+
+def pair_slot(n, count, count1):
+    """The consumer (and bf16 slot) of the staged producer's step n with two consumers of ``count``
+    and ``count1`` pages: alternately while both have pages left, then the one with more."""
+    return T.if_then_else(n < 2 * T.min(count, count1), n % 2, T.if_then_else(count1 > count, 1, 0))
+
+
+def pair_use(n, count, count1):
+    """The page of its split (the slot's use) that step n converts (``pair_slot``)."""
+    return T.if_then_else(n < 2 * T.min(count, count1), n // 2, n - T.min(count, count1))
 
 
 def piece_scale(scale, KS_s, k, row, group, n):
@@ -635,7 +660,7 @@ def piece_scale(scale, KS_s, k, row, group, n):
 
 @tlx.jit(target=C.TARGET, assume=["1 <= P", "1 <= MP", f"MP <= {MAX_PAGES}", "B <= 65535"])
 def mla_split_key_major_fp8_kernel(tokens: int, heads: int, softmax_scale: float, split_pages: int = SPLIT_PAGES,
-                                   producers: int = 2, staged: bool = False):
+                                   producers: int = 2, staged: bool = False, consumers: int = 1):
     """``mla_split_key_major_kernel`` for an e4m3 cache with the dequant off the consumer's path:
     two producer warpgroups, each owning one bf16 page slot in shared memory and the alternate
     pages of the split (producer w: pages t = w, w + 2, ...), load a page's e4m3 values and
@@ -658,17 +683,27 @@ def mla_split_key_major_fp8_kernel(tokens: int, heads: int, softmax_scale: float
     warpgroup, one CTA a SM, two bf16 slots (page t into slot t % 2) and a staging tile that TMA
     fills with the next page's e4m3 values and scales while the producer converts the last one
     (``produce_staged``): in the forms above a producer's next load waits for its conversion, so
-    each holds at most one page in flight (H100, 2026-12-06: 322.0 against 368.2 us)."""
+    each holds at most one page in flight (H100, 2026-12-06: 322.0 against 368.2 us).
+
+    ``consumers`` 2 (with ``staged``): two consumer warpgroups, each its own split of the sequence
+    (CTA c takes splits 2 c and 2 c + 1), bf16 slot w consumer w's; the producer converts their
+    pages alternately (then the longer split's rest) and the consumers share the query tile. One
+    consumer's page step is a chain of dependent steps (its products, the cross-warp max and the
+    ordered row sums) that leaves the SM's pipes mostly idle: a second chain a SM fills them. The
+    same bits: each split's pages through the same consumer code, its partials written as its own."""
     split = check_split(split_pages)
     if producers not in FP8_SPLITS:
         raise ValueError(f"producers: expected one of {tuple(FP8_SPLITS)}, got {producers!r}")
     if staged and producers != 1:
         raise ValueError(f"staged: takes one producer warpgroup, got producers={producers!r}")
+    if consumers not in (1, 2) or (consumers == 2 and not staged):
+        raise ValueError(f"consumers: expected 1, or 2 with staged=True, got {consumers!r} (staged={staged!r})")
     if staged and tokens * heads != KEY_MAJOR_ROWS[0]:
         raise ValueError(f"staged: takes {KEY_MAJOR_ROWS[0]} query rows (32 need 235 KB of shared memory), "
                          f"got {tokens} x {heads}")
-    ctas_per_sm, (producer_regs, consumer_regs) = STAGED_SPLIT if staged else FP8_SPLITS[producers]
-    slots = 2 if staged else producers  # bf16 page slots; page t in slot t % slots
+    ctas_per_sm, (producer_regs, consumer_regs) = STAGED_SPLIT[consumers] if staged else FP8_SPLITS[producers]
+    # bf16 page slots: one consumer's page t in slot t % slots; two consumers: slot w consumer w's
+    slots = 2 if staged else producers
     if producers == 1 and not staged and tokens * heads != KEY_MAJOR_ROWS[0]:
         raise ValueError(f"producers: one producer (two CTAs a SM) takes {KEY_MAJOR_ROWS[0]} query rows (32 need 130 KB "
                          f"of shared memory a CTA), got {tokens} x {heads}")
@@ -738,27 +773,29 @@ def mla_split_key_major_fp8_kernel(tokens: int, heads: int, softmax_scale: float
             T.mbarrier_arrive(full[w])
 
     @T.macro
-    def stage_page(KV, KVS, BT, KQ_s, KQP_s, KS_s, staged_full, b, first, n):
-        """Page step n's e4m3 values and scales into the staging tiles, by TMA."""
-        page = clamped_page(BT, b, first + n, pages)
+    def stage_page(KV, KVS, BT, KQ_s, KQP_s, KS_s, staged_full, b, page_index):
+        """The e4m3 values and scales of the sequence's page ``page_index`` into the staging tiles, by TMA."""
+        page = clamped_page(BT, b, page_index, pages)
         T.tma_copy(KV[page, :, 0:D_V], KQ_s, barrier=staged_full)
         T.tma_copy(KV[page, :, D_V:D_QK], KQP_s, barrier=staged_full)
         T.tma_copy(KVS[page, :, :], KS_s[0, :, :], barrier=staged_full)
         T.mbarrier_arrive(staged_full)
 
     @T.macro
-    def produce_staged(KV, KVS, BT, KQ_s, KQP_s, KS_s, KV_s, KP_s, staged_full, full, empty, b, first, seq, count, g):
-        """The staged producer (thread g): page n arrives by TMA in the one staging tile while the
-        producer still converts page n - 1 (its copy is issued as soon as every producer thread
-        holds page n - 1's pieces in registers), so no page waits for its own load; then page n's
-        pieces and their scales into registers (``produce``'s mapping, 8-byte shared-memory reads),
-        the next page's copy, the wait for bf16 slot n % 2 and the conversion into it (from
-        registers only: scales read from shared memory there made TileLang's storage sync put a
-        barrier into every piece's conversion)."""
+    def produce_staged(KV, KVS, BT, KQ_s, KQP_s, KS_s, KV_s, KP_s, staged_full, full, empty, b, seq, steps, page_of,
+                       slot_of, use_of, g):
+        """The staged producer (thread g), step n of ``steps``: the sequence's page ``page_of(n)`` into
+        bf16 slot ``slot_of(n)``, that slot's use ``use_of(n)``. Step n's page arrives by TMA in the
+        one staging tile while the producer still converts step n - 1's (its copy is issued as soon
+        as every producer thread holds step n - 1's pieces in registers), so no page waits for its
+        own load; then the pieces and their scales into registers (``produce``'s mapping, 8-byte
+        shared-memory reads), the next step's copy, the wait for the slot and the conversion into
+        it (from registers only: scales read from shared memory there made TileLang's storage sync
+        put a barrier into every piece's conversion)."""
         raw = T.alloc_local((V_PIECES + PE_PIECES, 8), e4m3)
         scale = T.alloc_local((V_PIECES + PE_PIECES,), "float32")
-        stage_page(KV, KVS, BT, KQ_s, KQP_s, KS_s, staged_full, b, first, 0)
-        for n in T.serial(count):
+        stage_page(KV, KVS, BT, KQ_s, KQP_s, KS_s, staged_full, b, page_of(0))
+        for n in T.serial(steps):
             T.mbarrier_wait_parity(staged_full, n & 1)
             for k in T.unroll(V_PIECES):
                 for v in T.vectorized(8):
@@ -769,27 +806,43 @@ def mla_split_key_major_fp8_kernel(tokens: int, heads: int, softmax_scale: float
                     raw[V_PIECES + k, v] = KQP_s[16 * k + g // 8, g % 8 * 8 + v]
                 scale[V_PIECES + k] = page_scale(KS_s, 16 * k + g // 8, D_V // GROUP, 0)
             T.sync_threads(STAGED_BARRIER, C.WARPGROUP)  # every piece read: the tiles may be refilled
-            if n + 1 < count:
-                stage_page(KV, KVS, BT, KQ_s, KQP_s, KS_s, staged_full, b, first, n + 1)
-            T.mbarrier_wait_parity(empty[n % 2], ((n // 2) & 1) ^ 1)
-            store_page(raw, scale, None, KV_s, KP_s, n % 2, (first + n) * PAGE, seq, g, n)
-            T.mbarrier_arrive(full[n % 2])
+            if n + 1 < steps:
+                stage_page(KV, KVS, BT, KQ_s, KQP_s, KS_s, staged_full, b, page_of(n + 1))
+            T.mbarrier_wait_parity(empty[slot_of(n)], (use_of(n) & 1) ^ 1)
+            store_page(raw, scale, None, KV_s, KP_s, slot_of(n), page_of(n) * PAGE, seq, g, n)
+            T.mbarrier_arrive(full[slot_of(n)])
+
+    @T.macro
+    def consume(BT, OP, LP, KV_s, KP_s, Q_s, QP_s, tiles, full, empty, b, sp, seq, count, slot_of, use_of):
+        """A consumer warpgroup (its ``consumer_tiles``): split ``sp``'s ``count`` pages, page t from
+        bf16 slot ``slot_of(t)`` (that slot's use ``use_of(t)``), then the split's partial output."""
+        P_s, p_s, part_s, acc_t, acc_o, state, bad = tiles
+        m, m_prev, m_scaled, alpha, l, row_sum, lse_rows = state
+        C.init_softmax(m, m_scaled, l, acc_o)
+        bad[0] = 0
+        for t in T.serial(count):
+            if entry_outside(BT, b, sp * split + t, pages):
+                bad[0] = 1
+            T.mbarrier_wait_parity(full[slot_of(t)], use_of(t) & 1)
+            key_major_scores(KV_s[slot_of(t), :, :], KP_s[slot_of(t), :, :], Q_s, QP_s, acc_t)
+            key_major_update(KV_s[slot_of(t), :, :], P_s, p_s, part_s, acc_t, acc_o, m, m_prev, m_scaled,
+                             alpha, l, row_sum, lambda: (sp * split + t) * PAGE, lambda: seq, tokens, heads, scale_log2)
+            T.mbarrier_arrive(empty[slot_of(t)])
+        key_major_finish(acc_o, l, m_scaled, lse_rows, OP, LP, b, sp, lambda: bad[0] == 0)
 
     @T.prim_func
     def kernel(Q: T.Tensor((batch, tokens, heads, D_QK), bf16), KV: T.Tensor((pages, PAGE, D_QK), e4m3),
                KVS: T.Tensor((pages, *SCALE_TILE), f32), BT: T.Tensor((batch, max_pages), "int32"),
                SL: T.Tensor((batch,), "int32"), OP: T.Tensor((batch, splits_of(max_pages, split), rows, D_V), f32),
                LP: T.Tensor((batch, splits_of(max_pages, split), rows), f32)):
-        with T.Kernel(splits_of(max_pages, split), batch, threads=C.WARPGROUP * (1 + producers)) as (sp, b):
+        with T.Kernel(T.ceildiv(splits_of(max_pages, split), consumers), batch,
+                      threads=C.WARPGROUP * (consumers + producers)) as (cta, b):
             if ctas_per_sm > 1:
                 T.annotate_min_blocks_per_sm(ctas_per_sm)
             Q_s = T.alloc_shared((rows, D_V), bf16)
             QP_s = T.alloc_shared((rows, D_PE), bf16)
             KV_s = T.alloc_shared((slots, PAGE, D_V), bf16)
             KP_s = T.alloc_shared((slots, PAGE, D_PE), bf16)
-            P_s = T.alloc_shared((rows, PAGE), bf16)
-            p_s = T.alloc_shared((p_words(rows),), f32)
-            part_s = T.alloc_shared((rows, 8), f32)
             # full[w]: the producer's 128 threads stored slot w's page; empty[w]: the consumer's 128 read it
             full = T.alloc_barrier([C.WARPGROUP] * slots)
             empty = T.alloc_barrier([C.WARPGROUP] * slots)
@@ -800,35 +853,47 @@ def mla_split_key_major_fp8_kernel(tokens: int, heads: int, softmax_scale: float
             KQ_s = T.alloc_shared((PAGE, D_V), e4m3) if staged else None
             KQP_s = T.alloc_shared((PAGE, D_PE), e4m3) if staged else None
             staged_full = T.alloc_barrier([C.WARPGROUP]) if staged else None
-            acc_t = T.alloc_fragment((PAGE, rows), f32)
-            acc_o = T.alloc_fragment((D_V, rows), f32)
-            m, m_prev, m_scaled, alpha, l, row_sum, lse_rows = C.row_state(rows)
-            bad = T.alloc_var("int32")
+            tiles = consumer_tiles(rows)
+            tiles1 = consumer_tiles(rows) if consumers == 2 else None
             tx = T.get_thread_binding()
             # bound values, not variables: tlx's progress check simulates the protocol at each
             # page count (a variable's value it does not follow)
+            sp = cta * consumers
             seq = sequence_keys(SL, b, max_pages)
             count = pages_in_split(SL, b, sp, max_pages, split)
+            count1 = T.max(pages_in_split(SL, b, sp + 1, max_pages, split), 0) if consumers == 2 else 0
             first = sp * split
             if count > 0:
-                if tx < C.WARPGROUP:
+                if tx < consumers * C.WARPGROUP:
                     if consumer_regs is not None:
                         T.set_max_nreg(consumer_regs, 1)
-                    key_major_queries(Q, Q_s, QP_s, b, heads)
-                    C.init_softmax(m, m_scaled, l, acc_o)
-                    bad = 0
-                    for t in T.serial(count):
-                        if entry_outside(BT, b, first + t, pages):
-                            bad = 1
-                        T.mbarrier_wait_parity(full[t % slots], (t // slots) & 1)
-                        key_major_scores(KV_s[t % slots, :, :], KP_s[t % slots, :, :], Q_s, QP_s, acc_t)
-                        key_major_update(KV_s[t % slots, :, :], P_s, p_s, part_s, acc_t, acc_o, m, m_prev, m_scaled,
-                                         alpha, l, row_sum, lambda: (first + t) * PAGE, lambda: seq, tokens, heads, scale_log2)
-                        T.mbarrier_arrive(empty[t % slots])
-                    key_major_finish(acc_o, l, m_scaled, lse_rows, OP, LP, b, sp, lambda: bad == 0)
+                    if consumers == 1:
+                        key_major_queries(Q, Q_s, QP_s, b, heads)
+                        consume(BT, OP, LP, KV_s, KP_s, Q_s, QP_s, tiles, full, empty, b, sp, seq, count,
+                                lambda t: t % slots, lambda t: t // slots)
+                    elif tx < C.WARPGROUP:
+                        key_major_queries(Q, Q_s, QP_s, b, heads, 0, 2)
+                        T.sync_threads(QUERY_BARRIER, 2 * C.WARPGROUP)
+                        consume(BT, OP, LP, KV_s, KP_s, Q_s, QP_s, tiles, full, empty, b, sp, seq, count,
+                                lambda t: 0, lambda t: t)
+                    else:
+                        key_major_queries(Q, Q_s, QP_s, b, heads, 1, 2)
+                        T.sync_threads(QUERY_BARRIER, 2 * C.WARPGROUP)
+                        if count1 > 0:
+                            consume(BT, OP, LP, KV_s, KP_s, Q_s, QP_s, tiles1, full, empty, b, sp + 1, seq, count1,
+                                    lambda t: 1, lambda t: t)
+                elif staged and consumers == 2:
+                    # the consumers' pages alternately while both have some, then the longer split's
+                    # rest (the first's: a second split with pages leaves the first full, but the
+                    # protocol holds for any two counts)
+                    T.set_max_nreg(producer_regs, 0)
+                    produce_staged(KV, KVS, BT, KQ_s, KQP_s, KS_s, KV_s, KP_s, staged_full, full, empty, b, seq,
+                                   count + count1, lambda n: first + pair_slot(n, count, count1) * split + pair_use(n, count, count1),
+                                   lambda n: pair_slot(n, count, count1), lambda n: pair_use(n, count, count1),
+                                   tx - 2 * C.WARPGROUP)
                 elif staged:
-                    produce_staged(KV, KVS, BT, KQ_s, KQP_s, KS_s, KV_s, KP_s, staged_full, full, empty, b, first, seq,
-                                   count, tx - C.WARPGROUP)
+                    produce_staged(KV, KVS, BT, KQ_s, KQP_s, KS_s, KV_s, KP_s, staged_full, full, empty, b, seq, count,
+                                   lambda n: first + n, lambda n: n % 2, lambda n: n // 2, tx - C.WARPGROUP)
                 elif tx < 2 * C.WARPGROUP or producers == 1:
                     T.set_max_nreg(producer_regs, 0)
                     produce(KV, KVS, BT, KV_s, KP_s, KS_s, full, empty, scales_full, b, first, seq, count, tx - C.WARPGROUP, 0)

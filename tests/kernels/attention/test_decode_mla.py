@@ -220,7 +220,7 @@ def test_key_major_fp8_staged_kernel():
     assert src.count("init(128)") == 5  # full and empty of two slots, the staging tile's
     producer = src[src.index("staged_full[0].wait"):]
     staged_sync = f"__sync_thread_partial({C.NAMED_BARRIER}, 128)"
-    assert producer.index(staged_sync) < producer.index("if ((n + 1) < count)")
+    assert producer.index(staged_sync) < producer.index("if ((n + 1) < steps)")
     conversions = re.findall(r"for \(int k_\d+ = 0; k_\d+ < 32; \+\+k_\d+\) \{(.*?)\n        \}", producer, re.S)
     assert len(conversions) == 2 and all("__NV_E4M3" in c and "__sync_thread_partial" not in c for c in conversions)
     bounds = kernel.metadata["reports"]["bounds"]
@@ -229,9 +229,47 @@ def test_key_major_fp8_staged_kernel():
     func = fp8_split_device_function(tokens, heads, scale, SPLIT_PAGES, 1, True)
     assert ctas_per_sm(func) == 1
     report = check_progress(func)
-    assert report.verdict == "unknown" and "no hang at count = 0..9 (8 schedules each)" in report.detail, report.detail
+    assert report.verdict == "unknown" and "no hang at steps = 0..9 (8 schedules each)" in report.detail, report.detail
     with pytest.raises(ValueError, match="staged: takes one producer warpgroup, got producers=2"):
         mla_split_key_major_fp8_kernel(tokens, heads, scale, SPLIT_PAGES, 2, True)
+
+
+def test_key_major_fp8_staged_pair_kernel():
+    """The staged split with two consumers (``consumers=2``): 384 threads, one CTA a SM for two
+    splits; 184 registers a consumer thread, 136 the producer's (128 x 136 + 256 x 184 = 384 x 168);
+    both consumers' cross-warp row maxima on named barriers of their own (TileLang put both on
+    ids 1 and 2, where the progress check found a hang: tlx's ``reduce_barriers`` pass); every
+    access proven; the hand-off simulated at page counts of both splits, equal or not (the
+    producer's order holds for any two counts)."""
+    from tlx.passes import PassContext
+    from tlx.passes.progress import check_progress
+    from tlx.passes.reduce_barriers import reduce_barriers_pass
+    from tlx.ir.tir import device_functions
+
+    scale, tokens, heads = D_QK ** -0.5, 1, 16
+    kernel = mla_split_key_major_fp8_kernel(tokens, heads, scale, SPLIT_PAGES, 1, True, 2)
+    src = kernel.device_source
+    [launch] = kernel.metadata["launches"]
+    assert launch["block"][0] == "384" and launch["grid"][0] == "((MP + 127) // 128)"
+    assert int(launch["dynamic_shared_memory"]) + launch["static_shared_memory"] <= 227 * 1024
+    assert "warpgroup_reg_alloc<184>" in src and "warpgroup_reg_dealloc<136>" in src
+    assert src.count("wgmma_ss<") == 6  # each consumer's scores (nope, rope) and output product
+    assert kernel.metadata["reports"]["reduce_barriers"] == {"kernel_kernel": {
+        "groups": [[0, 128], [128, 128]], "renumbered": True, "ids": [[1, 2], [15, 14]]}}
+    assert "tlx::NamedBarrierIds<128, 15, 14>" in src
+    bounds = kernel.metadata["reports"]["bounds"]
+    assert (bounds["unknown"], bounds["violations"], bounds["preconditions"]) == ([], [], [])
+    assert bounds["proven"] == bounds["accesses"] > 0
+    before = lowered(mla_split_key_major_fp8_kernel, tokens, heads, scale, SPLIT_PAGES, 1, True, 2)
+    [(_, func)] = list(device_functions(before.device_mod))
+    report = check_progress(func, swept={"count": 1, "count#2": 1})
+    assert report.verdict == "deadlock" and "named barrier 1 of 128 threads" in report.detail, report.detail
+    [(_, func)] = list(device_functions(reduce_barriers_pass(before, PassContext()).device_mod))
+    for pages in [(1, 0), (1, 1), (3, 2), (2, 3), (4, 4)]:
+        report = check_progress(func, swept={"count": pages[0], "count#2": pages[1]})
+        assert report.verdict == "ok", (pages, report.detail)
+    with pytest.raises(ValueError, match=r"consumers: expected 1, or 2 with staged=True, got 2 \(staged=False\)"):
+        mla_split_key_major_fp8_kernel(tokens, heads, scale, SPLIT_PAGES, 1, False, 2)
 
 
 def test_key_major_fp8_kernel_proven_and_never_hangs():
@@ -541,6 +579,28 @@ def test_key_major_same_bits_as_row_major(tokens, heads, fp8, consumers):
     kv[table[3, 1].long(), 1:] = torch.tensor(float("nan"), device="cuda").to(kv.dtype)
     o1, lse1 = mla_decode(q, kv, table, sl, kv_scales=scales, key_major=0)
     o2, lse2 = mla_decode(q, kv, table, sl, kv_scales=scales, out=poisoned_outputs(q), key_major=consumers)
+    assert torch.equal(o2.view(torch.int16), o1.view(torch.int16))
+    assert torch.equal(lse2.view(torch.int32), lse1.view(torch.int32))
+    assert not torch.isnan(o2[0]).any() and torch.isnan(o2[1]).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("consumers, split", [(1, SPLIT_PAGES), (2, SPLIT_PAGES), (2, 16)])
+def test_staged_split_same_bits_as_row_major(consumers, split, monkeypatch):
+    """The staged e4m3 split, with one consumer or two (two splits a CTA), gives the row-major
+    kernel's bits (H16 T1): sequences of 1 to 9000 keys, so CTAs whose second split is full,
+    shorter (6000 keys: 64 + 30 pages), empty (4001, 8200) or past the table; a bad table entry
+    (NaN rows in both), NaN slots past a sequence; every element written."""
+    import kernels.attention.decode_mla as decode_mla
+
+    q, kv, table, sl, scales = make_case([1, 63, 64, 65, 4001, 0, 1500, 9000, 6000, 8200], tokens=1, heads=16, fp8=True,
+                                         seed=60 + consumers + split)
+    table[1, 0] = kv.shape[0] + 3
+    kv[table[3, 1].long(), 1:] = torch.tensor(float("nan"), device="cuda").to(kv.dtype)
+    o1, lse1 = mla_decode(q, kv, table, sl, kv_scales=scales, key_major=0, split_pages=split)
+    staged = mla_split_key_major_fp8_kernel(1, 16, D_QK ** -0.5, split, 1, True, consumers)
+    monkeypatch.setattr(decode_mla, "split_kernel", lambda *args, **kwargs: staged)
+    o2, lse2 = mla_decode(q, kv, table, sl, kv_scales=scales, out=poisoned_outputs(q), split_pages=split)
     assert torch.equal(o2.view(torch.int16), o1.view(torch.int16))
     assert torch.equal(lse2.view(torch.int32), lse1.view(torch.int32))
     assert not torch.isnan(o2[0]).any() and torch.isnan(o2[1]).all()
