@@ -622,14 +622,15 @@ def mla_split_key_major_kernel(tokens: int, heads: int, kv_dtype: str, softmax_s
 # other CTA's pages filling the gaps of this one's chain (its consumer waits while the one
 # producer converts the next page): as fast as two producers (H100, 2026-12-06: 390.0 / 368.2 us).
 FP8_SPLITS = {2: (1, (136, 232)), 1: (2, (96, 160))}
-# the staged split (one producer, TMA staging, one CTA a SM): 256 threads, no register handover;
-# with two consumers (two splits a CTA) 384 threads: 128 x 136 + 2 x 128 x 184 = 384 x 168 (ptxas:
-# no spills; the producer spilled at 120 and fewer, holding a page's 36 pieces and their scales)
-STAGED_SPLIT = {1: (1, (None, None)), 2: (1, (136, 184))}
-STAGED_BARRIER = C.NAMED_BARRIER  # the staged producer's named barrier (its 128 threads have read the staging tile)
+# the staged split by (consumers, producers), one CTA a SM: (1, 1) 256 threads, no register
+# handover; (2, 1) two splits a CTA, 384 threads: 128 x 136 + 2 x 128 x 184 = 384 x 168 (ptxas: no
+# spills; the producer spilled at 120 and fewer, holding a page's 36 pieces and their scales);
+# (1, 2) two producers converting each page's halves: 128 x 232 + 2 x 128 x 136 = 384 x 168;
+# (2, 2) 512 threads: 2 x 128 x 168 + 2 x 128 x 88 = 512 x 128 (18 pieces a producer thread; ptxas
+# spilled a few bytes with 72 or 80 producer registers)
+STAGED_SPLIT = {(1, 1): (1, (None, None)), (2, 1): (1, (136, 184)), (1, 2): (1, (136, 232)), (2, 2): (1, (88, 168))}
+STAGED_BARRIER = C.NAMED_BARRIER  # the staged producers' named barrier (their threads have read the staging tile)
 QUERY_BARRIER = C.NAMED_BARRIER + 1  # two consumers: both halves of the shared query tile are stored
-V_PIECES = PAGE * D_V // 8 // C.WARPGROUP  # 8-value pieces of a page's nope keys a producer thread converts
-PE_PIECES = PAGE * D_PE // 8 // C.WARPGROUP  # ... and of its rope keys
 
 
 def consumer_tiles(rows: int):
@@ -671,37 +672,43 @@ def mla_split_key_major_fp8_kernel(tokens: int, heads: int, softmax_scale: float
     page order. The same bits as the other split kernels: the consumer's instructions per page
     are ``mla_split_key_major_kernel``'s, on the same bf16 values.
 
-    A producer thread converts ``V_PIECES + PE_PIECES`` pieces of 8 values a page: a warp reads
-    256 contiguous bytes of one key row (a rope piece: 64 of each of 4 rows) and stores whole
-    128-byte rows of the swizzled bf16 panels (no bank conflicts).
+    A producer thread converts 36 pieces of 8 values a page (18 where two staged producers share
+    a page): a warp reads 256 contiguous bytes of one key row (a rope piece: 64 of each of 4 rows)
+    and stores whole 128-byte rows of the swizzled bf16 panels (no bank conflicts).
 
     ``producers`` 2 (pages in flight, one slot each; ``mla_decode``'s choice at 32 query rows) or 1
     (one slot, two CTAs a SM; ``FP8_SPLITS``): the same bits, each CTA's pages in the same order
     through the same code.
 
-    ``staged`` (with ``producers=1``; ``mla_decode``'s choice at 16 query rows): one producer
-    warpgroup, one CTA a SM, two bf16 slots (page t into slot t % 2) and a staging tile that TMA
+    ``staged`` (``mla_decode``'s choice at 16 query rows): one producer
+    warpgroup (``producers=2``: two, converting the halves of each page), one CTA a SM, two bf16 slots (page t into slot t % 2) and a staging tile that TMA
     fills with the next page's e4m3 values and scales while the producer converts the last one
     (``produce_staged``): in the forms above a producer's next load waits for its conversion, so
     each holds at most one page in flight (H100, 2026-12-06: 322.0 against 368.2 us).
 
     ``consumers`` 2 (with ``staged``): two consumer warpgroups, each its own split of the sequence
-    (CTA c takes splits 2 c and 2 c + 1), bf16 slot w consumer w's; the producer converts their
-    pages alternately (then the longer split's rest) and the consumers share the query tile. One
-    consumer's page step is a chain of dependent steps (its products, the cross-warp max and the
-    ordered row sums) that leaves the SM's pipes mostly idle: a second chain a SM fills them. The
-    same bits: each split's pages through the same consumer code, its partials written as its own."""
+    (CTA c takes splits 2 c and 2 c + 1), bf16 slot w consumer w's; the producers convert their
+    pages alternately (then the longer split's rest) and the consumers share the query tile. The
+    same bits: each split's pages through the same consumer code, its partials written as its own.
+    Measured (H100, 2026-12-06 18:36, B128 ctx 8192 H16, ``.pdlcopy``-style A/B, bits equal): one
+    producer with two consumers 322.6 us against one consumer's 320.7, so the SM's pages a
+    microsecond did not move with a second consumer chain: the one producer warpgroup (about
+    2.5 us a page, as the consumer's chain on bf16) bounds both forms. Not yet measured (no device
+    time was left): ``producers=2`` with ``staged``, two producer warpgroups converting the halves
+    of each page (18 pieces a thread), with one consumer or two: the candidates for that bound."""
     split = check_split(split_pages)
     if producers not in FP8_SPLITS:
         raise ValueError(f"producers: expected one of {tuple(FP8_SPLITS)}, got {producers!r}")
-    if staged and producers != 1:
-        raise ValueError(f"staged: takes one producer warpgroup, got producers={producers!r}")
     if consumers not in (1, 2) or (consumers == 2 and not staged):
         raise ValueError(f"consumers: expected 1, or 2 with staged=True, got {consumers!r} (staged={staged!r})")
     if staged and tokens * heads != KEY_MAJOR_ROWS[0]:
         raise ValueError(f"staged: takes {KEY_MAJOR_ROWS[0]} query rows (32 need 235 KB of shared memory), "
                          f"got {tokens} x {heads}")
-    ctas_per_sm, (producer_regs, consumer_regs) = STAGED_SPLIT[consumers] if staged else FP8_SPLITS[producers]
+    ctas_per_sm, (producer_regs, consumer_regs) = STAGED_SPLIT[consumers, producers] if staged else FP8_SPLITS[producers]
+    # a page's converting threads: a staged page's are all producer warpgroups', else one's
+    page_threads = C.WARPGROUP * (producers if staged else 1)
+    v_pieces, pe_pieces = PAGE * D_V // 8 // page_threads, PAGE * D_PE // 8 // page_threads  # 8-value pieces a thread
+    v_rows, pe_rows = page_threads // 64, page_threads // 8  # key rows of one piece step (nope, rope)
     # bf16 page slots: one consumer's page t in slot t % slots; two consumers: slot w consumer w's
     slots = 2 if staged else producers
     if producers == 1 and not staged and tokens * heads != KEY_MAJOR_ROWS[0]:
@@ -721,23 +728,23 @@ def mla_split_key_major_fp8_kernel(tokens: int, heads: int, softmax_scale: float
         too; one branch a piece, on the sequence's last page only); the scales from ``scale`` or
         ``KS_s`` (``piece_scale``)."""
         if k0 + PAGE <= seq:
-            for k in T.unroll(V_PIECES):
+            for k in T.unroll(v_pieces):
                 for v in T.vectorized(8):
-                    KV_s[slot, 2 * k + g // 64, g % 64 * 8 + v] = dequant(
-                        raw[k, v], piece_scale(scale, KS_s, k, 2 * k + g // 64, g % 64 // 8, n))
+                    KV_s[slot, v_rows * k + g // 64, g % 64 * 8 + v] = dequant(
+                        raw[k, v], piece_scale(scale, KS_s, k, v_rows * k + g // 64, g % 64 // 8, n))
         else:
-            for k in T.unroll(V_PIECES):
-                if k0 + 2 * k + g // 64 < seq:
+            for k in T.unroll(v_pieces):
+                if k0 + v_rows * k + g // 64 < seq:
                     for v in T.vectorized(8):
-                        KV_s[slot, 2 * k + g // 64, g % 64 * 8 + v] = dequant(
-                            raw[k, v], piece_scale(scale, KS_s, k, 2 * k + g // 64, g % 64 // 8, n))
+                        KV_s[slot, v_rows * k + g // 64, g % 64 * 8 + v] = dequant(
+                            raw[k, v], piece_scale(scale, KS_s, k, v_rows * k + g // 64, g % 64 // 8, n))
                 else:
                     for v in T.vectorized(8):
-                        KV_s[slot, 2 * k + g // 64, g % 64 * 8 + v] = T.Cast(bf16, 0)
-        for k in T.unroll(PE_PIECES):
+                        KV_s[slot, v_rows * k + g // 64, g % 64 * 8 + v] = T.Cast(bf16, 0)
+        for k in T.unroll(pe_pieces):
             for v in T.vectorized(8):
-                KP_s[slot, 16 * k + g // 8, g % 8 * 8 + v] = dequant(
-                    raw[V_PIECES + k, v], piece_scale(scale, KS_s, V_PIECES + k, 16 * k + g // 8, D_V // GROUP, n))
+                KP_s[slot, pe_rows * k + g // 8, g % 8 * 8 + v] = dequant(
+                    raw[v_pieces + k, v], piece_scale(scale, KS_s, v_pieces + k, pe_rows * k + g // 8, D_V // GROUP, n))
         T.fence_proxy_async()  # generic-proxy stores, read by the consumer's wgmma
 
     @T.macro
@@ -749,23 +756,23 @@ def mla_split_key_major_fp8_kernel(tokens: int, heads: int, softmax_scale: float
         into slot n % 2: page n - 2's conversions, its last reader, finished before the consumer
         released page n - 2's bf16 slot, which this producer waited for in step n - 1): 36 registers
         a thread fewer, which one producer's 128 (two CTAs a SM) need."""
-        raw = T.alloc_local((V_PIECES + PE_PIECES, 8), e4m3)
-        scale = T.alloc_local((V_PIECES + PE_PIECES,), "float32") if KS_s is None else None
+        raw = T.alloc_local((v_pieces + pe_pieces, 8), e4m3)
+        scale = T.alloc_local((v_pieces + pe_pieces,), "float32") if KS_s is None else None
         for n in T.serial(T.ceildiv(count - w, producers)):
             page = clamped_page(BT, b, first + producers * n + w, pages)
             if KS_s is not None:
                 T.tma_copy(KVS[page, :, :], KS_s[n % 2, :, :], barrier=scales_full[n % 2])
                 T.mbarrier_arrive(scales_full[n % 2])
-            for k in T.unroll(V_PIECES):
+            for k in T.unroll(v_pieces):
                 for v in T.vectorized(8):
-                    raw[k, v] = KV[page, 2 * k + g // 64, g % 64 * 8 + v]
+                    raw[k, v] = KV[page, v_rows * k + g // 64, g % 64 * 8 + v]
                 if KS_s is None:
-                    scale[k] = page_scale(KVS, 2 * k + g // 64, g % 64 // 8, page)
-            for k in T.unroll(PE_PIECES):
+                    scale[k] = page_scale(KVS, v_rows * k + g // 64, g % 64 // 8, page)
+            for k in T.unroll(pe_pieces):
                 for v in T.vectorized(8):
-                    raw[V_PIECES + k, v] = KV[page, 16 * k + g // 8, D_V + g % 8 * 8 + v]
+                    raw[v_pieces + k, v] = KV[page, pe_rows * k + g // 8, D_V + g % 8 * 8 + v]
                 if KS_s is None:
-                    scale[V_PIECES + k] = page_scale(KVS, 16 * k + g // 8, D_V // GROUP, page)
+                    scale[v_pieces + k] = page_scale(KVS, pe_rows * k + g // 8, D_V // GROUP, page)
             T.mbarrier_wait_parity(empty[w], (n & 1) ^ 1)
             if KS_s is not None:
                 T.mbarrier_wait_parity(scales_full[n % 2], (n // 2) & 1)
@@ -792,20 +799,20 @@ def mla_split_key_major_fp8_kernel(tokens: int, heads: int, softmax_scale: float
         shared-memory reads), the next step's copy, the wait for the slot and the conversion into
         it (from registers only: scales read from shared memory there made TileLang's storage sync
         put a barrier into every piece's conversion)."""
-        raw = T.alloc_local((V_PIECES + PE_PIECES, 8), e4m3)
-        scale = T.alloc_local((V_PIECES + PE_PIECES,), "float32")
+        raw = T.alloc_local((v_pieces + pe_pieces, 8), e4m3)
+        scale = T.alloc_local((v_pieces + pe_pieces,), "float32")
         stage_page(KV, KVS, BT, KQ_s, KQP_s, KS_s, staged_full, b, page_of(0))
         for n in T.serial(steps):
             T.mbarrier_wait_parity(staged_full, n & 1)
-            for k in T.unroll(V_PIECES):
+            for k in T.unroll(v_pieces):
                 for v in T.vectorized(8):
-                    raw[k, v] = KQ_s[2 * k + g // 64, g % 64 * 8 + v]
-                scale[k] = page_scale(KS_s, 2 * k + g // 64, g % 64 // 8, 0)
-            for k in T.unroll(PE_PIECES):
+                    raw[k, v] = KQ_s[v_rows * k + g // 64, g % 64 * 8 + v]
+                scale[k] = page_scale(KS_s, v_rows * k + g // 64, g % 64 // 8, 0)
+            for k in T.unroll(pe_pieces):
                 for v in T.vectorized(8):
-                    raw[V_PIECES + k, v] = KQP_s[16 * k + g // 8, g % 8 * 8 + v]
-                scale[V_PIECES + k] = page_scale(KS_s, 16 * k + g // 8, D_V // GROUP, 0)
-            T.sync_threads(STAGED_BARRIER, C.WARPGROUP)  # every piece read: the tiles may be refilled
+                    raw[v_pieces + k, v] = KQP_s[pe_rows * k + g // 8, g % 8 * 8 + v]
+                scale[v_pieces + k] = page_scale(KS_s, pe_rows * k + g // 8, D_V // GROUP, 0)
+            T.sync_threads(STAGED_BARRIER, page_threads)  # every piece read: the tiles may be refilled
             if n + 1 < steps:
                 stage_page(KV, KVS, BT, KQ_s, KQP_s, KS_s, staged_full, b, page_of(n + 1))
             T.mbarrier_wait_parity(empty[slot_of(n)], (use_of(n) & 1) ^ 1)
@@ -843,16 +850,16 @@ def mla_split_key_major_fp8_kernel(tokens: int, heads: int, softmax_scale: float
             QP_s = T.alloc_shared((rows, D_PE), bf16)
             KV_s = T.alloc_shared((slots, PAGE, D_V), bf16)
             KP_s = T.alloc_shared((slots, PAGE, D_PE), bf16)
-            # full[w]: the producer's 128 threads stored slot w's page; empty[w]: the consumer's 128 read it
-            full = T.alloc_barrier([C.WARPGROUP] * slots)
+            # full[w]: the page's producer threads stored slot w's page; empty[w]: the consumer's 128 read it
+            full = T.alloc_barrier([page_threads] * slots)
             empty = T.alloc_barrier([C.WARPGROUP] * slots)
             # one producer: its pages' scales by TMA, two slots (see produce)
-            KS_s = T.alloc_shared((1 if staged else 2, *SCALE_TILE), f32) if producers == 1 else None
+            KS_s = T.alloc_shared((1 if staged else 2, *SCALE_TILE), f32) if producers == 1 or staged else None
             scales_full = T.alloc_barrier([C.WARPGROUP] * 2) if producers == 1 and not staged else None
             # staged: the next page's e4m3 values (the scales go to KS_s) and their barrier
             KQ_s = T.alloc_shared((PAGE, D_V), e4m3) if staged else None
             KQP_s = T.alloc_shared((PAGE, D_PE), e4m3) if staged else None
-            staged_full = T.alloc_barrier([C.WARPGROUP]) if staged else None
+            staged_full = T.alloc_barrier([page_threads]) if staged else None
             tiles = consumer_tiles(rows)
             tiles1 = consumer_tiles(rows) if consumers == 2 else None
             tx = T.get_thread_binding()
@@ -892,6 +899,8 @@ def mla_split_key_major_fp8_kernel(tokens: int, heads: int, softmax_scale: float
                                    lambda n: pair_slot(n, count, count1), lambda n: pair_use(n, count, count1),
                                    tx - 2 * C.WARPGROUP)
                 elif staged:
+                    if producer_regs is not None:
+                        T.set_max_nreg(producer_regs, 0)
                     produce_staged(KV, KVS, BT, KQ_s, KQP_s, KS_s, KV_s, KP_s, staged_full, full, empty, b, seq, count,
                                    lambda n: first + n, lambda n: n % 2, lambda n: n // 2, tx - C.WARPGROUP)
                 elif tx < 2 * C.WARPGROUP or producers == 1:

@@ -90,3 +90,17 @@ def test_ids_in_use_are_not_taken():
 
     after = reduce_barriers_pass(lower(main, TARGET), PassContext())
     assert "tlx::NamedBarrierIds<128, 14, 13>" in _reductions(after)[1]
+
+
+def test_the_progress_check_finds_two_warpgroups_on_one_barrier():
+    """Before the pass the two warpgroups' reductions share bar.sync 1 and 2: a random schedule
+    releases part of one warpgroup with part of the other (each alone 128 threads), which the
+    progress check reports; after it, each barrier joins one warpgroup every time."""
+    from tlx.passes.progress import check_progress
+
+    before = lower(column_maxima(2), TARGET)
+    [(_, func)] = list(device_functions(before.device_mod))
+    report = check_progress(func)
+    assert report.verdict == "deadlock" and "two groups of threads share it" in report.detail, report.detail
+    [(_, func)] = list(device_functions(reduce_barriers_pass(before, PassContext()).device_mod))
+    assert check_progress(func).verdict == "ok"

@@ -38,7 +38,10 @@ whether waits end. This pass runs the protocol instead:
    and the CTAs a SM its ``__launch_bounds__`` asks for, so warpgroups that together ask for
    more wait forever; that count is ptxas's choice, taken as observed). The order of steps is drawn at random (``seeds`` schedules, each thread run
    until it blocks, then another picked); a state in which no thread can move and some have not
-   finished is a deadlock, reported with the waits that never end. Before any simulation, and for
+   finished is a deadlock, reported with the waits that never end. A named barrier that releases
+   part of the team it first released together with other threads is reported too (as a
+   "deadlock": a proven synchronisation error, as above): two groups share its id, so it releases
+   whichever ``n`` threads come first and orders neither group. Before any simulation, and for
    any control values, the counts a kernel's warps reallocate to are added up
    (``register_budget``, also on every verified compile): more than the CTA holds is a deadlock.
 3. Late waiters. A random schedule lets a thread fall behind: one that waits on a barrier it
@@ -560,6 +563,8 @@ def simulate(traces: list[list[tuple]], seed: int, ctas: int = 1, fair: bool = F
     phases: dict = {}  # barrier -> completed phases
     sleepers: dict = {}  # barrier -> threads blocked in a wait on it
     gathering: dict = {}  # (named barrier id, n) or "sync" -> threads that reached it
+    teams: dict = {}  # (named barrier id, n) -> the threads its first release joined
+    mixed: list = []  # a release that joined part of that team with other threads (_mixed_team)
     pc = [0] * len(traces)
     unfinished = {t for t in range(len(traces)) if traces[t]}
     runnable = sorted(unfinished)
@@ -574,6 +579,10 @@ def simulate(traces: list[list[tuple]], seed: int, ctas: int = 1, fair: bool = F
     def release_gathered(key, n: int) -> None:
         ts = gathering.get(key, [])
         if len(ts) >= n:
+            if key != "sync":
+                team, first = frozenset(ts[:n]), teams.setdefault(key, frozenset(ts[:n]))
+                if team != first and team & first and not mixed:
+                    mixed.append((key, first, team))
             for t in ts[:n]:
                 pc[t] += 1
                 del blocked[t]
@@ -655,6 +664,9 @@ def simulate(traces: list[list[tuple]], seed: int, ctas: int = 1, fair: bool = F
         else:
             unfinished.discard(t)
             check_sync()
+    if mixed:
+        (bar, n), first, team = mixed[0]
+        return ProgressReport("deadlock", _mixed_team(bar, n, first, team), 1)
     if not unfinished:
         return ProgressReport("ok", schedules=1)
     groups: dict = {}
@@ -668,6 +680,16 @@ def simulate(traces: list[list[tuple]], seed: int, ctas: int = 1, fair: bool = F
     late = all(op[0] == "wait" and phases.get(op[1]) and ("arrive", op[1]) not in traces[t]
                for op, ts in groups.items() for t in ts)
     return ProgressReport("deadlock", detail, 1, stuck, late)
+
+
+def _mixed_team(bar: int, n: int, first: frozenset, team: frozenset) -> str:
+    """A named barrier that released part of the threads it first joined together with others:
+    two groups of threads share its id (each alone holding ``n``), so it releases whichever ``n``
+    arrive first and orders neither group's steps (TileLang's AllReduce put two warpgroups'
+    reductions on ids 1 and 2; tlx/passes/reduce_barriers.py). A barrier that joins disjoint
+    teams in turn, or the same team each time, is not reported."""
+    return (f"named barrier {bar} of {n} threads joined threads {_ranges(sorted(team))} after it had joined "
+            f"{_ranges(sorted(first))}: two groups of threads share it, and it orders neither")
 
 
 def _describe(op, phases, arrived, counts, pool: int, at_launch: int, threads: int) -> str:

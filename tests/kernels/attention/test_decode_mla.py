@@ -230,8 +230,31 @@ def test_key_major_fp8_staged_kernel():
     assert ctas_per_sm(func) == 1
     report = check_progress(func)
     assert report.verdict == "unknown" and "no hang at steps = 0..9 (8 schedules each)" in report.detail, report.detail
-    with pytest.raises(ValueError, match="staged: takes one producer warpgroup, got producers=2"):
-        mla_split_key_major_fp8_kernel(tokens, heads, scale, SPLIT_PAGES, 2, True)
+    with pytest.raises(ValueError, match=r"producers: expected one of \(2, 1\), got 3"):
+        mla_split_key_major_fp8_kernel(tokens, heads, scale, SPLIT_PAGES, 3, True)
+
+
+@pytest.mark.parametrize("producers, regs, threads", [(2, (232, 136), 384)])
+def test_key_major_fp8_staged_two_producers_kernel(producers, regs, threads):
+    """The staged split with two producer warpgroups converting the halves of each page: 384
+    threads, 16 nope and 2 rope pieces a producer thread, every barrier of the page counting 256
+    producer arrivals; every access proven; the hand-off simulated: no hang."""
+    from tlx.passes.progress import check_progress
+
+    scale = D_QK ** -0.5
+    kernel = mla_split_key_major_fp8_kernel(1, 16, scale, SPLIT_PAGES, producers, True)
+    src = kernel.device_source
+    assert kernel.metadata["launches"][0]["block"][0] == str(threads)
+    assert f"warpgroup_reg_alloc<{regs[0]}>" in src and f"warpgroup_reg_dealloc<{regs[1]}>" in src
+    assert src.count("init(256)") == 3  # full of two slots, the staging tile's
+    assert f"__sync_thread_partial({C.NAMED_BARRIER}, 256)" in src
+    bounds = kernel.metadata["reports"]["bounds"]
+    assert (bounds["unknown"], bounds["violations"], bounds["preconditions"]) == ([], [], [])
+    assert bounds["proven"] == bounds["accesses"] > 0
+    func = fp8_split_device_function(1, 16, scale, SPLIT_PAGES, producers, True)
+    for pages in (1, 2, 5):
+        report = check_progress(func, swept={"steps": pages})
+        assert report.verdict == "ok", (pages, report.detail)
 
 
 def test_key_major_fp8_staged_pair_kernel():
@@ -268,6 +291,9 @@ def test_key_major_fp8_staged_pair_kernel():
     for pages in [(1, 0), (1, 1), (3, 2), (2, 3), (4, 4)]:
         report = check_progress(func, swept={"count": pages[0], "count#2": pages[1]})
         assert report.verdict == "ok", (pages, report.detail)
+    both = mla_split_key_major_fp8_kernel(tokens, heads, scale, SPLIT_PAGES, 2, True, 2)
+    assert both.metadata["launches"][0]["block"][0] == "512" and "warpgroup_reg_alloc<168>" in both.device_source
+    assert "warpgroup_reg_dealloc<88>" in both.device_source and both.metadata["reports"]["bounds"]["violations"] == []
     with pytest.raises(ValueError, match=r"consumers: expected 1, or 2 with staged=True, got 2 \(staged=False\)"):
         mla_split_key_major_fp8_kernel(tokens, heads, scale, SPLIT_PAGES, 1, False, 2)
 
@@ -585,20 +611,22 @@ def test_key_major_same_bits_as_row_major(tokens, heads, fp8, consumers):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("consumers, split", [(1, SPLIT_PAGES), (2, SPLIT_PAGES), (2, 16)])
-def test_staged_split_same_bits_as_row_major(consumers, split, monkeypatch):
-    """The staged e4m3 split, with one consumer or two (two splits a CTA), gives the row-major
+@pytest.mark.parametrize("consumers, producers, split", [(1, 1, SPLIT_PAGES), (2, 1, SPLIT_PAGES), (1, 2, SPLIT_PAGES),
+                                                     (2, 2, SPLIT_PAGES), (2, 2, 16)])
+def test_staged_split_same_bits_as_row_major(consumers, producers, split, monkeypatch):
+    """The staged e4m3 split, with one consumer or two (two splits a CTA) and one producer or two
+    (the halves of each page), gives the row-major
     kernel's bits (H16 T1): sequences of 1 to 9000 keys, so CTAs whose second split is full,
     shorter (6000 keys: 64 + 30 pages), empty (4001, 8200) or past the table; a bad table entry
     (NaN rows in both), NaN slots past a sequence; every element written."""
     import kernels.attention.decode_mla as decode_mla
 
     q, kv, table, sl, scales = make_case([1, 63, 64, 65, 4001, 0, 1500, 9000, 6000, 8200], tokens=1, heads=16, fp8=True,
-                                         seed=60 + consumers + split)
+                                         seed=60 + consumers + 2 * producers + split)
     table[1, 0] = kv.shape[0] + 3
     kv[table[3, 1].long(), 1:] = torch.tensor(float("nan"), device="cuda").to(kv.dtype)
     o1, lse1 = mla_decode(q, kv, table, sl, kv_scales=scales, key_major=0, split_pages=split)
-    staged = mla_split_key_major_fp8_kernel(1, 16, D_QK ** -0.5, split, 1, True, consumers)
+    staged = mla_split_key_major_fp8_kernel(1, 16, D_QK ** -0.5, split, producers, True, consumers)
     monkeypatch.setattr(decode_mla, "split_kernel", lambda *args, **kwargs: staged)
     o2, lse2 = mla_decode(q, kv, table, sl, kv_scales=scales, out=poisoned_outputs(q), split_pages=split)
     assert torch.equal(o2.view(torch.int16), o1.view(torch.int16))
