@@ -1044,13 +1044,17 @@ def key_major_default(rows: int) -> int:
 
 
 def split_kernel(tokens: int, heads: int, kv_dtype: str, softmax_scale: float, num_stages: int | None,
-                 split_pages: int = SPLIT_PAGES, key_major: int | None = None, overlap: bool = False):
+                 split_pages: int = SPLIT_PAGES, key_major: int | None = None, overlap: bool = False,
+                 paired: bool = False):
     """The split kernel ``mla_decode`` launches: key-major with ``key_major`` consumer warpgroups
     (one over an e4m3 cache: ``mla_split_key_major_fp8_kernel``, with ``num_stages`` producers,
     one page in flight each; None: its staged form at 16 query rows, two producers at 32),
     row-major for 0, ``key_major_default`` for None. ``num_stages``
     None: 2 pages in flight, 1 for the e4m3 kernels whose consumers dequantize (``mla_decode``).
-    ``overlap``: ``mla_split_overlap_kernel`` (row-major, bf16, two pages in flight)."""
+    ``overlap``: ``mla_split_overlap_kernel`` (row-major, bf16, two pages in flight). ``paired``
+    (the staged form only): two splits a CTA, two producer warpgroups converting each page's
+    halves (the same bits; ``mla_decode`` pairs where one split a CTA would take more than one
+    wave of the SMs)."""
     if overlap:
         if kv_dtype != "bfloat16" or key_major or num_stages not in (None, 2):
             raise ValueError(f"overlap: takes a bf16 cache, the row-major kernel and 2 pages in flight, got {kv_dtype}, "
@@ -1060,8 +1064,11 @@ def split_kernel(tokens: int, heads: int, kv_dtype: str, softmax_scale: float, n
         key_major = key_major_default(tokens * heads)
     fp8 = kv_dtype == "float8_e4m3"
     if key_major == 1 and fp8 and num_stages is None and tokens * heads == KEY_MAJOR_ROWS[0]:
-        # H100, 2026-12-06, B128 ctx 8192 H16: 322.0 us against two producers' 368.2 (the same bits)
-        return mla_split_key_major_fp8_kernel(tokens, heads, softmax_scale, split_pages, 1, True)
+        # H100, 2026-12-06, B128 ctx 8192 H16: 322.0 us against two producers' 368.2 (the same bits);
+        # paired 307.0 against 322.3 (one producer with two consumers 322.6: the producer bounds it;
+        # two producers with one consumer 327.4), at B64 (half the CTAs) the unpaired form 165.3
+        pair = 2 if paired else 1
+        return mla_split_key_major_fp8_kernel(tokens, heads, softmax_scale, split_pages, pair, True, pair)
     if num_stages is None:
         num_stages = 1 if fp8 and key_major != 1 else 2
     if key_major == 1 and fp8:
@@ -1086,7 +1093,8 @@ def mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tenso
     e4m3 (two fit since P shares the rope keys' buffer, but ran no faster: its dequant, not the
     copy, is the wait); for the e4m3 key-major kernel with one consumer, whose producers
     dequantize, the count of producer warpgroups (1: two CTAs a SM), and None its staged form
-    (16 query rows: one producer, the next page staged by TMA) or 2 producers (32 rows). ``split_pages``:
+    (16 query rows: one producer, the next page staged by TMA; two splits a CTA with two producers
+    where ``B x splits`` exceeds the SM count) or 2 producers (32 rows). ``split_pages``:
     pages per split (``SPLIT_CHOICES``); each size gives its own bits, the baseline's with the
     same size. ``key_major`` 1 or 2: the split kernel with the keys as the products' M side
     (``mla_split_key_major_kernel``, T x H in ``KEY_MAJOR_ROWS``) with that many consumer
@@ -1122,7 +1130,9 @@ def mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tenso
     kv_scales = kv_scales.view(-1, *SCALE_TILE) if fp8 else _zeros(dev, (1, *SCALE_TILE))
     part_o = torch.empty((b, splits, rows, D_V), dtype=torch.float32, device=dev)
     part_lse = torch.empty((b, splits, rows), dtype=torch.float32, device=dev)
-    kernel = split_kernel(t, h, KV_DTYPES[kv_cache.dtype], scale, num_stages, split_pages, key_major, overlap)
+    # two splits a CTA where one a CTA would take more than one wave of the SMs (the same bits)
+    paired = b * splits > torch.cuda.get_device_properties(dev).multi_processor_count
+    kernel = split_kernel(t, h, KV_DTYPES[kv_cache.dtype], scale, num_stages, split_pages, key_major, overlap, paired)
     if overlap:  # no scales: bf16 only
         kernel(q, kv_cache, block_table, seq_lens, part_o, part_lse)
     else:

@@ -14,24 +14,25 @@ One CTA per (token, 64 heads): the 64 heads share every gathered key, so ``S = Q
 64 x 64 block per step (two warpgroups, 32 keys each) and ``O += P KV`` a 64 x 512 block (two
 warpgroups, 256 columns each, P through shared memory). Keys in blocks of 64 slots in index-list
 order, then the window's; the online softmax of ``common.py``; the sink enters the sum last,
-``l += exp2(fma(sink, log2 e, -m_scaled))``. In ``sparse_fwd_kernel`` (the default) the two
-warpgroups gather a block themselves, and ``T.Pipelined`` issues that gather as 16-byte cp.async
-one block ahead; ``sparse_fwd_producer_kernel`` (``schedule="producer"``) moves it into a third,
-producer warpgroup, two blocks ahead, and keeps the consumers' instructions, so it gives the same
-bits. On an H200 (2026-12-03, b 1, s 4096, h 128, k 1024) the default ran at 286 TFLOP/s (its
-gather from 32-bit views, ``slot_views``) and the producer schedule at 251 (its queries then loaded
-in 4-byte steps by all 384 threads, since 16-byte pieces by the consumers: not yet re-timed): the
-gather is not what bounds either. Under ncu the L2 is 15% busy and
+``l += exp2(fma(sink, log2 e, -m_scaled))``. ``sparse_fwd_producer_kernel`` (the default,
+``schedule="producer"``) gathers each block in a producer warpgroup by 16-byte cp.async, two
+blocks ahead of the two consumer warpgroups, and its consumers stage the output in the query tile
+and store whole rows; ``sparse_fwd_kernel`` (``schedule="pipelined"``, TileLang's V4 example's
+design) has the two warpgroups gather a block themselves, ``T.Pipelined`` issuing that gather one
+block ahead. Both run the same consumer instructions, so they give the same bits. On an H100
+(2026-12-06, b 1, s 4096, h 128, k 1024) the producer schedule ran at 345 TFLOP/s and the pipelined
+one at 311 (on an H200 on 2026-12-03, before the producer's queries were loaded in 16-byte pieces,
+251 against 286). Under ncu (the pipelined kernel, H200) the L2 is 15% busy and
 the schedulers issue in 34% of cycles: both consumer warpgroups step through the same block in
 lockstep (scores, cross-warpgroup softmax reductions, then P V), so the tensor cores idle through
 every softmax. ``schedule="independent"`` lets the two warpgroups drift apart: each computes
 every block's whole score tile and its own softmax (the scores twice, no cross-warpgroup step),
 so that one's softmax can run under the other's products; its row sums are one chain per
-thread, the baseline's ``one_chain`` order. It ran at 240 TFLOP/s: the second score product
-costs more than the overlap gains. ``schedule="alternate"`` (FlashMLA's layout) computes the
+thread, the baseline's ``one_chain`` order. It ran at 334 TFLOP/s (H100; 240 on the H200 before):
+the second score product costs about what the overlap gains. ``schedule="alternate"`` (FlashMLA's layout) computes the
 scores once: the warpgroups own alternate blocks, hand the softmax state and P over through
 shared memory, and both add every block into their own output columns; its arithmetic is the
-independent schedule's, step for step. It ran at 226 TFLOP/s: the chain of softmax steps passes
+independent schedule's, step for step. It ran at 299 TFLOP/s (H100; 226 on the H200): the chain of softmax steps passes
 from one warpgroup to the other at every block.
 
 Fixed orders, the contract with the CUDA baseline ``sparse_fwd.cu`` (bit for bit): S = Q KV^T
@@ -190,6 +191,7 @@ def sparse_fwd_kernel(heads: int, topk: int, window: int, scale_log2: float, dty
 
 
 STAGES = 2  # gathered key blocks in flight (producer schedule)
+OUTPUT_BARRIER = C.NAMED_BARRIER  # the producer schedule's consumers around the output staged in Q_s
 
 
 @tlx.jit(target=C.TARGET, assume=["1 <= N", "N <= 1073741824", "1 <= NW", "NW <= 1073741824"])
@@ -199,8 +201,11 @@ def sparse_fwd_producer_kernel(heads: int, topk: int, window: int, scale_log2: f
     order on the consumers: the same bits) with the gather moved into a producer warpgroup:
     it finds each block's 64 rows (the slots' validity into ``valid``, before the stage frees),
     then copies them by 16-byte cp.async, ``STAGES`` blocks ahead of the two consumer warpgroups,
-    which wait on an mbarrier instead of loading the rows themselves (module docstring: on an
-    H200 it is not faster than the default).
+    which wait on an mbarrier instead of loading the rows themselves; the default schedule (module
+    docstring: 1.11x the pipelined kernel on an H100). Its consumers stage the output in ``Q_s``
+    once both have computed their last scores, then store whole 1 KB rows in 16-byte pieces (the
+    accumulator's own stores fill half of each 32-byte sector) with a token's head groups next to
+    each other in the grid, as ``sparse_fwd_kernel`` has them.
 
     ``consumers="independent"`` (``schedule="independent"``): each consumer warpgroup computes the whole
     64 x 64 score tile of every block itself and runs its own softmax (no cross-warpgroup
@@ -247,8 +252,20 @@ def sparse_fwd_producer_kernel(heads: int, topk: int, window: int, scale_log2: f
             block_step(Q_s, KV_s[kb % STAGES, :, :], KV_s[kb % STAGES, :, w * cols:(w + 1) * cols], valid,
                        kb % STAGES, acc_s, p, acc_o, rows, scale_log2, split)
             T.mbarrier_arrive(empty[kb % STAGES])
-        write_rows(acc_o, rows, Sink, by * hb, O[bz, bx, by * hb:(by + 1) * hb, w * cols:(w + 1) * cols],
-                   LSE[bz, bx, by * hb:(by + 1) * hb] if w == 0 else None)
+        if split:
+            # the output through Q_s (swizzled: conflict-free), then whole rows of 16-byte stores;
+            # the accumulator's own stores put 4 bytes a thread, 16 a row a quad, in each 32-byte sector
+            T.sync_threads(OUTPUT_BARRIER, consumer_threads)  # both warpgroups' last scores have read Q_s
+            write_rows(acc_o, rows, Sink, by * hb, Q_s, LSE[bz, bx, by * hb:(by + 1) * hb])
+            T.sync_threads(OUTPUT_BARRIER, consumer_threads)
+            tx = T.get_thread_binding()
+            for k in T.unroll(hb * DIM // 8 // consumer_threads):
+                for v in T.vectorized(8):
+                    O[bz, bx, by * hb + k * (consumer_threads // 64) + tx // 64, tx % 64 * 8 + v] = Q_s[
+                        k * (consumer_threads // 64) + tx // 64, tx % 64 * 8 + v]
+        else:
+            write_rows(acc_o, rows, Sink, by * hb, O[bz, bx, by * hb:(by + 1) * hb, w * cols:(w + 1) * cols],
+                       LSE[bz, bx, by * hb:(by + 1) * hb] if w == 0 else None)
 
     @T.macro
     def add_block(acc_o, state_s, P_s, KV_s, kb, w: int):
@@ -346,7 +363,8 @@ def sparse_fwd_producer_kernel(heads: int, topk: int, window: int, scale_log2: f
              Idx: T.Tensor((batch, seq, topk), "int32"), Sink: T.Tensor((heads,), f32),
              WKV: T.Tensor((batch, n_window_kv, DIM), dtype), WIdx: T.Tensor((batch, seq, max(window, 1)), "int32"),
              O: T.Tensor((batch, seq, heads, DIM), dtype), LSE: T.Tensor((batch, seq, heads), f32)):
-        with T.Kernel(seq, heads // hb, batch, threads=consumer_threads + C.WARPGROUP) as (bx, by, bz):
+        # a token's head groups next to each other in the grid, as in sparse_fwd_kernel
+        with T.Kernel(heads // hb, seq, batch, threads=consumer_threads + C.WARPGROUP) as (by, bx, bz):
             Q_s = T.alloc_shared((hb, DIM), dtype)
             KV_s = T.alloc_shared((STAGES, bk, DIM), dtype)
             valid = T.alloc_shared((STAGES, bk), "int32")
@@ -458,14 +476,14 @@ def check_inputs(q, kv, indices, sink, window_kv, window_indices):
 
 
 def sparse_attention(q, kv, indices, sink, *, softmax_scale: float | None = None, window_kv=None, window_indices=None,
-                     schedule: str = "pipelined"):
+                     schedule: str = "producer"):
     """``(o, lse)`` of DeepSeek-V4 sparse attention (module docstring): ``q [b, s, h, 512]``
     (bf16), ``kv [b, n, 512]``, ``indices [b, s, k]`` int32, ``sink [h]`` fp32; optional window
     ``window_kv [b, n_w, 512]`` with ``window_indices [b, s, w]``. ``softmax_scale`` defaults to
-    ``1 / sqrt(512)``. ``schedule``: "pipelined" (``sparse_fwd_kernel``), "producer"
-    (``sparse_fwd_producer_kernel``: the same bits, 4% slower on an H200), "independent" (its
-    ``consumers="independent"`` form: other row-sum bits, 9% slower) or "alternate"
-    (``consumers="alternate"``: the independent schedule's bits, 15% slower than the default)."""
+    ``1 / sqrt(512)``. ``schedule``: "producer" (``sparse_fwd_producer_kernel``), "pipelined"
+    (``sparse_fwd_kernel``: the same bits), "independent" (the producer kernel's
+    ``consumers="independent"`` form: other row-sum bits) or "alternate" (``consumers="alternate"``:
+    the independent schedule's bits); their speeds: the module docstring."""
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule: expected one of {tuple(SCHEDULES)}, got {schedule!r}")
     b, s, h, window, window_kv, window_indices = check_inputs(q, kv, indices, sink, window_kv, window_indices)

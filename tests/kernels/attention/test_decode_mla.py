@@ -290,9 +290,20 @@ def test_key_major_fp8_staged_pair_kernel():
     for pages in [(1, 0), (1, 1), (3, 2), (2, 3), (4, 4)]:
         report = check_progress(func, swept={"count": pages[0], "count#2": pages[1]})
         assert report.verdict == "ok", (pages, report.detail)
+    # two producers too (``mla_decode``'s paired split): 512 threads, the hand-off simulated as above
     both = mla_split_key_major_fp8_kernel(tokens, heads, scale, SPLIT_PAGES, 2, True, 2)
     assert both.metadata["launches"][0]["block"][0] == "512" and "warpgroup_reg_alloc<168>" in both.device_source
-    assert "warpgroup_reg_dealloc<88>" in both.device_source and both.metadata["reports"]["bounds"]["violations"] == []
+    assert "warpgroup_reg_dealloc<88>" in both.device_source
+    bounds = both.metadata["reports"]["bounds"]
+    assert (bounds["unknown"], bounds["violations"], bounds["preconditions"]) == ([], [], [])
+    assert split_kernel(tokens, heads, "float8_e4m3", scale, None, paired=True) is both
+    assert split_kernel(tokens, heads, "float8_e4m3", scale, None) is mla_split_key_major_fp8_kernel(
+        tokens, heads, scale, SPLIT_PAGES, 1, True, 1)
+    before = lowered(mla_split_key_major_fp8_kernel, tokens, heads, scale, SPLIT_PAGES, 2, True, 2)
+    [(_, func)] = list(device_functions(reduce_barriers_pass(before, PassContext()).device_mod))
+    for pages in [(1, 0), (3, 2), (2, 3), (4, 4)]:
+        report = check_progress(func, swept={"count": pages[0], "count#2": pages[1]})
+        assert report.verdict == "ok", (pages, report.detail)
     with pytest.raises(ValueError, match=r"consumers: expected 1, or 2 with staged=True, got 2 \(staged=False\)"):
         mla_split_key_major_fp8_kernel(tokens, heads, scale, SPLIT_PAGES, 1, False, 2)
 
@@ -521,11 +532,14 @@ def test_fp8_equals_bf16_of_dequantized_cache(tokens, heads):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("fp8", [False, True])
-def test_batch_invariance(fp8):
+@pytest.mark.parametrize("tokens", [1, 2])
+def test_batch_invariance(fp8, tokens):
+    """16 e4m3 rows (T1): batches of 64 and 128 take the paired staged split (two splits a CTA,
+    ``B x splits`` above the SM count), the smaller ones one split a CTA."""
     g = torch.Generator().manual_seed(11)
     lens = [int(x) for x in torch.randint(1, 9000, (128,), generator=g)]
     lens[0] = 4001
-    q, kv, table, sl, scales = make_case(lens, tokens=2, heads=16, fp8=fp8, seed=7)
+    q, kv, table, sl, scales = make_case(lens, tokens=tokens, heads=16, fp8=fp8, seed=7)
     alone = mla_decode(q[:1].contiguous(), kv, table[:1].contiguous(), sl[:1].contiguous(), kv_scales=scales)
     for size in (1, 7, 64, 128):
         o, lse = mla_decode(q[:size].contiguous(), kv, table[:size].contiguous(), sl[:size].contiguous(), kv_scales=scales)
