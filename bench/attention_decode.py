@@ -508,7 +508,7 @@ def key_major_rows(reps, copy_gbps):
     import torch
 
     from bench.timing import interleaved_ms
-    from kernels.attention.decode_mla import D_QK, GROUP, key_major_default, mla_decode, reference_mla_decode
+    from kernels.attention.decode_mla import D_QK, GROUP, SPLIT_PAGES, key_major_default, mla_decode, reference_mla_decode
     from tests.kernels.attention.test_decode_mla import poisoned_outputs
     from tlx.numerics.sweep import same_bits
 
@@ -534,8 +534,11 @@ def key_major_rows(reps, copy_gbps):
         del outs, ref
         ms = interleaved_ms({v: (lambda v=v: call(v)) for v in variants}, reps, queued=True)
         moved = BATCH * CTX * (D_QK + (D_QK // GROUP) * 4 if fp8 else D_QK * 2)
+        # mla_decode's staged split takes two splits a CTA (two producers) where B x splits exceeds the SMs
+        paired = BATCH * -(-table.shape[1] // SPLIT_PAGES) > torch.cuda.get_device_properties(q.device).multi_processor_count
         for v in variants:
             what = ("row-major split" if v[0] == 0 else f"key-major split, {v[0]} consumer warpgroups" if v[0] == 2 or not fp8
+                    else "key-major split, staged, two splits a CTA, two producers dequantize" if v[1] is None and staged and paired
                     else "key-major split, one producer dequantizes the page TMA staged" if v[1] is None and staged
                     else "key-major split, two producers dequantize" if v[1] in (None, 2)
                     else "key-major split, one producer dequantizes (two CTAs a SM)")
