@@ -692,10 +692,12 @@ def mla_split_key_major_fp8_kernel(tokens: int, heads: int, softmax_scale: float
     same bits: each split's pages through the same consumer code, its partials written as its own.
     Measured (H100, 2026-12-06 18:36, B128 ctx 8192 H16, ``.pdlcopy``-style A/B, bits equal): one
     producer with two consumers 322.6 us against one consumer's 320.7, so the SM's pages a
-    microsecond did not move with a second consumer chain: the one producer warpgroup (about
-    2.5 us a page, as the consumer's chain on bf16) bounds both forms. Not yet measured (no device
-    time was left): ``producers=2`` with ``staged``, two producer warpgroups converting the halves
-    of each page (18 pieces a thread), with one consumer or two: the candidates for that bound."""
+    microsecond did not move with a second consumer chain. ``producers=2`` with ``staged``, two
+    producer warpgroups converting the halves of each page (18 pieces a thread), measured at 20:46
+    (the same A/B, 322.3 us the single form): with one consumer 327.4, with two 307.0 (69.2% of the
+    copy's rate; ``mla_decode``'s paired choice where B x splits exceeds the SM count). Neither a
+    second producer nor a second consumer alone moves an SM's pages a microsecond, both together
+    5%: what bounds the split is shared by both (about 2.5 us a page and SM)."""
     split = check_split(split_pages)
     if producers not in FP8_SPLITS:
         raise ValueError(f"producers: expected one of {tuple(FP8_SPLITS)}, got {producers!r}")
