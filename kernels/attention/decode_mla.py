@@ -46,6 +46,7 @@ import tilelang.language as T
 import tlx
 from kernels.attention import common as C
 from kernels.attention.indexer import clamped_page, table_entry
+from kernels.device import sm_count
 
 D_QK = 576
 D_V = 512
@@ -1133,7 +1134,7 @@ def mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tenso
     part_o = torch.empty((b, splits, rows, D_V), dtype=torch.float32, device=dev)
     part_lse = torch.empty((b, splits, rows), dtype=torch.float32, device=dev)
     # two splits a CTA where one a CTA would take more than one wave of the SMs (the same bits)
-    paired = b * splits > torch.cuda.get_device_properties(dev).multi_processor_count
+    paired = b * splits > sm_count(dev.index)
     kernel = split_kernel(t, h, KV_DTYPES[kv_cache.dtype], scale, num_stages, split_pages, key_major, overlap, paired)
     if overlap:  # no scales: bf16 only
         kernel(q, kv_cache, block_table, seq_lens, part_o, part_lse)

@@ -27,6 +27,7 @@ import functools
 import tilelang.language as T
 
 import tlx
+from kernels.device import sm_count
 
 # Symbolic sizes (module level so the kernel sources see them): tokens, chunks, rows, row
 # blocks. The local expert count is static: the histogram sums then index with constant strides.
@@ -333,7 +334,7 @@ def _plan(t: int, k: int, n_experts: int, n_ranks: int, align: int, device: int)
         raise ValueError(f"n_experts // n_ranks: expected 1 to {MAX_LOCAL} local experts, got {el}")
     if device < 0:
         raise ValueError("ids: expected a CUDA tensor, got one on the CPU")
-    sms = _sm_count(device)
+    sms = sm_count(device)
     chunk = CHUNK
     while chunk * sms < t and chunk < MAX_CHUNK:
         chunk *= 2
@@ -347,9 +348,3 @@ def _kernel(topk: int, n_local: int, align: int, chunk: int):
     """The kernel behind a plain dict lookup (the jit's own lookup costs µs per call)."""
     return metadata_kernel(topk, n_local, align, chunk)
 
-
-@functools.lru_cache(maxsize=None)
-def _sm_count(device: int) -> int:
-    import torch
-
-    return torch.cuda.get_device_properties(device).multi_processor_count
