@@ -65,6 +65,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kernels.attention.decode_sparse import CONSUMERS as SPARSE_CONSUMERS, finishes, splits_of  # noqa: E402  (no CUDA context: fork stays safe)
 from kernels.attention.topk import CTAS_PER_ROW  # noqa: E402
+from kernels.device import sm_count  # noqa: E402
 
 ROWS = []
 TOL = 2.0**-9  # the indexer tests' tolerance (tests/kernels/attention/test_indexer.py)
@@ -535,7 +536,7 @@ def key_major_rows(reps, copy_gbps):
         ms = interleaved_ms({v: (lambda v=v: call(v)) for v in variants}, reps, queued=True)
         moved = BATCH * CTX * (D_QK + (D_QK // GROUP) * 4 if fp8 else D_QK * 2)
         # mla_decode's staged split takes two splits a CTA (two producers) where B x splits exceeds the SMs
-        paired = BATCH * -(-table.shape[1] // SPLIT_PAGES) > torch.cuda.get_device_properties(q.device).multi_processor_count
+        paired = BATCH * -(-table.shape[1] // SPLIT_PAGES) > sm_count(q.device.index)
         for v in variants:
             what = ("row-major split" if v[0] == 0 else f"key-major split, {v[0]} consumer warpgroups" if v[0] == 2 or not fp8
                     else "key-major split, staged, two splits a CTA, two producers dequantize" if v[1] is None and staged and paired

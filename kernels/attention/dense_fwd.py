@@ -66,6 +66,7 @@ import tilelang.language as T
 import tlx
 
 from kernels.attention import common as C
+from kernels.device import sm_count
 
 SUPPORTED_DIMS = (64, 128, 256)
 BLOCK_M = 128  # query rows of a CTA with two consumer warpgroups
@@ -554,7 +555,7 @@ def dense_attention(q, k, v, *, causal: bool = False, softmax_scale: float | Non
         q_tiles = max(1, -(-max_q // tile_rows(schedule, options)))
         if options.get("persistent"):
             tiles = q_tiles * h * (cu_q.numel() - 1)
-            kernel(qp, kp, vp, cu_q, cu_k, o, lse, q_tiles, min(tiles, torch.cuda.get_device_properties(q.device).multi_processor_count))
+            kernel(qp, kp, vp, cu_q, cu_k, o, lse, q_tiles, min(tiles, sm_count(q.device.index)))
         else:
             kernel(qp, kp, vp, cu_q, cu_k, o, lse, q_tiles)
     if varlen:

@@ -53,6 +53,7 @@ import torch
 import tilelang.language as T
 
 import tlx
+from kernels.device import sm_count
 
 TARGET = {"kind": "cuda", "arch": "sm_90a"}
 THREADS = 1024
@@ -296,7 +297,7 @@ def topk_indices(x: torch.Tensor, k: int, ctas_per_row: int | None = None) -> to
         row = torch.arange(k, dtype=torch.int32, device=x.device)
         return torch.where(row < n, row, -1).expand(r, k).contiguous()
     if ctas_per_row is None:
-        ctas_per_row = 2 if 2 * r <= torch.cuda.get_device_properties(x.device).multi_processor_count else 1
+        ctas_per_row = 2 if 2 * r <= sm_count(x.device.index) else 1
     out = torch.empty((r, k), dtype=torch.int32, device=x.device)
     if r:
         topk_kernel(k, ctas_per_row)(x.view(r, n // 4, 4), out)

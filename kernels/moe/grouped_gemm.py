@@ -38,6 +38,7 @@ import tilelang.language as T
 from tilelang.layout import make_swizzled_layout
 
 import tlx
+from kernels.device import sm_count
 from kernels.quant.common import cast_e4m3, group_scale
 
 BLOCK_M = 128
@@ -631,12 +632,9 @@ def _check(name, t, dtype, shape):
         raise ValueError(f"{name}: expected {dtype} of shape {tuple(shape)}, got {t.dtype} of shape {tuple(t.shape)}")
 
 
-@functools.cache
 def persistent_ctas(device_index: int) -> int:
     """One CTA per SM, an even count (2-CTA clusters)."""
-    import torch
-
-    return torch.cuda.get_device_properties(device_index).multi_processor_count // 2 * 2
+    return sm_count(device_index) // 2 * 2
 
 
 def _check_contiguous(a, sa, b, sb, block_expert):

@@ -28,7 +28,7 @@ def record_kernel_requests(monkeypatch) -> list:
     for module in (dense_fwd, dense_bwd, sparse_fwd):
         monkeypatch.setattr(module.C, "check_cuda", lambda **tensors: None)
     # the persistent forward sizes its grid by the SM count (an H200's)
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: type("Props", (), {"multi_processor_count": 132}))
+    monkeypatch.setattr(dense_fwd, "sm_count", lambda device_index: 132)
     return requested
 
 

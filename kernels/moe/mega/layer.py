@@ -135,6 +135,7 @@ from dataclasses import dataclass
 
 import torch
 
+from kernels.device import sm_count
 from kernels.moe.mega import protocol as K
 from kernels.moe.grouped_gemm import BLOCK_N, narrow_everywhere, streaming_block_n
 from kernels.moe.metadata import max_rows, metadata_buffers, routing_metadata
@@ -460,7 +461,7 @@ class MegaMoE:
         if e % n:
             raise ValueError(f"{'n_virtual_ranks' if self.virtual else 'group'}: expected a divisor of {e} experts, got {n}")
         device = w1.device
-        sms = torch.cuda.get_device_properties(device).multi_processor_count
+        sms = sm_count(device.index)
         tr = max(1, -(-n_tokens // n) if self.virtual else n_tokens)  # every rank passes the same T in group mode
         self.plan = make_plan(n, tr, h, two_i // 2, e, cfg.topk, sms, waves, self.virtual,
                               narrow_everywhere(device.index))
