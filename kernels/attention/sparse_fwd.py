@@ -16,12 +16,13 @@ warpgroups, 256 columns each, P through shared memory). Keys in blocks of 64 slo
 order, then the window's; the online softmax of ``common.py``; the sink enters the sum last,
 ``l += exp2(fma(sink, log2 e, -m_scaled))``. ``sparse_fwd_producer_kernel`` (the default,
 ``schedule="producer"``) gathers each block in a producer warpgroup by 16-byte cp.async, two
-blocks ahead of the two consumer warpgroups; ``sparse_fwd_kernel`` (``schedule="pipelined"``, TileLang's V4 example's
+blocks ahead of the two consumer warpgroups, and its consumers stage the output in the query tile
+and store whole rows; ``sparse_fwd_kernel`` (``schedule="pipelined"``, TileLang's V4 example's
 design) has the two warpgroups gather a block themselves, ``T.Pipelined`` issuing that gather one
 block ahead. Both run the same consumer instructions, so they give the same bits. On an H100
-(2026-12-06, b 1, s 4096, h 128, k 1024) the producer schedule ran at 345 TFLOP/s and the pipelined
-one at 311 (on an H200 on 2026-12-03, before the producer's queries were loaded in 16-byte pieces,
-251 against 286). Under ncu (the pipelined kernel, H200) the L2 is 15% busy and
+(2026-12-06 23:31, b 1, s 4096, h 128, k 1024, interleaved) the producer schedule ran at 388 TFLOP/s,
+its form before the staged output 350 and the pipelined one 318 (k 2048: 390 against 333; on an H200 on
+2026-12-03, before the producer's queries were loaded in 16-byte pieces, 251 against 286). Under ncu (the pipelined kernel, H200) the L2 is 15% busy and
 the schedulers issue in 34% of cycles: both consumer warpgroups step through the same block in
 lockstep (scores, cross-warpgroup softmax reductions, then P V), so the tensor cores idle through
 every softmax. ``schedule="independent"`` lets the two warpgroups drift apart: each computes
@@ -190,6 +191,7 @@ def sparse_fwd_kernel(heads: int, topk: int, window: int, scale_log2: float, dty
 
 
 STAGES = 2  # gathered key blocks in flight (producer schedule)
+OUTPUT_BARRIER = C.NAMED_BARRIER  # the producer schedule's consumers around the output staged in Q_s
 
 
 @tlx.jit(target=C.TARGET, assume=["1 <= N", "N <= 1073741824", "1 <= NW", "NW <= 1073741824"])
@@ -200,7 +202,10 @@ def sparse_fwd_producer_kernel(heads: int, topk: int, window: int, scale_log2: f
     it finds each block's 64 rows (the slots' validity into ``valid``, before the stage frees),
     then copies them by 16-byte cp.async, ``STAGES`` blocks ahead of the two consumer warpgroups,
     which wait on an mbarrier instead of loading the rows themselves; the default schedule (module
-    docstring: 1.11x the pipelined kernel on an H100).
+    docstring: 1.22x the pipelined kernel on an H100). Its consumers stage the output in ``Q_s``
+    once both have computed their last scores, then store whole 1 KB rows in 16-byte pieces (the
+    accumulator's own stores fill half of each 32-byte sector) with a token's head groups next to
+    each other in the grid, as ``sparse_fwd_kernel`` has them.
 
     ``consumers="independent"`` (``schedule="independent"``): each consumer warpgroup computes the whole
     64 x 64 score tile of every block itself and runs its own softmax (no cross-warpgroup
@@ -247,8 +252,20 @@ def sparse_fwd_producer_kernel(heads: int, topk: int, window: int, scale_log2: f
             block_step(Q_s, KV_s[kb % STAGES, :, :], KV_s[kb % STAGES, :, w * cols:(w + 1) * cols], valid,
                        kb % STAGES, acc_s, p, acc_o, rows, scale_log2, split)
             T.mbarrier_arrive(empty[kb % STAGES])
-        write_rows(acc_o, rows, Sink, by * hb, O[bz, bx, by * hb:(by + 1) * hb, w * cols:(w + 1) * cols],
-                   LSE[bz, bx, by * hb:(by + 1) * hb] if w == 0 else None)
+        if split:
+            # the output through Q_s (swizzled: conflict-free), then whole rows of 16-byte stores;
+            # the accumulator's own stores put 4 bytes a thread, 16 a row a quad, in each 32-byte sector
+            T.sync_threads(OUTPUT_BARRIER, consumer_threads)  # both warpgroups' last scores have read Q_s
+            write_rows(acc_o, rows, Sink, by * hb, Q_s, LSE[bz, bx, by * hb:(by + 1) * hb])
+            T.sync_threads(OUTPUT_BARRIER, consumer_threads)
+            tx = T.get_thread_binding()
+            for k in T.unroll(hb * DIM // 8 // consumer_threads):
+                for v in T.vectorized(8):
+                    O[bz, bx, by * hb + k * (consumer_threads // 64) + tx // 64, tx % 64 * 8 + v] = Q_s[
+                        k * (consumer_threads // 64) + tx // 64, tx % 64 * 8 + v]
+        else:
+            write_rows(acc_o, rows, Sink, by * hb, O[bz, bx, by * hb:(by + 1) * hb, w * cols:(w + 1) * cols],
+                       LSE[bz, bx, by * hb:(by + 1) * hb] if w == 0 else None)
 
     @T.macro
     def add_block(acc_o, state_s, P_s, KV_s, kb, w: int):
@@ -346,7 +363,8 @@ def sparse_fwd_producer_kernel(heads: int, topk: int, window: int, scale_log2: f
              Idx: T.Tensor((batch, seq, topk), "int32"), Sink: T.Tensor((heads,), f32),
              WKV: T.Tensor((batch, n_window_kv, DIM), dtype), WIdx: T.Tensor((batch, seq, max(window, 1)), "int32"),
              O: T.Tensor((batch, seq, heads, DIM), dtype), LSE: T.Tensor((batch, seq, heads), f32)):
-        with T.Kernel(seq, heads // hb, batch, threads=consumer_threads + C.WARPGROUP) as (bx, by, bz):
+        # a token's head groups next to each other in the grid, as in sparse_fwd_kernel
+        with T.Kernel(heads // hb, seq, batch, threads=consumer_threads + C.WARPGROUP) as (by, bx, bz):
             Q_s = T.alloc_shared((hb, DIM), dtype)
             KV_s = T.alloc_shared((STAGES, bk, DIM), dtype)
             valid = T.alloc_shared((STAGES, bk), "int32")

@@ -34,7 +34,7 @@ def test_producer_schedule_compiles_with_the_same_consumer_arithmetic(determinis
     """The producer schedule's consumers run the same wgmma shapes and the same cross-warpgroup
     row reductions as the pipelined kernel (the bits' contract); a producer warpgroup gathers by
     cp.async, each warp one row at a time (the row index shuffled from the lane that read it);
-    every access is proven in bounds."""
+    the consumers store the output staged in the query tile; every access is proven in bounds."""
     scale = LOG2E / math.sqrt(512)
     kernel = sparse_fwd_producer_kernel(128, 1024, 128, scale)
     assert deterministic(kernel) is True
@@ -45,6 +45,8 @@ def test_producer_schedule_compiles_with_the_same_consumer_arithmetic(determinis
     assert "cp_async_gs" in src and "warpgroup_reg_dealloc<24>" in src and "__shfl_sync" in src
     # the queries in 16-byte pieces, as the pipelined kernel loads them (not 4-byte steps)
     assert "*(uint4*)(((bfloat16_t*)Q_s)" in src and "*(uint1*)(((bfloat16_t*)Q_s)" not in src
+    # the output staged in Q_s, then whole rows in 16-byte stores: the one store to O
+    assert src.count("(O + ") == src.count("*(uint4*)(O + ") == 1
     report = kernel.metadata["reports"]["bounds"]
     assert (report["unknown"], report["violations"]) == ([], []) and report["proven"] == report["accesses"] > 0
     with pytest.raises(ValueError, match=r"schedule: expected one of \('pipelined', 'producer', 'independent', 'alternate'\), got 'tma'"):
