@@ -155,6 +155,33 @@ def dequant_page(KQ_s, KQP_s, KS_s, KQ_f, KV_s, KP_s, full, key_valid, layout):
         KP_s[i, d] = dequant(KQP_s[i, d], page_scale(KS_s, i, D_V // GROUP))
 
 
+@T.macro
+def load_page(KV, KVS, KQ_s, KQP_s, KS_s, KQ_f, KV_s, KP_s, page, full, key_valid, fp8: bool, layout):
+    """The cache page ``page()`` into the bf16 tiles ``KV_s`` / ``KP_s`` of a ``T.Pipelined`` page
+    loop: copied, or staged in e4m3 and dequantized (``dequant_page``, whose callables ``full`` and
+    ``key_valid`` are; ``page`` is one too, for the same reason)."""
+    if fp8:
+        T.copy(KV[page(), :, 0:D_V], KQ_s)
+        T.copy(KV[page(), :, D_V:D_QK], KQP_s)
+        T.copy(KVS[page(), :, :], KS_s)
+        dequant_page(KQ_s, KQP_s, KS_s, KQ_f, KV_s, KP_s, full, key_valid, layout)
+    else:
+        T.copy(KV[page(), :, 0:D_V], KV_s)
+        T.copy(KV[page(), :, D_V:D_QK], KP_s)
+
+
+@T.macro
+def zero_past_sequence(KV_s, k0, seq):
+    """Zeros in the bf16 page tile's slots past the sequence (first key ``k0()``, ``seq()`` keys;
+    callables, as ``dequant_page``'s): the cache may hold anything there, NaN too, and P V would
+    give 0 * NaN. Called after the score product, which waits for the page's copy (zeros written
+    earlier could be overwritten by the copy in flight)."""
+    if k0() + PAGE > seq():
+        for i, d in T.Parallel(PAGE, D_V):
+            if k0() + i >= seq():
+                KV_s[i, d] = T.Cast("bfloat16", 0)
+
+
 def splits_of(max_pages, split: int):
     return T.ceildiv(max_pages, split)
 
@@ -209,6 +236,8 @@ def mla_split_kernel(tokens: int, heads: int, kv_dtype: str, softmax_scale: floa
                 KQP_s = T.alloc_shared((PAGE, D_PE), kv_dtype)
                 KS_s = T.alloc_shared(SCALE_TILE, f32)  # the page's 64 x 9 scales, row-major
                 KQ_f = T.alloc_fragment((PAGE, D_V), kv_dtype)
+            else:
+                KQ_s = KQP_s = KS_s = KQ_f = None
             acc_s = T.alloc_fragment((ROWS, PAGE), f32)
             # P (the two warpgroups' key halves meet here): with an e4m3 cache in KP_s, the dequantized
             # rope keys, dead once S is computed (both warpgroups have passed the softmax's barriers
@@ -250,27 +279,15 @@ def mla_split_kernel(tokens: int, heads: int, kv_dtype: str, softmax_scale: floa
                     # split's page count, cost the analysis its batch-invariance verdict and no measurable time)
                     if entry_outside(BT, b, first + t, pages):
                         bad = 1
-                    if fp8:
-                        T.copy(KV[clamped_page(BT, b, first + t, pages), :, 0:D_V], KQ_s)
-                        T.copy(KV[clamped_page(BT, b, first + t, pages), :, D_V:D_QK], KQP_s)
-                        T.copy(KVS[clamped_page(BT, b, first + t, pages), :, :], KS_s)
-                        dequant_page(KQ_s, KQP_s, KS_s, KQ_f, KV_s, KP_s, lambda: (first + t + 1) * PAGE <= seq,
-                                     lambda i: (first + t) * PAGE + i < seq, DEQUANT_LAYOUT)
-                    else:
-                        T.copy(KV[clamped_page(BT, b, first + t, pages), :, 0:D_V], KV_s)
-                        T.copy(KV[clamped_page(BT, b, first + t, pages), :, D_V:D_QK], KP_s)
+                    load_page(KV, KVS, KQ_s, KQP_s, KS_s, KQ_f, KV_s, KP_s, lambda: clamped_page(BT, b, first + t, pages),
+                              lambda: (first + t + 1) * PAGE <= seq, lambda i: (first + t) * PAGE + i < seq, fp8,
+                              DEQUANT_LAYOUT)
                     k0 = (first + t) * PAGE
                     # the nope product is issued without waiting for it: the rope product's wait covers both
                     T.wgmma_gemm(Q_s, KV_s, acc_s, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullCol)
                     T.gemm(QP_s, KP_s, acc_s, transpose_B=True, policy=T.GemmWarpPolicy.FullCol)
-                    if not fp8 and k0 + PAGE > seq:
-                        # the last page's slots past the sequence may hold anything (NaN too):
-                        # their values must be zeros, or P V would give 0 * NaN (after the score
-                        # product, which waits for the copy: zeros written earlier could be
-                        # overwritten by the copy still in flight)
-                        for i, d in T.Parallel(PAGE, D_V):
-                            if k0 + i >= seq:
-                                KV_s[i, d] = T.Cast(bf16, 0)
+                    if not fp8:  # an e4m3 page's dequant wrote the zeros
+                        zero_past_sequence(KV_s, lambda: k0, lambda: seq)
                     if k0 + PAGE > seq - tokens + (r0 // heads):
                         for i, j in T.Parallel(ROWS, PAGE):
                             acc_s[i, j] = T.if_then_else(k0 + j <= seq - tokens + (r0 + i) // heads, acc_s[i, j], C.neg_inf())
@@ -571,6 +588,8 @@ def mla_split_key_major_kernel(tokens: int, heads: int, kv_dtype: str, softmax_s
                 KQP_s = T.alloc_shared((PAGE, D_PE), kv_dtype)
                 KS_s = T.alloc_shared(SCALE_TILE, f32)
                 KQ_f = T.alloc_fragment((PAGE, D_V), kv_dtype)
+            else:
+                KQ_s = KQP_s = KS_s = KQ_f = None
             P_s = T.alloc_shared((rows, PAGE), bf16)  # P rounded: the output product's B (K-major)
             p_s = T.alloc_shared((p_words(rows),), f32)  # p: the ordered row sum's operands (p_index)
             part_s = T.alloc_shared((rows, 8), f32)  # its eight chains a row
@@ -590,23 +609,13 @@ def mla_split_key_major_kernel(tokens: int, heads: int, kv_dtype: str, softmax_s
                 for t in T.Pipelined(count, num_stages=num_stages):
                     if entry_outside(BT, b, first + t, pages):
                         bad = 1
-                    # the page as mla_split_kernel stages it
-                    if fp8:
-                        T.copy(KV[clamped_page(BT, b, first + t, pages), :, 0:D_V], KQ_s)
-                        T.copy(KV[clamped_page(BT, b, first + t, pages), :, D_V:D_QK], KQP_s)
-                        T.copy(KVS[clamped_page(BT, b, first + t, pages), :, :], KS_s)
-                        dequant_page(KQ_s, KQP_s, KS_s, KQ_f, KV_s, KP_s, lambda: (first + t + 1) * PAGE <= seq,
-                                     lambda i: (first + t) * PAGE + i < seq, dequant_layout(C.WARPGROUP * consumers))
-                    else:
-                        T.copy(KV[clamped_page(BT, b, first + t, pages), :, 0:D_V], KV_s)
-                        T.copy(KV[clamped_page(BT, b, first + t, pages), :, D_V:D_QK], KP_s)
+                    load_page(KV, KVS, KQ_s, KQP_s, KS_s, KQ_f, KV_s, KP_s, lambda: clamped_page(BT, b, first + t, pages),
+                              lambda: (first + t + 1) * PAGE <= seq, lambda i: (first + t) * PAGE + i < seq, fp8,
+                              dequant_layout(C.WARPGROUP * consumers))
                     k0 = (first + t) * PAGE
                     key_major_scores(KV_s, KP_s, Q_s, QP_s, acc_t)
-                    if not fp8 and k0 + PAGE > seq:
-                        # slots past the sequence may hold NaN: zeros before P V (mla_split_kernel)
-                        for i, d in T.Parallel(PAGE, D_V):
-                            if k0 + i >= seq:
-                                KV_s[i, d] = T.Cast(bf16, 0)
+                    if not fp8:
+                        zero_past_sequence(KV_s, lambda: k0, lambda: seq)
                     key_major_update(KV_s, P_s, p_s, part_s, acc_t, acc_o, m, m_prev, m_scaled, alpha, l, row_sum,
                                      lambda: k0, lambda: seq, tokens, heads, scale_log2)
                 key_major_finish(acc_o, l, m_scaled, lse_rows, OP, LP, b, sp, lambda: bad == 0)
