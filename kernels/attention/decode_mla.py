@@ -158,8 +158,8 @@ def dequant_page(KQ_s, KQP_s, KS_s, KQ_f, KV_s, KP_s, full, key_valid, layout):
 @T.macro
 def load_page(KV, KVS, KQ_s, KQP_s, KS_s, KQ_f, KV_s, KP_s, page, full, key_valid, fp8: bool, layout):
     """The cache page ``page()`` into the bf16 tiles ``KV_s`` / ``KP_s`` of a ``T.Pipelined`` page
-    loop: copied, or staged in e4m3 and dequantized (``dequant_page``, whose callables ``full`` and
-    ``key_valid`` are; ``page`` is one too, for the same reason)."""
+    loop: copied, or staged in e4m3 and dequantized (``dequant_page``, which takes ``full`` and
+    ``key_valid``). ``page`` is a callable for dequant_page's reason: a value would be let-bound."""
     if fp8:
         T.copy(KV[page(), :, 0:D_V], KQ_s)
         T.copy(KV[page(), :, D_V:D_QK], KQP_s)

@@ -20,20 +20,21 @@ blocks ahead of the two consumer warpgroups, and its consumers stage the output 
 and store whole rows; ``sparse_fwd_kernel`` (``schedule="pipelined"``, TileLang's V4 example's
 design) has the two warpgroups gather a block themselves, ``T.Pipelined`` issuing that gather one
 block ahead. Both run the same consumer instructions, so they give the same bits. On an H100
-(2026-12-06 23:31, b 1, s 4096, h 128, k 1024, interleaved) the producer schedule ran at 388 TFLOP/s,
-its form before the staged output 350 and the pipelined one 318 (k 2048: 390 against 333; on an H200 on
-2026-12-03, before the producer's queries were loaded in 16-byte pieces, 251 against 286). Under ncu (the pipelined kernel, H200) the L2 is 15% busy and
-the schedulers issue in 34% of cycles: both consumer warpgroups step through the same block in
-lockstep (scores, cross-warpgroup softmax reductions, then P V), so the tensor cores idle through
-every softmax. ``schedule="independent"`` lets the two warpgroups drift apart: each computes
-every block's whole score tile and its own softmax (the scores twice, no cross-warpgroup step),
-so that one's softmax can run under the other's products; its row sums are one chain per
-thread, the baseline's ``one_chain`` order. It ran at 334 TFLOP/s (H100; 240 on the H200 before):
-the second score product costs about what the overlap gains. ``schedule="alternate"`` (FlashMLA's layout) computes the
-scores once: the warpgroups own alternate blocks, hand the softmax state and P over through
-shared memory, and both add every block into their own output columns; its arithmetic is the
-independent schedule's, step for step. It ran at 299 TFLOP/s (H100; 226 on the H200): the chain of softmax steps passes
-from one warpgroup to the other at every block.
+(2026-12-06 23:31, b 1, s 4096, h 128, k 1024, interleaved) the producer schedule ran at 388
+TFLOP/s, its form before the staged output 350 and the pipelined one 318 (k 2048: 390 against 333;
+on an H200 on 2026-12-03, before the producer's queries were loaded in 16-byte pieces, 251 against
+286). Under ncu (the pipelined kernel, H200) the L2 is 15% busy and the schedulers issue in 34% of
+cycles: both consumer warpgroups step through the same block in lockstep (scores, cross-warpgroup
+softmax reductions, then P V), so the tensor cores idle through every softmax.
+``schedule="independent"`` lets the two warpgroups drift apart: each computes every block's whole
+score tile and its own softmax (the scores twice, no cross-warpgroup step), so that one's softmax
+can run under the other's products; its row sums are one chain per thread, the baseline's
+``one_chain`` order. It ran at 334 TFLOP/s (H100; 240 on the H200 before): the second score product
+costs about what the overlap gains. ``schedule="alternate"`` (FlashMLA's layout) computes the scores
+once: the warpgroups own alternate blocks, hand the softmax state and P over through shared memory,
+and both add every block into their own output columns; its arithmetic is the independent
+schedule's, step for step. It ran at 299 TFLOP/s (H100; 226 on the H200): the chain of softmax steps
+passes from one warpgroup to the other at every block.
 
 Fixed orders, the contract with the CUDA baseline ``sparse_fwd.cu`` (bit for bit): S = Q KV^T
 by wgmma with the 512 dims ascending in steps of 16; per block, common.py's softmax steps with

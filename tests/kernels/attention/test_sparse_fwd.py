@@ -45,7 +45,9 @@ def test_producer_schedule_compiles_with_the_same_consumer_arithmetic(determinis
     assert "cp_async_gs" in src and "warpgroup_reg_dealloc<24>" in src and "__shfl_sync" in src
     # the queries in 16-byte pieces, as the pipelined kernel loads them (not 4-byte steps)
     assert "*(uint4*)(((bfloat16_t*)Q_s)" in src and "*(uint1*)(((bfloat16_t*)Q_s)" not in src
-    # the output staged in Q_s, then whole rows in 16-byte stores: the one store to O
+    # the output staged in Q_s between two barriers of the 256 consumers, then whole rows in
+    # 16-byte stores: the one store to O
+    assert src.count("tl::__sync_thread_partial(8, 256)") == 2
     assert src.count("(O + ") == src.count("*(uint4*)(O + ") == 1
     report = kernel.metadata["reports"]["bounds"]
     assert (report["unknown"], report["violations"]) == ([], []) and report["proven"] == report["accesses"] > 0
