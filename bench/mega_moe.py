@@ -82,6 +82,7 @@ def swiglu_test_specs():
 def kernel_specs(layers, tests=False):
     """Every kernel that the (model, ranks, waves, fusions) layers and their unfused baselines launch (up to 16896 tokens in all, one metadata chunk size); ``tests``:
     also those of ``swiglu_test_specs``."""
+    from kernels.moe.grouped_gemm_decode import TOKENS
     from kernels.moe.mega.layer import compute_kernel_specs, make_plan
     from kernels.moe.pipeline import V4_FLASH, V4_PRO
 
@@ -108,14 +109,18 @@ def kernel_specs(layers, tests=False):
                    (n, h, k, p.n_waves, p.wave_experts, p.n_local, p.dispatch_ctas), ())}
         for fusion in fusions:  # the layer's wave GEMMs on the rank's SM share, for either tile rule
             clamp = (V4_FLASH if name == "V4-Flash" else V4_PRO)["cfg"].clamp
-            for plan in (p, dataclasses.replace(p, narrow_tiles=True)):
-                specs |= {(mod, fn, args, tuple(sorted(kw.items())))
-                          for mod, fn, args, kw in compute_kernel_specs(plan, clamp, fusion).values()}
+            # a decode batch (the weights-on-M kernel) and a large one (the persistent kernels)
+            for plan in (p, make_plan(n, 512, h, i, e, k, SMS, waves=waves)):
+                for tiles in (plan, dataclasses.replace(plan, narrow_tiles=True)):
+                    specs |= {(mod, fn, args, tuple(sorted(kw.items())))
+                              for mod, fn, args, kw in compute_kernel_specs(tiles, clamp, fusion).values()}
         # moe_layer's GEMMs on every SM, in both tile widths (``streaming_block_n`` picks by T and
-        # device; only the 128-wide one stores routed rows alone)
+        # device; only the 128-wide one stores routed rows alone), and the decode kernel at every width
         specs |= {("kernels.moe.grouped_gemm", "grouped_gemm_contiguous_kernel", nk,
                    (("block_n", bn), ("num_sms", SMS), ("row_mask", bn == 128)))
                   for nk in ((2 * i, h), (h, i)) for bn in (None, 128)}
+        specs |= {("kernels.moe.grouped_gemm_decode", "grouped_gemm_decode_kernel", (*nk, width), ())
+                  for nk in ((2 * i, h), (h, i)) for width in TOKENS}
     return sorted(specs, key=lambda s: (not s[1].startswith("grouped_gemm"), str(s)))  # slowest first
 
 

@@ -683,19 +683,30 @@ def streaming_block_n(rows: int, n_experts: int, everywhere: bool = False) -> in
     return BLOCK_N if everywhere or rows < BLOCK_M * n_experts else None
 
 
-def grouped_gemm_contiguous(a, sa, b, sb, block_expert, out=None, rows=None):
+def grouped_gemm_contiguous(a, sa, b, sb, block_expert, out=None, rows=None, tokens=None):
     """C [R, N] bf16 for the contiguous layout (see the module docstring); the tile width by
     ``streaming_block_n`` (either gives the same bits). ``rows`` (int32 [R], the metadata's
     ``entry_of_row``): C's rows whose entry is < 0 are unspecified; where the tiles are 128 wide
     (``streaming_block_n``) they are not written. The padding rows of a few-token batch are most of
-    C (T = 8: 6144 rows, 48 routed), and storing them cost a tenth of the weights' bytes again."""
+    C (T = 8: 6144 rows, 48 routed), and storing them cost a tenth of the weights' bytes again.
+    ``tokens`` (with ``rows``): the batch's token count, which bounds every expert's rows; up to 64
+    (``grouped_gemm_decode.decode_width``) the weights-on-M decode kernel computes the routed rows
+    (the same bits)."""
     import torch
+
+    from kernels.moe import grouped_gemm_decode as decode
 
     r, n, k = _check_contiguous(a, sa, b, sb, block_expert)
     if rows is not None:
         _check("rows", rows, torch.int32, (r,))
+    if tokens is not None and (not isinstance(tokens, int) or tokens < 1):
+        raise ValueError(f"tokens: expected a positive int (the batch's token count), got {tokens!r}")
     if out is None:
         out = torch.empty(r, n, dtype=torch.bfloat16, device=a.device)
+    width = decode.decode_width(tokens) if rows is not None else None
+    if width is not None:
+        decode.grouped_gemm_decode_kernel(n, k, width)(a, sa, b, sb, block_expert, rows, out)
+        return out
     block_n = streaming_block_n(r, b.shape[0], narrow_everywhere(a.device.index))
     row_mask = rows is not None and block_n == BLOCK_N
     kernel = grouped_gemm_contiguous_kernel(n, k, num_sms=persistent_ctas(a.device.index), block_n=block_n,

@@ -74,9 +74,9 @@ def _expert_rows(xq, xs, ids, meta, w1, s1, w2, s2, clamp: float, swiglu_quant):
     # store routed rows only where that saves time (``grouped_gemm_contiguous``, ``swiglu_cast``)
     xp, sp = permute(xq, meta, ids.shape[1], xs, zero_padding=False)
     rows = meta["entry_of_row"]
-    hid = grouped_gemm_contiguous(xp, sp, w1, s1, meta["block_expert"], rows=rows)
+    hid = grouped_gemm_contiguous(xp, sp, w1, s1, meta["block_expert"], rows=rows, tokens=ids.shape[0])
     hq, hs = swiglu_quant(hid, clamp, rows)
-    return grouped_gemm_contiguous(hq, hs, w2, s2, meta["block_expert"], rows=rows)
+    return grouped_gemm_contiguous(hq, hs, w2, s2, meta["block_expert"], rows=rows, tokens=ids.shape[0])
 
 
 def moe_layer(x, logits, w1, s1, w2, s2, cfg: MoEConfig, bias=None, *, n_ranks: int = 1, act_quant=None,

@@ -41,7 +41,9 @@ and the *wave schedule* of that design; of the compute steps, L1 and the SwiGLU 
   SM share as its persistent grid). ``fusion="none"`` keeps the unfused wave for comparison: L1 by
   the contiguous grouped GEMM into bf16, ``swiglu_cast`` over the wave's rows (``rows`` masks the
   others: it neither reads nor writes them), then L2. The plain GEMMs store the wave's routed
-  rows only where their tiles are 128 wide (``grouped_gemm.streaming_block_n``).
+  rows only where their tiles are 128 wide (``grouped_gemm.streaming_block_n``); up to 64 tokens in
+  all (every rank's), the plain GEMMs are ``grouped_gemm_decode_kernel`` (the weights on the MMA's M
+  side, the wave's routed rows stored), as in ``moe_layer``.
 
 Ranks and buffers
 -----------------
@@ -138,6 +140,7 @@ import torch
 from kernels.device import sm_count
 from kernels.moe.mega import protocol as K
 from kernels.moe.grouped_gemm import BLOCK_N, narrow_everywhere, streaming_block_n
+from kernels.moe.grouped_gemm_decode import decode_width
 from kernels.moe.metadata import max_rows, metadata_buffers, routing_metadata
 from kernels.moe.pipeline import MoEConfig
 
@@ -264,12 +267,24 @@ def compute_kernel_specs(plan: MegaPlan, clamp: float, fusion: str) -> dict:
     i2, h = 2 * plan.inter, plan.hidden
     if fusion == "wave":
         return {"wave": ("kernels.moe.mega.wave", "wave_kernel", (i2, h, float(clamp)), {"num_sms": plan.wave_sms})}
-    # the unfused GEMMs as moe_layer's: its tile width (``streaming_block_n``); 128 wide, the wave's routed rows stored
-    block_n = streaming_block_n(plan.rows, plan.n_local, plan.narrow_tiles)
-    plain = sms | {"block_n": block_n, "row_mask": block_n == BLOCK_N}
-    l1 = ((gemm, "grouped_gemm_swiglu_kernel", (i2, h, float(clamp)), sms) if fusion == "l1_swiglu"
-          else (gemm, "grouped_gemm_contiguous_kernel", (i2, h), plain))
-    return {"l1": l1, "l2": (gemm, "grouped_gemm_contiguous_kernel", (h, plan.inter), plain)}
+    # the unfused GEMMs as moe_layer's (``grouped_gemm_contiguous``): the weights-on-M decode kernel up to 64 tokens
+    # in all, else its tile width (``streaming_block_n``); 128 wide, the wave's routed rows stored
+    width = decode_width(plan.global_tokens)
+    if width is not None:
+        decode = "kernels.moe.grouped_gemm_decode", "grouped_gemm_decode_kernel"
+        l1_plain, l2 = (*decode, (i2, h, width), {}), (*decode, (h, plan.inter, width), {})
+    else:
+        block_n = streaming_block_n(plan.rows, plan.n_local, plan.narrow_tiles)
+        plain = sms | {"block_n": block_n, "row_mask": block_n == BLOCK_N}
+        l1_plain, l2 = (gemm, "grouped_gemm_contiguous_kernel", (i2, h), plain), (gemm, "grouped_gemm_contiguous_kernel", (h, plan.inter), plain)
+    l1 = (gemm, "grouped_gemm_swiglu_kernel", (i2, h, float(clamp)), sms) if fusion == "l1_swiglu" else l1_plain
+    return {"l1": l1, "l2": l2}
+
+
+def takes_rows(spec: tuple) -> bool:
+    """Whether a plain GEMM of ``compute_kernel_specs`` takes the wave's ``rows`` (and stores those rows only)."""
+    _, factory, _, kwargs = spec
+    return factory == "grouped_gemm_decode_kernel" or kwargs.get("row_mask", False)
 
 
 def launch_order(plan: MegaPlan, ranks) -> list[tuple[str, int, int]]:
@@ -524,7 +539,7 @@ class MegaMoE:
         for name, (module, factory, args, kwargs) in specs.items():
             kernels[name] = getattr(importlib.import_module(module), factory)(*args, **kwargs)
         # whether the plain GEMMs (L2, and L1 with fusion "none") take the wave's rows
-        self._row_mask = "l2" in specs and specs["l2"][3]["row_mask"]
+        self._row_mask = "l2" in specs and takes_rows(specs["l2"])
         return kernels
 
     def _warm(self, x, logits):

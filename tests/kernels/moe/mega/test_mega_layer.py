@@ -12,7 +12,7 @@ from kernels.moe.mega import MegaMoETimeout, layer_for, make_plan, mega_moe
 from kernels.moe.mega import protocol as K
 from kernels.moe.mega.layer import (
     FUSIONS, SYNC, check_layer_args, compute_kernel_specs, failure_message, flags_awaited, flags_set, launch_order,
-    protocol_segments,
+    protocol_segments, takes_rows,
 )
 from kernels.moe.grouped_gemm import grouped_gemm_swiglu_kernel
 from kernels.moe.mega.wave import wave_kernel
@@ -191,20 +191,28 @@ def test_plan_rejects_bad_arguments(kwargs, match):
         make_plan(**args)
 
 
-@pytest.mark.parametrize("n", [1, 8])
-def test_compute_kernels_of_each_fusion(n):
-    """Fused: L1 is the SwiGLU-epilogue GEMM (clamp from the config); unfused: the bf16 L1. Both on
-    the rank's SM share, L2 the same; the plain GEMMs as ``streaming_block_n`` says: 128-wide
-    tiles storing the routed rows only at 8 tokens on 1 rank (6144 rows for 256 experts), the
-    default tiles at 8 ranks (4448 rows for 32 experts)."""
-    p = make_plan(n, 8, sms=132, **FLASH)
+@pytest.mark.parametrize("n,tokens", [(1, 8), (8, 8), (1, 512), (8, 512)])
+def test_compute_kernels_of_each_fusion(n, tokens):
+    """Fused: L1 is the SwiGLU-epilogue GEMM (clamp from the config); unfused: the bf16 L1. Up to
+    64 tokens in all the plain GEMMs are the weights-on-M decode kernel at the batch's width (8 at
+    8 tokens on 1 rank, 64 at 8 tokens on 8 ranks), which stores the wave's rows only; above it they
+    run on the rank's SM share as ``streaming_block_n`` says: the default tiles storing every row
+    at 512 tokens a rank (35584 rows for 256 experts on 1 rank, 28672 for 32 on 8: a block an
+    expert or more; ``test_narrow_tiles_plan_takes_routed_row_gemms_at_every_size`` has the other rule)."""
+    p = make_plan(n, tokens, sms=132, **FLASH)
     fused, unfused = (compute_kernel_specs(p, 10.0, f) for f in ("l1_swiglu", "none"))
     share = {"num_sms": p.gemm_sms}
-    plain = share | ({"block_n": 128, "row_mask": True} if n == 1 else {"block_n": None, "row_mask": False})
     assert fused["l1"][1:] == ("grouped_gemm_swiglu_kernel", (4096, 4096, 10.0), share)
-    assert unfused["l1"][1:] == ("grouped_gemm_contiguous_kernel", (4096, 4096), plain)
-    assert fused["l2"] == unfused["l2"] == ("kernels.moe.grouped_gemm", "grouped_gemm_contiguous_kernel", (4096, 2048),
-                                            plain)
+    if tokens * n <= 64:
+        decode = ("kernels.moe.grouped_gemm_decode", "grouped_gemm_decode_kernel")
+        assert unfused["l1"] == (*decode, (4096, 4096, 8 * n), {})
+        assert fused["l2"] == unfused["l2"] == (*decode, (4096, 2048, 8 * n), {})
+    else:
+        plain = share | {"block_n": None, "row_mask": False}
+        assert unfused["l1"][1:] == ("grouped_gemm_contiguous_kernel", (4096, 4096), plain)
+        assert fused["l2"] == unfused["l2"] == ("kernels.moe.grouped_gemm", "grouped_gemm_contiguous_kernel",
+                                                (4096, 2048), plain)
+    assert takes_rows(unfused["l2"]) is (tokens * n <= 64)
     wave = compute_kernel_specs(p, 10.0, "wave")
     assert wave == {"wave": ("kernels.moe.mega.wave", "wave_kernel", (4096, 4096, 10.0), {"num_sms": p.wave_sms})}
     with pytest.raises(ValueError, match="fusion: expected one of"):

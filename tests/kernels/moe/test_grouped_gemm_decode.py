@@ -1,0 +1,76 @@
+"""The weights-on-M decode GEMM (``kernels/moe/grouped_gemm_decode.py``): compiles with the
+instructions of its contract and proves its accesses (CPU); bit for bit equal to ``grouped_gemm.cu``
+on the routed rows, padding rows untouched, and chosen by ``grouped_gemm_contiguous`` (GPU)."""
+
+import pytest
+import torch
+
+from kernels.moe.grouped_gemm import grouped_gemm_contiguous
+from kernels.moe.grouped_gemm_decode import TOKENS, decode_width, grouped_gemm_decode_kernel
+from kernels.moe.metadata import routing_metadata
+from tests.kernels.moe.test_moe_kernels import _ids, _weights
+from tests.kernels.staged_release import assert_stages_released_after_last_read
+
+CUDA = "cuda"
+
+
+@pytest.mark.parametrize("n,k,tokens,block_n,group", [(4096, 2048, 8, 128, 2), (4096, 4096, 32, 64, 4)])
+def test_compiles_with_its_contract(n, k, tokens, block_n, group):
+    kernel = grouped_gemm_decode_kernel(n, k, tokens, block_n=block_n, group=group)
+    src = kernel.device_source
+    # the weights on M, the rows on N: m64n{tokens}k32 e4m3 x e4m3 -> f32, block_n / 64 chains a K block
+    wgmma = f"kFloat8_e4m3, tl::DataType::kFloat8_e4m3, tl::DataType::kFloat32, 64, {tokens}, 32"
+    assert wgmma in src
+    # a stage: `group` K blocks of block_n weight rows (128 bytes each) and of `tokens` A rows
+    assert src.count(f"expect_transaction({block_n * 128})") == 1 and src.count(f"expect_transaction({tokens * 128})") == 1
+    assert f"for (int u = 0; u < {group}; ++u)" in src
+    # the promotion fma with the stage's sa * sb, C^T staged in C_s and the routed rows stored in 16-byte pieces
+    assert "__fmaf_rn(part" in src and "((bfloat16_t)total[" in src
+    assert "*(uint4*)(C + " in src and "rows[" in src and "tma_store" not in src
+    assert_stages_released_after_last_read(src, {"W_s", "X_s", "scale_s"})
+    bounds = kernel.metadata["reports"]["bounds"]
+    assert bounds["proven"] == bounds["accesses"] > 0 and not bounds["violations"]
+    assert kernel.metadata["reports"]["determinism"]["deterministic"]
+
+
+def test_width_and_bad_arguments():
+    assert [decode_width(t) for t in (None, 1, 8, 9, 16, 17, 33, 64, 65)] == [None, 8, 8, 16, 16, 32, 64, 64, None]
+    assert TOKENS == (8, 16, 32, 64)
+    with pytest.raises(ValueError, match="tokens: expected one of \\(8, 16, 32, 64\\), got 12"):
+        grouped_gemm_decode_kernel(4096, 2048, 12)
+    with pytest.raises(ValueError, match="block_n: expected 64 or 128, got 192"):
+        grouped_gemm_decode_kernel(4096, 2048, 8, block_n=192)
+    with pytest.raises(ValueError, match="group: expected a divisor of the 16 K blocks, got 3"):
+        grouped_gemm_decode_kernel(4096, 2048, 8, group=3)
+    with pytest.raises(ValueError, match="tokens: expected a positive int \\(the batch's token count\\), got 0"):
+        e4 = torch.float8_e4m3fn
+        grouped_gemm_contiguous(torch.zeros(128, 128, dtype=e4), torch.ones(128, 1), torch.zeros(1, 128, 128, dtype=e4),
+                                torch.ones(1, 1, 1), torch.zeros(1, dtype=torch.int32),
+                                rows=torch.zeros(128, dtype=torch.int32), tokens=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("e,n,k", [(8, 4096, 4096), (8, 4096, 2048), (4, 6144, 7168), (4, 7168, 3072)])
+@pytest.mark.parametrize("t", [1, 8, 13, 33, 64])
+@pytest.mark.parametrize("kind", ["uniform", "hot", "sparse"])
+def test_bitwise_equal_to_baseline(baseline, e4m3, e, n, k, t, kind):
+    """Every routed row bit for bit ``grouped_gemm.cu``'s, through ``grouped_gemm_contiguous(tokens=t)``
+    (which takes this kernel up to 64 tokens); "hot": every token on one expert, whose block then
+    holds t rows, the most the width allows at t = 8 and 64; rows of other ranks' experts and
+    padding rows keep their NaN poison."""
+    from tlx.numerics.parity import assert_bitwise
+
+    ids = _ids(kind, t, 8 * e, seed=e + n + t)  # 8 * e experts in all; this "rank" owns the first e
+    meta = routing_metadata(ids, 8 * e, 0, 8)
+    rows = meta["entry_of_row"]
+    r = rows.shape[0]
+    a = e4m3.small((r, k), CUDA)
+    sa = torch.rand(r, k // 128, device=CUDA) + 0.5
+    b, sb = _weights(e, n, k, e4m3)
+    poison = torch.full((r, n), float("nan"), dtype=torch.bfloat16, device=CUDA)
+    out, bout = poison.clone(), poison.clone()
+    grouped_gemm_contiguous(a, sa, b, sb, meta["block_expert"], out=out, rows=rows, tokens=t)
+    baseline("grouped_gemm").moe_grouped_gemm_contiguous(a, sa, b, sb, meta["block_expert"], bout)
+    written = (torch.arange(r, device=CUDA) < int(meta["offsets"][-1])) & (rows >= 0)
+    assert_bitwise(out[written], bout[written], name=f"decode GEMM T={t} {kind}")
+    assert torch.isnan(out[~written].float()).all()
