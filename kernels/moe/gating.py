@@ -217,8 +217,10 @@ def _zero_bias(n_experts, device):
     return torch.zeros(n_experts, dtype=torch.float32, device=device)
 
 
-def gating(logits, bias, topk, score_func="softmax", n_groups=1, topk_groups=1, renormalize=True, routed_scaling=1.0):
-    """Route ``logits`` [T, E] (fp32, CUDA); ``bias`` [E] or None. Returns (ids int32, weights f32)."""
+def gating(logits, bias, topk, score_func="softmax", n_groups=1, topk_groups=1, renormalize=True, routed_scaling=1.0,
+           out=None):
+    """Route ``logits`` [T, E] (fp32, CUDA); ``bias`` [E] or None. Returns (ids int32, weights f32);
+    ``out``: an (ids, weights) pair of [T, topk] tensors to write instead (e.g. a send buffer's rows)."""
     import torch
 
     if logits.dtype != torch.float32 or logits.dim() != 2:
@@ -230,7 +232,17 @@ def gating(logits, bias, topk, score_func="softmax", n_groups=1, topk_groups=1, 
         t = logits.new_empty(0, topk)
         return t.int(), t
     kernel = _kernel(e, topk, score_func, n_groups, topk_groups, bool(renormalize), float(routed_scaling))
-    ids = torch.empty(logits.shape[0], topk, dtype=torch.int32, device=logits.device)
-    weights = torch.empty(logits.shape[0], topk, dtype=torch.float32, device=logits.device)
+    shape = (logits.shape[0], topk)
+    if out is None:
+        ids = torch.empty(shape, dtype=torch.int32, device=logits.device)
+        weights = torch.empty(shape, dtype=torch.float32, device=logits.device)
+    else:
+        if not isinstance(out, (tuple, list)) or len(out) != 2:
+            raise ValueError(f"out: expected an (ids, weights) pair of tensors, got {type(out).__name__}")
+        for name, v, dtype in (("out[0]", out[0], torch.int32), ("out[1]", out[1], torch.float32)):
+            if v.dtype != dtype or tuple(v.shape) != shape or not v.is_contiguous() or v.device != logits.device:
+                raise ValueError(f"{name}: expected a contiguous {dtype} tensor of shape {shape} on {logits.device}, got "
+                                 f"{v.dtype} of shape {tuple(v.shape)} on {v.device}")
+        ids, weights = out
     kernel.launch(logits.contiguous(), bias.float().contiguous(), ids, weights)
     return ids, weights

@@ -409,14 +409,28 @@ def _alloc_scales(t: int, ng: int, scale_fmt: str, col_major: bool, device):
     return storage, (storage.t()[:t] if col_major else storage)
 
 
-def per_token_group_cast(x: torch.Tensor, group: int = 128, scale_fmt: str = "fp32", col_major: bool = False):
-    """bf16/fp32 ``[T, H]`` -> (e4m3 ``[T, H]``, scales ``[T, H / group]``; int32 ``[T, ceil(H/group/4)]`` when packed)."""
+def per_token_group_cast(x: torch.Tensor, group: int = 128, scale_fmt: str = "fp32", col_major: bool = False,
+                         out: tuple | None = None):
+    """bf16/fp32 ``[T, H]`` -> (e4m3 ``[T, H]``, scales ``[T, H / group]``; int32 ``[T, ceil(H/group/4)]`` when packed).
+    ``out``: a (q, scales) pair to write instead (fp32 row-major scales only), e.g. a send buffer's rows."""
     _check_group(group, scale_fmt)
     check_2d("x", x, TORCH_DTYPES, group)
     check_cuda(x=x)
     t, h = x.shape
-    s_arg, s_out = _alloc_scales(t, h // group, scale_fmt, col_major, x.device)
-    q = torch.empty((t, h), dtype=torch.float8_e4m3fn, device=x.device)
+    if out is None:
+        s_arg, s_out = _alloc_scales(t, h // group, scale_fmt, col_major, x.device)
+        q = torch.empty((t, h), dtype=torch.float8_e4m3fn, device=x.device)
+    else:
+        if scale_fmt != "fp32" or col_major:
+            raise ValueError(f"out: expected only with row-major fp32 scales, got scale_fmt={scale_fmt!r}, col_major={col_major}")
+        if not isinstance(out, (tuple, list)) or len(out) != 2:
+            raise ValueError(f"out: expected a (q, scales) pair of tensors, got {type(out).__name__}")
+        for name, v, dtype, shape in (("out[0]", out[0], torch.float8_e4m3fn, (t, h)), ("out[1]", out[1], torch.float32, (t, h // group))):
+            if v.dtype != dtype or tuple(v.shape) != shape or not v.is_contiguous() or v.device != x.device:
+                raise ValueError(f"{name}: expected a contiguous {dtype} tensor of shape {shape} on {x.device}, got "
+                                 f"{v.dtype} of shape {tuple(v.shape)} on {v.device}")
+        q, s_arg = out
+        s_out = s_arg
     if t:
         group_cast_kernel(h, group, "plain", TORCH_DTYPES[x.dtype], "e4m3", scale_fmt, col_major)(x, q, s_arg)
     return q, s_out

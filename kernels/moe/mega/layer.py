@@ -66,11 +66,12 @@ of each global token's entries in ``y``). Global token ``g = s * Tr + t`` is tok
 Protocol of one call (epoch e = the rank's call counter, kept in device memory so that a CUDA
 graph replays it; flags are compared for equality with e, so nobody resets them)
 ------------------------------------------------------------------------------------------------
-1. compute stream: gating, FP8 cast of the rank's tokens, copies into ``xq / xs / ids``;
+1. compute stream: gating and the FP8 cast of the rank's tokens, written straight into ``ids / xq / xs``;
    ``announce``: e += 1, status cleared, READY = e (st.release.sys).
 2. ``exchange``: acquire READY == e of every rank (ld.acquire.sys).
-3. ``gather_ids`` -> ``routing_metadata`` over all ranks' tokens for the rank's experts; ``row_of``
-   copied into the symmetric buffer; per-wave block and row masks (torch ops).
+3. ``gather_ids`` -> ``routing_metadata`` over all ranks' tokens for the rank's experts (its
+   ``row_of`` written straight into the symmetric buffer); per-wave block and row masks (torch ops,
+   several waves only).
 4. communication stream (after an event): ``dispatch`` pulls the rows of wave 0, 1, ... from the
    source ranks' ``xq / xs`` and, after each wave, every CTA does red.release.sys on COUNT + w.
 5. compute stream, per wave w: ``step`` (release DONE + w-1 = e; acquire COUNT + w == CTAs, reset
@@ -438,6 +439,7 @@ class _Rank:
         self.sym = {name: alloc(name, shape, dtype) for name, (shape, dtype) in shapes.items()}
         self.gids = torch.full((plan.global_tokens, k), -1, dtype=torch.int32, device=device)
         self.meta = metadata_buffers(self.gids, plan.n_experts, plan.n_ranks)
+        self.meta["row_of"] = self.sym["row_of"]  # the metadata kernel writes the peers' row map in place
         self.xp = torch.empty(rows, h, dtype=torch.float8_e4m3fn, device=device)
         self.sp = torch.empty(rows, h // GROUP, dtype=torch.float32, device=device)
         self.waves = torch.arange(plan.n_waves, dtype=torch.int32, device=device)[:, None]
@@ -617,13 +619,12 @@ class MegaMoE:
         with torch.cuda.stream(self.streams[r][0]):
             if len(toks):
                 sl = slice(toks.start, toks.stop)
-                ids, weights = gating(logits[sl], bias, cfg.topk, cfg.score_func, cfg.n_groups, cfg.topk_groups,
-                                      cfg.renormalize, cfg.routed_scaling)
-                xq, xs = per_token_group_cast(x[sl], group=GROUP)
                 n = len(toks)
-                rk.sym["xq"][:n].copy_(xq)
-                rk.sym["xs"][:n].copy_(xs)
-                rk.sym["ids"][:n].copy_(ids)
+                # straight into the send buffers' first n rows (the rest keep ids -1)
+                ids, weights = gating(logits[sl], bias, cfg.topk, cfg.score_func, cfg.n_groups, cfg.topk_groups,
+                                      cfg.renormalize, cfg.routed_scaling,
+                                      out=(rk.sym["ids"][:n], torch.empty(n, cfg.topk, device=x.device)))
+                per_token_group_cast(x[sl], group=GROUP, out=(rk.sym["xq"][:n], rk.sym["xs"][:n]))
                 st["ids"], st["weights"] = ids, weights
             self._kernels["announce"].launch(rk.sym["flags"])
 
@@ -641,8 +642,7 @@ class MegaMoE:
                 st["hs"] = torch.empty(p.rows, p.inter // GROUP, dtype=torch.float32, device=dev)
             k["exchange"].launch(*self._slots(r, "flags"), rk.sym["flags"], r, self.timeout_ns)
             k["gather"].launch(*self._slots(r, "ids"), rk.gids)
-            meta = routing_metadata(rk.gids, p.n_experts, r, p.n_ranks, out=rk.meta)
-            rk.sym["row_of"].copy_(meta["row_of"])
+            meta = routing_metadata(rk.gids, p.n_experts, r, p.n_ranks, out=rk.meta)  # row_of: into sym["row_of"]
             be = meta["block_expert"]
             # per wave: its blocks' experts (-1 elsewhere) and, for the unfused SwiGLU cast and the
             # row-masked GEMMs, its rows

@@ -97,6 +97,8 @@ def test_bad_arguments_are_named():
         gating_kernel(256, 6, "sigmoid", 8, 9)
     with pytest.raises(ValueError, match="score_func"):
         gating_kernel(256, 6, "relu")
+    with pytest.raises(ValueError, match="out\\[0\\]: expected a contiguous torch.int32 tensor of shape \\(4, 6\\)"):
+        gating(torch.zeros(4, 256), None, 6, "sigmoid", out=(torch.zeros(4, 8, dtype=torch.int32), torch.zeros(4, 6)))
     with pytest.raises(ValueError, match="k: expected a multiple of 128"):
         grouped_gemm_contiguous_kernel(256, 100)
     with pytest.raises(ValueError, match="block_n: expected 128 or 192"):
