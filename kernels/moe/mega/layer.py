@@ -84,6 +84,13 @@ graph replays it; flags are compared for equality with e, so nobody resets them)
    ``combine`` pulls each token's k rows from their owners' ``y`` (row from the owner's
    ``row_of``) and sums them in k order.
 
+One rank (``MegaPlan.solo``, EP1): there is no peer to publish to or wait for, so steps 1-6 run
+without the flag kernels: no ``announce``, ``exchange``, ``step`` or ``gate``, the metadata reads the
+rank's own ``ids`` (no ``gather_ids``), and the dispatch runs on the compute stream, whose order
+does what READY / COUNT / DONE do across ranks (``protocol_segments`` models it so; the race check
+covers n = 1). Nothing waits, so nothing can time out; the layer is the same kernels in the same
+order otherwise, and gives the same bits.
+
 Why buffers are not overwritten while a peer still reads them: a rank reaches step 1 of call e+1
 only after its combine of call e, which follows every rank's DONE of call e, which follows each
 rank's dispatch of call e (all pulls from the send buffers); and a rank writes ``y`` / ``row_of``
@@ -179,6 +186,13 @@ class MegaPlan:
     dispatch_ctas: int
     wave_sms: int  # persistent CTAs of the fused wave kernel (all co-resident: see make_plan)
     narrow_tiles: bool = False  # the device takes 128-wide GEMM tiles at every size (grouped_gemm.narrow_everywhere)
+
+    @property
+    def solo(self) -> bool:
+        """One rank: no peer to publish to or wait for, so the flag kernels (``announce``, ``exchange``,
+        ``step``, ``gate``) and ``gather_ids`` are not launched and the dispatch runs on the compute
+        stream, stream order doing what the flags do across ranks (module docstring)."""
+        return self.n_ranks == 1
 
     @property
     def n_local(self) -> int:
@@ -301,7 +315,9 @@ def launch_order(plan: MegaPlan, ranks) -> list[tuple[str, int, int]]:
 
 def flags_set(plan: MegaPlan, step: str, r: int, w: int) -> list[tuple]:
     """The flags (``("READY", rank)``, ``("COUNT", rank, wave)``, ``("DONE", rank, wave)``) that a
-    step's kernels set."""
+    step's kernels set (none on one rank: ``MegaPlan.solo``)."""
+    if plan.solo:
+        return []
     if step == "publish":
         return [("READY", r)]
     if step == "route":
@@ -312,7 +328,9 @@ def flags_set(plan: MegaPlan, step: str, r: int, w: int) -> list[tuple]:
 
 
 def flags_awaited(plan: MegaPlan, step: str, r: int, w: int) -> list[tuple]:
-    """The flags that a step's kernels wait for (with a timeout)."""
+    """The flags that a step's kernels wait for (with a timeout; none on one rank)."""
+    if plan.solo:
+        return []
     if step == "route":
         return [("READY", s) for s in range(plan.n_ranks)]
     if step == "wave":
@@ -344,10 +362,14 @@ def protocol_segments(plan: MegaPlan, calls: int = 2, fusion: str = "l1_swiglu",
         raise ValueError(f"leave_out: expected names from {SYNC}, got {sorted(unknown)}")
     if fusion not in FUSIONS:
         raise ValueError(f"fusion: expected one of {FUSIONS}, got {fusion!r}")
-    n, waves = plan.n_ranks, range(plan.n_waves)
+    n, waves, solo = plan.n_ranks, range(plan.n_waves), plan.solo
 
     def rd(r, name, part=None):
         return Access((name, r), part)
+
+    def flags(*flag):
+        """The flag a step releases: none on one rank."""
+        return [] if solo else [flag]
 
     def wr(r, name, part=None):
         return Access((name, r), part, True)
@@ -363,19 +385,21 @@ def protocol_segments(plan: MegaPlan, calls: int = 2, fusion: str = "l1_swiglu",
                 seg("start", r, stream, joins=[(r, "caller")])
         for step, r, w in launch_order(plan, range(n)):
             if step == "publish":  # gating and the cast into the send buffers, then announce
-                seg("publish", r, "compute", [wr(r, "xq"), wr(r, "xs"), wr(r, "ids")], sets=[("READY", r, c)])
+                seg("publish", r, "compute", [wr(r, "xq"), wr(r, "xs"), wr(r, "ids")], sets=flags("READY", r, c))
             elif step == "route":
-                seg("exchange", r, "compute", awaits=[] if "exchange" in leave_out else [("READY", s, c) for s in range(n)])
-                seg("gather_ids", r, "compute", [rd(s, "ids") for s in range(n)] + [wr(r, "gids")])
-                seg("routing_metadata", r, "compute", [rd(r, "gids"), wr(r, "meta"), wr(r, "row_of")])
+                if not solo:  # one rank: the metadata reads its own ids (``gids`` is that buffer)
+                    seg("exchange", r, "compute", awaits=[] if "exchange" in leave_out else [("READY", s, c) for s in range(n)])
+                    seg("gather_ids", r, "compute", [rd(s, "ids") for s in range(n)] + [wr(r, "gids")])
+                seg("routing_metadata", r, "compute", [rd(r, "ids" if solo else "gids"), wr(r, "meta"), wr(r, "row_of")])
                 for v in waves:  # the dispatch's CTAs release COUNT + v after pulling wave v's rows
-                    seg(f"dispatch wave {v}", r, "comm",
+                    seg(f"dispatch wave {v}", r, "compute" if solo else "comm",
                         [rd(s, name) for s in range(n) for name in ("xq", "xs")] + [rd(r, "meta"), wr(r, "xp", v), wr(r, "sp", v)],
-                        sets=[("COUNT", r, v, c)],
-                        joins=[(r, "compute")] if v == 0 and "dispatch_after_route" not in leave_out else [])
+                        sets=flags("COUNT", r, v, c),
+                        joins=[(r, "compute")] if v == 0 and not solo and "dispatch_after_route" not in leave_out else [])
             elif step == "wave" and w < plan.n_waves:
-                done = [("DONE", r, w - 1, c)] if w > 0 else []
-                seg(f"step {w}", r, "compute", awaits=[] if "step_count" in leave_out else [("COUNT", r, w, c)], sets=done)
+                if not solo:
+                    done = [("DONE", r, w - 1, c)] if w > 0 else []
+                    seg(f"step {w}", r, "compute", awaits=[] if "step_count" in leave_out else [("COUNT", r, w, c)], sets=done)
                 l1_in = [rd(r, "xp", w), rd(r, "sp", w), rd(r, "meta")]
                 if fusion == "wave":
                     seg(f"wave kernel {w}", r, "compute", l1_in + [wr(r, "y", w)])
@@ -387,7 +411,10 @@ def protocol_segments(plan: MegaPlan, calls: int = 2, fusion: str = "l1_swiglu",
                     seg(f"l1_swiglu {w}", r, "compute", l1_in + [wr(r, "hq", w), wr(r, "hs", w)])
                 seg(f"l2 {w}", r, "compute", [rd(r, "hq", w), rd(r, "hs", w), rd(r, "meta"), wr(r, "y", w)])
             elif step == "wave":
-                seg("step (last DONE)", r, "compute", sets=[("DONE", r, w - 1, c)])
+                if not solo:
+                    seg("step (last DONE)", r, "compute", sets=[("DONE", r, w - 1, c)])
+            elif solo:
+                seg("finish", r, "compute", joins=[(r, "comm")])
             else:
                 seg("gate", r, "compute", awaits=[] if "gate" in leave_out else [("DONE", s, v, c) for s in range(n) for v in waves],
                     joins=[(r, "comm")])
@@ -437,7 +464,8 @@ class _Rank:
                   "xs": ((tr, h // GROUP), torch.float32), "ids": ((tr, k), torch.int32),
                   "y": ((rows, h), torch.bfloat16), "row_of": ((plan.global_tokens, k), torch.int32)}
         self.sym = {name: alloc(name, shape, dtype) for name, (shape, dtype) in shapes.items()}
-        self.gids = torch.full((plan.global_tokens, k), -1, dtype=torch.int32, device=device)
+        # every rank's ids (``gather_ids``); one rank's own send buffer, which is all of them
+        self.gids = self.sym["ids"] if plan.solo else torch.full((plan.global_tokens, k), -1, dtype=torch.int32, device=device)
         self.meta = metadata_buffers(self.gids, plan.n_experts, plan.n_ranks)
         self.meta["row_of"] = self.sym["row_of"]  # the metadata kernel writes the peers' row map in place
         self.xp = torch.empty(rows, h, dtype=torch.float8_e4m3fn, device=device)
@@ -626,7 +654,8 @@ class MegaMoE:
                                       out=(rk.sym["ids"][:n], torch.empty(n, cfg.topk, device=x.device)))
                 per_token_group_cast(x[sl], group=GROUP, out=(rk.sym["xq"][:n], rk.sym["xs"][:n]))
                 st["ids"], st["weights"] = ids, weights
-            self._kernels["announce"].launch(rk.sym["flags"])
+            if not self.plan.solo:
+                self._kernels["announce"].launch(rk.sym["flags"])
 
     def _route(self, r, st):
         p, rk, k = self.plan, self.ranks[r], self._kernels
@@ -640,8 +669,9 @@ class MegaMoE:
                     rk.l1_done.zero_()  # each row block belongs to one wave: counted once per call
                 st["hq"] = torch.empty(p.rows, p.inter, dtype=torch.float8_e4m3fn, device=dev)
                 st["hs"] = torch.empty(p.rows, p.inter // GROUP, dtype=torch.float32, device=dev)
-            k["exchange"].launch(*self._slots(r, "flags"), rk.sym["flags"], r, self.timeout_ns)
-            k["gather"].launch(*self._slots(r, "ids"), rk.gids)
+            if not p.solo:
+                k["exchange"].launch(*self._slots(r, "flags"), rk.sym["flags"], r, self.timeout_ns)
+                k["gather"].launch(*self._slots(r, "ids"), rk.gids)
             meta = routing_metadata(rk.gids, p.n_experts, r, p.n_ranks, out=rk.meta)  # row_of: into sym["row_of"]
             be = meta["block_expert"]
             # per wave: its blocks' experts (-1 elsewhere) and, for the unfused SwiGLU cast and the
@@ -655,7 +685,7 @@ class MegaMoE:
                 if self.fusion == "none" or self._row_mask:
                     rk.row_waves = torch.where(mine.repeat_interleave(128, dim=1), meta["entry_of_row"][None], -1)
         comm.wait_stream(compute)
-        with torch.cuda.stream(comm):
+        with torch.cuda.stream(compute if p.solo else comm):
             self._mark(r, "dispatch_start")
             k["dispatch"].launch(*self._slots(r, "xq"), *self._slots(r, "xs"), rk.sym["flags"], meta["entry_of_row"],
                                  meta["offsets"], rk.xp, rk.sp)
@@ -669,9 +699,11 @@ class MegaMoE:
         mine = slice(r * p.n_local, (r + 1) * p.n_local)
         with torch.cuda.stream(self.streams[r][0]):
             if w == p.n_waves:  # the last wave's L2 rows are written: release its DONE
-                k["step"].launch(rk.sym["flags"], w - 1, -1, p.dispatch_ctas, r, self.timeout_ns)
+                if not p.solo:
+                    k["step"].launch(rk.sym["flags"], w - 1, -1, p.dispatch_ctas, r, self.timeout_ns)
                 return
-            k["step"].launch(rk.sym["flags"], w - 1, w, p.dispatch_ctas, r, self.timeout_ns)
+            if not p.solo:
+                k["step"].launch(rk.sym["flags"], w - 1, w, p.dispatch_ctas, r, self.timeout_ns)
             if w == 0:
                 self._mark(r, "wave0_ready")
             if self.fusion == "wave":
@@ -697,7 +729,8 @@ class MegaMoE:
         compute.wait_stream(self.streams[r][1])  # the dispatch has finished (it did, or DONE could not be set)
         toks = self.token_range(r)
         with torch.cuda.stream(compute):
-            k["gate"].launch(*self._slots(r, "flags"), rk.sym["flags"], r, self.timeout_ns)
+            if not p.solo:
+                k["gate"].launch(*self._slots(r, "flags"), rk.sym["flags"], r, self.timeout_ns)
             if len(toks):
                 dst = out[toks.start:toks.stop] if self.virtual else out
                 k["combine"].launch(*self._slots(r, "y"), *self._slots(r, "row_of"), st["ids"], st["weights"], dst,

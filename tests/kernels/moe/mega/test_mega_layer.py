@@ -2,6 +2,7 @@
 bitwise equality with ``moe_layer(..., n_ranks=n)``, skewed routing, repeatability, batch
 invariance, CUDA-graph capture and the timeout of a rank that never arrives (GPU)."""
 
+import dataclasses
 import inspect
 import time
 
@@ -60,6 +61,9 @@ def test_every_awaited_flag_is_set_by_an_earlier_launch(n, waves):
         for flag in flags_awaited(plan, step, r, w):
             assert flag in setter and setter[flag] < i, f"{step} of rank {r}, wave {w} waits for {flag}"
             waits += 1
+    if n == 1:  # one rank: no flags at all (stream order, ``MegaPlan.solo``)
+        assert waits == 0 and not setter
+        return
     # every rank waits for every READY and every DONE, and for its own dispatch once per wave
     assert waits == n * n + n * waves + n * n * waves
     assert sorted(setter) == sorted([("READY", r) for r in range(n)] + [("COUNT", r, w) for r in range(n) for w in range(waves)]
@@ -77,6 +81,23 @@ def test_the_protocol_orders_every_global_access(n, waves, fusion):
     plan = make_plan(n, 64, sms=132, waves=waves, hidden=4096, inter=2048, n_experts=256, topk=6)
     segments = protocol_segments(plan, calls=2, fusion=fusion)
     assert [str(race) for race in find_races(segments)] == []
+
+
+def test_one_rank_is_ordered_by_its_compute_stream():
+    """EP1: no flag kernels; the dispatch on the compute stream after the metadata and before L1;
+    leaving the stream order out (the dispatch on the communication stream without a join) is a race."""
+    from tlx.passes.protocol import find_races
+
+    plan = make_plan(1, 64, sms=132, waves=2, hidden=4096, inter=2048, n_experts=256, topk=6)
+    segments = protocol_segments(plan, calls=2)
+    names = [seg.name for seg in segments]
+    assert not any(name.startswith(("exchange", "gather_ids", "step", "gate")) for name in names)
+    assert all(not seg.sets and not seg.awaits for seg in segments)
+    dispatch = [seg for seg in segments if seg.name.startswith("dispatch")]
+    assert dispatch and all(seg.stream == (0, "compute") for seg in dispatch)
+    assert [str(race) for race in find_races(segments)] == []
+    moved = [dataclasses.replace(seg, stream=(0, "comm")) if seg.name.startswith("dispatch") else seg for seg in segments]
+    assert find_races(moved)
 
 
 # per synchronisation left out: a race it prevents (buffer, first and second segment of the race)
