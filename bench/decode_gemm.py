@@ -11,9 +11,9 @@ Two parts, side by side in one run, on the GPU:
   (``interleaved_ms``, queued: the GPU's time). The rate is the active experts' weight bytes (e4m3
   and block scales) over the time, and its share of the 2 GiB copy's rate (read + write) in the
   same run.
-* ``layer``: ``moe_layer`` as two CUDA graphs, with the decode kernel (the default up to 64 tokens)
-  and with ``grouped_gemm_decode.decode_width`` returning None (the persistent kernel), outputs
-  compared bit for bit, replays timed in turn.
+* ``layer``: ``moe_layer`` as two CUDA graphs, with ``grouped_gemm_decode.decode_width`` taking the
+  decode kernel at every T up to 64 (the default rule stops at ``DEFAULT_MAX_TOKENS``) and returning
+  None (the persistent kernel), outputs compared bit for bit, replays timed in turn.
 
     python3 bench/decode_gemm.py [--tokens 8,64] [--layer-tokens 1,8,16,64] [--configs 128:2:3,64:2:4] [--reps 20]
                                  [--out FILE] [--precompile]
@@ -137,9 +137,10 @@ def layer_rows(name: str, model: dict, weights, t: int, reps: int) -> None:
     x = torch.randn(t, model["hidden"], device="cuda", generator=g).to(torch.bfloat16)
     logits = torch.randn(t, model["n_experts"], device="cuda", generator=g)
     rule = D.decode_width
+    forced = lambda tokens: next((w for w in D.TOKENS if tokens <= w), None)  # noqa: E731  (whatever the default rule)
     graphs, outs = {}, {}
     try:
-        for key, width in (("decode", rule), ("persistent 128", lambda tokens: None)):
+        for key, width in (("decode", forced), ("persistent 128", lambda tokens: None)):
             D.decode_width = width
             moe_layer(x, logits, *weights, cfg)  # compiles and warms outside the capture
             graphs[key], outs[key] = captured(lambda: moe_layer(x, logits, *weights, cfg))

@@ -689,9 +689,9 @@ def grouped_gemm_contiguous(a, sa, b, sb, block_expert, out=None, rows=None, tok
     ``entry_of_row``): C's rows whose entry is < 0 are unspecified; where the tiles are 128 wide
     (``streaming_block_n``) they are not written. The padding rows of a few-token batch are most of
     C (T = 8: 6144 rows, 48 routed), and storing them cost a tenth of the weights' bytes again.
-    ``tokens`` (with ``rows``): the batch's token count, which bounds every expert's rows; up to 64
-    (``grouped_gemm_decode.decode_width``) the weights-on-M decode kernel computes the routed rows
-    (the same bits)."""
+    ``tokens`` (with ``rows``): the batch's token count, which bounds every expert's rows; where
+    ``grouped_gemm_decode.decode_width`` takes it (up to 8 tokens) the weights-on-M decode kernel
+    computes the routed rows (the same bits)."""
     import torch
 
     from kernels.moe import grouped_gemm_decode as decode

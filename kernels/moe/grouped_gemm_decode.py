@@ -27,14 +27,20 @@ import tlx
 from kernels.moe.grouped_gemm import BLOCK_K, BLOCK_M, check_gemm_args, nblocks, nexp, nrows
 
 TOKENS = (8, 16, 32, 64)  # the N sides this kernel takes (a bound on an expert's rows)
+# Up to this many tokens a call takes this kernel by default (``decode_width``). On an H100
+# (2026-12-07, ``bench/decode_gemm.py``, the same bits): at T = 8 the V4-Flash GEMMs read the weights
+# at 98.5% / 97.3% of the copy rate against the persistent kernel's 93.1% / 91.1% (the layer as a
+# CUDA graph 377.0 against 396.8 us, V4-Pro 1061.7 against 1098.4); at T = 64 L1 98.5% against 96.6%
+# but L2 93.2% against 96.4%, the layer equal (1768.2 against 1760.5 us); 16 and 32 not yet timed.
+DEFAULT_MAX_TOKENS = 8
 
 
 def decode_width(tokens: int | None) -> int | None:
-    """The N side (``TOKENS``) for a batch of ``tokens`` tokens, or None where the batch is too
-    large for this kernel (an expert may then hold more than 64 rows) or unknown."""
-    if tokens is None:
+    """The N side (``TOKENS``) the layer's GEMMs take for a batch of ``tokens`` tokens, or None where
+    the persistent kernel serves it better (above ``DEFAULT_MAX_TOKENS``) or the count is unknown."""
+    if tokens is None or tokens > DEFAULT_MAX_TOKENS:
         return None
-    return next((w for w in TOKENS if tokens <= w), None)
+    return next(w for w in TOKENS if tokens <= w)
 
 
 @tlx.jit(target={"kind": "cuda", "arch": "sm_90a"},

@@ -41,9 +41,10 @@ and the *wave schedule* of that design; of the compute steps, L1 and the SwiGLU 
   SM share as its persistent grid). ``fusion="none"`` keeps the unfused wave for comparison: L1 by
   the contiguous grouped GEMM into bf16, ``swiglu_cast`` over the wave's rows (``rows`` masks the
   others: it neither reads nor writes them), then L2. The plain GEMMs store the wave's routed
-  rows only where their tiles are 128 wide (``grouped_gemm.streaming_block_n``); up to 64 tokens in
-  all (every rank's), the plain GEMMs are ``grouped_gemm_decode_kernel`` (the weights on the MMA's M
-  side, the wave's routed rows stored), as in ``moe_layer``.
+  rows only where their tiles are 128 wide (``grouped_gemm.streaming_block_n``); up to 8 tokens in
+  all (every rank's; ``grouped_gemm_decode.decode_width``), the plain GEMMs are
+  ``grouped_gemm_decode_kernel`` (the weights on the MMA's M side, the wave's routed rows stored),
+  as in ``moe_layer``.
 
 Ranks and buffers
 -----------------
@@ -282,8 +283,8 @@ def compute_kernel_specs(plan: MegaPlan, clamp: float, fusion: str) -> dict:
     i2, h = 2 * plan.inter, plan.hidden
     if fusion == "wave":
         return {"wave": ("kernels.moe.mega.wave", "wave_kernel", (i2, h, float(clamp)), {"num_sms": plan.wave_sms})}
-    # the unfused GEMMs as moe_layer's (``grouped_gemm_contiguous``): the weights-on-M decode kernel up to 64 tokens
-    # in all, else its tile width (``streaming_block_n``); 128 wide, the wave's routed rows stored
+    # the unfused GEMMs as moe_layer's (``grouped_gemm_contiguous``): the weights-on-M decode kernel where
+    # ``decode_width`` takes the tokens of all ranks, else its tile width (``streaming_block_n``); 128 wide, the wave's routed rows stored
     width = decode_width(plan.global_tokens)
     if width is not None:
         decode = "kernels.moe.grouped_gemm_decode", "grouped_gemm_decode_kernel"
