@@ -25,6 +25,7 @@ import tilelang.language as T
 
 import tlx
 from kernels.moe.grouped_gemm import BLOCK_K, BLOCK_M, check_gemm_args, nblocks, nexp, nrows
+from kernels.quant.common import cast_e4m3, group_scale
 
 TOKENS = (8, 16, 32, 64)  # the N sides this kernel takes (a bound on an expert's rows)
 # Up to this many tokens a call takes this kernel by default (``decode_width``). On an H100
@@ -46,7 +47,8 @@ def decode_width(tokens: int | None) -> int | None:
 @tlx.jit(target={"kind": "cuda", "arch": "sm_90a"},
          pass_configs={"tl.disable_warp_specialized": True, "tl.disable_thread_storage_sync": True},
          assume=("NB <= 16777214", "R == NB * 128"))
-def grouped_gemm_decode_kernel(n: int, k: int, tokens: int, block_n: int = 128, group: int = 2, num_stages: int = 3):
+def grouped_gemm_decode_kernel(n: int, k: int, tokens: int, block_n: int = 128, group: int = 2, num_stages: int = 3,
+                               swiglu_clamp: float | None = None):
     """``(A [R, K], SA [R, K/128], B [E, N, K], SB [E, N/128, K/128], block_expert [R/128],
     rows [R], C [R, N])``: the contiguous layout's routed rows (entry >= 0) of C, for row blocks
     whose routed rows are among their first ``tokens``.
@@ -56,12 +58,24 @@ def grouped_gemm_decode_kernel(n: int, k: int, tokens: int, block_n: int = 128, 
     the promotion fma, the epilogue), thread 128 issues the TMA loads of a stage (``group`` K
     blocks of B's ``block_n`` rows and of A's first ``tokens`` rows) and threads 128.. below
     128 + ``tokens`` store the stage's ``sa * sb``. Epilogue: C^T transposed into ``C_s`` (bf16),
-    then 16-byte stores of the routed rows."""
+    then 16-byte stores of the routed rows.
+
+    ``swiglu_clamp`` set (N = 2I, the MoE's L1): ``(..., rows [R], Q [R, I] e4m3, S [R, I/128] fp32)``,
+    ``swiglu_cast(L1, clamp)`` of the routed rows in the same kernel, bit for bit: a CTA's 128
+    output columns ``c0..`` take the gate rows ``c0..`` and the up rows ``I + c0..`` of B as one
+    256-row M side (``block_n`` is 128 gate + 128 up), each half promoted with its own scale group;
+    the epilogue rounds each total to bf16 as L1 stores it, then runs ``swiglu_cast``'s fp32
+    operations in its order (as ``grouped_gemm_swiglu_kernel``), the row's amax over its 128
+    columns (exact in any order), its scale and e4m3 bytes."""
     check_gemm_args(n, k)
+    swiglu = swiglu_clamp is not None
     if tokens not in TOKENS:
         raise ValueError(f"tokens: expected one of {TOKENS}, got {tokens}")
     if block_n not in (64, 128):
         raise ValueError(f"block_n: expected 64 or 128, got {block_n}")
+    if swiglu and (block_n != 128 or n % 256):
+        raise ValueError(f"swiglu_clamp: expected block_n = 128 and N = 2I with I a multiple of 128, got block_n = {block_n}, "
+                         f"N = {n}")
     if n % block_n:
         raise ValueError(f"n: expected a multiple of block_n = {block_n}, got {n}")
     kblocks = k // BLOCK_K
@@ -71,21 +85,32 @@ def grouped_gemm_decode_kernel(n: int, k: int, tokens: int, block_n: int = 128, 
         raise ValueError(f"num_stages: expected >= 1, got {num_stages}")
     steps = kblocks // group
     S = num_stages
-    pieces = tokens * block_n // 8  # 16-byte pieces of the output tile
-    vpr = block_n // 8  # 16-byte pieces a row
+    cols = n // 2 if swiglu else n  # output columns
+    m = 2 * block_n if swiglu else block_n  # weight rows a CTA (gate and up with SwiGLU)
+    halves = 2 if swiglu else 1  # scale groups of a CTA's weight rows
+    elem = 1 if swiglu else 2  # bytes of an output value
+    vpr = block_n * elem // 16  # 16-byte pieces an output row
+    pieces = tokens * vpr
+    out_dtype = "float8_e4m3" if swiglu else "bfloat16"
 
-    @T.prim_func
-    def main(A: T.Tensor((nrows, k), "float8_e4m3"), SA: T.Tensor((nrows, k // BLOCK_K), "float32"),
-             B: T.Tensor((nexp, n, k), "float8_e4m3"), SB: T.Tensor((nexp, n // 128, k // BLOCK_K), "float32"),
-             block_expert: T.Tensor((nblocks,), "int32"), rows: T.Tensor((nrows,), "int32"),
-             C: T.Tensor((nrows, n), "bfloat16")):
-        with T.Kernel(n // block_n, nblocks, threads=256) as (bx, by):
-            W_s = T.alloc_shared((S, group, block_n, BLOCK_K), "float8_e4m3")
+    def w_half(W_s, stage, u, h):
+        """Stage ``stage``'s K block ``u`` of the CTA's weight rows: with SwiGLU half ``h`` (gate, up)."""
+        return W_s[stage, u, h * block_n:(h + 1) * block_n, :] if swiglu else W_s[stage, u, :, :]
+
+    @T.macro
+    def body(A, SA, B, SB, block_expert, rows, C, Sq):
+        with T.Kernel(cols // block_n, nblocks, threads=256) as (bx, by):
+            W_s = T.alloc_shared((S, group, m, BLOCK_K), "float8_e4m3")
             X_s = T.alloc_shared((S, group, tokens, BLOCK_K), "float8_e4m3")
-            scale_s = T.alloc_shared((S, group, tokens), "float32")
-            C_s = T.alloc_shared((tokens, block_n), "bfloat16")
+            scale_s = T.alloc_shared((S, group, halves, tokens), "float32")
+            C_s = T.alloc_shared((tokens, block_n), out_dtype)
             part = T.alloc_fragment((block_n, tokens), "float32")
             total = T.alloc_fragment((block_n, tokens), "float32")
+            total_up = T.alloc_fragment((block_n, tokens), "float32") if swiglu else None
+            # SwiGLU: the values, transposed through shared memory into rows (whose amax TileLang reduces)
+            value_s = T.alloc_shared((tokens, block_n), "float32") if swiglu else None
+            value = T.alloc_fragment((tokens, block_n), "float32") if swiglu else None
+            amax = T.alloc_fragment((tokens,), "float32") if swiglu else None
             full = T.alloc_barrier([128] * S)  # the producer warpgroup's 128 threads + the TMA bytes
             empty = T.alloc_barrier([4] * S)  # lane 0 of each consumer warp
             tx = T.get_thread_binding()
@@ -98,34 +123,79 @@ def grouped_gemm_decode_kernel(n: int, k: int, tokens: int, block_n: int = 128, 
                         T.mbarrier_wait_parity(empty[kq % S], ((kq // S) & 1) ^ 1)
                         for u in T.unroll(group):
                             kb = kq * group + u
-                            T.tma_copy(B[expert, n0:n0 + block_n, kb * BLOCK_K:(kb + 1) * BLOCK_K], W_s[kq % S, u, :, :],
+                            T.tma_copy(B[expert, n0:n0 + block_n, kb * BLOCK_K:(kb + 1) * BLOCK_K], w_half(W_s, kq % S, u, 0),
                                        barrier=full[kq % S])
+                            if swiglu:  # the up rows, I further
+                                T.tma_copy(B[expert, cols + n0:cols + n0 + block_n, kb * BLOCK_K:(kb + 1) * BLOCK_K],
+                                           w_half(W_s, kq % S, u, 1), barrier=full[kq % S])
                             T.tma_copy(A[r0:r0 + tokens, kb * BLOCK_K:(kb + 1) * BLOCK_K], X_s[kq % S, u, :, :],
                                        barrier=full[kq % S])
                         if tx - 128 < tokens:
                             for u in T.unroll(group):
-                                scale_s[kq % S, u, tx - 128] = (SA[r0 + tx - 128, kq * group + u]
-                                                                * SB[expert, n0 // 128, kq * group + u])
+                                scale_s[kq % S, u, 0, tx - 128] = (SA[r0 + tx - 128, kq * group + u]
+                                                                   * SB[expert, n0 // 128, kq * group + u])
+                                if swiglu:
+                                    scale_s[kq % S, u, 1, tx - 128] = (SA[r0 + tx - 128, kq * group + u]
+                                                                       * SB[expert, (cols + n0) // 128, kq * group + u])
                         T.mbarrier_arrive(full[kq % S])
                 else:
                     T.clear(total)
+                    if swiglu:
+                        T.clear(total_up)
                     for kq in T.serial(steps):
                         T.mbarrier_wait_parity(full[kq % S], (kq // S) & 1)
                         for u in T.unroll(group):
-                            T.gemm(W_s[kq % S, u, :, :], X_s[kq % S, u, :, :], part, transpose_B=True,
+                            T.gemm(w_half(W_s, kq % S, u, 0), X_s[kq % S, u, :, :], part, transpose_B=True,
                                    clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
                             for i, j in T.Parallel(block_n, tokens):
-                                total[i, j] = T.ieee_fmaf(part[i, j], scale_s[kq % S, u, j], total[i, j])
+                                total[i, j] = T.ieee_fmaf(part[i, j], scale_s[kq % S, u, 0, j], total[i, j])
+                            if swiglu:  # the up rows' chain into their own total, with their scale group
+                                T.gemm(w_half(W_s, kq % S, u, 1), X_s[kq % S, u, :, :], part, transpose_B=True,
+                                       clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
+                                for i, j in T.Parallel(block_n, tokens):
+                                    total_up[i, j] = T.ieee_fmaf(part[i, j], scale_s[kq % S, u, 1, j], total_up[i, j])
                         if tx % 32 == 0:
                             T.mbarrier_arrive(empty[kq % S])
-                    for i, j in T.Parallel(block_n, tokens):
-                        C_s[j, i] = T.Cast("bfloat16", total[i, j])
+                    if swiglu:
+                        for i, j in T.Parallel(block_n, tokens):
+                            g = T.min(T.Cast("float32", T.Cast("bfloat16", total[i, j])), T.float32(swiglu_clamp))
+                            up = T.max(T.min(T.Cast("float32", T.Cast("bfloat16", total_up[i, j])),
+                                             T.float32(swiglu_clamp)), T.float32(-swiglu_clamp))
+                            value_s[j, i] = g / T.ieee_add(T.float32(1.0), T.exp(-g), "rn") * up  # no FMA into expf
+                        T.sync_threads(1, 128)
+                        T.copy(value_s, value)
+                        T.reduce_absmax(value, amax, dim=1)
+                        for j, i in T.Parallel(tokens, block_n):
+                            C_s[j, i] = cast_e4m3(value[j, i] * (T.float32(1.0) / group_scale(amax[j], "e4m3", False)[0]))
+                        for j in T.Parallel(tokens):
+                            if rows[r0 + j] >= 0:
+                                Sq[r0 + j, n0 // 128] = group_scale(amax[j], "e4m3", False)[0]
+                    else:
+                        for i, j in T.Parallel(block_n, tokens):
+                            C_s[j, i] = T.Cast("bfloat16", total[i, j])
                     T.sync_threads(1, 128)  # the consumers only
+                    per = 16 // elem  # values a 16-byte piece
                     for p in T.unroll(T.ceildiv(pieces, 128)):
                         if p * 128 + tx < pieces:
                             if rows[r0 + (p * 128 + tx) // vpr] >= 0:
-                                for v in T.vectorized(8):
-                                    C[r0 + (p * 128 + tx) // vpr, n0 + (p * 128 + tx) % vpr * 8 + v] = \
-                                        C_s[(p * 128 + tx) // vpr, (p * 128 + tx) % vpr * 8 + v]
+                                for v in T.vectorized(per):
+                                    C[r0 + (p * 128 + tx) // vpr, n0 + (p * 128 + tx) % vpr * per + v] = \
+                                        C_s[(p * 128 + tx) // vpr, (p * 128 + tx) % vpr * per + v]
+
+    a_t = T.Tensor((nrows, k), "float8_e4m3")
+    sa_t = T.Tensor((nrows, k // BLOCK_K), "float32")
+    b_t = T.Tensor((nexp, n, k), "float8_e4m3")
+    sb_t = T.Tensor((nexp, n // 128, k // BLOCK_K), "float32")
+    if swiglu:
+        @T.prim_func
+        def main(A: a_t, SA: sa_t, B: b_t, SB: sb_t, block_expert: T.Tensor((nblocks,), "int32"),
+                 rows: T.Tensor((nrows,), "int32"), Q: T.Tensor((nrows, cols), "float8_e4m3"),
+                 Sq: T.Tensor((nrows, cols // 128), "float32")):
+            body(A, SA, B, SB, block_expert, rows, Q, Sq)
+    else:
+        @T.prim_func
+        def main(A: a_t, SA: sa_t, B: b_t, SB: sb_t, block_expert: T.Tensor((nblocks,), "int32"),
+                 rows: T.Tensor((nrows,), "int32"), C: T.Tensor((nrows, n), "bfloat16")):
+            body(A, SA, B, SB, block_expert, rows, C, None)
 
     return main

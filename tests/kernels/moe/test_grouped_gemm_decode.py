@@ -17,20 +17,42 @@ CUDA = "cuda"
 @pytest.mark.parametrize("n,k,tokens,block_n,group", [(4096, 2048, 8, 128, 2), (4096, 4096, 32, 64, 4)])
 def test_compiles_with_its_contract(n, k, tokens, block_n, group):
     kernel = grouped_gemm_decode_kernel(n, k, tokens, block_n=block_n, group=group)
+    check_contract(kernel, block_n, tokens, group)
+
+
+def test_swiglu_form_compiles_with_its_contract():
+    """The L1 with the SwiGLU cast: a gate and an up chain a K block, each promoted into its own total
+    with its own scale group; the values' amax over the row through shared memory; e4m3 rows and
+    their scales stored for routed rows only."""
+    kernel = grouped_gemm_decode_kernel(4096, 4096, 8, swiglu_clamp=10.0, group=1)
+    src = check_contract(kernel, 128, 8, 1, chains=2)
+    assert "total_up[" in src and "__fadd_rn(0x1p+0f/*1.000000e+00*/, expf(" in src
+    assert "tlx_ieee_fp8_e4m3_bits(" in src and "tl::MaxOp" in src and "Sq[" in src
+    assert "bfloat16_t*)C_s" not in src
+    with pytest.raises(ValueError, match="swiglu_clamp: expected block_n = 128"):
+        grouped_gemm_decode_kernel(4096, 4096, 8, swiglu_clamp=10.0, block_n=64)
+
+
+def check_contract(kernel, block_n, tokens, group, chains=1):
+    """The instructions every form has; returns the source."""
     src = kernel.device_source
     # the weights on M, the rows on N: m64n{tokens}k32 e4m3 x e4m3 -> f32, block_n / 64 chains a K block
     wgmma = f"kFloat8_e4m3, tl::DataType::kFloat8_e4m3, tl::DataType::kFloat32, 64, {tokens}, 32"
-    assert wgmma in src
-    # a stage: `group` K blocks of block_n weight rows (128 bytes each) and of `tokens` A rows
-    assert src.count(f"expect_transaction({block_n * 128})") == 1 and src.count(f"expect_transaction({tokens * 128})") == 1
-    assert f"for (int u = 0; u < {group}; ++u)" in src
+    assert src.count(wgmma) == chains
+    # a stage: `group` K blocks of block_n weight rows (128 bytes each; SwiGLU: gate and up) and of `tokens` A rows
+    assert src.count(f"expect_transaction({block_n * 128})") == chains
+    assert src.count(f"expect_transaction({tokens * 128})") == 1
+    if group > 1:
+        assert f"for (int u = 0; u < {group}; ++u)" in src
     # the promotion fma with the stage's sa * sb, C^T staged in C_s and the routed rows stored in 16-byte pieces
     assert "__fmaf_rn(part" in src and "((bfloat16_t)total[" in src
-    assert "*(uint4*)(C + " in src and "rows[" in src and "tma_store" not in src
+    assert "rows[" in src and "tma_store" not in src
+    assert ("*(fp8_e4_16_t*)(Q + " if chains == 2 else "*(uint4*)(C + ") in src
     assert_stages_released_after_last_read(src, {"W_s", "X_s", "scale_s"})
     bounds = kernel.metadata["reports"]["bounds"]
     assert bounds["proven"] == bounds["accesses"] > 0 and not bounds["violations"]
     assert kernel.metadata["reports"]["determinism"]["deterministic"]
+    return src
 
 
 def test_width_and_bad_arguments():
@@ -77,3 +99,37 @@ def test_bitwise_equal_to_baseline(baseline, e4m3, e, n, k, t, kind):
     written = (torch.arange(r, device=CUDA) < int(meta["offsets"][-1])) & (rows >= 0)
     assert_bitwise(out[written], bout[written], name=f"decode GEMM T={t} {kind}")
     assert torch.isnan(out[~written].float()).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("e,n,k", [(8, 4096, 4096), (4, 6144, 7168)])
+@pytest.mark.parametrize("t", [1, 8])
+@pytest.mark.parametrize("kind", ["uniform", "hot", "wide"])
+def test_swiglu_bitwise_equal_to_gemm_then_swiglu_cast(e4m3, e, n, k, t, kind):
+    """The decode L1 with the SwiGLU cast fused against L1 (the persistent kernel) followed by
+    ``swiglu_cast``: the same e4m3 bytes and fp32 scales on every routed row; padding rows and a
+    block of expert -1 keep their poison. "wide": activation scales up to 200, so the hidden values
+    pass the clamp (10) on both sides."""
+    from kernels.quant.group_cast import swiglu_cast
+    from tlx.numerics.parity import assert_bitwise
+
+    ids = _ids("hot" if kind == "hot" else "uniform", t, 8 * e, seed=e + n + t)
+    meta = routing_metadata(ids, 8 * e, 0, 8)
+    rows = meta["entry_of_row"]
+    r = rows.shape[0]
+    block_expert = meta["block_expert"].clone()
+    block_expert[0] = -1  # a block of another wave: not computed
+    a = e4m3.small((r, k), CUDA)
+    sa = torch.rand(r, k // 128, device=CUDA) * (200 if kind == "wide" else 1) + 0.5
+    b, sb = _weights(e, n, k, e4m3)
+    q = torch.full((r, n // 2), 0x7F, dtype=torch.uint8, device=CUDA).view(torch.float8_e4m3fn)
+    s = torch.full((r, n // 256), float("nan"), device=CUDA)
+    grouped_gemm_decode_kernel(n, k, 8, swiglu_clamp=10.0, group=1)(a, sa, b, sb, block_expert, rows, q, s)
+    hidden = grouped_gemm_contiguous(a, sa, b, sb, block_expert)
+    q_ref, s_ref = swiglu_cast(hidden, clamp=10.0, group=128)
+    live = (block_expert >= 0).repeat_interleave(128) & (rows >= 0)
+    live &= torch.arange(r, device=CUDA) < int(meta["offsets"][-1])
+    assert live.any()
+    assert_bitwise(q[live].view(torch.uint8), q_ref[live].view(torch.uint8), name="decode SwiGLU e4m3")
+    assert_bitwise(s[live], s_ref[live], name="decode SwiGLU scales")
+    assert (q[~live].view(torch.uint8) == 0x7F).all() and torch.isnan(s[~live]).all()
