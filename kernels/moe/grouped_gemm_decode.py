@@ -60,7 +60,9 @@ def grouped_gemm_decode_kernel(n: int, k: int, tokens: int, block_n: int = 128, 
     128 + ``tokens`` store the stage's ``sa * sb``. Epilogue: C^T transposed into ``C_s`` (bf16),
     then 16-byte stores of the routed rows.
 
-    ``swiglu_clamp`` set (N = 2I, the MoE's L1): ``(..., rows [R], Q [R, I] e4m3, S [R, I/128] fp32)``,
+    ``swiglu_clamp`` set (N = 2I, the MoE's L1; not yet run on a GPU, so no layer takes it yet; its
+    bitwise test is ``test_swiglu_bitwise_equal_to_gemm_then_swiglu_cast``):
+    ``(..., rows [R], Q [R, I] e4m3, S [R, I/128] fp32)``,
     ``swiglu_cast(L1, clamp)`` of the routed rows in the same kernel, bit for bit: a CTA's 128
     output columns ``c0..`` take the gate rows ``c0..`` and the up rows ``I + c0..`` of B as one
     256-row M side (``block_n`` is 128 gate + 128 up), each half promoted with its own scale group;
