@@ -48,22 +48,23 @@ def gemm_shapes(model: dict) -> dict:
     return {"L1": (2 * i, h), "L2": (h, i)}
 
 
-def kernel_specs(tokens: list[int], configs, layer_tokens: list[int]) -> list:
+def kernel_specs(names: list[str], tokens: list[int], configs, layer_tokens: list[int]) -> list:
     """(module, factory, args, kwargs) of every kernel of the run (``--precompile`` builds them here,
     the device's cache serves them there)."""
-    from kernels.moe.grouped_gemm_decode import decode_width
+    from kernels.moe.grouped_gemm_decode import width_for as width
 
     specs = []
-    for name, model in models().items():
+    for name in names:
+        model = models()[name]
         for n, k in gemm_shapes(model).values():
             specs.append(("kernels.moe.grouped_gemm", "grouped_gemm_contiguous_kernel", (n, k),
                           {"num_sms": 132, "block_n": 128, "row_mask": True}))
             for t in tokens if name == "V4-Flash" else tokens[:1]:
                 for block_n, group, stages in configs:
-                    specs.append(("kernels.moe.grouped_gemm_decode", "grouped_gemm_decode_kernel", (n, k, decode_width(t)),
+                    specs.append(("kernels.moe.grouped_gemm_decode", "grouped_gemm_decode_kernel", (n, k, width(t)),
                                   {"block_n": block_n, "group": group, "num_stages": stages}))
-            for t in layer_tokens:
-                specs.append(("kernels.moe.grouped_gemm_decode", "grouped_gemm_decode_kernel", (n, k, decode_width(t)), {}))
+            for t in layer_tokens if name == "V4-Flash" else [8]:
+                specs.append(("kernels.moe.grouped_gemm_decode", "grouped_gemm_decode_kernel", (n, k, width(t)), {}))
     return list({repr(s): s for s in specs}.values())
 
 
@@ -84,7 +85,7 @@ def gemm_rows(name: str, model: dict, weights, t: int, configs, copy_gbs: float,
 
     from bench.timing import interleaved_ms
     from kernels.moe.grouped_gemm import grouped_gemm_contiguous_kernel, persistent_ctas
-    from kernels.moe.grouped_gemm_decode import decode_width, grouped_gemm_decode_kernel
+    from kernels.moe.grouped_gemm_decode import grouped_gemm_decode_kernel, width_for
 
     ids, meta = routing(t, model, seed=t)
     rows = meta["entry_of_row"]
@@ -102,7 +103,7 @@ def gemm_rows(name: str, model: dict, weights, t: int, configs, copy_gbs: float,
         fns["persistent 128"] = lambda o=outs["persistent 128"]: old.launch(*args, o)
         for block_n, group, stages in configs:
             key = f"decode {block_n}:{group}:{stages}"
-            kern = grouped_gemm_decode_kernel(n, k, decode_width(t), block_n=block_n, group=group, num_stages=stages)
+            kern = grouped_gemm_decode_kernel(n, k, width_for(t), block_n=block_n, group=group, num_stages=stages)
             outs[key] = torch.full((r, n), float("nan"), dtype=torch.bfloat16, device="cuda")
             fns[key] = lambda o=outs[key], kern=kern: kern.launch(*args, o)
         for f in fns.values():
@@ -137,7 +138,7 @@ def layer_rows(name: str, model: dict, weights, t: int, reps: int) -> None:
     x = torch.randn(t, model["hidden"], device="cuda", generator=g).to(torch.bfloat16)
     logits = torch.randn(t, model["n_experts"], device="cuda", generator=g)
     rule = D.decode_width
-    forced = lambda tokens: next((w for w in D.TOKENS if tokens <= w), None)  # noqa: E731  (whatever the default rule)
+    forced = D.width_for  # the decode kernel up to 64 tokens, whatever the default rule
     graphs, outs = {}, {}
     try:
         for key, width in (("decode", forced), ("persistent 128", lambda tokens: None)):
@@ -170,10 +171,10 @@ def main() -> None:
     ints = lambda text: [int(v) for v in text.split(",") if v]  # noqa: E731
     configs = parse_configs(args.configs)
     if args.precompile:
-        from bench.mega_moe import _build
-        from bench.precompile import compile_in_processes
+        from bench.precompile import build_spec, compile_in_processes
 
-        compile_in_processes(_build, kernel_specs(ints(args.tokens), configs, ints(args.layer_tokens)), os.cpu_count() or 1)
+        compile_in_processes(build_spec, kernel_specs(args.models.split(","), ints(args.tokens), configs, ints(args.layer_tokens)),
+                             os.cpu_count() or 1)
         return
     import torch
 

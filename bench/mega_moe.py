@@ -45,16 +45,6 @@ ROWS = []
 MEGA_VARIANTS = (("fused", "l1_swiglu"), ("wave", "wave"), ("mega_3k", "none"))
 
 
-def _build(spec):
-    """Build one kernel in this (worker) process: ``spec`` = (module, factory, args, kwargs)."""
-    import importlib
-
-    module, name, args, kwargs = spec
-    t0 = time.time()
-    getattr(importlib.import_module(module), name)(*args, **kwargs)
-    return f"built {name}{args} in {time.time() - t0:.0f} s"
-
-
 # (model, ranks, waves, fusions) layers of tests/kernels/moe/mega (waves None: the plan's default)
 TEST_LAYERS = ([("V4-Flash", n, None, ("l1_swiglu", "wave")) for n in (1, 2, 8)]
                + [("V4-Flash", 4, None, ("l1_swiglu",)), ("V4-Flash", 1, None, ("none",)), ("V4-Flash", 2, None, ("none",))]
@@ -125,9 +115,9 @@ def kernel_specs(layers, tests=False):
 
 
 def precompile(layers, tests=False):
-    from bench.precompile import compile_in_processes
+    from bench.precompile import build_spec, compile_in_processes
 
-    compile_in_processes(_build, [(m, f, a, dict(kw)) for m, f, a, kw in kernel_specs(layers, tests)], os.cpu_count() or 1)
+    compile_in_processes(build_spec, [(m, f, a, dict(kw)) for m, f, a, kw in kernel_specs(layers, tests)], os.cpu_count() or 1)
 
 
 def emit(**row):

@@ -24,3 +24,14 @@ def compile_in_processes(compile_one, configs, workers: int) -> None:
         for line in pool.map(compile_one, configs):
             print(f"# {line}", flush=True)
     print(f"# {len(configs)} configurations ready in {time.time() - t0:.0f} s", flush=True)
+
+
+def build_spec(spec) -> str:
+    """Build one kernel in a worker: ``spec`` = (module, factory, args, kwargs), the factory called as
+    ``module.factory(*args, **kwargs)`` (``compile_in_processes``' ``compile_one`` for such specs)."""
+    import importlib
+
+    module, name, args, kwargs = spec
+    t0 = time.time()
+    getattr(importlib.import_module(module), name)(*args, **kwargs)
+    return f"built {name}{args} in {time.time() - t0:.0f} s"

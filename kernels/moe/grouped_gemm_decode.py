@@ -36,12 +36,17 @@ TOKENS = (8, 16, 32, 64)  # the N sides this kernel takes (a bound on an expert'
 DEFAULT_MAX_TOKENS = 8
 
 
+def width_for(tokens: int) -> int | None:
+    """The smallest N side (``TOKENS``) that holds ``tokens`` rows, None past the largest."""
+    return next((w for w in TOKENS if tokens <= w), None)
+
+
 def decode_width(tokens: int | None) -> int | None:
-    """The N side (``TOKENS``) the layer's GEMMs take for a batch of ``tokens`` tokens, or None where
-    the persistent kernel serves it better (above ``DEFAULT_MAX_TOKENS``) or the count is unknown."""
+    """The N side the layer's GEMMs take for a batch of ``tokens`` tokens, or None where the
+    persistent kernel serves it better (above ``DEFAULT_MAX_TOKENS``) or the count is unknown."""
     if tokens is None or tokens > DEFAULT_MAX_TOKENS:
         return None
-    return next(w for w in TOKENS if tokens <= w)
+    return width_for(tokens)
 
 
 @tlx.jit(target={"kind": "cuda", "arch": "sm_90a"},

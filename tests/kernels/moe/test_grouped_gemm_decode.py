@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from kernels.moe.grouped_gemm import grouped_gemm_contiguous
-from kernels.moe.grouped_gemm_decode import TOKENS, decode_width, grouped_gemm_decode_kernel
+from kernels.moe.grouped_gemm_decode import TOKENS, decode_width, grouped_gemm_decode_kernel, width_for
 from kernels.moe.metadata import routing_metadata
 from tests.kernels.moe.test_moe_kernels import _ids, _weights
 from tests.kernels.staged_release import assert_stages_released_after_last_read
@@ -58,6 +58,7 @@ def check_contract(kernel, block_n, tokens, group, chains=1):
 def test_width_and_bad_arguments():
     assert [decode_width(t) for t in (None, 1, 8, 9, 64)] == [None, 8, 8, None, None]  # the layer's rule: up to 8 tokens
     assert TOKENS == (8, 16, 32, 64)
+    assert [width_for(t) for t in (1, 9, 17, 33, 64, 65)] == [8, 16, 32, 64, 64, None]
     with pytest.raises(ValueError, match="tokens: expected one of \\(8, 16, 32, 64\\), got 12"):
         grouped_gemm_decode_kernel(4096, 2048, 12)
     with pytest.raises(ValueError, match="block_n: expected 64 or 128, got 192"):
@@ -94,7 +95,7 @@ def test_bitwise_equal_to_baseline(baseline, e4m3, e, n, k, t, kind):
     if decode_width(t) is not None:
         grouped_gemm_contiguous(a, sa, b, sb, meta["block_expert"], out=out, rows=rows, tokens=t)
     else:
-        grouped_gemm_decode_kernel(n, k, next(w for w in TOKENS if t <= w))(a, sa, b, sb, meta["block_expert"], rows, out)
+        grouped_gemm_decode_kernel(n, k, width_for(t))(a, sa, b, sb, meta["block_expert"], rows, out)
     baseline("grouped_gemm").moe_grouped_gemm_contiguous(a, sa, b, sb, meta["block_expert"], bout)
     written = (torch.arange(r, device=CUDA) < int(meta["offsets"][-1])) & (rows >= 0)
     assert_bitwise(out[written], bout[written], name=f"decode GEMM T={t} {kind}")
