@@ -425,7 +425,8 @@ def per_token_group_cast(x: torch.Tensor, group: int = 128, scale_fmt: str = "fp
             raise ValueError(f"out: expected only with row-major fp32 scales, got scale_fmt={scale_fmt!r}, col_major={col_major}")
         if not isinstance(out, (tuple, list)) or len(out) != 2:
             raise ValueError(f"out: expected a (q, scales) pair of tensors, got {type(out).__name__}")
-        for name, v, dtype, shape in (("out[0]", out[0], torch.float8_e4m3fn, (t, h)), ("out[1]", out[1], torch.float32, (t, h // group))):
+        for name, v, dtype, shape in (("out[0]", out[0], torch.float8_e4m3fn, (t, h)),
+                                      ("out[1]", out[1], torch.float32, (t, h // group))):
             if v.dtype != dtype or tuple(v.shape) != shape or not v.is_contiguous() or v.device != x.device:
                 raise ValueError(f"{name}: expected a contiguous {dtype} tensor of shape {shape} on {x.device}, got "
                                  f"{v.dtype} of shape {tuple(v.shape)} on {v.device}")

@@ -284,7 +284,8 @@ def compute_kernel_specs(plan: MegaPlan, clamp: float, fusion: str) -> dict:
     if fusion == "wave":
         return {"wave": ("kernels.moe.mega.wave", "wave_kernel", (i2, h, float(clamp)), {"num_sms": plan.wave_sms})}
     # the unfused GEMMs as moe_layer's (``grouped_gemm_contiguous``): the weights-on-M decode kernel where
-    # ``decode_width`` takes the tokens of all ranks, else its tile width (``streaming_block_n``); 128 wide, the wave's routed rows stored
+    # ``decode_width`` takes the tokens of all ranks, else its tile width (``streaming_block_n``); 128 wide,
+    # the wave's routed rows stored
     width = decode_width(plan.global_tokens)
     if width is not None:
         decode = "kernels.moe.grouped_gemm_decode", "grouped_gemm_decode_kernel"
@@ -292,7 +293,8 @@ def compute_kernel_specs(plan: MegaPlan, clamp: float, fusion: str) -> dict:
     else:
         block_n = streaming_block_n(plan.rows, plan.n_local, plan.narrow_tiles)
         plain = sms | {"block_n": block_n, "row_mask": block_n == BLOCK_N}
-        l1_plain, l2 = (gemm, "grouped_gemm_contiguous_kernel", (i2, h), plain), (gemm, "grouped_gemm_contiguous_kernel", (h, plan.inter), plain)
+        l1_plain = (gemm, "grouped_gemm_contiguous_kernel", (i2, h), plain)
+        l2 = (gemm, "grouped_gemm_contiguous_kernel", (h, plan.inter), plain)
     l1 = (gemm, "grouped_gemm_swiglu_kernel", (i2, h, float(clamp)), sms) if fusion == "l1_swiglu" else l1_plain
     return {"l1": l1, "l2": l2}
 
