@@ -3,12 +3,12 @@
 At a decode batch an expert holds a few routed rows (T = 8: about one) in a 128-row block of the
 contiguous layout, so the GEMM is a stream of weight bytes. ``grouped_gemm_contiguous_kernel``
 puts the rows on wgmma's M side (64 rows a warpgroup, nearly all padding) and reads each weight
-row in 128-byte pieces, one K block a stage; the weight-bound V4 GEMMs ran at 82-88% of the copy
-rate that way (H100, 2026-12-06), where a plain read of the same bytes reaches 96-100%. Here the
+row in 128-byte pieces, one K block a stage; at T = 8 the V4 GEMMs read their weights at 91-96% of
+the copy rate that way (H100, 2026-12-07), where a plain read of the same bytes reaches 96-100%. Here the
 roles swap: a CTA computes ``C^T = B A^T`` for ``block_n`` weight rows (wgmma's M side, one
 consumer warpgroup) and the block's first ``tokens`` rows (its N side: m64n{tokens}k32), so no
 tensor-core work goes to padding rows beyond ``tokens``, the accumulators take ``tokens`` registers
-a thread (two or three CTAs share an SM), and a stage holds ``group`` consecutive K blocks, their
+a thread (at 8 rows two CTAs share an SM), and a stage holds ``group`` consecutive K blocks, their
 TMA loads issued together (each weight row read as ``128 * group`` contiguous bytes).
 
 The same bits as ``grouped_gemm_contiguous_kernel`` and ``grouped_gemm.cu`` on every routed row:
@@ -16,9 +16,9 @@ per 128-wide K block the products are summed in fp32 by a wgmma chain over K in 
 zero (each output element is the same 32-product dot-product step whichever operand is on M), and
 the block result is added to the total with ``fma(block, sa[row, kb] * sb[n // 128, kb], total)``,
 K blocks ascending; the total is rounded to bf16 once. Only rows whose ``rows`` entry is >= 0 are
-stored. Precondition of the call (``grouped_gemm_contiguous`` checks it): no expert holds more
-than ``tokens`` rows, i.e. ``tokens`` bounds the batch's token count (an expert takes a token at
-most once).
+stored. Precondition, the caller's (the layers pass the batch's token count; a routing on the
+device cannot be checked without a sync): no expert holds more than ``tokens`` rows, which holds
+when ``tokens`` bounds the batch's token count (gating gives a token distinct experts).
 """
 
 import tilelang.language as T
@@ -69,8 +69,8 @@ def grouped_gemm_decode_kernel(n: int, k: int, tokens: int, block_n: int = 128, 
     bitwise test is ``test_swiglu_bitwise_equal_to_gemm_then_swiglu_cast``):
     ``(..., rows [R], Q [R, I] e4m3, S [R, I/128] fp32)``,
     ``swiglu_cast(L1, clamp)`` of the routed rows in the same kernel, bit for bit: a CTA's 128
-    output columns ``c0..`` take the gate rows ``c0..`` and the up rows ``I + c0..`` of B as one
-    256-row M side (``block_n`` is 128 gate + 128 up), each half promoted with its own scale group;
+    output columns ``c0..`` take the gate rows ``c0..`` and the up rows ``I + c0..`` of B, loaded in
+    one stage (``block_n`` 128 each), a chain for each into its own total with its own scale group;
     the epilogue rounds each total to bf16 as L1 stores it, then runs ``swiglu_cast``'s fp32
     operations in its order (as ``grouped_gemm_swiglu_kernel``), the row's amax over its 128
     columns (exact in any order), its scale and e4m3 bytes."""
