@@ -237,12 +237,8 @@ def gating(logits, bias, topk, score_func="softmax", n_groups=1, topk_groups=1, 
         ids = torch.empty(shape, dtype=torch.int32, device=logits.device)
         weights = torch.empty(shape, dtype=torch.float32, device=logits.device)
     else:
-        if not isinstance(out, (tuple, list)) or len(out) != 2:
-            raise ValueError(f"out: expected an (ids, weights) pair of tensors, got {type(out).__name__}")
-        for name, v, dtype in (("out[0]", out[0], torch.int32), ("out[1]", out[1], torch.float32)):
-            if v.dtype != dtype or tuple(v.shape) != shape or not v.is_contiguous() or v.device != logits.device:
-                raise ValueError(f"{name}: expected a contiguous {dtype} tensor of shape {shape} on {logits.device}, got "
-                                 f"{v.dtype} of shape {tuple(v.shape)} on {v.device}")
-        ids, weights = out
+        from kernels.outputs import check_out
+
+        ids, weights = check_out(out, "an (ids, weights) pair", [(torch.int32, shape), (torch.float32, shape)], logits.device)
     kernel.launch(logits.contiguous(), bias.float().contiguous(), ids, weights)
     return ids, weights

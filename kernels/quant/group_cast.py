@@ -33,6 +33,7 @@ from kernels.quant.common import (
     e2m1_block_code, e2m1_block_key, e2m1_byte, e2m1_class, e2m1_e4m3_table, e2m1_e4m3_word, e2m1_nibble,
     e2m1_pair_bf16, group_scale, pack_nibble, pow2_scale, sign_bytes, ue8m0_value,
 )
+from kernels.outputs import check_out
 from kernels.quant.reference import SCALE_FORMATS, tma_aligned
 
 GROUPS = (32, 64, 128)
@@ -423,14 +424,8 @@ def per_token_group_cast(x: torch.Tensor, group: int = 128, scale_fmt: str = "fp
     else:
         if scale_fmt != "fp32" or col_major:
             raise ValueError(f"out: expected only with row-major fp32 scales, got scale_fmt={scale_fmt!r}, col_major={col_major}")
-        if not isinstance(out, (tuple, list)) or len(out) != 2:
-            raise ValueError(f"out: expected a (q, scales) pair of tensors, got {type(out).__name__}")
-        for name, v, dtype, shape in (("out[0]", out[0], torch.float8_e4m3fn, (t, h)),
-                                      ("out[1]", out[1], torch.float32, (t, h // group))):
-            if v.dtype != dtype or tuple(v.shape) != shape or not v.is_contiguous() or v.device != x.device:
-                raise ValueError(f"{name}: expected a contiguous {dtype} tensor of shape {shape} on {x.device}, got "
-                                 f"{v.dtype} of shape {tuple(v.shape)} on {v.device}")
-        q, s_arg = out
+        q, s_arg = check_out(out, "a (q, scales) pair", [(torch.float8_e4m3fn, (t, h)), (torch.float32, (t, h // group))],
+                             x.device)
         s_out = s_arg
     if t:
         group_cast_kernel(h, group, "plain", TORCH_DTYPES[x.dtype], "e4m3", scale_fmt, col_major)(x, q, s_arg)
