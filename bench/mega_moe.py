@@ -21,8 +21,11 @@ Rows (printed as measured, so a timeout still leaves the earlier ones):
 Every output is compared bit for bit with the eager unfused layer before it is timed (graph replay
 into a NaN-poisoned buffer). ``--precompile`` builds every kernel of the run (and of
 tests/kernels/moe/mega) in parallel processes first, so that no compile lands inside a timing or a wait.
+``--breakdown`` then prints each timed graph's kernels from the profiler (one replay: each kernel's
+duration and the idle time before it).
 Usage: python bench/mega_moe.py [--out FILE.json] [--reps N] [--models V4-Flash,V4-Pro]
        [--tokens 8,512,8192] [--ranks 2,4,8] [--rank-tokens 64,512] [--precompile] [--precompile-tests]
+       [--breakdown]
 (``--tokens '' --ranks '' --precompile-tests``: only build the tests' kernels.)
 """
 
@@ -174,9 +177,24 @@ def overlap_share(layer, x, logits):
     return sum(shares) / len(shares)
 
 
-def compare(name, m, layer_w, cfg, n, t, copy_gbs, tflops, reps):
+def print_breakdown(what, replay):
+    """One replay's kernels in launch order (duration, and the idle time before each), as comment lines."""
+    from bench.timing import kernel_timeline
+
+    timeline = kernel_timeline(replay)
+    end, lines = 0.0, []
+    for kname, start, dur in timeline:
+        lines.append(f"#   {dur:7.1f} us  (+{max(start - end, 0.0):5.1f} idle)  {kname[:90]}")
+        end = max(end, start + dur)
+    busy = sum(d for _, _, d in timeline)
+    print(f"# breakdown {what}: {len(timeline)} kernels, {end:.1f} us from the first start to the last end, "
+          f"{busy:.1f} us of kernels", *lines, sep="\n", flush=True)
+
+
+def compare(name, m, layer_w, cfg, n, t, copy_gbs, tflops, reps, breakdown=False):
     """One row: mega_moe fused (L1 + SwiGLU; the whole wave) and with three-launch waves, and
-    moe_layer, over n ranks at T tokens per rank, graph replays in turn."""
+    moe_layer, over n ranks at T tokens per rank, graph replays in turn; ``breakdown``: then each
+    replay's kernels."""
     import torch
 
     from bench.timing import interleaved_ms
@@ -231,6 +249,9 @@ def compare(name, m, layer_w, cfg, n, t, copy_gbs, tflops, reps):
         row["overlap"] = overlap_share(layers["fused"], x, logits)
         row["note"] += f"; dispatch under compute {row['overlap']:.0%}"
     emit(**row)
+    if breakdown:
+        for what, g in graphs.items():
+            print_breakdown(f"{name} n={n} T={t} {what}", g.replay)
     del graphs
 
 
@@ -243,6 +264,7 @@ def main():
     ap.add_argument("--ranks", default="2,4,8", help="virtual rank counts of the EP rows ('' for none)")
     ap.add_argument("--rank-tokens", default="64,512", help="T (tokens per rank) of the EP rows")
     ap.add_argument("--precompile", action="store_true", help="build every kernel of the run first, in parallel processes")
+    ap.add_argument("--breakdown", action="store_true", help="print each graph's kernels and the idle time between them")
     ap.add_argument("--precompile-tests", action="store_true",
                     help="also build the kernels of tests/kernels/moe/mega; with --tokens '' only that")
     args = ap.parse_args()
@@ -285,7 +307,7 @@ def main():
             rows = [(1, t) for t in tokens] + [(n, int(t)) for n in ranks for t in args.rank_tokens.split(",") if t]
             for n, t in rows:
                 try:
-                    compare(name, m, layer_w, cfg, n, t, copy_gbs, tflops, args.reps)
+                    compare(name, m, layer_w, cfg, n, t, copy_gbs, tflops, args.reps, args.breakdown)
                 except (AssertionError, RuntimeError) as exc:  # a wrong or timed-out row: say so, go on
                     emit(model=name, what="layer, graph replay", n=n, T=t, note=f"FAILED: {exc}"[:200], failed=True)
             del layer_w

@@ -107,3 +107,21 @@ def gpu_bench_args(doc: str, script: str, reps: int = 30):
     if not torch.cuda.is_available():
         sys.exit(f"{script} needs a CUDA GPU")
     return args
+
+
+def kernel_timeline(fn) -> list:
+    """(name, start µs, duration µs) of every GPU kernel, copy and memset of one ``fn()`` (after a
+    warm call; times from its first kernel's start), from the profiler: where a layer's time goes
+    between its kernels, gaps included (a CUDA graph's replay shows each node)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    events = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
+                    key=lambda e: e.time_range.start)
+    t0 = events[0].time_range.start if events else 0
+    return [(e.name, e.time_range.start - t0, e.time_range.end - e.time_range.start) for e in events]
