@@ -33,14 +33,33 @@ def test_swiglu_form_compiles_with_its_contract():
         grouped_gemm_decode_kernel(4096, 4096, 8, swiglu_clamp=10.0, block_n=64)
 
 
-def check_contract(kernel, block_n, tokens, group, chains=1):
-    """The instructions every form has; returns the source."""
+@pytest.mark.parametrize("swiglu", [False, True])
+def test_pdl_form_streams_weights_before_waiting_on_the_grid_before_it(swiglu):
+    """``pdl=True``: launched as a programmatic dependent; each CTA lets its own dependents start,
+    issues its first ``num_stages`` stages of weight loads, then waits on the grid before it, and
+    only then reads the activations (A by TMA, SA) that grid may still be writing."""
+    kw = {"swiglu_clamp": 10.0, "group": 1} if swiglu else {}
+    kernel = grouped_gemm_decode_kernel(4096, 4096, 8, pdl=True, **kw)
+    src = check_contract(kernel, 128, 8, kw.get("group", 2), chains=2 if swiglu else 1, pdl=True)
+    assert [lc["programmatic_dependent"] for lc in kernel.metadata["launches"]] == [True]
+    assert src.count("cudaGridDependencySynchronize()") == src.count("cudaTriggerProgrammaticLaunchCompletion()") == 1
+    before, after = src.split("cudaGridDependencySynchronize()")
+    assert "cudaTriggerProgrammaticLaunchCompletion()" in before
+    # in a loop over the 3 stages: the gate and up loads (SwiGLU), or one in the loop over a stage's 2 K blocks
+    assert before.count("tl::tma_load(B_desc") == (2 if swiglu else 1)
+    assert "for (int kq = 0; kq < 3; ++kq)" in before
+    assert "tma_load(A_desc" not in before and "SA[" not in before and "tma_load(A_desc" in after
+    assert not grouped_gemm_decode_kernel(4096, 4096, 8, **kw).metadata["launches"][0]["programmatic_dependent"]
+
+
+def check_contract(kernel, block_n, tokens, group, chains=1, pdl=False):
+    """The instructions every form has (``pdl``: the weight loads twice, early and in the loop); returns the source."""
     src = kernel.device_source
     # the weights on M, the rows on N: m64n{tokens}k32 e4m3 x e4m3 -> f32, block_n / 64 chains a K block
     wgmma = f"kFloat8_e4m3, tl::DataType::kFloat8_e4m3, tl::DataType::kFloat32, 64, {tokens}, 32"
     assert src.count(wgmma) == chains
     # a stage: `group` K blocks of block_n weight rows (128 bytes each; SwiGLU: gate and up) and of `tokens` A rows
-    assert src.count(f"expect_transaction({block_n * 128})") == chains
+    assert src.count(f"expect_transaction({block_n * 128})") == chains * (2 if pdl else 1)
     assert src.count(f"expect_transaction({tokens * 128})") == 1
     if group > 1:
         assert f"for (int u = 0; u < {group}; ++u)" in src
