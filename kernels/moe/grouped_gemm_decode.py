@@ -75,12 +75,13 @@ def grouped_gemm_decode_kernel(n: int, k: int, tokens: int, block_n: int = 128, 
     operations in its order (as ``grouped_gemm_swiglu_kernel``), the row's amax over its 128
     columns (exact in any order), its scale and e4m3 bytes.
 
-    ``pdl``: launched as a programmatic dependent of the kernel before it on the stream, which
-    must not write B, SB, ``block_expert`` or ``rows`` (MegaMoE's dispatch and L1 write only the
-    activations): the CTA loads its first ``num_stages`` stages of weights, then waits for that
-    grid (``T.pdl_sync()``) before it reads A and SA, so the weight stream starts while the
-    activations are still being written. Every CTA lets its own dependents launch as it starts
-    (``T.pdl_trigger()``: they start once all of this grid's CTAs have)."""
+    ``pdl`` (not yet run on a GPU, so no layer takes it yet): launched as a programmatic dependent
+    of the kernel before it on the stream, which must not write B, SB, ``block_expert`` or
+    ``rows`` (MegaMoE's dispatch and L1 write only the activations): the CTA loads its first
+    ``num_stages`` stages of weights, then waits for that grid (``T.pdl_sync()``) before it reads
+    A and SA, so the weight stream starts while the activations are still being written. Every
+    CTA lets its own dependents launch as it starts (``T.pdl_trigger()``: they start once all of
+    this grid's CTAs have). Without it the kernel is the one measured above, unchanged."""
     check_gemm_args(n, k)
     swiglu = swiglu_clamp is not None
     if tokens not in TOKENS:
@@ -113,15 +114,14 @@ def grouped_gemm_decode_kernel(n: int, k: int, tokens: int, block_n: int = 128, 
         return W_s[stage, u, h * block_n:(h + 1) * block_n, :] if swiglu else W_s[stage, u, :, :]
 
     @T.macro
-    def load_weights(B, expert, n0, kq, W_s, full):
-        """Step ``kq``'s ``group`` K blocks of the CTA's weight rows (SwiGLU: gate, then up) into its stage."""
-        for u in T.unroll(group):
-            kb = kq * group + u
-            T.tma_copy(B[expert, n0:n0 + block_n, kb * BLOCK_K:(kb + 1) * BLOCK_K], w_half(W_s, kq % S, u, 0),
-                       barrier=full[kq % S])
-            if swiglu:  # the up rows, I further
-                T.tma_copy(B[expert, cols + n0:cols + n0 + block_n, kb * BLOCK_K:(kb + 1) * BLOCK_K],
-                           w_half(W_s, kq % S, u, 1), barrier=full[kq % S])
+    def load_weights(B, expert, n0, kq, u, W_s, full):
+        """K block ``u`` of step ``kq``'s weight rows (SwiGLU: gate, then up) into the step's stage."""
+        kb = kq * group + u
+        T.tma_copy(B[expert, n0:n0 + block_n, kb * BLOCK_K:(kb + 1) * BLOCK_K], w_half(W_s, kq % S, u, 0),
+                   barrier=full[kq % S])
+        if swiglu:  # the up rows, I further
+            T.tma_copy(B[expert, cols + n0:cols + n0 + block_n, kb * BLOCK_K:(kb + 1) * BLOCK_K],
+                       w_half(W_s, kq % S, u, 1), barrier=full[kq % S])
 
     @T.macro
     def body(A, SA, B, SB, block_expert, rows, C, Sq):
@@ -129,13 +129,12 @@ def grouped_gemm_decode_kernel(n: int, k: int, tokens: int, block_n: int = 128, 
             W_s = T.alloc_shared((S, group, m, BLOCK_K), "float8_e4m3")
             X_s = T.alloc_shared((S, group, tokens, BLOCK_K), "float8_e4m3")
             scale_s = T.alloc_shared((S, group, halves, tokens), "float32")
-            # rows padded by 16 bytes: the transposed stores of a warp's 4 token columns fall in 4 distinct bank groups
-            C_s = T.alloc_shared((tokens, block_n + 16 // elem), out_dtype)
+            C_s = T.alloc_shared((tokens, block_n), out_dtype)
             part = T.alloc_fragment((block_n, tokens), "float32")
             total = T.alloc_fragment((block_n, tokens), "float32")
             total_up = T.alloc_fragment((block_n, tokens), "float32") if swiglu else None
             # SwiGLU: the values, transposed through shared memory into rows (whose amax TileLang reduces)
-            value_s = T.alloc_shared((tokens, block_n + 4), "float32") if swiglu else None  # padded as C_s
+            value_s = T.alloc_shared((tokens, block_n), "float32") if swiglu else None
             value = T.alloc_fragment((tokens, block_n), "float32") if swiglu else None
             amax = T.alloc_fragment((tokens,), "float32") if swiglu else None
             full = T.alloc_barrier([128] * S)  # the producer warpgroup's 128 threads + the TMA bytes
@@ -148,16 +147,20 @@ def grouped_gemm_decode_kernel(n: int, k: int, tokens: int, block_n: int = 128, 
                 T.pdl_trigger()
             if expert >= 0:
                 if tx >= 128:
-                    if pdl:  # the first stages' weights before the previous grid has finished
+                    if pdl:  # the first stages' weights before the grid before this one has finished
                         for kq in T.unroll(early):
-                            load_weights(B, expert, n0, kq, W_s, full)
+                            for u in T.unroll(group):
+                                load_weights(B, expert, n0, kq, u, W_s, full)
                         T.pdl_sync()
                     for kq in T.serial(steps):
                         T.mbarrier_wait_parity(empty[kq % S], ((kq // S) & 1) ^ 1)
-                        if kq >= early:
-                            load_weights(B, expert, n0, kq, W_s, full)
                         for u in T.unroll(group):
                             kb = kq * group + u
+                            if pdl:
+                                if kq >= early:
+                                    load_weights(B, expert, n0, kq, u, W_s, full)
+                            else:
+                                load_weights(B, expert, n0, kq, u, W_s, full)
                             T.tma_copy(A[r0:r0 + tokens, kb * BLOCK_K:(kb + 1) * BLOCK_K], X_s[kq % S, u, :, :],
                                        barrier=full[kq % S])
                         if tx - 128 < tokens:
@@ -193,7 +196,7 @@ def grouped_gemm_decode_kernel(n: int, k: int, tokens: int, block_n: int = 128, 
                                              T.float32(swiglu_clamp)), T.float32(-swiglu_clamp))
                             value_s[j, i] = g / T.ieee_add(T.float32(1.0), T.exp(-g), "rn") * up  # no FMA into expf
                         T.sync_threads(1, 128)
-                        T.copy(value_s[:, 0:block_n], value)
+                        T.copy(value_s, value)
                         T.reduce_absmax(value, amax, dim=1)
                         for j, i in T.Parallel(tokens, block_n):
                             C_s[j, i] = cast_e4m3(value[j, i] * (T.float32(1.0) / group_scale(amax[j], "e4m3", False)[0]))
