@@ -81,7 +81,9 @@ def grouped_gemm_decode_kernel(n: int, k: int, tokens: int, block_n: int = 128, 
     ``num_stages`` stages of weights, then waits for that grid (``T.pdl_sync()``) before it reads
     A and SA, so the weight stream starts while the activations are still being written. Every
     CTA lets its own dependents launch as it starts (``T.pdl_trigger()``: they start once all of
-    this grid's CTAs have). Without it the kernel is the one measured above, unchanged."""
+    this grid's CTAs have); a CTA of an empty block waits for that grid before it leaves, so this
+    grid ends after it even where every block is empty (a dependent of this one, waiting for it,
+    then waits for both). Without it the kernel is the one measured above, unchanged."""
     check_gemm_args(n, k)
     swiglu = swiglu_clamp is not None
     if tokens not in TOKENS:
@@ -214,6 +216,8 @@ def grouped_gemm_decode_kernel(n: int, k: int, tokens: int, block_n: int = 128, 
                                 for v in T.vectorized(per):
                                     C[r0 + (p * 128 + tx) // vpr, n0 + (p * 128 + tx) % vpr * per + v] = \
                                         C_s[(p * 128 + tx) // vpr, (p * 128 + tx) % vpr * per + v]
+            elif pdl:  # an empty block's CTA waits too: the grid never ends before the one before it
+                T.pdl_sync()
 
     a_t = T.Tensor((nrows, k), "float8_e4m3")
     sa_t = T.Tensor((nrows, k // BLOCK_K), "float32")

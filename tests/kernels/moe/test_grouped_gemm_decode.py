@@ -37,13 +37,16 @@ def test_swiglu_form_compiles_with_its_contract():
 def test_pdl_form_streams_weights_before_waiting_on_the_grid_before_it(swiglu):
     """``pdl=True``: launched as a programmatic dependent; each CTA lets its own dependents start,
     issues its first ``num_stages`` stages of weight loads, then waits on the grid before it, and
-    only then reads the activations (A by TMA, SA) that grid may still be writing."""
+    only then reads the activations (A by TMA, SA) that grid may still be writing; a CTA of an
+    empty block waits on that grid before it leaves."""
     kw = {"swiglu_clamp": 10.0, "group": 1} if swiglu else {}
     kernel = grouped_gemm_decode_kernel(4096, 4096, 8, pdl=True, **kw)
     src = check_contract(kernel, 128, 8, kw.get("group", 2), chains=2 if swiglu else 1, pdl=True)
     assert [lc["programmatic_dependent"] for lc in kernel.metadata["launches"]] == [True]
-    assert src.count("cudaGridDependencySynchronize()") == src.count("cudaTriggerProgrammaticLaunchCompletion()") == 1
-    before, after = src.split("cudaGridDependencySynchronize()")
+    # one wait where the block has an expert (the producer's, after its early loads), one where it has none
+    assert src.count("cudaGridDependencySynchronize()") == 2 and src.count("cudaTriggerProgrammaticLaunchCompletion()") == 1
+    assert src.rstrip().endswith("} else {\n    cudaGridDependencySynchronize();\n  }\n}")
+    before, after = src.split("cudaGridDependencySynchronize()", 1)
     assert "cudaTriggerProgrammaticLaunchCompletion()" in before
     # in a loop over the 3 stages: the gate and up loads (SwiGLU), or one in the loop over a stage's 2 K blocks
     assert before.count("tl::tma_load(B_desc") == (2 if swiglu else 1)
