@@ -65,3 +65,47 @@ def test_unset_flags_and_cycles_are_refused():
         find_races([Segment("read", ("b",), awaits=(("F",),))])
     with pytest.raises(ValueError, match="waits for itself"):
         find_races([Segment("x", ("a",), awaits=(("G",),), sets=(("F",),)), Segment("y", ("b",), awaits=(("F",),), sets=(("G",),))])
+
+
+def _dependent(name, stream, early, rest):
+    """A programmatic dependent launch: its accesses before and after its grid-dependency wait."""
+    return [Segment(f"{name} early", stream, early, programmatic=True), Segment(name, stream, rest)]
+
+
+def test_a_dependent_launch_overlaps_the_grid_before_it_until_its_wait():
+    """Before its wait a dependent kernel may run beside the grid before it: reading what that grid
+    writes is a race, reading what an earlier, ordinary launch wrote is not; after its wait it
+    follows that grid, and the next ordinary launch follows both of its parts."""
+    meta, act, w, out = Access(("meta",), write=True), Access(("act",), write=True), Access(("w",)), Access(("out",), write=True)
+    base = [Segment("metadata", ("s",), (meta,)), Segment("dispatch", ("s",), (Access(("meta",)), act))]
+    ok = base + _dependent("gemm", ("s",), (w, Access(("meta",))), (Access(("act",)), out)) + [
+        Segment("next call's metadata", ("s",), (meta, Access(("w",), write=True)))]
+    assert find_races(ok) == []
+    early_act = base + _dependent("gemm", ("s",), (Access(("act",)),), (out,))
+    [race] = find_races(early_act)
+    assert (race.first.name, race.second.name, race.buffer) == ("dispatch", "gemm early", ("act",))
+
+
+def test_a_chain_of_dependents_overlaps_back_to_the_last_ordinary_launch():
+    """L2 as a dependent of L1, itself a dependent of the dispatch: L2 may start once every L1 CTA
+    has started, possibly before the dispatch has finished, so its early read of the dispatch's
+    output races; its read after the wait does not (L1's grid ends after the dispatch's)."""
+    act = Access(("act",), write=True)
+    chain = ([Segment("dispatch", ("s",), (act,))] + _dependent("l1", ("s",), (), (Access(("act",)), Access(("h",), True)))
+             + _dependent("l2", ("s",), (Access(("act",)),), (Access(("h",)),)))
+    assert [(r.first.name, r.second.name) for r in find_races(chain)] == [("dispatch", "l2 early")]
+    chain[-2] = Segment("l2 early", ("s",), (), programmatic=True)
+    chain[-1] = Segment("l2", ("s",), (Access(("h",)), Access(("act",))))
+    assert find_races(chain) == []
+
+
+def test_an_early_part_must_be_plain_and_followed_by_its_kernel():
+    lone = Segment("early", ("s",), (), programmatic=True)
+    for bad in (Segment("early", ("s",), (), joins=(("t",),), programmatic=True),
+                Segment("early", ("s",), (), sets=(("F",),), programmatic=True)):
+        with pytest.raises(ValueError, match="has no joins or flags"):
+            happens_before([bad, Segment("rest", ("s",))])
+    with pytest.raises(ValueError, match="has no joins or flags"):
+        happens_before([lone, lone, Segment("rest", ("s",))])
+    with pytest.raises(ValueError, match="the last segment of its stream"):
+        happens_before([lone])

@@ -16,7 +16,13 @@ segment that ``sets`` a flag (a release after all of its accesses) happens befor
 that ``awaits`` the same flag (an acquire before all of its accesses). Flags carry the call in
 their key, so a wait of call c is satisfied by call c's release only (the epoch scheme). A wait
 that times out leaves its outputs unspecified and the caller raises, so a wait is assumed to
-arrive; the flags themselves are the synchronisation and are not data. Regions are a buffer of a
+arrive; the flags themselves are the synchronisation and are not data. A kernel launched as a
+programmatic dependent (``T.pdl_sync()``, ``tlx/passes/pdl.py``) is two segments: a
+``programmatic`` one, its accesses before its grid-dependency wait, which follows only what the
+stream's last ordinary launch followed (the grids since then may still run: the kernel may start
+once they have all started), and the next segment on its stream, the rest of it, which follows the
+grid before it as an ordinary launch does and ends after it (each of its CTAs waits, so a grid of a
+dependent never ends before the grid before it). Regions are a buffer of a
 rank and a part of it (``None``: all of it; two parts overlap when either is ``None`` or they
 are equal). Accesses within one segment are the kernel's own business (``races.py`` and the
 bounds verifier); two segments may still be the same kernel run twice, in two calls.
@@ -48,7 +54,9 @@ class Access:
 class Segment:
     """A kernel (or part of one) enqueued on ``stream`` (a hashable key, e.g. (rank, "compute")).
     ``joins``: streams this one waits for, everything enqueued on them so far, before it;
-    ``awaits`` / ``sets``: flag keys acquired before its accesses / released after them."""
+    ``awaits`` / ``sets``: flag keys acquired before its accesses / released after them;
+    ``programmatic``: the accesses of a programmatic dependent launch before its grid-dependency
+    wait (no joins, flags or release of its own); the next segment on the stream is the rest of it."""
 
     name: str
     stream: tuple
@@ -56,6 +64,7 @@ class Segment:
     awaits: tuple = ()
     sets: tuple = ()
     joins: tuple = ()
+    programmatic: bool = False
 
 
 @dataclass
@@ -80,9 +89,21 @@ def happens_before(segments: Sequence[Segment]) -> list[int]:
     for i, seg in enumerate(segments):
         for flag in seg.sets:
             setters.setdefault(flag, []).append(i)
+    floor: dict = {}  # stream -> what its last ordinary launch followed (a dependent's early part follows that)
+    early: dict = {}  # stream -> the early part of the dependent launch whose rest comes next
     for i, seg in enumerate(segments):
+        if seg.programmatic:
+            if seg.joins or seg.awaits or seg.sets or seg.stream in early:
+                raise ValueError(f"{seg.name} on {seg.stream}: the early part of a programmatic dependent launch has no "
+                                 f"joins or flags and is followed by the rest of its kernel")
+            preds[i] = set(floor.get(seg.stream, ()))
+            early[seg.stream] = i
+            continue  # the stream's last grid may still run
         if seg.stream in last:
             preds[i].add(last[seg.stream])
+        rest_of_dependent = seg.stream in early
+        if rest_of_dependent:
+            preds[i].add(early.pop(seg.stream))
         for other in seg.joins:
             if other in last:
                 preds[i].add(last[other])
@@ -90,7 +111,13 @@ def happens_before(segments: Sequence[Segment]) -> list[int]:
             if flag not in setters:
                 raise ValueError(f"{seg.name} on {seg.stream} awaits {flag}, which no segment sets")
             preds[i].update(setters[flag])
+        if not rest_of_dependent:
+            floor[seg.stream] = set(preds[i])
         last[seg.stream] = i
+    if early:
+        stream, i = next(iter(early.items()))
+        raise ValueError(f"{segments[i].name} on {stream}: the early part of a programmatic dependent launch is the last "
+                         f"segment of its stream (the rest of its kernel must follow)")
     # a flag's setter may be enqueued after its waiter (another stream, another host order):
     # close over the graph to a fixed point, not in one pass over the enqueue order
     before = [0] * len(segments)
