@@ -26,6 +26,7 @@ import tlx
 
 ntok = T.dynamic("T")  # symbolic token count; module level so the kernel source sees it
 from kernels.moe.reference import SCORE_FUNCS
+from kernels.outputs import check_out
 
 SCORE_CODES = {name: i for i, name in enumerate(SCORE_FUNCS)}
 SOFTPLUS_LINEAR_FROM = 20.0  # softplus(x) is taken as x above this, like torch
@@ -237,8 +238,6 @@ def gating(logits, bias, topk, score_func="softmax", n_groups=1, topk_groups=1, 
         ids = torch.empty(shape, dtype=torch.int32, device=logits.device)
         weights = torch.empty(shape, dtype=torch.float32, device=logits.device)
     else:
-        from kernels.outputs import check_out
-
         ids, weights = check_out(out, "an (ids, weights) pair", [(torch.int32, shape), (torch.float32, shape)], logits.device)
     kernel.launch(logits.contiguous(), bias.float().contiguous(), ids, weights)
     return ids, weights

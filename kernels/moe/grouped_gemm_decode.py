@@ -158,10 +158,7 @@ def grouped_gemm_decode_kernel(n: int, k: int, tokens: int, block_n: int = 128, 
                         T.mbarrier_wait_parity(empty[kq % S], ((kq // S) & 1) ^ 1)
                         for u in T.unroll(group):
                             kb = kq * group + u
-                            if pdl:
-                                if kq >= early:
-                                    load_weights(B, expert, n0, kq, u, W_s, full)
-                            else:
+                            if not pdl or kq >= early:
                                 load_weights(B, expert, n0, kq, u, W_s, full)
                             T.tma_copy(A[r0:r0 + tokens, kb * BLOCK_K:(kb + 1) * BLOCK_K], X_s[kq % S, u, :, :],
                                        barrier=full[kq % S])
