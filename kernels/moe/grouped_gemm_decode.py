@@ -131,12 +131,13 @@ def grouped_gemm_decode_kernel(n: int, k: int, tokens: int, block_n: int = 128, 
             W_s = T.alloc_shared((S, group, m, BLOCK_K), "float8_e4m3")
             X_s = T.alloc_shared((S, group, tokens, BLOCK_K), "float8_e4m3")
             scale_s = T.alloc_shared((S, group, halves, tokens), "float32")
-            C_s = T.alloc_shared((tokens, block_n), out_dtype)
+            # rows padded by 16 bytes: the transposed stores of a warp's 4 token columns fall in 4 distinct bank groups
+            C_s = T.alloc_shared((tokens, block_n + 16 // elem), out_dtype)
             part = T.alloc_fragment((block_n, tokens), "float32")
             total = T.alloc_fragment((block_n, tokens), "float32")
             total_up = T.alloc_fragment((block_n, tokens), "float32") if swiglu else None
             # SwiGLU: the values, transposed through shared memory into rows (whose amax TileLang reduces)
-            value_s = T.alloc_shared((tokens, block_n), "float32") if swiglu else None
+            value_s = T.alloc_shared((tokens, block_n + 4), "float32") if swiglu else None  # padded as C_s
             value = T.alloc_fragment((tokens, block_n), "float32") if swiglu else None
             amax = T.alloc_fragment((tokens,), "float32") if swiglu else None
             full = T.alloc_barrier([128] * S)  # the producer warpgroup's 128 threads + the TMA bytes
@@ -195,7 +196,7 @@ def grouped_gemm_decode_kernel(n: int, k: int, tokens: int, block_n: int = 128, 
                                              T.float32(swiglu_clamp)), T.float32(-swiglu_clamp))
                             value_s[j, i] = g / T.ieee_add(T.float32(1.0), T.exp(-g), "rn") * up  # no FMA into expf
                         T.sync_threads(1, 128)
-                        T.copy(value_s, value)
+                        T.copy(value_s[:, 0:block_n], value)
                         T.reduce_absmax(value, amax, dim=1)
                         for j, i in T.Parallel(tokens, block_n):
                             C_s[j, i] = cast_e4m3(value[j, i] * (T.float32(1.0) / group_scale(amax[j], "e4m3", False)[0]))

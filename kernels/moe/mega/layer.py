@@ -287,16 +287,19 @@ def compute_kernel_specs(plan: MegaPlan, clamp: float, fusion: str) -> dict:
     # ``decode_width`` takes the tokens of all ranks, else its tile width (``streaming_block_n``); 128 wide,
     # the wave's routed rows stored
     width = decode_width(plan.global_tokens)
-    if width is not None:
-        decode = "kernels.moe.grouped_gemm_decode", "grouped_gemm_decode_kernel"
-        l1_plain, l2 = (*decode, (i2, h, width), {}), (*decode, (h, plan.inter, width), {})
+    if width is not None:  # the fused L1 too: the decode kernel with the SwiGLU cast, one K block a stage
+        # programmatic dependents: their first stages of weights load while the kernel before them
+        # (the dispatch or the wave's step, the L1, the SwiGLU cast: none writes weights) finishes
+        decode, pdl = ("kernels.moe.grouped_gemm_decode", "grouped_gemm_decode_kernel"), {"pdl": True}
+        l1_plain, l2 = (*decode, (i2, h, width), pdl), (*decode, (h, plan.inter, width), pdl)
+        l1_fused = (*decode, (i2, h, width), {"swiglu_clamp": float(clamp), "group": 1} | pdl)
     else:
         block_n = streaming_block_n(plan.rows, plan.n_local, plan.narrow_tiles)
         plain = sms | {"block_n": block_n, "row_mask": block_n == BLOCK_N}
         l1_plain = (gemm, "grouped_gemm_contiguous_kernel", (i2, h), plain)
         l2 = (gemm, "grouped_gemm_contiguous_kernel", (h, plan.inter), plain)
-    l1 = (gemm, "grouped_gemm_swiglu_kernel", (i2, h, float(clamp)), sms) if fusion == "l1_swiglu" else l1_plain
-    return {"l1": l1, "l2": l2}
+        l1_fused = (gemm, "grouped_gemm_swiglu_kernel", (i2, h, float(clamp)), sms)
+    return {"l1": l1_fused if fusion == "l1_swiglu" else l1_plain, "l2": l2}
 
 
 def takes_rows(spec: tuple) -> bool:
@@ -573,6 +576,7 @@ class MegaMoE:
             kernels[name] = getattr(importlib.import_module(module), factory)(*args, **kwargs)
         # whether the plain GEMMs (L2, and L1 with fusion "none") take the wave's rows
         self._row_mask = "l2" in specs and takes_rows(specs["l2"])
+        self._l1_rows = "l1" in specs and takes_rows(specs["l1"])
         return kernels
 
     def _warm(self, x, logits):
@@ -719,7 +723,8 @@ class MegaMoE:
                 hq, hs = swiglu_cast(st["hid"], clamp=self.cfg.clamp, group=GROUP, rows=rk.row_waves[w])
             else:
                 hq, hs = st["hq"], st["hs"]
-                k["l1"].launch(rk.xp, rk.sp, w1[mine], s1[mine], rk.block_waves[w], hq, hs)
+                rows = (rk.row_waves[w],) if self._l1_rows else ()
+                k["l1"].launch(rk.xp, rk.sp, w1[mine], s1[mine], rk.block_waves[w], *rows, hq, hs)
             k["l2"].launch(hq, hs, w2[mine], s2[mine], rk.block_waves[w], *self._rows(rk, w), rk.sym["y"])
 
     def _rows(self, rk, w) -> tuple:

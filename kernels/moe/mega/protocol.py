@@ -220,7 +220,9 @@ def dispatch_kernel(n_ranks: int, hidden: int, topk: int, n_waves: int, wave_exp
     ``g // Tr``, its token ``g % Tr``; the warp copies that token's e4m3 row (16-byte words) and its
     scales from the source rank's send buffer, or zeros for a padding row (entry -1), like
     ``permute``. After each wave every CTA adds 1 to COUNT + w with release semantics; the compute
-    stream's ``step_kernel`` waits for ``ctas``. Nothing here waits."""
+    stream's ``step_kernel`` waits for ``ctas``. Nothing here waits. Each CTA lets a programmatic
+    dependent launch as it starts (``T.pdl_trigger()``; on one rank the L1 follows on the same
+    stream and loads its first weights while the rows arrive)."""
     _check_ranks(n_ranks)
     if hidden % (16 * WARP) or hidden % GROUP:
         raise ValueError(f"hidden: expected a multiple of {16 * WARP}, got {hidden}")
@@ -249,6 +251,7 @@ def dispatch_kernel(n_ranks: int, hidden: int, topk: int, n_waves: int, wave_exp
             xs = [xs0, xs1, xs2, xs3, xs4, xs5, xs6, xs7]
             tx = T.get_thread_binding()
             lane = tx % WARP
+            T.pdl_trigger()
             buf = T.alloc_local((per_lane * 16,), "float8_e4m3")
             sbuf = T.alloc_local((spl,), "float32")
             lo = T.alloc_var("int32")

@@ -215,21 +215,23 @@ def test_plan_rejects_bad_arguments(kwargs, match):
 @pytest.mark.parametrize("n,tokens", [(1, 8), (8, 1), (8, 8), (1, 512), (8, 512)])
 def test_compute_kernels_of_each_fusion(n, tokens):
     """Fused: L1 is the SwiGLU-epilogue GEMM (clamp from the config); unfused: the bf16 L1. Up to
-    8 tokens in all the plain GEMMs are the weights-on-M decode kernel (width 8), which stores the
-    wave's rows only; above it they run on the rank's SM share as ``streaming_block_n`` says: the
+    8 tokens in all the GEMMs are the weights-on-M decode kernel (width 8; the fused L1 its SwiGLU
+    form), which stores the wave's rows only; above it they run on the rank's SM share as
+    ``streaming_block_n`` says: the
     default tiles storing every row at 64 and 512 tokens a rank (4448 rows for 32 experts at 8
     ranks of 8 tokens, 35584 for 256 on 1 rank of 512, 28672 for 32 on 8: a block an expert or
     more; ``test_narrow_tiles_plan_takes_routed_row_gemms_at_every_size`` has the other rule)."""
     p = make_plan(n, tokens, sms=132, **FLASH)
     fused, unfused = (compute_kernel_specs(p, 10.0, f) for f in ("l1_swiglu", "none"))
     share = {"num_sms": p.gemm_sms}
-    assert fused["l1"][1:] == ("grouped_gemm_swiglu_kernel", (4096, 4096, 10.0), share)
     if tokens * n <= 8:
         decode = ("kernels.moe.grouped_gemm_decode", "grouped_gemm_decode_kernel")
-        assert unfused["l1"] == (*decode, (4096, 4096, 8), {})
-        assert fused["l2"] == unfused["l2"] == (*decode, (4096, 2048, 8), {})
+        assert fused["l1"] == (*decode, (4096, 4096, 8), {"swiglu_clamp": 10.0, "group": 1, "pdl": True})
+        assert unfused["l1"] == (*decode, (4096, 4096, 8), {"pdl": True})
+        assert fused["l2"] == unfused["l2"] == (*decode, (4096, 2048, 8), {"pdl": True})
     else:
         plain = share | {"block_n": None, "row_mask": False}
+        assert fused["l1"][1:] == ("grouped_gemm_swiglu_kernel", (4096, 4096, 10.0), share)
         assert unfused["l1"][1:] == ("grouped_gemm_contiguous_kernel", (4096, 4096), plain)
         assert fused["l2"] == unfused["l2"] == ("kernels.moe.grouped_gemm", "grouped_gemm_contiguous_kernel",
                                                 (4096, 2048), plain)
