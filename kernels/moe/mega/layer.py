@@ -369,6 +369,9 @@ def protocol_segments(plan: MegaPlan, calls: int = 2, fusion: str = "l1_swiglu",
     if fusion not in FUSIONS:
         raise ValueError(f"fusion: expected one of {FUSIONS}, got {fusion!r}")
     n, waves, solo = plan.n_ranks, range(plan.n_waves), plan.solo
+    # decode sizes: the GEMMs are programmatic dependents (``compute_kernel_specs``) that read the
+    # metadata's block experts and rows before their grid-dependency wait
+    dependent = fusion != "wave" and decode_width(plan.global_tokens) is not None
 
     def rd(r, name, part=None):
         return Access((name, r), part)
@@ -385,6 +388,12 @@ def protocol_segments(plan: MegaPlan, calls: int = 2, fusion: str = "l1_swiglu",
         def seg(name, r, stream, accesses=(), awaits=(), sets=(), joins=()):
             segs.append(Segment(f"{name} (rank {r}, call {c})", (r, stream), tuple(accesses), tuple(awaits), tuple(sets),
                                 tuple(joins)))
+
+        def gemm(name, r, accesses):
+            """A wave's GEMM on the compute stream; at decode sizes a dependent, its early part first."""
+            if dependent:
+                segs.append(Segment(f"{name} early (rank {r}, call {c})", (r, "compute"), (rd(r, "meta"),), programmatic=True))
+            seg(name, r, "compute", accesses)
 
         for r in range(n):
             for stream in ("compute", "comm"):  # the rank's streams wait for the caller's stream
@@ -411,11 +420,11 @@ def protocol_segments(plan: MegaPlan, calls: int = 2, fusion: str = "l1_swiglu",
                     seg(f"wave kernel {w}", r, "compute", l1_in + [wr(r, "y", w)])
                     continue
                 if fusion == "none":
-                    seg(f"l1 {w}", r, "compute", l1_in + [wr(r, "hid", w)])
+                    gemm(f"l1 {w}", r, l1_in + [wr(r, "hid", w)])
                     seg(f"swiglu_cast {w}", r, "compute", [rd(r, "hid", w), wr(r, "hq", w), wr(r, "hs", w)])
                 else:
-                    seg(f"l1_swiglu {w}", r, "compute", l1_in + [wr(r, "hq", w), wr(r, "hs", w)])
-                seg(f"l2 {w}", r, "compute", [rd(r, "hq", w), rd(r, "hs", w), rd(r, "meta"), wr(r, "y", w)])
+                    gemm(f"l1_swiglu {w}", r, l1_in + [wr(r, "hq", w), wr(r, "hs", w)])
+                gemm(f"l2 {w}", r, [rd(r, "hq", w), rd(r, "hs", w), rd(r, "meta"), wr(r, "y", w)])
             elif step == "wave":
                 if not solo:
                     seg("step (last DONE)", r, "compute", sets=[("DONE", r, w - 1, c)])

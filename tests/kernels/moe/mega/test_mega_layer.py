@@ -100,6 +100,25 @@ def test_one_rank_is_ordered_by_its_compute_stream():
     assert find_races(moved)
 
 
+@pytest.mark.parametrize("n, t, fusion", [(1, 8, "l1_swiglu"), (1, 8, "none"), (8, 1, "l1_swiglu"), (2, 4, "none")])
+def test_decode_gemms_as_dependent_launches_are_ordered(n, t, fusion):
+    """At decode sizes each wave GEMM is a programmatic dependent: before its wait it reads the
+    metadata (block experts, rows), which the stream's last ordinary launch (the dispatch, the
+    wave's step or the SwiGLU cast) followed; an early read of the wave's activations would race
+    with the kernel that writes them."""
+    from tlx.passes.protocol import Access, find_races
+
+    plan = make_plan(n, t, sms=132, waves=1, hidden=4096, inter=2048, n_experts=256, topk=6)
+    segments = protocol_segments(plan, calls=2, fusion=fusion)
+    early = [seg for seg in segments if seg.programmatic]
+    assert len(early) == 2 * n * 2 and all(seg.name.startswith(("l1", "l2")) for seg in early)
+    assert [str(race) for race in find_races(segments)] == []
+    l2 = next(i for i, seg in enumerate(segments) if seg.programmatic and seg.name.startswith("l2"))
+    r = segments[l2].stream[0]
+    segments[l2] = dataclasses.replace(segments[l2], accesses=(Access(("hq", r), 0),))
+    assert [race.second.name for race in find_races(segments)][:1] == [segments[l2].name]
+
+
 # per synchronisation left out: a race it prevents (buffer, first and second segment of the race)
 _PREVENTS = {"exchange": (("xq", 0), "publish (rank 0, call 0)", "dispatch wave 0 (rank 1, call 0)"),
              "dispatch_after_route": (("meta", 1), "routing_metadata (rank 1, call 0)", "dispatch wave 0 (rank 1, call 0)"),
