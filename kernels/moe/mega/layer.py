@@ -16,8 +16,8 @@ and the *wave schedule* of that design; of the compute steps, L1 and the SwiGLU 
   count), ``gate`` (acquire every rank's DONE of every wave) and ``combine`` (pull each token's k
   rows from their owners, the same fma chain as ``permute.combine``). System-scope release /
   acquire is ``sysflags.py``.
-* **Fused: L1 + SwiGLU + e4m3 requant** (``fusion="l1_swiglu"``, the default from 3 ranks on,
-  ``default_fusion``):
+* **Fused: L1 + SwiGLU + e4m3 requant** (``fusion="l1_swiglu"``, the default from 3 ranks on and
+  on one rank at decode sizes, ``default_fusion``):
   ``grouped_gemm_swiglu_kernel`` is the L1 grouped GEMM with ``swiglu_cast`` as its epilogue, so
   the bf16 hidden state [R, 2I] (4I bytes a row, written and read again in the unfused path)
   never reaches memory, and each wave is two launches (L1 + SwiGLU, L2) instead of
@@ -264,12 +264,16 @@ def make_plan(n_ranks: int, tokens_per_rank: int, hidden: int, inter: int, n_exp
 FUSIONS = ("l1_swiglu", "none", "wave")  # what a wave's compute fuses (module docstring)
 
 
-def default_fusion(n_ranks: int) -> str:
-    """``fusion`` when none is given: the L1 + SwiGLU kernel from 3 ranks on; the three launches a
-    wave (``"none"``) on 1 and 2 ranks, where they measured 10-12% (1 rank, T 8 / 512 / 8192) and
-    3-4% (2 ranks) faster (V4-Flash, one H200, 2026-12-02, ``bench/mega_moe.py``; the fused kernel
-    is faster from 4 ranks on, 1.02-1.45x)."""
-    return "none" if n_ranks <= 2 else "l1_swiglu"
+def default_fusion(n_ranks: int, tokens_per_rank: int) -> str:
+    """``fusion`` when none is given: the L1 + SwiGLU kernel from 3 ranks on, and on one rank where
+    the decode kernels run the wave (``decode_width``: up to 8 tokens); else the three launches a
+    wave (``"none"``). V4-Flash, ``bench/mega_moe.py``: the three launches 10-12% (1 rank, T 8 / 512 /
+    8192) and 3-4% (2 ranks) faster, the fused kernel 1.02-1.45x faster from 4 ranks on (one H200,
+    2026-12-02); at T = 8 on one rank the decode kernel's SwiGLU form 390-401 against 395-405 µs in
+    three runs (H100, 2026-12-07), at T = 512 / 8192 still 1.07-1.14x slower."""
+    if n_ranks >= 3 or n_ranks == 1 and decode_width(tokens_per_rank) is not None:
+        return "l1_swiglu"
+    return "none"
 
 
 def compute_kernel_specs(plan: MegaPlan, clamp: float, fusion: str) -> dict:
@@ -513,7 +517,7 @@ class MegaMoE:
         if not isinstance(n, int) or not 1 <= n <= K.PEERS:
             raise ValueError(f"{'n_virtual_ranks' if self.virtual else 'group'}: expected 1 to {K.PEERS} ranks, got {n}")
         if fusion is None:
-            fusion = default_fusion(n)
+            fusion = default_fusion(n, n_tokens)
         if fusion not in FUSIONS:
             raise ValueError(f"fusion: expected one of {FUSIONS}, got {fusion!r}")
         self.fusion = fusion
@@ -785,7 +789,7 @@ def mega_moe(x, logits, w1, s1, w2, s2, cfg: MoEConfig, bias=None, *, group=None
 
     ``fusion``: ``"l1_swiglu"`` (L1 and the SwiGLU cast in one kernel per wave), ``"wave"`` (L1,
     SwiGLU cast and L2 in one kernel per wave) or ``"none"`` (the unfused wave: L1, SwiGLU cast, L2
-    as three launches); None: ``default_fusion(n)``; the same bits every way (module docstring).
+    as three launches); None: ``default_fusion(n, tokens)``; the same bits every way (module docstring).
     The layer state (buffers, streams, kernels) is kept per weights, token count, ranks, waves and
     fusion; ``check`` reads the ranks' status words after the call (one host sync) and raises
     ``MegaMoETimeout`` if a rank timed out; it is skipped under CUDA-graph capture (call
@@ -796,10 +800,6 @@ def mega_moe(x, logits, w1, s1, w2, s2, cfg: MoEConfig, bias=None, *, group=None
     n = n_virtual_ranks if group is None else group.size()
     if not isinstance(n, int) or isinstance(n, bool):
         raise ValueError(f"n_virtual_ranks: expected an int, got {type(n).__name__}")
-    if fusion is None:
-        fusion = default_fusion(n)
-    if fusion not in FUSIONS:
-        raise ValueError(f"fusion: expected one of {FUSIONS}, got {fusion!r}")
     check_layer_args(x, logits, w1, s1, w2, s2, cfg, n, group is not None)
     layer = layer_for(x, w1, s1, w2, s2, cfg, group=group, n_virtual_ranks=n_virtual_ranks, waves=waves,
                       timeout_s=timeout_s, fusion=fusion)
@@ -809,10 +809,10 @@ def mega_moe(x, logits, w1, s1, w2, s2, cfg: MoEConfig, bias=None, *, group=None
 def layer_for(x, w1, s1, w2, s2, cfg: MoEConfig, *, group=None, n_virtual_ranks=None, waves=None, timeout_s=5.0,
               fusion=None):
     """The cached ``MegaMoE`` that ``mega_moe`` uses for these arguments (``fusion`` None: the rank
-    count's ``default_fusion``, as ``mega_moe`` resolves it)."""
+    and token counts' ``default_fusion``, as ``mega_moe`` resolves it)."""
     n = n_virtual_ranks if group is None else group.size()
     if fusion is None and (group is None) != (n_virtual_ranks is None) and isinstance(n, int):
-        fusion = default_fusion(n)  # otherwise MegaMoE names the bad argument
+        fusion = default_fusion(n, x.shape[0] if isinstance(x, torch.Tensor) else 0)  # else MegaMoE names the bad argument
     if not isinstance(x, torch.Tensor) or x.dim() != 2:
         raise ValueError(f"x: expected a 2-D bf16 tensor, got {getattr(x, 'shape', type(x))}")
     if not isinstance(w1, torch.Tensor) or w1.dim() != 3:

@@ -215,12 +215,15 @@ def dispatch_kernel(n_ranks: int, hidden: int, topk: int, n_waves: int, wave_exp
     """``(xq0..xq7 [Tr, H] e4m3, xs0..xs7 [Tr, H/128] f32, mine [F], entry_of_row [R], offsets [El+1],
     xp [R, H], sp [R, H/128])``: pulls the rank's rows from their source ranks, wave by wave.
 
-    ``ctas`` persistent CTAs, a warp per row: row ``i`` of wave w (rows ``offsets[w * W]`` to
+    ``ctas`` persistent CTAs, a warp per 32 rows: row ``i`` of wave w (rows ``offsets[w * W]`` to
     ``offsets[min((w + 1) * W, El)]``) holds entry ``g * k + j`` of global token ``g`` = source rank
-    ``g // Tr``, its token ``g % Tr``; the warp copies that token's e4m3 row (16-byte words) and its
-    scales from the source rank's send buffer, or zeros for a padding row (entry -1), like
-    ``permute``. After each wave every CTA adds 1 to COUNT + w with release semantics; the compute
-    stream's ``step_kernel`` waits for ``ctas``. Nothing here waits. Each CTA lets a programmatic
+    ``g // Tr``, its token ``g % Tr``; the warp loads its rows' entries at once and copies each
+    routed row's e4m3 bytes (16-byte words) and scales from the source rank's send buffer. A
+    padding row (entry -1) is not written, as ``moe_layer``'s ``permute(zero_padding=False)``: every
+    later step computes a row from that row alone and the combine reads routed rows only (zeroing
+    them was most of the dispatch's bytes: T = 512 pads 3072 routed rows to 32768). After each
+    wave every CTA adds 1 to COUNT + w with release semantics; the compute stream's ``step_kernel``
+    waits for ``ctas``. Nothing here waits. Each CTA lets a programmatic
     dependent launch as it starts (``T.pdl_trigger()``; on one rank the L1 follows on the same
     stream and loads its first weights while the rows arrive)."""
     _check_ranks(n_ranks)
@@ -256,40 +259,42 @@ def dispatch_kernel(n_ranks: int, hidden: int, topk: int, n_waves: int, wave_exp
             sbuf = T.alloc_local((spl,), "float32")
             lo = T.alloc_var("int32")
             hi = T.alloc_var("int32")
+            base = T.alloc_var("int32")
             row = T.alloc_var("int32")
+            lane_entry = T.alloc_var("int32")
             entry = T.alloc_var("int32")
             src = T.alloc_var("int32")
             tok = T.alloc_var("int32")
             for w in T.serial(n_waves):
                 lo = T.max(T.min(offsets[T.min(w * wave_experts, n_local)], nrows), 0)
                 hi = T.max(T.min(offsets[T.min((w + 1) * wave_experts, n_local)], nrows), lo)
-                for it in T.serial(T.ceildiv(hi - lo, ctas * warps)):
-                    row = lo + (it * ctas + c) * warps + tx // WARP
-                    if 0 <= row and row < hi:
-                        entry = entry_of_row[row]
-                        if entry >= 0:
-                            src = entry // topk // ntok
-                            tok = entry // topk % ntok
-                            for p in list(range(n_ranks)):
-                                if src == p:
-                                    for q in T.unroll(per_lane):
-                                        for v in T.vectorized(16):
-                                            buf[q * 16 + v] = xq[p][tok, (q * WARP + lane) * 16 + v]
-                                    for g in T.unroll(spl):
-                                        if g * WARP + lane < ng:
-                                            sbuf[g] = xs[p][tok, g * WARP + lane]
-                        else:
-                            for q in T.unroll(per_lane):
-                                for v in T.vectorized(16):
-                                    buf[q * 16 + v] = T.cast(0, "float8_e4m3")
-                            for g in T.unroll(spl):
-                                sbuf[g] = T.float32(0)
-                        for q in T.unroll(per_lane):
-                            for v in T.vectorized(16):
-                                xp[row, (q * WARP + lane) * 16 + v] = buf[q * 16 + v]
-                        for g in T.unroll(spl):
-                            if g * WARP + lane < ng:
-                                sp[row, g * WARP + lane] = sbuf[g]
+                for it in T.serial(T.ceildiv(T.ceildiv(hi - lo, WARP), ctas * warps)):
+                    # a warp's 32 rows: one coalesced load of their entries, then row by row
+                    base = lo + ((it * ctas + c) * warps + tx // WARP) * WARP
+                    lane_entry = -1
+                    if base + lane < hi:
+                        lane_entry = entry_of_row[base + lane]
+                    for j in T.serial(WARP):
+                        entry = T.shfl_sync(lane_entry, j)
+                        row = base + j
+                        if row < hi:
+                            if entry >= 0:  # a padding row (entry -1) is left as it was
+                                src = entry // topk // ntok
+                                tok = entry // topk % ntok
+                                for p in list(range(n_ranks)):
+                                    if src == p:
+                                        for q in T.unroll(per_lane):
+                                            for v in T.vectorized(16):
+                                                buf[q * 16 + v] = xq[p][tok, (q * WARP + lane) * 16 + v]
+                                        for g in T.unroll(spl):
+                                            if g * WARP + lane < ng:
+                                                sbuf[g] = xs[p][tok, g * WARP + lane]
+                                for q in T.unroll(per_lane):
+                                    for v in T.vectorized(16):
+                                        xp[row, (q * WARP + lane) * 16 + v] = buf[q * 16 + v]
+                                for g in T.unroll(spl):
+                                    if g * WARP + lane < ng:
+                                        sp[row, g * WARP + lane] = sbuf[g]
                 T.sync_threads()
                 if tx == 0:
                     release_add(mine[COUNT + w], 1)

@@ -622,12 +622,15 @@ def test_pro_bitwise_equal_to_unfused(pro, n, t):
     assert_bits(out, ref, f"V4-Pro n={n} T={t}")
 
 
-def test_default_fusion_follows_the_rank_count():
-    """Without ``fusion``: the three launches a wave on 1 and 2 ranks, the L1 + SwiGLU kernel from
-    3 on (what bench/mega_moe.py measured fastest, 2026-12-02); ``layer_for`` resolves it as
+def test_default_fusion_follows_the_rank_and_token_counts():
+    """Without ``fusion``: the L1 + SwiGLU kernel from 3 ranks on and on one rank at decode sizes
+    (up to 8 tokens: the decode kernel's SwiGLU form), else the three launches a wave (what
+    bench/mega_moe.py measured fastest, 2026-12-02 and 2026-12-07); ``layer_for`` resolves it as
     ``mega_moe`` does, so ``check()`` after a graph replay reads the layer that ran."""
     from kernels.moe.mega.layer import default_fusion
 
-    assert [default_fusion(n) for n in (1, 2, 4, 8)] == ["none", "none", "l1_swiglu", "l1_swiglu"]
+    assert [default_fusion(n, 512) for n in (1, 2, 4, 8)] == ["none", "none", "l1_swiglu", "l1_swiglu"]
+    assert [default_fusion(1, t) for t in (1, 8, 9, 8192)] == ["l1_swiglu", "l1_swiglu", "none", "none"]
+    assert default_fusion(2, 4) == "none"  # two ranks at decode sizes: not measured, the rank rule
     assert inspect.signature(layer_for).parameters["fusion"].default is None
     assert inspect.signature(mega_moe).parameters["fusion"].default is None
