@@ -16,8 +16,8 @@ and the *wave schedule* of that design; of the compute steps, L1 and the SwiGLU 
   count), ``gate`` (acquire every rank's DONE of every wave) and ``combine`` (pull each token's k
   rows from their owners, the same fma chain as ``permute.combine``). System-scope release /
   acquire is ``sysflags.py``.
-* **Fused: L1 + SwiGLU + e4m3 requant** (``fusion="l1_swiglu"``, the default from 3 ranks on and
-  on one rank at decode sizes, ``default_fusion``):
+* **Fused: L1 + SwiGLU + e4m3 requant** (``fusion="l1_swiglu"``, the default where it measured
+  faster, ``default_fusion``: one rank at decode sizes, 8 ranks from 512 tokens a rank):
   ``grouped_gemm_swiglu_kernel`` is the L1 grouped GEMM with ``swiglu_cast`` as its epilogue, so
   the bf16 hidden state [R, 2I] (4I bytes a row, written and read again in the unfused path)
   never reaches memory, and each wave is two launches (L1 + SwiGLU, L2) instead of
@@ -265,13 +265,16 @@ FUSIONS = ("l1_swiglu", "none", "wave")  # what a wave's compute fuses (module d
 
 
 def default_fusion(n_ranks: int, tokens_per_rank: int) -> str:
-    """``fusion`` when none is given: the L1 + SwiGLU kernel from 3 ranks on, and on one rank where
-    the decode kernels run the wave (``decode_width``: up to 8 tokens); else the three launches a
-    wave (``"none"``). V4-Flash, ``bench/mega_moe.py``: the three launches 10-12% (1 rank, T 8 / 512 /
-    8192) and 3-4% (2 ranks) faster, the fused kernel 1.02-1.45x faster from 4 ranks on (one H200,
-    2026-12-02); at T = 8 on one rank the decode kernel's SwiGLU form 390-401 against 395-405 µs in
-    three runs (H100, 2026-12-07), at T = 512 / 8192 still 1.07-1.14x slower."""
-    if n_ranks >= 3 or n_ranks == 1 and decode_width(tokens_per_rank) is not None:
+    """``fusion`` when none is given: the L1 + SwiGLU kernel where it measured faster than the three
+    launches a wave (``"none"``), else those. V4-Flash graph replays, ``bench/mega_moe.py``, one H100,
+    2026-12-07 (09:16-09:26), fused against three launches: on one rank at decode sizes (the decode
+    kernel's SwiGLU form, ``decode_width``: up to 8 tokens) 390-401 against 395-405 µs in three runs
+    (T = 8), 94 against 97 (T = 1); on 8 ranks at 512 tokens a rank 2917 against 3144. Slower
+    everywhere else measured: one rank at T = 64 / 512 / 4001 / 8192 by 1-13%, 2 and 4 ranks at 64
+    and 512 tokens by 5-14%, 8 ranks at 64 by 8%. (On an H200 on 2026-12-02, before the routed-row
+    GEMMs and the skipping SwiGLU cast sped the three launches up, the fused kernel led from 4 ranks
+    on.)"""
+    if n_ranks == 1 and decode_width(tokens_per_rank) is not None or n_ranks >= 8 and tokens_per_rank >= 512:
         return "l1_swiglu"
     return "none"
 
@@ -800,6 +803,8 @@ def mega_moe(x, logits, w1, s1, w2, s2, cfg: MoEConfig, bias=None, *, group=None
     n = n_virtual_ranks if group is None else group.size()
     if not isinstance(n, int) or isinstance(n, bool):
         raise ValueError(f"n_virtual_ranks: expected an int, got {type(n).__name__}")
+    if fusion is not None and fusion not in FUSIONS:  # None: layer_for takes default_fusion
+        raise ValueError(f"fusion: expected one of {FUSIONS}, got {fusion!r}")
     check_layer_args(x, logits, w1, s1, w2, s2, cfg, n, group is not None)
     layer = layer_for(x, w1, s1, w2, s2, cfg, group=group, n_virtual_ranks=n_virtual_ranks, waves=waves,
                       timeout_s=timeout_s, fusion=fusion)

@@ -623,14 +623,14 @@ def test_pro_bitwise_equal_to_unfused(pro, n, t):
 
 
 def test_default_fusion_follows_the_rank_and_token_counts():
-    """Without ``fusion``: the L1 + SwiGLU kernel from 3 ranks on and on one rank at decode sizes
-    (up to 8 tokens: the decode kernel's SwiGLU form), else the three launches a wave (what
-    bench/mega_moe.py measured fastest, 2026-12-02 and 2026-12-07); ``layer_for`` resolves it as
-    ``mega_moe`` does, so ``check()`` after a graph replay reads the layer that ran."""
+    """Without ``fusion``: the L1 + SwiGLU kernel where bench/mega_moe.py measured it faster (one rank
+    at decode sizes, up to 8 tokens: the decode kernel's SwiGLU form; 8 ranks from 512 tokens a
+    rank), else the three launches a wave; ``layer_for`` resolves it as ``mega_moe`` does, so
+    ``check()`` after a graph replay reads the layer that ran."""
     from kernels.moe.mega.layer import default_fusion
 
-    assert [default_fusion(n, 512) for n in (1, 2, 4, 8)] == ["none", "none", "l1_swiglu", "l1_swiglu"]
-    assert [default_fusion(1, t) for t in (1, 8, 9, 8192)] == ["l1_swiglu", "l1_swiglu", "none", "none"]
-    assert default_fusion(2, 4) == "none"  # two ranks at decode sizes: not measured, the rank rule
+    assert [default_fusion(1, t) for t in (1, 8, 9, 64, 8192)] == ["l1_swiglu", "l1_swiglu", "none", "none", "none"]
+    assert [default_fusion(n, 64) for n in (2, 4, 8)] == ["none", "none", "none"]
+    assert [default_fusion(n, 512) for n in (2, 4, 8)] == ["none", "none", "l1_swiglu"]
     assert inspect.signature(layer_for).parameters["fusion"].default is None
     assert inspect.signature(mega_moe).parameters["fusion"].default is None
