@@ -50,7 +50,7 @@ Usage: python bench/attention_prefill.py [--out FILE.json] [--reps N]
        backward's candidates alone, from the default forward's output)
        python bench/attention_prefill.py --sweep-forward [--out FILE.json] [--reps N]   (the forward's alone)
        ... --sweep[-forward|-backward] --dim D   (one head dim's candidates: a device call may not fit all)
-       ... --sweep-forward --only "WORDS[|WORDS...]"   (the forward candidates whose name contains one)
+       ... --sweep-forward --only "WORDS[|WORDS...]"   (the forward candidates whose name contains one; =NAME: that one)
        python bench/attention_prefill.py --precompile-sweep [WORKERS]   (the sweep's kernels only)
        python bench/attention_prefill.py --precompile [WORKERS]   (no GPU needed: compiles every
        kernel configuration the attention GPU tests and this benchmark use, WORKERS processes at
@@ -111,19 +111,23 @@ def _sweep_forward():
     fast = {"fast_exp2": True}  # exp2 as one instruction (dense_fwd_overlap_kernel)
     heavy = {"heavy_first": True}  # causal: the tiles with the most keys first (a no-op without causal)
     persist = {"persistent": True}  # one CTA a SM walking the tiles (dense_fwd_persistent_kernel)
+    lazy = {"lazy_rescale": True}  # O's rescale skipped by a thread whose rows' maxima did not move (same bits)
     return {64: {**base, "3 consumers": {"consumers": 3}, "3 consumers pingpong": {"consumers": 3, "pingpong": True},
                  "3 consumers, fast exp2": {"consumers": 3, **fast}, "3 consumers, heavy first": {"consumers": 3, **heavy},
                  "3 consumers, 3 stages, fast exp2": {"consumers": 3, "num_stages": 3, **fast},
-                 "3 consumers, fast exp2, persistent": {"consumers": 3, **fast, **persist}},
+                 "3 consumers, fast exp2, persistent": {"consumers": 3, **fast, **persist},
+                 "3 consumers, fast exp2, lazy rescale": {"consumers": 3, **fast, **lazy}},
             128: {**base, "3 stages": {"num_stages": 3}, "3 stages pingpong": {"num_stages": 3, "pingpong": True},
                   "3 stages, fast exp2": {"num_stages": 3, **fast}, "176 keys a block": {"block_n": 176},
                   "176 keys a block, fast exp2": {"block_n": 176, **fast},
                   "3 stages, fast exp2, heavy first": {"num_stages": 3, **fast, **heavy},
-                  "fast exp2, persistent": {**fast, **persist}, "3 stages, fast exp2, persistent": {"num_stages": 3, **fast, **persist}},
+                  "fast exp2, persistent": {**fast, **persist}, "3 stages, fast exp2, persistent": {"num_stages": 3, **fast, **persist},
+                  "3 stages, fast exp2, lazy rescale": {"num_stages": 3, **fast, **lazy}},
             256: {**base, "overlap, fast exp2": fast, "pingpong, fast exp2": {"pingpong": True, **fast},
                   "overlap, heavy first": heavy, "80 keys a block": {"block_n": 80},
                   "80 keys a block, fast exp2": {"block_n": 80, **fast},
-                  "80 keys a block, fast exp2, persistent": {"block_n": 80, **fast, **persist}}}
+                  "80 keys a block, fast exp2, persistent": {"block_n": 80, **fast, **persist},
+                  "80 keys a block, fast exp2, lazy rescale": {"block_n": 80, **fast, **lazy}}}
 
 
 def _sweep_backward():
@@ -562,12 +566,12 @@ def main():
         for candidates in (SWEEP_FORWARD, SWEEP_BACKWARD):
             for d in [d for d in candidates if d != dim]:
                 del candidates[d]
-    if "--only" in sys.argv:  # forward candidates whose name contains one of the "|"-separated words
+    if "--only" in sys.argv:  # forward candidates whose name contains one of the "|"-separated words ("=NAME": is NAME)
         at = sys.argv.index("--only")
         words = sys.argv.pop(at + 1).split("|")
         sys.argv.pop(at)
         for cands in SWEEP_FORWARD.values():
-            for name in [n for n in cands if not any(w in n for w in words)]:
+            for name in [n for n in cands if not any(n == w[1:] if w.startswith("=") else w in n for w in words)]:
                 del cands[name]
     from bench.timing import gpu_bench_args
 

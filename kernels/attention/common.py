@@ -176,10 +176,22 @@ def softmax_step(acc_s, m, m_prev, m_scaled, alpha, l, row_sum, scale_log2: floa
 
 
 @T.macro
-def rescale_rows(acc_o, alpha, rows: int, cols: int):
-    """Step 6's ``o = o * alpha``."""
-    for i, j in T.Parallel(rows, cols):
-        acc_o[i, j] = acc_o[i, j] * alpha[i]
+def rescale_rows(acc_o, alpha, rows: int, cols: int, lazy: bool = False):
+    """Step 6's ``o = o * alpha``. ``lazy``: a thread skips its multiplies where every row it holds
+    has ``alpha`` 1 (the row's max did not move), since ``o * 1`` is ``o`` bit for bit (denormals are
+    kept: no fast math; a NaN stays a NaN): the same bits, fewer instructions once the maxima settle."""
+    if lazy:
+        moved = T.alloc_var("int32")
+        moved = 0
+        for i in T.Parallel(rows):
+            if alpha[i] != T.float32(1):
+                moved = 1
+        if moved != 0:
+            for i, j in T.Parallel(rows, cols):
+                acc_o[i, j] = acc_o[i, j] * alpha[i]
+    else:
+        for i, j in T.Parallel(rows, cols):
+            acc_o[i, j] = acc_o[i, j] * alpha[i]
 
 
 @T.macro

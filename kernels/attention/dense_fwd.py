@@ -215,16 +215,19 @@ PERSISTENT_ASSUME = [*FWD_ASSUME, "1 <= ctas", "ctas <= q_tiles * H * (NB - 1)",
 @tlx.jit(target=C.TARGET, assume=FWD_ASSUME, pass_configs=OVERLAP_CONFIGS)
 def dense_fwd_overlap_kernel(dim: int, causal: bool, scale_log2: float, dtype: str = "bfloat16", num_stages: int = 2,
                              consumers: int = 2, pingpong: bool = False, fast_exp2: bool = False, block_n: int = 0,
-                             heavy_first: bool = False):
+                             heavy_first: bool = False, lazy_rescale: bool = False):
     """The hand-scheduled forward, one CTA a tile (see ``overlap_program``)."""
-    return overlap_program(dim, causal, scale_log2, dtype, num_stages, consumers, pingpong, fast_exp2, block_n, heavy_first, False)
+    return overlap_program(dim, causal, scale_log2, dtype, num_stages, consumers, pingpong, fast_exp2, block_n, heavy_first,
+                           False, lazy_rescale)
 
 
 @tlx.jit(target=C.TARGET, assume=PERSISTENT_ASSUME, pass_configs=OVERLAP_CONFIGS)
 def dense_fwd_persistent_kernel(dim: int, causal: bool, scale_log2: float, dtype: str = "bfloat16", num_stages: int = 2,
-                                consumers: int = 2, fast_exp2: bool = False, block_n: int = 0, heavy_first: bool = False):
+                                consumers: int = 2, fast_exp2: bool = False, block_n: int = 0, heavy_first: bool = False,
+                                lazy_rescale: bool = False):
     """The hand-scheduled forward on a persistent grid of ``ctas`` CTAs (see ``overlap_program``)."""
-    return overlap_program(dim, causal, scale_log2, dtype, num_stages, consumers, False, fast_exp2, block_n, heavy_first, True)
+    return overlap_program(dim, causal, scale_log2, dtype, num_stages, consumers, False, fast_exp2, block_n, heavy_first, True,
+                           lazy_rescale)
 
 
 def overlap_kernel(*args, persistent: bool = False, **options):
@@ -235,7 +238,7 @@ def overlap_kernel(*args, persistent: bool = False, **options):
 
 
 def overlap_program(dim: int, causal: bool, scale_log2: float, dtype: str, num_stages: int, consumers: int, pingpong: bool,
-                    fast_exp2: bool, block_n: int, heavy_first: bool, persistent: bool):
+                    fast_exp2: bool, block_n: int, heavy_first: bool, persistent: bool, lazy_rescale: bool = False):
     """``dense_fwd_kernel``'s computation (same parameters, same bits) scheduled by hand:
     a TMA producer warpgroup and ``consumers`` warpgroups (64 query rows each: the grid's
     q_tiles cover ceil(len_q / (64 consumers))) that overlap block ``kb``'s softmax with block
@@ -253,6 +256,7 @@ def overlap_program(dim: int, causal: bool, scale_log2: float, dtype: str, num_s
     ``heavy_first`` (causal only; a sweep candidate, same bits): CTA ``bx`` takes query tile
     ``q_tiles - 1 - bx``, so a head's tiles with the most keys start first and the grid's last
     CTAs are short ones (a shorter tail of the last wave), as FlashAttention-3 orders causal tiles.
+    ``lazy_rescale`` (a sweep candidate, same bits): ``C.rescale_rows``'s.
     ``persistent`` (a sweep candidate, same bits; slower than the default at every head dim on
     an H100, 0.73-0.79x non-causal, 0.42-0.71x causal): a grid of ``ctas`` CTAs (one more scalar
     parameter, at most the tile count, ``PERSISTENT_ASSUME``; the wrapper passes the SM count) that walk the tiles
@@ -358,7 +362,7 @@ def overlap_program(dim: int, causal: bool, scale_log2: float, dtype: str, num_s
                 T.sync_threads(TURN_BARRIER + warpgroup, 2 * C.WARPGROUP)
             T.wgmma_gemm(Q_s, K_s[slot(base, kb), :, :], acc_s, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
             T.mbarrier_wait_parity(v_full[slot(base, kb - 1)], phase(base, kb - 1))
-            C.rescale_rows(acc_o, alpha, block_m, dim)
+            C.rescale_rows(acc_o, alpha, block_m, dim, lazy_rescale)
             T.wgmma_gemm(p, V_s[slot(base, kb - 1), :, :], acc_o, policy=T.GemmWarpPolicy.FullRow)
             if pingpong:  # the next warpgroup's turn
                 T.named_barrier_arrive(TURN_BARRIER + (warpgroup + 1) % consumers, 2 * C.WARPGROUP)
@@ -373,7 +377,7 @@ def overlap_program(dim: int, causal: bool, scale_log2: float, dtype: str, num_s
             T.mbarrier_arrive(q_empty)
         if n_blocks > 0:
             T.mbarrier_wait_parity(v_full[slot(base, n_blocks - 1)], phase(base, n_blocks - 1))
-            C.rescale_rows(acc_o, alpha, block_m, dim)
+            C.rescale_rows(acc_o, alpha, block_m, dim, lazy_rescale)
             T.gemm(p, V_s[slot(base, n_blocks - 1), :, :], acc_o, policy=T.GemmWarpPolicy.FullRow)
             T.mbarrier_arrive(v_empty[slot(base, n_blocks - 1)])
         C.finish_rows(acc_o, l, m_scaled, lse_rows, block_m, dim)
@@ -462,9 +466,12 @@ SCHEDULES = {"pipelined": dense_fwd_kernel, "overlap": overlap_kernel}
 # each the same bits as exp2f on those random inputs. At d 256, 80 keys a block (FlashAttention-3's
 # tile; 224 KB of shared memory) with the one-instruction exp2: 1.11x / 1.05x the 64-key block
 # (592 / 505 against 535 / 481 TFLOP/s, b4 h16 s4096; H100, 2026-12-05 18:57, `--sweep-forward
-# --dim 256`), bit for bit `dense_fwd.cu` with the same block (H100, 2026-12-05 18:54)
+# --dim 256`), bit for bit `dense_fwd.cu` with the same block (H100, 2026-12-05 18:54). The lazy
+# rescale (same bits) at d 256: 636 / 514 against 622 / 500 (1.02x / 1.03x); at d 64 419 / 349 against
+# 414 / 350, at d 128 526 / 480 against 526 / 479: within noise, not taken (H100, 2026-12-07 09:48,
+# `--sweep-forward --only "=...|=..., lazy rescale"`); in the MLA decode kernel 0.96-0.97x, not taken
 DEFAULT_OPTIONS = {64: {"consumers": 3, "fast_exp2": True}, 128: {"num_stages": 3, "fast_exp2": True},
-                   256: {"block_n": 80, "fast_exp2": True}}
+                   256: {"block_n": 80, "fast_exp2": True, "lazy_rescale": True}}
 
 
 def kernel_options(schedule: str, dim: int, options: dict | None) -> dict:

@@ -3,6 +3,7 @@ its parity contract names, the CUDA baseline compiles, the torch reference agree
 SDPA, and bad arguments raise errors that name them."""
 
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -78,6 +79,22 @@ def test_fast_exp2_candidate_is_one_instruction_per_exp(deterministic):
     assert [(h["intrinsic"], h["cuda"]) for h in fast.metadata["reports"]["numerics"]["approximate"]] == [
         ("tlx_exp2_ftz", "ex2.approx.ftz.f32")]
     assert default.metadata["reports"]["numerics"]["approximate"] == []
+
+
+def test_lazy_rescale_candidate_guards_only_the_rescale(deterministic):
+    """``lazy_rescale``: each of O's rescales (in the key-block loop and after it) runs under one
+    test of the thread's own rows' ``alpha != 1``, the multiplies themselves unchanged; every
+    access proven, deterministic; the rest of the kernel is the default's."""
+    scale = C.LOG2E / math.sqrt(64)
+    lazy = dense_fwd_overlap_kernel(64, False, scale, lazy_rescale=True)
+    default = dense_fwd_overlap_kernel(64, False, scale)
+    src = lazy.device_source
+    assert len(re.findall(r"if \(moved(_\d+)? != 0\) \{", src)) == 2 and "moved" not in default.device_source
+    assert src.count("!= 0x1p+0f/*1.000000e+00*/") == 2  # a thread's rows, tested once a rescale
+    multiplies = "acc_o + ("
+    assert src.count(multiplies) == default.device_source.count(multiplies)
+    bounds = lazy.metadata["reports"]["bounds"]
+    assert bounds["proven"] == bounds["accesses"] and deterministic(lazy) is True
 
 
 @pytest.mark.parametrize("dim, block_n, smem", [(128, 176, None), (256, 80, 224 << 10)])
