@@ -264,6 +264,12 @@ def make_plan(n_ranks: int, tokens_per_rank: int, hidden: int, inter: int, n_exp
 FUSIONS = ("l1_swiglu", "none", "wave")  # what a wave's compute fuses (module docstring)
 
 
+def rank_tokens(n_tokens: int, n_ranks: int, virtual: bool) -> int:
+    """Tokens a rank's plan is sized for: ``x``'s tokens shared out over the virtual ranks, or in
+    group mode ``x``'s (this rank's; every rank passes the same count)."""
+    return max(1, -(-n_tokens // n_ranks) if virtual else n_tokens)
+
+
 def default_fusion(n_ranks: int, tokens_per_rank: int) -> str:
     """``fusion`` when none is given: the L1 + SwiGLU kernel where it measured faster than the three
     launches a wave (``"none"``), else those. V4-Flash graph replays, ``bench/mega_moe.py``, one H100,
@@ -519,8 +525,9 @@ class MegaMoE:
         n = n_virtual_ranks if self.virtual else group.size()
         if not isinstance(n, int) or not 1 <= n <= K.PEERS:
             raise ValueError(f"{'n_virtual_ranks' if self.virtual else 'group'}: expected 1 to {K.PEERS} ranks, got {n}")
+        tr = rank_tokens(n_tokens, n, self.virtual)
         if fusion is None:
-            fusion = default_fusion(n, n_tokens)
+            fusion = default_fusion(n, tr)
         if fusion not in FUSIONS:
             raise ValueError(f"fusion: expected one of {FUSIONS}, got {fusion!r}")
         self.fusion = fusion
@@ -529,7 +536,6 @@ class MegaMoE:
             raise ValueError(f"{'n_virtual_ranks' if self.virtual else 'group'}: expected a divisor of {e} experts, got {n}")
         device = w1.device
         sms = sm_count(device.index)
-        tr = max(1, -(-n_tokens // n) if self.virtual else n_tokens)  # every rank passes the same T in group mode
         self.plan = make_plan(n, tr, h, two_i // 2, e, cfg.topk, sms, waves, self.virtual,
                               narrow_everywhere(device.index))
         self.cfg, self.weights, self.n_tokens = cfg, (w1, s1, w2, s2), n_tokens
@@ -816,8 +822,9 @@ def layer_for(x, w1, s1, w2, s2, cfg: MoEConfig, *, group=None, n_virtual_ranks=
     """The cached ``MegaMoE`` that ``mega_moe`` uses for these arguments (``fusion`` None: the rank
     and token counts' ``default_fusion``, as ``mega_moe`` resolves it)."""
     n = n_virtual_ranks if group is None else group.size()
-    if fusion is None and (group is None) != (n_virtual_ranks is None) and isinstance(n, int):
-        fusion = default_fusion(n, x.shape[0] if isinstance(x, torch.Tensor) else 0)  # else MegaMoE names the bad argument
+    if fusion is None and (group is None) != (n_virtual_ranks is None) and isinstance(n, int) and n >= 1:
+        tokens = x.shape[0] if isinstance(x, torch.Tensor) else 0  # else MegaMoE names the bad argument
+        fusion = default_fusion(n, rank_tokens(tokens, n, group is None))
     if not isinstance(x, torch.Tensor) or x.dim() != 2:
         raise ValueError(f"x: expected a 2-D bf16 tensor, got {getattr(x, 'shape', type(x))}")
     if not isinstance(w1, torch.Tensor) or w1.dim() != 3:

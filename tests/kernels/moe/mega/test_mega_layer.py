@@ -627,10 +627,12 @@ def test_default_fusion_follows_the_rank_and_token_counts():
     at decode sizes, up to 8 tokens: the decode kernel's SwiGLU form; 8 ranks from 512 tokens a
     rank), else the three launches a wave; ``layer_for`` resolves it as ``mega_moe`` does, so
     ``check()`` after a graph replay reads the layer that ran."""
-    from kernels.moe.mega.layer import default_fusion
+    from kernels.moe.mega.layer import default_fusion, rank_tokens
 
     assert [default_fusion(1, t) for t in (1, 8, 9, 64, 8192)] == ["l1_swiglu", "l1_swiglu", "none", "none", "none"]
     assert [default_fusion(n, 64) for n in (2, 4, 8)] == ["none", "none", "none"]
     assert [default_fusion(n, 512) for n in (2, 4, 8)] == ["none", "none", "l1_swiglu"]
+    # by the tokens of one rank: x's shared out over virtual ranks, or x's own in group mode
+    assert [rank_tokens(512, 8, True), rank_tokens(513, 8, True), rank_tokens(512, 8, False), rank_tokens(0, 2, True)] == [64, 65, 512, 1]
     assert inspect.signature(layer_for).parameters["fusion"].default is None
     assert inspect.signature(mega_moe).parameters["fusion"].default is None
