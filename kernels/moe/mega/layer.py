@@ -611,9 +611,8 @@ class MegaMoE:
         specs = compute_kernel_specs(p, self.cfg.clamp, self.fusion)
         for name, (module, factory, args, kwargs) in specs.items():
             kernels[name] = getattr(importlib.import_module(module), factory)(*args, **kwargs)
-        # whether the plain GEMMs (L2, and L1 with fusion "none") take the wave's rows
-        self._row_mask = "l2" in specs and takes_rows(specs["l2"])
-        self._l1_rows = "l1" in specs and takes_rows(specs["l1"])
+        # the wave GEMMs that take the wave's rows (and store those rows only)
+        self._takes_rows = {name for name, spec in specs.items() if takes_rows(spec)}
         return kernels
 
     def _warm(self, x, logits):
@@ -726,7 +725,7 @@ class MegaMoE:
                 wave_of_block = torch.div(be, p.wave_experts, rounding_mode="floor")  # -1 stays -1
                 mine = wave_of_block[None] == rk.waves
                 rk.block_waves = torch.where(mine, be[None], -1)
-                if self.fusion == "none" or self._row_mask:
+                if self.fusion == "none" or self._takes_rows:
                     rk.row_waves = torch.where(mine.repeat_interleave(128, dim=1), meta["entry_of_row"][None], -1)
         comm.wait_stream(compute)
         with torch.cuda.stream(compute if p.solo else comm):
@@ -760,17 +759,17 @@ class MegaMoE:
                                  rk.sym["y"], rk.l1_done, rk.sym["flags"], r, w, self.timeout_ns)
                 return
             if self.fusion == "none":
-                k["l1"].launch(rk.xp, rk.sp, w1[mine], s1[mine], rk.block_waves[w], *self._rows(rk, w), st["hid"])
+                k["l1"].launch(rk.xp, rk.sp, w1[mine], s1[mine], rk.block_waves[w], *self._rows(rk, w, "l1"), st["hid"])
                 hq, hs = swiglu_cast(st["hid"], clamp=self.cfg.clamp, group=GROUP, rows=rk.row_waves[w])
             else:
                 hq, hs = st["hq"], st["hs"]
-                rows = (rk.row_waves[w],) if self._l1_rows else ()
-                k["l1"].launch(rk.xp, rk.sp, w1[mine], s1[mine], rk.block_waves[w], *rows, hq, hs)
-            k["l2"].launch(hq, hs, w2[mine], s2[mine], rk.block_waves[w], *self._rows(rk, w), rk.sym["y"])
+                k["l1"].launch(rk.xp, rk.sp, w1[mine], s1[mine], rk.block_waves[w], *self._rows(rk, w, "l1"), hq, hs)
+            k["l2"].launch(hq, hs, w2[mine], s2[mine], rk.block_waves[w], *self._rows(rk, w, "l2"), rk.sym["y"])
 
-    def _rows(self, rk, w) -> tuple:
-        """The wave's row mask as the plain GEMMs' ``rows`` argument, where they take one (128-wide tiles)."""
-        return (rk.row_waves[w],) if self._row_mask else ()
+    def _rows(self, rk, w, gemm: str) -> tuple:
+        """The wave's row mask as ``gemm``'s ``rows`` argument, where it takes one (the 128-wide
+        tiles, the decode kernel)."""
+        return (rk.row_waves[w],) if gemm in self._takes_rows else ()
 
     def _finish(self, r, out, st):
         p, rk, k = self.plan, self.ranks[r], self._kernels
