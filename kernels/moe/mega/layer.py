@@ -89,8 +89,9 @@ One rank (``MegaPlan.solo``, EP1): there is no peer to publish to or wait for, s
 without the flag kernels: no ``announce``, ``exchange``, ``step`` or ``gate``, the metadata reads the
 rank's own ``ids`` (no ``gather_ids``), and the dispatch runs on the compute stream, whose order
 does what READY / COUNT / DONE do across ranks (``protocol_segments`` models it so; the race check
-covers n = 1); past decode sizes it is ``moe_layer``'s permute (``pushes``: the same rows, a token
-read once). Nothing waits, so nothing can time out; the layer is the same kernels in the same
+covers n = 1). The dispatch is ``moe_layer``'s permute (the same rows; a token pushed to its k
+rows is read once, where the pull reads it once a row: 131 against 88 µs at V4-Flash T = 8192,
+H100 2026-12-07), its trigger letting the decode GEMMs start early as the pull's does. Nothing waits, so nothing can time out; the layer is the same kernels in the same
 order otherwise, and gives the same bits.
 
 Why buffers are not overwritten while a peer still reads them: a rank reaches step 1 of call e+1
@@ -317,14 +318,6 @@ def compute_kernel_specs(plan: MegaPlan, clamp: float, fusion: str) -> dict:
     return {"l1": l1_fused if fusion == "l1_swiglu" else l1_plain, "l2": l2}
 
 
-def pushes(plan: MegaPlan) -> bool:
-    """Whether the dispatch is ``moe_layer``'s permute (``zero_padding=False``): on one rank past
-    decode sizes, where a token pushed to its k rows is read once and the pull (``dispatch_kernel``)
-    reads it once a row: 131 against 88 µs at V4-Flash T = 8192 (H100, 2026-12-07, the two
-    layers' breakdowns). At decode sizes the pull stays: its trigger lets the L1 start early."""
-    return plan.solo and decode_width(plan.global_tokens) is None
-
-
 def takes_rows(spec: tuple) -> bool:
     """Whether a plain GEMM of ``compute_kernel_specs`` takes the wave's ``rows`` (and stores those rows only)."""
     _, factory, _, kwargs = spec
@@ -429,7 +422,7 @@ def protocol_segments(plan: MegaPlan, calls: int = 2, fusion: str = "l1_swiglu",
                     seg("exchange", r, "compute", awaits=[] if "exchange" in leave_out else [("READY", s, c) for s in range(n)])
                     seg("gather_ids", r, "compute", [rd(s, "ids") for s in range(n)] + [wr(r, "gids")])
                 seg("routing_metadata", r, "compute", [rd(r, "ids" if solo else "gids"), wr(r, "meta"), wr(r, "row_of")])
-                if pushes(plan):  # one rank: the permute writes every wave's rows
+                if solo:  # one rank: the permute writes every wave's rows
                     seg("dispatch (push)", r, "compute", [rd(r, "xq"), rd(r, "xs"), rd(r, "meta"), rd(r, "row_of")]
                         + [wr(r, buf, v) for v in waves for buf in ("xp", "sp")])
                 else:
@@ -604,7 +597,7 @@ class MegaMoE:
             "announce": K.announce_kernel(), "exchange": K.exchange_kernel(p.n_ranks), "step": K.step_kernel(),
             "gate": K.gate_kernel(p.n_ranks, p.n_waves),
             "gather": K.gather_ids_kernel(p.n_ranks, p.topk),
-            "dispatch": (permute_fp8_kernel(h, p.topk, zero_padding=False) if pushes(p) else
+            "dispatch": (permute_fp8_kernel(h, p.topk, zero_padding=False, trigger=True) if p.solo else
                          K.dispatch_kernel(p.n_ranks, h, p.topk, p.n_waves, p.wave_experts, p.n_local, p.dispatch_ctas)),
             "combine": K.combine_kernel(p.n_ranks, h, p.topk, p.n_local),
         }
@@ -730,7 +723,7 @@ class MegaMoE:
         comm.wait_stream(compute)
         with torch.cuda.stream(compute if p.solo else comm):
             self._mark(r, "dispatch_start")
-            if pushes(p):  # every wave's rows at once, from the rank's own send buffers
+            if p.solo:  # every wave's rows at once, from the rank's own send buffers
                 k["dispatch"].launch(rk.sym["xq"], rk.sym["xs"], meta["row_of"], meta["entry_of_row"], meta["offsets"],
                                      rk.xp, rk.sp)
             else:

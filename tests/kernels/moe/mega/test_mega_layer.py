@@ -83,25 +83,20 @@ def test_the_protocol_orders_every_global_access(n, waves, fusion):
     assert [str(race) for race in find_races(segments)] == []
 
 
-def test_one_rank_pushes_past_decode_sizes():
-    """One rank past decode sizes: the dispatch is the unfused permute, one launch for every
-    wave's rows (reading a token once); at decode sizes (its trigger starts the L1) and on
-    several ranks, the pull."""
-    from kernels.moe.mega.layer import pushes
-
-    def plan(n, t, waves=1):
+def test_one_rank_pushes():
+    """One rank: the dispatch is the unfused permute, one launch for every wave's rows (reading a
+    token once), after the metadata's row map; several ranks pull wave by wave."""
+    def plan(n, t, waves):
         return make_plan(n, t, sms=132, waves=waves, hidden=4096, inter=2048, n_experts=256, topk=6)
 
-    assert [pushes(plan(1, t)) for t in (1, 8, 9, 512)] == [False, False, True, True]
-    assert not pushes(plan(2, 512, 2))
-    pushed = protocol_segments(plan(1, 512, 2), calls=1)
-    push = [seg for seg in pushed if seg.name.startswith("dispatch")]
-    assert [seg.name for seg in push] == ["dispatch (push) (rank 0, call 0)"]
-    # every wave's rows of xp and sp, after the metadata's row map
-    assert sorted((a.buffer, a.part) for a in push[0].accesses if a.write) == [
-        (("sp", 0), 0), (("sp", 0), 1), (("xp", 0), 0), (("xp", 0), 1)]
-    pulled = [seg.name for seg in protocol_segments(plan(1, 8, 2), calls=1) if seg.name.startswith("dispatch")]
-    assert pulled == ["dispatch wave 0 (rank 0, call 0)", "dispatch wave 1 (rank 0, call 0)"]
+    for t in (1, 512):
+        push = [seg for seg in protocol_segments(plan(1, t, 2), calls=1) if seg.name.startswith("dispatch")]
+        assert [seg.name for seg in push] == ["dispatch (push) (rank 0, call 0)"]
+        # every wave's rows of xp and sp
+        assert sorted((a.buffer, a.part) for a in push[0].accesses if a.write) == [
+            (("sp", 0), 0), (("sp", 0), 1), (("xp", 0), 0), (("xp", 0), 1)]
+    pulled = [seg.name for seg in protocol_segments(plan(2, 8, 2), calls=1) if seg.name.startswith("dispatch")]
+    assert pulled == [f"dispatch wave {v} (rank {r}, call 0)" for r in (0, 1) for v in (0, 1)]
 
 
 def test_one_rank_is_ordered_by_its_compute_stream():
