@@ -91,8 +91,9 @@ rank's own ``ids`` (no ``gather_ids``), and the dispatch runs on the compute str
 does what READY / COUNT / DONE do across ranks (``protocol_segments`` models it so; the race check
 covers n = 1). The dispatch is ``moe_layer``'s permute (the same rows; a token pushed to its k
 rows is read once, where the pull reads it once a row: 131 against 88 µs at V4-Flash T = 8192,
-H100 2026-12-07), its trigger letting the decode GEMMs start early as the pull's does. Nothing waits, so nothing can time out; the layer is the same kernels in the same
-order otherwise, and gives the same bits.
+H100 2026-12-07), its CTAs letting the decode GEMMs launch early as the pull's do. Nothing
+waits, so nothing can time out; the layer is the same kernels in the same order otherwise, and
+gives the same bits.
 
 Why buffers are not overwritten while a peer still reads them: a rank reaches step 1 of call e+1
 only after its combine of call e, which follows every rank's DONE of call e, which follows each
