@@ -92,8 +92,10 @@ def kernel_specs(layers, tests=False):
                    (i, 128, "swiglu", "bfloat16", "e4m3", "fp32", False, 10.0, False, True), ()),
                   ("kernels.moe.permute", "permute_fp8_kernel", (h, k), ()),
                   ("kernels.moe.permute", "permute_fp8_kernel", (h, k), (("zero_padding", False),)),  # moe_layer's
+                  ("kernels.moe.permute", "permute_fp8_kernel", (h, k), (("trigger", True), ("zero_padding", False))),  # one rank's
                   ("kernels.moe.permute", "combine_kernel", (h, k), ()),
                   ("kernels.moe.metadata", "metadata_kernel", (k, e // n, 128, 128), ()),
+                  ("kernels.moe.metadata", "metadata_kernel", (k, e // n, 128, 128), (("single", True),)),  # one chunk
                   ("kernels.moe.mega.protocol", "exchange_kernel", (n,), ()),
                   ("kernels.moe.mega.protocol", "gather_ids_kernel", (n, k), ()),
                   ("kernels.moe.mega.protocol", "combine_kernel", (n, h, k, e // n), ()),

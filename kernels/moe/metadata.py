@@ -1,7 +1,8 @@
 """Routing metadata: expert-major row layout of one rank's experts, padded per expert.
 
 One cooperative launch, a block per chunk of tokens (128 tokens, doubled until at most one
-block per SM is needed, so that every block is resident; up to ``MAX_CHUNK`` tokens per SM),
+block per SM is needed, so that every block is resident; up to ``MAX_CHUNK`` tokens per SM; one
+chunk, a plain launch without the grid barrier),
 integer results and a fixed assignment order (rows of an expert follow the flat index
 ``t * topk + j``): the results are deterministic and bitwise equal to ``metadata.cu``.
 
@@ -51,10 +52,13 @@ def max_rows(n_tokens: int, topk: int, n_local: int, align: int = 128) -> int:
 
 
 @tlx.jit(target={"kind": "cuda", "arch": "sm_90a"})
-def metadata_kernel(topk: int, n_local: int, align: int = 128, chunk: int = CHUNK, threads: int = 512, batch: int = 32):
+def metadata_kernel(topk: int, n_local: int, align: int = 128, chunk: int = CHUNK, threads: int = 512, batch: int = 32,
+                    single: bool = False):
     """``(ids [T, k], first_expert, chunk_counts [C, El] (scratch), counts, offsets, row_of, entry_of_row,
     block_expert)`` for El = ``n_local`` experts, a block per ``chunk`` tokens; C blocks must be
-    resident at once (cooperative launch)."""
+    resident at once (cooperative launch). ``single``: the launch has one chunk (T <= ``chunk``,
+    a decode batch): its histogram is the totals, with no grid barrier and no round trip through
+    ``chunk_counts`` (not written then)."""
     if not 1 <= n_local <= MAX_LOCAL:
         raise ValueError(f"n_local: expected 1 to {MAX_LOCAL} local experts, got {n_local}")
     if threads % WARP or not WARP <= threads <= MAX_LOCAL or MAX_LOCAL % threads:
@@ -107,12 +111,12 @@ def metadata_kernel(topk: int, n_local: int, align: int = 128, chunk: int = CHUN
             s_tot = T.alloc_shared((MAX_LOCAL,), "int32")  # tokens of each expert
             s_bef = T.alloc_shared((MAX_LOCAL,), "int32")  # ... in the chunks before this one
             s_off = T.alloc_shared((MAX_LOCAL + 1,), "int32")
-            s_part = T.alloc_shared((2, MAX_LOCAL), "int32")  # per-slot partial tot / bef
+            s_part = None if single else T.alloc_shared((2, MAX_LOCAL), "int32")  # per-slot partial tot / bef
             s_warp = T.alloc_shared((WARP,), "int32")
             s_seg = T.alloc_shared((busy * MAX_LOCAL,), "int32")  # per warp: its count, then its first row
             ex = T.alloc_local((per_warp,), "int32")  # local expert of each entry (-1: none)
             rk = T.alloc_local((per_warp,), "int32")  # its rank among the warp's entries of that expert
-            part = T.alloc_local((batch,), "int32")
+            part = None if single else T.alloc_local((batch,), "int32")
             pad = T.alloc_local((ept,), "int32")
             n = T.alloc_var("int32")
             i = T.alloc_var("int32")
@@ -153,39 +157,44 @@ def metadata_kernel(topk: int, n_local: int, align: int = 128, chunk: int = CHUN
                     tot = 0
                     for b in T.unroll(busy):
                         tot = tot + s_seg[b * MAX_LOCAL + e]
-                    chunk_counts[c, e] = tot
-            T.sync_grid()
-            # Every expert's total and its count before chunk c: slot = (row phase, expert), batch
-            # loads in flight per thread.
-            for j in T.serial(T.ceildiv(per * n_local, threads)):
-                slot = j * threads + tx
-                if slot < per * n_local:
-                    r0 = slot // n_local
-                    e = slot % n_local
-                    tot = 0
-                    bef = 0
-                    for q in T.serial(T.ceildiv(nchunk, per * batch)):
-                        for u in T.unroll(batch):
-                            part[u] = 0
-                            if (q * batch + u) * per + r0 < nchunk:
-                                part[u] = chunk_counts[(q * batch + u) * per + r0, e]
-                        for u in T.unroll(batch):
-                            tot = tot + part[u]
-                            if (q * batch + u) * per + r0 < c:
-                                bef = bef + part[u]
-                    s_part[0, slot] = tot
-                    s_part[1, slot] = bef
-            T.sync_threads()
-            for j in T.serial(T.ceildiv(n_local, threads)):
-                e = j * threads + tx
-                if e < n_local:
-                    tot = 0
-                    bef = 0
-                    for p in T.serial(per):
-                        tot = tot + s_part[0, p * n_local + e]
-                        bef = bef + s_part[1, p * n_local + e]
-                    s_tot[e] = tot
-                    s_bef[e] = bef
+                    if single:  # the only chunk: its histogram is the totals
+                        s_tot[e] = tot
+                        s_bef[e] = 0
+                    else:
+                        chunk_counts[c, e] = tot
+            if not single:
+                T.sync_grid()
+                # Every expert's total and its count before chunk c: slot = (row phase, expert), batch
+                # loads in flight per thread.
+                for j in T.serial(T.ceildiv(per * n_local, threads)):
+                    slot = j * threads + tx
+                    if slot < per * n_local:
+                        r0 = slot // n_local
+                        e = slot % n_local
+                        tot = 0
+                        bef = 0
+                        for q in T.serial(T.ceildiv(nchunk, per * batch)):
+                            for u in T.unroll(batch):
+                                part[u] = 0
+                                if (q * batch + u) * per + r0 < nchunk:
+                                    part[u] = chunk_counts[(q * batch + u) * per + r0, e]
+                            for u in T.unroll(batch):
+                                tot = tot + part[u]
+                                if (q * batch + u) * per + r0 < c:
+                                    bef = bef + part[u]
+                        s_part[0, slot] = tot
+                        s_part[1, slot] = bef
+                T.sync_threads()
+                for j in T.serial(T.ceildiv(n_local, threads)):
+                    e = j * threads + tx
+                    if e < n_local:
+                        tot = 0
+                        bef = 0
+                        for p in T.serial(per):
+                            tot = tot + s_part[0, p * n_local + e]
+                            bef = bef + s_part[1, p * n_local + e]
+                        s_tot[e] = tot
+                        s_bef[e] = bef
             # Offsets: exclusive scan of the padded counts, ept experts a thread, then warps.
             run = 0
             for u in T.unroll(ept):
@@ -222,13 +231,16 @@ def metadata_kernel(topk: int, n_local: int, align: int = 128, chunk: int = CHUN
                         counts[j * threads + tx] = s_tot[j * threads + tx]
                     if j * threads + tx <= n_local:
                         offsets[j * threads + tx] = s_off[j * threads + tx]
-            # Padding rows (entry -1), spread over all blocks: slot = (expert, row in its last block).
-            for j in T.serial(T.ceildiv(n_local * align, nchunk * threads)):
-                slot = (j * nchunk + c) * threads + tx
-                e = slot // align
+            # Padding rows (entry -1), spread over all blocks: a warp an expert (whose test is the
+            # same for its lanes), its lanes the rows of the expert's last block past its entries.
+            # (A thread a (expert, row) slot walked 256 x 128 slots in 64 steps a thread at one chunk.)
+            for j in T.serial(T.ceildiv(n_local, nchunk * warps)):
+                e = (j * nchunk + c) * warps + w
                 if e < n_local:
-                    if s_tot[e] + slot % align < T.ceildiv(s_tot[e], align) * align:
-                        entry_of_row[s_off[e] + s_tot[e] + slot % align] = -1
+                    if s_tot[e] % align != 0:
+                        for q in T.unroll((align + WARP - 1) // WARP):
+                            if q * WARP + lane < align and s_tot[e] + q * WARP + lane < T.ceildiv(s_tot[e], align) * align:
+                                entry_of_row[s_off[e] + s_tot[e] + q * WARP + lane] = -1
             # The expert of each row block: the last expert starting at or before it.
             for j in T.serial(T.ceildiv(nblocks, nchunk * threads)):
                 slot = (j * nchunk + c) * threads + tx
@@ -300,7 +312,7 @@ def routing_metadata(ids, n_experts: int, rank: int = 0, n_ranks: int = 1, align
         out["offsets"].zero_()
         out["block_expert"].fill_(-1)
         return out
-    _kernel(k, el, align, chunk).launch(ids, rank * el, out["chunk_counts"], out["counts"], out["offsets"],
+    _kernel(k, el, align, chunk, nchunk == 1).launch(ids, rank * el, out["chunk_counts"], out["counts"], out["offsets"],
                                         out["row_of"], out["entry_of_row"], out["block_expert"])
     return out
 
@@ -344,7 +356,7 @@ def _plan(t: int, k: int, n_experts: int, n_ranks: int, align: int, device: int)
 
 
 @functools.lru_cache(maxsize=None)
-def _kernel(topk: int, n_local: int, align: int, chunk: int):
+def _kernel(topk: int, n_local: int, align: int, chunk: int, single: bool):
     """The kernel behind a plain dict lookup (the jit's own lookup costs µs per call)."""
-    return metadata_kernel(topk, n_local, align, chunk)
+    return metadata_kernel(topk, n_local, align, chunk, single=single)
 

@@ -23,13 +23,15 @@ WARP = 32
 _BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "float8_e4m3": 1}
 
 
-def _scatter_rows(hidden: int, topk: int, dtype: str, scale_groups: int, threads: int, zero_padding: bool = True):
+def _scatter_rows(hidden: int, topk: int, dtype: str, scale_groups: int, threads: int, zero_padding: bool = True,
+                  trigger: bool = False):
     """Warp ``i`` copies token ``i``'s row to its k rows (read once, ``hidden / 32`` elements a
     lane as 16-byte words, all loads before any store) and, with ``zero_padding``, zeroes row
     ``i`` if that is a padding row (entry -1); there are at least as many rows as tokens (``R >=
     T * k``). Without it the grid covers the tokens only: at T = 8 (V4-Flash) the padding is
     6096 of 6144 rows, 25 MB of zeros. The scale row (``scale_groups`` floats, 0 for none) goes
-    lane by lane."""
+    lane by lane. ``trigger``: each CTA lets a programmatic dependent launch as it starts
+    (``T.pdl_trigger()``), so a decode GEMM after it loads its first weights while the rows move."""
     per_word = 16 // _BYTES[dtype]
     if hidden % per_word:
         raise ValueError(f"hidden: expected a multiple of {per_word} ({dtype} rows move in 16-byte words), got {hidden}")
@@ -105,6 +107,8 @@ def _scatter_rows(hidden: int, topk: int, dtype: str, scale_groups: int, threads
         sxp: T.Tensor((nrows, ng), "float32"),
     ):
         with T.Kernel(T.ceildiv(nrows if zero_padding else ntok, warps), threads=threads) as b:
+            if trigger:
+                T.pdl_trigger()
             move(x, sx, row_of, entry_of_row, offsets, xp, sxp, b, T.get_thread_binding() % WARP)
 
     return main_scaled
@@ -117,11 +121,11 @@ def permute_kernel(hidden: int, topk: int, dtype: str = "bfloat16", threads: int
 
 
 @tlx.jit(target={"kind": "cuda", "arch": "sm_90a"})
-def permute_fp8_kernel(hidden: int, topk: int, threads: int = 256, zero_padding: bool = True):
+def permute_fp8_kernel(hidden: int, topk: int, threads: int = 256, zero_padding: bool = True, trigger: bool = False):
     """``(x [T, H] e4m3, sx [T, H/128] f32, row_of, entry_of_row, offsets) -> (xp [R, H], sxp [R, H/128])``."""
     if hidden % GROUP:
         raise ValueError(f"hidden: expected a multiple of {GROUP}, got {hidden}")
-    return _scatter_rows(hidden, topk, "float8_e4m3", hidden // GROUP, threads, zero_padding)
+    return _scatter_rows(hidden, topk, "float8_e4m3", hidden // GROUP, threads, zero_padding, trigger)
 
 
 @tlx.jit(target={"kind": "cuda", "arch": "sm_90a"})

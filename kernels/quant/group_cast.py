@@ -328,12 +328,12 @@ def group_cast_kernel(H: int, group: int, in_mode: str, in_dtype: str, out_fmt: 
             xf[v] = g / T.ieee_add(T.float32(1.0), T.exp(-g), "rn") * u  # no FMA contraction into expf
 
     @T.macro
-    def swiglu_row(X, W, Q, S, row, by):
-        """Row ``row``'s column block ``by`` (a thread past the row reads zeros, and w = 1)."""
+    def swiglu_row(X, W, Q, S, row, by, tx, threads):
+        """Row ``row``'s column block ``by``, ``tx`` the thread's place in the row's ``tpc`` (a
+        thread past the row reads zeros, and w = 1); ``threads`` a CTA."""
         # at most 72 registers (4 CTAs of 224 threads per SM at H = 7168: 99.8% of copy on H200;
         # unbounded, nvcc takes 128 and 2 CTAs: 77.5%)
-        T.annotate_min_blocks_per_sm(max(1, 65536 // (72 * tpc)))
-        tx = T.get_thread_binding()
+        T.annotate_min_blocks_per_sm(max(1, 65536 // (72 * threads)))
         gw = T.alloc_local((ept // 2,), u32)
         uw = T.alloc_local((ept // 2,), u32)
         gf = T.alloc_local((ept,), T.float32)
@@ -372,13 +372,21 @@ def group_cast_kernel(H: int, group: int, in_mode: str, in_dtype: str, out_fmt: 
         finish(xf, Q, S, c, row, col)
 
     if masked:
+        # ``rpc`` rows a CTA (whole warps each: a row's shuffles stay in its warps): most rows of
+        # a MoE layer's padded layout are padding (T = 512, V4-Flash: 32512 of 35584), and a CTA
+        # a row spent a launch on each of them
+        rpc = max(1, 256 // tpc) if tpc % 32 == 0 else 1
 
         @T.prim_func
         def kernel(X: T.Tensor((Tn, x_cols), x_dtype), W: T.Tensor((Tn,), T.float32), R: T.Tensor((Tn,), T.int32),
                    Q: T.Tensor(q_shape, q_dtype), S: T.Tensor(s_shape, s_dtype)):
-            with T.Kernel(Tn, nby, threads=tpc, prelude=QUANT_PRELUDE + SILU_PRELUDE) as (row, by):
-                if R[row] >= 0:
-                    swiglu_row(X, W, Q, S, row, by)
+            # (T - 1) // rpc + 1 CTAs: ceil(T / rpc) without the int32 overflow of T + rpc - 1
+            with T.Kernel((Tn - 1) // rpc + 1, nby, threads=tpc * rpc, prelude=QUANT_PRELUDE + SILU_PRELUDE) as (bx, by):
+                tx = T.get_thread_binding()
+                row = bx * rpc + tx // tpc
+                if row < Tn:
+                    if R[row] >= 0:
+                        swiglu_row(X, W, Q, S, row, by, tx % tpc, tpc * rpc)
 
         return kernel
 
@@ -386,7 +394,7 @@ def group_cast_kernel(H: int, group: int, in_mode: str, in_dtype: str, out_fmt: 
     def kernel(X: T.Tensor((Tn, x_cols), x_dtype), W: T.Tensor((Tn,), T.float32),
                Q: T.Tensor(q_shape, q_dtype), S: T.Tensor(s_shape, s_dtype)):
         with T.Kernel(Tn, nby, threads=tpc, prelude=QUANT_PRELUDE + SILU_PRELUDE) as (row, by):
-            swiglu_row(X, W, Q, S, row, by)
+            swiglu_row(X, W, Q, S, row, by, T.get_thread_binding(), tpc)
 
     return kernel
 

@@ -89,8 +89,11 @@ One rank (``MegaPlan.solo``, EP1): there is no peer to publish to or wait for, s
 without the flag kernels: no ``announce``, ``exchange``, ``step`` or ``gate``, the metadata reads the
 rank's own ``ids`` (no ``gather_ids``), and the dispatch runs on the compute stream, whose order
 does what READY / COUNT / DONE do across ranks (``protocol_segments`` models it so; the race check
-covers n = 1). Nothing waits, so nothing can time out; the layer is the same kernels in the same
-order otherwise, and gives the same bits.
+covers n = 1). The dispatch is ``moe_layer``'s permute (the same rows; a token pushed to its k
+rows is read once, where the pull reads it once a row: 131 against 88 µs at V4-Flash T = 8192,
+H100 2026-12-07), its CTAs letting the decode GEMMs launch early as the pull's do. Nothing
+waits, so nothing can time out; the layer is the same kernels in the same order otherwise, and
+gives the same bits.
 
 Why buffers are not overwritten while a peer still reads them: a rank reaches step 1 of call e+1
 only after its combine of call e, which follows every rank's DONE of call e, which follows each
@@ -151,6 +154,7 @@ from kernels.moe.mega import protocol as K
 from kernels.moe.grouped_gemm import BLOCK_N, narrow_everywhere, streaming_block_n
 from kernels.moe.grouped_gemm_decode import decode_width
 from kernels.moe.metadata import max_rows, metadata_buffers, routing_metadata
+from kernels.moe.permute import permute_fp8_kernel
 from kernels.moe.pipeline import MoEConfig
 
 GROUP = K.GROUP
@@ -419,11 +423,15 @@ def protocol_segments(plan: MegaPlan, calls: int = 2, fusion: str = "l1_swiglu",
                     seg("exchange", r, "compute", awaits=[] if "exchange" in leave_out else [("READY", s, c) for s in range(n)])
                     seg("gather_ids", r, "compute", [rd(s, "ids") for s in range(n)] + [wr(r, "gids")])
                 seg("routing_metadata", r, "compute", [rd(r, "ids" if solo else "gids"), wr(r, "meta"), wr(r, "row_of")])
-                for v in waves:  # the dispatch's CTAs release COUNT + v after pulling wave v's rows
-                    seg(f"dispatch wave {v}", r, "compute" if solo else "comm",
-                        [rd(s, name) for s in range(n) for name in ("xq", "xs")] + [rd(r, "meta"), wr(r, "xp", v), wr(r, "sp", v)],
-                        sets=flags("COUNT", r, v, c),
-                        joins=[(r, "compute")] if v == 0 and not solo and "dispatch_after_route" not in leave_out else [])
+                if solo:  # one rank: the permute writes every wave's rows
+                    seg("dispatch (push)", r, "compute", [rd(r, "xq"), rd(r, "xs"), rd(r, "meta"), rd(r, "row_of")]
+                        + [wr(r, buf, v) for v in waves for buf in ("xp", "sp")])
+                else:
+                    for v in waves:  # the dispatch's CTAs release COUNT + v after pulling wave v's rows
+                        seg(f"dispatch wave {v}", r, "compute" if solo else "comm",
+                            [rd(s, name) for s in range(n) for name in ("xq", "xs")] + [rd(r, "meta"), wr(r, "xp", v), wr(r, "sp", v)],
+                            sets=flags("COUNT", r, v, c),
+                            joins=[(r, "compute")] if v == 0 and not solo and "dispatch_after_route" not in leave_out else [])
             elif step == "wave" and w < plan.n_waves:
                 if not solo:
                     done = [("DONE", r, w - 1, c)] if w > 0 else []
@@ -590,7 +598,8 @@ class MegaMoE:
             "announce": K.announce_kernel(), "exchange": K.exchange_kernel(p.n_ranks), "step": K.step_kernel(),
             "gate": K.gate_kernel(p.n_ranks, p.n_waves),
             "gather": K.gather_ids_kernel(p.n_ranks, p.topk),
-            "dispatch": K.dispatch_kernel(p.n_ranks, h, p.topk, p.n_waves, p.wave_experts, p.n_local, p.dispatch_ctas),
+            "dispatch": (permute_fp8_kernel(h, p.topk, zero_padding=False, trigger=True) if p.solo else
+                         K.dispatch_kernel(p.n_ranks, h, p.topk, p.n_waves, p.wave_experts, p.n_local, p.dispatch_ctas)),
             "combine": K.combine_kernel(p.n_ranks, h, p.topk, p.n_local),
         }
         specs = compute_kernel_specs(p, self.cfg.clamp, self.fusion)
@@ -715,8 +724,12 @@ class MegaMoE:
         comm.wait_stream(compute)
         with torch.cuda.stream(compute if p.solo else comm):
             self._mark(r, "dispatch_start")
-            k["dispatch"].launch(*self._slots(r, "xq"), *self._slots(r, "xs"), rk.sym["flags"], meta["entry_of_row"],
-                                 meta["offsets"], rk.xp, rk.sp)
+            if p.solo:  # every wave's rows at once, from the rank's own send buffers
+                k["dispatch"].launch(rk.sym["xq"], rk.sym["xs"], meta["row_of"], meta["entry_of_row"], meta["offsets"],
+                                     rk.xp, rk.sp)
+            else:
+                k["dispatch"].launch(*self._slots(r, "xq"), *self._slots(r, "xs"), rk.sym["flags"], meta["entry_of_row"],
+                                     meta["offsets"], rk.xp, rk.sp)
             self._mark(r, "dispatch_end")
 
     def _wave(self, r, w, st):

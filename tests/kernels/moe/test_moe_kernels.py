@@ -30,6 +30,7 @@ BASELINES = ("gating", "metadata", "permute", "grouped_gemm")
 COMPILES = {
     "gating_grouped": lambda: gating_kernel(256, 6, "sqrtsoftplus", 8, 4, True, 1.5),
     "metadata": lambda: metadata_kernel(6, 256),
+    "metadata_single": lambda: metadata_kernel(6, 256, single=True),  # one chunk: no grid barrier
     "permute": lambda: permute_kernel(4096, 6),
     "permute_fp8": lambda: permute_fp8_kernel(4096, 6),
     "permute_fp8_unpadded": lambda: permute_fp8_kernel(4096, 6, zero_padding=False),
@@ -46,8 +47,15 @@ COMPILES = {
 
 @pytest.mark.parametrize("name", sorted(COMPILES))
 def test_kernel_compiles_for_sm90a(name):
-    src = COMPILES[name]().device_source
+    kernel = COMPILES[name]()
+    src = kernel.device_source
     assert "__global__" in src
+    if name.startswith("metadata"):
+        # chunks meet at a grid barrier through chunk_counts (a cooperative launch); one chunk
+        # takes its histogram as the totals: a plain launch that never writes chunk_counts
+        single = name == "metadata_single"
+        assert kernel.metadata["launches"][0]["cooperative"] is not single
+        assert ("chunk_counts[" in src) is not single
     if name.startswith("gemm"):
         # wgmma m64n192k32 (persistent kernel, 128 x 192 tiles at N = 4096) or m64n128k32 e4m3 x
         # e4m3 -> f32 (the baseline's m64n64k32 steps compute the same per-element sums; the GPU
@@ -228,7 +236,7 @@ def _baseline_metadata(baseline, ids, e, rank, n_ranks):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("kind", ["uniform", "hot", "sparse"])
-@pytest.mark.parametrize("t", [1, 300, 16384, 20000])  # 20000: 256-token chunks
+@pytest.mark.parametrize("t", [1, 128, 129, 300, 16384, 20000])  # <= 128: one chunk (no grid barrier); 20000: 256-token chunks
 @pytest.mark.parametrize("e,rank,n_ranks", [(256, 0, 1), (384, 2, 4)])
 def test_metadata_bitwise_and_reference(baseline, kind, t, e, rank, n_ranks):
     from tlx.numerics.parity import assert_bitwise

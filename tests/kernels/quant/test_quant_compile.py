@@ -147,8 +147,15 @@ def test_bad_input_raises_clear_error(call, error, match):
 
 def test_swiglu_rows_mask_guards_every_read_of_a_row():
     """The masked SwiGLU kernel reads R first, and every load of X and W and every store of Q and
-    S sits under that one check: a masked row is neither read nor written."""
-    src = group_cast_kernel(2048, 128, "swiglu", "bfloat16", "e4m3", "fp32", False, 10.0, True, True).device_source
+    S sits under that one check: a masked row is neither read nor written. A CTA takes 256 threads
+    of rows (4 rows of 64 threads at I = 2048, 2 of 96 at 3072: whole warps a row), ceil(T / rows)
+    CTAs without an int32 overflow, every access proven."""
+    kernel = group_cast_kernel(2048, 128, "swiglu", "bfloat16", "e4m3", "fp32", False, 10.0, True, True)
+    for k, rows, threads in ((kernel, 4, "256"), (group_cast_kernel(3072, 128, "swiglu", "bfloat16", masked=True), 2, "192")):
+        assert k.metadata["launches"][0]["grid"][0] == f"(((T - 1) // {rows}) + 1)" and k.metadata["launches"][0]["block"][0] == threads
+        bounds = k.metadata["reports"]["bounds"]
+        assert bounds["proven"] == bounds["accesses"] and not bounds["violations"]
+    src = kernel.device_source
     body = src[src.index("{", src.index("__launch_bounds__")):]
     guard = body.index("if (0 <= R[")
     depth, close = 0, None

@@ -83,6 +83,22 @@ def test_the_protocol_orders_every_global_access(n, waves, fusion):
     assert [str(race) for race in find_races(segments)] == []
 
 
+def test_one_rank_pushes():
+    """One rank: the dispatch is the unfused permute, one launch for every wave's rows (reading a
+    token once), after the metadata's row map; several ranks pull wave by wave."""
+    def plan(n, t, waves):
+        return make_plan(n, t, sms=132, waves=waves, hidden=4096, inter=2048, n_experts=256, topk=6)
+
+    for t in (1, 512):
+        push = [seg for seg in protocol_segments(plan(1, t, 2), calls=1) if seg.name.startswith("dispatch")]
+        assert [seg.name for seg in push] == ["dispatch (push) (rank 0, call 0)"]
+        # every wave's rows of xp and sp
+        assert sorted((a.buffer, a.part) for a in push[0].accesses if a.write) == [
+            (("sp", 0), 0), (("sp", 0), 1), (("xp", 0), 0), (("xp", 0), 1)]
+    pulled = [seg.name for seg in protocol_segments(plan(2, 8, 2), calls=1) if seg.name.startswith("dispatch")]
+    assert pulled == [f"dispatch wave {v} (rank {r}, call 0)" for r in (0, 1) for v in (0, 1)]
+
+
 def test_one_rank_is_ordered_by_its_compute_stream():
     """EP1: no flag kernels; the dispatch on the compute stream after the metadata and before L1;
     leaving the stream order out (the dispatch on the communication stream without a join) is a race."""
