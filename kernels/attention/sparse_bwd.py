@@ -64,7 +64,8 @@ scratch has at most 2^31 - 1 elements (the wrapper's chunks).
 ``tlx check`` (2026-12-02, CPU): every access proven in bounds (per token at h 128 k 1024: 181/181;
 delta, dsink, per key: all), no launch condition beyond the assume lists, determinism verdicts
 deterministic and batch-invariant for all four; races: delta, dsink and per key race-free, the
-per-token kernel unknown (the race analysis' budget, as for the forward). Not yet run on a GPU.
+per-token kernel unknown (the race analysis' budget, as for the forward). GPU tests:
+``tests/kernels/attention/test_sparse_bwd.py`` (``bench/RESULTS.md``, the test table).
 """
 
 import math

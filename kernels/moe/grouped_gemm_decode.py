@@ -65,8 +65,8 @@ def grouped_gemm_decode_kernel(n: int, k: int, tokens: int, block_n: int = 128, 
     128 + ``tokens`` store the stage's ``sa * sb``. Epilogue: C^T transposed into ``C_s`` (bf16),
     then 16-byte stores of the routed rows.
 
-    ``swiglu_clamp`` set (N = 2I, the MoE's L1; not yet run on a GPU, so no layer takes it yet; its
-    bitwise test is ``test_swiglu_bitwise_equal_to_gemm_then_swiglu_cast``):
+    ``swiglu_clamp`` set (N = 2I, the MoE's L1: MegaMoE's fused L1 at decode sizes; its bitwise
+    test is ``test_swiglu_bitwise_equal_to_gemm_then_swiglu_cast``):
     ``(..., rows [R], Q [R, I] e4m3, S [R, I/128] fp32)``,
     ``swiglu_cast(L1, clamp)`` of the routed rows in the same kernel, bit for bit: a CTA's 128
     output columns ``c0..`` take the gate rows ``c0..`` and the up rows ``I + c0..`` of B, loaded in
@@ -75,7 +75,7 @@ def grouped_gemm_decode_kernel(n: int, k: int, tokens: int, block_n: int = 128, 
     operations in its order (as ``grouped_gemm_swiglu_kernel``), the row's amax over its 128
     columns (exact in any order), its scale and e4m3 bytes.
 
-    ``pdl`` (not yet run on a GPU, so no layer takes it yet): launched as a programmatic dependent
+    ``pdl`` (MegaMoE's decode GEMMs): launched as a programmatic dependent
     of the kernel before it on the stream, which must not write B, SB, ``block_expert`` or
     ``rows`` (MegaMoE's dispatch and L1 write only the activations): the CTA loads its first
     ``num_stages`` stages of weights, then waits for that grid (``T.pdl_sync()``) before it reads
