@@ -11,7 +11,8 @@ one-producer split, two CTAs a SM), ``sparse`` / ``sparse_e4m3`` (sparse MLA
 decode at the benchmark's shape: B 128, H 128, k 2048, bf16 / e4m3 cache), ``sparse_fwd`` /
 ``sparse_fwd_producer`` / ``sparse_fwd_independent`` / ``sparse_fwd_alternate`` (the sparse prefill forward at its
 benchmark shape, each schedule), ``indexer_h32_d64`` / ``indexer_h64_d128`` (the prefill indexer, S 4096,
-N 8192, causal). Inputs are random (never zeros); the first
+N 8192, causal), ``mega_t1`` / ``mega_t4001`` (MegaMoE on one rank, V4-Flash, T 1 / 4001, the default
+form: every kernel of one eager call, gating to combine). Inputs are random (never zeros); the first
 call's output is checked for finiteness, so a broken launch is not mistaken for the kernel.
 """
 # not a benchmark (scripts/gpu-check runs the bench/*.py files without this line)
@@ -70,6 +71,21 @@ def _indexer(heads: int, dim: int):
     return call, call()[:, :64]  # keys every query sees (the rest are -inf)
 
 
+def _mega(tokens: int):
+    import torch
+
+    from kernels.moe.mega.layer import mega_moe
+    from kernels.moe.pipeline import V4_FLASH
+    from kernels.moe.reference import random_layer
+
+    g = torch.Generator(device="cuda").manual_seed(tokens)
+    x = torch.randn(tokens, V4_FLASH["hidden"], device="cuda", generator=g).to(torch.bfloat16)
+    logits = torch.randn(tokens, V4_FLASH["n_experts"], device="cuda", generator=g)
+    weights = random_layer(V4_FLASH)
+    call = lambda: mega_moe(x, logits, *weights, V4_FLASH["cfg"], n_virtual_ranks=1)  # noqa: E731
+    return call, call()
+
+
 def _sparse_fwd(schedule: str):
     from bench.attention_prefill import sparse_inputs
     from kernels.attention.sparse_fwd import sparse_attention
@@ -85,7 +101,8 @@ TARGETS = {"dense_fwd": lambda: _dense(False), "dense_bwd": lambda: _dense(True)
            "indexer_h32_d64": lambda: _indexer(32, 64), "indexer_h64_d128": lambda: _indexer(64, 128),
            "sparse": lambda: _sparse(False), "sparse_e4m3": lambda: _sparse(True),
            "sparse_fwd": lambda: _sparse_fwd("pipelined"), "sparse_fwd_producer": lambda: _sparse_fwd("producer"),
-           "sparse_fwd_independent": lambda: _sparse_fwd("independent"), "sparse_fwd_alternate": lambda: _sparse_fwd("alternate")}
+           "sparse_fwd_independent": lambda: _sparse_fwd("independent"), "sparse_fwd_alternate": lambda: _sparse_fwd("alternate"),
+           "mega_t1": lambda: _mega(1), "mega_t4001": lambda: _mega(4001)}
 
 
 def main(target: str) -> None:
