@@ -313,7 +313,7 @@ def routing_metadata(ids, n_experts: int, rank: int = 0, n_ranks: int = 1, align
         out["block_expert"].fill_(-1)
         return out
     _kernel(k, el, align, chunk, nchunk == 1).launch(ids, rank * el, out["chunk_counts"], out["counts"], out["offsets"],
-                                        out["row_of"], out["entry_of_row"], out["block_expert"])
+                                                     out["row_of"], out["entry_of_row"], out["block_expert"])
     return out
 
 
