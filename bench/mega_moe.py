@@ -92,16 +92,17 @@ def kernel_specs(layers, tests=False):
                    (i, 128, "swiglu", "bfloat16", "e4m3", "fp32", False, 10.0, False, True), ()),
                   ("kernels.moe.permute", "permute_fp8_kernel", (h, k), ()),
                   ("kernels.moe.permute", "permute_fp8_kernel", (h, k), (("zero_padding", False),)),  # moe_layer's
-                  ("kernels.moe.permute", "permute_fp8_kernel", (h, k), (("trigger", True), ("zero_padding", False))),  # one rank's
                   ("kernels.moe.permute", "combine_kernel", (h, k), ()),
                   ("kernels.moe.metadata", "metadata_kernel", (k, e // n, 128, 128), ()),
                   ("kernels.moe.metadata", "metadata_kernel", (k, e // n, 128, 128), (("single", True),)),  # one chunk
                   ("kernels.moe.mega.protocol", "exchange_kernel", (n,), ()),
                   ("kernels.moe.mega.protocol", "gather_ids_kernel", (n, k), ()),
                   ("kernels.moe.mega.protocol", "combine_kernel", (n, h, k, e // n), ()),
-                  ("kernels.moe.mega.protocol", "gate_kernel", (n, p.n_waves), ()),
-                  ("kernels.moe.mega.protocol", "dispatch_kernel",
-                   (n, h, k, p.n_waves, p.wave_experts, p.n_local, p.dispatch_ctas), ())}
+                  ("kernels.moe.mega.protocol", "gate_kernel", (n, p.n_waves), ())}
+        # the dispatch: on one rank the triggering permute, across ranks the pull
+        specs.add(("kernels.moe.permute", "permute_fp8_kernel", (h, k), (("trigger", True), ("zero_padding", False)))
+                  if p.solo else ("kernels.moe.mega.protocol", "dispatch_kernel",
+                                  (n, h, k, p.n_waves, p.wave_experts, p.n_local, p.dispatch_ctas), ()))
         for fusion in fusions:  # the layer's wave GEMMs on the rank's SM share, for either tile rule
             clamp = (V4_FLASH if name == "V4-Flash" else V4_PRO)["cfg"].clamp
             # a decode batch (the weights-on-M kernel) and a large one (the persistent kernels)

@@ -428,10 +428,10 @@ def protocol_segments(plan: MegaPlan, calls: int = 2, fusion: str = "l1_swiglu",
                         + [wr(r, buf, v) for v in waves for buf in ("xp", "sp")])
                 else:
                     for v in waves:  # the dispatch's CTAs release COUNT + v after pulling wave v's rows
-                        seg(f"dispatch wave {v}", r, "compute" if solo else "comm",
+                        seg(f"dispatch wave {v}", r, "comm",
                             [rd(s, name) for s in range(n) for name in ("xq", "xs")] + [rd(r, "meta"), wr(r, "xp", v), wr(r, "sp", v)],
                             sets=flags("COUNT", r, v, c),
-                            joins=[(r, "compute")] if v == 0 and not solo and "dispatch_after_route" not in leave_out else [])
+                            joins=[(r, "compute")] if v == 0 and "dispatch_after_route" not in leave_out else [])
             elif step == "wave" and w < plan.n_waves:
                 if not solo:
                     done = [("DONE", r, w - 1, c)] if w > 0 else []
