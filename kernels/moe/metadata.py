@@ -18,7 +18,7 @@ integer results and a fixed assignment order (rows of an expert follow the flat 
 
 Outputs (see ``reference.metadata_ref``): counts [El], offsets [El + 1], row_of [T, k],
 entry_of_row [R], block_expert [R // align], with R = ``max_rows(T, k, El, align)``.
-Rows past ``offsets[El]`` are left untouched except that their blocks get expert -1.
+Rows past ``offsets[El]`` get entry -1 (as padding rows do) and their blocks expert -1.
 """
 
 from __future__ import annotations
@@ -258,6 +258,14 @@ def metadata_kernel(topk: int, n_local: int, align: int = 128, chunk: int = CHUN
                                 else:
                                     hi = mid
                     block_expert[slot] = lo
+            # Rows past the last expert's: entry -1 too, so that a kernel masking rows by their entry
+            # (the SwiGLU cast) skips them with no offsets (left as they were, they held whatever the
+            # buffer held: V4-Flash T = 4001, 23808 of 56576 rows, which the cast then read and wrote)
+            for j in T.serial(T.ceildiv(nrows, nchunk * threads)):
+                row = (j * nchunk + c) * threads + tx
+                if row < nrows:
+                    if row >= s_off[n_local]:
+                        entry_of_row[row] = -1
             # First row of each warp's entries of each expert: offset + earlier chunks + earlier warps.
             for j in T.serial(T.ceildiv(n_local, threads)):
                 e = j * threads + tx

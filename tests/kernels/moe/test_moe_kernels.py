@@ -248,6 +248,10 @@ def test_metadata_bitwise_and_reference(baseline, kind, t, e, rank, n_ranks):
     used = int(ref["offsets"][-1])
     for key in ("counts", "offsets", "row_of", "block_expert"):
         assert_bitwise(got[key], base[key], name=key)
+    poisoned = metadata_buffers(ids, e, n_ranks)
+    poisoned["entry_of_row"].fill_(7)
+    routing_metadata(ids, e, rank, n_ranks, out=poisoned)
+    assert (poisoned["entry_of_row"][used:] == -1).all()  # rows past the last expert's: -1, not left as they were
     assert_bitwise(got["entry_of_row"][:used], base["entry_of_row"][:used], name="entry_of_row")
     for key in ("counts", "offsets", "row_of"):
         assert torch.equal(got[key].cpu(), ref[key]), key
