@@ -12,11 +12,12 @@ Two parts, side by side in one run, on the GPU:
   and block scales) over the time, and its share of the 2 GiB copy's rate (read + write) in the
   same run.
 * ``layer``: ``moe_layer`` as two CUDA graphs, with ``grouped_gemm_decode.decode_width`` taking the
-  decode kernel at every T up to 64 (the default rule stops at ``DEFAULT_MAX_TOKENS``) and returning
-  None (the persistent kernel), outputs compared bit for bit, replays timed in turn.
+  decode kernel at every T up to 64 (the default rule stops at ``DEFAULT_MAX_TOKENS``; with
+  ``--layer-width W`` at every T, W rows a pass, an expert's further rows in further passes) and
+  returning None (the persistent kernel), outputs compared bit for bit, replays timed in turn.
 
-    python3 bench/decode_gemm.py [--tokens 8,64] [--layer-tokens 1,8,16,64] [--configs 128:2:3,64:2:4] [--reps 20]
-                                 [--out FILE] [--precompile]
+    python3 bench/decode_gemm.py [--tokens 8,64] [--layer-tokens 1,8,16,64] [--layer-width W] [--configs 128:2:3,64:2:4]
+                                 [--reps 20] [--out FILE] [--precompile]
 """
 
 import argparse
@@ -48,7 +49,7 @@ def gemm_shapes(model: dict) -> dict:
     return {"L1": (2 * i, h), "L2": (h, i)}
 
 
-def kernel_specs(names: list[str], tokens: list[int], configs, layer_tokens: list[int]) -> list:
+def kernel_specs(names: list[str], tokens: list[int], configs, layer_tokens: list[int], layer_width: int | None) -> list:
     """(module, factory, args, kwargs) of every kernel of the run (``--precompile`` builds them here,
     the device's cache serves them there)."""
     from kernels.moe.grouped_gemm_decode import width_for as width
@@ -62,9 +63,10 @@ def kernel_specs(names: list[str], tokens: list[int], configs, layer_tokens: lis
             for t in tokens if name == "V4-Flash" else tokens[:1]:
                 for block_n, group, stages in configs:
                     specs.append(("kernels.moe.grouped_gemm_decode", "grouped_gemm_decode_kernel", (n, k, width(t)),
-                                  {"block_n": block_n, "group": group, "num_stages": stages}))
+                                  {"block_n": block_n, "group": group, "num_stages": stages, "bounded": True}))
             for t in layer_tokens if name == "V4-Flash" else [8]:
-                specs.append(("kernels.moe.grouped_gemm_decode", "grouped_gemm_decode_kernel", (n, k, width(t)), {}))
+                w = layer_width or width(t)
+                specs.append(("kernels.moe.grouped_gemm_decode", "grouped_gemm_decode_kernel", (n, k, w), {"bounded": t <= w}))
     return list({repr(s): s for s in specs}.values())
 
 
@@ -103,7 +105,8 @@ def gemm_rows(name: str, model: dict, weights, t: int, configs, copy_gbs: float,
         fns["persistent 128"] = lambda o=outs["persistent 128"]: old.launch(*args, o)
         for block_n, group, stages in configs:
             key = f"decode {block_n}:{group}:{stages}"
-            kern = grouped_gemm_decode_kernel(n, k, width_for(t), block_n=block_n, group=group, num_stages=stages)
+            kern = grouped_gemm_decode_kernel(n, k, width_for(t), block_n=block_n, group=group, num_stages=stages,
+                                              bounded=True)
             outs[key] = torch.full((r, n), float("nan"), dtype=torch.bfloat16, device="cuda")
             fns[key] = lambda o=outs[key], kern=kern: kern.launch(*args, o)
         for f in fns.values():
@@ -125,7 +128,7 @@ def gemm_rows(name: str, model: dict, weights, t: int, configs, copy_gbs: float,
                              of_copy=gbs / copy_gbs, active=active))
 
 
-def layer_rows(name: str, model: dict, weights, t: int, reps: int) -> None:
+def layer_rows(name: str, model: dict, weights, t: int, reps: int, width: int | None) -> None:
     import torch
 
     import kernels.moe.grouped_gemm_decode as D
@@ -138,11 +141,12 @@ def layer_rows(name: str, model: dict, weights, t: int, reps: int) -> None:
     x = torch.randn(t, model["hidden"], device="cuda", generator=g).to(torch.bfloat16)
     logits = torch.randn(t, model["n_experts"], device="cuda", generator=g)
     rule = D.decode_width
-    forced = D.width_for  # the decode kernel up to 64 tokens, whatever the default rule
+    # the decode kernel up to 64 tokens whatever the default rule, or at ``width`` rows a pass at every T
+    forced = (lambda tokens: width) if width else D.width_for
     graphs, outs = {}, {}
     try:
-        for key, width in (("decode", forced), ("persistent 128", lambda tokens: None)):
-            D.decode_width = width
+        for key, choose in (("decode", forced), ("persistent 128", lambda tokens: None)):
+            D.decode_width = choose
             moe_layer(x, logits, *weights, cfg)  # compiles and warms outside the capture
             graphs[key], outs[key] = captured(lambda: moe_layer(x, logits, *weights, cfg))
             graphs[key].replay()
@@ -153,15 +157,17 @@ def layer_rows(name: str, model: dict, weights, t: int, reps: int) -> None:
         raise SystemExit(f"{name} T={t}: the layer's bits differ between the two GEMMs")
     ms = interleaved_ms({k: v.replay for k, v in graphs.items()}, reps)
     dec, old = ms["decode"] * 1e3, ms["persistent 128"] * 1e3
-    print(f"| {name} | {t} | layer | decode {dec:.1f} us, persistent {old:.1f} us | {old / dec:.3f}x | | | bit for bit |",
-          flush=True)
-    ROWS.append(dict(part="layer", model=name, T=t, decode_us=dec, persistent_us=old))
+    w = width or D.width_for(t)
+    print(f"| {name} | {t} | layer | decode ({w} rows a pass) {dec:.1f} us, persistent {old:.1f} us | {old / dec:.3f}x | | | "
+          "bit for bit |", flush=True)
+    ROWS.append(dict(part="layer", model=name, T=t, width=w, decode_us=dec, persistent_us=old))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", default="8,64", help="T of the GEMM rows (V4-Pro: the first only)")
     ap.add_argument("--layer-tokens", default="1,8,16,64", help="T of the layer rows ('' for none)")
+    ap.add_argument("--layer-width", type=int, help="the layer rows' decode width at every T (default: the smallest that holds T)")
     ap.add_argument("--configs", default=CONFIGS, help="decode configurations block_n:group:num_stages, comma-separated")
     ap.add_argument("--models", default="V4-Flash,V4-Pro")
     ap.add_argument("--reps", type=int, default=20)
@@ -173,7 +179,8 @@ def main() -> None:
     if args.precompile:
         from bench.precompile import build_spec, compile_in_processes
 
-        compile_in_processes(build_spec, kernel_specs(args.models.split(","), ints(args.tokens), configs, ints(args.layer_tokens)),
+        compile_in_processes(build_spec, kernel_specs(args.models.split(","), ints(args.tokens), configs, ints(args.layer_tokens),
+                                          args.layer_width),
                              os.cpu_count() or 1)
         return
     import torch
@@ -196,7 +203,7 @@ def main() -> None:
             for t in ints(args.tokens) if name == "V4-Flash" else ints(args.tokens)[:1]:
                 gemm_rows(name, model, weights, t, configs, copy_gbs, args.reps)
             for t in ints(args.layer_tokens) if name == "V4-Flash" else [8]:
-                layer_rows(name, model, weights, t, args.reps)
+                layer_rows(name, model, weights, t, args.reps, args.layer_width)
             del weights
             torch.cuda.empty_cache()
     finally:

@@ -75,7 +75,7 @@ def swiglu_test_specs():
 def kernel_specs(layers, tests=False):
     """Every kernel that the (model, ranks, waves, fusions) layers and their unfused baselines launch (up to 16896 tokens in all, one metadata chunk size); ``tests``:
     also those of ``swiglu_test_specs``."""
-    from kernels.moe.grouped_gemm_decode import TOKENS
+    from kernels.moe.grouped_gemm_decode import CHUNKED_WIDTH, TOKENS
     from kernels.moe.mega.layer import compute_kernel_specs, make_plan
     from kernels.moe.pipeline import V4_FLASH, V4_PRO
 
@@ -115,8 +115,8 @@ def kernel_specs(layers, tests=False):
         specs |= {("kernels.moe.grouped_gemm", "grouped_gemm_contiguous_kernel", nk,
                    (("block_n", bn), ("num_sms", SMS), ("row_mask", bn == 128)))
                   for nk in ((2 * i, h), (h, i)) for bn in (None, 128)}
-        specs |= {("kernels.moe.grouped_gemm_decode", "grouped_gemm_decode_kernel", (*nk, width), ())
-                  for nk in ((2 * i, h), (h, i)) for width in TOKENS}
+        specs |= {("kernels.moe.grouped_gemm_decode", "grouped_gemm_decode_kernel", (*nk, width), (("bounded", bounded),))
+                  for nk in ((2 * i, h), (h, i)) for width, bounded in ((TOKENS[0], True), (CHUNKED_WIDTH, False))}
     return sorted(specs, key=lambda s: (not s[1].startswith("grouped_gemm"), str(s)))  # slowest first
 
 

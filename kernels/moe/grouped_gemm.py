@@ -690,8 +690,8 @@ def grouped_gemm_contiguous(a, sa, b, sb, block_expert, out=None, rows=None, tok
     (``streaming_block_n``) they are not written. The padding rows of a few-token batch are most of
     C (T = 8: 6144 rows, 48 routed), and storing them cost a tenth of the weights' bytes again.
     ``tokens`` (with ``rows``): the batch's token count, which bounds every expert's rows; where
-    ``grouped_gemm_decode.decode_width`` takes it (up to 8 tokens) the weights-on-M decode kernel
-    computes the routed rows (the same bits)."""
+    ``grouped_gemm_decode.decode_width`` takes it (up to 512 tokens) the weights-on-M decode kernel
+    computes the routed rows (the same bits), in one chunk a block where its width holds ``tokens``."""
     import torch
 
     from kernels.moe import grouped_gemm_decode as decode
@@ -705,7 +705,7 @@ def grouped_gemm_contiguous(a, sa, b, sb, block_expert, out=None, rows=None, tok
         out = torch.empty(r, n, dtype=torch.bfloat16, device=a.device)
     width = decode.decode_width(tokens) if rows is not None else None
     if width is not None:
-        decode.grouped_gemm_decode_kernel(n, k, width)(a, sa, b, sb, block_expert, rows, out)
+        decode.grouped_gemm_decode_kernel(n, k, width, bounded=tokens <= width)(a, sa, b, sb, block_expert, rows, out)
         return out
     block_n = streaming_block_n(r, b.shape[0], narrow_everywhere(a.device.index))
     row_mask = rows is not None and block_n == BLOCK_N

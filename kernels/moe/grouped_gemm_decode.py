@@ -16,9 +16,12 @@ per 128-wide K block the products are summed in fp32 by a wgmma chain over K in 
 zero (each output element is the same 32-product dot-product step whichever operand is on M), and
 the block result is added to the total with ``fma(block, sa[row, kb] * sb[n // 128, kb], total)``,
 K blocks ascending; the total is rounded to bf16 once. Only rows whose ``rows`` entry is >= 0 are
-stored. Precondition, the caller's (the layers pass the batch's token count; a routing on the
-device cannot be checked without a sync): no expert holds more than ``tokens`` rows, which holds
-when ``tokens`` bounds the batch's token count (gating gives a token distinct experts).
+stored. A block whose expert holds more than ``tokens`` rows is computed in further chunks of
+``tokens`` rows, each streaming the CTA's weights again: correct for every routing, and as fast
+as one chunk where ``tokens`` bounds most experts' rows. Until 2026-12-07 that bound was a
+precondition for every call, and rows past it were silently left unwritten; now only a caller
+that guarantees it (``bounded``: ``tokens`` bounds the batch's token count, and gating gives a
+token distinct experts) takes the one-chunk form.
 """
 
 import tilelang.language as T
@@ -27,13 +30,19 @@ import tlx
 from kernels.moe.grouped_gemm import BLOCK_K, BLOCK_M, check_gemm_args, nblocks, nexp, nrows
 from kernels.quant.common import cast_e4m3, group_scale
 
-TOKENS = (8, 16, 32, 64)  # the N sides this kernel takes (a bound on an expert's rows)
-# Up to this many tokens a call takes this kernel by default (``decode_width``). On an H100
-# (2026-12-07, ``bench/decode_gemm.py``, the same bits): at T = 8 the V4-Flash GEMMs read the weights
-# at 98.5% / 97.3% of the copy rate against the persistent kernel's 93.1% / 91.1% (the layer as a
-# CUDA graph 377.0 against 396.8 us, V4-Pro 1061.7 against 1098.4); at T = 64 L1 98.5% against 96.6%
-# but L2 93.2% against 96.4%, the layer equal (1768.2 against 1760.5 us); 16 and 32 not yet timed.
+TOKENS = (8, 16, 32, 64)  # the N sides this kernel takes (the rows of an expert's block computed a pass)
+# Up to this many tokens a call takes this kernel by default (``decode_width``) at the width that
+# holds them all (one chunk). On an H100 (2026-12-07, ``bench/decode_gemm.py``, the same bits): at
+# T = 8 the V4-Flash GEMMs read the weights at 98.5% / 97.3% of the copy rate against the persistent
+# kernel's 93.1% / 91.1% (the layer as a CUDA graph 377.0 against 396.8 us, V4-Pro 1061.7 against 1098.4).
 DEFAULT_MAX_TOKENS = 8
+# Past it, up to CHUNKED_MAX_TOKENS tokens, the width CHUNKED_WIDTH with further chunks where an expert
+# holds more rows (V4-Flash T = 512: 12 rows an expert on average, 32 in about one expert of a million).
+# The V4-Flash layer as a CUDA graph against the persistent kernels, H100 2026-12-07 16:47, the same
+# bits (``--layer-tokens 64,256,512 --layer-width W``): width 32 1643 / 2163 / 2202 against 1686 / 2212 /
+# 2254 us at T = 64 / 256 / 512 (1.02-1.03x); width 16 1.035x / 1.032x but 0.959x at T = 512 (second chunks).
+CHUNKED_MAX_TOKENS = 512
+CHUNKED_WIDTH = 32
 
 
 def width_for(tokens: int) -> int | None:
@@ -42,23 +51,25 @@ def width_for(tokens: int) -> int | None:
 
 
 def decode_width(tokens: int | None) -> int | None:
-    """The N side the layer's GEMMs take for a batch of ``tokens`` tokens, or None where the
-    persistent kernel serves it better (above ``DEFAULT_MAX_TOKENS``) or the count is unknown."""
-    if tokens is None or tokens > DEFAULT_MAX_TOKENS:
+    """The N side the layer's GEMMs take for a batch of ``tokens`` tokens (a block's rows a chunk;
+    ``bounded`` where it holds them all), or None where the persistent kernel serves it better
+    (above ``CHUNKED_MAX_TOKENS``) or the count is unknown."""
+    if tokens is None or tokens > CHUNKED_MAX_TOKENS:
         return None
-    return width_for(tokens)
+    return width_for(tokens) if tokens <= DEFAULT_MAX_TOKENS else CHUNKED_WIDTH
 
 
 @tlx.jit(target={"kind": "cuda", "arch": "sm_90a"},
          pass_configs={"tl.disable_warp_specialized": True, "tl.disable_thread_storage_sync": True},
          assume=("NB <= 16777214", "R == NB * 128"))
 def grouped_gemm_decode_kernel(n: int, k: int, tokens: int, block_n: int = 128, group: int = 2, num_stages: int = 3,
-                               swiglu_clamp: float | None = None, pdl: bool = False):
+                               swiglu_clamp: float | None = None, pdl: bool = False, bounded: bool = False):
     """``(A [R, K], SA [R, K/128], B [E, N, K], SB [E, N/128, K/128], block_expert [R/128],
     rows [R], C [R, N])``: the contiguous layout's routed rows (entry >= 0) of C, for row blocks
     whose routed rows are among their first ``tokens``.
 
-    Grid: (N / ``block_n``, row blocks); a CTA whose block has no expert (-1) leaves at once.
+    Grid: (N / ``block_n``, row blocks); a CTA whose block has no expert (-1) leaves at once, and
+    one whose block holds more than ``tokens`` routed rows runs its K loop once a chunk of them.
     Threads 0..127 are the consumer warpgroup (``block_n / 64`` m64n{tokens}k32 chains a K step,
     the promotion fma, the epilogue), thread 128 issues the TMA loads of a stage (``group`` K
     blocks of B's ``block_n`` rows and of A's first ``tokens`` rows) and threads 128.. below
@@ -83,7 +94,12 @@ def grouped_gemm_decode_kernel(n: int, k: int, tokens: int, block_n: int = 128, 
     CTA lets its own dependents launch as it starts (``T.pdl_trigger()``: they start once all of
     this grid's CTAs have); a CTA of an empty block waits for that grid before it leaves, so this
     grid ends after it even where every block is empty (a dependent of this one, waiting for it,
-    then waits for both). Without it the kernel is the one measured above, unchanged."""
+    then waits for both). Without it the kernel is the one measured above, unchanged.
+
+    ``bounded``: the caller guarantees that no block holds more than ``tokens`` routed rows (the
+    layers pass it where ``tokens`` bounds the batch's token count), so the kernel computes one
+    chunk a block and reads no chunk flag (at T = 1 / 8 the chunked form cost the V4-Flash layer
+    3-8 us, H100 2026-12-07); otherwise a block's further chunks are computed where they hold rows."""
     check_gemm_args(n, k)
     swiglu = swiglu_clamp is not None
     if tokens not in TOKENS:
@@ -101,6 +117,9 @@ def grouped_gemm_decode_kernel(n: int, k: int, tokens: int, block_n: int = 128, 
     if num_stages < 1:
         raise ValueError(f"num_stages: expected >= 1, got {num_stages}")
     steps = kblocks // group
+    # a row block's rows in chunks of ``tokens``: an expert's routed rows come first in its blocks,
+    # so chunk c holds a routed row iff its first row does; ``bounded``: one chunk (the caller's bound)
+    chunks = 1 if bounded else BLOCK_M // tokens
     S = num_stages
     early = min(S, steps) if pdl else 0  # steps whose weights load before T.pdl_sync()
     cols = n // 2 if swiglu else n  # output columns
@@ -116,14 +135,86 @@ def grouped_gemm_decode_kernel(n: int, k: int, tokens: int, block_n: int = 128, 
         return W_s[stage, u, h * block_n:(h + 1) * block_n, :] if swiglu else W_s[stage, u, :, :]
 
     @T.macro
-    def load_weights(B, expert, n0, kq, u, W_s, full):
-        """K block ``u`` of step ``kq``'s weight rows (SwiGLU: gate, then up) into the step's stage."""
+    def load_weights(B, expert, n0, kq, u, W_s, full, slot):
+        """K block ``u`` of step ``kq``'s weight rows (SwiGLU: gate, then up) into stage ``slot``."""
         kb = kq * group + u
-        T.tma_copy(B[expert, n0:n0 + block_n, kb * BLOCK_K:(kb + 1) * BLOCK_K], w_half(W_s, kq % S, u, 0),
-                   barrier=full[kq % S])
+        T.tma_copy(B[expert, n0:n0 + block_n, kb * BLOCK_K:(kb + 1) * BLOCK_K], w_half(W_s, slot, u, 0),
+                   barrier=full[slot])
         if swiglu:  # the up rows, I further
             T.tma_copy(B[expert, cols + n0:cols + n0 + block_n, kb * BLOCK_K:(kb + 1) * BLOCK_K],
-                       w_half(W_s, kq % S, u, 1), barrier=full[kq % S])
+                       w_half(W_s, slot, u, 1), barrier=full[slot])
+
+    @T.macro
+    def produce_chunk(A, SA, B, SB, W_s, X_s, scale_s, full, empty, expert, r0, n0, c, tx):
+        """The producer's loads of chunk ``c`` (rows ``r0 + c * tokens..``); with ``pdl`` chunk 0's
+        first ``early`` steps of weights were loaded before the wait on the grid before this one."""
+        for kq in T.serial(steps):
+            it = c * steps + kq  # the stage's use count: its slot and phase
+            T.mbarrier_wait_parity(empty[it % S], ((it // S) & 1) ^ 1)
+            for u in T.unroll(group):
+                kb = kq * group + u
+                if not pdl or c > 0 or kq >= early:
+                    load_weights(B, expert, n0, kq, u, W_s, full, it % S)
+                T.tma_copy(A[r0 + c * tokens:r0 + c * tokens + tokens, kb * BLOCK_K:(kb + 1) * BLOCK_K],
+                           X_s[it % S, u, :, :], barrier=full[it % S])
+            if tx - 128 < tokens:
+                for u in T.unroll(group):
+                    scale_s[it % S, u, 0, tx - 128] = (SA[r0 + c * tokens + tx - 128, kq * group + u]
+                                                       * SB[expert, n0 // 128, kq * group + u])
+                    if swiglu:
+                        scale_s[it % S, u, 1, tx - 128] = (SA[r0 + c * tokens + tx - 128, kq * group + u]
+                                                           * SB[expert, (cols + n0) // 128, kq * group + u])
+            T.mbarrier_arrive(full[it % S])
+
+    @T.macro
+    def consume_chunk(W_s, X_s, scale_s, part, total, total_up, value_s, value, amax, C_s, full, empty, rows, C, Sq,
+                      expert, r0, n0, c, tx):
+        """The consumers' K loop over chunk ``c`` (rows ``r0..r0 + tokens``) and its epilogue."""
+        T.clear(total)
+        if swiglu:
+            T.clear(total_up)
+        for kq in T.serial(steps):
+            it = c * steps + kq
+            T.mbarrier_wait_parity(full[it % S], (it // S) & 1)
+            for u in T.unroll(group):
+                T.gemm(w_half(W_s, it % S, u, 0), X_s[it % S, u, :, :], part, transpose_B=True,
+                       clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
+                for i, j in T.Parallel(block_n, tokens):
+                    total[i, j] = T.ieee_fmaf(part[i, j], scale_s[it % S, u, 0, j], total[i, j])
+                if swiglu:  # the up rows' chain into their own total, with their scale group
+                    T.gemm(w_half(W_s, it % S, u, 1), X_s[it % S, u, :, :], part, transpose_B=True,
+                           clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
+                    for i, j in T.Parallel(block_n, tokens):
+                        total_up[i, j] = T.ieee_fmaf(part[i, j], scale_s[it % S, u, 1, j], total_up[i, j])
+            if tx % 32 == 0:
+                T.mbarrier_arrive(empty[it % S])
+        if swiglu:
+            for i, j in T.Parallel(block_n, tokens):
+                g = T.min(T.Cast("float32", T.Cast("bfloat16", total[i, j])), T.float32(swiglu_clamp))
+                up = T.max(T.min(T.Cast("float32", T.Cast("bfloat16", total_up[i, j])),
+                                 T.float32(swiglu_clamp)), T.float32(-swiglu_clamp))
+                value_s[j, i] = g / T.ieee_add(T.float32(1.0), T.exp(-g), "rn") * up  # no FMA into expf
+            T.sync_threads(1, 128)
+            T.copy(value_s[:, 0:block_n], value)
+            T.reduce_absmax(value, amax, dim=1)
+            for j, i in T.Parallel(tokens, block_n):
+                C_s[j, i] = cast_e4m3(value[j, i] * (T.float32(1.0) / group_scale(amax[j], "e4m3", False)[0]))
+            for j in T.Parallel(tokens):
+                if rows[r0 + j] >= 0:
+                    Sq[r0 + j, n0 // 128] = group_scale(amax[j], "e4m3", False)[0]
+        else:
+            for i, j in T.Parallel(block_n, tokens):
+                C_s[j, i] = T.Cast("bfloat16", total[i, j])
+        T.sync_threads(1, 128)  # the consumers only
+        per = 16 // elem  # values a 16-byte piece
+        for p in T.unroll(T.ceildiv(pieces, 128)):
+            if p * 128 + tx < pieces:
+                if rows[r0 + (p * 128 + tx) // vpr] >= 0:
+                    for v in T.vectorized(per):
+                        C[r0 + (p * 128 + tx) // vpr, n0 + (p * 128 + tx) % vpr * per + v] = \
+                            C_s[(p * 128 + tx) // vpr, (p * 128 + tx) % vpr * per + v]
+        if chunks > 1:
+            T.sync_threads(1, 128)  # C_s read by every store before the next chunk writes it
 
     @T.macro
     def body(A, SA, B, SB, block_expert, rows, C, Sq):
@@ -148,74 +239,35 @@ def grouped_gemm_decode_kernel(n: int, k: int, tokens: int, block_n: int = 128, 
             n0 = bx * block_n
             if pdl:
                 T.pdl_trigger()
+            # chunk 1's first row's entry: >= 0 where the block needs a second chunk
+            more = T.alloc_var("int32", init=-1) if chunks > 1 else None
             if expert >= 0:
+                if chunks > 1:
+                    more = rows[r0 + tokens]  # read at once: its latency under the first chunk's K loop
                 if tx >= 128:
                     if pdl:  # the first stages' weights before the grid before this one has finished
                         for kq in T.unroll(early):
                             for u in T.unroll(group):
-                                load_weights(B, expert, n0, kq, u, W_s, full)
+                                load_weights(B, expert, n0, kq, u, W_s, full, kq % S)
                         T.pdl_sync()
-                    for kq in T.serial(steps):
-                        T.mbarrier_wait_parity(empty[kq % S], ((kq // S) & 1) ^ 1)
-                        for u in T.unroll(group):
-                            kb = kq * group + u
-                            if not pdl or kq >= early:
-                                load_weights(B, expert, n0, kq, u, W_s, full)
-                            T.tma_copy(A[r0:r0 + tokens, kb * BLOCK_K:(kb + 1) * BLOCK_K], X_s[kq % S, u, :, :],
-                                       barrier=full[kq % S])
-                        if tx - 128 < tokens:
-                            for u in T.unroll(group):
-                                scale_s[kq % S, u, 0, tx - 128] = (SA[r0 + tx - 128, kq * group + u]
-                                                                   * SB[expert, n0 // 128, kq * group + u])
-                                if swiglu:
-                                    scale_s[kq % S, u, 1, tx - 128] = (SA[r0 + tx - 128, kq * group + u]
-                                                                       * SB[expert, (cols + n0) // 128, kq * group + u])
-                        T.mbarrier_arrive(full[kq % S])
+                    produce_chunk(A, SA, B, SB, W_s, X_s, scale_s, full, empty, expert, r0, n0, 0, tx)
+                    if chunks > 1:
+                        if more >= 0:
+                            for c1 in T.serial(chunks - 1):
+                                if rows[r0 + (c1 + 1) * tokens] >= 0:
+                                    produce_chunk(A, SA, B, SB, W_s, X_s, scale_s, full, empty, expert, r0, n0, c1 + 1, tx)
                 else:
-                    T.clear(total)
-                    if swiglu:
-                        T.clear(total_up)
-                    for kq in T.serial(steps):
-                        T.mbarrier_wait_parity(full[kq % S], (kq // S) & 1)
-                        for u in T.unroll(group):
-                            T.gemm(w_half(W_s, kq % S, u, 0), X_s[kq % S, u, :, :], part, transpose_B=True,
-                                   clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
-                            for i, j in T.Parallel(block_n, tokens):
-                                total[i, j] = T.ieee_fmaf(part[i, j], scale_s[kq % S, u, 0, j], total[i, j])
-                            if swiglu:  # the up rows' chain into their own total, with their scale group
-                                T.gemm(w_half(W_s, kq % S, u, 1), X_s[kq % S, u, :, :], part, transpose_B=True,
-                                       clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
-                                for i, j in T.Parallel(block_n, tokens):
-                                    total_up[i, j] = T.ieee_fmaf(part[i, j], scale_s[kq % S, u, 1, j], total_up[i, j])
-                        if tx % 32 == 0:
-                            T.mbarrier_arrive(empty[kq % S])
-                    if swiglu:
-                        for i, j in T.Parallel(block_n, tokens):
-                            g = T.min(T.Cast("float32", T.Cast("bfloat16", total[i, j])), T.float32(swiglu_clamp))
-                            up = T.max(T.min(T.Cast("float32", T.Cast("bfloat16", total_up[i, j])),
-                                             T.float32(swiglu_clamp)), T.float32(-swiglu_clamp))
-                            value_s[j, i] = g / T.ieee_add(T.float32(1.0), T.exp(-g), "rn") * up  # no FMA into expf
-                        T.sync_threads(1, 128)
-                        T.copy(value_s[:, 0:block_n], value)
-                        T.reduce_absmax(value, amax, dim=1)
-                        for j, i in T.Parallel(tokens, block_n):
-                            C_s[j, i] = cast_e4m3(value[j, i] * (T.float32(1.0) / group_scale(amax[j], "e4m3", False)[0]))
-                        for j in T.Parallel(tokens):
-                            if rows[r0 + j] >= 0:
-                                Sq[r0 + j, n0 // 128] = group_scale(amax[j], "e4m3", False)[0]
-                    else:
-                        for i, j in T.Parallel(block_n, tokens):
-                            C_s[j, i] = T.Cast("bfloat16", total[i, j])
-                    T.sync_threads(1, 128)  # the consumers only
-                    per = 16 // elem  # values a 16-byte piece
-                    for p in T.unroll(T.ceildiv(pieces, 128)):
-                        if p * 128 + tx < pieces:
-                            if rows[r0 + (p * 128 + tx) // vpr] >= 0:
-                                for v in T.vectorized(per):
-                                    C[r0 + (p * 128 + tx) // vpr, n0 + (p * 128 + tx) % vpr * per + v] = \
-                                        C_s[(p * 128 + tx) // vpr, (p * 128 + tx) % vpr * per + v]
+                    consume_chunk(W_s, X_s, scale_s, part, total, total_up, value_s, value, amax, C_s, full, empty, rows, C,
+                                  Sq, expert, r0, n0, 0, tx)
+                    if chunks > 1:
+                        if more >= 0:
+                            for c1 in T.serial(chunks - 1):
+                                if rows[r0 + (c1 + 1) * tokens] >= 0:
+                                    consume_chunk(W_s, X_s, scale_s, part, total, total_up, value_s, value, amax, C_s, full,
+                                                  empty, rows, C, Sq, expert, r0 + (c1 + 1) * tokens, n0, c1 + 1, tx)
             elif pdl:  # an empty block's CTA waits too: the grid never ends before the one before it
                 T.pdl_sync()
+
 
     a_t = T.Tensor((nrows, k), "float8_e4m3")
     sa_t = T.Tensor((nrows, k // BLOCK_K), "float32")

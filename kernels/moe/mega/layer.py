@@ -41,10 +41,10 @@ and the *wave schedule* of that design; of the compute steps, L1 and the SwiGLU 
   SM share as its persistent grid). ``fusion="none"`` keeps the unfused wave for comparison: L1 by
   the contiguous grouped GEMM into bf16, ``swiglu_cast`` over the wave's rows (``rows`` masks the
   others: it neither reads nor writes them), then L2. The plain GEMMs store the wave's routed
-  rows only where their tiles are 128 wide (``grouped_gemm.streaming_block_n``); up to 8 tokens in
+  rows only where their tiles are 128 wide (``grouped_gemm.streaming_block_n``); up to 512 tokens in
   all (every rank's; ``grouped_gemm_decode.decode_width``), the plain GEMMs are
-  ``grouped_gemm_decode_kernel`` (the weights on the MMA's M side, the wave's routed rows stored),
-  as in ``moe_layer``.
+  ``grouped_gemm_decode_kernel`` (the weights on the MMA's M side, the wave's routed rows stored;
+  one chunk of rows a block up to 8 tokens, else 32 rows a chunk), as in ``moe_layer``.
 
 Ranks and buffers
 -----------------
@@ -152,7 +152,7 @@ import torch
 from kernels.device import sm_count
 from kernels.moe.mega import protocol as K
 from kernels.moe.grouped_gemm import BLOCK_N, narrow_everywhere, streaming_block_n
-from kernels.moe.grouped_gemm_decode import decode_width
+from kernels.moe.grouped_gemm_decode import DEFAULT_MAX_TOKENS, decode_width
 from kernels.moe.metadata import max_rows, metadata_buffers, routing_metadata
 from kernels.moe.permute import permute_fp8_kernel
 from kernels.moe.pipeline import MoEConfig
@@ -278,13 +278,13 @@ def default_fusion(n_ranks: int, tokens_per_rank: int) -> str:
     """``fusion`` when none is given: the L1 + SwiGLU kernel where it measured faster than the three
     launches a wave (``"none"``), else those. V4-Flash graph replays, ``bench/mega_moe.py``, one H100,
     2026-12-07 (09:16-09:26), fused against three launches: on one rank at decode sizes (the decode
-    kernel's SwiGLU form, ``decode_width``: up to 8 tokens) 390-401 against 395-405 µs in three runs
+    kernel's SwiGLU form, up to ``DEFAULT_MAX_TOKENS`` = 8 tokens) 390-401 against 395-405 µs in three runs
     (T = 8), 94 against 97 (T = 1); on 8 ranks at 512 tokens a rank 2917 against 3144. Slower
     everywhere else measured: one rank at T = 64 / 512 / 4001 / 8192 by 1-13%, 2 and 4 ranks at 64
     and 512 tokens by 5-14%, 8 ranks at 64 by 8%. (On an H200 on 2026-12-02, before the routed-row
     GEMMs and the skipping SwiGLU cast sped the three launches up, the fused kernel led from 4 ranks
     on.)"""
-    if n_ranks == 1 and decode_width(tokens_per_rank) is not None or n_ranks >= 8 and tokens_per_rank >= 512:
+    if n_ranks == 1 and tokens_per_rank <= DEFAULT_MAX_TOKENS or n_ranks >= 8 and tokens_per_rank >= 512:
         return "l1_swiglu"
     return "none"
 
@@ -307,7 +307,8 @@ def compute_kernel_specs(plan: MegaPlan, clamp: float, fusion: str) -> dict:
     if width is not None:  # the fused L1 too: the decode kernel with the SwiGLU cast, one K block a stage
         # programmatic dependents: their first stages of weights load while the kernel before them
         # (the dispatch or the wave's step, the L1, the SwiGLU cast: none writes weights) finishes
-        decode, pdl = ("kernels.moe.grouped_gemm_decode", "grouped_gemm_decode_kernel"), {"pdl": True}
+        decode = ("kernels.moe.grouped_gemm_decode", "grouped_gemm_decode_kernel")
+        pdl = {"pdl": True, "bounded": plan.global_tokens <= width}  # one chunk a block where the width holds every token
         l1_plain, l2 = (*decode, (i2, h, width), pdl), (*decode, (h, plan.inter, width), pdl)
         l1_fused = (*decode, (i2, h, width), {"swiglu_clamp": float(clamp), "group": 1} | pdl)
     else:

@@ -14,10 +14,11 @@ from tests.kernels.staged_release import assert_stages_released_after_last_read
 CUDA = "cuda"
 
 
-@pytest.mark.parametrize("n,k,tokens,block_n,group", [(4096, 2048, 8, 128, 2), (4096, 4096, 32, 64, 4)])
-def test_compiles_with_its_contract(n, k, tokens, block_n, group):
-    kernel = grouped_gemm_decode_kernel(n, k, tokens, block_n=block_n, group=group)
-    check_contract(kernel, block_n, tokens, group)
+@pytest.mark.parametrize("n,k,tokens,block_n,group,bounded", [(4096, 2048, 8, 128, 2, True), (4096, 2048, 8, 128, 2, False),
+                                                              (4096, 4096, 32, 64, 4, False)])
+def test_compiles_with_its_contract(n, k, tokens, block_n, group, bounded):
+    kernel = grouped_gemm_decode_kernel(n, k, tokens, block_n=block_n, group=group, bounded=bounded)
+    check_contract(kernel, block_n, tokens, group, bounded=bounded)
 
 
 def test_swiglu_form_compiles_with_its_contract():
@@ -55,15 +56,20 @@ def test_pdl_form_streams_weights_before_waiting_on_the_grid_before_it(swiglu):
     assert not grouped_gemm_decode_kernel(4096, 4096, 8, **kw).metadata["launches"][0]["programmatic_dependent"]
 
 
-def check_contract(kernel, block_n, tokens, group, chains=1, pdl=False):
+def check_contract(kernel, block_n, tokens, group, chains=1, pdl=False, bounded=False):
     """The instructions every form has (``pdl``: the weight loads twice, early and in the loop); returns the source."""
     src = kernel.device_source
     # the weights on M, the rows on N: m64n{tokens}k32 e4m3 x e4m3 -> f32, block_n / 64 chains a K block
+    # (unless ``bounded``, each twice: the block's first chunk of rows, then the loop over its further chunks)
+    copies = 1 if bounded else 2
     wgmma = f"kFloat8_e4m3, tl::DataType::kFloat8_e4m3, tl::DataType::kFloat32, 64, {tokens}, 32"
-    assert src.count(wgmma) == chains
+    assert src.count(wgmma) == copies * chains
     # a stage: `group` K blocks of block_n weight rows (128 bytes each; SwiGLU: gate and up) and of `tokens` A rows
-    assert src.count(f"expect_transaction({block_n * 128})") == chains * (2 if pdl else 1)
-    assert src.count(f"expect_transaction({tokens * 128})") == 1
+    assert src.count(f"expect_transaction({block_n * 128})") == chains * (copies + pdl)
+    assert src.count(f"expect_transaction({tokens * 128})") == copies
+    # the further chunks only where chunk 1's first row, read once before the K loop, is routed
+    more = f"more = rows[((((int64_t)((int)blockIdx.y)) * (int64_t)128) + (int64_t){tokens})];"
+    assert (more in src, src.count("if (0 <= more) {")) == ((False, 0) if bounded else (True, 2))
     if group > 1:
         assert f"for (int u = 0; u < {group}; ++u)" in src
     # the promotion fma with the stage's sa * sb, C^T staged in C_s and the routed rows stored in 16-byte pieces
@@ -78,7 +84,8 @@ def check_contract(kernel, block_n, tokens, group, chains=1, pdl=False):
 
 
 def test_width_and_bad_arguments():
-    assert [decode_width(t) for t in (None, 1, 8, 9, 64)] == [None, 8, 8, None, None]  # the layer's rule: up to 8 tokens
+    # the layers' rule: the width that holds up to 8 tokens, then 32 rows a chunk up to 512 tokens
+    assert [decode_width(t) for t in (None, 1, 8, 9, 64, 512, 513)] == [None, 8, 8, 32, 32, 32, None]
     assert TOKENS == (8, 16, 32, 64)
     assert [width_for(t) for t in (1, 9, 17, 33, 64, 65)] == [8, 16, 32, 64, 64, None]
     with pytest.raises(ValueError, match="tokens: expected one of \\(8, 16, 32, 64\\), got 12"):
@@ -121,6 +128,48 @@ def test_bitwise_equal_to_baseline(baseline, e4m3, e, n, k, t, kind):
     baseline("grouped_gemm").moe_grouped_gemm_contiguous(a, sa, b, sb, meta["block_expert"], bout)
     written = (torch.arange(r, device=CUDA) < int(meta["offsets"][-1])) & (rows >= 0)
     assert_bitwise(out[written], bout[written], name=f"decode GEMM T={t} {kind}")
+    assert torch.isnan(out[~written].float()).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("swiglu", [False, True])
+@pytest.mark.parametrize("t,width", [(13, 8), (64, 8), (200, 32)])
+@pytest.mark.parametrize("kind", ["uniform", "hot"])
+def test_rows_past_the_width_take_further_chunks(baseline, e4m3, swiglu, t, width, kind):
+    """An expert's block holding more routed rows than the kernel's width (``hot``: expert 3 holds
+    all t tokens, 128 rows a block then a further block) is computed chunk by chunk, every routed row bit for
+    bit ``grouped_gemm.cu``'s (with ``swiglu_clamp``: the persistent L1 then ``swiglu_cast``);
+    padding rows keep their poison."""
+    from kernels.quant.group_cast import swiglu_cast
+    from tlx.numerics.parity import assert_bitwise
+
+    e, n, k = 8, 4096, 2048
+    ids = _ids(kind, t, 8 * e, seed=7 * t + width)
+    if not (ids < e).any():
+        ids[0, 0] = e - 1
+    meta = routing_metadata(ids, 8 * e, 0, 8)
+    rows = meta["entry_of_row"]
+    r = rows.shape[0]
+    a = e4m3.small((r, k), CUDA)
+    sa = torch.rand(r, k // 128, device=CUDA) + 0.5
+    b, sb = _weights(e, n, k, e4m3)
+    written = (torch.arange(r, device=CUDA) < int(meta["offsets"][-1])) & (rows >= 0)
+    if kind == "hot":
+        assert int(meta["counts"][3]) == t > width  # expert 3 holds every token: past the width
+    if swiglu:
+        q = torch.full((r, n // 2), 0x7F, dtype=torch.uint8, device=CUDA).view(torch.float8_e4m3fn)
+        s = torch.full((r, n // 256), float("nan"), device=CUDA)
+        grouped_gemm_decode_kernel(n, k, width, swiglu_clamp=10.0, group=1)(a, sa, b, sb, meta["block_expert"], rows, q, s)
+        q_ref, s_ref = swiglu_cast(grouped_gemm_contiguous(a, sa, b, sb, meta["block_expert"]), clamp=10.0, group=128)
+        assert_bitwise(q[written].view(torch.uint8), q_ref[written].view(torch.uint8), name=f"decode SwiGLU chunks T={t}")
+        assert_bitwise(s[written], s_ref[written], name=f"decode SwiGLU chunk scales T={t}")
+        assert (q[~written].view(torch.uint8) == 0x7F).all()
+        return
+    out = torch.full((r, n), float("nan"), dtype=torch.bfloat16, device=CUDA)
+    bout = out.clone()
+    grouped_gemm_decode_kernel(n, k, width)(a, sa, b, sb, meta["block_expert"], rows, out)
+    baseline("grouped_gemm").moe_grouped_gemm_contiguous(a, sa, b, sb, meta["block_expert"], bout)
+    assert_bitwise(out[written], bout[written], name=f"decode GEMM chunks T={t} {kind}")
     assert torch.isnan(out[~written].float()).all()
 
 

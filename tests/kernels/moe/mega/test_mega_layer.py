@@ -250,27 +250,28 @@ def test_plan_rejects_bad_arguments(kwargs, match):
 @pytest.mark.parametrize("n,tokens", [(1, 8), (8, 1), (8, 8), (1, 512), (8, 512)])
 def test_compute_kernels_of_each_fusion(n, tokens):
     """Fused: L1 is the SwiGLU-epilogue GEMM (clamp from the config); unfused: the bf16 L1. Up to
-    8 tokens in all the GEMMs are the weights-on-M decode kernel (width 8; the fused L1 its SwiGLU
-    form), which stores the wave's rows only; above it they run on the rank's SM share as
-    ``streaming_block_n`` says: the
-    default tiles storing every row at 64 and 512 tokens a rank (4448 rows for 32 experts at 8
-    ranks of 8 tokens, 35584 for 256 on 1 rank of 512, 28672 for 32 on 8: a block an expert or
-    more; ``test_narrow_tiles_plan_takes_routed_row_gemms_at_every_size`` has the other rule)."""
+    512 tokens in all the GEMMs are the weights-on-M decode kernel (the fused L1 its SwiGLU form),
+    which stores the wave's rows only: width 8 and one chunk a block up to 8 tokens, 32 rows a
+    chunk above; above 512 they run on the rank's SM share as ``streaming_block_n`` says: the
+    default tiles storing every row at 512 tokens a rank on 8 ranks (28672 rows for 32 experts: a
+    block an expert or more; ``test_narrow_tiles_plan_takes_routed_row_gemms_at_every_size`` has
+    the other rule)."""
     p = make_plan(n, tokens, sms=132, **FLASH)
     fused, unfused = (compute_kernel_specs(p, 10.0, f) for f in ("l1_swiglu", "none"))
     share = {"num_sms": p.gemm_sms}
-    if tokens * n <= 8:
+    if tokens * n <= 512:
         decode = ("kernels.moe.grouped_gemm_decode", "grouped_gemm_decode_kernel")
-        assert fused["l1"] == (*decode, (4096, 4096, 8), {"swiglu_clamp": 10.0, "group": 1, "pdl": True})
-        assert unfused["l1"] == (*decode, (4096, 4096, 8), {"pdl": True})
-        assert fused["l2"] == unfused["l2"] == (*decode, (4096, 2048, 8), {"pdl": True})
+        width, pdl = (8, {"pdl": True, "bounded": True}) if tokens * n <= 8 else (32, {"pdl": True, "bounded": False})
+        assert fused["l1"] == (*decode, (4096, 4096, width), {"swiglu_clamp": 10.0, "group": 1} | pdl)
+        assert unfused["l1"] == (*decode, (4096, 4096, width), pdl)
+        assert fused["l2"] == unfused["l2"] == (*decode, (4096, 2048, width), pdl)
     else:
         plain = share | {"block_n": None, "row_mask": False}
         assert fused["l1"][1:] == ("grouped_gemm_swiglu_kernel", (4096, 4096, 10.0), share)
         assert unfused["l1"][1:] == ("grouped_gemm_contiguous_kernel", (4096, 4096), plain)
         assert fused["l2"] == unfused["l2"] == ("kernels.moe.grouped_gemm", "grouped_gemm_contiguous_kernel",
                                                 (4096, 2048), plain)
-    assert takes_rows(unfused["l2"]) is (tokens * n <= 8)
+    assert takes_rows(unfused["l2"]) is (tokens * n <= 512)
     wave = compute_kernel_specs(p, 10.0, "wave")
     assert wave == {"wave": ("kernels.moe.mega.wave", "wave_kernel", (4096, 4096, 10.0), {"num_sms": p.wave_sms})}
     with pytest.raises(ValueError, match="fusion: expected one of"):
