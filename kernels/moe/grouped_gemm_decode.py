@@ -37,7 +37,7 @@ TOKENS = (8, 16, 32, 64)  # the N sides this kernel takes (the rows of an expert
 # kernel's 93.1% / 91.1% (the layer as a CUDA graph 377.0 against 396.8 us, V4-Pro 1061.7 against 1098.4).
 DEFAULT_MAX_TOKENS = 8
 # Past it, up to CHUNKED_MAX_TOKENS tokens, the width CHUNKED_WIDTH with further chunks where an expert
-# holds more rows (V4-Flash T = 512: 12 rows an expert on average, 32 in about one expert of a million).
+# holds more rows (V4-Flash T = 512: 12 rows an expert on average, more than 32 in about one expert of two million).
 # The V4-Flash layer as a CUDA graph against the persistent kernels, H100 2026-12-07 16:47, the same
 # bits (``--layer-tokens 64,256,512 --layer-width W``): width 32 1643 / 2163 / 2202 against 1686 / 2212 /
 # 2254 us at T = 64 / 256 / 512 (1.02-1.03x); width 16 1.035x / 1.032x but 0.959x at T = 512 (second chunks).

@@ -106,29 +106,36 @@ def test_width_and_bad_arguments():
 @pytest.mark.parametrize("t", [1, 8, 13, 33, 64])
 @pytest.mark.parametrize("kind", ["uniform", "hot", "sparse"])
 def test_bitwise_equal_to_baseline(baseline, e4m3, e, n, k, t, kind):
-    """Every routed row bit for bit ``grouped_gemm.cu``'s, the kernel at the smallest width that
-    holds t tokens (8 .. 64; ``grouped_gemm_contiguous(tokens=t)`` where it takes it, at t <= 8);
-    "hot": every token on one expert, whose block then holds t rows, the most the width allows at
-    t = 8 and 64; rows of other ranks' experts and padding rows keep their NaN poison."""
+    """Every routed row bit for bit ``grouped_gemm.cu``'s, the kernel the layers take
+    (``grouped_gemm_contiguous(tokens=t)``: width 8 and one chunk a block up to 8 tokens, 32 rows a
+    chunk above); "hot": every token on one expert, whose block then holds t rows (two chunks at 33
+    and 64); rows of other ranks' experts and padding rows keep their NaN poison."""
     from tlx.numerics.parity import assert_bitwise
 
-    ids = _ids(kind, t, 8 * e, seed=e + n + t)  # 8 * e experts in all; this "rank" owns the first e
-    meta = routing_metadata(ids, 8 * e, 0, 8)
+    meta, a, sa, b, sb, written = _routed_operands(kind, t, e, n, k, e4m3, seed=e + n + t)
     rows = meta["entry_of_row"]
-    r = rows.shape[0]
+    out = torch.full((rows.shape[0], n), float("nan"), dtype=torch.bfloat16, device=CUDA)
+    bout = out.clone()
+    grouped_gemm_contiguous(a, sa, b, sb, meta["block_expert"], out=out, rows=rows, tokens=t)
+    baseline("grouped_gemm").moe_grouped_gemm_contiguous(a, sa, b, sb, meta["block_expert"], bout)
+    assert_bitwise(out[written], bout[written], name=f"decode GEMM T={t} {kind}")
+    assert torch.isnan(out[~written].float()).all()
+
+
+def _routed_operands(kind, t, e, n, k, e4m3, seed):
+    """(metadata, A, SA, B, SB, written) of a routing of t tokens over 8 * e experts of which this
+    "rank" owns the first e (one of them at least routed), random e4m3 rows and weights; ``written``:
+    the routed rows of the rank's experts."""
+    ids = _ids(kind, t, 8 * e, seed=seed)
+    if not (ids < e).any():  # one token may pick none of the rank's e experts: give it the last one
+        ids[0, 0] = e - 1
+    meta = routing_metadata(ids, 8 * e, 0, 8)
+    r = meta["entry_of_row"].shape[0]
     a = e4m3.small((r, k), CUDA)
     sa = torch.rand(r, k // 128, device=CUDA) + 0.5
     b, sb = _weights(e, n, k, e4m3)
-    poison = torch.full((r, n), float("nan"), dtype=torch.bfloat16, device=CUDA)
-    out, bout = poison.clone(), poison.clone()
-    if decode_width(t) is not None:
-        grouped_gemm_contiguous(a, sa, b, sb, meta["block_expert"], out=out, rows=rows, tokens=t)
-    else:
-        grouped_gemm_decode_kernel(n, k, width_for(t))(a, sa, b, sb, meta["block_expert"], rows, out)
-    baseline("grouped_gemm").moe_grouped_gemm_contiguous(a, sa, b, sb, meta["block_expert"], bout)
-    written = (torch.arange(r, device=CUDA) < int(meta["offsets"][-1])) & (rows >= 0)
-    assert_bitwise(out[written], bout[written], name=f"decode GEMM T={t} {kind}")
-    assert torch.isnan(out[~written].float()).all()
+    written = (torch.arange(r, device=CUDA) < int(meta["offsets"][-1])) & (meta["entry_of_row"] >= 0)
+    return meta, a, sa, b, sb, written
 
 
 @pytest.mark.gpu
@@ -144,16 +151,9 @@ def test_rows_past_the_width_take_further_chunks(baseline, e4m3, swiglu, t, widt
     from tlx.numerics.parity import assert_bitwise
 
     e, n, k = 8, 4096, 2048
-    ids = _ids(kind, t, 8 * e, seed=7 * t + width)
-    if not (ids < e).any():
-        ids[0, 0] = e - 1
-    meta = routing_metadata(ids, 8 * e, 0, 8)
+    meta, a, sa, b, sb, written = _routed_operands(kind, t, e, n, k, e4m3, seed=7 * t + width)
     rows = meta["entry_of_row"]
     r = rows.shape[0]
-    a = e4m3.small((r, k), CUDA)
-    sa = torch.rand(r, k // 128, device=CUDA) + 0.5
-    b, sb = _weights(e, n, k, e4m3)
-    written = (torch.arange(r, device=CUDA) < int(meta["offsets"][-1])) & (rows >= 0)
     if kind == "hot":
         assert int(meta["counts"][3]) == t > width  # expert 3 holds every token: past the width
     if swiglu:
