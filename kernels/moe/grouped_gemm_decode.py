@@ -65,8 +65,8 @@ def decode_width(tokens: int | None) -> int | None:
 def grouped_gemm_decode_kernel(n: int, k: int, tokens: int, block_n: int = 128, group: int = 2, num_stages: int = 3,
                                swiglu_clamp: float | None = None, pdl: bool = False, bounded: bool = False):
     """``(A [R, K], SA [R, K/128], B [E, N, K], SB [E, N/128, K/128], block_expert [R/128],
-    rows [R], C [R, N])``: the contiguous layout's routed rows (entry >= 0) of C, for row blocks
-    whose routed rows are among their first ``tokens``.
+    rows [R], C [R, N])``: the contiguous layout's routed rows (entry >= 0) of C, ``tokens`` rows of
+    a block a chunk (with ``bounded``, the first chunk only).
 
     Grid: (N / ``block_n``, row blocks); a CTA whose block has no expert (-1) leaves at once, and
     one whose block holds more than ``tokens`` routed rows runs its K loop once a chunk of them.
