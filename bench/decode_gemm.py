@@ -157,7 +157,7 @@ def layer_rows(name: str, model: dict, weights, t: int, reps: int, width: int | 
         raise SystemExit(f"{name} T={t}: the layer's bits differ between the two GEMMs")
     ms = interleaved_ms({k: v.replay for k, v in graphs.items()}, reps)
     dec, old = ms["decode"] * 1e3, ms["persistent 128"] * 1e3
-    w = width or D.width_for(t)
+    w = forced(t)
     print(f"| {name} | {t} | layer | decode ({w} rows a pass) {dec:.1f} us, persistent {old:.1f} us | {old / dec:.3f}x | | | "
           "bit for bit |", flush=True)
     ROWS.append(dict(part="layer", model=name, T=t, width=w, decode_us=dec, persistent_us=old))

@@ -168,7 +168,7 @@ def grouped_gemm_decode_kernel(n: int, k: int, tokens: int, block_n: int = 128, 
 
     @T.macro
     def consume_chunk(W_s, X_s, scale_s, part, total, total_up, value_s, value, amax, C_s, full, empty, rows, C, Sq,
-                      expert, r0, n0, c, tx):
+                      r0, n0, c, tx):
         """The consumers' K loop over chunk ``c`` (rows ``r0..r0 + tokens``) and its epilogue."""
         T.clear(total)
         if swiglu:
@@ -258,13 +258,13 @@ def grouped_gemm_decode_kernel(n: int, k: int, tokens: int, block_n: int = 128, 
                                     produce_chunk(A, SA, B, SB, W_s, X_s, scale_s, full, empty, expert, r0, n0, c1 + 1, tx)
                 else:
                     consume_chunk(W_s, X_s, scale_s, part, total, total_up, value_s, value, amax, C_s, full, empty, rows, C,
-                                  Sq, expert, r0, n0, 0, tx)
+                                  Sq, r0, n0, 0, tx)
                     if chunks > 1:
                         if more >= 0:
                             for c1 in T.serial(chunks - 1):
                                 if rows[r0 + (c1 + 1) * tokens] >= 0:
                                     consume_chunk(W_s, X_s, scale_s, part, total, total_up, value_s, value, amax, C_s, full,
-                                                  empty, rows, C, Sq, expert, r0 + (c1 + 1) * tokens, n0, c1 + 1, tx)
+                                                  empty, rows, C, Sq, r0 + (c1 + 1) * tokens, n0, c1 + 1, tx)
             elif pdl:  # an empty block's CTA waits too: the grid never ends before the one before it
                 T.pdl_sync()
 
