@@ -52,7 +52,7 @@ def gemm_shapes(model: dict) -> dict:
 def kernel_specs(names: list[str], tokens: list[int], configs, layer_tokens: list[int], layer_width: int | None) -> list:
     """(module, factory, args, kwargs) of every kernel of the run (``--precompile`` builds them here,
     the device's cache serves them there)."""
-    from kernels.moe.grouped_gemm_decode import width_for as width
+    from kernels.moe.grouped_gemm_decode import one_chunk, width_for as width
 
     specs = []
     for name in names:
@@ -66,7 +66,8 @@ def kernel_specs(names: list[str], tokens: list[int], configs, layer_tokens: lis
                                   {"block_n": block_n, "group": group, "num_stages": stages, "bounded": True}))
             for t in layer_tokens if name == "V4-Flash" else [8]:
                 w = layer_width or width(t)
-                specs.append(("kernels.moe.grouped_gemm_decode", "grouped_gemm_decode_kernel", (n, k, w), {"bounded": t <= w}))
+                specs.append(("kernels.moe.grouped_gemm_decode", "grouped_gemm_decode_kernel", (n, k, w),
+                              {"bounded": one_chunk(t, w)}))
     return list({repr(s): s for s in specs}.values())
 
 

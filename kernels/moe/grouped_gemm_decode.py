@@ -59,6 +59,13 @@ def decode_width(tokens: int | None) -> int | None:
     return width_for(tokens) if tokens <= DEFAULT_MAX_TOKENS else CHUNKED_WIDTH
 
 
+def one_chunk(tokens: int, width: int) -> bool:
+    """``bounded`` for a batch of ``tokens`` tokens at ``width``: gating gives a token distinct
+    experts, so no expert holds more rows than the batch has tokens, and a width that holds the
+    tokens holds every block's routed rows in its first chunk."""
+    return tokens <= width
+
+
 @tlx.jit(target={"kind": "cuda", "arch": "sm_90a"},
          pass_configs={"tl.disable_warp_specialized": True, "tl.disable_thread_storage_sync": True},
          assume=("NB <= 16777214", "R == NB * 128"))

@@ -152,7 +152,7 @@ import torch
 from kernels.device import sm_count
 from kernels.moe.mega import protocol as K
 from kernels.moe.grouped_gemm import BLOCK_N, narrow_everywhere, streaming_block_n
-from kernels.moe.grouped_gemm_decode import DEFAULT_MAX_TOKENS, decode_width
+from kernels.moe.grouped_gemm_decode import DEFAULT_MAX_TOKENS, decode_width, one_chunk
 from kernels.moe.metadata import max_rows, metadata_buffers, routing_metadata
 from kernels.moe.permute import permute_fp8_kernel
 from kernels.moe.pipeline import MoEConfig
@@ -308,7 +308,7 @@ def compute_kernel_specs(plan: MegaPlan, clamp: float, fusion: str) -> dict:
         # programmatic dependents: their first stages of weights load while the kernel before them
         # (the dispatch or the wave's step, the L1, the SwiGLU cast: none writes weights) finishes
         decode = ("kernels.moe.grouped_gemm_decode", "grouped_gemm_decode_kernel")
-        pdl = {"pdl": True, "bounded": plan.global_tokens <= width}  # one chunk a block where the width holds every token
+        pdl = {"pdl": True, "bounded": one_chunk(plan.global_tokens, width)}
         l1_plain, l2 = (*decode, (i2, h, width), pdl), (*decode, (h, plan.inter, width), pdl)
         l1_fused = (*decode, (i2, h, width), {"swiglu_clamp": float(clamp), "group": 1} | pdl)
     else:

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from kernels.moe.grouped_gemm import grouped_gemm_contiguous
-from kernels.moe.grouped_gemm_decode import TOKENS, decode_width, grouped_gemm_decode_kernel, width_for
+from kernels.moe.grouped_gemm_decode import TOKENS, decode_width, grouped_gemm_decode_kernel, one_chunk, width_for
 from kernels.moe.metadata import routing_metadata
 from tests.kernels.moe.test_moe_kernels import _ids, _weights
 from tests.kernels.staged_release import assert_stages_released_after_last_read
@@ -86,6 +86,8 @@ def check_contract(kernel, block_n, tokens, group, chains=1, pdl=False, bounded=
 def test_width_and_bad_arguments():
     # the layers' rule: the width that holds up to 8 tokens, then 32 rows a chunk up to 512 tokens
     assert [decode_width(t) for t in (None, 1, 8, 9, 64, 512, 513)] == [None, 8, 8, 32, 32, 32, None]
+    # one chunk a block exactly where the width holds the batch's tokens
+    assert [one_chunk(t, decode_width(t)) for t in (1, 8, 9, 32, 33, 512)] == [True, True, True, True, False, False]
     assert TOKENS == (8, 16, 32, 64)
     assert [width_for(t) for t in (1, 9, 17, 33, 64, 65)] == [8, 16, 32, 64, 64, None]
     with pytest.raises(ValueError, match="tokens: expected one of \\(8, 16, 32, 64\\), got 12"):
