@@ -705,7 +705,8 @@ def grouped_gemm_contiguous(a, sa, b, sb, block_expert, out=None, rows=None, tok
         out = torch.empty(r, n, dtype=torch.bfloat16, device=a.device)
     width = decode.decode_width(tokens) if rows is not None else None
     if width is not None:
-        decode.grouped_gemm_decode_kernel(n, k, width, bounded=tokens <= width)(a, sa, b, sb, block_expert, rows, out)
+        bounded = decode.one_chunk(tokens, width)
+        decode.grouped_gemm_decode_kernel(n, k, width, bounded=bounded)(a, sa, b, sb, block_expert, rows, out)
         return out
     block_n = streaming_block_n(r, b.shape[0], narrow_everywhere(a.device.index))
     row_mask = rows is not None and block_n == BLOCK_N

@@ -17,7 +17,8 @@ and the *wave schedule* of that design; of the compute steps, L1 and the SwiGLU 
   rows from their owners, the same fma chain as ``permute.combine``). System-scope release /
   acquire is ``sysflags.py``.
 * **Fused: L1 + SwiGLU + e4m3 requant** (``fusion="l1_swiglu"``, the default where it measured
-  faster, ``default_fusion``: one rank at decode sizes, 8 ranks from 512 tokens a rank):
+  faster, ``default_fusion``: one rank at decode sizes, every batch of 9-512 tokens over all ranks,
+  8 ranks from 512 tokens a rank):
   ``grouped_gemm_swiglu_kernel`` is the L1 grouped GEMM with ``swiglu_cast`` as its epilogue, so
   the bf16 hidden state [R, 2I] (4I bytes a row, written and read again in the unfused path)
   never reaches memory, and each wave is two launches (L1 + SwiGLU, L2) instead of
@@ -152,7 +153,7 @@ import torch
 from kernels.device import sm_count
 from kernels.moe.mega import protocol as K
 from kernels.moe.grouped_gemm import BLOCK_N, narrow_everywhere, streaming_block_n
-from kernels.moe.grouped_gemm_decode import DEFAULT_MAX_TOKENS, decode_width, one_chunk
+from kernels.moe.grouped_gemm_decode import CHUNKED_MAX_TOKENS, DEFAULT_MAX_TOKENS, decode_width, one_chunk
 from kernels.moe.metadata import max_rows, metadata_buffers, routing_metadata
 from kernels.moe.permute import permute_fp8_kernel
 from kernels.moe.pipeline import MoEConfig
@@ -277,16 +278,26 @@ def rank_tokens(n_tokens: int, n_ranks: int, virtual: bool) -> int:
 def default_fusion(n_ranks: int, tokens_per_rank: int) -> str:
     """``fusion`` when none is given: the L1 + SwiGLU kernel where it measured faster than the three
     launches a wave (``"none"``), else those. V4-Flash graph replays, ``bench/mega_moe.py``, one H100,
-    2026-12-07 (09:16-09:26), fused against three launches: on one rank at decode sizes (the decode
-    kernel's SwiGLU form, up to ``DEFAULT_MAX_TOKENS`` = 8 tokens) 390-401 against 395-405 µs in three runs
-    (T = 8), 94 against 97 (T = 1); on 8 ranks at 512 tokens a rank 2917 against 3144. Slower
-    everywhere else measured: one rank at T = 64 / 512 / 4001 / 8192 by 1-13%, 2 and 4 ranks at 64
-    and 512 tokens by 5-14%, 8 ranks at 64 by 8%. (On an H200 on 2026-12-02, before the routed-row
-    GEMMs and the skipping SwiGLU cast sped the three launches up, the fused kernel led from 4 ranks
-    on.)"""
-    if n_ranks == 1 and tokens_per_rank <= DEFAULT_MAX_TOKENS or n_ranks >= 8 and tokens_per_rank >= 512:
+    fused against three launches, µs:
+
+    * one rank up to ``DEFAULT_MAX_TOKENS`` = 8 tokens (the decode kernel's SwiGLU form, one chunk):
+      390-401 against 395-405 in three runs at T = 8, 94 against 97 at T = 1 (2026-12-07 09:16-09:26);
+    * the decode kernel in 32-row chunks (more than 8 and at most ``CHUNKED_MAX_TOKENS`` tokens over
+      all ranks; 2026-12-07 19:04-19:51, d2fd426, two runs where repeated): one rank T = 64 1605 / 1605,
+      T = 512 2202 / 2216 (and 2186 / 2200 at 16:53); 2 / 4 / 8 ranks at 64 tokens a rank 2162 / 2163,
+      2287 / 2347, 2406 / 2524, again 2128 / 2151, 2285 / 2343, 2388 / 2513; 4 / 8 ranks at 4 tokens
+      833 / 866, 1279 / 1297;
+    * 8 ranks from 512 tokens a rank (the persistent kernels): 2822 / 3034 (19:05), 2917 / 3144 (09:26).
+
+    The three launches elsewhere: several ranks whose tokens all fit one 8-row chunk (2 ranks at 1 / 4
+    tokens 196 / 183, 455 / 428; 4 ranks at 1 token 284 / 263; 8 ranks at 1 token 458 / 461), one rank
+    at T = 4001 / 8192 (2706 / 2625, 4522 / 4050), 2 and 4 ranks at 512 tokens (2563 / 2444, 2641 /
+    2561). (On an H200 on 2026-12-02, before the routed-row GEMMs and the skipping SwiGLU cast sped
+    the three launches up, the fused kernel led from 4 ranks on.)"""
+    tokens = n_ranks * tokens_per_rank
+    if n_ranks == 1 and tokens <= DEFAULT_MAX_TOKENS or DEFAULT_MAX_TOKENS < tokens <= CHUNKED_MAX_TOKENS:
         return "l1_swiglu"
-    return "none"
+    return "l1_swiglu" if n_ranks >= 8 and tokens_per_rank >= 512 else "none"
 
 
 def compute_kernel_specs(plan: MegaPlan, clamp: float, fusion: str) -> dict:

@@ -641,14 +641,17 @@ def test_pro_bitwise_equal_to_unfused(pro, n, t):
 
 def test_default_fusion_follows_the_rank_and_token_counts():
     """Without ``fusion``: the L1 + SwiGLU kernel where bench/mega_moe.py measured it faster (one rank
-    at decode sizes, up to 8 tokens: the decode kernel's SwiGLU form; 8 ranks from 512 tokens a
-    rank), else the three launches a wave; ``layer_for`` resolves it as ``mega_moe`` does, so
-    ``check()`` after a graph replay reads the layer that ran."""
+    at decode sizes, up to 8 tokens; 9-512 tokens over all ranks: the decode kernel's SwiGLU form in
+    32-row chunks; 8 ranks from 512 tokens a rank), else the three launches a wave; ``layer_for``
+    resolves it as ``mega_moe`` does, so ``check()`` after a graph replay reads the layer that ran."""
     from kernels.moe.mega.layer import default_fusion, rank_tokens
 
-    assert [default_fusion(1, t) for t in (1, 8, 9, 64, 8192)] == ["l1_swiglu", "l1_swiglu", "none", "none", "none"]
-    assert [default_fusion(n, 64) for n in (2, 4, 8)] == ["none", "none", "none"]
-    assert [default_fusion(n, 512) for n in (2, 4, 8)] == ["none", "none", "l1_swiglu"]
+    fused, none = "l1_swiglu", "none"
+    assert [default_fusion(1, t) for t in (1, 8, 9, 64, 512, 513, 4001, 8192)] == [fused] * 5 + [none] * 3
+    assert [default_fusion(n, 1) for n in (2, 4, 8, 16)] == [none, none, none, fused]
+    assert [default_fusion(n, 4) for n in (2, 4, 8)] == [none, fused, fused]
+    assert [default_fusion(n, 64) for n in (2, 4, 8, 16)] == [fused, fused, fused, none]
+    assert [default_fusion(n, 512) for n in (2, 4, 8)] == [none, none, fused]
     # by the tokens of one rank: x's shared out over virtual ranks, or x's own in group mode
     assert [rank_tokens(512, 8, True), rank_tokens(513, 8, True), rank_tokens(512, 8, False), rank_tokens(0, 2, True)] == [64, 65, 512, 1]
     assert inspect.signature(layer_for).parameters["fusion"].default is None
