@@ -290,7 +290,7 @@ def default_fusion(n_ranks: int, tokens_per_rank: int) -> str:
     * 8 ranks from 512 tokens a rank (the persistent kernels): 2822 / 3034 (19:05), 2917 / 3144 (09:26).
 
     The three launches elsewhere: several ranks whose tokens all fit one 8-row chunk (2 ranks at 1 / 4
-    tokens 196 / 183, 455 / 428; 4 ranks at 1 token 284 / 263; 8 ranks at 1 token 458 / 461), one rank
+    tokens 196 / 183, 455 / 428; 4 ranks at 1 token 284 / 263; 8 ranks at 1 token 458 / 461, equal), one rank
     at T = 4001 / 8192 (2706 / 2625, 4522 / 4050), 2 and 4 ranks at 512 tokens (2563 / 2444, 2641 /
     2561). (On an H200 on 2026-12-02, before the routed-row GEMMs and the skipping SwiGLU cast sped
     the three launches up, the fused kernel led from 4 ranks on.)"""
