@@ -153,7 +153,7 @@ import torch
 from kernels.device import sm_count
 from kernels.moe.mega import protocol as K
 from kernels.moe.grouped_gemm import BLOCK_N, narrow_everywhere, streaming_block_n
-from kernels.moe.grouped_gemm_decode import CHUNKED_MAX_TOKENS, DEFAULT_MAX_TOKENS, decode_width, one_chunk
+from kernels.moe.grouped_gemm_decode import CHUNKED_WIDTH, decode_width, one_chunk
 from kernels.moe.metadata import max_rows, metadata_buffers, routing_metadata
 from kernels.moe.permute import permute_fp8_kernel
 from kernels.moe.pipeline import MoEConfig
@@ -294,8 +294,8 @@ def default_fusion(n_ranks: int, tokens_per_rank: int) -> str:
     at T = 4001 / 8192 (2706 / 2625, 4522 / 4050), 2 and 4 ranks at 512 tokens (2563 / 2444, 2641 /
     2561). (On an H200 on 2026-12-02, before the routed-row GEMMs and the skipping SwiGLU cast sped
     the three launches up, the fused kernel led from 4 ranks on.)"""
-    tokens = n_ranks * tokens_per_rank
-    if n_ranks == 1 and tokens <= DEFAULT_MAX_TOKENS or DEFAULT_MAX_TOKENS < tokens <= CHUNKED_MAX_TOKENS:
+    width = decode_width(n_ranks * tokens_per_rank)  # the GEMMs' decode width, None: the persistent kernels
+    if width is not None and (n_ranks == 1 or width == CHUNKED_WIDTH):
         return "l1_swiglu"
     return "l1_swiglu" if n_ranks >= 8 and tokens_per_rank >= 512 else "none"
 
