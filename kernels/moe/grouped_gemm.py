@@ -570,7 +570,15 @@ def grouped_gemm_contiguous_kernel(n: int, k: int, num_stages: int = 4, cluster:
     to the same bits; on the dense shape it runs 1.66 ms at ncu's fixed 1.33 GHz where this kernel
     took 1.79-1.83 ms before the K loop was unrolled (8 x 4096 x 4096 x 7168). Neither A's multicast
     (L2 traffic), nor a banded tile order (DRAM traffic), nor ordering or staggering the two
-    warpgroups' wgmma issue made it faster (the figures are in the git history of ``bench/grouped_gemm.py``)."""
+    warpgroups' wgmma issue made it faster (the figures are in the git history of ``bench/grouped_gemm.py``).
+
+    On the routed V4-Flash rows at T = 8192 (two row blocks an expert) the 128-wide kernel is bound by
+    L2 bandwidth (ncu on an H100: L2 throughput 87%, DRAM 68-72%). Orders and cluster shapes that move
+    fewer bytes were slower (H100, 2026-12-07, ``bench/RESULTS.md``'s MegaMoE section): a row-block pair
+    a cluster with the weights multicast instead of A (L1 +2%), row blocks column-major in windows of
+    4 / 8 (+3% at T = 4001, the SwiGLU form +30% at 8192), and clusters of 4 (A to four CTAs, or 2 x 2
+    with A and the weights each multicast to two: 28% fewer L2 bytes, 1.4-1.9x slower, every stage then
+    waiting on four CTAs' consumers)."""
     return persistent_grouped_gemm(n, k, False, num_stages, cluster, num_sms, block_n, unroll_stages, row_mask=row_mask)
 
 
