@@ -577,8 +577,8 @@ def grouped_gemm_contiguous_kernel(n: int, k: int, num_stages: int = 4, cluster:
     fewer bytes were slower (H100, 2026-12-07, ``bench/RESULTS.md``'s MegaMoE section): a row-block pair
     a cluster with the weights multicast instead of A (L1 +2%), row blocks column-major in windows of
     4 / 8 (+3% at T = 4001, the SwiGLU form +30% at 8192), and clusters of 4 (A to four CTAs, or 2 x 2
-    with A and the weights each multicast to two: 28% fewer L2 bytes, 1.4-1.9x slower, every stage then
-    waiting on four CTAs' consumers)."""
+    with A and the weights each multicast to two: 28% fewer L2 bytes, 1.4-1.9x slower; whether for the
+    four-CTA barrier or for fewer 4-CTA clusters co-resident than the grid holds is not settled)."""
     return persistent_grouped_gemm(n, k, False, num_stages, cluster, num_sms, block_n, unroll_stages, row_mask=row_mask)
 
 
