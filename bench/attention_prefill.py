@@ -112,22 +112,27 @@ def _sweep_forward():
     heavy = {"heavy_first": True}  # causal: the tiles with the most keys first (a no-op without causal)
     persist = {"persistent": True}  # one CTA a SM walking the tiles (dense_fwd_persistent_kernel)
     lazy = {"lazy_rescale": True}  # O's rescale skipped by a thread whose rows' maxima did not move (same bits)
+    pinned = {"pinned_softmax": True}  # the softmax pinned above the wait for P V (same bits)
     return {64: {**base, "3 consumers": {"consumers": 3}, "3 consumers pingpong": {"consumers": 3, "pingpong": True},
                  "3 consumers, fast exp2": {"consumers": 3, **fast}, "3 consumers, heavy first": {"consumers": 3, **heavy},
                  "3 consumers, 3 stages, fast exp2": {"consumers": 3, "num_stages": 3, **fast},
                  "3 consumers, fast exp2, persistent": {"consumers": 3, **fast, **persist},
-                 "3 consumers, fast exp2, lazy rescale": {"consumers": 3, **fast, **lazy}},
+                 "3 consumers, fast exp2, lazy rescale": {"consumers": 3, **fast, **lazy},
+                 "3 consumers, fast exp2, pinned softmax": {"consumers": 3, **fast, **pinned}},
             128: {**base, "3 stages": {"num_stages": 3}, "3 stages pingpong": {"num_stages": 3, "pingpong": True},
                   "3 stages, fast exp2": {"num_stages": 3, **fast}, "176 keys a block": {"block_n": 176},
                   "176 keys a block, fast exp2": {"block_n": 176, **fast},
                   "3 stages, fast exp2, heavy first": {"num_stages": 3, **fast, **heavy},
                   "fast exp2, persistent": {**fast, **persist}, "3 stages, fast exp2, persistent": {"num_stages": 3, **fast, **persist},
-                  "3 stages, fast exp2, lazy rescale": {"num_stages": 3, **fast, **lazy}},
+                  "3 stages, fast exp2, lazy rescale": {"num_stages": 3, **fast, **lazy},
+                  "3 stages, fast exp2, pinned softmax": {"num_stages": 3, **fast, **pinned},
+                  "3 stages, fast exp2, pinned softmax, pingpong": {"num_stages": 3, **fast, **pinned, "pingpong": True}},
             256: {**base, "overlap, fast exp2": fast, "pingpong, fast exp2": {"pingpong": True, **fast},
                   "overlap, heavy first": heavy, "80 keys a block": {"block_n": 80},
                   "80 keys a block, fast exp2": {"block_n": 80, **fast},
                   "80 keys a block, fast exp2, persistent": {"block_n": 80, **fast, **persist},
-                  "80 keys a block, fast exp2, lazy rescale": {"block_n": 80, **fast, **lazy}}}
+                  "80 keys a block, fast exp2, lazy rescale": {"block_n": 80, **fast, **lazy},
+                  "80 keys a block, fast exp2, lazy rescale, pinned softmax": {"block_n": 80, **fast, **lazy, **pinned}}}
 
 
 def _sweep_backward():

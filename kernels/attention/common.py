@@ -149,6 +149,33 @@ def exp2_ftz(x):
     return T.call_extern("float32", "tlx_exp2_ftz", x)
 
 
+# ptxas schedules a wgmma wait (``WARPGROUP.DEPBAR``) as early as its operands allow, and a wait has
+# none: in the overlap schedule it hoisted ``wait_wgmma(0)`` (P V done) above 54 of a block's 66
+# exp2s and its row sums (sm_90a, nvcc 13.0), so most of the softmax ran after the P V it was
+# written to overlap. A shared-memory store is kept in program order with the wait, so storing a
+# value that depends on the whole softmax (the row sum ``l``) just before the wait pins the softmax
+# above it. The slot is never read: the store orders instructions and moves no data.
+ORDER_POINT_PRELUDE = r"""
+#ifndef TLX_ORDER_POINT_PRELUDE_
+#define TLX_ORDER_POINT_PRELUDE_
+__device__ __forceinline__ void tlx_order_point(int bits) {
+  __shared__ int tlx_order_slot[128];
+  asm volatile("st.shared.b32 [%0], %1;" :: "r"((unsigned)__cvta_generic_to_shared(&tlx_order_slot[threadIdx.x & 127])),
+               "r"(bits) : "memory");
+}
+#endif
+"""
+determinism.declare_sync(tlx_order_point="fence")  # its store moves no data any code reads
+
+
+@T.macro
+def order_point(values, rows: int):
+    """Everything that computes the fp32 fragment ``values`` [rows] is issued before what follows
+    (``ORDER_POINT_PRELUDE`` in the kernel's prelude)."""
+    for i in T.Parallel(rows):
+        T.evaluate(T.call_extern("void", "tlx_order_point", T.reinterpret(values[i], "int32")))
+
+
 @T.macro
 def rescale_state(m, m_prev, m_scaled, alpha, scale_log2: float, rows: int, exp2=T.exp2):
     """Steps 2-3 of the module docstring, the new row max in ``m`` and the old one in ``m_prev``:

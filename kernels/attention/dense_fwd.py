@@ -215,19 +215,19 @@ PERSISTENT_ASSUME = [*FWD_ASSUME, "1 <= ctas", "ctas <= q_tiles * H * (NB - 1)",
 @tlx.jit(target=C.TARGET, assume=FWD_ASSUME, pass_configs=OVERLAP_CONFIGS)
 def dense_fwd_overlap_kernel(dim: int, causal: bool, scale_log2: float, dtype: str = "bfloat16", num_stages: int = 2,
                              consumers: int = 2, pingpong: bool = False, fast_exp2: bool = False, block_n: int = 0,
-                             heavy_first: bool = False, lazy_rescale: bool = False):
+                             heavy_first: bool = False, lazy_rescale: bool = False, pinned_softmax: bool = False):
     """The hand-scheduled forward, one CTA a tile (see ``overlap_program``)."""
     return overlap_program(dim, causal, scale_log2, dtype, num_stages, consumers, pingpong, fast_exp2, block_n, heavy_first,
-                           False, lazy_rescale)
+                           False, lazy_rescale, pinned_softmax)
 
 
 @tlx.jit(target=C.TARGET, assume=PERSISTENT_ASSUME, pass_configs=OVERLAP_CONFIGS)
 def dense_fwd_persistent_kernel(dim: int, causal: bool, scale_log2: float, dtype: str = "bfloat16", num_stages: int = 2,
                                 consumers: int = 2, fast_exp2: bool = False, block_n: int = 0, heavy_first: bool = False,
-                                lazy_rescale: bool = False):
+                                lazy_rescale: bool = False, pinned_softmax: bool = False):
     """The hand-scheduled forward on a persistent grid of ``ctas`` CTAs (see ``overlap_program``)."""
     return overlap_program(dim, causal, scale_log2, dtype, num_stages, consumers, False, fast_exp2, block_n, heavy_first, True,
-                           lazy_rescale)
+                           lazy_rescale, pinned_softmax)
 
 
 def overlap_kernel(*args, persistent: bool = False, **options):
@@ -238,7 +238,8 @@ def overlap_kernel(*args, persistent: bool = False, **options):
 
 
 def overlap_program(dim: int, causal: bool, scale_log2: float, dtype: str, num_stages: int, consumers: int, pingpong: bool,
-                    fast_exp2: bool, block_n: int, heavy_first: bool, persistent: bool, lazy_rescale: bool):
+                    fast_exp2: bool, block_n: int, heavy_first: bool, persistent: bool, lazy_rescale: bool,
+                    pinned_softmax: bool = False):
     """``dense_fwd_kernel``'s computation (same parameters, same bits) scheduled by hand:
     a TMA producer warpgroup and ``consumers`` warpgroups (64 query rows each: the grid's
     q_tiles cover ceil(len_q / (64 consumers))) that overlap block ``kb``'s softmax with block
@@ -257,6 +258,9 @@ def overlap_program(dim: int, causal: bool, scale_log2: float, dtype: str, num_s
     ``q_tiles - 1 - bx``, so a head's tiles with the most keys start first and the grid's last
     CTAs are short ones (a shorter tail of the last wave), as FlashAttention-3 orders causal tiles.
     ``lazy_rescale`` (a sweep candidate, same bits): ``C.rescale_rows``'s.
+    ``pinned_softmax`` (same bits): block ``kb``'s softmax is pinned above the wait for
+    ``P_(kb-1) V_(kb-1)`` by an order point on its row sums (``C.order_point``), where ptxas
+    otherwise issues most of its exp2s and sums after that wait.
     ``persistent`` (a sweep candidate, same bits; slower than the default at every head dim on
     an H100, 0.73-0.79x non-causal, 0.42-0.71x causal): a grid of ``ctas`` CTAs (one more scalar
     parameter, at most the tile count, ``PERSISTENT_ASSUME``; the wrapper passes the SM count) that walk the tiles
@@ -283,6 +287,7 @@ def overlap_program(dim: int, causal: bool, scale_log2: float, dtype: str, num_s
     elem = 2  # bytes of a bf16 / fp16 value
     # the output's own staging tile, when it fits beside Q and the K/V ring (227 KB a CTA)
     own_o = persistent and (2 * block_m * dim + 2 * S * block_n * dim) * elem <= 227 * 1024
+    prelude = "".join(p for p, on in ((C.EXP2_FTZ_PRELUDE, fast_exp2), (C.ORDER_POINT_PRELUDE, pinned_softmax)) if on) or None
 
     def ring(base, kb):
         """Block ``kb`` of a tile as a position in the K/V ring (``base``: the blocks of the
@@ -370,6 +375,8 @@ def overlap_program(dim: int, causal: bool, scale_log2: float, dtype: str, num_s
             T.mbarrier_arrive(k_empty[slot(base, kb)])
             mask_block(acc_s, kb, row0, len_q, len_k, causal, block_m, block_n)
             C.softmax_step(acc_s, m, m_prev, m_scaled, alpha, l, row_sum, scale_log2, block_m, block_n, exp2)
+            if pinned_softmax:
+                C.order_point(l, block_m)
             T.wait_wgmma(0)
             T.mbarrier_arrive(v_empty[slot(base, kb - 1)])
             T.copy(acc_s, p)
@@ -397,7 +404,7 @@ def overlap_program(dim: int, causal: bool, scale_log2: float, dtype: str, num_s
                  cu_k: T.Tensor((n_offsets,), "int32"), O: T.Tensor((total_q, heads, dim), dtype),
                  LSE: T.Tensor((heads, total_q), f32), q_tiles: T.int32):
             with T.Kernel(q_tiles, heads, n_offsets - 1, threads=consumer_threads + C.WARPGROUP,
-                          prelude=C.EXP2_FTZ_PRELUDE if fast_exp2 else None) as (bx, by, bz):
+                          prelude=prelude) as (bx, by, bz):
                 (Q_s, K_s, V_s, acc_s, p, acc_o, m, m_prev, m_scaled, alpha, l, row_sum, lse_rows,
                  q_full, k_full, v_full, k_empty, v_empty) = shared_state()
 
@@ -427,7 +434,7 @@ def overlap_program(dim: int, causal: bool, scale_log2: float, dtype: str, num_s
                         cu_k: T.Tensor((n_offsets,), "int32"), O: T.Tensor((total_q, heads, dim), dtype),
                         LSE: T.Tensor((heads, total_q), f32), q_tiles: T.int32, ctas: T.int32):
         with T.Kernel(ctas, threads=consumer_threads + C.WARPGROUP,
-                      prelude=C.EXP2_FTZ_PRELUDE if fast_exp2 else None) as bid:
+                      prelude=prelude) as bid:
             (Q_s, K_s, V_s, O_s, acc_s, p, acc_o, m, m_prev, m_scaled, alpha, l, row_sum, lse_rows,
              q_full, q_empty, k_full, v_full, k_empty, v_empty) = shared_state()
             tx = T.get_thread_binding()

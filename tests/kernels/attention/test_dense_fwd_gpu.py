@@ -98,14 +98,20 @@ def test_matches_reference_and_baseline(attention_baseline, dtype, d, causal, sc
 
 
 # the candidates bench/attention_prefill.py --sweep times (same bits: the rows' arithmetic and
-# its order do not depend on the consumer count, the stages, the warpgroups' turns or the tiles'
-# order; a fast exp2 candidate is held to the baseline built with fast_exp2: check_all)
+# its order do not depend on the consumer count, the stages, the warpgroups' turns, the tiles'
+# order or where the instructions are scheduled (pinned_softmax); a fast exp2 candidate is held to
+# the baseline built with fast_exp2: check_all)
 @pytest.mark.parametrize("d,options", [(64, {"consumers": 3}), (64, {"consumers": 3, "pingpong": True}),
                                        (64, {"pingpong": True}), (128, {"pingpong": True}), (128, {"num_stages": 3}),
                                        (256, {"pingpong": True}), (64, {"consumers": 3, "fast_exp2": True}),
                                        (128, {"num_stages": 3, "fast_exp2": True}), (256, {"fast_exp2": True}),
                                        (64, {"consumers": 3, "heavy_first": True}),
-                                       (128, {"num_stages": 3, "fast_exp2": True, "heavy_first": True})], ids=str)
+                                       (128, {"num_stages": 3, "fast_exp2": True, "heavy_first": True}),
+                                       (64, {"consumers": 3, "fast_exp2": True, "pinned_softmax": True}),
+                                       (128, {"num_stages": 3, "fast_exp2": True, "pinned_softmax": True}),
+                                       (128, {"num_stages": 3, "fast_exp2": True, "pinned_softmax": True, "pingpong": True}),
+                                       (256, {"block_n": 80, "fast_exp2": True, "lazy_rescale": True,
+                                              "pinned_softmax": True})], ids=str)
 @pytest.mark.parametrize("causal", [False, True])
 def test_overlap_candidates_match_baseline(attention_baseline, d, options, causal):
     b, s, h, hk = 2, 1000, 8, 2  # GQA, a partial last tile (of 128 and of 192 rows)
