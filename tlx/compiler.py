@@ -259,6 +259,7 @@ def _stage_launcher(nvcc: Background, build: Build) -> str:
     build.background["launcher"] = Background.start("c++ launcher", launcher_compile_command(build.workdir, build.runtime))
     nvcc.join(build)
     _report_performance_losses(nvcc, build)
+    _report_deferred_work(build)
     check_shared_memory(build.name, info["launches"], (build.workdir / "kernel.cubin").read_bytes(), build.target["arch"])
     build.launcher_info = info
     return source
@@ -281,6 +282,27 @@ def _report_performance_losses(nvcc: Background, build: Build) -> None:
         build.passes.reports["ptxas"] = {"performance_loss": losses}
     for loss in losses:
         warnings.warn(f"{build.name}: ptxas: {loss}", RuntimeWarning, stacklevel=2)
+
+
+def _report_deferred_work(build: Build) -> None:
+    """``reports["sass"]`` (:func:`tlx.sass.report`: arithmetic that ptxas put behind a wgmma wait it
+    does not depend on) and a warning per such wait inside a loop, where the cost recurs; a
+    disassembler that fails is reported, not raised (the kernel itself is fine)."""
+    from tlx import sass
+
+    try:
+        found = sass.report(build.workdir / "kernel.cubin")
+    except (OSError, subprocess.CalledProcessError) as e:
+        found = {"error": f"{type(e).__name__}: {e}"}
+    if build.passes is not None:
+        build.passes.reports["sass"] = found
+    for function, waits in found.get("waits", {}).items():
+        for wait in waits:
+            if wait["in_loop"]:
+                work = ", ".join(f"{n} {op}" for op, n in wait["free"].items())
+                warnings.warn(f"{build.name}: {function}: ptxas issues {work} after the wgmma wait at {wait['offset']} "
+                              "(in a loop) although they do not depend on it: they no longer overlap the wgmma",
+                              RuntimeWarning, stacklevel=2)
 
 
 def _stage_library(launcher_source: str, build: Build) -> str:
