@@ -239,7 +239,7 @@ def overlap_kernel(*args, persistent: bool = False, **options):
 
 def overlap_program(dim: int, causal: bool, scale_log2: float, dtype: str, num_stages: int, consumers: int, pingpong: bool,
                     fast_exp2: bool, block_n: int, heavy_first: bool, persistent: bool, lazy_rescale: bool,
-                    pinned_softmax: bool = False):
+                    pinned_softmax: bool):
     """``dense_fwd_kernel``'s computation (same parameters, same bits) scheduled by hand:
     a TMA producer warpgroup and ``consumers`` warpgroups (64 query rows each: the grid's
     q_tiles cover ceil(len_q / (64 consumers))) that overlap block ``kb``'s softmax with block
