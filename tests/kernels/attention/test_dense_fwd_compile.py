@@ -101,8 +101,8 @@ def test_pinned_softmax_runs_before_the_pv_wait(deterministic):
     """``pinned_softmax``: an order point on the row sums ``l`` (``tlx_order_point``) right before
     the wait for ``P V``, in the key-block loop only; in the SASS no exp2 or row-sum add of the
     block is left after that wait (``tlx.sass``; the default leaves most of them there: ptxas
-    hoists the wait);
-    still deterministic (the order point is declared as one), every access proven."""
+    hoists the wait); still deterministic (the order point is declared as one), every access
+    proven."""
     scale = C.LOG2E / math.sqrt(128)
     options = {"num_stages": 3, "fast_exp2": True}
     pinned = dense_fwd_overlap_kernel(128, False, scale, pinned_softmax=True, **options)
